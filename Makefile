@@ -1,0 +1,36 @@
+# The two commands of the README:
+#   make demo   set up everything, bring the local stack up, run the demo
+#   make test   set up everything, run the test suite (what .ci/run calls)
+# and the stack's own: make up / down / status / logs.
+
+VENV := .venv/bin
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test test-unit up down status logs clean
+
+setup:
+	@bash scripts/bootstrap.sh
+
+demo: setup
+	@$(VENV)/reclock dev up
+
+test: setup
+	@SPARK_LOCAL_IP=127.0.0.1 $(VENV)/pytest $(PYTEST_ARGS)
+
+test-unit: setup
+	@$(VENV)/pytest tests/unit $(PYTEST_ARGS)
+
+up: setup
+	@$(VENV)/reclock dev up
+
+down:
+	@$(VENV)/reclock dev down
+
+status:
+	@$(VENV)/reclock dev status
+
+logs:
+	@$(VENV)/reclock dev logs
+
+clean: down
+	rm -rf .reclock/postgres .reclock/kafka .reclock/spark .reclock/airflow .reclock/blobs .reclock/stack.json

@@ -1,0 +1,206 @@
+"""Airflow 3 for the stack: api-server, scheduler, dag-processor and triggerer as separate processes on
+127.0.0.1 (never ``airflow standalone``, which opens log servers on 0.0.0.0), LocalExecutor, the
+metadata DB in the stack's Postgres, the repo's ``dags/`` and ``plugins/``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from reclock.dev import procs
+from reclock.dev.procs import LOOPBACK
+from reclock.dev.state import REPO_ROOT, StackState
+from reclock.errors import StackError
+
+COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
+ADMIN_USER = "admin"
+
+
+@dataclass
+class LocalAirflow:
+    """Airflow's four processes under ``<state>/airflow``; ``env()`` is what every ``airflow`` call needs."""
+
+    state: StackState
+    postgres_dsn: str  # SQLAlchemy-free DSN of the metadata database (postgresql://...)
+    extra_env: dict[str, str] | None = None
+
+    @property
+    def home(self) -> Path:
+        return self.state.dir("airflow")
+
+    @property
+    def port(self) -> int:
+        return self.state.port("airflow_api")
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOOPBACK}:{self.port}"
+
+    @property
+    def admin_password(self) -> str:
+        return self.state.secret("airflow_admin_password", 12)
+
+    def _bin(self) -> str:
+        return str(Path(sys.executable).parent / "airflow")
+
+    def env(self) -> dict[str, str]:
+        fernet = base64.urlsafe_b64encode(self.state.secret("airflow_fernet", 24).encode()[:32].ljust(32, b"0"))
+        passwords = self.home / "simple_auth_manager_passwords.json"
+        if not passwords.exists():
+            passwords.write_text(json.dumps({ADMIN_USER: self.admin_password}))
+            passwords.chmod(0o600)
+        env = {
+            **os.environ,
+            "AIRFLOW_HOME": str(self.home),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(REPO_ROOT / "dags"),
+            "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO_ROOT / "plugins"),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            "AIRFLOW__CORE__PARALLELISM": "4",
+            "AIRFLOW__CORE__FERNET_KEY": fernet.decode(),
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{ADMIN_USER}:admin",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.url}/execution/",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": self.postgres_dsn.replace("postgresql://",
+                                                                             "postgresql+psycopg2://", 1),
+            "AIRFLOW__API__HOST": LOOPBACK,
+            "AIRFLOW__API__PORT": str(self.port),
+            "AIRFLOW__API__BASE_URL": self.url,
+            "AIRFLOW__API__WORKERS": "1",
+            "AIRFLOW__API__SECRET_KEY": self.state.secret("airflow_api_secret"),
+            "AIRFLOW__API_AUTH__JWT_SECRET": self.state.secret("airflow_jwt_secret"),
+            "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": "0.25",
+            "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
+            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "10",
+            "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "10",
+            "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(self.state.port("airflow_worker_logs")),
+            "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(self.state.port("airflow_trigger_logs")),
+            "AIRFLOW__WEBSERVER__WEB_SERVER_HOST": LOOPBACK,
+            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+            "SPARK_LOCAL_IP": LOOPBACK,
+            "RECLOCK_HOME": str(self.state.root),
+            "NO_PROXY": "*",
+        }
+        env.update(self.extra_env or {})
+        return env
+
+    def airflow(self, *args: str, timeout: float = 300) -> str:
+        """Run one ``airflow`` CLI command with the stack's environment."""
+        return procs.run([self._bin(), *args], f"airflow {' '.join(args[:2])}", env=self.env(), timeout=timeout)
+
+    def pidfile(self, component: str) -> Path:
+        return self.home / f"{component}.pid"
+
+    def logfile(self, component: str) -> Path:
+        return self.home / f"{component}.log"
+
+    def running(self, component: str) -> bool:
+        return procs.read_pid(self.pidfile(component)) is not None
+
+    def start(self, connections: dict[str, dict] | None = None, timeout: float = 180) -> float:
+        """Migrate the metadata DB, create connections, start the four processes, wait for health."""
+        t0 = time.monotonic()
+        if not all(self.running(c) for c in COMPONENTS):
+            self.airflow("db", "migrate", timeout=600)
+            if connections:
+                self.set_connections(connections)
+        for component in COMPONENTS:
+            if self.running(component):
+                continue
+            argv = {
+                "api-server": [self._bin(), "api-server", "-H", LOOPBACK, "-p", str(self.port), "-w", "1"],
+                "scheduler": [self._bin(), "scheduler", "-s"],
+                "dag-processor": [self._bin(), "dag-processor"],
+                "triggerer": [self._bin(), "triggerer", "-s"],
+            }[component]
+            procs.spawn(f"airflow {component}", argv, log=self.logfile(component),
+                        pidfile=self.pidfile(component), env=self.env(), cwd=self.home)
+        self.wait_healthy(timeout)
+        return time.monotonic() - t0
+
+    def set_connections(self, connections: dict[str, dict]) -> None:
+        path = self.home / "connections.json"
+        path.write_text(json.dumps(connections))
+        path.chmod(0o600)
+        try:
+            self.airflow("connections", "import", "--overwrite", str(path))
+        finally:
+            path.unlink(missing_ok=True)
+
+    def health(self) -> dict:
+        with urllib.request.urlopen(f"{self.url}/api/v2/monitor/health", timeout=5) as r:
+            return json.loads(r.read())
+
+    def wait_healthy(self, timeout: float = 180) -> None:
+        def healthy() -> bool:
+            h = self.health()
+            return all(h.get(k, {}).get("status") == "healthy"
+                       for k in ("metadatabase", "scheduler", "dag_processor", "triggerer"))
+
+        def alive() -> bool:
+            dead = [c for c in COMPONENTS if not self.running(c)]
+            if dead:
+                raise StackError(f"airflow {dead[0]} exited during start-up"
+                                 f"{procs._log_tail(self.logfile(dead[0]))}")
+            return True
+
+        procs.wait_until("airflow", healthy, timeout, log=self.logfile("api-server"), alive=alive)
+
+    def token(self) -> str:
+        """A JWT for the REST API, from the admin login."""
+        req = urllib.request.Request(
+            f"{self.url}/auth/token", method="POST",
+            data=json.dumps({"username": ADMIN_USER, "password": self.admin_password}).encode(),
+            headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return json.loads(r.read())["access_token"]
+
+    def api(self, method: str, path: str, body: dict | None = None, token: str | None = None) -> dict:
+        """Call the REST API (``/api/v2/...``) as the admin."""
+        req = urllib.request.Request(
+            f"{self.url}/api/v2/{path.lstrip('/')}", method=method,
+            data=json.dumps(body).encode() if body is not None else None,
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {token or self.token()}"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            raw = r.read()
+            return json.loads(raw) if raw else {}
+
+    def trigger(self, dag_id: str, conf: dict | None = None) -> str:
+        """Trigger a run of ``dag_id`` through the REST API; return its ``dag_run_id``."""
+        run = self.api("POST", f"dags/{dag_id}/dagRuns", {"logical_date": None, "conf": conf or {}})
+        return run["dag_run_id"]
+
+    def wait_run(self, dag_id: str, run_id: str, timeout: float = 300) -> dict:
+        """Wait until the run is ``success`` (return it) or ``failed`` (raise ``StackError`` with the
+        states of its task instances)."""
+        from urllib.parse import quote
+
+        token = self.token()
+        path = f"dags/{dag_id}/dagRuns/{quote(run_id, safe='')}"
+        deadline = time.monotonic() + timeout
+        while True:
+            run = self.api("GET", path, token=token)
+            if run["state"] == "success":
+                return run
+            if run["state"] == "failed":
+                tis = self.api("GET", f"{path}/taskInstances", token=token).get("task_instances", [])
+                states = ", ".join(f"{t['task_id']}={t['state']}" for t in tis)
+                raise StackError(f"airflow: run {run_id} of {dag_id} failed ({states}); "
+                                 f"task logs under {self.home / 'logs'}")
+            if time.monotonic() > deadline:
+                raise StackError(f"airflow: run {run_id} of {dag_id} still {run['state']} after {timeout:.0f}s")
+            time.sleep(0.5)
+
+    def stop(self) -> list[str]:
+        stopped = []
+        for component in reversed(COMPONENTS):
+            if procs.stop(self.pidfile(component), timeout=30):
+                stopped.append(component)
+        return stopped

@@ -1,0 +1,34 @@
+"""JVM jars from Maven Central, resolved by the repo's ``pom.xml`` into ``.reclock/jars/``."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from reclock.dev.procs import run
+from reclock.dev.state import REPO_ROOT, StackState
+from reclock.errors import StackError
+
+# how many jars each profile yields at least (a partial copy from an interrupted run is redone)
+_EXPECTED = {"kafka": 40, "spark": 4}
+
+
+def ensure_jars(state: StackState, profile: str) -> Path:
+    """Return ``.reclock/jars/<profile>``, running ``mvn -P <profile> dependency:copy-dependencies`` if the
+    folder is missing or incomplete. ``profile`` is ``kafka`` (the broker) or ``spark`` (Spark's connector)."""
+    folder = state.jars / profile
+    if folder.is_dir() and len(list(folder.glob("*.jar"))) >= _EXPECTED[profile]:
+        return folder
+    if shutil.which("mvn") is None:
+        raise StackError("Maven (`mvn`) is needed to fetch the Kafka jars; install Debian's `maven` package")
+    maven_profile = {"kafka": "broker", "spark": "spark"}[profile]
+    run(["mvn", "-q", "-B", "-P", maven_profile, "dependency:copy-dependencies",
+         f"-Djars.dir={state.jars}"], f"resolve {profile} jars with Maven", cwd=REPO_ROOT, timeout=900)
+    if len(list(folder.glob("*.jar"))) < _EXPECTED[profile]:
+        raise StackError(f"Maven finished but {folder} holds too few jars")
+    return folder
+
+
+def spark_kafka_jars(state: StackState) -> list[str]:
+    """The four jars Spark's Kafka source needs beyond the pyspark wheel, as absolute paths."""
+    return sorted(str(p) for p in ensure_jars(state, "spark").glob("*.jar"))

@@ -1,0 +1,167 @@
+"""A local PostgreSQL server for the stack and the tests (Debian's server binaries, run as a non-root user).
+
+Postgres refuses to run as root, so when we are root the cluster belongs to the ``postgres`` user and
+every server command runs through ``runuser``. It listens on 127.0.0.1 only, with ``wal_level=logical``
+(the Postgres CDC source needs it), password authentication over TCP, and no Unix socket.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import pwd
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+
+from reclock.dev.procs import LOOPBACK, port_open, run
+from reclock.dev.state import StackState
+from reclock.errors import StackError
+
+DB_USER = "reclock"
+
+
+def find_bin_dir() -> Path | None:
+    """The newest installed server's ``bin/`` (``RECLOCK_PG_BIN`` wins), or None."""
+    if os.environ.get("RECLOCK_PG_BIN"):
+        return Path(os.environ["RECLOCK_PG_BIN"])
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(p.split("/")[4]))
+    return Path(found[-1]).parent if found else None
+
+
+def ensure_installed() -> Path:
+    """Return the server's ``bin/``, installing Debian's ``postgresql`` package if it is missing."""
+    bin_dir = find_bin_dir()
+    if bin_dir is not None:
+        return bin_dir
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        raise StackError(
+            "no PostgreSQL server found under /usr/lib/postgresql/*/bin; install Debian's `postgresql` "
+            "package or set RECLOCK_PG_BIN to a server's bin/ folder"
+        )
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    run(["apt-get", "update", "-q"], "apt-get update", env=env, timeout=900)
+    run(["apt-get", "install", "-y", "-q", "--no-install-recommends", "postgresql"],
+        "apt-get install postgresql", env=env, timeout=1200)
+    # the package may start a default cluster on 5432; we never use it, so leave Debian's service alone
+    bin_dir = find_bin_dir()
+    if bin_dir is None:
+        raise StackError("installed Debian's postgresql but found no initdb under /usr/lib/postgresql")
+    return bin_dir
+
+
+def _run_as() -> str | None:
+    """The user that owns and runs the cluster: ``postgres`` when we are root, else ourselves."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        pwd.getpwnam("postgres")
+    except KeyError:
+        run(["useradd", "--system", "--home-dir", "/var/lib/postgresql", "--shell", "/bin/bash", "postgres"],
+            "create the postgres user")
+    return "postgres"
+
+
+@dataclass
+class LocalPostgres:
+    """One cluster under ``<state>/postgres``: ``start`` is idempotent and ``stop`` ends only it."""
+
+    state: StackState
+    fast: bool = False  # fsync off: for throwaway test clusters only
+
+    @property
+    def home(self) -> Path:
+        return self.state.dir("postgres")
+
+    @property
+    def data(self) -> Path:
+        return self.home / "data"
+
+    @property
+    def log(self) -> Path:
+        return self.home / "postgres.log"
+
+    @property
+    def port(self) -> int:
+        return self.state.port("postgres")
+
+    @property
+    def password(self) -> str:
+        return self.state.secret("postgres_password")
+
+    def dsn(self, dbname: str = "reclock") -> str:
+        return f"postgresql://{DB_USER}:{self.password}@{LOOPBACK}:{self.port}/{dbname}"
+
+    def _chown(self, path: Path) -> None:
+        user = _run_as()
+        if user:
+            pw = pwd.getpwnam(user)
+            os.chown(path, pw.pw_uid, pw.pw_gid)
+
+    def init(self) -> None:
+        bin_dir = ensure_installed()
+        if (self.data / "PG_VERSION").exists():
+            return
+        self.home.chmod(0o755)
+        self._chown(self.home)
+        pwfile = self.home / "pwfile"
+        pwfile.write_text(self.password + "\n")
+        self._chown(pwfile)
+        pwfile.chmod(0o600)
+        try:
+            run([str(bin_dir / "initdb"), "-D", str(self.data), "-U", DB_USER, "--pwfile", str(pwfile),
+                 "--auth-local=trust", "--auth-host=scram-sha-256", "-E", "UTF8", "--locale=C.UTF-8"],
+                "initdb", user=_run_as(), timeout=120)
+        finally:
+            pwfile.unlink(missing_ok=True)
+        conf = [
+            f"listen_addresses = '{LOOPBACK}'",
+            f"port = {self.port}",
+            "unix_socket_directories = ''",
+            "wal_level = logical",
+            "max_wal_senders = 10",
+            "max_replication_slots = 10",
+            "max_connections = 200",
+            "shared_buffers = 128MB",
+        ]
+        if self.fast:
+            conf += ["fsync = off", "synchronous_commit = off", "full_page_writes = off"]
+        with open(self.data / "postgresql.conf", "a") as f:
+            f.write("\n# reclock\n" + "\n".join(conf) + "\n")
+
+    def running(self) -> bool:
+        return port_open(self.port) and (self.data / "postmaster.pid").exists()
+
+    def start(self) -> float:
+        """Init if needed, start if not running, create the databases; return seconds taken."""
+        t0 = time.monotonic()
+        self.init()
+        if not self.running():
+            bin_dir = ensure_installed()
+            if port_open(self.port):
+                raise StackError(f"postgres: port {self.port} on {LOOPBACK} is taken by another process "
+                                 f"(set RECLOCK_POSTGRES_PORT or free it)")
+            self.log.touch()
+            self._chown(self.log)
+            run([str(bin_dir / "pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-w", "-t", "60",
+                 "-o", f"-p {self.port}", "start"], "pg_ctl start", user=_run_as(), timeout=90)
+        self.create_database("reclock")
+        self.create_database("airflow")
+        return time.monotonic() - t0
+
+    def create_database(self, name: str) -> None:
+        with psycopg.connect(self.dsn("postgres"), autocommit=True) as conn:
+            exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
+            if not exists:
+                conn.execute(f'CREATE DATABASE "{name}"')
+
+    def stop(self) -> bool:
+        if not (self.data / "postmaster.pid").exists():
+            return False
+        bin_dir = ensure_installed()
+        run([str(bin_dir / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop"], "pg_ctl stop",
+            user=_run_as(), timeout=90)
+        return True

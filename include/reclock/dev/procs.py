@@ -1,0 +1,139 @@
+"""Background processes with pid files: start, wait for a port, stop exactly what we started."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+from reclock.errors import StackError
+
+LOOPBACK = "127.0.0.1"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nobody listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((LOOPBACK, 0))
+        return s.getsockname()[1]
+
+
+def port_open(port: int, host: str = LOOPBACK) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.3)
+        return s.connect_ex((host, port)) == 0
+
+
+def wait_until(what: str, check: Callable[[], bool], timeout: float, log: Path | None = None,
+               alive: Callable[[], bool] | None = None) -> float:
+    """Poll ``check`` until it is true; return the seconds waited. Raise ``StackError`` naming ``what``
+    (and the tail of ``log``) on timeout or when ``alive`` says the process died."""
+    start = time.monotonic()
+    while True:
+        try:
+            if check():
+                return time.monotonic() - start
+        except Exception:  # noqa: BLE001 - a health probe failing just means "not yet"
+            pass
+        if alive is not None and not alive():
+            raise StackError(f"{what} exited during start-up{_log_tail(log)}")
+        if time.monotonic() - start > timeout:
+            raise StackError(f"{what} did not become healthy within {timeout:.0f}s{_log_tail(log)}")
+        time.sleep(0.2)
+
+
+def _log_tail(log: Path | None, lines: int = 25) -> str:
+    if log is None or not log.exists():
+        return ""
+    tail = log.read_text(errors="replace").splitlines()[-lines:]
+    return f"\n--- last lines of {log} ---\n" + "\n".join(tail)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie child of ours counts as dead
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False
+
+
+def read_pid(pidfile: Path) -> int | None:
+    try:
+        pid = int(pidfile.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return pid if pid_alive(pid) else None
+
+
+def spawn(name: str, argv: Sequence[str], *, log: Path, pidfile: Path, env: Mapping[str, str] | None = None,
+          cwd: Path | None = None) -> int:
+    """Start ``argv`` in its own session (so ``stop`` can end its whole group), output to ``log``."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        out.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} starting {name}: {' '.join(argv)}\n".encode())
+        out.flush()
+        proc = subprocess.Popen(
+            list(argv), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=dict(env) if env is not None else None, cwd=str(cwd) if cwd else None,
+            start_new_session=True,
+        )
+    pidfile.write_text(str(proc.pid))
+    return proc.pid
+
+
+def stop(pidfile: Path, timeout: float = 20.0) -> bool:
+    """Stop the process group recorded in ``pidfile``: SIGTERM, then SIGKILL. True if one was running."""
+    pid = read_pid(pidfile)
+    if pid is None:
+        pidfile.unlink(missing_ok=True)
+        return False
+    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            break
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and _group_alive(pid):
+            time.sleep(0.1)
+        if not _group_alive(pid):
+            break
+    pidfile.unlink(missing_ok=True)
+    return True
+
+
+def _group_alive(pgid: int) -> bool:
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                rest = f.read().split(") ", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if rest[0] != "Z" and int(rest[2]) == pgid:
+            return True
+    return False
+
+
+def run(argv: Sequence[str], what: str, *, env: Mapping[str, str] | None = None, cwd: Path | None = None,
+        timeout: float = 600, user: str | None = None) -> str:
+    """Run a command to completion; raise ``StackError`` naming ``what`` with its output on failure."""
+    cmd = list(argv)
+    if user is not None:
+        cmd = ["runuser", "-u", user, "--", *cmd]
+    res = subprocess.run(cmd, env=dict(env) if env is not None else None, cwd=str(cwd) if cwd else None,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    if res.returncode != 0:
+        raise StackError(f"{what} failed (exit {res.returncode}): {' '.join(cmd)}\n{res.stdout[-4000:]}")
+    return res.stdout

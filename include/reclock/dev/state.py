@@ -1,0 +1,77 @@
+"""Where a stack keeps its state (one folder) and which ports it uses (chosen once, then stable)."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+from reclock.dev.procs import free_port
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+"""The checkout this package was installed from (``include/reclock/dev`` -> repo root)."""
+
+
+def default_state_dir() -> Path:
+    return Path(os.environ.get("RECLOCK_HOME", REPO_ROOT / ".reclock")).resolve()
+
+
+@dataclass
+class StackState:
+    """A stack's folder: ``stack.json`` holds its ports and generated secrets, one sub-folder a service."""
+
+    root: Path
+
+    def __post_init__(self) -> None:
+        self.root = Path(self.root).resolve()
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.root.chmod(0o755)
+
+    @property
+    def file(self) -> Path:
+        return self.root / "stack.json"
+
+    def load(self) -> dict:
+        try:
+            return json.loads(self.file.read_text())
+        except FileNotFoundError:
+            return {}
+
+    def save(self, data: dict) -> None:
+        tmp = self.file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=2, sort_keys=True))
+        tmp.chmod(0o600)
+        tmp.replace(self.file)
+
+    def port(self, name: str) -> int:
+        """The port for ``name``: ``RECLOCK_<NAME>_PORT`` if set, else the one chosen before, else a free one."""
+        env = os.environ.get(f"RECLOCK_{name.upper()}_PORT")
+        data = self.load()
+        ports = data.setdefault("ports", {})
+        if env:
+            ports[name] = int(env)
+        elif name not in ports:
+            ports[name] = free_port()
+        self.save(data)
+        return int(ports[name])
+
+    def secret(self, name: str, nbytes: int = 18) -> str:
+        """A generated secret kept in ``stack.json`` (mode 0600), the same on every ``up``."""
+        data = self.load()
+        secrets_ = data.setdefault("secrets", {})
+        if name not in secrets_:
+            secrets_[name] = secrets.token_urlsafe(nbytes)
+            self.save(data)
+        return secrets_[name]
+
+    def dir(self, name: str) -> Path:
+        d = self.root / name
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+
+    @property
+    def jars(self) -> Path:
+        """JVM jars resolved by Maven (shared by every stack of this checkout)."""
+        return Path(os.environ.get("RECLOCK_JARS", REPO_ROOT / ".reclock" / "jars"))

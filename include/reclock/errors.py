@@ -1,0 +1,85 @@
+"""Typed errors that carry the fields a user needs to act (STYLE.md, "Errors a user can act on")."""
+
+from __future__ import annotations
+
+
+class ReclockError(Exception):
+    """Base of every error Reclock raises on purpose."""
+
+
+class UpperMismatch(ReclockError):
+    """``compare_and_append`` found the shard's upper was not the description's ``lower``."""
+
+    def __init__(self, shard: str, expected: int, actual: int | None, hint: str = "") -> None:
+        self.shard = shard
+        self.expected = expected
+        self.actual = actual
+        actual_s = "[] (closed)" if actual is None else str(actual)
+        msg = f"shard {shard}: upper is {actual_s}, append expected {expected}"
+        if hint:
+            msg += f" ({hint})"
+        super().__init__(msg)
+
+
+class ShardModified(UpperMismatch):
+    """The shard's upper is *behind* the description's ``lower``: it was modified under us."""
+
+
+class RemapUpperMismatch(ReclockError):
+    """Another minter appended a binding to the source's remap collection first."""
+
+    def __init__(self, source: str, expected: int, actual: int) -> None:
+        self.source = source
+        self.expected = expected
+        self.actual = actual
+        super().__init__(
+            f"source {source}: remap upper is {actual}, mint expected {expected} "
+            "(another cycle minted first; re-read the bindings and mint again)"
+        )
+
+
+class SinceViolation(ReclockError):
+    """A read or hold asked for a time below a collection's ``since``."""
+
+    def __init__(self, name: str, requested: int, since: int) -> None:
+        self.name = name
+        self.requested = requested
+        self.since = since
+        super().__init__(
+            f"{name}: time {requested} is below since {since}; compaction already advanced it "
+            "(read at or after since, or take a read hold before compaction passes your time)"
+        )
+
+
+class UpstreamDataLost(ReclockError):
+    """Upstream no longer holds offsets a shard still needs (retention ran past them)."""
+
+    def __init__(self, source: str, partition: int, start: int, end: int, earliest: int) -> None:
+        self.source = source
+        self.partition = partition
+        self.start = start
+        self.end = end
+        self.earliest = earliest
+        super().__init__(
+            f"source {source}: partition {partition} offsets [{start}, {end}) are needed but upstream "
+            f"now starts at {earliest}; the data is gone and will not be skipped silently"
+        )
+
+
+class DecodeError(ReclockError):
+    """A record could not be decoded with the source's declared format."""
+
+    def __init__(self, source: str, partition: int, offset: int, reason: str) -> None:
+        self.source = source
+        self.partition = partition
+        self.offset = offset
+        self.reason = reason
+        super().__init__(f"source {source}: record at partition {partition} offset {offset}: {reason}")
+
+
+class ConfigError(ReclockError):
+    """A source, sink or stack configuration is invalid."""
+
+
+class StackError(ReclockError):
+    """A local service of the dev stack failed to install, start or answer."""

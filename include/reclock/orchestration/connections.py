@@ -1,0 +1,38 @@
+"""Settings from Airflow connections (``reclock_postgres``, ``reclock_kafka``, ``reclock_spark``)."""
+
+from __future__ import annotations
+
+import json
+from urllib.parse import quote
+
+DEFAULT_POSTGRES = "reclock_postgres"
+DEFAULT_KAFKA = "reclock_kafka"
+DEFAULT_SPARK = "reclock_spark"
+
+
+def _get(conn_id: str):
+    from airflow.sdk import BaseHook
+
+    return BaseHook.get_connection(conn_id)
+
+
+def postgres_dsn(conn_id: str = DEFAULT_POSTGRES) -> str:
+    c = _get(conn_id)
+    auth = quote(c.login or "", safe="")
+    if c.password:
+        auth += ":" + quote(c.password, safe="")
+    return f"postgresql://{auth}@{c.host}:{c.port or 5432}/{c.schema or 'reclock'}"
+
+
+def kafka_bootstrap(conn_id: str = DEFAULT_KAFKA) -> str:
+    c = _get(conn_id)
+    extra = json.loads(c.extra or "{}") if isinstance(c.extra, str) else (c.extra or {})
+    return extra.get("bootstrap.servers") or f"{c.host}:{c.port or 9092}"
+
+
+def spark_connect_url(conn_id: str = DEFAULT_SPARK) -> str:
+    c = _get(conn_id)
+    host = c.host or "127.0.0.1"
+    if not host.startswith("sc://"):
+        host = "sc://" + host
+    return f"{host}:{c.port or 15002}"

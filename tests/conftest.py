@@ -1,0 +1,87 @@
+"""Shared fixtures: the real services, started once per test session through ``reclock.dev`` and stopped
+at the end. Every server listens on 127.0.0.1 and lives under a temporary state folder."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Callable
+import os
+
+import psycopg
+import pytest
+
+from reclock.dev.postgres import LocalPostgres
+from reclock.dev.state import StackState
+
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+_db_counter = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def stack_state(tmp_path_factory: pytest.TempPathFactory) -> StackState:
+    """A state folder of the test session's own (ports chosen free, secrets generated)."""
+    return StackState(tmp_path_factory.mktemp("stack"))
+
+
+@pytest.fixture(scope="session")
+def postgres(stack_state: StackState):
+    """A real Postgres 15+ cluster on a free loopback port (fsync off: throwaway)."""
+    pg = LocalPostgres(stack_state, fast=True)
+    pg.start()
+    yield pg
+    pg.stop()
+
+
+@pytest.fixture
+def fresh_db(postgres: LocalPostgres) -> str:
+    """A new, empty database for one test; returns its DSN."""
+    name = f"t{os.getpid()}_{next(_db_counter)}"
+    with psycopg.connect(postgres.dsn("postgres"), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return postgres.dsn(name)
+
+
+@pytest.fixture(scope="session")
+def kafka(stack_state: StackState):
+    """A real single-node KRaft broker from the Maven jars."""
+    from reclock.dev.kafka import LocalKafka
+
+    broker = LocalKafka(stack_state, heap="512m")
+    broker.start()
+    yield broker
+    broker.stop()
+
+
+@pytest.fixture(scope="session")
+def spark(stack_state: StackState):
+    """One in-process local Spark session (with the Kafka connector) for the whole test session."""
+    from reclock.dev.spark import local_session
+
+    session = local_session(stack_state, app="reclock-tests")
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def topic(kafka) -> "Callable[..., str]":
+    """Create a fresh topic: ``topic(partitions=4, **config)`` returns its name."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
+    made: list[str] = []
+
+    def make(partitions: int = 4, **config: str) -> str:
+        name = f"t_{os.getpid()}_{next(_db_counter)}"
+        for fut in admin.create_topics([NewTopic(name, partitions, 1, config=config)]).values():
+            fut.result(30)
+        made.append(name)
+        return name
+
+    yield make
+    if made:
+        for fut in admin.delete_topics(made).values():
+            try:
+                fut.result(30)
+            except Exception:  # noqa: BLE001 - best effort cleanup
+                pass

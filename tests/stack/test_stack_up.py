@@ -1,0 +1,88 @@
+"""`reclock dev up` on a state folder of its own: every service healthy on loopback, the smoke checks pass,
+the health DAG succeeds under the real scheduler, a second `up` is a no-op, and `down` stops it all."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from reclock.dev.procs import port_open, read_pid
+
+pytestmark = pytest.mark.stack
+
+
+def _listening_pids_not_on_loopback(pids: set[int]) -> list[str]:
+    out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout
+    bad = []
+    for line in out.splitlines():
+        local = line.split()[3]
+        if any(f"pid={p}," in line for p in pids) and not (local.startswith("127.0.0.1:")
+                                                           or local.startswith("[::ffff:127.0.0.1]:")):
+            bad.append(line)
+    return bad
+
+
+def _descendants(pids: set[int]) -> set[int]:
+    found = set(pids)
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    rest = f.read().split(") ", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if int(rest[2]) in pids:  # process group id
+                found.add(int(entry))
+    return found
+
+
+def test_up_smoke_health_dag_down(tmp_path: Path):
+    env = {**os.environ, "RECLOCK_HOME": str(tmp_path / "stack")}
+    reclock = [sys.executable, "-m", "reclock.cli"]
+
+    t0 = time.monotonic()
+    up = subprocess.run([*reclock, "dev", "up"], env=env, capture_output=True, text=True, timeout=600)
+    first_up = time.monotonic() - t0
+    assert up.returncode == 0, up.stdout + up.stderr
+    for name in ("postgres", "kafka", "spark", "airflow"):
+        assert f"check {name}" in up.stdout and "ok:" in up.stdout, up.stdout
+    assert "login: admin / " in up.stdout  # the admin login, printed once
+
+    from reclock.dev.stack import Stack
+    from reclock.dev.state import StackState
+
+    stack = Stack(StackState(tmp_path / "stack"))
+    try:
+        pidfiles = [stack.kafka.pidfile, stack.spark.pidfile,
+                    *(stack.airflow.pidfile(c) for c in ("api-server", "scheduler", "dag-processor", "triggerer"))]
+        pids = {read_pid(p) for p in pidfiles}
+        assert None not in pids
+        assert not _listening_pids_not_on_loopback(_descendants(pids))
+
+        # the second up finds everything running and does not print the password again
+        again = subprocess.run([*reclock, "dev", "up", "--no-smoke"], env=env, capture_output=True, text=True,
+                               timeout=300)
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert "login: admin / " not in again.stdout
+        assert {read_pid(p) for p in pidfiles} == pids  # nothing restarted
+
+        # the health DAG runs under the real scheduler, through the Airflow connections
+        deadline = time.monotonic() + 90
+        while "reclock__health" not in {d["dag_id"] for d in stack.airflow.api("GET", "dags").get("dags", [])}:
+            assert time.monotonic() < deadline, "the dag-processor never parsed dags/"
+            time.sleep(1)
+        run_id = stack.airflow.trigger("reclock__health")
+        assert stack.airflow.wait_run("reclock__health", run_id, timeout=240)["state"] == "success"
+        print(f"first up {first_up:.1f}s")
+    finally:
+        down = subprocess.run([*reclock, "dev", "down"], env=env, capture_output=True, text=True, timeout=300)
+    assert down.returncode == 0, down.stdout + down.stderr
+    for name, state in stack.status().items():
+        assert state == "down", (name, state)
+    for port in (stack.postgres.port, stack.kafka.port, stack.spark.port, stack.airflow.port):
+        assert not port_open(port)
