@@ -55,13 +55,7 @@ def up(services: tuple[str, ...], smoke: bool) -> None:
     stack.up(services or SERVICES, echo=click.echo)
     click.echo(f"stack up in {time.monotonic() - t0:.1f}s (state: {stack.state.root})")
     if not services or "airflow" in services:
-        shown = stack.state.root / "airflow" / ".login-shown"
-        if not shown.exists():
-            click.echo(f"Airflow UI: {stack.airflow.url}  login: admin / {stack.airflow.admin_password} "
-                       f"(shown once; also in {stack.state.file})")
-            shown.touch()
-        else:
-            click.echo(f"Airflow UI: {stack.airflow.url}  login: admin (password in {stack.state.file})")
+        _print_login(stack)
     if smoke and not services:
         stack.smoke(echo=click.echo)
 
@@ -96,6 +90,103 @@ def logs(service: str | None, lines: int) -> None:
 def smoke() -> None:
     """Check that each running service does the real thing Reclock needs."""
     _stack().smoke(echo=click.echo)
+
+
+@main.command()
+@click.option("--waves", default=2, show_default=True, help="Producer waves (one DAG run each).")
+@click.option("--per-wave", default=20_000, show_default=True, help="Records per wave.")
+def demo(waves: int, per_wave: int) -> None:
+    """Bring the stack up, fill the demo topic, run ingest__demo_orders through Airflow, show what landed."""
+    from reclock.dev.demo import run_demo
+    from reclock.dev.stack import SERVICES
+
+    stack = _stack()
+    t0 = time.monotonic()
+    stack.up(SERVICES, echo=click.echo)
+    _print_login(stack)
+    stack.smoke(echo=click.echo)
+    click.echo(f"stack up and checked in {time.monotonic() - t0:.1f}s\n")
+    run_demo(stack, waves=waves, per_wave=per_wave, echo=click.echo)
+
+
+def _dsn(dsn: str | None) -> str:
+    return dsn or _stack().postgres.dsn()
+
+
+def _blob(url: str | None):
+    from reclock.persist.blob import blob_store_from_url
+
+    return blob_store_from_url(url or str(_stack().state.root / "blobs"))
+
+
+@main.command()
+@click.argument("collection")
+@click.option("--as-of", "as_of", type=int, default=None, help="Timestamp (ms); default: upper - 1.")
+@click.option("--limit", default=20, show_default=True, help="Rows to print (0: all).")
+@click.option("--dsn", envvar="RECLOCK_DSN", help="Postgres DSN (default: the local stack's).")
+@click.option("--blob-url", envvar="RECLOCK_BLOB_URL", help="Blob store URL (default: .reclock/blobs).")
+def read(collection: str, as_of: int | None, limit: int, dsn: str | None, blob_url: str | None) -> None:
+    """Print COLLECTION's contents AS OF a time (consolidated: rows with their multiplicity `diff`)."""
+    import psycopg
+
+    from reclock.read import read_as_of
+
+    with psycopg.connect(_dsn(dsn)) as conn:
+        table = read_as_of(conn, _blob(blob_url), collection, as_of)
+    total = sum(table.column("diff").to_pylist()) if table.num_rows else 0
+    shown = table if limit == 0 else table.slice(0, limit)
+    click.echo(shown.to_pandas().to_string(index=False) if shown.num_rows else "(empty)")
+    click.echo(f"-- {table.num_rows} distinct rows, {total} in all")
+
+
+@main.command()
+@click.argument("source")
+@click.option("--dsn", envvar="RECLOCK_DSN", help="Postgres DSN (default: the local stack's).")
+def progress(source: str, dsn: str | None) -> None:
+    """Print SOURCE's bindings (its `<source>_progress` relation), uppers and latest status."""
+    import psycopg
+
+    from reclock.persist.names import validate_name
+
+    validate_name(source)
+    with psycopg.connect(_dsn(dsn)) as conn:
+        rows = conn.execute(f'SELECT ts, partition, "offset" FROM reclock."{source}_progress" '
+                            "ORDER BY ts, partition").fetchall()
+        shards = conn.execute("SELECT id, upper, since FROM reclock.shards WHERE source = %s ORDER BY id",
+                              (source,)).fetchall()
+        status = conn.execute("SELECT status, error, at FROM reclock.status_history WHERE name = %s "
+                              "ORDER BY id DESC LIMIT 1", (source,)).fetchone()
+    click.echo("ts               partition  offset")
+    for ts, p, o in rows:
+        click.echo(f"{ts:<16d} {p:<10d} {o}")
+    for sid, upper, since in shards:
+        click.echo(f"shard {sid}: upper {upper}, since {since}")
+    if status:
+        click.echo(f"status: {status[0]} at {status[2]}" + (f" -- {status[1]}" if status[1] else ""))
+
+
+@main.command()
+@click.argument("source")
+@click.option("--max-records", type=int, default=None, help="Override the record budget for this cycle.")
+def cycle(source: str, max_records: int | None) -> None:
+    """Run one cycle of SOURCE in this process (mint, write_batches, append, resume), outside Airflow."""
+    from reclock.config import load_config
+    from reclock.cycle import run_cycle
+    from reclock.orchestration.ingest import local_context
+
+    spec = load_config().source(source)
+    ctx = local_context(spec, _stack(), {"max_records": max_records} if max_records else None)
+    click.echo(run_cycle(ctx))
+
+
+def _print_login(stack) -> None:
+    shown = stack.state.root / "airflow" / ".login-shown"
+    if not shown.exists():
+        click.echo(f"Airflow UI: {stack.airflow.url}  login: admin / {stack.airflow.admin_password} "
+                   f"(shown once; also in {stack.state.file})")
+        shown.touch()
+    else:
+        click.echo(f"Airflow UI: {stack.airflow.url}  login: admin (password in {stack.state.file})")
 
 
 @main.command()

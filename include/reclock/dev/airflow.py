@@ -83,7 +83,7 @@ class LocalAirflow:
             "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(self.state.port("airflow_worker_logs")),
             "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(self.state.port("airflow_trigger_logs")),
             "AIRFLOW__WEBSERVER__WEB_SERVER_HOST": LOOPBACK,
-            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",
             "SPARK_LOCAL_IP": LOOPBACK,
             "RECLOCK_HOME": str(self.state.root),
             "NO_PROXY": "*",
@@ -173,9 +173,33 @@ class LocalAirflow:
             return json.loads(raw) if raw else {}
 
     def trigger(self, dag_id: str, conf: dict | None = None) -> str:
-        """Trigger a run of ``dag_id`` through the REST API; return its ``dag_run_id``."""
+        """Unpause ``dag_id`` and trigger a run through the REST API; return its ``dag_run_id``."""
+        self.unpause(dag_id)
         run = self.api("POST", f"dags/{dag_id}/dagRuns", {"logical_date": None, "conf": conf or {}})
         return run["dag_run_id"]
+
+    def unpause(self, dag_id: str) -> None:
+        self.api("PATCH", f"dags/{dag_id}", {"is_paused": False})
+
+    def wait_for_dag(self, dag_id: str, timeout: float = 90) -> None:
+        """Wait until the dag-processor has parsed ``dag_id`` (raise with the import errors if it fails)."""
+        token = self.token()
+
+        def parsed() -> bool:
+            ids = {d["dag_id"] for d in self.api("GET", "dags?limit=1000", token=token).get("dags", [])}
+            if dag_id in ids:
+                return True
+            errors = self.api("GET", "importErrors", token=token).get("import_errors", [])
+            if errors:
+                raise StackError(f"airflow: DAG import errors: {errors}")
+            return False
+
+        deadline = time.monotonic() + timeout
+        while not parsed():
+            if time.monotonic() > deadline:
+                raise StackError(f"airflow: {dag_id} was not parsed within {timeout:.0f}s "
+                                 f"(see {self.logfile('dag-processor')})")
+            time.sleep(1)
 
     def wait_run(self, dag_id: str, run_id: str, timeout: float = 300) -> dict:
         """Wait until the run is ``success`` (return it) or ``failed`` (raise ``StackError`` with the

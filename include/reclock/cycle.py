@@ -1,0 +1,272 @@
+"""The ingestion cycle: the four steps one ``ingest__<source>`` DAG run performs.
+
+::
+
+    upstream (Kafka)                          Postgres (consensus)                 blob store
+    ----------------                          --------------------                 ----------
+          |  probe last stable offsets
+          v
+    +-----------+  append binding (CAS on remap upper)        "bindings before data"
+    |   mint    |------------------------------> remap collection
+    +-----------+  descriptions (lower = shard upper, upper = newest binding ts + 1)
+          |
+          v
+    +---------------+  read exactly the bound offset ranges, reclock (range join),
+    | write_batches |  decode, route; Parquet parts under fresh paths --------------> parts
+    +---------------+  (Spark, all executors; nothing visible yet)
+          |
+          v
+    +-----------+  compare_and_append every output shard       "exactly once":
+    |  append   |  in ONE transaction ---------> shard uppers  a replay is a no-op,
+    +-----------+                                              a conflict changes nothing
+          |
+          v
+    +-----------+  resumption frontier = meet(remap upper, shard uppers)
+    |  resume   |  -> offset resumption frontier (source_upper_at) -> commit to the
+    +-----------+  consumer group; compact the remap collection   "bounded input reliance"
+
+Each step is a plain function over a :class:`CycleContext`; DAG tasks only call them. Every step records
+statistics and a status row; a step that fails records ``stalled`` with the error and re-raises.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import psycopg
+
+from reclock import remap
+from reclock.batch import BatchDescription, Part, mint_descriptions, ranges_for, split_ranges
+from reclock.config import SourceSpec
+from reclock.persist import blob as blobs
+from reclock.persist.remap_store import append_binding, compact_remap, load_remap, register_source
+from reclock.persist.shards import Append, compare_and_append, register_shard, shard_info, advance_since, read_holds
+from reclock.persist.status import record_statistics, record_status
+from reclock.remap import RemapCollection
+from reclock.sources.kafka import KafkaUpstream
+from reclock.errors import RemapUpperMismatch
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass
+class CycleContext:
+    """Everything a step needs: the source's spec and where its upstream, consensus and blobs live."""
+
+    spec: SourceSpec
+    dsn: str
+    bootstrap: str
+    blob: blobs.BlobStore
+    spark_factory: Callable[[], object] | None = None
+    clock: Callable[[], int] = now_ms
+    retain_history_ms: int = 0
+
+    def upstream(self) -> KafkaUpstream:
+        return KafkaUpstream(self.spec.name, self.bootstrap, self.spec.kafka.topic)
+
+    @contextlib.contextmanager
+    def connect(self) -> Iterator[psycopg.Connection]:
+        with psycopg.connect(self.dsn) as conn:
+            yield conn
+
+
+@dataclass(frozen=True)
+class MintResult:
+    binding: remap.Binding | None  # the binding this cycle minted, if upstream moved
+    descriptions: tuple[BatchDescription, ...]  # what write_batches must write, in order
+
+
+@dataclass(frozen=True)
+class WrittenBatch:
+    """The parts one description produced, per shard."""
+
+    desc: BatchDescription
+    parts: dict[str, tuple[Part, ...]] = field(default_factory=dict)
+
+
+@contextlib.contextmanager
+def _step(ctx: CycleContext, step: str) -> Iterator[dict]:
+    """Record ``running`` and statistics around a step; on failure record ``stalled`` with the cause."""
+    metrics: dict = {}
+    t0 = time.monotonic()
+    try:
+        yield metrics
+    except Exception as e:
+        with ctx.connect() as conn:
+            record_status(conn, ctx.spec.name, "stalled", error=f"{step}: {e}")
+        raise
+    metrics["seconds"] = round(time.monotonic() - t0, 3)
+    with ctx.connect() as conn:
+        record_statistics(conn, ctx.spec.name, step, metrics)
+        record_status(conn, ctx.spec.name, "running")
+
+
+def ensure_registered(ctx: CycleContext) -> None:
+    """Create the source's remap collection, progress view and output shards if they do not exist."""
+    with ctx.connect() as conn:
+        register_source(conn, ctx.spec.name, kind="kafka")
+        for output, shard in enumerate(ctx.spec.shards):
+            register_shard(conn, shard, source=ctx.spec.name, output=output)
+        conn.commit()
+
+
+def mint(ctx: CycleContext) -> MintResult:
+    """Probe upstream, append a binding if it moved, mint descriptions for the output shards.
+
+    Keeps *definite*: a binding is appended with compare-and-set on the remap upper at
+    ``max(now, last + 1)``, never in the past; two concurrent minters cannot both succeed.
+    """
+    with _step(ctx, "mint") as m:
+        ensure_registered(ctx)
+        upper = ctx.upstream().probe_upper()
+        minted = None
+        with ctx.connect() as conn:
+            rc = load_remap(conn, ctx.spec.name)
+            binding = remap.mint(rc, ctx.clock(), upper)
+            if binding is not None:
+                try:
+                    rc = append_binding(conn, ctx.spec.name, rc.upper, binding)
+                    conn.commit()
+                    minted = binding
+                except RemapUpperMismatch:
+                    conn.rollback()  # another cycle minted first: its binding serves us too
+                    rc = load_remap(conn, ctx.spec.name)
+            descs = _descriptions(conn, ctx, rc)
+        m.update(upstream_upper=upper.as_dict(), minted_ts=minted.ts if minted else None,
+                 descriptions=len(descs), offsets_known=sum(o for _, o in upper))
+        return MintResult(minted, tuple(descs))
+
+
+def _descriptions(conn, ctx: CycleContext, rc: RemapCollection) -> list[BatchDescription]:
+    lower = min(shard_info(conn, s).upper for s in ctx.spec.shards)
+    return mint_descriptions(lower, rc, ctx.spec.budget.max_records)
+
+
+def write_batches(ctx: CycleContext, desc: BatchDescription) -> WrittenBatch:
+    """Write the updates of ``desc`` for every output shard as Parquet parts (nothing visible yet).
+
+    Keeps *replayable*: the offsets read and the timestamps given depend only on the durable bindings,
+    so a rerun writes the same updates (to fresh paths).
+    """
+    from reclock.spark.ingest import BindingRange, write_slice
+
+    with _step(ctx, "write_batches") as m:
+        with ctx.connect() as conn:
+            rc = load_remap(conn, ctx.spec.name)
+        ranges = ranges_for(rc, desc)
+        if ranges:
+            ctx.upstream().check_retained(
+                remap.source_upper_at(rc, desc.lower), remap.source_upper_at(rc, desc.upper))
+        bindings = [BindingRange(p, s, e, ts) for r in ranges
+                    for (s, e, ts) in remap.reclock_ranges(rc, r.partition)
+                    if s < r.end and e > r.start and desc.lower <= ts < desc.upper]
+        attempt = f"{desc.lower}-{desc.upper}/{uuid.uuid4().hex}"
+        prefix = f"{ctx.spec.name}/{attempt}"
+        slices = split_ranges(ranges, ctx.spec.budget.max_records) if ranges else []
+        spark = ctx.spark_factory() if slices else None
+        for i, sl in enumerate(slices):
+            write_slice(spark, ctx.spec, ctx.bootstrap, sl, bindings, ctx.blob.url(f"{prefix}/slice-{i:04d}"))
+        parts = _collect_parts(ctx, prefix)
+        m.update(lower=desc.lower, upper=desc.upper, slices=len(slices),
+                 offsets=sum(r.end - r.start for r in ranges),
+                 records={s: sum(p.rows for p in ps) for s, ps in parts.items()},
+                 bytes={s: sum(p.bytes for p in ps) for s, ps in parts.items()})
+        return WrittenBatch(desc, parts)
+
+
+def _collect_parts(ctx: CycleContext, prefix: str) -> dict[str, tuple[Part, ...]]:
+    """The Parquet files under ``prefix``, assigned to shards by their ``_output=N`` folder, with row counts
+    and ts bounds read from the footers."""
+    import pyarrow.parquet as pq
+
+    from reclock.spark.ingest import DATA_OUTPUT, ERRORS_OUTPUT
+
+    out: dict[str, list[Part]] = {s: [] for s in ctx.spec.shards}
+    shard_of = {f"_output={DATA_OUTPUT}": ctx.spec.data_shard, f"_output={ERRORS_OUTPUT}": ctx.spec.errors_shard}
+    for info in ctx.blob.list(prefix):
+        if not info.path.endswith(".parquet"):
+            continue
+        shard = next((s for k, s in shard_of.items() if f"/{k}/" in info.path), None)
+        if shard is None:
+            continue
+        with ctx.blob.open(info.path) as f:
+            md = pq.ParquetFile(f).metadata
+        rows, lo, hi = md.num_rows, None, None
+        ts_idx = md.schema.to_arrow_schema().get_field_index("ts")
+        for rg in range(md.num_row_groups):
+            st = md.row_group(rg).column(ts_idx).statistics
+            if st is not None and st.has_min_max:
+                lo = st.min if lo is None else min(lo, st.min)
+                hi = st.max if hi is None else max(hi, st.max)
+        if rows:
+            out[shard].append(Part(info.path, rows, info.size, lo, hi))
+    return {s: tuple(sorted(ps, key=lambda p: p.path)) for s, ps in out.items()}
+
+
+def append(ctx: CycleContext, written: WrittenBatch) -> list:
+    """``compare_and_append`` every output shard of the source in ONE transaction.
+
+    Keeps *exactly once*: a replay whose range is already in the shards is a no-op; a partial overlap
+    raises ``UpperMismatch`` and changes nothing (the next cycle re-mints from the actual upper).
+    """
+    with _step(ctx, "append") as m:
+        appends = [Append(s, written.desc, written.parts.get(s, ())) for s in ctx.spec.shards]
+        with ctx.connect() as conn:
+            outcomes = compare_and_append(conn, appends)
+        m.update(lower=written.desc.lower, upper=written.desc.upper,
+                 outcomes=[str(o) for o in outcomes],
+                 committed={s: sum(p.rows for p in written.parts.get(s, ())) for s in ctx.spec.shards})
+        return outcomes
+
+
+@dataclass(frozen=True)
+class ResumeResult:
+    resumption: int
+    offsets: dict[int, int]
+    since: int
+
+
+def resume(ctx: CycleContext) -> ResumeResult:
+    """Resumption frontier -> offset resumption frontier -> consumer-group commit -> compaction.
+
+    Keeps *bounded input reliance*: after it, upstream may drop every offset below the committed
+    frontier and no restart will ever need it; compaction respects read holds.
+    """
+    with _step(ctx, "resume") as m:
+        with ctx.connect() as conn:
+            rc = load_remap(conn, ctx.spec.name)
+            infos = [shard_info(conn, s) for s in ctx.spec.shards]
+        resumption = min([rc.upper, *(i.upper for i in infos)])
+        offsets = remap.source_upper_at(rc, resumption)
+        ctx.upstream().commit(ctx.spec.consumer_group, offsets)
+        target = min(resumption, max(0, ctx.clock() - ctx.retain_history_ms)) if ctx.retain_history_ms else resumption
+        with ctx.connect() as conn:
+            for s in ctx.spec.shards:
+                holds = [h.ts for h in read_holds(conn, s)]
+                target = min([target, *holds])
+            since = target
+            if since > rc.since:
+                compact_remap(conn, ctx.spec.name, since)
+            for s in ctx.spec.shards:
+                advance_since(conn, s, since)
+            conn.commit()
+        m.update(resumption=resumption, offsets_committed=offsets.as_dict(), since=since)
+        return ResumeResult(resumption, offsets.as_dict(), since)
+
+
+def run_cycle(ctx: CycleContext) -> dict:
+    """All four steps in one process (what ``dag.test()`` and the benchmarks run)."""
+    minted = mint(ctx)
+    appended = 0
+    for desc in minted.descriptions:
+        append(ctx, write_batches(ctx, desc))
+        appended += 1
+    res = resume(ctx)
+    return {"minted": minted.binding.ts if minted.binding else None, "descriptions": appended,
+            "resumption": res.resumption, "offsets": res.offsets}

@@ -1,0 +1,151 @@
+"""The blob store: where immutable Parquet parts live. A local folder by default; any ``fsspec`` URL
+(``s3://bucket/prefix``, ``memory://``, ``file://``) by configuration."""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import tempfile
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Protocol
+
+from reclock.batch import BatchDescription
+
+
+@dataclass(frozen=True)
+class BlobInfo:
+    path: str  # relative to the store's root, '/'-separated
+    size: int
+    mtime: float  # seconds since the epoch
+
+
+def _check_rel(path: str) -> str:
+    if not path or path.startswith("/") or "\\" in path or any(p in ("..", "") for p in path.split("/")):
+        raise ValueError(f"blob path {path!r} must be relative, '/'-separated, without '..' or empty parts")
+    return path
+
+
+class BlobStore(Protocol):
+    def url(self, path: str) -> str:
+        """A URL Spark and pyarrow can read and write."""
+
+    def put_bytes(self, path: str, data: bytes) -> None: ...
+
+    def get_bytes(self, path: str) -> bytes: ...
+
+    def open(self, path: str) -> BinaryIO: ...
+
+    def exists(self, path: str) -> bool: ...
+
+    def delete(self, path: str) -> None: ...
+
+    def list(self, prefix: str = "") -> list[BlobInfo]: ...
+
+
+class LocalBlobStore:
+    """Parts under a local folder; writes are atomic (temp file + rename)."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root).resolve()
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def _p(self, path: str) -> Path:
+        return self.root / _check_rel(path)
+
+    def url(self, path: str) -> str:
+        return str(self._p(path))
+
+    def put_bytes(self, path: str, data: bytes) -> None:
+        target = self._p(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, target)
+
+    def get_bytes(self, path: str) -> bytes:
+        return self._p(path).read_bytes()
+
+    def open(self, path: str) -> BinaryIO:
+        return open(self._p(path), "rb")
+
+    def exists(self, path: str) -> bool:
+        return self._p(path).exists()
+
+    def delete(self, path: str) -> None:
+        self._p(path).unlink(missing_ok=True)
+
+    def list(self, prefix: str = "") -> list[BlobInfo]:
+        base = self._p(prefix) if prefix else self.root
+        if not base.exists():
+            return []
+        out = []
+        for dirpath, _, files in os.walk(base):
+            for name in files:
+                full = Path(dirpath) / name
+                st = full.stat()
+                out.append(BlobInfo(full.relative_to(self.root).as_posix(), st.st_size, st.st_mtime))
+        return sorted(out, key=lambda b: b.path)
+
+
+class FsspecBlobStore:
+    """Parts under any fsspec URL (S3 and S3-compatible stores need ``s3fs``; Spark writes via ``s3a://``)."""
+
+    def __init__(self, url: str) -> None:
+        import fsspec
+
+        self.base = url.rstrip("/")
+        self.fs, self.root = fsspec.core.url_to_fs(self.base)
+        self.protocol = self.base.split("://", 1)[0]
+
+    def _p(self, path: str) -> str:
+        return posixpath.join(self.root, _check_rel(path))
+
+    def url(self, path: str) -> str:
+        u = f"{self.base}/{_check_rel(path)}"
+        return "s3a://" + u[len("s3://"):] if u.startswith("s3://") else u
+
+    def put_bytes(self, path: str, data: bytes) -> None:
+        self.fs.pipe_file(self._p(path), data)
+
+    def get_bytes(self, path: str) -> bytes:
+        return self.fs.cat_file(self._p(path))
+
+    def open(self, path: str) -> BinaryIO:
+        return self.fs.open(self._p(path), "rb")
+
+    def exists(self, path: str) -> bool:
+        return self.fs.exists(self._p(path))
+
+    def delete(self, path: str) -> None:
+        if self.fs.exists(self._p(path)):
+            self.fs.rm_file(self._p(path))
+
+    def list(self, prefix: str = "") -> list[BlobInfo]:
+        base = self._p(prefix) if prefix else self.root
+        if not self.fs.exists(base):
+            return []
+        out = []
+        for full, info in self.fs.find(base, detail=True).items():
+            mtime = info.get("mtime") or info.get("LastModified") or info.get("created") or 0
+            if hasattr(mtime, "timestamp"):
+                mtime = mtime.timestamp()
+            rel = full[len(self.root):].lstrip("/") if full.startswith(self.root) else full
+            out.append(BlobInfo(rel, int(info.get("size") or 0), float(mtime)))
+        return sorted(out, key=lambda b: b.path)
+
+
+def blob_store_from_url(url: str) -> BlobStore:
+    """``/a/path`` or ``file:///a/path`` -> LocalBlobStore; any other fsspec URL -> FsspecBlobStore."""
+    if "://" not in url:
+        return LocalBlobStore(url)
+    if url.startswith("file://"):
+        return LocalBlobStore(url[len("file://"):])
+    return FsspecBlobStore(url)
+
+
+def new_part_path(shard: str, desc: BatchDescription) -> str:
+    """A fresh, unique path for a part of ``shard`` written for ``desc``."""
+    return f"{shard}/{desc.lower}-{desc.upper}/{uuid.uuid4().hex}.parquet"

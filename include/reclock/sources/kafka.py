@@ -1,0 +1,100 @@
+"""The Kafka upstream: probe the upper, check retention, commit the offset resumption frontier.
+
+All reads of progress use ``read_committed`` semantics: the upper of a partition is its *last stable
+offset*, so an open or aborted transaction never lets a binding pass data that is not yet readable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
+
+from reclock.errors import ReclockError, UpstreamDataLost
+from reclock.time import PartitionedFrontier
+
+
+class UpstreamUnavailable(ReclockError):
+    """The broker cannot be reached or the topic does not exist."""
+
+
+@dataclass
+class KafkaUpstream:
+    source: str
+    bootstrap: str
+    topic: str
+    timeout: float = 15.0
+
+    def _admin(self) -> AdminClient:
+        return AdminClient({"bootstrap.servers": self.bootstrap, "socket.connection.setup.timeout.ms": 5000,
+                            "log_level": 2})
+
+    def partitions(self) -> list[int]:
+        """The topic's partitions; raises ``UpstreamUnavailable`` naming the source and the cause."""
+        try:
+            md = self._admin().list_topics(topic=self.topic, timeout=self.timeout)
+        except KafkaException as e:
+            raise UpstreamUnavailable(f"source {self.source}: Kafka at {self.bootstrap} is unreachable: {e}") from e
+        t = md.topics.get(self.topic)
+        if t is None or t.error is not None:
+            if t is not None and t.error.code() not in (KafkaError.UNKNOWN_TOPIC_OR_PART,
+                                                          KafkaError._UNKNOWN_TOPIC):
+                raise UpstreamUnavailable(f"source {self.source}: topic {self.topic!r}: {t.error}")
+            raise UpstreamUnavailable(
+                f"source {self.source}: topic {self.topic!r} does not exist on {self.bootstrap} "
+                "(create it, or fix `kafka.topic` in the source config)")
+        return sorted(t.partitions)
+
+    def _list_offsets(self, spec_factory) -> dict[int, int]:
+        from confluent_kafka import IsolationLevel
+
+        parts = self.partitions()
+        req = {TopicPartition(self.topic, p): spec_factory() for p in parts}
+        try:
+            futs = self._admin().list_offsets(req, isolation_level=IsolationLevel.READ_COMMITTED,
+                                              request_timeout=self.timeout)
+            return {tp.partition: fut.result().offset for tp, fut in futs.items()}
+        except KafkaException as e:
+            raise UpstreamUnavailable(f"source {self.source}: listing offsets of {self.topic!r} failed: {e}") from e
+
+    def probe_upper(self) -> PartitionedFrontier:
+        """Per-partition last stable offsets (what a ``read_committed`` consumer can read up to)."""
+        return PartitionedFrontier.of(self._list_offsets(OffsetSpec.latest))
+
+    def earliest(self) -> dict[int, int]:
+        """Per-partition earliest offsets still held upstream (retention may have moved them)."""
+        return self._list_offsets(OffsetSpec.earliest)
+
+    def check_retained(self, needed_from: PartitionedFrontier, needed_until: PartitionedFrontier) -> None:
+        """Raise ``UpstreamDataLost`` if any needed offset range starts before what upstream still holds."""
+        earliest = self.earliest()
+        for p, until in needed_until:
+            start = needed_from.get(p)
+            if until > start and earliest.get(p, 0) > start:
+                raise UpstreamDataLost(self.source, p, start, until, earliest[p])
+
+    def commit(self, group: str, frontier: PartitionedFrontier) -> None:
+        """Commit ``frontier`` (next offsets) to ``group`` so every standard lag tool sees our progress."""
+        if frontier.is_minimum():
+            return
+        consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": group,
+                             "enable.auto.commit": False, "log_level": 2})
+        try:
+            consumer.commit(offsets=[TopicPartition(self.topic, p, o) for p, o in frontier],
+                            asynchronous=False)
+        except KafkaException as e:
+            raise UpstreamUnavailable(f"source {self.source}: committing offsets to group {group} failed: {e}") from e
+        finally:
+            consumer.close()
+
+    def committed(self, group: str) -> PartitionedFrontier:
+        """The offsets ``group`` has committed (absent partitions at 0)."""
+        consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": group,
+                             "enable.auto.commit": False, "log_level": 2})
+        try:
+            tps = consumer.committed([TopicPartition(self.topic, p) for p in self.partitions()],
+                                     timeout=self.timeout)
+        finally:
+            consumer.close()
+        return PartitionedFrontier.of((tp.partition, tp.offset) for tp in tps if tp.offset >= 0)
