@@ -4,6 +4,9 @@ at the end. Every server listens on 127.0.0.1 and lives under a temporary state 
 from __future__ import annotations
 
 import itertools
+import shutil
+import tempfile
+from pathlib import Path
 from typing import Callable
 import os
 
@@ -19,9 +22,13 @@ _db_counter = itertools.count()
 
 
 @pytest.fixture(scope="session")
-def stack_state(tmp_path_factory: pytest.TempPathFactory) -> StackState:
-    """A state folder of the test session's own (ports chosen free, secrets generated)."""
-    return StackState(tmp_path_factory.mktemp("stack"))
+def stack_state():
+    """A state folder of the test session's own (ports chosen free, secrets generated). It lives outside
+    pytest's 0700 temp folders because the ``postgres`` user must reach the cluster's files."""
+    root = tempfile.mkdtemp(prefix="reclock-tests-")
+    os.chmod(root, 0o755)
+    yield StackState(Path(root))
+    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -163,7 +163,7 @@ def write_batches(ctx: CycleContext, desc: BatchDescription) -> WrittenBatch:
         if ranges:
             ctx.upstream().check_retained(
                 remap.source_upper_at(rc, desc.lower), remap.source_upper_at(rc, desc.upper))
-        bindings = [BindingRange(p, s, e, ts) for r in ranges
+        bindings = [BindingRange(r.partition, s, e, ts) for r in ranges
                     for (s, e, ts) in remap.reclock_ranges(rc, r.partition)
                     if s < r.end and e > r.start and desc.lower <= ts < desc.upper]
         attempt = f"{desc.lower}-{desc.upper}/{uuid.uuid4().hex}"
@@ -245,7 +245,10 @@ def resume(ctx: CycleContext) -> ResumeResult:
         resumption = min([rc.upper, *(i.upper for i in infos)])
         offsets = remap.source_upper_at(rc, resumption)
         ctx.upstream().commit(ctx.spec.consumer_group, offsets)
-        target = min(resumption, max(0, ctx.clock() - ctx.retain_history_ms)) if ctx.retain_history_ms else resumption
+        # the last complete time stays readable: since may reach resumption - 1, never the upper itself
+        target = max(0, resumption - 1)
+        if ctx.retain_history_ms:
+            target = min(target, max(0, ctx.clock() - ctx.retain_history_ms))
         with ctx.connect() as conn:
             for s in ctx.spec.shards:
                 holds = [h.ts for h in read_holds(conn, s)]

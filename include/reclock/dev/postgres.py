@@ -65,6 +65,15 @@ def _run_as() -> str | None:
     return "postgres"
 
 
+def _reachable_by_others(path: Path) -> bool:
+    """Every folder from / down to ``path`` lets other users traverse it."""
+    p = path.resolve()
+    for folder in [p, *p.parents]:
+        if not folder.stat().st_mode & 0o001:
+            return False
+    return True
+
+
 @dataclass
 class LocalPostgres:
     """One cluster under ``<state>/postgres``: ``start`` is idempotent and ``stop`` ends only it."""
@@ -105,6 +114,10 @@ class LocalPostgres:
         bin_dir = ensure_installed()
         if (self.data / "PG_VERSION").exists():
             return
+        user = _run_as()
+        if user and not _reachable_by_others(self.home):
+            raise StackError(f"postgres: {self.home} is not reachable by the {user} user (a parent folder is "
+                             f"not world-executable); set RECLOCK_HOME to a folder under e.g. /var/tmp")
         self.home.chmod(0o755)
         self._chown(self.home)
         pwfile = self.home / "pwfile"

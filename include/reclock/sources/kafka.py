@@ -33,7 +33,7 @@ class KafkaUpstream:
     def partitions(self) -> list[int]:
         """The topic's partitions; raises ``UpstreamUnavailable`` naming the source and the cause."""
         try:
-            md = self._admin().list_topics(topic=self.topic, timeout=self.timeout)
+            md = self._admin().list_topics(topic=self.topic, timeout=self.timeout)  # synchronous
         except KafkaException as e:
             raise UpstreamUnavailable(f"source {self.source}: Kafka at {self.bootstrap} is unreachable: {e}") from e
         t = md.topics.get(self.topic)
@@ -51,10 +51,11 @@ class KafkaUpstream:
 
         parts = self.partitions()
         req = {TopicPartition(self.topic, p): spec_factory() for p in parts}
+        admin = self._admin()  # keep the client alive until its futures resolve
         try:
-            futs = self._admin().list_offsets(req, isolation_level=IsolationLevel.READ_COMMITTED,
-                                              request_timeout=self.timeout)
-            return {tp.partition: fut.result().offset for tp, fut in futs.items()}
+            futs = admin.list_offsets(req, isolation_level=IsolationLevel.READ_COMMITTED,
+                                      request_timeout=self.timeout)
+            return {tp.partition: fut.result(timeout=self.timeout + 5).offset for tp, fut in futs.items()}
         except KafkaException as e:
             raise UpstreamUnavailable(f"source {self.source}: listing offsets of {self.topic!r} failed: {e}") from e
 

@@ -84,8 +84,8 @@ def reclock_and_decode(spark, spec: SourceSpec, bootstrap: str, ranges: Sequence
     bdf = spark.createDataFrame([(b.partition, b.start, b.end, b.ts) for b in bindings],
                                 "b_partition INT, b_start BIGINT, b_end BIGINT, ts BIGINT")
     # the vectorised range join: each record gets the ts of the binding whose range holds its offset
-    df = raw.join(F.broadcast(bdf), (raw.partition == bdf.b_partition) & (raw.offset >= bdf.b_start)
-                  & (raw.offset < bdf.b_end), "inner").drop("b_partition", "b_start", "b_end")
+    df = raw.join(F.broadcast(bdf), (raw["partition"] == bdf["b_partition"]) & (raw["offset"] >= bdf["b_start"])
+                  & (raw["offset"] < bdf["b_end"]), "inner").drop("b_partition", "b_start", "b_end")
 
     schema = data_schema(spec)
     fields = [f.name for f in schema.fields]
