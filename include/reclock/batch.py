@@ -37,19 +37,22 @@ class Part:
 
 @dataclass(frozen=True)
 class OffsetRange:
-    """Offsets ``[start, end)`` of one upstream partition."""
+    """Offsets ``[start, end)`` of one upstream partition (half-open, never empty)."""
 
     partition: int
     start: int
     end: int
 
     def __post_init__(self) -> None:
+        if self.partition < 0:
+            raise ValueError(f"offset range needs a non-negative partition, got {self.partition}")
         if not 0 <= self.start < self.end:
             raise ValueError(f"offset range of partition {self.partition} needs 0 <= start < end, "
                              f"got [{self.start}, {self.end})")
 
     @property
     def count(self) -> int:
+        """How many offsets the range holds (an upper bound on its records)."""
         return self.end - self.start
 
 
@@ -70,44 +73,76 @@ class Budget:
             raise ValueError(f"budget avg_record_bytes must be positive, got {self.avg_record_bytes}")
 
     def records_per_slice(self) -> int:
+        """``min(max_records, max_bytes // avg_record_bytes)`` (just ``max_records`` without a byte
+        budget), and at least 1: a byte budget below one average record still lets a slice make progress."""
         if self.max_bytes is None:
             return self.max_records
         return max(1, min(self.max_records, self.max_bytes // self.avg_record_bytes))
 
 
+def check_servable(rc: RemapCollection, shard_upper: int) -> None:
+    """Raise ``ValueError`` unless ``rc`` still knows what a shard at ``shard_upper`` already holds.
+
+    The shard holds the data bound at ``ts < shard_upper``, i.e. up to ``source_upper_at(rc,
+    shard_upper)``, which compaction keeps exact only for ``shard_upper > since`` (see
+    :func:`reclock.remap.compact`). So a shard below ``since`` cannot be served; neither can one exactly
+    at ``since > 0`` when a binding sits at ``since`` (it may hold data compaction advanced from below
+    ``since``, which the shard already has). A shard at 0 with ``since`` 0 is the normal start.
+    """
+    if shard_upper < rc.since:
+        raise ValueError(f"source {rc.source}: the shard's upper {shard_upper} is below the remap since "
+                         f"{rc.since}; the bindings it needs were compacted (rebuild the shard)")
+    if shard_upper == rc.since > 0 and any(b.ts == rc.since for b in rc.bindings):
+        raise ValueError(f"source {rc.source}: the shard's upper {shard_upper} equals the remap since "
+                         f"{rc.since}; the binding at {rc.since} may hold compacted data the shard already "
+                         "has (compaction must stay below every shard's upper; rebuild the shard)")
+
+
 def mint_descriptions(shard_upper: int, rc: RemapCollection, max_records: int) -> list[BatchDescription]:
     """The descriptions that bring a shard from ``shard_upper`` to ``last binding ts + 1``.
 
-    Contiguous (first ``lower`` is ``shard_upper``, each ``upper`` the next ``lower``), grouping
-    consecutive bindings so that a description covers at most ``max_records`` offsets unless one binding
-    alone exceeds it. Empty if the shard is caught up. A shard behind the remap collection's ``since``
-    cannot be served: the bindings it needs were compacted away.
+    Laws: *contiguous* -- the first ``lower`` is ``shard_upper``, each ``upper`` is the next ``lower``,
+    the last ``upper`` is the newest binding's ``ts + 1``; every description holds at least one binding;
+    *budget* -- consecutive bindings are grouped so that a description covers at most ``max_records``
+    offsets (``record_count_since`` between frontiers) unless one binding alone exceeds it, and then that
+    binding is its own description; *exact cover* -- together their :func:`ranges_for` are exactly the
+    offsets between ``source_upper_at(rc, shard_upper)`` and the newest frontier; *compaction-invariant*
+    -- compacting ``rc`` to any ``since < shard_upper`` never changes the answer.
+
+    Empty if the shard is caught up (no binding at ``ts >= shard_upper``, e.g. ``shard_upper >=
+    rc.upper``). ``ValueError`` if the shard cannot be served (:func:`check_servable`) or
+    ``max_records`` is not positive.
     """
     if max_records <= 0:
         raise ValueError(f"max_records must be positive, got {max_records}")
     pending = [b for b in rc.bindings if b.ts >= shard_upper]
     if not pending:
         return []
-    if shard_upper < rc.since:
-        raise ValueError(f"source {rc.source}: the shard's upper {shard_upper} is below the remap since "
-                         f"{rc.since}; the bindings it needs were compacted (rebuild the shard)")
+    check_servable(rc, shard_upper)
     descs: list[BatchDescription] = []
     lower = shard_upper
     prev = source_upper_at(rc, shard_upper)
-    count = 0
+    count, grouped = 0, 0
     for i, b in enumerate(pending):
         n = b.frontier.record_count_since(prev)
-        if count and count + n > max_records:
+        if grouped and count + n > max_records:
             descs.append(BatchDescription(lower, pending[i - 1].ts + 1))
-            lower, count = pending[i - 1].ts + 1, 0
+            lower, count, grouped = pending[i - 1].ts + 1, 0, 0
         count += n
+        grouped += 1
         prev = b.frontier
     descs.append(BatchDescription(lower, pending[-1].ts + 1))
     return descs
 
 
 def ranges_for(rc: RemapCollection, desc: BatchDescription) -> list[OffsetRange]:
-    """The upstream ranges the bindings in ``[desc.lower, desc.upper)`` cover, per partition, non-empty."""
+    """The upstream ranges the bindings in ``[desc.lower, desc.upper)`` cover: from
+    ``source_upper_at(rc, desc.lower)`` to ``source_upper_at(rc, desc.upper)``, per partition in partition
+    order, non-empty only.
+
+    Law: every record in the ranges reclocks into ``[desc.lower, desc.upper)`` and every record that does
+    is in them. Exact only while ``desc.lower`` is servable (:func:`check_servable`).
+    """
     start = source_upper_at(rc, desc.lower)
     end = source_upper_at(rc, desc.upper)
     before = start.as_dict()
@@ -115,14 +150,19 @@ def ranges_for(rc: RemapCollection, desc: BatchDescription) -> list[OffsetRange]
 
 
 def split_ranges(ranges: Sequence[OffsetRange], max_records: int) -> list[list[OffsetRange]]:
-    """Split ranges into slices of at most ``max_records`` offsets each, covering exactly the same offsets,
-    deterministically (partition order, then offset order), with no empty slice."""
+    """Split a description's ranges into slices of at most ``max_records`` offsets each.
+
+    Laws: the slices cover exactly the offsets of ``ranges`` (a partition's range is split where needed);
+    no slice is empty; each holds at most ``max_records`` offsets and all but the last exactly that many,
+    so there are ``ceil(total / max_records)`` slices; deterministic -- ranges are taken in
+    ``(partition, start)`` order, so the same ranges in any order give the same slices.
+    """
     if max_records <= 0:
         raise ValueError(f"max_records must be positive, got {max_records}")
     slices: list[list[OffsetRange]] = []
     current: list[OffsetRange] = []
     room = max_records
-    for r in sorted(ranges, key=lambda r: (r.partition, r.start)):
+    for r in sorted(ranges, key=lambda r: (r.partition, r.start, r.end)):
         start = r.start
         while start < r.end:
             take = min(room, r.end - start)

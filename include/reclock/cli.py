@@ -127,11 +127,11 @@ def _blob(url: str | None):
 @click.option("--blob-url", envvar="RECLOCK_BLOB_URL", help="Blob store URL (default: .reclock/blobs).")
 def read(collection: str, as_of: int | None, limit: int, dsn: str | None, blob_url: str | None) -> None:
     """Print COLLECTION's contents AS OF a time (consolidated: rows with their multiplicity `diff`)."""
-    import psycopg
+    from reclock.persist import connect
 
     from reclock.read import read_as_of
 
-    with psycopg.connect(_dsn(dsn)) as conn:
+    with connect(_dsn(dsn)) as conn:
         table = read_as_of(conn, _blob(blob_url), collection, as_of)
     total = sum(table.column("diff").to_pylist()) if table.num_rows else 0
     shown = table if limit == 0 else table.slice(0, limit)
@@ -144,12 +144,12 @@ def read(collection: str, as_of: int | None, limit: int, dsn: str | None, blob_u
 @click.option("--dsn", envvar="RECLOCK_DSN", help="Postgres DSN (default: the local stack's).")
 def progress(source: str, dsn: str | None) -> None:
     """Print SOURCE's bindings (its `<source>_progress` relation), uppers and latest status."""
-    import psycopg
+    from reclock.persist import connect
 
     from reclock.persist.names import validate_name
 
     validate_name(source)
-    with psycopg.connect(_dsn(dsn)) as conn:
+    with connect(_dsn(dsn)) as conn:
         rows = conn.execute(f'SELECT ts, partition, "offset" FROM reclock."{source}_progress" '
                             "ORDER BY ts, partition").fetchall()
         shards = conn.execute("SELECT id, upper, since FROM reclock.shards WHERE source = %s ORDER BY id",

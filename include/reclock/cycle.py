@@ -37,12 +37,11 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-import psycopg
-
 from reclock import remap
 from reclock.batch import BatchDescription, Part, mint_descriptions, ranges_for, split_ranges
 from reclock.config import SourceSpec
 from reclock.persist import blob as blobs
+from reclock.persist import connect
 from reclock.persist.remap_store import append_binding, compact_remap, load_remap, register_source
 from reclock.persist.shards import Append, compare_and_append, register_shard, shard_info, advance_since, read_holds
 from reclock.persist.status import record_statistics, record_status
@@ -71,8 +70,8 @@ class CycleContext:
         return KafkaUpstream(self.spec.name, self.bootstrap, self.spec.kafka.topic)
 
     @contextlib.contextmanager
-    def connect(self) -> Iterator[psycopg.Connection]:
-        with psycopg.connect(self.dsn) as conn:
+    def connect(self) -> Iterator:
+        with connect(self.dsn) as conn:
             yield conn
 
 
@@ -113,7 +112,6 @@ def ensure_registered(ctx: CycleContext) -> None:
         register_source(conn, ctx.spec.name, kind="kafka")
         for output, shard in enumerate(ctx.spec.shards):
             register_shard(conn, shard, source=ctx.spec.name, output=output)
-        conn.commit()
 
 
 def mint(ctx: CycleContext) -> MintResult:
@@ -132,10 +130,9 @@ def mint(ctx: CycleContext) -> MintResult:
             if binding is not None:
                 try:
                     rc = append_binding(conn, ctx.spec.name, rc.upper, binding)
-                    conn.commit()
                     minted = binding
                 except RemapUpperMismatch:
-                    conn.rollback()  # another cycle minted first: its binding serves us too
+                    # another cycle minted first: its binding serves us too
                     rc = load_remap(conn, ctx.spec.name)
             descs = _descriptions(conn, ctx, rc)
         m.update(upstream_upper=upper.as_dict(), minted_ts=minted.ts if minted else None,
@@ -258,7 +255,6 @@ def resume(ctx: CycleContext) -> ResumeResult:
                 compact_remap(conn, ctx.spec.name, since)
             for s in ctx.spec.shards:
                 advance_since(conn, s, since)
-            conn.commit()
         m.update(resumption=resumption, offsets_committed=offsets.as_dict(), since=since)
         return ResumeResult(resumption, offsets.as_dict(), since)
 

@@ -38,8 +38,12 @@ class RemapCollection:
 
 
 def validate(rc: RemapCollection) -> None:
-    """Raise ``ValueError`` unless ``rc`` is well formed: bindings strictly increasing in ``ts``, frontiers
-    never going backwards (*definite*), every ``ts`` in ``[since, upper)``."""
+    """Raise ``ValueError`` unless ``rc`` is well formed.
+
+    Law: ``since <= upper``; bindings strictly increasing in ``ts``; each binding's frontier
+    ``less_equal`` the next (the collection only moves forward, *definite*); every ``ts`` in
+    ``[since, upper)``. Every function below keeps a valid collection valid.
+    """
     if rc.since > rc.upper:
         raise ValueError(f"source {rc.source}: since {rc.since} is beyond upper {rc.upper}")
     prev: Binding | None = None
@@ -48,9 +52,11 @@ def validate(rc: RemapCollection) -> None:
             raise ValueError(f"source {rc.source}: binding at {b.ts} is outside [since {rc.since}, upper {rc.upper})")
         if prev is not None:
             if b.ts <= prev.ts:
-                raise ValueError(f"source {rc.source}: binding at {b.ts} does not follow {prev.ts}")
+                raise ValueError(f"source {rc.source}: binding at {b.ts} does not follow {prev.ts} "
+                                 "(timestamps must strictly increase)")
             if not prev.frontier.less_equal(b.frontier):
-                raise ValueError(f"source {rc.source}: frontier at {b.ts} goes backwards from {prev.ts}")
+                raise ValueError(f"source {rc.source}: frontier {b.frontier} at {b.ts} goes backwards from "
+                                 f"{prev.frontier} at {prev.ts}")
         prev = b
 
 
@@ -60,7 +66,11 @@ def last_frontier(rc: RemapCollection) -> PartitionedFrontier:
 
 
 def next_binding_ts(rc: RemapCollection, now_ms: int) -> int:
-    """``max(now, last binding + 1, upper)``: never backwards, never at a time already closed."""
+    """``max(now_ms, last binding ts + 1, upper)``.
+
+    Law: the result is ``>= now_ms`` and ``>= rc.upper`` and beyond every binding: never backwards,
+    never at a time already closed.
+    """
     t = max(now_ms, rc.upper)
     if rc.bindings:
         t = max(t, rc.bindings[-1].ts + 1)
@@ -70,9 +80,11 @@ def next_binding_ts(rc: RemapCollection, now_ms: int) -> int:
 def mint(rc: RemapCollection, now_ms: int, source_upper: PartitionedFrontier) -> Binding | None:
     """The binding to append after probing ``source_upper``, or None if upstream did not move.
 
-    A new source's first binding is minted whatever upstream holds (possibly nothing), so its initial
-    snapshot lands at one timestamp. The frontier is joined with the last one, so a probe that went
-    backwards on some partition (a stale replica) never moves a binding backwards.
+    The new binding sits at :func:`next_binding_ts` with frontier ``join(last frontier, source_upper)``.
+    Laws: *monotone* -- the frontier never goes backwards, even if the probe did on some partition (a
+    stale replica, a truncated partition): the join keeps the old offset; a binding is minted only if the
+    frontier moved strictly forward. *First binding*: a collection with no binding always gets one,
+    whatever upstream holds (possibly nothing), so a new source's initial snapshot lands at one timestamp.
     """
     frontier = last_frontier(rc).join(source_upper)
     if rc.bindings and frontier == last_frontier(rc):
@@ -81,20 +93,34 @@ def mint(rc: RemapCollection, now_ms: int, source_upper: PartitionedFrontier) ->
 
 
 def append(rc: RemapCollection, binding: Binding) -> RemapCollection:
-    """``rc`` with ``binding`` added and ``upper = binding.ts + 1``; refuses a binding in the past or
-    one whose frontier goes backwards."""
+    """``rc`` with ``binding`` added and ``upper = binding.ts + 1``.
+
+    Law (*definite*): earlier bindings, ``since`` and ``source`` are unchanged. Raises ``ValueError`` for
+    a binding below the remap upper (a closed time) or one whose frontier goes backwards.
+    """
     if binding.ts < rc.upper:
-        raise ValueError(f"source {rc.source}: binding at {binding.ts} is below the remap upper {rc.upper}")
+        raise ValueError(f"source {rc.source}: binding at {binding.ts} is below the remap upper {rc.upper} "
+                         "(that time is closed; mint at next_binding_ts)")
     if not last_frontier(rc).less_equal(binding.frontier):
-        raise ValueError(f"source {rc.source}: binding at {binding.ts} moves the frontier backwards")
+        raise ValueError(f"source {rc.source}: binding at {binding.ts} moves the frontier backwards, from "
+                         f"{last_frontier(rc)} to {binding.frontier}")
     return RemapCollection(rc.source, rc.bindings + (binding,), rc.since, binding.ts + 1)
 
 
-def reclock(rc: RemapCollection, partition: int, offset: int) -> int | None:
-    """The least binding ``ts`` whose frontier covers ``(partition, offset)``; None if none does yet.
+def _check_record(partition: int, offset: int) -> None:
+    if partition < 0 or offset < 0:
+        raise ValueError(f"a record needs a non-negative partition and offset, got ({partition}, {offset})")
 
-    *Local*: the answer depends only on the bindings' offsets for ``partition``.
+
+def reclock(rc: RemapCollection, partition: int, offset: int) -> int | None:
+    """The least binding ``ts`` whose frontier covers ``(partition, offset)`` (``offset <
+    frontier.get(partition)``); None if no binding covers it yet.
+
+    Laws: *local* -- the answer depends only on the bindings' offsets for ``partition``; *definite* --
+    once not None, appending bindings never changes it; it agrees with :func:`reclock_ranges`; after
+    ``compact(rc, s)`` it is ``max(original answer, s)``.
     """
+    _check_record(partition, offset)
     for b in rc.bindings:
         if b.frontier.covers(partition, offset):
             return b.ts
@@ -103,7 +129,12 @@ def reclock(rc: RemapCollection, partition: int, offset: int) -> int | None:
 
 def reclock_ranges(rc: RemapCollection, partition: int) -> list[tuple[int, int, int]]:
     """For ``partition``, the ``(from_offset, until_offset, ts)`` half-open ranges each binding adds, in
-    order, non-empty only: the table the vectorised range join on Spark uses. Agrees with ``reclock``."""
+    order, non-empty only: the table the vectorised range join on Spark uses.
+
+    Law: the ranges are contiguous from offset 0, and ``reclock(rc, partition, o) == ts`` exactly when
+    ``from_offset <= o < until_offset`` (None when no range holds ``o``).
+    """
+    _check_record(partition, 0)
     out: list[tuple[int, int, int]] = []
     start = 0
     for b in rc.bindings:
@@ -116,9 +147,12 @@ def reclock_ranges(rc: RemapCollection, partition: int) -> list[tuple[int, int, 
 
 def source_upper_at(rc: RemapCollection, t: int) -> PartitionedFrontier:
     """The source frontier of all data at timestamps ``< t``: the frontier of the last binding with
-    ``ts < t`` (the minimum frontier if none). Used to turn the resumption frontier into offsets.
+    ``ts < t`` (the minimum frontier if none). Turns the resumption frontier into offsets.
 
-    Law: a record bound at ``r`` has ``r < t`` iff ``source_upper_at(rc, t).covers(record)``.
+    Law (round trip): a record bound at ``r`` has ``r < t`` iff ``source_upper_at(rc, t).covers(record)``;
+    a record no binding covers yet is covered by no ``source_upper_at``. The answer is exact for
+    ``t > since``; for ``t <= since`` of a compacted collection it is the minimum frontier (see
+    :func:`compact`).
     """
     frontier = PartitionedFrontier()
     for b in rc.bindings:
@@ -129,17 +163,32 @@ def source_upper_at(rc: RemapCollection, t: int) -> PartitionedFrontier:
 
 
 def compact(rc: RemapCollection, since: int) -> RemapCollection:
-    """Advance ``since`` (never backwards; below ``upper`` once anything is bound, so the last readable
-    time stays readable): the bindings at ``ts <= since`` collapse into one binding at ``since`` carrying
-    the last of their frontiers; later bindings are unchanged.
+    """Advance ``since``: the bindings at ``ts <= since`` collapse into one binding at ``since`` carrying
+    the last of their frontiers; later bindings, ``upper`` and ``source`` are unchanged.
 
-    Laws: ``source_upper_at`` is unchanged at every ``t > since`` (at ``t == since`` it may only have
-    moved forward, to include what compaction advanced to ``since``); a record's reclocked time becomes
-    ``max(original, since)``; at most one binding at or below ``since`` remains.
+    ``since`` never goes backwards (a ``since`` at or below the current one returns ``rc`` itself). It may
+    not pass ``upper``; and once anything is bound it must stay *below* ``upper``, so the collapsed
+    binding is still a valid binding and the last complete time stays readable (``ValueError``
+    otherwise). Compacting an empty collection to its upper is allowed.
+
+    Laws, with ``c = compact(rc, since)``:
+
+    * ``source_upper_at(c, t) == source_upper_at(rc, t)`` for every ``t > since`` (a read "as of
+      ``t - 1``", at or after ``since``, is exact);
+    * ``source_upper_at(c, t)`` is the minimum frontier for every ``t <= since``: every time below
+      ``since`` has been advanced to ``since``, so nothing is known to be bound strictly before it. At
+      ``t == since`` this equals the original answer only if no binding below ``since`` held data;
+      that is why a shard (or a resumption) must be served from a time ``> since``;
+    * ``reclock(c, p, o) == max(reclock(rc, p, o), since)`` whenever the original is not None (and None
+      stays None);
+    * *bounded state*: ``len(c.bindings) <= #(bindings of rc at ts > since) + 1``.
     """
-    if since > rc.upper or (since == rc.upper and rc.bindings):
+    if since > rc.upper:
+        raise ValueError(f"source {rc.source}: cannot compact to {since}: it is beyond the remap upper "
+                         f"{rc.upper}")
+    if since == rc.upper and rc.bindings:
         raise ValueError(f"source {rc.source}: cannot compact to {since}: it must stay below the remap "
-                         f"upper {rc.upper}")
+                         f"upper {rc.upper} once bindings exist (compact to at most {rc.upper - 1})")
     if since <= rc.since:
         return rc
     older = [b for b in rc.bindings if b.ts <= since]
@@ -149,5 +198,10 @@ def compact(rc: RemapCollection, since: int) -> RemapCollection:
 
 
 def progress_rows(rc: RemapCollection) -> list[tuple[int, int, int]]:
-    """``(ts, partition, offset)`` rows: the exposed progress relation (like ``EXPOSE PROGRESS``)."""
+    """``(ts, partition, offset)`` rows, one per partition per binding, in ``(ts, partition)`` order: the
+    exposed progress relation (like Materialize's ``EXPOSE PROGRESS``).
+
+    Law: grouping the rows by ``ts`` gives back each binding's frontier (a binding with the minimum
+    frontier has no rows).
+    """
     return [(b.ts, p, o) for b in rc.bindings for p, o in b.frontier]

@@ -11,7 +11,8 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-import psycopg
+
+from reclock.persist import connect
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewPartitions
@@ -75,7 +76,7 @@ def rec(i: int, part: int) -> tuple[int, bytes, bytes]:
 
 
 def check_invariants(ctx: cycle.CycleContext, expected_ids: set[int]) -> dict:
-    with psycopg.connect(ctx.dsn) as conn:
+    with connect(ctx.dsn) as conn:
         rc = load_remap(conn, ctx.spec.name)
         info = shard_info(conn, ctx.spec.name)
         ups = read_updates(conn, ctx.blob, ctx.spec.name)
@@ -114,7 +115,7 @@ def test_waves_aborts_new_partition_bad_records(db, kafka, topic, spark, tmp_pat
     state = check_invariants(ctx, expected)
     nulls = [r for r in state["rows"] if r["id"] is None]
     assert [(r["_partition"], r["_key"]) for r in nulls] == [(1, b"gone")]  # a null value is a row of nulls
-    with psycopg.connect(db) as conn:
+    with connect(db) as conn:
         errors = read_updates(conn, ctx.blob, ctx.spec.errors_shard).to_pylist()
     assert [(e["partition"], e["key"], e["raw"]) for e in errors] == [(2, b"bad", b"{not json")]
     assert "JSON" in errors[0]["reason"]
@@ -136,7 +137,7 @@ def test_waves_aborts_new_partition_bad_records(db, kafka, topic, spark, tmp_pat
     # history is kept: AS OF the first binding is exactly wave 1, and every binding is still there
     rc = state["rc"]
     assert rc.since < rc.bindings[0].ts and len(rc.bindings) == 3
-    with psycopg.connect(db) as conn:
+    with connect(db) as conn:
         snap = read_as_of(conn, ctx.blob, ctx.spec.name, rc.bindings[0].ts)
         assert sorted(snap.column("id").to_pylist()) == list(range(120))
         progress = conn.execute('SELECT ts, partition, "offset" FROM reclock.orders_progress').fetchall()
@@ -159,17 +160,17 @@ def test_replay_and_crash_between_steps(db, kafka, topic, spark, tmp_path):
     check_invariants(ctx, set(range(90)) | set(range(100, 160)))
 
     # replaying the orphaned write's append: its range is already in the shards -> a no-op
-    before = read_updates(psycopg.connect(db), ctx.blob, ctx.spec.name).num_rows
+    before = read_updates(connect(db), ctx.blob, ctx.spec.name).num_rows
     cycle.append(ctx, orphan)
-    with psycopg.connect(db) as conn:
+    with connect(db) as conn:
         assert read_updates(conn, ctx.blob, ctx.spec.name).num_rows == before
 
     # an append that only partly overlaps the shard is refused and changes nothing
-    with psycopg.connect(db) as conn:
+    with connect(db) as conn:
         upper = shard_info(conn, ctx.spec.name).upper
     with pytest.raises(UpperMismatch):
         cycle.append(ctx, cycle.WrittenBatch(BatchDescription(upper - 1, upper + 5), {}))
-    with psycopg.connect(db) as conn:
+    with connect(db) as conn:
         assert shard_info(conn, ctx.spec.name).upper == upper
     assert minted.binding is not None
 
@@ -178,7 +179,7 @@ def test_missing_topic_fails_with_source_and_cause_and_stalls(db, kafka, spark, 
     ctx = make_ctx(db, kafka, spark, tmp_path, "no_such_topic", name="ghost")
     with pytest.raises(UpstreamUnavailable, match=r"source ghost: topic 'no_such_topic' does not exist"):
         cycle.mint(ctx)
-    with psycopg.connect(db) as conn:
+    with connect(db) as conn:
         status, error = conn.execute(
             "SELECT status, error FROM reclock.status_history WHERE name = 'ghost' ORDER BY id DESC LIMIT 1"
         ).fetchone()

@@ -8,7 +8,7 @@ import random
 import time
 from typing import Callable
 
-import psycopg
+from reclock.persist import connect
 
 from reclock.dev.stack import Stack
 
@@ -61,7 +61,7 @@ def run_demo(stack: Stack, waves: int = 2, per_wave: int = 20_000, echo: Callabl
              f"{time.monotonic() - t0:.1f}s")
 
     blob = blob_store_from_url(str(stack.state.root / "blobs"))
-    with psycopg.connect(stack.postgres.dsn()) as conn:
+    with connect(stack.postgres.dsn()) as conn:
         contents = read_as_of(conn, blob, spec.data_shard)
         rows = int(sum(contents.column("diff").to_pylist())) if contents.num_rows else 0
         progress = conn.execute(
