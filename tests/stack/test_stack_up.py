@@ -4,7 +4,9 @@ the health DAG succeeds under the real scheduler, a second `up` is a no-op, and 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import tempfile
 import sys
 import time
 from pathlib import Path
@@ -41,7 +43,17 @@ def _descendants(pids: set[int]) -> set[int]:
     return found
 
 
-def test_up_smoke_health_dag_down(tmp_path: Path):
+@pytest.fixture
+def stack_home():
+    """Outside pytest's 0700 temp folders: the ``postgres`` user must reach the cluster's files."""
+    root = Path(tempfile.mkdtemp(prefix="reclock-stack-"))
+    root.chmod(0o755)
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def test_up_smoke_health_dag_down(stack_home: Path):
+    tmp_path = stack_home
     env = {**os.environ, "RECLOCK_HOME": str(tmp_path / "stack")}
     reclock = [sys.executable, "-m", "reclock.cli"]
 
