@@ -1,5 +1,5 @@
 # The two commands of the README:
-#   make demo   set up everything, bring the local stack up, run the demo
+#   make demo   set up everything, bring the local stack up, smoke-check it, run ingest cycles through Airflow
 #   make test   set up everything, run the test suite (what .ci/run calls)
 # and the stack's own: make up / down / status / logs.
 
@@ -12,7 +12,7 @@ setup:
 	@bash scripts/bootstrap.sh
 
 demo: setup
-	@$(VENV)/reclock dev up
+	@$(VENV)/reclock demo
 
 test: setup
 	@SPARK_LOCAL_IP=127.0.0.1 $(VENV)/pytest $(PYTEST_ARGS)

@@ -83,3 +83,57 @@ class ConfigError(ReclockError):
 
 class StackError(ReclockError):
     """A local service of the dev stack failed to install, start or answer."""
+
+
+class UnknownSource(ReclockError, LookupError):
+    """No source of that name is registered (no remap collection)."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        super().__init__(f"source {source}: not registered (no remap collection); run register_source "
+                         "(the cycle's mint step does) first")
+
+
+class UnknownShard(ReclockError, LookupError):
+    """No shard of that id is registered."""
+
+    def __init__(self, shard: str) -> None:
+        self.shard = shard
+        super().__init__(f"shard {shard}: not registered; run register_shard (the cycle's mint step does) first")
+
+
+class UnknownReadHold(ReclockError, LookupError):
+    """A holder asked to move or drop a read hold it does not have."""
+
+    def __init__(self, shard: str, holder: str) -> None:
+        self.shard = shard
+        self.holder = holder
+        super().__init__(f"shard {shard}: {holder} holds no read hold (acquire one first)")
+
+
+class BeyondUpper(ReclockError, ValueError):
+    """A read asked for a time the collection has not completed yet (``t >= upper``)."""
+
+    def __init__(self, name: str, requested: int, upper: int) -> None:
+        self.name = name
+        self.requested = requested
+        self.upper = upper
+        super().__init__(f"{name}: time {requested} is not complete yet (upper is {upper}); read at most "
+                         f"{upper - 1}, or wait for the next append")
+
+
+class PartAlreadyReferenced(ReclockError):
+    """``compare_and_append`` was given a part path that a batch already references."""
+
+    def __init__(self, shard: str, path: str, referenced_by: str | None) -> None:
+        self.shard = shard
+        self.path = path
+        self.referenced_by = referenced_by
+        where = f"a batch of shard {referenced_by}" if referenced_by else "another part of the same append"
+        super().__init__(f"shard {shard}: part {path} is already referenced by {where}; parts are immutable "
+                         "and belong to one batch (write the data again under a fresh path)")
+
+
+class MigrationError(ReclockError):
+    """The ``reclock`` schema cannot be migrated safely (an applied migration changed, or the database is
+    newer than this code)."""

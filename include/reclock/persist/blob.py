@@ -1,5 +1,10 @@
 """The blob store: where immutable Parquet parts live. A local folder by default; any ``fsspec`` URL
-(``s3://bucket/prefix``, ``memory://``, ``file://``) by configuration."""
+(``s3://bucket/prefix``, ``memory://``, ``file://``) by configuration.
+
+Paths are relative to the store's root and '/'-separated (``<shard>/<lower>-<upper>/<uuid>.parquet``);
+absolute paths, ``..`` and empty segments are refused, so nothing outside the root is ever touched.
+Parts are immutable: written once under a fresh path, never rewritten, deleted only by GC.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,7 @@ import tempfile
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Protocol
+from typing import BinaryIO, Protocol, runtime_checkable
 
 from reclock.batch import BatchDescription
 
@@ -22,26 +27,34 @@ class BlobInfo:
 
 
 def _check_rel(path: str) -> str:
-    if not path or path.startswith("/") or "\\" in path or any(p in ("..", "") for p in path.split("/")):
+    if (not isinstance(path, str) or not path or path.startswith("/") or "\\" in path or "://" in path
+            or any(p in ("..", ".", "") for p in path.split("/"))):
         raise ValueError(f"blob path {path!r} must be relative, '/'-separated, without '..' or empty parts")
     return path
 
 
+@runtime_checkable
 class BlobStore(Protocol):
-    def url(self, path: str) -> str:
-        """A URL Spark and pyarrow can read and write."""
+    """Where parts live. Every ``path`` is relative to the store's root."""
 
-    def put_bytes(self, path: str, data: bytes) -> None: ...
+    def url(self, path: str) -> str:
+        """A URL (or absolute local path) Spark and pyarrow can read and write."""
+
+    def put_bytes(self, path: str, data: bytes) -> None:
+        """Write the whole blob; a reader never sees part of it."""
 
     def get_bytes(self, path: str) -> bytes: ...
 
-    def open(self, path: str) -> BinaryIO: ...
+    def open(self, path: str) -> BinaryIO:
+        """Open the blob for reading (binary)."""
 
     def exists(self, path: str) -> bool: ...
 
-    def delete(self, path: str) -> None: ...
+    def delete(self, path: str) -> None:
+        """Delete the blob; deleting one that is not there is fine."""
 
-    def list(self, prefix: str = "") -> list[BlobInfo]: ...
+    def list(self, prefix: str = "") -> list[BlobInfo]:
+        """Every blob under the folder ``prefix`` (all of them for ``""``), sorted by path."""
 
 
 class LocalBlobStore:
@@ -61,9 +74,13 @@ class LocalBlobStore:
         target = self._p(path)
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, target)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, target)  # readers see the whole blob or none of it
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
     def get_bytes(self, path: str) -> bytes:
         return self._p(path).read_bytes()
@@ -78,6 +95,7 @@ class LocalBlobStore:
         self._p(path).unlink(missing_ok=True)
 
     def list(self, prefix: str = "") -> list[BlobInfo]:
+        prefix = prefix.rstrip("/")
         base = self._p(prefix) if prefix else self.root
         if not base.exists():
             return []
@@ -124,6 +142,7 @@ class FsspecBlobStore:
             self.fs.rm_file(self._p(path))
 
     def list(self, prefix: str = "") -> list[BlobInfo]:
+        prefix = prefix.rstrip("/")
         base = self._p(prefix) if prefix else self.root
         if not self.fs.exists(base):
             return []
@@ -147,5 +166,9 @@ def blob_store_from_url(url: str) -> BlobStore:
 
 
 def new_part_path(shard: str, desc: BatchDescription) -> str:
-    """A fresh, unique path for a part of ``shard`` written for ``desc``."""
+    """A fresh, unique path for a part of ``shard`` written for ``desc``:
+    ``<shard>/<lower>-<upper>/<uuid>.parquet``."""
+    from reclock.persist.names import validate_shard_id
+
+    validate_shard_id(shard)
     return f"{shard}/{desc.lower}-{desc.upper}/{uuid.uuid4().hex}.parquet"

@@ -1,69 +1,124 @@
-"""Migrations of the ``reclock`` schema: applied in order, each in its own transaction, recorded with a
-checksum, serialized by an advisory lock so concurrent migrators are safe; idempotent."""
+"""Migrations of the ``reclock`` schema.
+
+Files ``migrations/NNNN_name.sql`` are numbered 1..n without gaps. :func:`migrate` applies the pending
+ones in order, each in its own transaction together with its row in ``reclock.schema_migrations(version,
+name, checksum, applied_at)``. It is idempotent (nothing pending: nothing happens, ``[]`` is returned)
+and safe to run concurrently: every migrator first takes one session-level advisory lock, so a second one
+waits and then finds nothing left to do. It refuses to run when an applied migration's file changed
+(checksum) or the database holds a migration this code does not know (it is newer than the code).
+"""
 
 from __future__ import annotations
 
 import hashlib
 import re
+from dataclasses import dataclass
 from importlib import resources
 
 import psycopg
+from psycopg.pq import TransactionStatus
 
-from reclock.errors import ReclockError
+from reclock.errors import MigrationError
 
-_LOCK_KEY = 0x7265636C6F636B  # "reclock"
+__all__ = ["Migration", "MigrationError", "available", "applied", "migrate"]
+
+LOCK_KEY = 0x7265636C6F636B  # "reclock" as a bigint: the advisory lock every migrator takes
 _FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 
 
-class MigrationError(ReclockError):
-    pass
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    sql: str
+
+    @property
+    def checksum(self) -> str:
+        return hashlib.sha256(self.sql.encode()).hexdigest()
+
+    def __iter__(self):  # unpacks as (version, name, sql)
+        return iter((self.version, self.name, self.sql))
 
 
-def available() -> list[tuple[int, str, str]]:
-    """``(version, name, sql)`` of every migration shipped with the package, in order."""
+def available() -> list[Migration]:
+    """Every migration shipped with the package, in version order."""
     out = []
     for f in resources.files("reclock.persist").joinpath("migrations").iterdir():
         m = _FILE.match(f.name)
         if m:
-            out.append((int(m.group(1)), m.group(2), f.read_text()))
-    out.sort()
-    versions = [v for v, _, _ in out]
+            out.append(Migration(int(m.group(1)), m.group(2), f.read_text(encoding="utf-8")))
+    out.sort(key=lambda m: m.version)
+    versions = [m.version for m in out]
     if versions != list(range(1, len(versions) + 1)):
-        raise MigrationError(f"migrations must be numbered 1..n without gaps, found {versions}")
+        raise MigrationError(f"migrations must be numbered 0001..n without gaps or duplicates, found {versions}")
     return out
 
 
-def _checksum(sql: str) -> str:
-    return hashlib.sha256(sql.encode()).hexdigest()
+def applied(conn: psycopg.Connection) -> dict[int, tuple[str, str]]:
+    """``version -> (name, checksum)`` of the migrations recorded in the database ({} before the first)."""
+    exists = conn.execute("SELECT to_regclass('reclock.schema_migrations') IS NOT NULL").fetchone()[0]
+    if not exists:
+        return {}
+    return {v: (n, c) for v, n, c in conn.execute("SELECT version, name, checksum FROM reclock.schema_migrations")}
+
+
+def _check_applied(done: dict[int, tuple[str, str]], shipped: list[Migration]) -> None:
+    known = {m.version: m for m in shipped}
+    for version, (name, checksum) in sorted(done.items()):
+        m = known.get(version)
+        if m is None:
+            raise MigrationError(
+                f"the database has migration {version:04d}_{name}, which this code does not ship: the schema "
+                "is newer than the code (upgrade reclock, or use the database the code was built for)")
+        if checksum != m.checksum:
+            raise MigrationError(
+                f"migration {version:04d}_{m.name} was changed after it was applied (checksum "
+                f"{checksum[:12]} in the database, {m.checksum[:12]} in the file); restore the file and add "
+                "a new migration instead of editing an applied one")
 
 
 def migrate(target: str | psycopg.Connection) -> list[int]:
-    """Apply pending migrations; return the versions applied (empty when up to date)."""
+    """Apply the pending migrations in order; return the versions applied (``[]`` when up to date).
+
+    ``target`` is a DSN or a connection with no transaction open (its autocommit setting is restored).
+    """
     if isinstance(target, str):
         with psycopg.connect(target, autocommit=True) as conn:
-            return migrate(conn)
+            return _migrate(conn)
     conn = target
+    if conn.info.transaction_status != TransactionStatus.IDLE:
+        raise MigrationError("migrate needs a connection with no open transaction (each migration runs in a "
+                             "transaction of its own); commit or roll back first")
+    was = conn.autocommit
     conn.autocommit = True
-    conn.execute("SELECT pg_advisory_lock(%s)", (_LOCK_KEY,))
+    try:
+        return _migrate(conn)
+    finally:
+        conn.autocommit = was
+
+
+def _migrate(conn: psycopg.Connection) -> list[int]:
+    shipped = available()
+    conn.execute("SELECT pg_advisory_lock(%s)", (LOCK_KEY,))
     try:
         conn.execute("CREATE SCHEMA IF NOT EXISTS reclock")
         conn.execute("""CREATE TABLE IF NOT EXISTS reclock.schema_migrations (
-            version integer PRIMARY KEY, name text NOT NULL, checksum text NOT NULL,
-            applied_at timestamptz NOT NULL DEFAULT now())""")
-        done = {v: c for v, c in conn.execute("SELECT version, checksum FROM reclock.schema_migrations")}
-        applied = []
-        for version, name, sql in available():
-            if version in done:
-                if done[version] != _checksum(sql):
-                    raise MigrationError(
-                        f"migration {version:04d}_{name} was changed after it was applied; "
-                        "add a new migration instead of editing an applied one")
+            version     integer PRIMARY KEY,
+            name        text NOT NULL,
+            checksum    text NOT NULL,
+            applied_at  timestamptz NOT NULL DEFAULT now())""")
+        done = applied(conn)
+        _check_applied(done, shipped)
+        versions = []
+        for m in shipped:
+            if m.version in done:
                 continue
             with conn.transaction():
-                conn.execute(sql)
+                conn.execute(m.sql)
                 conn.execute("INSERT INTO reclock.schema_migrations (version, name, checksum) VALUES (%s, %s, %s)",
-                             (version, name, _checksum(sql)))
-            applied.append(version)
-        return applied
+                             (m.version, m.name, m.checksum))
+            versions.append(m.version)
+        return versions
     finally:
-        conn.execute("SELECT pg_advisory_unlock(%s)", (_LOCK_KEY,))
+        if not conn.closed:
+            conn.execute("SELECT pg_advisory_unlock(%s)", (LOCK_KEY,))

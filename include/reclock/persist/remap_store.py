@@ -1,8 +1,20 @@
 """The durable remap collection of each source, in Postgres.
 
-Physical form: one ``remap_bindings`` row per binding and one ``remap_offsets`` row per partition of its
-frontier (absolute next offsets). The view ``reclock."<source>_progress"`` shows ``(ts, partition,
-"offset")``; ``reclock.progress_as_of(source, t)`` is its AS OF form.
+Tables (schema ``reclock``):
+
+* ``remap_collections(source, upper, since)`` -- one row per source; ``upper`` is the least timestamp
+  without a binding, ``since`` the compaction frontier;
+* ``remap_bindings(source, ts)`` -- one row per binding (a binding with the minimum frontier has no
+  offsets, so it needs a row of its own);
+* ``remap_offsets(source, ts, partition, "offset")`` -- the binding's frontier: one row per partition,
+  absolute *next* offsets (an absent partition is at offset 0).
+
+The view ``reclock."<source>_progress"(ts, partition, "offset")`` exposes the bindings to SQL (the seed's
+``EXPOSE PROGRESS``); ``reclock.progress_as_of(source, t)`` is its AS OF form: the frontier of the data at
+``ts <= t`` (the last binding at or before ``t``).
+
+Writers serialize on the collection's row (``SELECT ... FOR UPDATE``): :func:`append_binding` is a
+compare-and-set on the remap upper, so two concurrent minters can never both succeed.
 """
 
 from __future__ import annotations
@@ -11,45 +23,79 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from reclock import remap
-from reclock.errors import RemapUpperMismatch
-from reclock.persist.names import validate_name
+from reclock.errors import ConfigError, RemapUpperMismatch, UnknownSource
+from reclock.persist.names import validate_source_name
 from reclock.remap import Binding, RemapCollection
-from reclock.time import PartitionedFrontier
+from reclock.time import MAX_TIMESTAMP, PartitionedFrontier, check_timestamp
 
-
-class UnknownSource(LookupError):
-    pass
+__all__ = ["UnknownSource", "progress_view", "register_source", "load_remap", "append_binding",
+           "compact_remap"]
 
 
 def progress_view(name: str) -> sql.Composed:
-    return sql.SQL("reclock.{}").format(sql.Identifier(f"{validate_name(name, 'source name')}_progress"))
+    """The quoted name of the source's progress view, ``reclock."<name>_progress"``."""
+    return sql.SQL("reclock.{}").format(sql.Identifier(f"{validate_source_name(name)}_progress"))
 
 
 def register_source(conn, name: str, kind: str = "kafka", config: dict | None = None) -> None:
-    """Create the source, its empty remap collection and its progress view; a no-op if they exist."""
-    validate_name(name, "source name")
+    """Create the source, its empty remap collection (upper 0, since 0) and its progress view.
+
+    Idempotent: registering an existing source again changes nothing, except that a ``config`` given
+    replaces the stored one. Registering it with another ``kind`` is a ``ConfigError``.
+    """
+    validate_source_name(name)
     with conn.transaction():
         conn.execute("INSERT INTO reclock.sources (name, kind, config) VALUES (%s, %s, %s) "
                      "ON CONFLICT (name) DO NOTHING", (name, kind, Jsonb(config or {})))
         conn.execute("INSERT INTO reclock.remap_collections (source) VALUES (%s) ON CONFLICT DO NOTHING", (name,))
-        conn.execute(sql.SQL(
-            'CREATE OR REPLACE VIEW {} AS SELECT ts, partition, "offset" FROM reclock.remap_offsets '
-            "WHERE source = {}").format(progress_view(name), sql.Literal(name)))
+        # serialize concurrent registrations of this source, then look at what is there
+        conn.execute("SELECT 1 FROM reclock.remap_collections WHERE source = %s FOR UPDATE", (name,))
+        (have_kind,) = conn.execute("SELECT kind FROM reclock.sources WHERE name = %s", (name,)).fetchone()
+        if have_kind != kind:
+            raise ConfigError(f"source {name}: already registered as a {have_kind} source, not {kind} "
+                              "(choose another name for the new source)")
+        if config is not None:
+            conn.execute("UPDATE reclock.sources SET config = %s WHERE name = %s AND config <> %s",
+                         (Jsonb(config), name, Jsonb(config)))
+        view = f"{name}_progress"
+        (exists,) = conn.execute("SELECT to_regclass(%s) IS NOT NULL",
+                                 (sql.SQL("reclock.{}").format(sql.Identifier(view)).as_string(conn),)).fetchone()
+        if not exists:
+            # a view over one source's rows; the name is validated, quoted, and a literal in the body
+            conn.execute(sql.SQL(
+                'CREATE VIEW {} AS SELECT ts, partition, "offset" FROM reclock.remap_offsets WHERE source = {}'
+            ).format(progress_view(name), sql.Literal(name)))
 
 
 def load_remap(conn, name: str) -> RemapCollection:
-    row = conn.execute("SELECT upper, since FROM reclock.remap_collections WHERE source = %s", (name,)).fetchone()
-    if row is None:
-        raise UnknownSource(f"source {name}: no remap collection (the source was never registered)")
-    upper, since = row
-    offsets: dict[int, list[tuple[int, int]]] = {}
-    for ts, p, o in conn.execute("SELECT ts, partition, \"offset\" FROM reclock.remap_offsets WHERE source = %s",
-                                 (name,)):
-        offsets.setdefault(ts, []).append((p, o))
-    tss = [ts for (ts,) in conn.execute("SELECT ts FROM reclock.remap_bindings WHERE source = %s ORDER BY ts",
-                                        (name,))]
-    bindings = tuple(Binding(ts, PartitionedFrontier.of(offsets.get(ts, []))) for ts in tss)
+    """The source's remap collection, read in one statement (one consistent snapshot)."""
+    validate_source_name(name)
+    rows = conn.execute(
+        'SELECT c.upper, c.since, b.ts, o.partition, o."offset" '
+        "FROM reclock.remap_collections c "
+        "LEFT JOIN reclock.remap_bindings b ON b.source = c.source "
+        "LEFT JOIN reclock.remap_offsets o ON o.source = b.source AND o.ts = b.ts "
+        "WHERE c.source = %s ORDER BY b.ts, o.partition", (name,)).fetchall()
+    if not rows:
+        raise UnknownSource(name)
+    upper, since = rows[0][0], rows[0][1]
+    frontiers: dict[int, list[tuple[int, int]]] = {}
+    for _, _, ts, p, o in rows:
+        if ts is None:
+            continue
+        offsets = frontiers.setdefault(ts, [])
+        if p is not None:
+            offsets.append((p, o))
+    bindings = tuple(Binding(ts, PartitionedFrontier.of(offs)) for ts, offs in frontiers.items())
     return RemapCollection(name, bindings, since, upper)
+
+
+def _lock(conn, name: str) -> tuple[int, int]:
+    row = conn.execute("SELECT upper, since FROM reclock.remap_collections WHERE source = %s FOR UPDATE",
+                       (name,)).fetchone()
+    if row is None:
+        raise UnknownSource(name)
+    return row
 
 
 def _insert_binding(conn, name: str, b: Binding) -> None:
@@ -61,35 +107,49 @@ def _insert_binding(conn, name: str, b: Binding) -> None:
 
 
 def append_binding(conn, name: str, expected_upper: int, binding: Binding) -> RemapCollection:
-    """Append ``binding`` if the remap upper is still ``expected_upper`` (compare-and-set); the new upper is
-    ``binding.ts + 1``. Raises ``RemapUpperMismatch`` (nothing changes) if another minter came first."""
+    """Append ``binding`` if the remap upper is still ``expected_upper`` (compare-and-set); the new upper
+    is ``binding.ts + 1``. Returns the collection as this append left it.
+
+    Raises ``RemapUpperMismatch`` (carrying the actual upper; nothing changes) if another minter came
+    first, and ``ValueError`` for a binding below ``expected_upper`` or one whose frontier goes backwards
+    from the last binding's.
+    """
+    validate_source_name(name)
+    check_timestamp(expected_upper)
     if binding.ts < expected_upper:
-        raise ValueError(f"source {name}: binding at {binding.ts} is below the expected upper {expected_upper}")
+        raise ValueError(f"source {name}: binding at {binding.ts} is below the expected remap upper "
+                         f"{expected_upper} (that time is closed; mint at next_binding_ts)")
+    if binding.ts >= MAX_TIMESTAMP:
+        raise ValueError(f"source {name}: binding at {binding.ts} leaves no room for an upper after it")
     with conn.transaction():
-        row = conn.execute("SELECT upper FROM reclock.remap_collections WHERE source = %s FOR UPDATE",
-                           (name,)).fetchone()
-        if row is None:
-            raise UnknownSource(f"source {name}: no remap collection (the source was never registered)")
-        if row[0] != expected_upper:
-            raise RemapUpperMismatch(name, expected_upper, row[0])
-        rc = load_remap(conn, name)
-        remap.append(rc, binding)  # validates: not in the past, frontier not backwards
+        upper, _ = _lock(conn, name)
+        if upper != expected_upper:
+            raise RemapUpperMismatch(name, expected_upper, upper)
+        appended = remap.append(load_remap(conn, name), binding)  # frontier not backwards, ts not closed
         _insert_binding(conn, name, binding)
-        conn.execute("UPDATE reclock.remap_collections SET upper = %s WHERE source = %s", (binding.ts + 1, name))
-    return load_remap(conn, name)
+        conn.execute("UPDATE reclock.remap_collections SET upper = %s WHERE source = %s", (appended.upper, name))
+    return appended
 
 
 def compact_remap(conn, name: str, since: int) -> RemapCollection:
-    """Advance the remap collection's since: bindings at ``ts <= since`` collapse into one at ``since``
-    (see :func:`reclock.remap.compact`); reads at any ``t >= since`` are unchanged."""
+    """Advance the remap collection's ``since`` (see :func:`reclock.remap.compact`): the bindings at
+    ``ts <= since`` collapse into one binding at ``since`` carrying the last of their frontiers; later
+    bindings are untouched, so ``progress_as_of(t)`` is unchanged for every ``t >= since``.
+
+    ``since`` never goes backwards (a ``since`` at or below the current one changes nothing) and never
+    passes the upper (``ValueError``; once bindings exist it must stay below it). Returns the collection
+    as this compaction left it.
+    """
+    validate_source_name(name)
+    check_timestamp(since)
     with conn.transaction():
-        conn.execute("SELECT 1 FROM reclock.remap_collections WHERE source = %s FOR UPDATE", (name,))
+        _lock(conn, name)
         rc = load_remap(conn, name)
         compacted = remap.compact(rc, since)
-        if compacted is rc:
+        if compacted.since == rc.since:
             return rc
         conn.execute("DELETE FROM reclock.remap_bindings WHERE source = %s AND ts <= %s", (name, since))
         if compacted.bindings and compacted.bindings[0].ts == since:
             _insert_binding(conn, name, compacted.bindings[0])
         conn.execute("UPDATE reclock.remap_collections SET since = %s WHERE source = %s", (since, name))
-    return load_remap(conn, name)
+    return compacted

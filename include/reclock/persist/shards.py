@@ -1,16 +1,28 @@
 """Shards in Postgres: ``upper``, ``since``, batches of immutable parts, read holds, and
 ``compare_and_append`` over several shards in one transaction.
 
-``compare_and_append`` when a shard's upper is not the description's ``lower`` (DESIGN.md, "append"):
+A shard is the durable store of one collection. Its row in ``reclock.shards`` holds ``upper`` (every
+update at ``ts < upper`` is in; none will ever be added there) and ``since`` (reads are exact at
+``ts >= since``); each Parquet part it holds is one row of ``reclock.shard_batches`` tagged with the
+batch description ``[lower, upper)`` it was appended under.
+
+``compare_and_append`` of a description ``[lower, upper)`` (DESIGN.md, "The cycle", step 3):
 
 =======================  ===============================================  ==============================
 shard's actual upper     meaning                                          outcome
 =======================  ===============================================  ==============================
-``>= upper``             another run already wrote this range (replays    ``already_present``: no-op
-                         are deterministic: the same data)
-``lower < u < upper``    another run wrote part of it                     ``UpperMismatch``; nothing changes
-``< lower``              the shard was modified under us                  ``ShardModified``; nothing changes
+``== lower``             the expected case                                ``appended``: parts added,
+                                                                          upper set to ``upper``
+``>= upper``             another run already wrote this range (replays    ``already_present``: no-op;
+                         are deterministic: the same data)                our parts become garbage
+``lower < u < upper``    another run wrote part of it                     ``UpperMismatch``; nothing
+                                                                          changes in any shard
+``< lower``              the shard was modified under us                  ``ShardModified``; nothing
+                                                                          changes in any shard
 =======================  ===============================================  ==============================
+
+Concurrency: every writer locks the shard rows it touches (``SELECT ... FOR UPDATE``) in one fixed order,
+sorted by id, so concurrent appenders over overlapping sets of shards serialize and never deadlock.
 """
 
 from __future__ import annotations
@@ -19,13 +31,20 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Sequence
 
+import psycopg
+
 from reclock.batch import BatchDescription, Part
-from reclock.errors import ShardModified, SinceViolation, UpperMismatch
-from reclock.persist.names import validate_name
+from reclock.errors import (BeyondUpper, ConfigError, PartAlreadyReferenced, ShardModified, SinceViolation,
+                            UnknownReadHold, UnknownShard, UnknownSource, UpperMismatch)
+from reclock.persist.names import validate_shard_id, validate_source_name
+from reclock.time import check_timestamp
 
+__all__ = ["UnknownShard", "ShardInfo", "Append", "AppendOutcome", "BatchRow", "ReadHold", "register_shard",
+           "shard_info", "compare_and_append", "batches", "acquire_read_hold", "downgrade_read_hold",
+           "release_read_hold", "read_holds", "advance_since"]
 
-class UnknownShard(LookupError):
-    pass
+APPENDED = "appended"
+ALREADY_PRESENT = "already_present"
 
 
 @dataclass(frozen=True)
@@ -39,16 +58,21 @@ class ShardInfo:
 
 @dataclass(frozen=True)
 class Append:
+    """Add ``parts`` to ``shard`` under ``desc`` (zero parts: just advance the upper)."""
+
     shard: str
     desc: BatchDescription
     parts: tuple[Part, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "parts", tuple(self.parts))
 
 
 @dataclass(frozen=True)
 class AppendOutcome:
     shard: str
-    status: str  # "appended" | "already_present"
-    upper: int
+    status: str  # APPENDED | ALREADY_PRESENT
+    upper: int  # the shard's upper after the append
 
     def __str__(self) -> str:
         return f"{self.shard}: {self.status} (upper {self.upper})"
@@ -75,119 +99,207 @@ class ReadHold:
 
 
 def register_shard(conn, shard: str, source: str | None = None, output: int = 0) -> ShardInfo:
-    validate_name(shard, "shard id")
+    """Create the shard (upper 0, since 0) if it does not exist; return its info.
+
+    Idempotent; registering an existing shard for another source or output is a ``ConfigError``, and
+    naming a source that is not registered is ``UnknownSource``.
+    """
+    validate_shard_id(shard)
+    if source is not None:
+        validate_source_name(source)
+    if isinstance(output, bool) or not isinstance(output, int) or output < 0:
+        raise ValueError(f"shard {shard}: output must be a non-negative int, got {output!r}")
     with conn.transaction():
+        if source is not None and conn.execute("SELECT 1 FROM reclock.sources WHERE name = %s",
+                                               (source,)).fetchone() is None:
+            raise UnknownSource(source)
         conn.execute("INSERT INTO reclock.shards (id, source, output) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
                      (shard, source, output))
-    return shard_info(conn, shard)
+        info = shard_info(conn, shard)
+    if (info.source, info.output) != (source, output):
+        raise ConfigError(f"shard {shard}: already registered as output {info.output} of source {info.source}, "
+                          f"not output {output} of source {source} (a shard belongs to one output)")
+    return info
 
 
 def shard_info(conn, shard: str) -> ShardInfo:
     row = conn.execute("SELECT upper, since, source, output FROM reclock.shards WHERE id = %s", (shard,)).fetchone()
     if row is None:
-        raise UnknownShard(f"shard {shard}: no such shard")
+        raise UnknownShard(shard)
     return ShardInfo(shard, *row)
 
 
+def _check_parts(a: Append) -> None:
+    d = a.desc
+    for p in a.parts:
+        if not isinstance(p.path, str) or not p.path or p.path.startswith("/") or ".." in p.path.split("/"):
+            raise ValueError(f"shard {a.shard}: part path {p.path!r} must be a relative blob path")
+        if p.rows < 0 or p.bytes < 0:
+            raise ValueError(f"shard {a.shard}: part {p.path} has negative rows or bytes ({p.rows}, {p.bytes})")
+        for what, t in (("min_ts", p.min_ts), ("max_ts", p.max_ts)):
+            if t is not None and not d.lower <= t < d.upper:
+                raise ValueError(f"shard {a.shard}: part {p.path} has {what} {t} outside its description "
+                                 f"[{d.lower}, {d.upper}) (an update at a time not covered by the binding)")
+        if p.min_ts is not None and p.max_ts is not None and p.min_ts > p.max_ts:
+            raise ValueError(f"shard {a.shard}: part {p.path} has min_ts {p.min_ts} > max_ts {p.max_ts}")
+
+
 def compare_and_append(conn, appends: Sequence[Append]) -> list[AppendOutcome]:
-    """Atomically apply every append (several shards, in one transaction), or none of them."""
+    """Atomically apply every append -- over several shards, in ONE transaction -- or none of them.
+
+    Per shard, with ``actual`` its upper when locked: ``actual == lower`` adds one batch row per part and
+    sets the upper to ``desc.upper``; ``actual >= desc.upper`` is a no-op success (``already_present``: a
+    retried append of the same description succeeds); ``lower < actual < desc.upper`` raises
+    ``UpperMismatch`` and ``actual < lower`` raises ``ShardModified``, both carrying ``actual`` and
+    changing nothing in any shard. Several appends to one shard apply in the order given. A part path
+    that a batch already references raises ``PartAlreadyReferenced``. Returns one outcome per append,
+    in the order given.
+    """
+    appends = list(appends)
+    seen: set[str] = set()
+    for a in appends:
+        validate_shard_id(a.shard)
+        _check_parts(a)
+        for p in a.parts:
+            if p.path in seen:
+                raise PartAlreadyReferenced(a.shard, p.path, None)
+            seen.add(p.path)
+    if not appends:
+        return []
+    ids = sorted({a.shard for a in appends})
     outcomes: list[AppendOutcome] = []
     with conn.transaction():
-        ids = sorted({a.shard for a in appends})
-        # lock in a fixed order, so concurrent appenders over the same shards never deadlock
-        rows = conn.execute("SELECT id, upper FROM reclock.shards WHERE id = ANY(%s) ORDER BY id FOR UPDATE",
-                            (ids,)).fetchall()
+        # lock in one fixed order (byte order of the ids), so concurrent appenders never deadlock
+        rows = conn.execute('SELECT id, upper FROM reclock.shards WHERE id = ANY(%s) ORDER BY id COLLATE "C" '
+                            "FOR UPDATE", (ids,)).fetchall()
         uppers = dict(rows)
-        missing = set(ids) - set(uppers)
-        if missing:
-            raise UnknownShard(f"shard {sorted(missing)[0]}: no such shard")
+        for s in ids:
+            if s not in uppers:
+                raise UnknownShard(s)
+        before = dict(uppers)
         new_rows = []
         for a in appends:
-            actual = uppers[a.shard]
-            if actual == a.desc.lower:
-                uppers[a.shard] = a.desc.upper
-                new_rows += [(a.shard, a.desc.lower, a.desc.upper, p.path, p.rows, p.bytes, p.min_ts, p.max_ts)
+            actual, d = uppers[a.shard], a.desc
+            if actual == d.lower:
+                uppers[a.shard] = d.upper
+                new_rows += [(a.shard, d.lower, d.upper, p.path, p.rows, p.bytes, p.min_ts, p.max_ts)
                              for p in a.parts]
-                outcomes.append(AppendOutcome(a.shard, "appended", a.desc.upper))
-            elif actual >= a.desc.upper:
-                outcomes.append(AppendOutcome(a.shard, "already_present", actual))
-            elif actual > a.desc.lower:
-                raise UpperMismatch(a.shard, a.desc.lower, actual,
-                                    "another writer advanced it part of the way; the cycle will re-mint")
+                outcomes.append(AppendOutcome(a.shard, APPENDED, d.upper))
+            elif actual >= d.upper:
+                outcomes.append(AppendOutcome(a.shard, ALREADY_PRESENT, actual))
+            elif actual > d.lower:
+                raise UpperMismatch(a.shard, d.lower, actual, "another writer advanced it part of the way; "
+                                    "nothing was appended to any shard, the next cycle re-mints from the actual upper")
             else:
-                raise ShardModified(a.shard, a.desc.lower, actual,
-                                    "the shard is behind the description: it was modified under us")
+                raise ShardModified(a.shard, d.lower, actual, "the shard is behind the description: it was "
+                                    "modified under us; nothing was appended to any shard")
         if new_rows:
-            with conn.cursor() as cur:
-                cur.executemany("INSERT INTO reclock.shard_batches (shard, lower, upper, path, rows, bytes, "
-                                "min_ts, max_ts) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)", new_rows)
-        for shard in ids:
-            conn.execute("UPDATE reclock.shards SET upper = %s WHERE id = %s", (uppers[shard], shard))
+            taken = conn.execute("SELECT path, shard FROM reclock.shard_batches WHERE path = ANY(%s) LIMIT 1",
+                                 ([r[3] for r in new_rows],)).fetchone()
+            if taken is not None:
+                path, other = taken
+                raise PartAlreadyReferenced(next(r[0] for r in new_rows if r[3] == path), path, other)
+            try:
+                with conn.cursor() as cur:
+                    cur.executemany("INSERT INTO reclock.shard_batches (shard, lower, upper, path, rows, bytes, "
+                                    "min_ts, max_ts) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)", new_rows)
+            except psycopg.errors.UniqueViolation as e:  # a concurrent append took one of our paths
+                raise PartAlreadyReferenced(new_rows[0][0], "(one of this append's parts)", "another") from e
+        for s in ids:
+            if uppers[s] != before[s]:
+                conn.execute("UPDATE reclock.shards SET upper = %s WHERE id = %s", (uppers[s], s))
     return outcomes
 
 
 def batches(conn, shard: str, as_of: int | None = None) -> list[BatchRow]:
-    """The parts of ``shard`` (for a read AS OF ``t``: those that can hold updates at ``ts <= t``;
-    ``since <= t < upper`` is required)."""
-    info = shard_info(conn, shard)
-    params: list = [shard]
-    where = "shard = %s"
+    """The batch rows (parts) of ``shard`` in ``(lower, path)`` order.
+
+    With ``as_of = t``, the parts a read AS OF ``t`` needs: those appended under a description with
+    ``lower <= t`` (a part holds updates at ``ts >= lower`` only). ``since <= t < upper`` is required:
+    ``SinceViolation`` below since, ``BeyondUpper`` at or above the upper. Read in one statement, so
+    the bounds and the parts come from one snapshot.
+    """
     if as_of is not None:
-        if as_of < info.since:
-            raise SinceViolation(shard, as_of, info.since)
-        if as_of >= info.upper:
-            raise ValueError(f"shard {shard}: time {as_of} is not complete (upper is {info.upper})")
-        where += " AND lower <= %s"
-        params.append(as_of)
-    rows = conn.execute(f"SELECT shard, lower, upper, path, rows, bytes, min_ts, max_ts FROM reclock.shard_batches "
-                        f"WHERE {where} ORDER BY lower, path", params).fetchall()
-    return [BatchRow(*r) for r in rows]
+        check_timestamp(as_of)
+    rows = conn.execute(
+        "SELECT s.upper, s.since, b.shard, b.lower, b.upper, b.path, b.rows, b.bytes, b.min_ts, b.max_ts "
+        "FROM reclock.shards s LEFT JOIN reclock.shard_batches b "
+        "  ON b.shard = s.id AND (%(t)s::bigint IS NULL OR b.lower <= %(t)s::bigint) "
+        'WHERE s.id = %(s)s ORDER BY b.lower, b.path COLLATE "C"', {"s": shard, "t": as_of}).fetchall()
+    if not rows:
+        raise UnknownShard(shard)
+    upper, since = rows[0][0], rows[0][1]
+    if as_of is not None:
+        if as_of < since:
+            raise SinceViolation(shard, as_of, since)
+        if as_of >= upper:
+            raise BeyondUpper(shard, as_of, upper)
+    return [BatchRow(*r[2:]) for r in rows if r[2] is not None]
+
+
+def _lock_shard(conn, shard: str) -> tuple[int, int]:
+    row = conn.execute("SELECT upper, since FROM reclock.shards WHERE id = %s FOR UPDATE", (shard,)).fetchone()
+    if row is None:
+        raise UnknownShard(shard)
+    return row
+
+
+def _hold(conn, shard: str, holder: str) -> ReadHold | None:
+    row = conn.execute("SELECT shard, holder, ts, updated_at FROM reclock.read_holds WHERE shard = %s AND holder = %s",
+                       (shard, holder)).fetchone()
+    return ReadHold(*row) if row else None
 
 
 def acquire_read_hold(conn, shard: str, holder: str, ts: int) -> ReadHold:
-    """Pin ``shard``'s since at or below ``ts`` for ``holder`` (``ts >= since`` is required)."""
+    """Pin ``shard``'s since at or below ``ts`` for ``holder`` (``ts >= since`` is required, else
+    ``SinceViolation``). Acquiring again replaces the holder's hold (still at or above since)."""
+    check_timestamp(ts)
+    if not holder:
+        raise ValueError(f"shard {shard}: a read hold needs a holder name")
     with conn.transaction():
-        since = conn.execute("SELECT since FROM reclock.shards WHERE id = %s FOR UPDATE", (shard,)).fetchone()
-        if since is None:
-            raise UnknownShard(f"shard {shard}: no such shard")
-        if ts < since[0]:
-            raise SinceViolation(shard, ts, since[0])
+        _, since = _lock_shard(conn, shard)  # serializes with advance_since
+        if ts < since:
+            raise SinceViolation(shard, ts, since)
         conn.execute("INSERT INTO reclock.read_holds (shard, holder, ts) VALUES (%s, %s, %s) "
                      "ON CONFLICT (shard, holder) DO UPDATE SET ts = excluded.ts, updated_at = now()",
                      (shard, holder, ts))
-    return next(h for h in read_holds(conn, shard) if h.holder == holder)
+        return _hold(conn, shard, holder)
 
 
-def downgrade_read_hold(conn, shard: str, holder: str, ts: int) -> None:
-    """Move a hold forward (never backwards: a hold that moved back could point below since)."""
+def downgrade_read_hold(conn, shard: str, holder: str, ts: int) -> ReadHold:
+    """Move ``holder``'s hold forward to ``ts`` (a hold only moves forward: an earlier ``ts`` leaves it
+    where it is); return the hold in effect. ``UnknownReadHold`` if ``holder`` has none."""
+    check_timestamp(ts)
     with conn.transaction():
-        cur = conn.execute("UPDATE reclock.read_holds SET ts = GREATEST(ts, %s), updated_at = now() "
-                           "WHERE shard = %s AND holder = %s", (ts, shard, holder))
-        if cur.rowcount == 0:
-            raise LookupError(f"shard {shard}: {holder} holds no read hold")
+        conn.execute("UPDATE reclock.read_holds SET ts = %s, updated_at = now() "
+                     "WHERE shard = %s AND holder = %s AND ts < %s", (ts, shard, holder, ts))
+        hold = _hold(conn, shard, holder)
+        if hold is None:
+            raise UnknownReadHold(shard, holder)
+        return hold
 
 
-def release_read_hold(conn, shard: str, holder: str) -> None:
+def release_read_hold(conn, shard: str, holder: str) -> bool:
+    """Drop ``holder``'s hold; True if there was one."""
     with conn.transaction():
-        conn.execute("DELETE FROM reclock.read_holds WHERE shard = %s AND holder = %s", (shard, holder))
+        return conn.execute("DELETE FROM reclock.read_holds WHERE shard = %s AND holder = %s",
+                            (shard, holder)).rowcount > 0
 
 
 def read_holds(conn, shard: str) -> list[ReadHold]:
+    """Every read hold on ``shard``, by holder."""
     return [ReadHold(*r) for r in conn.execute(
         "SELECT shard, holder, ts, updated_at FROM reclock.read_holds WHERE shard = %s ORDER BY holder", (shard,))]
 
 
 def advance_since(conn, shard: str, since: int) -> int:
-    """Set since to ``min(since, every hold)``, never backwards, never beyond ``upper``; return it."""
+    """Advance ``shard``'s since towards ``since``: the new since is ``min(since, every hold's ts,
+    upper)``, and never below the current one. Returns the since in effect."""
+    check_timestamp(since)
     with conn.transaction():
-        row = conn.execute("SELECT upper, since FROM reclock.shards WHERE id = %s FOR UPDATE", (shard,)).fetchone()
-        if row is None:
-            raise UnknownShard(f"shard {shard}: no such shard")
-        upper, current = row
+        upper, current = _lock_shard(conn, shard)
         (hold,) = conn.execute("SELECT min(ts) FROM reclock.read_holds WHERE shard = %s", (shard,)).fetchone()
-        target = min(since, upper)
-        if hold is not None:
-            target = min(target, hold)
+        target = min(since, upper) if hold is None else min(since, upper, hold)
         target = max(target, current)
         if target != current:
             conn.execute("UPDATE reclock.shards SET since = %s WHERE id = %s", (target, shard))

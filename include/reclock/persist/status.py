@@ -1,4 +1,9 @@
-"""Statistics and status history rows (per source, sink or shard)."""
+"""Statistics and status history rows, per source, sink or shard (``name``).
+
+``reclock.status_history(name, status, error, at)``: status is one of starting, running, stalled (with the
+error), failed, paused; the latest row is the current status. ``reclock.statistics(name, step, metrics,
+at)``: what one step of a cycle did (records, bytes, updates staged and committed, offsets ...).
+"""
 
 from __future__ import annotations
 
@@ -18,21 +23,46 @@ class Status:
     at: datetime
 
 
+@dataclass(frozen=True)
+class Statistics:
+    name: str
+    step: str
+    metrics: dict
+    at: datetime
+
+
 def record_status(conn, name: str, status: str, error: str | None = None) -> None:
+    """Append a status row; ``ValueError`` for a status not in :data:`STATUSES`."""
     if status not in STATUSES:
-        raise ValueError(f"status {status!r} is not one of {', '.join(STATUSES)}")
+        raise ValueError(f"{name}: status {status!r} is not one of {', '.join(STATUSES)}")
     with conn.transaction():
         conn.execute("INSERT INTO reclock.status_history (name, status, error) VALUES (%s, %s, %s)",
                      (name, status, error))
 
 
 def latest_status(conn, name: str) -> Status | None:
+    """The newest status row of ``name`` (None if there is none)."""
     row = conn.execute("SELECT status, error, at FROM reclock.status_history WHERE name = %s "
                        "ORDER BY id DESC LIMIT 1", (name,)).fetchone()
     return Status(name, *row) if row else None
 
 
+def status_history(conn, name: str, limit: int = 20) -> list[Status]:
+    """The newest ``limit`` status rows of ``name``, newest first."""
+    return [Status(name, *r) for r in conn.execute(
+        "SELECT status, error, at FROM reclock.status_history WHERE name = %s ORDER BY id DESC LIMIT %s",
+        (name, limit))]
+
+
 def record_statistics(conn, name: str, step: str, metrics: dict) -> None:
+    """Append one step's metrics (any JSON-serializable dict)."""
     with conn.transaction():
         conn.execute("INSERT INTO reclock.statistics (name, step, metrics) VALUES (%s, %s, %s)",
                      (name, step, Jsonb(metrics)))
+
+
+def latest_statistics(conn, name: str, step: str | None = None, limit: int = 20) -> list[Statistics]:
+    """The newest ``limit`` statistics rows of ``name`` (of one ``step`` if given), newest first."""
+    return [Statistics(name, *r) for r in conn.execute(
+        "SELECT step, metrics, at FROM reclock.statistics WHERE name = %s AND (%s::text IS NULL OR step = %s) "
+        "ORDER BY id DESC LIMIT %s", (name, step, step, limit))]
