@@ -33,6 +33,17 @@ def fill(bootstrap: str, topic: str, start: int, count: int, partitions: int = 4
     producer.flush(60)
 
 
+def topic_size(bootstrap: str, topic: str) -> int:
+    """Records in the topic (the demo writes no transactions, so offsets count records)."""
+    from confluent_kafka.admin import AdminClient
+
+    from reclock.sources.kafka import KafkaUpstream
+
+    if topic not in AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10).topics:
+        return 0
+    return sum(o for _, o in KafkaUpstream(DEMO_SOURCE, bootstrap, topic).probe_upper())
+
+
 def consumer_lag(bootstrap: str, topic: str, group: str) -> dict[int, int]:
     from reclock.sources.kafka import KafkaUpstream
 
@@ -51,8 +62,9 @@ def run_demo(stack: Stack, waves: int = 2, per_wave: int = 20_000, echo: Callabl
     dag_id = f"ingest__{DEMO_SOURCE}"
     stack.airflow.wait_for_dag(dag_id)
     produced = 0
+    start = topic_size(stack.kafka.bootstrap, spec.kafka.topic)  # a rerun of the demo adds to the topic
     for wave in range(waves):
-        fill(stack.kafka.bootstrap, spec.kafka.topic, produced, per_wave)
+        fill(stack.kafka.bootstrap, spec.kafka.topic, start + produced, per_wave)
         produced += per_wave
         t0 = time.monotonic()
         run_id = stack.airflow.trigger(dag_id)
@@ -69,7 +81,9 @@ def run_demo(stack: Stack, waves: int = 2, per_wave: int = 20_000, echo: Callabl
         ).fetchall()
         upper, since = conn.execute("SELECT upper, since FROM reclock.shards WHERE id = %s",
                                     (spec.data_shard,)).fetchone()
-    echo(f"\n{spec.data_shard}: {rows} rows (produced {produced}), upper {upper}, since {since}")
+    total = topic_size(stack.kafka.bootstrap, spec.kafka.topic)
+    echo(f"\n{spec.data_shard}: {rows} rows; the topic holds {total} records ({produced} produced by this run); "
+         f"upper {upper}, since {since}")
     echo(f"SELECT * FROM reclock.{DEMO_SOURCE}_progress  -- the bindings (ts, partition, offset):")
     for ts, p, o in progress[-12:]:
         echo(f"  {ts}  {p}  {o}")

@@ -156,4 +156,4 @@ def write_slice(spark, spec: SourceSpec, bootstrap: str, ranges: Sequence[Offset
     # reads only its own columns (all-null columns cost next to nothing in Parquet)
     keep = list(dict.fromkeys(data_cols + err_cols))
     (df.select(*[F.col(c) for c in keep], "_output")
-       .write.mode("errorifexists").partitionBy("_output").parquet(url))
+       .write.mode("error").partitionBy("_output").parquet(url))
