@@ -125,11 +125,16 @@ class BeyondUpper(ReclockError, ValueError):
 class PartAlreadyReferenced(ReclockError):
     """``compare_and_append`` was given a part path that a batch already references."""
 
-    def __init__(self, shard: str, path: str, referenced_by: str | None) -> None:
+    def __init__(self, shard: str, path: str, referenced_by: str | None, concurrent: bool = False) -> None:
         self.shard = shard
         self.path = path
         self.referenced_by = referenced_by
-        where = f"a batch of shard {referenced_by}" if referenced_by else "another part of the same append"
+        if concurrent:
+            where = "a batch that a concurrent append just committed"
+        elif referenced_by:
+            where = f"a batch of shard {referenced_by}"
+        else:
+            where = "another part of the same append"
         super().__init__(f"shard {shard}: part {path} is already referenced by {where}; parts are immutable "
                          "and belong to one batch (write the data again under a fresh path)")
 

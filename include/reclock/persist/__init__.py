@@ -1,5 +1,21 @@
-"""Persistence: consensus in Postgres (remap collections, shards, read holds, status) and parts in a
-blob store. Every function takes a psycopg connection and does its work in one transaction."""
+"""Persistence: consensus in Postgres (schema ``reclock``) and immutable parts in a blob store.
+
+=================  ======================================================================================
+``migrate``        ``migrate(dsn_or_conn)``: the schema's versioned, checksummed, lock-serialized migrations
+``remap_store``    a source's durable remap collection: ``register_source``, ``load_remap``,
+                   ``append_binding`` (compare-and-set on the remap upper), ``compact_remap``; the
+                   ``<source>_progress`` view and ``reclock.progress_as_of(source, t)``
+``shards``         shards' ``upper``/``since``, their batches of parts, ``compare_and_append`` over several
+                   shards in one transaction, reads AS OF t, read holds, ``advance_since``
+``blob``           the ``BlobStore`` protocol: ``LocalBlobStore`` (default), ``FsspecBlobStore`` (S3, ...)
+``gc``             ``collect_garbage``: unreferenced parts older than a grace period
+``status``         status history and statistics rows
+=================  ======================================================================================
+
+Every function takes a psycopg 3 connection and does its work in one transaction of its own (a
+savepoint when the caller already has one open). Every query is parameterised; names that become SQL
+identifiers are validated (``names``) and quoted with ``psycopg.sql.Identifier``.
+"""
 
 import psycopg
 

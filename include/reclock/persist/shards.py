@@ -27,6 +27,7 @@ sorted by id, so concurrent appenders over overlapping sets of shards serialize 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Sequence
@@ -204,7 +205,10 @@ def compare_and_append(conn, appends: Sequence[Append]) -> list[AppendOutcome]:
                     cur.executemany("INSERT INTO reclock.shard_batches (shard, lower, upper, path, rows, bytes, "
                                     "min_ts, max_ts) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)", new_rows)
             except psycopg.errors.UniqueViolation as e:  # a concurrent append took one of our paths
-                raise PartAlreadyReferenced(new_rows[0][0], "(one of this append's parts)", "another") from e
+                m = re.search(r"\(path\)=\((.*)\) already exists", e.diag.message_detail or "")
+                path = m.group(1) if m else "(one of this append's parts)"
+                shard = next((r[0] for r in new_rows if r[3] == path), new_rows[0][0])
+                raise PartAlreadyReferenced(shard, path, None, concurrent=True) from e
         for s in ids:
             if uppers[s] != before[s]:
                 conn.execute("UPDATE reclock.shards SET upper = %s WHERE id = %s", (uppers[s], s))

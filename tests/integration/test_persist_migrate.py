@@ -1,0 +1,130 @@
+"""Migrations of the ``reclock`` schema: versioned, idempotent, safe to run concurrently, and refusing to
+run over an edited or unknown migration. Also the status and statistics helpers on the migrated schema."""
+
+from __future__ import annotations
+
+import threading
+
+import psycopg
+import pytest
+
+from reclock.errors import MigrationError
+from reclock.persist import connect
+from reclock.persist import migrate as migrations
+from reclock.persist.status import (latest_statistics, latest_status, record_statistics, record_status,
+                                    status_history)
+
+ALL = [m.version for m in migrations.available()]
+
+TABLES = {
+    "sources": ["name", "kind", "config", "created_at"],
+    "remap_collections": ["source", "upper", "since"],
+    "remap_bindings": ["source", "ts"],
+    "remap_offsets": ["source", "ts", "partition", "offset"],
+    "shards": ["id", "source", "output", "upper", "since", "created_at"],
+    "shard_batches": ["id", "shard", "lower", "upper", "path", "rows", "bytes", "min_ts", "max_ts", "created_at"],
+    "read_holds": ["shard", "holder", "ts", "created_at", "updated_at"],
+    "statistics": ["id", "name", "step", "metrics", "at"],
+    "status_history": ["id", "name", "status", "error", "at"],
+    "schema_migrations": ["version", "name", "checksum", "applied_at"],
+}
+
+
+def test_migrations_are_numbered_and_apply_once(fresh_db):
+    assert ALL == list(range(1, len(ALL) + 1)) and len(ALL) >= 2
+    assert migrations.migrate(fresh_db) == ALL
+    assert migrations.migrate(fresh_db) == []  # idempotent
+    with connect(fresh_db) as conn:
+        rows = conn.execute("SELECT version, name, checksum, applied_at FROM reclock.schema_migrations "
+                            "ORDER BY version").fetchall()
+        assert [(v, n, c) for v, n, c, _ in rows] == [(m.version, m.name, m.checksum) for m in migrations.available()]
+        assert all(at is not None for *_, at in rows)
+        for table, columns in TABLES.items():
+            got = [c for (c,) in conn.execute(
+                "SELECT column_name FROM information_schema.columns WHERE table_schema = 'reclock' "
+                "AND table_name = %s ORDER BY ordinal_position", (table,))]
+            assert got == columns, table
+
+
+def test_pending_migrations_apply_in_order(fresh_db, monkeypatch):
+    shipped = migrations.available()
+    monkeypatch.setattr(migrations, "available", lambda: shipped[:1])
+    assert migrations.migrate(fresh_db) == [1]
+    monkeypatch.setattr(migrations, "available", lambda: shipped)
+    assert migrations.migrate(fresh_db) == ALL[1:]
+    assert migrations.migrate(fresh_db) == []
+
+
+def test_concurrent_migrators_apply_each_migration_once(fresh_db):
+    results: list[list[int]] = []
+    errors: list[BaseException] = []
+    start = threading.Barrier(4)
+
+    def run() -> None:
+        try:
+            start.wait(10)
+            results.append(migrations.migrate(fresh_db))
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == []
+    assert sorted(results) == [[], [], [], ALL]  # one migrator applied everything, the others found it done
+    with connect(fresh_db) as conn:
+        assert conn.execute("SELECT count(*) FROM reclock.schema_migrations").fetchone()[0] == len(ALL)
+
+
+def test_an_edited_migration_is_refused(db):
+    with connect(db) as conn:
+        conn.execute("UPDATE reclock.schema_migrations SET checksum = 'edited' WHERE version = 1")
+    with pytest.raises(MigrationError, match="0001_init was changed after it was applied"):
+        migrations.migrate(db)
+
+
+def test_a_database_newer_than_the_code_is_refused(db):
+    with connect(db) as conn:
+        conn.execute("INSERT INTO reclock.schema_migrations (version, name, checksum) VALUES (999, 'future', 'x')")
+    with pytest.raises(MigrationError, match="0999_future.*newer than the code"):
+        migrations.migrate(db)
+
+
+def test_migrate_takes_an_idle_connection_and_restores_it(fresh_db):
+    with psycopg.connect(fresh_db) as conn:  # not autocommit
+        assert migrations.migrate(conn) == ALL
+        assert conn.autocommit is False
+        conn.execute("SELECT 1")  # now inside a transaction
+        with pytest.raises(MigrationError, match="no open transaction"):
+            migrations.migrate(conn)
+
+
+def test_uppers_and_sinces_never_go_backwards_even_in_raw_sql(conn):
+    conn.execute("INSERT INTO reclock.shards (id, upper, since) VALUES ('s', 10, 5)")
+    with pytest.raises(psycopg.errors.CheckViolation, match="s: upper may not go backwards"):
+        conn.execute("UPDATE reclock.shards SET upper = 9 WHERE id = 's'")
+    with pytest.raises(psycopg.errors.CheckViolation, match="s: since may not go backwards"):
+        conn.execute("UPDATE reclock.shards SET since = 4 WHERE id = 's'")
+    conn.execute("UPDATE reclock.shards SET upper = 11, since = 6 WHERE id = 's'")
+    with pytest.raises(psycopg.errors.CheckViolation):  # a part's ts outside its description
+        conn.execute("INSERT INTO reclock.shard_batches (shard, lower, upper, path, rows, bytes, min_ts, max_ts) "
+                     "VALUES ('s', 10, 11, 'p', 1, 1, 10, 11)")
+
+
+def test_status_and_statistics_helpers(conn):
+    assert latest_status(conn, "orders") is None
+    record_status(conn, "orders", "starting")
+    record_status(conn, "orders", "stalled", error="append: shard orders_0: upper is 7, append expected 5")
+    record_status(conn, "other", "running")
+    s = latest_status(conn, "orders")
+    assert (s.name, s.status, s.error) == ("orders", "stalled", "append: shard orders_0: upper is 7, append expected 5")
+    assert [h.status for h in status_history(conn, "orders")] == ["stalled", "starting"]
+    with pytest.raises(ValueError, match="not one of"):
+        record_status(conn, "orders", "sleeping")
+    record_statistics(conn, "orders", "mint", {"minted_ts": 100, "offsets_known": 12})
+    record_statistics(conn, "orders", "append", {"committed": {"orders_0": 12}})
+    assert [x.metrics for x in latest_statistics(conn, "orders")] == [{"committed": {"orders_0": 12}},
+                                                                      {"minted_ts": 100, "offsets_known": 12}]
+    assert [x.step for x in latest_statistics(conn, "orders", step="mint")] == ["mint"]
