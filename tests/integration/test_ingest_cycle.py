@@ -185,3 +185,22 @@ def test_missing_topic_fails_with_source_and_cause_and_stalls(db, kafka, spark, 
         ).fetchone()
         assert status == "stalled" and "no_such_topic" in error
         assert load_remap(conn, "ghost").bindings == ()  # nothing written
+
+
+@pytest.mark.parametrize("fmt,good,bad,want", [
+    ({"type": "csv", "schema": "id BIGINT, name STRING"}, [b"1,a", b"2,b"], b"x,y,z,w", [(1, "a"), (2, "b")]),
+    ({"type": "text"}, [b"hello", b"world"], b"\xff\xfe", [("hello",), ("world",)]),
+])
+def test_other_formats_decode_and_route_errors(db, kafka, topic, spark, tmp_path, fmt, good, bad, want):
+    name = topic(partitions=1)
+    ctx = make_ctx(db, kafka, spark, tmp_path, name, name=f"f_{fmt['type']}")
+    ctx = replace(ctx, spec=replace(ctx.spec, format=parse_source("x", {"kafka": {"topic": name},
+                                                                          "format": fmt}).format))
+    produce(kafka, name, [(0, None, v) for v in [*good, bad]])
+    cycle.run_cycle(ctx)
+    with connect(db) as conn:
+        rows = read_updates(conn, ctx.blob, ctx.spec.data_shard).to_pylist()
+        errors = read_updates(conn, ctx.blob, ctx.spec.errors_shard).to_pylist()
+    cols = ["id", "name"] if fmt["type"] == "csv" else ["text"]
+    assert sorted(tuple(r[c] for c in cols) for r in rows) == want
+    assert [(e["offset"], e["raw"]) for e in errors] == [(len(good), bad)]

@@ -90,21 +90,19 @@ def reclock_and_decode(spark, spec: SourceSpec, bootstrap: str, ranges: Sequence
     schema = data_schema(spec)
     fields = [f.name for f in schema.fields]
     value_str = F.col("value").cast("string")
-    if spec.format.type == "json":
+    if spec.format.type in ("json", "csv"):
+        # PERMISSIVE parsing with a corrupt-record column: a value that does not parse (or does not fit
+        # the declared types) keeps its text there, and becomes an error row
         with_corrupt = T.StructType(schema.fields + [T.StructField(CORRUPT, T.StringType())])
-        decoded = F.from_json(value_str, with_corrupt,
-                              {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT})
+        opts = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}
+        if spec.format.type == "json":
+            decoded = F.from_json(value_str, with_corrupt, opts)
+        else:
+            ddl = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in with_corrupt.fields)
+            decoded = F.from_csv(value_str, ddl, opts)
         df = df.withColumn("_d", decoded)
         reason = F.when(F.col("value").isNotNull() & F.col(f"_d.{CORRUPT}").isNotNull(),
-                        F.lit("value does not parse as JSON of the declared schema"))
-        cols = [F.col(f"_d.{f}").alias(f) for f in fields]
-    elif spec.format.type == "csv":
-        with_corrupt = T.StructType(schema.fields + [T.StructField(CORRUPT, T.StringType())])
-        decoded = F.from_csv(value_str, with_corrupt.simpleString().removeprefix("struct<").removesuffix(">"),
-                             {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT})
-        df = df.withColumn("_d", decoded)
-        reason = F.when(F.col("value").isNotNull() & F.col(f"_d.{CORRUPT}").isNotNull(),
-                        F.lit("value does not parse as CSV of the declared schema"))
+                        F.lit(f"value does not parse as {spec.format.type.upper()} of the declared schema"))
         cols = [F.col(f"_d.{f}").alias(f) for f in fields]
     elif spec.format.type == "text":
         # invalid UTF-8 cannot round trip through a string: such a record is an error
