@@ -170,11 +170,36 @@ def write_batches(ctx: CycleContext, desc: BatchDescription) -> WrittenBatch:
         for i, sl in enumerate(slices):
             write_slice(spark, ctx.spec, ctx.bootstrap, sl, bindings, ctx.blob.url(f"{prefix}/slice-{i:04d}"))
         parts = _collect_parts(ctx, prefix)
+        if ctx.spec.on_decode_error == "stall" and parts.get(ctx.spec.errors_shard):
+            _stall_on_first_error(ctx, parts[ctx.spec.errors_shard])
         m.update(lower=desc.lower, upper=desc.upper, slices=len(slices),
                  offsets=sum(r.end - r.start for r in ranges),
                  records={s: sum(p.rows for p in ps) for s, ps in parts.items()},
                  bytes={s: sum(p.bytes for p in ps) for s, ps in parts.items()})
         return WrittenBatch(desc, parts)
+
+
+def _stall_on_first_error(ctx: CycleContext, error_parts: tuple[Part, ...]) -> None:
+    """``on_decode_error: stall``: refuse the whole description (nothing is appended) naming the first
+    record that failed; the source stays stalled until the record or the config changes."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from reclock.errors import DecodeError
+    from reclock.spark.ingest import ERR_PREFIX
+
+    cols = [ERR_PREFIX + c for c in ("partition", "offset", "reason")]
+    first = None
+    for part in error_parts:
+        with ctx.blob.open(part.path) as f:
+            t = pq.read_table(f, columns=cols)
+        t = t.filter(pc.is_valid(t[cols[0]]))
+        for row in t.to_pylist():
+            key = (row[cols[0]], row[cols[1]])
+            if first is None or key < first[:2]:
+                first = (*key, row[cols[2]])
+    if first is not None:
+        raise DecodeError(ctx.spec.name, first[0], first[1], f"{first[2]} (on_decode_error: stall)")
 
 
 def _collect_parts(ctx: CycleContext, prefix: str) -> dict[str, tuple[Part, ...]]:

@@ -25,6 +25,7 @@ from reclock.persist.blob import LocalBlobStore
 from reclock.persist.migrate import migrate
 from reclock.persist.remap_store import load_remap
 from reclock.persist.shards import shard_info
+from reclock.persist.status import latest_status
 from reclock.read import read_as_of, read_updates
 from reclock.sources.kafka import KafkaUpstream, UpstreamUnavailable
 
@@ -204,3 +205,56 @@ def test_other_formats_decode_and_route_errors(db, kafka, topic, spark, tmp_path
     cols = ["id", "name"] if fmt["type"] == "csv" else ["text"]
     assert sorted(tuple(r[c] for c in cols) for r in rows) == want
     assert [(e["offset"], e["raw"]) for e in errors] == [(len(good), bad)]
+
+
+def test_stall_on_first_decode_error_appends_nothing(db, kafka, topic, spark, tmp_path):
+    from reclock.errors import DecodeError
+
+    name = topic(partitions=1)
+    ctx = make_ctx(db, kafka, spark, tmp_path, name, name="stally", on_decode_error="stall")
+    produce(kafka, name, [rec(1, 0), (0, None, b"{broken"), rec(2, 0)])
+    with pytest.raises(DecodeError, match=r"source stally: record at partition 0 offset 1: .*JSON"):
+        cycle.run_cycle(ctx)
+    with connect(db) as conn:
+        assert shard_info(conn, "stally").upper == 0  # nothing appended
+        assert latest_status(conn, "stally").status == "stalled"
+
+
+def test_upstream_data_lost_is_never_skipped(db, kafka, topic, spark, tmp_path):
+    from confluent_kafka import TopicPartition
+
+    from reclock.errors import UpstreamDataLost
+
+    name = topic(partitions=2)
+    ctx = make_ctx(db, kafka, spark, tmp_path, name, name="lossy")
+    produce(kafka, name, [rec(i, i % 2) for i in range(40)])
+    minted = cycle.mint(ctx)  # bound, not yet written: then retention deletes records the shard needs
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
+    for fut in admin.delete_records([TopicPartition(name, 1, 5)]).values():
+        fut.result(30)
+    with pytest.raises(UpstreamDataLost, match=r"source lossy: partition 1 offsets \[0, 20\)") as e:
+        cycle.write_batches(ctx, minted.descriptions[0])
+    assert (e.value.partition, e.value.earliest) == (1, 5)
+
+
+def test_two_cycles_at_once_never_duplicate(db, kafka, topic, spark, tmp_path):
+    import threading
+
+    name = topic(partitions=2)
+    ctx = make_ctx(db, kafka, spark, tmp_path, name, name="racy")
+    produce(kafka, name, [rec(i, i % 2) for i in range(100)])
+    errors: list[Exception] = []
+
+    def one() -> None:
+        try:
+            cycle.run_cycle(ctx)
+        except UpperMismatch as e:  # the loser of the append race: the next cycle re-mints
+            errors.append(e)
+
+    threads = [threading.Thread(target=one) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    cycle.run_cycle(ctx)  # whatever the race left, one more cycle settles it
+    check_invariants(ctx, set(range(100)))
