@@ -64,8 +64,7 @@ def read_as_of(conn, blob: BlobStore, shard: str, t: int | None = None) -> pa.Ta
     data columns plus ``diff`` (the multiplicity), zero rows dropped."""
     info = shard_info(conn, shard)
     if info.upper == 0:
-        raise SinceViolation(shard, t if t is not None else 0, info.since) if t is not None else \
-            ValueError(f"shard {shard}: nothing is complete yet (upper is 0)")
+        raise ValueError(f"shard {shard}: nothing is complete yet (upper is 0); run a cycle first")
     if t is None:
         t = info.upper - 1
     if t < info.since:
