@@ -127,7 +127,8 @@ class LocalKafka:
         if not (self.home / "data" / "meta.properties").exists():
             # a KRaft cluster id is 16 random bytes, base64url without padding (22 chars)
             cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-            procs.run([*self._jvm(), "kafka.tools.StorageTool", "format", "-t", cid, "-c", str(cfg),
+            # `--cluster-id=<id>`: a base64url id may start with '-', which argparse would take for a flag
+            procs.run([*self._jvm(), "kafka.tools.StorageTool", "format", f"--cluster-id={cid}", "-c", str(cfg),
                        "--standalone"], "kafka storage format", timeout=120)
         procs.spawn("kafka", [*self._jvm(), "kafka.Kafka", str(cfg)], log=self.log, pidfile=self.pidfile)
         self.wait_healthy(timeout)
