@@ -179,6 +179,25 @@ def cycle(source: str, max_records: int | None) -> None:
     click.echo(run_cycle(ctx))
 
 
+@main.command()
+@click.argument("source")
+def rebuild(source: str) -> None:
+    """Rebuild SOURCE's shards from its recorded bindings and swap them in (same updates, same timestamps)."""
+    from reclock.config import load_config
+    from reclock.cycle import rebuild as run_rebuild
+    from reclock.orchestration.ingest import local_context
+
+    ctx = local_context(load_config().source(source), _stack())
+    with click.progressbar(length=1, label=f"rebuilding {source}", show_pos=True) as bar:
+        def on_slice(done: int, total: int) -> None:
+            bar.length = total
+            bar.update(done - bar.pos)
+
+        out = run_rebuild(ctx, on_slice=on_slice)
+    click.echo(f"rebuilt {', '.join(ctx.spec.shards)} up to {out['upper']}: {out['parts']} parts, "
+               f"records {out.get('records')}")
+
+
 def _print_login(stack) -> None:
     shown = stack.state.root / "airflow" / ".login-shown"
     if not shown.exists():

@@ -151,32 +151,64 @@ def write_batches(ctx: CycleContext, desc: BatchDescription) -> WrittenBatch:
     Keeps *replayable*: the offsets read and the timestamps given depend only on the durable bindings,
     so a rerun writes the same updates (to fresh paths).
     """
-    from reclock.spark.ingest import BindingRange, write_slice
-
     with _step(ctx, "write_batches") as m:
         with ctx.connect() as conn:
             rc = load_remap(conn, ctx.spec.name)
-        ranges = ranges_for(rc, desc)
-        if ranges:
-            ctx.upstream().check_retained(
-                remap.source_upper_at(rc, desc.lower), remap.source_upper_at(rc, desc.upper))
-        bindings = [BindingRange(r.partition, s, e, ts) for r in ranges
-                    for (s, e, ts) in remap.reclock_ranges(rc, r.partition)
-                    if s < r.end and e > r.start and desc.lower <= ts < desc.upper]
-        attempt = f"{desc.lower}-{desc.upper}/{uuid.uuid4().hex}"
-        prefix = f"{ctx.spec.name}/{attempt}"
-        slices = split_ranges(ranges, ctx.spec.budget.max_records) if ranges else []
-        spark = ctx.spark_factory() if slices else None
-        for i, sl in enumerate(slices):
-            write_slice(spark, ctx.spec, ctx.bootstrap, sl, bindings, ctx.blob.url(f"{prefix}/slice-{i:04d}"))
-        parts = _collect_parts(ctx, prefix)
-        if ctx.spec.on_decode_error == "stall" and parts.get(ctx.spec.errors_shard):
-            _stall_on_first_error(ctx, parts[ctx.spec.errors_shard])
-        m.update(lower=desc.lower, upper=desc.upper, slices=len(slices),
-                 offsets=sum(r.end - r.start for r in ranges),
-                 records={s: sum(p.rows for p in ps) for s, ps in parts.items()},
-                 bytes={s: sum(p.bytes for p in ps) for s, ps in parts.items()})
-        return WrittenBatch(desc, parts)
+        written = _write(ctx, rc, desc, m)
+        if ctx.spec.on_decode_error == "stall" and written.parts.get(ctx.spec.errors_shard):
+            _stall_on_first_error(ctx, written.parts[ctx.spec.errors_shard])
+        return written
+
+
+def _write(ctx: CycleContext, rc: RemapCollection, desc: BatchDescription, m: dict,
+           on_slice: Callable[[int, int], None] | None = None) -> WrittenBatch:
+    """Read the ranges the bindings in ``desc`` cover, one Spark job per budget slice, and collect the
+    parts (``on_slice(done, total)`` after each job: the progress of a long rebuild)."""
+    from reclock.spark.ingest import BindingRange, write_slice
+
+    ranges = ranges_for(rc, desc)
+    if ranges:
+        ctx.upstream().check_retained(
+            remap.source_upper_at(rc, desc.lower), remap.source_upper_at(rc, desc.upper))
+    bindings = [BindingRange(r.partition, s, e, ts) for r in ranges
+                for (s, e, ts) in remap.reclock_ranges(rc, r.partition)
+                if s < r.end and e > r.start and desc.lower <= ts < desc.upper]
+    prefix = f"{ctx.spec.name}/{desc.lower}-{desc.upper}/{uuid.uuid4().hex}"
+    slices = split_ranges(ranges, ctx.spec.budget.max_records) if ranges else []
+    spark = ctx.spark_factory() if slices else None
+    for i, sl in enumerate(slices):
+        write_slice(spark, ctx.spec, ctx.bootstrap, sl, bindings, ctx.blob.url(f"{prefix}/slice-{i:04d}"))
+        if on_slice is not None:
+            on_slice(i + 1, len(slices))
+    parts = _collect_parts(ctx, prefix)
+    m.update(lower=desc.lower, upper=desc.upper, slices=len(slices),
+             offsets=sum(r.end - r.start for r in ranges),
+             records={s: sum(p.rows for p in ps) for s, ps in parts.items()},
+             bytes={s: sum(p.bytes for p in ps) for s, ps in parts.items()})
+    return WrittenBatch(desc, parts)
+
+
+def rebuild(ctx: CycleContext, on_slice: Callable[[int, int], None] | None = None) -> dict:
+    """Rebuild the source's shards from the recorded bindings (while upstream still holds the data) and
+    swap them in atomically: the same ``(data, ts, diff)`` updates at the same timestamps (*replayable*),
+    at every time at or after the shards' since. Raises ``UpstreamDataLost`` if retention ran past them.
+    """
+    with _step(ctx, "rebuild") as m:
+        with ctx.connect() as conn:
+            rc = load_remap(conn, ctx.spec.name)
+            uppers = {s: shard_info(conn, s).upper for s in ctx.spec.shards}
+        upper = min(uppers.values())
+        if len(set(uppers.values())) != 1:
+            raise ValueError(f"source {ctx.spec.name}: its shards' uppers differ ({uppers}); run a cycle first")
+        if upper == 0:
+            return {"upper": 0, "parts": 0}
+        written = _write(ctx, rc, BatchDescription(0, upper), m, on_slice)
+        from reclock.persist.shards import replace_batches
+
+        with ctx.connect() as conn:
+            replace_batches(conn, [Append(s, written.desc, written.parts.get(s, ())) for s in ctx.spec.shards])
+        return {"upper": upper, "parts": sum(len(p) for p in written.parts.values()),
+                "records": m.get("records")}
 
 
 def _stall_on_first_error(ctx: CycleContext, error_parts: tuple[Part, ...]) -> None:

@@ -24,7 +24,7 @@ from reclock.errors import UpperMismatch
 from reclock.persist.blob import LocalBlobStore
 from reclock.persist.migrate import migrate
 from reclock.persist.remap_store import load_remap
-from reclock.persist.shards import shard_info
+from reclock.persist.shards import batches, shard_info
 from reclock.persist.status import latest_status
 from reclock.read import read_as_of, read_updates
 from reclock.sources.kafka import KafkaUpstream, UpstreamUnavailable
@@ -258,3 +258,28 @@ def test_two_cycles_at_once_never_duplicate(db, kafka, topic, spark, tmp_path):
         t.join(300)
     cycle.run_cycle(ctx)  # whatever the race left, one more cycle settles it
     check_invariants(ctx, set(range(100)))
+
+
+def test_rebuild_gives_identical_updates_and_timestamps(db, kafka, topic, spark, tmp_path):
+    name = topic(partitions=3)
+    ctx = replace(make_ctx(db, kafka, spark, tmp_path, name, name="rebuilt"), retain_history_ms=10**12)
+    produce(kafka, name, [rec(i, i % 3) for i in range(60)] + [(0, None, b"nope")])
+    cycle.run_cycle(ctx)
+    produce(kafka, name, [rec(i, i % 3) for i in range(100, 190)])
+    cycle.run_cycle(ctx)
+
+    def updates(shard: str) -> list:
+        with connect(db) as conn:
+            return sorted(tuple(sorted(r.items())) for r in read_updates(conn, ctx.blob, shard).to_pylist())
+
+    before = {s: updates(s) for s in ctx.spec.shards}
+    with connect(db) as conn:
+        old_paths = {b.path for s in ctx.spec.shards for b in batches(conn, s)}
+    progress: list[tuple[int, int]] = []
+    out = cycle.rebuild(ctx, on_slice=lambda done, total: progress.append((done, total)))
+    assert out["upper"] > 0 and progress[-1][0] == progress[-1][1] >= 4  # 151 offsets, 50 per slice
+    after = {s: updates(s) for s in ctx.spec.shards}
+    assert after == before and len(after[ctx.spec.data_shard]) == 150
+    with connect(db) as conn:
+        new_paths = {b.path for s in ctx.spec.shards for b in batches(conn, s)}
+    assert new_paths and not (new_paths & old_paths)  # new parts swapped in; the old ones are garbage

@@ -133,12 +133,41 @@ def build_ingest_dag(spec: SourceSpec):
     return dag
 
 
+def build_rebuild_dag(spec: SourceSpec):
+    """``rebuild__<source>``: triggered by hand; rebuilds the source's shards from the recorded bindings."""
+    from airflow.sdk import DAG, Asset, task
+
+    from reclock import cycle
+
+    with DAG(
+        dag_id=f"rebuild__{spec.name}",
+        description=f"Rebuild {spec.name}'s shards from its bindings (same updates, same timestamps)",
+        schedule=None,
+        start_date=datetime(2024, 1, 1, tzinfo=timezone.utc),
+        catchup=False,
+        max_active_runs=1,
+        tags=["reclock", "rebuild"],
+    ) as dag:
+
+        @task(task_id="rebuild", outlets=[Asset(shard_asset_uri(s)) for s in spec.shards])
+        def rebuild_task() -> dict:
+            import logging
+
+            log = logging.getLogger("reclock.rebuild")
+            return cycle.rebuild(context_for(spec), on_slice=lambda d, t: log.info("slice %d of %d written", d, t))
+
+        rebuild_task()
+    return dag
+
+
 def build_all(config=None) -> dict[str, Any]:
-    """Every configured source's DAG, keyed by dag_id (what ``dags/reclock_ingest.py`` exposes)."""
+    """Every configured source's DAGs, keyed by dag_id (what ``dags/reclock_ingest.py`` exposes)."""
     from reclock.config import load_config
 
     cfg = config or load_config()
-    return {f"ingest__{name}": build_ingest_dag(spec) for name, spec in cfg.sources.items()}
+    dags = {f"ingest__{name}": build_ingest_dag(spec) for name, spec in cfg.sources.items()}
+    dags.update({f"rebuild__{name}": build_rebuild_dag(spec) for name, spec in cfg.sources.items()})
+    return dags
 
 
 def local_context(spec: SourceSpec, stack, conf: dict[str, Any] | None = None):

@@ -308,3 +308,39 @@ def advance_since(conn, shard: str, since: int) -> int:
         if target != current:
             conn.execute("UPDATE reclock.shards SET since = %s WHERE id = %s", (target, shard))
     return target
+
+
+def replace_batches(conn, appends: Sequence[Append]) -> None:
+    """Swap every listed shard's batches for the given parts, in ONE transaction (what a rebuild does).
+
+    Each append's ``desc`` must be ``[0, upper)`` with ``upper`` the shard's current upper, so a rebuild
+    that raced with a cycle (the upper moved) raises ``UpperMismatch`` and changes nothing. The old parts
+    are no longer referenced; garbage collection removes them after its grace period.
+    """
+    appends = list(appends)
+    for a in appends:
+        validate_shard_id(a.shard)
+        _check_parts(a)
+        if a.desc.lower != 0:
+            raise ValueError(f"shard {a.shard}: a replacement must cover [0, upper), got [{a.desc.lower}, "
+                             f"{a.desc.upper})")
+    ids = sorted({a.shard for a in appends})
+    if len(ids) != len(appends):
+        raise ValueError("replace_batches takes one append per shard")
+    with conn.transaction():
+        rows = conn.execute('SELECT id, upper FROM reclock.shards WHERE id = ANY(%s) ORDER BY id COLLATE "C" '
+                            "FOR UPDATE", (ids,)).fetchall()
+        uppers = dict(rows)
+        for a in appends:
+            if a.shard not in uppers:
+                raise UnknownShard(a.shard)
+            if uppers[a.shard] != a.desc.upper:
+                raise UpperMismatch(a.shard, a.desc.upper, uppers[a.shard],
+                                    "the shard moved during the rebuild; nothing was replaced, rebuild again")
+        conn.execute("DELETE FROM reclock.shard_batches WHERE shard = ANY(%s)", (ids,))
+        new_rows = [(a.shard, a.desc.lower, a.desc.upper, p.path, p.rows, p.bytes, p.min_ts, p.max_ts)
+                    for a in appends for p in a.parts]
+        if new_rows:
+            with conn.cursor() as cur:
+                cur.executemany("INSERT INTO reclock.shard_batches (shard, lower, upper, path, rows, bytes, "
+                                "min_ts, max_ts) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)", new_rows)
