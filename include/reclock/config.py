@@ -35,6 +35,8 @@ NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
 FORMATS = ("json", "csv", "text", "bytes")
 ENVELOPES = ("none", "upsert")
 METADATA = ("partition", "offset", "key", "timestamp", "headers")
+ERRORS_SUFFIX = "_errors"
+"""A source's error collection is the shard ``<source>_errors``."""
 _DURATION = re.compile(r"^(\d+)(ms|s|m|h)$")
 
 
@@ -93,7 +95,7 @@ class SourceSpec:
     @property
     def errors_shard(self) -> str:
         """The source's error collection: undecodable records with partition, offset, raw bytes, reason."""
-        return f"{self.name}_errors"
+        return f"{self.name}{ERRORS_SUFFIX}"
 
     @property
     def shards(self) -> tuple[str, ...]:

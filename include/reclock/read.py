@@ -14,12 +14,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from reclock.config import ERRORS_SUFFIX
 from reclock.persist.blob import BlobStore
 from reclock.persist.shards import batches, shard_info
 from reclock.errors import SinceViolation
 from reclock.spark.ingest import ERR_PREFIX
-
-ERRORS_SUFFIX = "_errors"
 
 
 def _own_columns(shard: str, names: Sequence[str]) -> tuple[list[str], dict[str, str]]:

@@ -22,6 +22,22 @@ def shard_asset_uri(shard: str) -> str:
     return f"reclock://{shard}"
 
 
+def with_run_conf(spec: SourceSpec, conf: dict[str, Any] | None) -> SourceSpec:
+    """``spec`` with the budget a run's conf overrides (``max_records``, ``max_bytes``)."""
+    conf = conf or {}
+    if "max_records" not in conf and "max_bytes" not in conf:
+        return spec
+    mr = int(conf.get("max_records", spec.budget.max_records))
+    if mr <= 0:
+        raise ValueError(f"source {spec.name}: run conf max_records must be positive, got {mr}")
+    return replace(spec, budget=BudgetSpec(max_records=mr, max_bytes=conf.get("max_bytes", spec.budget.max_bytes)))
+
+
+def retain_history_ms() -> int:
+    """How much history compaction keeps: ``RECLOCK_RETAIN_HISTORY_S`` seconds (default an hour)."""
+    return int(float(os.environ.get("RECLOCK_RETAIN_HISTORY_S", "3600")) * 1000)
+
+
 def context_for(spec: SourceSpec, conf: dict[str, Any] | None = None):
     """A :class:`~reclock.cycle.CycleContext` from Airflow connections and the environment.
 
@@ -32,13 +48,7 @@ def context_for(spec: SourceSpec, conf: dict[str, Any] | None = None):
     from reclock.persist.blob import blob_store_from_url
     from reclock.dev.state import default_state_dir
 
-    conf = conf or {}
-    if "max_records" in conf or "max_bytes" in conf:
-        mr = int(conf.get("max_records", spec.budget.max_records))
-        if mr <= 0:
-            raise ValueError(f"source {spec.name}: run conf max_records must be positive, got {mr}")
-        spec = replace(spec, budget=BudgetSpec(max_records=mr, max_bytes=conf.get("max_bytes",
-                                                                                    spec.budget.max_bytes)))
+    spec = with_run_conf(spec, conf)
     bootstrap = spec.kafka.bootstrap or connections.kafka_bootstrap(spec.kafka.connection)
     blob_url = os.environ.get("RECLOCK_BLOB_URL") or str(default_state_dir() / "blobs")
     return CycleContext(
@@ -47,7 +57,7 @@ def context_for(spec: SourceSpec, conf: dict[str, Any] | None = None):
         bootstrap=bootstrap,
         blob=blob_store_from_url(blob_url),
         spark_factory=lambda: spark_session(),
-        retain_history_ms=int(float(os.environ.get("RECLOCK_RETAIN_HISTORY_S", "3600")) * 1000),
+        retain_history_ms=retain_history_ms(),
     )
 
 
@@ -175,12 +185,10 @@ def local_context(spec: SourceSpec, stack, conf: dict[str, Any] | None = None):
     from reclock.cycle import CycleContext
     from reclock.persist.blob import blob_store_from_url
 
-    if conf and conf.get("max_records"):
-        spec = replace(spec, budget=BudgetSpec(max_records=int(conf["max_records"]),
-                                               max_bytes=spec.budget.max_bytes))
+    spec = with_run_conf(spec, conf)
     return CycleContext(
         spec=spec, dsn=stack.postgres.dsn(), bootstrap=spec.kafka.bootstrap or stack.kafka.bootstrap,
         blob=blob_store_from_url(str(stack.state.root / "blobs")),
         spark_factory=lambda: stack.spark.session(),
-        retain_history_ms=int(float(os.environ.get("RECLOCK_RETAIN_HISTORY_S", "3600")) * 1000),
+        retain_history_ms=retain_history_ms(),
     )
