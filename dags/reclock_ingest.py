@@ -1,4 +1,5 @@
-"""Airflow DAG file: one ``ingest__<source>`` DAG per source in the Reclock config (include/reclock.yaml)."""
+"""Airflow DAG file: ``ingest__<source>`` and ``rebuild__<source>`` per source, ``sink__<sink>`` per sink in the
+Reclock config (include/reclock.yaml)."""
 
 from reclock.orchestration.ingest import build_all
 

@@ -198,6 +198,84 @@ def rebuild(source: str) -> None:
                f"records {out.get('records')}")
 
 
+@main.group()
+def sink() -> None:
+    """Exactly-once Kafka sinks: run one, see where it is, drop it."""
+
+
+def _sink_ctx(name: str, dsn: str | None, blob_url: str | None):
+    from reclock.config import load_config
+    from reclock.orchestration.sinks import sink_context
+
+    spec = load_config().sink(name)
+    return sink_context(spec, bootstrap=spec.kafka.bootstrap or _stack().kafka.bootstrap, dsn=_dsn(dsn),
+                        blob_url=blob_url or str(_stack().state.root / "blobs"))
+
+
+@sink.command("run")
+@click.argument("name")
+@click.option("--fresh", is_flag=True, help="Start anew with a snapshot even though the topic holds data.")
+@click.option("--follow", type=float, default=None, metavar="SECONDS",
+              help="Keep running: look for new appends every SECONDS.")
+@click.option("--dsn", envvar="RECLOCK_DSN", help="Postgres DSN (default: the local stack's).")
+@click.option("--blob-url", envvar="RECLOCK_BLOB_URL", help="Blob store URL (default: .reclock/blobs).")
+def sink_run(name: str, fresh: bool, follow: float | None, dsn: str | None, blob_url: str | None) -> None:
+    """Write sink NAME's collection to Kafka, exactly once, up to its upper (then stop, or --follow)."""
+    from reclock.sinks.kafka import KafkaSink
+
+    sink = KafkaSink(_sink_ctx(name, dsn, blob_url))
+    sink.start(fresh)
+    b = sink.begin
+    click.echo(f"sink {name}: started (older instances fenced) at frontier {b.frontier}, version {b.version}"
+               + (f", snapshot AS OF {b.snapshot_at} first" if b.snapshot_at is not None else ""), err=True)
+    while True:
+        r = sink.step()
+        if r.transactions or follow is None:
+            click.echo(f"sink {name}: frontier {r.frontier} (version {r.version}): {r.messages} messages, "
+                       f"{r.bytes} bytes in {r.transactions} transactions", err=True)
+        if follow is None:
+            return
+        time.sleep(follow)
+
+
+@sink.command("status")
+@click.argument("name")
+@click.option("--dsn", envvar="RECLOCK_DSN", help="Postgres DSN (default: the local stack's).")
+def sink_status(name: str, dsn: str | None) -> None:
+    """Print sink NAME's progress record, read hold, lag and latest status."""
+    from reclock.config import load_config
+    from reclock.persist import connect
+    from reclock.persist.shards import read_holds, shard_info
+    from reclock.sinks.kafka import read_progress
+
+    spec = load_config().sink(name)
+    bootstrap = spec.kafka.bootstrap or _stack().kafka.bootstrap
+    p = read_progress(bootstrap, spec.progress_topic, name)
+    with connect(_dsn(dsn)) as conn:
+        info = shard_info(conn, spec.collection)
+        hold = next((h for h in read_holds(conn, spec.collection) if h.holder == spec.holder), None)
+        status = conn.execute("SELECT status, error, at FROM reclock.status_history WHERE name = %s "
+                              "ORDER BY id DESC LIMIT 1", (name,)).fetchone()
+    click.echo(f"sink {name}: {spec.collection} -> {spec.kafka.topic} ({spec.format})")
+    click.echo(f"progress: {'none yet' if p is None else f'frontier {p.frontier}, version {p.version}'}")
+    click.echo(f"{spec.collection}: upper {info.upper}, since {info.since}; read hold "
+               f"{hold.ts if hold else 'none'}; lag {info.upper - p.frontier if p else info.upper - info.since} ms")
+    if status:
+        click.echo(f"status: {status[0]} at {status[2]}" + (f" -- {status[1]}" if status[1] else ""))
+
+
+@sink.command("drop")
+@click.argument("name")
+@click.option("--dsn", envvar="RECLOCK_DSN", help="Postgres DSN (default: the local stack's).")
+@click.option("--blob-url", envvar="RECLOCK_BLOB_URL", help="Blob store URL (default: .reclock/blobs).")
+def sink_drop(name: str, dsn: str | None, blob_url: str | None) -> None:
+    """Release sink NAME's read hold (compaction may pass it; recreating it then needs --fresh)."""
+    from reclock.sinks.kafka import drop
+
+    released = drop(_sink_ctx(name, dsn, blob_url))
+    click.echo(f"sink {name}: read hold {'released' if released else 'was not held'}")
+
+
 def _print_login(stack) -> None:
     shown = stack.state.root / "airflow" / ".login-shown"
     if not shown.exists():

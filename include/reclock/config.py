@@ -1,6 +1,6 @@
 """Declarative source specs, validated (YAML in, frozen dataclasses out).
 
-A config file holds ``sources:`` (and, later, ``sinks:``). Example::
+A config file holds ``sources:`` and ``sinks:``. Example::
 
     sources:
       orders:
@@ -8,13 +8,26 @@ A config file holds ``sources:`` (and, later, ``sinks:``). Example::
           connection: reclock_kafka        # Airflow connection id (or `bootstrap: host:port`)
           topic: orders
         format:
-          type: json                       # json | csv | text | bytes
+          type: json                       # json | avro | csv | text | bytes
           schema: "id BIGINT, customer STRING, amount DOUBLE"   # Spark DDL, for json and csv
-        envelope: none                     # none | upsert (upsert keys on the Kafka key)
+          # avro: `schema_file: orders.avsc` (relative to this file) and `wire: plain | confluent`
+          # (confluent: a 5-byte schema-registry header precedes each value)
+        envelope: none                     # none | upsert (upsert keys on the Kafka key; a null value deletes)
         include: [partition, offset, key, timestamp, headers]  # metadata columns (like INCLUDE)
         interval: 30s                      # the DAG's schedule
         budget: {max_records: 500000, max_bytes: 268435456}
         on_decode_error: collect           # collect (to <source>_errors) | stall
+
+    sinks:
+      orders_out:
+        from: orders                       # a collection (a source's, or its `<source>_errors`)
+        kafka: {connection: reclock_kafka, topic: orders_out}
+        format: debezium                   # debezium ({"before", "after"}) | upsert (key + value/tombstone)
+        key: [id]                          # required for upsert; pairs before/after for debezium
+        progress_topic: _reclock_progress  # compacted, one per Kafka cluster, keyed by sink
+        start: 1700000000000               # optional: a new sink starts here instead of at since
+        budget: {max_messages: 100000, max_bytes: 67108864}   # per Kafka transaction
+        transaction_timeout: 60s           # below the broker's transaction.max.timeout.ms
 
 The file is ``$RECLOCK_CONFIG`` if set, else ``include/reclock.yaml`` in the repo.
 """
@@ -32,7 +45,8 @@ import yaml
 from reclock.errors import ConfigError
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
-FORMATS = ("json", "csv", "text", "bytes")
+FORMATS = ("json", "avro", "csv", "text", "bytes")
+WIRES = ("plain", "confluent")
 ENVELOPES = ("none", "upsert")
 METADATA = ("partition", "offset", "key", "timestamp", "headers")
 ERRORS_SUFFIX = "_errors"
@@ -61,8 +75,16 @@ class KafkaSpec:
 @dataclass(frozen=True)
 class FormatSpec:
     type: str = "json"
-    schema: str | None = None  # Spark DDL
+    schema: str | None = None  # Spark DDL (json, csv) or the Avro schema's JSON text (avro)
     csv_header: bool = False
+    wire: str = "plain"  # avro: plain binary, or confluent (magic byte + 4-byte schema id first)
+
+    @property
+    def avro_fields(self) -> list[str]:
+        """The top-level field names of an Avro record schema."""
+        import json
+
+        return [f["name"] for f in json.loads(self.schema)["fields"]]
 
 
 @dataclass(frozen=True)
@@ -114,7 +136,29 @@ def _unknown(d: dict, allowed: set[str], what: str) -> None:
         raise ConfigError(f"{what}: unknown key(s) {', '.join(extra)}; allowed: {', '.join(sorted(allowed))}")
 
 
-def parse_source(name: str, raw: Any) -> SourceSpec:
+def _avro_schema(f: dict, what: str, base: Path | None) -> str:
+    """Load and check the Avro schema of ``format: avro`` (a record with fields), as JSON text."""
+    import json
+
+    if "schema_file" not in f:
+        raise ConfigError(f"{what}: type avro needs `schema_file:` (an .avsc file, relative to the config file)")
+    path = Path(str(f["schema_file"]))
+    if not path.is_absolute():
+        path = (base or Path.cwd()) / path
+    try:
+        schema = json.loads(path.read_text())
+    except OSError as e:
+        raise ConfigError(f"{what}: cannot read the Avro schema file {path}: {e.strerror}") from e
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{what}: the Avro schema file {path} is not valid JSON: {e}") from e
+    if not isinstance(schema, dict) or schema.get("type") != "record" or not isinstance(schema.get("fields"), list) \
+            or not all(isinstance(x, dict) and x.get("name") for x in schema["fields"]):
+        raise ConfigError(f"{what}: the Avro schema in {path} must be a record with named fields")
+    return json.dumps(schema)
+
+
+def parse_source(name: str, raw: Any, base: Path | None = None) -> SourceSpec:
+    """Validate one source's config; ``base`` is the folder relative schema files are found in."""
     what = f"source {name}"
     if not NAME_RE.match(name):
         raise ConfigError(f"{what}: a source name must match {NAME_RE.pattern} (it becomes a SQL name)")
@@ -134,14 +178,19 @@ def parse_source(name: str, raw: Any) -> SourceSpec:
     if isinstance(f, str):
         f = {"type": f}
     f = _require(f, f"{what}.format")
-    _unknown(f, {"type", "schema", "header"}, f"{what}.format")
+    _unknown(f, {"type", "schema", "header", "schema_file", "wire"}, f"{what}.format")
     ftype = f.get("type", "json")
     if ftype not in FORMATS:
         raise ConfigError(f"{what}.format: type {ftype!r} is not one of {', '.join(FORMATS)}")
     schema = f.get("schema")
     if ftype in ("json", "csv") and not schema:
         raise ConfigError(f"{what}.format: type {ftype} needs a `schema` (Spark DDL, e.g. \"id BIGINT, name STRING\")")
-    fmt = FormatSpec(type=ftype, schema=schema, csv_header=bool(f.get("header", False)))
+    if ftype == "avro":
+        schema = _avro_schema(f, f"{what}.format", base)
+    wire = f.get("wire", "plain")
+    if wire not in WIRES:
+        raise ConfigError(f"{what}.format: wire {wire!r} is not one of {', '.join(WIRES)}")
+    fmt = FormatSpec(type=ftype, schema=schema, csv_header=bool(f.get("header", False)), wire=wire)
     envelope = d.get("envelope", "none")
     if envelope not in ENVELOPES:
         raise ConfigError(f"{what}: envelope {envelope!r} is not one of {', '.join(ENVELOPES)}")
@@ -149,6 +198,9 @@ def parse_source(name: str, raw: Any) -> SourceSpec:
     bad = [c for c in include if c not in METADATA]
     if bad:
         raise ConfigError(f"{what}: include {bad} not among {', '.join(METADATA)}")
+    if envelope == "upsert" and "headers" in include:
+        raise ConfigError(f"{what}: envelope upsert cannot include headers (the upsert state keeps key, value, "
+                          "partition, offset and timestamp of each key's current record)")
     b = _require(d.get("budget", {}) or {}, f"{what}.budget")
     _unknown(b, {"max_records", "max_bytes"}, f"{what}.budget")
     budget = BudgetSpec(max_records=int(b.get("max_records", 1_000_000)),
@@ -163,9 +215,106 @@ def parse_source(name: str, raw: Any) -> SourceSpec:
                       budget=budget, on_decode_error=on_err)
 
 
+SINK_FORMATS = ("debezium", "upsert")
+DEFAULT_PROGRESS_TOPIC = "_reclock_progress"
+
+
+@dataclass(frozen=True)
+class SinkBudget:
+    """How much one Kafka transaction may carry (a timestamp is never split across transactions)."""
+
+    max_messages: int = 100_000
+    max_bytes: int = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class SinkSpec:
+    """An exactly-once Kafka sink of one collection (see ``reclock.sinks.kafka``)."""
+
+    name: str
+    collection: str
+    kafka: KafkaSpec
+    format: str = "debezium"
+    key: tuple[str, ...] = ()
+    progress_topic: str = DEFAULT_PROGRESS_TOPIC
+    start: int | None = None  # a new sink starts at the collection's since, or here
+    partitions: int = 1  # when the sink creates its topic
+    budget: SinkBudget = field(default_factory=SinkBudget)
+    transaction_timeout_s: float = 60.0
+
+    @property
+    def transactional_id(self) -> str:
+        """Stable per sink: a second instance fences the first."""
+        return f"reclock-sink-{self.name}"
+
+    @property
+    def holder(self) -> str:
+        """The name of the sink's read hold on its collection's shard."""
+        return f"sink:{self.name}"
+
+
+def parse_sink(name: str, raw: Any, sources: dict[str, SourceSpec]) -> SinkSpec:
+    what = f"sink {name}"
+    if not NAME_RE.match(name):
+        raise ConfigError(f"{what}: a sink name must match {NAME_RE.pattern}")
+    d = _require(raw, what)
+    _unknown(d, {"from", "kafka", "format", "key", "progress_topic", "start", "partitions", "budget",
+                 "transaction_timeout"}, what)
+    collections = {c: s for s in sources.values() for c in s.shards}
+    coll = d.get("from")
+    if coll not in collections:
+        raise ConfigError(f"{what}: `from` must name a collection; {coll!r} is none of "
+                          f"{', '.join(sorted(collections)) or '(no sources configured)'}")
+    k = _require(d.get("kafka"), f"{what}.kafka")
+    _unknown(k, {"topic", "connection", "bootstrap", "options"}, f"{what}.kafka")
+    if not k.get("topic") or not isinstance(k["topic"], str):
+        raise ConfigError(f"{what}.kafka: `topic` is required")
+    if k["topic"] == collections[coll].kafka.topic:
+        raise ConfigError(f"{what}.kafka: topic {k['topic']!r} is the source topic of {coll}")
+    opts = _require(k.get("options", {}) or {}, f"{what}.kafka.options")
+    kafka = KafkaSpec(topic=k["topic"], connection=str(k.get("connection", "reclock_kafka")),
+                      bootstrap=k.get("bootstrap"), options=tuple(sorted((str(a), str(b)) for a, b in opts.items())))
+    fmt = d.get("format", "debezium")
+    if fmt not in SINK_FORMATS:
+        raise ConfigError(f"{what}: format {fmt!r} is not one of {', '.join(SINK_FORMATS)}")
+    key = d.get("key", []) or []
+    if isinstance(key, str):
+        key = [key]
+    if not isinstance(key, list) or not all(isinstance(c, str) and c for c in key):
+        raise ConfigError(f"{what}: `key` is a list of column names")
+    if fmt == "upsert" and not key:
+        raise ConfigError(f"{what}: format upsert needs `key:` (the columns that identify a row)")
+    start = d.get("start")
+    if start is not None and (not isinstance(start, int) or isinstance(start, bool) or start < 0):
+        raise ConfigError(f"{what}: `start` is a timestamp in ms (a non-negative integer)")
+    b = _require(d.get("budget", {}) or {}, f"{what}.budget")
+    _unknown(b, {"max_messages", "max_bytes"}, f"{what}.budget")
+    budget = SinkBudget(int(b.get("max_messages", SinkBudget.max_messages)),
+                        int(b.get("max_bytes", SinkBudget.max_bytes)))
+    if budget.max_messages <= 0 or budget.max_bytes <= 0:
+        raise ConfigError(f"{what}.budget: max_messages and max_bytes must be positive")
+    timeout = parse_duration(d.get("transaction_timeout", "60s"), f"{what}.transaction_timeout")
+    if timeout > 900:
+        raise ConfigError(f"{what}: transaction_timeout {timeout:.0f}s exceeds the broker's default maximum "
+                          "(transaction.max.timeout.ms, 15 minutes)")
+    partitions = int(d.get("partitions", 1))
+    if partitions <= 0:
+        raise ConfigError(f"{what}: partitions must be positive")
+    return SinkSpec(name=name, collection=coll, kafka=kafka, format=fmt, key=tuple(key),
+                    progress_topic=str(d.get("progress_topic", DEFAULT_PROGRESS_TOPIC)), start=start,
+                    partitions=partitions, budget=budget, transaction_timeout_s=timeout)
+
+
 @dataclass(frozen=True)
 class Config:
     sources: dict[str, SourceSpec]
+    sinks: dict[str, SinkSpec] = field(default_factory=dict)
+
+    def sink(self, name: str) -> SinkSpec:
+        try:
+            return self.sinks[name]
+        except KeyError:
+            raise ConfigError(f"no sink named {name!r}; configured: {', '.join(sorted(self.sinks)) or '(none)'}")
 
     def source(self, name: str) -> SourceSpec:
         try:
@@ -174,11 +323,17 @@ class Config:
             raise ConfigError(f"no source named {name!r}; configured: {', '.join(sorted(self.sources)) or '(none)'}")
 
 
-def parse_config(raw: Any) -> Config:
+def parse_config(raw: Any, base: Path | None = None) -> Config:
     d = _require(raw or {}, "config")
     _unknown(d, {"sources", "sinks"}, "config")
-    sources = _require(d.get("sources", {}) or {}, "sources")
-    return Config(sources={name: parse_source(name, spec) for name, spec in sources.items()})
+    raw_sources = _require(d.get("sources", {}) or {}, "sources")
+    sources = {name: parse_source(name, spec, base) for name, spec in raw_sources.items()}
+    raw_sinks = _require(d.get("sinks", {}) or {}, "sinks")
+    sinks = {name: parse_sink(name, spec, sources) for name, spec in raw_sinks.items()}
+    clash = sorted(set(sinks) & set(sources))
+    if clash:
+        raise ConfigError(f"sinks and sources share the name(s) {', '.join(clash)} (their status rows would mix)")
+    return Config(sources=sources, sinks=sinks)
 
 
 def default_config_path() -> Path:
@@ -196,6 +351,6 @@ def load_config(path: Path | str | None = None) -> Config:
     except yaml.YAMLError as e:
         raise ConfigError(f"{p}: not valid YAML: {e}") from e
     try:
-        return parse_config(raw)
+        return parse_config(raw, p.parent)
     except ConfigError as e:
         raise ConfigError(f"{p}: {e}") from e

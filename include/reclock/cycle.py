@@ -48,6 +48,7 @@ from reclock.persist.status import record_statistics, record_status
 from reclock.remap import RemapCollection
 from reclock.sources.kafka import KafkaUpstream
 from reclock.errors import RemapUpperMismatch
+from reclock.failpoints import failpoint
 
 
 def now_ms() -> int:
@@ -87,6 +88,7 @@ class WrittenBatch:
 
     desc: BatchDescription
     parts: dict[str, tuple[Part, ...]] = field(default_factory=dict)
+    state: tuple[Part, ...] = ()  # upsert: the state changes append applies with the shards
 
 
 @contextlib.contextmanager
@@ -134,6 +136,7 @@ def mint(ctx: CycleContext) -> MintResult:
                 except RemapUpperMismatch:
                     # another cycle minted first: its binding serves us too
                     rc = load_remap(conn, ctx.spec.name)
+            failpoint("mint:after_binding")
             descs = _descriptions(conn, ctx, rc)
         m.update(upstream_upper=upper.as_dict(), minted_ts=minted.ts if minted else None,
                  descriptions=len(descs), offsets_known=sum(o for _, o in upper))
@@ -142,7 +145,10 @@ def mint(ctx: CycleContext) -> MintResult:
 
 def _descriptions(conn, ctx: CycleContext, rc: RemapCollection) -> list[BatchDescription]:
     lower = min(shard_info(conn, s).upper for s in ctx.spec.shards)
-    return mint_descriptions(lower, rc, ctx.spec.budget.max_records)
+    descs = mint_descriptions(lower, rc, ctx.spec.budget.max_records)
+    # upsert: a description's retractions read the state as of its lower, which only its predecessor's
+    # append produces, so a cycle writes one description (the backlog takes one cycle per budget)
+    return descs[:1] if ctx.spec.envelope == "upsert" else descs
 
 
 def write_batches(ctx: CycleContext, desc: BatchDescription) -> WrittenBatch:
@@ -154,6 +160,9 @@ def write_batches(ctx: CycleContext, desc: BatchDescription) -> WrittenBatch:
     with _step(ctx, "write_batches") as m:
         with ctx.connect() as conn:
             rc = load_remap(conn, ctx.spec.name)
+            if ctx.spec.envelope == "upsert" and shard_info(conn, ctx.spec.data_shard).upper >= desc.upper:
+                m.update(lower=desc.lower, upper=desc.upper, already_present=True)
+                return WrittenBatch(desc)  # a replay: the state has moved on, and append is a no-op
         written = _write(ctx, rc, desc, m)
         if ctx.spec.on_decode_error == "stall" and written.parts.get(ctx.spec.errors_shard):
             _stall_on_first_error(ctx, written.parts[ctx.spec.errors_shard])
@@ -161,10 +170,13 @@ def write_batches(ctx: CycleContext, desc: BatchDescription) -> WrittenBatch:
 
 
 def _write(ctx: CycleContext, rc: RemapCollection, desc: BatchDescription, m: dict,
-           on_slice: Callable[[int, int], None] | None = None) -> WrittenBatch:
+           on_slice: Callable[[int, int], None] | None = None, rebuilding: bool = False) -> WrittenBatch:
     """Read the ranges the bindings in ``desc`` cover, one Spark job per budget slice, and collect the
-    parts (``on_slice(done, total)`` after each job: the progress of a long rebuild)."""
-    from reclock.spark.ingest import BindingRange, write_slice
+    parts (``on_slice(done, total)`` after each job: the progress of a long rebuild).
+
+    Upsert: one job for the whole description (a key's records must meet in one job), with the state rows
+    of the keys it touches as of ``desc.lower`` (none when rebuilding from 0)."""
+    from reclock.spark.ingest import BindingRange, upsert_keys, write_slice
 
     ranges = ranges_for(rc, desc)
     if ranges:
@@ -174,18 +186,34 @@ def _write(ctx: CycleContext, rc: RemapCollection, desc: BatchDescription, m: di
                 for (s, e, ts) in remap.reclock_ranges(rc, r.partition)
                 if s < r.end and e > r.start and desc.lower <= ts < desc.upper]
     prefix = f"{ctx.spec.name}/{desc.lower}-{desc.upper}/{uuid.uuid4().hex}"
-    slices = split_ranges(ranges, ctx.spec.budget.max_records) if ranges else []
+    upsert = ctx.spec.envelope == "upsert"
+    if not ranges:
+        slices = []
+    elif upsert:
+        slices = [ranges]
+    else:
+        slices = split_ranges(ranges, ctx.spec.budget.max_records)
     spark = ctx.spark_factory() if slices else None
+    prior: list[tuple] = []
+    if upsert and slices and not rebuilding:
+        from reclock.persist.upsert_state import load_prior
+
+        keys = upsert_keys(spark, ctx.spec, ctx.bootstrap, ranges)
+        with ctx.connect() as conn:
+            prior = load_prior(conn, ctx.spec.name, ctx.spec.data_shard, desc.lower, keys)
+        m.update(keys=len(keys), prior_keys=len(prior))
+    failpoint("write_batches:before_job")
     for i, sl in enumerate(slices):
-        write_slice(spark, ctx.spec, ctx.bootstrap, sl, bindings, ctx.blob.url(f"{prefix}/slice-{i:04d}"))
+        write_slice(spark, ctx.spec, ctx.bootstrap, sl, bindings, ctx.blob.url(f"{prefix}/slice-{i:04d}"), prior)
         if on_slice is not None:
             on_slice(i + 1, len(slices))
-    parts = _collect_parts(ctx, prefix)
+        failpoint("write_batches:after_slice")
+    parts, state = _collect_parts(ctx, prefix)
     m.update(lower=desc.lower, upper=desc.upper, slices=len(slices),
              offsets=sum(r.end - r.start for r in ranges),
              records={s: sum(p.rows for p in ps) for s, ps in parts.items()},
              bytes={s: sum(p.bytes for p in ps) for s, ps in parts.items()})
-    return WrittenBatch(desc, parts)
+    return WrittenBatch(desc, parts, state)
 
 
 def rebuild(ctx: CycleContext, on_slice: Callable[[int, int], None] | None = None) -> dict:
@@ -202,7 +230,7 @@ def rebuild(ctx: CycleContext, on_slice: Callable[[int, int], None] | None = Non
             raise ValueError(f"source {ctx.spec.name}: its shards' uppers differ ({uppers}); run a cycle first")
         if upper == 0:
             return {"upper": 0, "parts": 0}
-        written = _write(ctx, rc, BatchDescription(0, upper), m, on_slice)
+        written = _write(ctx, rc, BatchDescription(0, upper), m, on_slice, rebuilding=True)
         from reclock.persist.shards import replace_batches
 
         with ctx.connect() as conn:
@@ -234,15 +262,17 @@ def _stall_on_first_error(ctx: CycleContext, error_parts: tuple[Part, ...]) -> N
         raise DecodeError(ctx.spec.name, first[0], first[1], f"{first[2]} (on_decode_error: stall)")
 
 
-def _collect_parts(ctx: CycleContext, prefix: str) -> dict[str, tuple[Part, ...]]:
+def _collect_parts(ctx: CycleContext, prefix: str) -> tuple[dict[str, tuple[Part, ...]], tuple[Part, ...]]:
     """The Parquet files under ``prefix``, assigned to shards by their ``_output=N`` folder, with row counts
-    and ts bounds read from the footers."""
+    and ts bounds read from the footers; and the upsert state's change parts."""
     import pyarrow.parquet as pq
 
-    from reclock.spark.ingest import DATA_OUTPUT, ERRORS_OUTPUT
+    from reclock.spark.ingest import DATA_OUTPUT, ERRORS_OUTPUT, STATE_OUTPUT
 
-    out: dict[str, list[Part]] = {s: [] for s in ctx.spec.shards}
-    shard_of = {f"_output={DATA_OUTPUT}": ctx.spec.data_shard, f"_output={ERRORS_OUTPUT}": ctx.spec.errors_shard}
+    state_key = "(upsert state)"
+    out: dict[str, list[Part]] = {s: [] for s in (*ctx.spec.shards, state_key)}
+    shard_of = {f"_output={DATA_OUTPUT}": ctx.spec.data_shard, f"_output={ERRORS_OUTPUT}": ctx.spec.errors_shard,
+                f"_output={STATE_OUTPUT}": state_key}
     for info in ctx.blob.list(prefix):
         if not info.path.endswith(".parquet"):
             continue
@@ -260,7 +290,8 @@ def _collect_parts(ctx: CycleContext, prefix: str) -> dict[str, tuple[Part, ...]
                 hi = st.max if hi is None else max(hi, st.max)
         if rows:
             out[shard].append(Part(info.path, rows, info.size, lo, hi))
-    return {s: tuple(sorted(ps, key=lambda p: p.path)) for s, ps in out.items()}
+    done = {s: tuple(sorted(ps, key=lambda p: p.path)) for s, ps in out.items()}
+    return {s: done[s] for s in ctx.spec.shards}, done[state_key]
 
 
 def append(ctx: CycleContext, written: WrittenBatch) -> list:
@@ -271,12 +302,41 @@ def append(ctx: CycleContext, written: WrittenBatch) -> list:
     """
     with _step(ctx, "append") as m:
         appends = [Append(s, written.desc, written.parts.get(s, ())) for s in ctx.spec.shards]
+        changes = _read_state_changes(ctx, written.state) if ctx.spec.envelope == "upsert" else None
+        if changes is not None:
+            m.update(state_changes=changes.num_rows)
+
+        def also(conn) -> None:
+            """In the append's transaction: the upsert state moves with the shards."""
+            if changes is not None:
+                from reclock.persist.upsert_state import apply_changes
+
+                apply_changes(conn, ctx.spec.name, changes)
+            failpoint("append:in_transaction")
         with ctx.connect() as conn:
-            outcomes = compare_and_append(conn, appends)
+            outcomes = compare_and_append(conn, appends, also)
         m.update(lower=written.desc.lower, upper=written.desc.upper,
                  outcomes=[str(o) for o in outcomes],
                  committed={s: sum(p.rows for p in written.parts.get(s, ())) for s in ctx.spec.shards})
         return outcomes
+
+
+def _read_state_changes(ctx: CycleContext, parts: tuple[Part, ...]):
+    """The upsert state changes a description's parts carry (an empty table when none)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from reclock.spark.ingest import STATE_COLUMNS, STATE_PREFIX
+
+    tables = []
+    for p in parts:
+        with ctx.blob.open(p.path) as f:
+            t = pq.read_table(f, columns=[STATE_PREFIX + c for c in STATE_COLUMNS])
+        tables.append(t.rename_columns(list(STATE_COLUMNS)))
+    if not tables:
+        return pa.table({c: pa.array([], t) for c, t in zip(STATE_COLUMNS, (pa.binary(), pa.binary(), pa.int32(),
+                                                                          pa.int64(), pa.int64()))})
+    return pa.concat_tables(tables)
 
 
 @dataclass(frozen=True)
@@ -299,6 +359,7 @@ def resume(ctx: CycleContext) -> ResumeResult:
         resumption = min([rc.upper, *(i.upper for i in infos)])
         offsets = remap.source_upper_at(rc, resumption)
         ctx.upstream().commit(ctx.spec.consumer_group, offsets)
+        failpoint("resume:after_commit")
         # the last complete time stays readable: since may reach resumption - 1, never the upper itself
         target = max(0, resumption - 1)
         if ctx.retain_history_ms:

@@ -18,7 +18,7 @@ from reclock.config import ERRORS_SUFFIX
 from reclock.persist.blob import BlobStore
 from reclock.persist.shards import batches, shard_info
 from reclock.errors import SinceViolation
-from reclock.spark.ingest import ERR_PREFIX
+from reclock.spark.ingest import ERR_PREFIX, INTERNAL_PREFIX
 
 
 def _own_columns(shard: str, names: Sequence[str]) -> tuple[list[str], dict[str, str]]:
@@ -26,7 +26,7 @@ def _own_columns(shard: str, names: Sequence[str]) -> tuple[list[str], dict[str,
     if shard.endswith(ERRORS_SUFFIX):
         own = [n for n in names if n.startswith(ERR_PREFIX)] + ["ts", "diff"]
         return own, {n: n[len(ERR_PREFIX):] for n in own if n.startswith(ERR_PREFIX)}
-    return [n for n in names if not n.startswith(ERR_PREFIX)], {}
+    return [n for n in names if not n.startswith(INTERNAL_PREFIX)], {}
 
 
 def _read_parts(blob: BlobStore, paths: Sequence[str], shard: str) -> pa.Table | None:

@@ -3,12 +3,14 @@ the health DAG succeeds under the real scheduler, a second `up` is a no-op, and 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import tempfile
 import sys
 import time
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -59,6 +61,11 @@ sources:
     format: {type: json, schema: "id BIGINT"}
     include: [partition, offset]
     interval: 1h
+sinks:
+  it_out:
+    from: it_orders
+    kafka: {connection: reclock_kafka, topic: it_orders_out}
+    format: debezium
 """
 
 
@@ -77,6 +84,8 @@ def _ingest_under_scheduler(stack) -> None:
     admin.create_topics([NewTopic("it_orders", 3, 1)])["it_orders"].result(30)
     producer = Producer({"bootstrap.servers": stack.kafka.bootstrap})
     stack.airflow.wait_for_dag("ingest__it_orders")
+    stack.airflow.wait_for_dag("sink__it_out")
+    stack.airflow.unpause("sink__it_out")  # scheduled on the it_orders Asset: runs when appends land
     for wave in range(2):
         for i in range(wave * 500, wave * 500 + 500):
             producer.produce("it_orders", value=b'{"id": %d}' % i, partition=i % 3)
@@ -90,6 +99,47 @@ def _ingest_under_scheduler(stack) -> None:
     assert all(max(r["ts"], rc.since) == remap.reclock(rc, r["_partition"], r["_offset"]) for r in rows)
     committed = KafkaUpstream("it_orders", stack.kafka.bootstrap, "it_orders").committed("reclock-it_orders")
     assert committed.as_dict() == {0: 334, 1: 333, 2: 333}  # lag 0
+
+    # `airflow backfill create` over three past hourly intervals: each run is a cycle that mints at the
+    # wall clock (never a binding in the past), so the backlog lands once at a current time
+    for i in range(1000, 1300):
+        producer.produce("it_orders", value=b'{"id": %d}' % i, partition=i % 3)
+    producer.flush(30)
+    started_ms = int(time.time() * 1000)
+    now = datetime.now(timezone.utc).replace(minute=0, second=0, microsecond=0)
+    stack.airflow.airflow("backfill", "create", "--dag-id", "ingest__it_orders", "--max-active-runs", "1",
+                          "--from-date", (now - timedelta(hours=4)).isoformat(),
+                          "--to-date", (now - timedelta(hours=2)).isoformat())
+    deadline = time.monotonic() + 300
+    while True:
+        runs = stack.airflow.api("GET", "dags/ingest__it_orders/dagRuns?run_type=backfill")["dag_runs"]
+        if len(runs) == 3 and all(r["state"] in ("success", "failed") for r in runs):
+            break
+        assert time.monotonic() < deadline, runs
+        time.sleep(2)
+    assert [r["state"] for r in runs] == ["success"] * 3
+    with connect(stack.postgres.dsn()) as conn:
+        rows = read_updates(conn, LocalBlobStore(stack.state.root / "blobs"), "it_orders").to_pylist()
+        after = load_remap(conn, "it_orders")
+    assert sorted(r["id"] for r in rows) == list(range(1300))
+    new = [b for b in after.bindings if b.ts > rc.upper - 1]
+    assert new and all(b.ts >= started_ms for b in new), "a backfill never mints a binding in the past"
+
+    # the sink DAG ran on the appends' asset events and caught up: every record once in the target topic
+    from reclock.persist.shards import shard_info
+    from reclock.sinks.kafka import _read_all, read_progress
+
+    with connect(stack.postgres.dsn()) as conn:
+        upper = shard_info(conn, "it_orders").upper
+    deadline = time.monotonic() + 180
+    while (read_progress(stack.kafka.bootstrap, "_reclock_progress", "it_out") or None) is None or \
+            read_progress(stack.kafka.bootstrap, "_reclock_progress", "it_out").frontier < upper:
+        assert time.monotonic() < deadline, stack.airflow.api("GET", "dags/sink__it_out/dagRuns")
+        time.sleep(2)
+    runs = stack.airflow.api("GET", "dags/sink__it_out/dagRuns")["dag_runs"]
+    assert runs and {r["run_type"] for r in runs} == {"asset_triggered"}
+    ids = sorted(json.loads(m.value())["after"]["id"] for m in _read_all(stack.kafka.bootstrap, "it_orders_out", "t"))
+    assert ids == list(range(1300))
 
 
 def test_up_smoke_health_dag_down(stack_home: Path):

@@ -13,6 +13,7 @@ from reclock.persist import connect
 from reclock.dev.stack import Stack
 
 DEMO_SOURCE = "demo_orders"
+DEMO_SINK = "demo_orders_out"
 
 
 def fill(bootstrap: str, topic: str, start: int, count: int, partitions: int = 4) -> None:
@@ -61,6 +62,10 @@ def run_demo(stack: Stack, waves: int = 2, per_wave: int = 20_000, echo: Callabl
     spec = load_config().source(DEMO_SOURCE)
     dag_id = f"ingest__{DEMO_SOURCE}"
     stack.airflow.wait_for_dag(dag_id)
+    sink = load_config().sinks.get(DEMO_SINK)
+    if sink is not None:
+        stack.airflow.wait_for_dag(f"sink__{DEMO_SINK}")
+        stack.airflow.unpause(f"sink__{DEMO_SINK}")  # runs on the asset events of the ingest appends
     produced = 0
     start = topic_size(stack.kafka.bootstrap, spec.kafka.topic)  # a rerun of the demo adds to the topic
     for wave in range(waves):
@@ -89,5 +94,26 @@ def run_demo(stack: Stack, waves: int = 2, per_wave: int = 20_000, echo: Callabl
         echo(f"  {ts}  {p}  {o}")
     lag = consumer_lag(stack.kafka.bootstrap, spec.kafka.topic, spec.consumer_group)
     echo(f"consumer group {spec.consumer_group} lag per partition: {lag} (total {sum(lag.values())})")
+    if sink is not None:
+        _show_sink(stack, sink, upper, echo)
     echo(f"\nAirflow UI: {stack.airflow.url}  (login admin, password in {stack.state.file})")
     echo(f"read it yourself: .venv/bin/reclock read {spec.data_shard} --limit 5")
+
+
+def _show_sink(stack: Stack, sink, upper: int, echo: Callable[[str], None]) -> None:
+    """Wait for the asset-triggered ``sink__`` runs to reach the shard's upper; print the sink's progress."""
+    from reclock.sinks.kafka import read_progress
+
+    t0 = time.monotonic()
+    progress = None
+    while time.monotonic() - t0 < 180:
+        progress = read_progress(stack.kafka.bootstrap, sink.progress_topic, sink.name)
+        if progress is not None and progress.frontier >= upper:
+            break
+        time.sleep(1)
+    if progress is None or progress.frontier < upper:
+        echo(f"sink {sink.name}: not caught up after 180 s (see the sink__{sink.name} runs in the UI)")
+        return
+    runs = stack.airflow.api("GET", f"dags/sink__{sink.name}/dagRuns").get("total_entries", "?")
+    echo(f"sink {sink.name}: {sink.collection} -> topic {sink.kafka.topic} exactly once; progress record "
+         f"frontier {progress.frontier} = the shard's upper ({runs} asset-triggered runs of sink__{sink.name})")

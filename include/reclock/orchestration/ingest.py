@@ -81,9 +81,14 @@ def _desc_to_x(d) -> list[int]:
     return [d.lower, d.upper]
 
 
+def _part_to_x(p) -> list:
+    return [p.path, p.rows, p.bytes, p.min_ts, p.max_ts]
+
+
 def _written_to_x(w) -> dict:
     return {"desc": [w.desc.lower, w.desc.upper],
-            "parts": {s: [[p.path, p.rows, p.bytes, p.min_ts, p.max_ts] for p in ps] for s, ps in w.parts.items()}}
+            "parts": {s: [_part_to_x(p) for p in ps] for s, ps in w.parts.items()},
+            "state": [_part_to_x(p) for p in w.state]}
 
 
 def _written_from_x(x: dict):
@@ -91,7 +96,8 @@ def _written_from_x(x: dict):
     from reclock.cycle import WrittenBatch
 
     return WrittenBatch(BatchDescription(*x["desc"]),
-                        {s: tuple(Part(*p) for p in ps) for s, ps in x["parts"].items()})
+                        {s: tuple(Part(*p) for p in ps) for s, ps in x["parts"].items()},
+                        tuple(Part(*p) for p in x.get("state", ())))
 
 
 def build_ingest_dag(spec: SourceSpec):
@@ -171,12 +177,15 @@ def build_rebuild_dag(spec: SourceSpec):
 
 
 def build_all(config=None) -> dict[str, Any]:
-    """Every configured source's DAGs, keyed by dag_id (what ``dags/reclock_ingest.py`` exposes)."""
+    """Every configured source's and sink's DAGs, keyed by dag_id (what ``dags/reclock_ingest.py`` exposes)."""
     from reclock.config import load_config
 
     cfg = config or load_config()
     dags = {f"ingest__{name}": build_ingest_dag(spec) for name, spec in cfg.sources.items()}
     dags.update({f"rebuild__{name}": build_rebuild_dag(spec) for name, spec in cfg.sources.items()})
+    from reclock.orchestration.sinks import build_all_sinks
+
+    dags.update(build_all_sinks(cfg))
     return dags
 
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Sequence
+from typing import Callable, Sequence
 
 import psycopg
 
@@ -145,7 +145,8 @@ def _check_parts(a: Append) -> None:
             raise ValueError(f"shard {a.shard}: part {p.path} has min_ts {p.min_ts} > max_ts {p.max_ts}")
 
 
-def compare_and_append(conn, appends: Sequence[Append]) -> list[AppendOutcome]:
+def compare_and_append(conn, appends: Sequence[Append],
+                       also: Callable[[psycopg.Connection], None] | None = None) -> list[AppendOutcome]:
     """Atomically apply every append -- over several shards, in ONE transaction -- or none of them.
 
     Per shard, with ``actual`` its upper when locked: ``actual == lower`` adds one batch row per part and
@@ -154,7 +155,8 @@ def compare_and_append(conn, appends: Sequence[Append]) -> list[AppendOutcome]:
     ``UpperMismatch`` and ``actual < lower`` raises ``ShardModified``, both carrying ``actual`` and
     changing nothing in any shard. Several appends to one shard apply in the order given. A part path
     that a batch already references raises ``PartAlreadyReferenced``. Returns one outcome per append,
-    in the order given.
+    in the order given. ``also(conn)``, when given, runs inside the same transaction if any append
+    applied (state that must move with the shards, like the upsert state); if it raises, nothing changes.
     """
     appends = list(appends)
     seen: set[str] = set()
@@ -212,6 +214,8 @@ def compare_and_append(conn, appends: Sequence[Append]) -> list[AppendOutcome]:
         for s in ids:
             if uppers[s] != before[s]:
                 conn.execute("UPDATE reclock.shards SET upper = %s WHERE id = %s", (uppers[s], s))
+        if also is not None and any(o.status == APPENDED for o in outcomes):
+            also(conn)
     return outcomes
 
 

@@ -4,8 +4,14 @@ One Spark job per slice of a description (a slice is at most the source's record
 executor reads its Kafka partitions' ranges with Spark's Kafka batch source (``read_committed``; gaps
 from compaction or transaction markers are normal), reclocks each record with a broadcast range join
 against the bindings (never a per-record Python function), decodes it, and writes Parquet under one fresh
-folder, partitioned by output (``_output=0`` the collection, ``_output=1`` the error collection).
-Nothing is visible until ``append`` puts the parts into the shards.
+folder, partitioned by output (``_output=0`` the collection, ``_output=1`` the error collection,
+``_output=2`` the upsert state's changes). Nothing is visible until ``append`` puts the parts into the shards.
+
+Upsert (``envelope: upsert``, keyed by the Kafka key): per key, the records of the description are ordered
+by ``(ts, partition, offset)``; the last one at each ts wins; the output carries ``+1`` for the new value
+and ``-1`` for the value it replaces (the previous record in the description, or the key's entry in the
+upsert state before the description); a null value deletes the key. The state rows of only the keys the
+description touches are read (``prior``), so a cycle costs what its data costs, not the collection's size.
 """
 
 from __future__ import annotations
@@ -19,12 +25,20 @@ from reclock.config import SourceSpec
 
 DATA_OUTPUT = 0
 ERRORS_OUTPUT = 1
+STATE_OUTPUT = 2
 CORRUPT = "_reclock_corrupt"
+AVRO_OK = "_reclock_ok"
 
+INTERNAL_PREFIX = "_reclock_"
+"""Columns of the parts that belong to no collection's data carry this prefix."""
 ERROR_COLUMNS = ("partition", "offset", "key", "raw", "reason")
 ERR_PREFIX = "_reclock_err_"
-"""Parts of both outputs come from one Spark job and carry the union of columns; the error collection's
+"""Parts of all outputs come from one Spark job and carry the union of columns; the error collection's
 columns carry this prefix in the files (readers of each shard keep only their own columns)."""
+STATE_COLUMNS = ("key", "value", "partition", "offset", "timestamp_us")
+STATE_PREFIX = "_reclock_state_"
+"""The upsert state's changes: per key touched, its last record (a null value: the key is deleted)."""
+PRIOR_SCHEMA = "key BINARY, value BINARY, partition INT, offset BIGINT, timestamp_us BIGINT"
 
 
 @dataclass(frozen=True)
@@ -59,52 +73,84 @@ def _is_librdkafka(key: str) -> bool:
     return "." in key and not key.startswith(("spark.", "kafka."))
 
 
+def field_names(spec: SourceSpec) -> list[str]:
+    """The names of the decoded value's columns (before metadata columns)."""
+    if spec.format.type == "avro":
+        return spec.format.avro_fields
+    return [f.name for f in data_schema(spec).fields]
+
+
 def data_schema(spec: SourceSpec):
-    """The Spark schema of the decoded value (before metadata columns)."""
+    """The Spark schema of the decoded value for json, csv, text and bytes."""
     from pyspark.sql import types as T
 
     if spec.format.type == "text":
         return T.StructType([T.StructField("text", T.StringType())])
     if spec.format.type == "bytes":
         return T.StructType([T.StructField("data", T.BinaryType())])
+    if spec.format.type == "avro":
+        raise ValueError("an Avro source's schema is its .avsc; see field_names")
     return T._parse_datatype_string(spec.format.schema)
 
 
-def reclock_and_decode(spark, spec: SourceSpec, bootstrap: str, ranges: Sequence[OffsetRange],
-                       bindings: Sequence[BindingRange]):
-    """The DataFrame of one slice: every record reclocked and decoded, with an ``_output`` column.
+def _read_kafka(spark, spec: SourceSpec, bootstrap: str, ranges: Sequence[OffsetRange]):
+    return spark.read.format("kafka").options(**kafka_read_options(spec, bootstrap, ranges)).load()
 
-    Columns: the decoded fields, the included metadata columns, ``ts``, ``diff``, and the error
-    columns (null on good rows), ``_output`` (0 data, 1 error).
-    """
+
+def _reclocked(spark, spec: SourceSpec, bootstrap: str, ranges: Sequence[OffsetRange],
+               bindings: Sequence[BindingRange]):
+    """The records of ``ranges`` with the ``ts`` of the binding that covers each offset."""
     from pyspark.sql import functions as F
-    from pyspark.sql import types as T
 
-    raw = spark.read.format("kafka").options(**kafka_read_options(spec, bootstrap, ranges)).load()
+    raw = _read_kafka(spark, spec, bootstrap, ranges)
     bdf = spark.createDataFrame([(b.partition, b.start, b.end, b.ts) for b in bindings],
                                 "b_partition INT, b_start BIGINT, b_end BIGINT, ts BIGINT")
     # the vectorised range join: each record gets the ts of the binding whose range holds its offset
-    df = raw.join(F.broadcast(bdf), (raw["partition"] == bdf["b_partition"]) & (raw["offset"] >= bdf["b_start"])
-                  & (raw["offset"] < bdf["b_end"]), "inner").drop("b_partition", "b_start", "b_end")
+    return raw.join(F.broadcast(bdf), (raw["partition"] == bdf["b_partition"]) & (raw["offset"] >= bdf["b_start"])
+                    & (raw["offset"] < bdf["b_end"]), "inner").drop("b_partition", "b_start", "b_end")
 
-    schema = data_schema(spec)
-    fields = [f.name for f in schema.fields]
+
+def _decoded(spec: SourceSpec, df):
+    """``df`` (Kafka columns plus ``ts``) decoded: the collection's columns (fields, then metadata), ``ts``,
+    the raw record as ``_k, _v, _p, _o, _t`` and ``_reason`` (why the value does not decode, else null)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
     value_str = F.col("value").cast("string")
-    if spec.format.type in ("json", "csv"):
+    ftype = spec.format.type
+    if ftype in ("json", "csv"):
         # PERMISSIVE parsing with a corrupt-record column: a value that does not parse (or does not fit
         # the declared types) keeps its text there, and becomes an error row
+        schema = data_schema(spec)
         with_corrupt = T.StructType(schema.fields + [T.StructField(CORRUPT, T.StringType())])
         opts = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}
-        if spec.format.type == "json":
+        if ftype == "json":
             decoded = F.from_json(value_str, with_corrupt, opts)
         else:
             ddl = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in with_corrupt.fields)
             decoded = F.from_csv(value_str, ddl, opts)
         df = df.withColumn("_d", decoded)
-        reason = F.when(F.col("value").isNotNull() & F.col(f"_d.{CORRUPT}").isNotNull(),
-                        F.lit(f"value does not parse as {spec.format.type.upper()} of the declared schema"))
-        cols = [F.col(f"_d.{f}").alias(f) for f in fields]
-    elif spec.format.type == "text":
+        reason = F.when(F.col("value").isNotNull() & F.col("_d").getField(CORRUPT).isNotNull(),
+                        F.lit(f"value does not parse as {ftype.upper()} of the declared schema"))
+        cols = [F.col("_d").getField(f).alias(f) for f in field_names(spec)]
+    elif ftype == "avro":
+        from pyspark.sql.avro.functions import from_avro
+
+        # the reader schema adds a field with a default: it is true on every record that decodes and null
+        # when PERMISSIVE mode gives up on a malformed one (an all-null record stays distinguishable)
+        writer = json.loads(spec.format.schema)
+        reader = dict(writer, fields=writer["fields"] + [{"name": AVRO_OK, "type": "boolean", "default": True}])
+        payload = F.col("value") if spec.format.wire == "plain" else F.expr("substring(value, 6)")
+        df = df.withColumn("_d", from_avro(payload, json.dumps(writer),
+                                           {"mode": "PERMISSIVE", "avroSchema": json.dumps(reader)}))
+        reason = F.when(F.col("value").isNull(), F.lit(None))
+        if spec.format.wire == "confluent":
+            reason = reason.when((F.length("value") < 5) | (F.expr("substring(value, 1, 1)") != F.lit(b"\x00")),
+                                 F.lit("value has no Confluent wire header (magic byte 0 and a schema id)"))
+        reason = reason.when(F.col("_d").getField(AVRO_OK).isNull(),
+                             F.lit("value does not decode as Avro of the declared schema"))
+        cols = [F.col("_d").getField(f).alias(f) for f in field_names(spec)]
+    elif ftype == "text":
         # invalid UTF-8 cannot round trip through a string: such a record is an error
         reason = F.when(F.col("value").isNotNull()
                         & (F.encode(value_str, "UTF-8") != F.col("value")),
@@ -122,36 +168,106 @@ def reclock_and_decode(spark, spec: SourceSpec, bootstrap: str, ranges: Sequence
             meta.append(F.col("timestamp").alias("_kafka_timestamp"))
         else:
             meta.append(F.col(m).alias(f"_{m}"))
-    is_error = reason.isNotNull()
-    out = df.select(
-        *cols, *meta,
-        F.col("ts"), F.lit(1).cast("long").alias("diff"),
-        F.when(is_error, F.col("partition")).alias(ERR_PREFIX + "partition"),
-        F.when(is_error, F.col("offset")).alias(ERR_PREFIX + "offset"),
-        F.when(is_error, F.col("key")).alias(ERR_PREFIX + "key"),
-        F.when(is_error, F.col("value")).alias(ERR_PREFIX + "raw"),
-        reason.alias(ERR_PREFIX + "reason"),
-        F.when(is_error, F.lit(ERRORS_OUTPUT)).otherwise(F.lit(DATA_OUTPUT)).alias("_output"),
-    )
-    return out
+    return df.select(*cols, *meta, F.col("ts"), F.col("key").alias("_k"), F.col("value").alias("_v"),
+                     F.col("partition").alias("_p"), F.col("offset").alias("_o"),
+                     F.col("timestamp").alias("_t"), reason.cast("string").alias("_reason"))
+
+
+def _typed_null(col: str):
+    """A null of ``col``'s type."""
+    from pyspark.sql import functions as F
+
+    return F.when(F.lit(False), F.col(col))
+
+
+def reclock_and_decode(spark, spec: SourceSpec, bootstrap: str, ranges: Sequence[OffsetRange],
+                       bindings: Sequence[BindingRange], prior: Sequence[tuple] = ()):
+    """The DataFrame of one slice: every record reclocked and decoded, with an ``_output`` column.
+
+    Columns: the collection's columns, ``ts``, ``diff``, the error columns and (upsert) the state columns,
+    each null where it does not apply, and ``_output``. ``prior`` (upsert only): the state rows
+    ``(key, value, partition, offset, timestamp_us)`` of the keys the slice touches, as of its lower.
+    One pass over the records either way: no branch of the plan reads Kafka again.
+    """
+    from pyspark.sql import functions as F
+
+    dec = _decoded(spec, _reclocked(spark, spec, bootstrap, ranges, bindings))
+    data_cols = output_columns(spec)[0][:-2]
+    if spec.envelope != "upsert":
+        bad = F.col("_reason").isNotNull()
+        return dec.select(
+            *data_cols, "ts", F.lit(1).cast("long").alias("diff"),
+            *[F.when(bad, F.col(raw)).alias(ERR_PREFIX + c) for c, raw in _ERROR_SOURCES],
+            F.when(bad, F.lit(ERRORS_OUTPUT)).otherwise(F.lit(DATA_OUTPUT)).alias("_output"))
+
+    from pyspark.sql import Window
+
+    reason = F.coalesce(F.col("_reason"), F.when(F.col("_k").isNull(), F.lit("an upsert record needs a key")))
+    before = spark.createDataFrame(list(prior), PRIOR_SCHEMA).select(
+        "key", "value", "partition", "offset", F.timestamp_micros("timestamp_us").alias("timestamp"),
+        F.lit(-1).cast("long").alias("ts"))
+    records = (dec.withColumn("_reason", reason).withColumn("_prior", F.lit(False))
+               .unionByName(_decoded(spec, before).withColumn("_prior", F.lit(True))))
+    bad = F.col("_reason").isNotNull()
+    # per key (good records only: bad ones sit in their own window partitions and pass through), the last
+    # record at each ts wins; then each row's predecessor is the value it replaces
+    last_at_ts = Window.partitionBy("_k", bad, "ts").orderBy(F.col("_p").desc(), F.col("_o").desc())
+    by_ts = Window.partitionBy("_k", bad).orderBy("ts")
+    records = (records.withColumn("_rn", F.row_number().over(last_at_ts)).filter(bad | (F.col("_rn") == 1))
+               .withColumn("_row", F.struct(*data_cols, "_v"))
+               .withColumn("_prev", F.lag("_row").over(by_ts))
+               .withColumn("_next_ts", F.lead("ts").over(by_ts))
+               .filter(~F.col("_prior")))
+
+    no_data = {c: _typed_null(c) for c in data_cols}
+    no_error = {ERR_PREFIX + c: _typed_null(raw) for c, raw in _ERROR_SOURCES}
+    no_state = {STATE_PREFIX + c: _typed_null(raw) for c, raw in _STATE_SOURCES}
+
+    def emit(when, output: int, diff: int, data: dict, error: dict, state: dict):
+        cols = {**data, "ts": F.col("ts"), "diff": F.lit(diff).cast("long"), **error, **state,
+                "_output": F.lit(output)}
+        return F.when(when, F.struct(*[v.alias(k) for k, v in cols.items()]))
+
+    kinds = [
+        emit(~bad & F.col("_v").isNotNull(), DATA_OUTPUT, 1, {c: F.col(c) for c in data_cols}, no_error, no_state),
+        emit(~bad & F.col("_prev").getField("_v").isNotNull(), DATA_OUTPUT, -1,
+             {c: F.col("_prev").getField(c) for c in data_cols}, no_error, no_state),
+        emit(bad, ERRORS_OUTPUT, 1, no_data, {ERR_PREFIX + c: F.col(raw) for c, raw in _ERROR_SOURCES}, no_state),
+        emit(~bad & F.col("_next_ts").isNull(), STATE_OUTPUT, 0, no_data, no_error,
+             {STATE_PREFIX + c: F.col(raw) for c, raw in _STATE_SOURCES}),
+    ]
+    return (records.withColumn("_t_us", F.unix_micros("_t"))
+            .select(F.explode(F.filter(F.array(*kinds), lambda x: x.isNotNull())).alias("_e")).select("_e.*"))
+
+
+_ERROR_SOURCES = (("partition", "_p"), ("offset", "_o"), ("key", "_k"), ("raw", "_v"), ("reason", "_reason"))
+_STATE_SOURCES = (("key", "_k"), ("value", "_v"), ("partition", "_p"), ("offset", "_o"), ("timestamp_us", "_t_us"))
+
+
+def upsert_keys(spark, spec: SourceSpec, bootstrap: str, ranges: Sequence[OffsetRange]) -> list[bytes]:
+    """The distinct non-null Kafka keys in ``ranges`` (whose upsert state a description needs)."""
+    from pyspark.sql import functions as F
+
+    df = _read_kafka(spark, spec, bootstrap, ranges)
+    return [bytes(r[0]) for r in df.filter(F.col("key").isNotNull()).select("key").distinct().collect()]
 
 
 def output_columns(spec: SourceSpec) -> tuple[list[str], list[str]]:
     """Columns each shard's parts carry: ``(data shard, errors shard)``; both end with ts, diff."""
-    fields = [f.name for f in data_schema(spec).fields]
     meta = [{"key": "_key", "timestamp": "_kafka_timestamp"}.get(m, f"_{m}") for m in spec.include]
-    return fields + meta + ["ts", "diff"], [ERR_PREFIX + c for c in ERROR_COLUMNS] + ["ts", "diff"]
+    return field_names(spec) + meta + ["ts", "diff"], [ERR_PREFIX + c for c in ERROR_COLUMNS] + ["ts", "diff"]
 
 
 def write_slice(spark, spec: SourceSpec, bootstrap: str, ranges: Sequence[OffsetRange],
-                bindings: Sequence[BindingRange], url: str) -> None:
+                bindings: Sequence[BindingRange], url: str, prior: Sequence[tuple] = ()) -> None:
     """Run one Spark job writing the slice's updates as Parquet under ``url`` (``_output=N/`` folders)."""
-    df = reclock_and_decode(spark, spec, bootstrap, ranges, bindings)
-    data_cols, err_cols = output_columns(spec)
     from pyspark.sql import functions as F
 
-    # one job, two outputs: the data columns are null in error rows and vice versa, and each shard
-    # reads only its own columns (all-null columns cost next to nothing in Parquet)
-    keep = list(dict.fromkeys(data_cols + err_cols))
+    df = reclock_and_decode(spark, spec, bootstrap, ranges, bindings, prior)
+    data_cols, err_cols = output_columns(spec)
+    state_cols = [STATE_PREFIX + c for c in STATE_COLUMNS] if spec.envelope == "upsert" else []
+    # one job, several outputs: a row's columns of the other outputs are null and each shard reads only
+    # its own columns (all-null columns cost next to nothing in Parquet)
+    keep = list(dict.fromkeys(data_cols + err_cols + state_cols))
     (df.select(*[F.col(c) for c in keep], "_output")
        .write.mode("error").partitionBy("_output").parquet(url))

@@ -1,0 +1,449 @@
+"""The exactly-once Kafka sink: a collection's updates, in timestamp order, through Kafka transactions that
+also record the sink's frontier in a progress topic (DESIGN.md, "Exactly-once Kafka sink").
+
+::
+
+    shard (complete times < upper)                          Kafka
+    ------------------------------                          -----
+    read_updates [F, U) -> consolidate -> per ts:   BEGIN
+                                                      messages of ts F .. T-1   -> target topic
+                                                      {"frontier": [T], "version": v}  -> progress topic
+                                                    COMMIT          (both or neither: exactly once)
+    downgrade the read hold to T - 1                F := T
+
+On start, ``init_transactions`` with the sink's stable ``transactional.id`` fences any older instance and
+aborts its open transaction; then the latest progress record (read ``read_committed``) says where the
+sink is: everything below its frontier is in the topic, so the sink resumes strictly after it. A new sink
+(no progress record) starts with a snapshot of the collection AS OF its since (or ``start:``), and refuses
+to write into a topic that already holds data unless asked to start fresh; so does a sink whose frontier
+the shard can no longer serve (it was compacted past it).
+
+The sink holds a read hold on the shard at ``frontier - 1``: compaction of the shard's since, and of its
+source's remap collection, never passes what the sink still has to write. ``drop`` releases it.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import datetime as dt
+import decimal
+import json
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from reclock.config import SinkSpec
+from reclock.errors import ReclockError, SinceViolation
+from reclock.failpoints import failpoint
+from reclock.persist import blob as blobs
+from reclock.persist import connect
+from reclock.persist.shards import acquire_read_hold, downgrade_read_hold, release_read_hold, shard_info
+from reclock.persist.status import record_statistics, record_status
+from reclock.read import read_as_of, read_updates
+
+PROGRESS_VERSION_KEY = "version"
+TS_HEADER = "reclock.ts"
+
+
+class SinkRefused(ReclockError):
+    """The sink will not start: it could only write duplicates or leave a gap."""
+
+    def __init__(self, sink: str, reason: str) -> None:
+        super().__init__(f"sink {sink}: {reason}")
+        self.sink = sink
+
+
+class SinkFenced(ReclockError):
+    """Another instance of the sink took over (its ``init_transactions`` bumped the producer epoch)."""
+
+    def __init__(self, sink: str) -> None:
+        super().__init__(f"sink {sink}: fenced by a newer instance with the same transactional.id; this one "
+                         "stopped without writing (the other carries on from the progress topic)")
+        self.sink = sink
+
+
+class KeyNotUnique(ReclockError):
+    def __init__(self, sink: str, ts: int, key: Any) -> None:
+        super().__init__(f"sink {sink}: format upsert, but key {key} has several values at ts {ts}; "
+                         "declare key columns that identify a row")
+
+
+@dataclass(frozen=True)
+class Progress:
+    """The latest progress record of a sink: every update at ``ts < frontier`` is in the target topic."""
+
+    frontier: int
+    version: int
+
+
+@dataclass
+class SinkContext:
+    spec: SinkSpec
+    dsn: str
+    bootstrap: str
+    blob: blobs.BlobStore
+    on_transaction: Callable[[str, int], None] | None = None  # ("begin"|"commit", frontier): progress hooks
+
+    @contextlib.contextmanager
+    def connect(self) -> Iterator:
+        with connect(self.dsn) as conn:
+            yield conn
+
+
+@dataclass(frozen=True)
+class SinkResult:
+    frontier: int
+    version: int
+    transactions: int
+    messages: int
+    bytes: int
+
+
+# -- progress topic ------------------------------------------------------------------------------------------
+
+
+def ensure_topics(ctx: SinkContext) -> None:
+    """Create the progress topic (compacted, one partition) and the target topic if they are missing."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": ctx.bootstrap})
+    existing = set(admin.list_topics(timeout=15).topics)
+    wanted = []
+    if ctx.spec.progress_topic not in existing:
+        wanted.append(NewTopic(ctx.spec.progress_topic, 1, -1, config={"cleanup.policy": "compact"}))
+    if ctx.spec.kafka.topic not in existing:
+        wanted.append(NewTopic(ctx.spec.kafka.topic, ctx.spec.partitions, -1))
+    for topic, fut in admin.create_topics(wanted).items() if wanted else ():
+        try:
+            fut.result(30)
+        except Exception as e:  # noqa: BLE001 - a concurrent creator is fine
+            if "TOPIC_ALREADY_EXISTS" not in str(e):
+                raise ReclockError(f"sink {ctx.spec.name}: cannot create topic {topic}: {e}") from e
+
+
+def _read_all(bootstrap: str, topic: str, group: str, stop: Callable[[Any], bool] | None = None) -> Iterator:
+    """Every committed record of ``topic`` (read_committed, from the start to the end), oldest first per
+    partition; stops early when ``stop(message)`` is true."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "isolation.level": "read_committed",
+                  "enable.auto.commit": False, "enable.partition.eof": True, "auto.offset.reset": "earliest"})
+    try:
+        meta = c.list_topics(topic, timeout=15).topics.get(topic)
+        if meta is None or meta.error is not None:
+            return
+        c.assign([TopicPartition(topic, p, -2) for p in meta.partitions])  # -2: OFFSET_BEGINNING
+        eof: set[int] = set()
+        deadline = time.monotonic() + 120
+        while len(eof) < len(meta.partitions):
+            if time.monotonic() > deadline:
+                raise ReclockError(f"reading {topic}: no end of partition after 120 s")
+            m = c.poll(0.5)
+            if m is None:
+                continue
+            if m.error():
+                if m.error().code() == -191:  # _PARTITION_EOF: at the last stable offset
+                    eof.add(m.partition())
+                    continue
+                raise ReclockError(f"reading {topic}: {m.error()}")
+            yield m
+            if stop is not None and stop(m):
+                return
+    finally:
+        c.close()
+
+
+def read_progress(bootstrap: str, progress_topic: str, sink: str) -> Progress | None:
+    """The latest committed progress record of ``sink`` (None if it never committed one)."""
+    latest = None
+    for m in _read_all(bootstrap, progress_topic, f"reclock-sink-{sink}-progress"):
+        if m.key() == sink.encode():
+            latest = None if m.value() is None else json.loads(m.value())
+    if latest is None:
+        return None
+    return Progress(frontier=int(latest["frontier"][0]), version=int(latest.get(PROGRESS_VERSION_KEY, 0)))
+
+
+def topic_holds_data(bootstrap: str, topic: str) -> bool:
+    """Whether ``topic`` holds any committed record (aborted transactions do not count)."""
+    return any(True for _ in _read_all(bootstrap, topic, "reclock-sink-check", stop=lambda m: True))
+
+
+# -- encoding -------------------------------------------------------------------------------------------------
+
+
+def _json_default(v: Any) -> Any:
+    if isinstance(v, (bytes, bytearray)):
+        return base64.b64encode(v).decode()
+    if isinstance(v, (dt.datetime, dt.date, dt.time)):
+        return v.isoformat()
+    if isinstance(v, decimal.Decimal):
+        return str(v)
+    raise TypeError(f"cannot encode {type(v).__name__} as JSON")
+
+
+def _dumps(v: Any) -> bytes:
+    return json.dumps(v, default=_json_default, separators=(",", ":")).encode()
+
+
+def consolidate(table: pa.Table) -> pa.Table:
+    """Sum ``diff`` per ``(ts, row)``, drop zeros, sort by ts (the order the sink writes in)."""
+    if table.num_rows == 0:
+        return table
+    keys = [c for c in table.column_names if c != "diff"]
+    g = table.group_by(keys, use_threads=False).aggregate([("diff", "sum")]).rename_columns([*keys, "diff"])
+    g = g.filter(pc.not_equal(g["diff"], 0))
+    return g.sort_by([("ts", "ascending")])
+
+
+def encode(spec: SinkSpec, ts: int, rows: list[dict]) -> list[tuple[bytes | None, bytes | None]]:
+    """The ``(key, value)`` messages of one timestamp's consolidated updates (``rows`` carry ``diff``)."""
+    def data(r: dict) -> dict:
+        return {k: v for k, v in r.items() if k not in ("ts", "diff")}
+
+    def key_of(r: dict) -> bytes | None:
+        return _dumps({c: r.get(c) for c in spec.key}) if spec.key else None
+
+    out: list[tuple[bytes | None, bytes | None]] = []
+    if spec.format == "upsert":
+        by_key: dict[bytes, list[dict]] = {}
+        for r in rows:
+            by_key.setdefault(key_of(r), []).append(r)
+        for k in sorted(by_key):
+            plus = [r for r in by_key[k] if r["diff"] > 0]
+            if len(plus) > 1 or (plus and plus[0]["diff"] > 1):
+                raise KeyNotUnique(spec.name, ts, k.decode())
+            out.append((k, _dumps(data(plus[0])) if plus else None))
+        return out
+    # debezium: with key columns, a retraction and an insertion of one key pair up into one update
+    if spec.key:
+        befores: dict[bytes, list[dict]] = {}
+        afters: dict[bytes, list[dict]] = {}
+        for r in rows:
+            side = afters if r["diff"] > 0 else befores
+            side.setdefault(key_of(r), []).extend([data(r)] * abs(r["diff"]))
+        for k in sorted(set(befores) | set(afters)):
+            b, a = befores.get(k, []), afters.get(k, [])
+            for i in range(max(len(b), len(a))):
+                out.append((k, _dumps({"before": b[i] if i < len(b) else None,
+                                       "after": a[i] if i < len(a) else None})))
+        return out
+    for r in rows:
+        msg = _dumps({"before": None, "after": data(r)} if r["diff"] > 0 else {"before": data(r), "after": None})
+        out.extend([(None, msg)] * abs(r["diff"]))
+    return out
+
+
+# -- the sink ------------------------------------------------------------------------------------------------
+
+
+def _producer(ctx: SinkContext):
+    from confluent_kafka import Producer
+
+    conf = {"bootstrap.servers": ctx.bootstrap, "transactional.id": ctx.spec.transactional_id,
+            "enable.idempotence": True, "acks": "all",
+            "transaction.timeout.ms": int(ctx.spec.transaction_timeout_s * 1000),
+            "linger.ms": 5, "batch.size": 1_000_000, "queue.buffering.max.messages": 1_000_000,
+            "compression.type": "lz4"}
+    conf.update(dict(ctx.spec.kafka.options))
+    return Producer(conf)
+
+
+def _fenced(e: Exception) -> bool:
+    from confluent_kafka import KafkaError, KafkaException
+
+    if not isinstance(e, KafkaException):
+        return False
+    err = e.args[0] if e.args else None
+    return isinstance(err, KafkaError) and (
+        err.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH)
+        or "fenced" in str(err).lower())
+
+
+@dataclass(frozen=True)
+class _Begin:
+    """Where a run begins: the frontier and version to carry on with, and the snapshot to write first."""
+
+    frontier: int
+    version: int
+    snapshot_at: int | None = None  # a new sink: write the collection AS OF here, at this ts, first
+
+
+def _start(ctx: SinkContext, fresh: bool) -> _Begin:
+    """Resume after the progress record, or start anew (checked for safety); take the read hold."""
+    spec = ctx.spec
+    progress = read_progress(ctx.bootstrap, spec.progress_topic, spec.name)
+    if progress is not None and not fresh:
+        lost = SinkRefused(spec.name, f"its progress record says frontier {progress.frontier}, but "
+                           f"{spec.collection} was compacted past it (its read hold was released); it can only "
+                           "start fresh (`--fresh`), writing a new snapshot")
+        with ctx.connect() as conn:
+            if progress.frontier <= shard_info(conn, spec.collection).since:
+                raise lost
+            try:
+                acquire_read_hold(conn, spec.collection, spec.holder, progress.frontier - 1)
+            except SinceViolation:
+                raise lost from None
+        return _Begin(progress.frontier, progress.version)
+    if progress is None and not fresh and topic_holds_data(ctx.bootstrap, spec.kafka.topic):
+        raise SinkRefused(spec.name, f"topic {spec.kafka.topic} already holds data but the progress topic "
+                          f"{spec.progress_topic} has no record for this sink: writing would duplicate; "
+                          "start fresh (`--fresh`) to write a new snapshot anyway")
+    version = (progress.version + 1) if progress is not None else 1
+    for _ in range(10):
+        with ctx.connect() as conn:
+            info = shard_info(conn, spec.collection)
+            start = info.since if spec.start is None else spec.start
+            try:
+                acquire_read_hold(conn, spec.collection, spec.holder, start)
+            except SinceViolation:
+                if spec.start is not None:
+                    raise SinkRefused(spec.name, f"start {spec.start} is below {spec.collection}'s since "
+                                      f"{info.since}") from None
+                continue  # since moved between the two statements: take the new one
+        return _Begin(start, version, snapshot_at=start)
+    raise SinkRefused(spec.name, f"{spec.collection}'s since kept moving; try again")
+
+
+class KafkaSink:
+    """A running instance of a sink: ``start`` once (fence older instances, find where to resume), then
+    ``step`` as often as wanted (each writes what became complete since the last)."""
+
+    def __init__(self, ctx: SinkContext) -> None:
+        self.ctx = ctx
+        self.producer = None
+        self.begin: _Begin | None = None
+
+    def _guard(self, fn, *args):
+        """Run ``fn``; on failure record ``stalled`` with the cause (``SinkFenced`` when fenced) and raise."""
+        try:
+            return fn(*args)
+        except Exception as e:
+            err = SinkFenced(self.ctx.spec.name) if _fenced(e) else e
+            with self.ctx.connect() as conn:
+                record_status(conn, self.ctx.spec.name, "stalled", error=str(err))
+            if err is not e:
+                raise err from None
+            raise
+
+    def start(self, fresh: bool = False) -> None:
+        def go() -> None:
+            ensure_topics(self.ctx)
+            self.producer = _producer(self.ctx)
+            self.producer.init_transactions(60)  # fences older instances; their open transaction is aborted
+            self.begin = _start(self.ctx, fresh)
+
+        self._guard(go)
+
+    def step(self) -> SinkResult:
+        if self.begin is None:
+            raise RuntimeError("start() the sink first")
+        result = self._guard(_write, self.ctx, self.producer, self.begin)
+        self.begin = _Begin(result.frontier, result.version)  # the snapshot, if any, is written
+        with self.ctx.connect() as conn:
+            record_status(conn, self.ctx.spec.name, "running")
+        return result
+
+
+def run_once(ctx: SinkContext, fresh: bool = False) -> SinkResult:
+    """Start the sink and write every complete update of the collection not yet in the topic.
+
+    Raises ``SinkRefused`` when starting could duplicate or skip data, ``SinkFenced`` when a newer
+    instance took over. Records statistics (messages, bytes, frontier, lag behind the shard's upper) and
+    a status row.
+    """
+    sink = KafkaSink(ctx)
+    sink.start(fresh)
+    return sink.step()
+
+
+def _batches(ctx: SinkContext, begin: _Begin, upper: int) -> list[tuple[int, list[dict]]]:
+    """The consolidated updates to write, per timestamp, in order: the snapshot first (a new sink), then
+    every update at ``frontier <= ts < upper``."""
+    spec = ctx.spec
+    out: list[tuple[int, list[dict]]] = []
+    lower = begin.frontier
+    with ctx.connect() as conn:
+        if begin.snapshot_at is not None and begin.snapshot_at < upper:
+            snap = read_as_of(conn, ctx.blob, spec.collection, begin.snapshot_at)
+            rows = snap.to_pylist() if "diff" in snap.column_names and len(snap.column_names) > 1 else []
+            out.append((begin.snapshot_at, [{**r, "ts": begin.snapshot_at} for r in rows]))
+            lower = begin.snapshot_at + 1
+        if lower < upper:
+            ups = read_updates(conn, ctx.blob, spec.collection, lower, upper)
+            by_ts: dict[int, list[dict]] = {}
+            for r in (consolidate(ups).to_pylist() if ups is not None else []):
+                by_ts.setdefault(r["ts"], []).append(r)
+            out.extend(sorted(by_ts.items()))
+    return out
+
+
+def _write(ctx: SinkContext, producer, begin: _Begin) -> SinkResult:
+    spec = ctx.spec
+    frontier, version = begin.frontier, begin.version
+    txns = messages = nbytes = 0
+    with ctx.connect() as conn:
+        upper = shard_info(conn, spec.collection).upper
+    t0 = time.monotonic()
+    pending: list[tuple[int, list[tuple[bytes | None, bytes | None]]]] = []
+    size = count = 0
+    for ts, rows in _batches(ctx, begin, upper):
+        msgs = encode(spec, ts, rows)
+        b = sum(len(k or b"") + len(v or b"") for k, v in msgs)
+        if pending and (count + len(msgs) > spec.budget.max_messages or size + b > spec.budget.max_bytes):
+            frontier = _transaction(ctx, producer, pending, pending[-1][0] + 1, version)
+            txns, messages, nbytes = txns + 1, messages + count, nbytes + size
+            pending, size, count = [], 0, 0
+        pending.append((ts, msgs))
+        size, count = size + b, count + len(msgs)
+    # the last transaction carries the frontier up to the shard's upper (times without updates included)
+    if upper > frontier:
+        frontier = _transaction(ctx, producer, pending, upper, version)
+        txns, messages, nbytes = txns + 1, messages + count, nbytes + size
+    with ctx.connect() as conn:
+        upper_now = shard_info(conn, spec.collection).upper
+        record_statistics(conn, spec.name, "sink", {
+            "transactions": txns, "messages": messages, "bytes": nbytes, "frontier": frontier,
+            "lag_ms": max(0, upper_now - frontier), "seconds": round(time.monotonic() - t0, 3)})
+    return SinkResult(frontier, version, txns, messages, nbytes)
+
+
+def _transaction(ctx: SinkContext, producer, pending, new_frontier: int, version: int) -> int:
+    """Write ``pending`` timestamps' messages and the progress record ``new_frontier`` in ONE transaction,
+    then move the read hold to ``new_frontier - 1``."""
+    spec = ctx.spec
+    producer.begin_transaction()
+    if ctx.on_transaction:
+        ctx.on_transaction("begin", new_frontier)
+    for ts, msgs in pending:
+        headers = [(TS_HEADER, str(ts).encode())]
+        for k, v in msgs:
+            while True:
+                try:
+                    producer.produce(spec.kafka.topic, value=v, key=k, headers=headers)
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+        producer.poll(0)
+    failpoint("sink:in_transaction")
+    producer.produce(spec.progress_topic, key=spec.name.encode(),
+                     value=_dumps({"frontier": [new_frontier], PROGRESS_VERSION_KEY: version}))
+    producer.commit_transaction(max(30.0, spec.transaction_timeout_s))
+    if ctx.on_transaction:
+        ctx.on_transaction("commit", new_frontier)
+    with ctx.connect() as conn:
+        downgrade_read_hold(conn, spec.collection, spec.holder, new_frontier - 1)
+    return new_frontier
+
+
+def drop(ctx: SinkContext) -> bool:
+    """Drop the sink: release its read hold (compaction may pass its frontier from now on). The topics
+    keep their data; recreating the sink then needs ``--fresh``."""
+    with ctx.connect() as conn:
+        released = release_read_hold(conn, ctx.spec.collection, ctx.spec.holder)
+        record_status(conn, ctx.spec.name, "paused", error="dropped: read hold released")
+    return released

@@ -1,0 +1,260 @@
+"""The exactly-once Kafka sink against a real broker, with sink processes killed (SIGKILL, and a crash
+inside an open transaction), fenced by a second instance, holding compaction back, and started late."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import zlib
+from dataclasses import replace
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+import yaml
+from confluent_kafka import Producer
+from ingest_support import make_ctx
+
+from reclock import cycle
+from reclock.config import parse_config
+from reclock.persist import connect
+from reclock.persist.remap_store import load_remap
+from reclock.persist.shards import read_holds, shard_info
+from reclock.read import read_updates
+from reclock.sinks.kafka import (TS_HEADER, SinkContext, SinkRefused, _read_all, consolidate, drop, encode,
+                                 ensure_topics, read_progress, run_once)
+
+KEYS = 12
+
+
+class Source:
+    """An upsert source over a 3-partition topic whose cycles run in this process (Spark in-process)."""
+
+    def __init__(self, db, kafka, topic, spark, tmp_path, name: str, retain_ms: int = 10**12) -> None:
+        self.topic = topic(partitions=3)
+        self.kafka = kafka
+        self.producer = Producer({"bootstrap.servers": kafka.bootstrap})
+        self.n = 0
+        self.now = [1_800_000_000_000]
+        ctx = make_ctx(db, kafka, spark, tmp_path, self.topic, name=name, envelope="upsert", include=["key"],
+                       budget={"max_records": 10_000})
+        self.ctx = replace(ctx, clock=self.tick, retain_history_ms=retain_ms)
+
+    def tick(self) -> int:
+        self.now[0] += 1000
+        return self.now[0]
+
+    def cycles(self, count: int, per: int = 40) -> None:
+        """``count`` cycles, each after ``per`` new records (updates of KEYS keys, some deletes)."""
+        for _ in range(count):
+            for _ in range(per):
+                i, self.n = self.n, self.n + 1
+                key = f"k{(i * 7) % KEYS}".encode()
+                value = None if i % 11 == 5 else json.dumps({"id": i, "name": f"v{i}"}).encode()
+                self.producer.produce(self.topic, key=key, value=value, partition=zlib.crc32(key) % 3)
+            self.producer.flush(30)
+            cycle.run_cycle(self.ctx)
+
+
+def sink_config(tmp_path: Path, source: Source, name: str, **sink) -> Path:
+    """A config file with the source and one sink on it (what the sink processes load)."""
+    raw = {"sources": {source.ctx.spec.name: {"kafka": {"topic": source.topic, "bootstrap": source.kafka.bootstrap},
+                                              "format": {"type": "json", "schema": "id BIGINT, name STRING"},
+                                              "envelope": "upsert", "include": ["key"]}},
+           "sinks": {name: {"from": source.ctx.spec.name, "format": "debezium", "key": ["_key"],
+                            "kafka": {"topic": f"{source.topic}_{name}", "bootstrap": source.kafka.bootstrap},
+                            "progress_topic": f"_progress_{source.topic}", "budget": {"max_messages": 25},
+                            "transaction_timeout": "20s", **sink}}}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def spec_of(config: Path, name: str):
+    return parse_config(yaml.safe_load(config.read_text())).sinks[name]
+
+
+def sink_ctx(source: Source, config: Path, name: str) -> SinkContext:
+    return SinkContext(spec=spec_of(config, name), dsn=source.ctx.dsn, bootstrap=source.kafka.bootstrap,
+                       blob=source.ctx.blob)
+
+
+def sink_process(source: Source, config: Path, name: str, *args: str, failpoints: str = "") -> subprocess.Popen:
+    """``reclock sink run NAME ...`` in a process of its own; its output goes to ``p.log`` (read with
+    ``output(p)``), never to a pipe that could fill up and block it."""
+    env = {**os.environ, "RECLOCK_CONFIG": str(config), "RECLOCK_DSN": source.ctx.dsn,
+           "RECLOCK_BLOB_URL": str(source.ctx.blob.root), "RECLOCK_FAILPOINTS": failpoints}
+    log = config.parent / f"{name}-{time.monotonic_ns()}.log"
+    with open(log, "w") as f:
+        p = subprocess.Popen([sys.executable, "-m", "reclock.cli", "sink", "run", name, *args], env=env,
+                             stdout=f, stderr=subprocess.STDOUT, text=True)
+    p.log = log
+    return p
+
+
+def output(p: subprocess.Popen) -> str:
+    return p.log.read_text()
+
+
+def topic_messages(kafka, topic: str) -> list[tuple[int, bytes | None, bytes | None]]:
+    """``(ts, key, value)`` of every committed message, in the topic's order (one partition)."""
+    return [(int(dict(m.headers())[TS_HEADER]), m.key(), m.value()) for m in _read_all(kafka.bootstrap, topic, "v")]
+
+
+def expected_messages(source: Source, spec, start: int) -> list[tuple[int, bytes | None, bytes | None]]:
+    """What a sink that started at ``start`` must write: the collection AS OF ``start`` (its snapshot, at
+    ``start``), then the consolidated updates of every later ts, in order, encoded."""
+    with connect(source.ctx.dsn) as conn:
+        ups = consolidate(read_updates(conn, source.ctx.blob, spec.collection)).to_pylist()
+    by_ts: dict[int, list[dict]] = {}
+    for r in ups:
+        t = max(r["ts"], start)
+        by_ts.setdefault(t, []).append({**r, "ts": t})
+    by_ts[start] = consolidate(pa.Table.from_pylist(by_ts[start])).to_pylist() if by_ts.get(start) else []
+    return [(ts, k, v) for ts, rows in sorted(by_ts.items()) for k, v in encode(spec, ts, rows)]
+
+
+def check_exactly_once(source: Source, config: Path, name: str) -> None:
+    spec = spec_of(config, name)
+    got = topic_messages(source.kafka, spec.kafka.topic)
+    assert got, "the sink wrote something"
+    assert got == expected_messages(source, spec, got[0][0]), "every update exactly once, in timestamp order"
+    with connect(source.ctx.dsn) as conn:
+        upper = shard_info(conn, spec.collection).upper
+    assert read_progress(source.kafka.bootstrap, spec.progress_topic, name).frontier == upper
+
+
+def test_sigkill_at_random_moments_and_inside_transactions_is_exactly_once(db, kafka, topic, spark, tmp_path):
+    source = Source(db, kafka, topic, spark, tmp_path, "killed")
+    source.cycles(8)
+    config = sink_config(tmp_path, source, "out")
+    rng = random.Random(7)
+    crashed_inside = killed = 0
+    for i in range(12):
+        if i % 3 == 0:
+            # a crash inside an open transaction: messages produced, the progress record not committed
+            source.cycles(1)
+            p = sink_process(source, config, "out", "--follow", "0.1", failpoints="sink:in_transaction=exit")
+            assert p.wait(60) == 86, output(p)
+            crashed_inside += 1
+        else:
+            p = sink_process(source, config, "out", "--follow", "0.1")
+            time.sleep(rng.uniform(0.3, 3.0))
+            p.send_signal(signal.SIGKILL)
+            p.wait(30)
+            killed += 1
+        if i % 4 == 1:
+            source.cycles(2)  # the collection grows while the sink is down
+    final = sink_process(source, config, "out")
+    assert final.wait(120) == 0, output(final)
+    assert crashed_inside == 4 and killed == 8
+    check_exactly_once(source, config, "out")
+
+
+def test_two_instances_one_is_fenced_output_still_exactly_once(db, kafka, topic, spark, tmp_path):
+    source = Source(db, kafka, topic, spark, tmp_path, "fenced")
+    source.cycles(3)
+    config = sink_config(tmp_path, source, "dup")
+    a = sink_process(source, config, "dup", "--follow", "0.1")
+    deadline = time.monotonic() + 60
+    while "transactions" not in output(a):
+        assert time.monotonic() < deadline and a.poll() is None, output(a)
+        time.sleep(0.2)
+    b = sink_process(source, config, "dup", "--follow", "0.1")  # its init_transactions fences a
+    while "started" not in output(b):
+        assert time.monotonic() < deadline and b.poll() is None, output(b)
+        time.sleep(0.2)
+    source.cycles(2)  # new data: both try to write it; the fenced one fails at its first transaction
+    while a.poll() is None:
+        assert time.monotonic() < deadline + 60, "the first instance was not fenced"
+        time.sleep(0.2)
+    assert a.returncode != 0 and "fenced by a newer instance" in output(a), output(a)
+    assert b.poll() is None, output(b)
+    winner = b
+    winner.send_signal(signal.SIGKILL)
+    winner.wait(30)
+    final = sink_process(source, config, "dup")
+    assert final.wait(120) == 0, output(final)
+    check_exactly_once(source, config, "dup")
+
+
+def test_read_hold_stops_compaction_and_drop_releases_it(db, kafka, topic, spark, tmp_path):
+    source = Source(db, kafka, topic, spark, tmp_path, "held", retain_ms=0)  # compact as far as allowed
+    source.cycles(3)
+    config = sink_config(tmp_path, source, "holder")
+    ctx = sink_ctx(source, config, "holder")
+    result = run_once(ctx)
+    source.cycles(4)  # the sink does not run: its hold must stop compaction at its frontier - 1
+    with connect(db) as conn:
+        holds = {h.holder: h.ts for h in read_holds(conn, "held")}
+        assert holds == {"sink:holder": result.frontier - 1}
+        assert shard_info(conn, "held").since <= result.frontier - 1
+        assert load_remap(conn, "held").since <= result.frontier - 1
+    run_once(ctx)  # still resumable, and exactly once
+    check_exactly_once(source, config, "holder")
+    assert drop(ctx)
+    source.cycles(2)
+    with connect(db) as conn:
+        since = shard_info(conn, "held").since
+    assert since > read_progress(kafka.bootstrap, ctx.spec.progress_topic, "holder").frontier
+    with pytest.raises(SinkRefused, match="compacted past it"):
+        run_once(ctx)
+
+
+def test_refuses_a_topic_with_data_but_no_progress_unless_fresh(db, kafka, topic, spark, tmp_path):
+    source = Source(db, kafka, topic, spark, tmp_path, "guarded")
+    source.cycles(2)
+    config = sink_config(tmp_path, source, "guard")
+    ctx = sink_ctx(source, config, "guard")
+    ensure_topics(ctx)
+    p = Producer({"bootstrap.servers": kafka.bootstrap})
+    p.produce(ctx.spec.kafka.topic, value=b"someone else's data")
+    assert p.flush(30) == 0
+    with pytest.raises(SinkRefused, match="already holds data"):
+        run_once(ctx)
+    assert run_once(ctx, fresh=True).messages > 0
+
+
+def test_a_sink_created_late_replays_from_since_like_one_that_ran_from_the_start(db, kafka, topic, spark, tmp_path):
+    source = Source(db, kafka, topic, spark, tmp_path, "late", retain_ms=0)
+    early_cfg = sink_config(tmp_path, source, "early")
+    early = sink_ctx(source, early_cfg, "early")
+    cycle.ensure_registered(source.ctx)
+    run_once(early)  # created before any data: it holds since at 0 and will write every update
+    for _ in range(4):
+        source.cycles(2)
+        run_once(early)
+    late_cfg = sink_config(tmp_path, source, "late_sink")
+    late = sink_ctx(source, late_cfg, "late_sink")
+    with connect(db) as conn:
+        since = shard_info(conn, "late").since
+    assert since > 0, "compaction moved since up to the early sink's hold"
+    run_once(late)
+    source.cycles(3)
+    run_once(early)
+    run_once(late)
+
+    def states(messages):
+        """The collection per key after each timestamp, rebuilt from before/after messages."""
+        state: dict[bytes, dict] = {}
+        out = {}
+        for ts, key, value in messages:
+            msg = json.loads(value)
+            if msg["after"] is None:
+                state.pop(key, None)
+            else:
+                state[key] = msg["after"]
+            out[ts] = dict(state)
+        return out
+
+    a = states(topic_messages(kafka, early.spec.kafka.topic))
+    b = states(topic_messages(kafka, late.spec.kafka.topic))
+    assert min(b) == since  # the late sink began with the snapshot AS OF since
+    assert b and all(a[ts] == b[ts] for ts in b if ts in a)
+    assert a[max(a)] == b[max(b)] and max(a) == max(b)
+    check_exactly_once(source, early_cfg, "early")
