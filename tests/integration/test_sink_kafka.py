@@ -14,7 +14,7 @@ import zlib
 from dataclasses import replace
 from pathlib import Path
 
-import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 import yaml
 from confluent_kafka import Producer
@@ -26,8 +26,9 @@ from reclock.persist import connect
 from reclock.persist.remap_store import load_remap
 from reclock.persist.shards import read_holds, shard_info
 from reclock.read import read_updates
-from reclock.sinks.kafka import (TS_HEADER, SinkContext, SinkRefused, _read_all, consolidate, drop, encode,
-                                 ensure_topics, read_progress, run_once)
+from reclock.sinks.encode import encode_updates
+from reclock.sinks.kafka import (TS_HEADER, SinkContext, SinkRefused, _read_all, consolidate, drop, ensure_topics,
+                                 read_progress, run_once)
 
 KEYS = 12
 
@@ -110,13 +111,9 @@ def expected_messages(source: Source, spec, start: int) -> list[tuple[int, bytes
     """What a sink that started at ``start`` must write: the collection AS OF ``start`` (its snapshot, at
     ``start``), then the consolidated updates of every later ts, in order, encoded."""
     with connect(source.ctx.dsn) as conn:
-        ups = consolidate(read_updates(conn, source.ctx.blob, spec.collection)).to_pylist()
-    by_ts: dict[int, list[dict]] = {}
-    for r in ups:
-        t = max(r["ts"], start)
-        by_ts.setdefault(t, []).append({**r, "ts": t})
-    by_ts[start] = consolidate(pa.Table.from_pylist(by_ts[start])).to_pylist() if by_ts.get(start) else []
-    return [(ts, k, v) for ts, rows in sorted(by_ts.items()) for k, v in encode(spec, ts, rows)]
+        ups = read_updates(conn, source.ctx.blob, spec.collection)
+    ups = ups.set_column(ups.schema.get_field_index("ts"), "ts", pc.max_element_wise(ups["ts"], start))
+    return encode_updates(spec, consolidate(ups))
 
 
 def check_exactly_once(source: Source, config: Path, name: str) -> None:

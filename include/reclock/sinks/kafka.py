@@ -24,10 +24,7 @@ source's remap collection, never passes what the sink still has to write. ``drop
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import datetime as dt
-import decimal
 import json
 import time
 from dataclasses import dataclass
@@ -44,6 +41,7 @@ from reclock.persist import connect
 from reclock.persist.shards import acquire_read_hold, downgrade_read_hold, release_read_hold, shard_info
 from reclock.persist.status import record_statistics, record_status
 from reclock.read import read_as_of, read_updates
+from reclock.sinks.encode import Message, dumps, encode_updates
 
 PROGRESS_VERSION_KEY = "version"
 TS_HEADER = "reclock.ts"
@@ -64,12 +62,6 @@ class SinkFenced(ReclockError):
         super().__init__(f"sink {sink}: fenced by a newer instance with the same transactional.id; this one "
                          "stopped without writing (the other carries on from the progress topic)")
         self.sink = sink
-
-
-class KeyNotUnique(ReclockError):
-    def __init__(self, sink: str, ts: int, key: Any) -> None:
-        super().__init__(f"sink {sink}: format upsert, but key {key} has several values at ts {ts}; "
-                         "declare key columns that identify a row")
 
 
 @dataclass(frozen=True)
@@ -176,20 +168,6 @@ def topic_holds_data(bootstrap: str, topic: str) -> bool:
 # -- encoding -------------------------------------------------------------------------------------------------
 
 
-def _json_default(v: Any) -> Any:
-    if isinstance(v, (bytes, bytearray)):
-        return base64.b64encode(v).decode()
-    if isinstance(v, (dt.datetime, dt.date, dt.time)):
-        return v.isoformat()
-    if isinstance(v, decimal.Decimal):
-        return str(v)
-    raise TypeError(f"cannot encode {type(v).__name__} as JSON")
-
-
-def _dumps(v: Any) -> bytes:
-    return json.dumps(v, default=_json_default, separators=(",", ":")).encode()
-
-
 def consolidate(table: pa.Table) -> pa.Table:
     """Sum ``diff`` per ``(ts, row)``, drop zeros, sort by ts (the order the sink writes in)."""
     if table.num_rows == 0:
@@ -198,44 +176,6 @@ def consolidate(table: pa.Table) -> pa.Table:
     g = table.group_by(keys, use_threads=False).aggregate([("diff", "sum")]).rename_columns([*keys, "diff"])
     g = g.filter(pc.not_equal(g["diff"], 0))
     return g.sort_by([("ts", "ascending")])
-
-
-def encode(spec: SinkSpec, ts: int, rows: list[dict]) -> list[tuple[bytes | None, bytes | None]]:
-    """The ``(key, value)`` messages of one timestamp's consolidated updates (``rows`` carry ``diff``)."""
-    def data(r: dict) -> dict:
-        return {k: v for k, v in r.items() if k not in ("ts", "diff")}
-
-    def key_of(r: dict) -> bytes | None:
-        return _dumps({c: r.get(c) for c in spec.key}) if spec.key else None
-
-    out: list[tuple[bytes | None, bytes | None]] = []
-    if spec.format == "upsert":
-        by_key: dict[bytes, list[dict]] = {}
-        for r in rows:
-            by_key.setdefault(key_of(r), []).append(r)
-        for k in sorted(by_key):
-            plus = [r for r in by_key[k] if r["diff"] > 0]
-            if len(plus) > 1 or (plus and plus[0]["diff"] > 1):
-                raise KeyNotUnique(spec.name, ts, k.decode())
-            out.append((k, _dumps(data(plus[0])) if plus else None))
-        return out
-    # debezium: with key columns, a retraction and an insertion of one key pair up into one update
-    if spec.key:
-        befores: dict[bytes, list[dict]] = {}
-        afters: dict[bytes, list[dict]] = {}
-        for r in rows:
-            side = afters if r["diff"] > 0 else befores
-            side.setdefault(key_of(r), []).extend([data(r)] * abs(r["diff"]))
-        for k in sorted(set(befores) | set(afters)):
-            b, a = befores.get(k, []), afters.get(k, [])
-            for i in range(max(len(b), len(a))):
-                out.append((k, _dumps({"before": b[i] if i < len(b) else None,
-                                       "after": a[i] if i < len(a) else None})))
-        return out
-    for r in rows:
-        msg = _dumps({"before": None, "after": data(r)} if r["diff"] > 0 else {"before": data(r), "after": None})
-        out.extend([(None, msg)] * abs(r["diff"]))
-    return out
 
 
 # -- the sink ------------------------------------------------------------------------------------------------
@@ -361,25 +301,26 @@ def run_once(ctx: SinkContext, fresh: bool = False) -> SinkResult:
     return sink.step()
 
 
-def _batches(ctx: SinkContext, begin: _Begin, upper: int) -> list[tuple[int, list[dict]]]:
-    """The consolidated updates to write, per timestamp, in order: the snapshot first (a new sink), then
-    every update at ``frontier <= ts < upper``."""
+def updates(ctx: SinkContext, begin: _Begin, upper: int) -> pa.Table | None:
+    """The consolidated updates to write, in ts order: the snapshot first (a new sink: the collection AS OF
+    ``snapshot_at``, at that ts), then every update at ``frontier <= ts < upper``."""
     spec = ctx.spec
-    out: list[tuple[int, list[dict]]] = []
+    tables = []
     lower = begin.frontier
     with ctx.connect() as conn:
         if begin.snapshot_at is not None and begin.snapshot_at < upper:
             snap = read_as_of(conn, ctx.blob, spec.collection, begin.snapshot_at)
-            rows = snap.to_pylist() if "diff" in snap.column_names and len(snap.column_names) > 1 else []
-            out.append((begin.snapshot_at, [{**r, "ts": begin.snapshot_at} for r in rows]))
+            if snap.num_rows and len(snap.column_names) > 1:
+                tables.append(snap.append_column("ts", pa.array([begin.snapshot_at] * snap.num_rows, pa.int64())))
             lower = begin.snapshot_at + 1
         if lower < upper:
             ups = read_updates(conn, ctx.blob, spec.collection, lower, upper)
-            by_ts: dict[int, list[dict]] = {}
-            for r in (consolidate(ups).to_pylist() if ups is not None else []):
-                by_ts.setdefault(r["ts"], []).append(r)
-            out.extend(sorted(by_ts.items()))
-    return out
+            if ups is not None and ups.num_rows:
+                tables.append(consolidate(ups))
+    if not tables:
+        return None
+    columns = tables[-1].column_names
+    return pa.concat_tables([t.select(columns) for t in tables], promote_options="default")
 
 
 def _write(ctx: SinkContext, producer, begin: _Begin) -> SinkResult:
@@ -389,21 +330,21 @@ def _write(ctx: SinkContext, producer, begin: _Begin) -> SinkResult:
     with ctx.connect() as conn:
         upper = shard_info(conn, spec.collection).upper
     t0 = time.monotonic()
-    pending: list[tuple[int, list[tuple[bytes | None, bytes | None]]]] = []
-    size = count = 0
-    for ts, rows in _batches(ctx, begin, upper):
-        msgs = encode(spec, ts, rows)
-        b = sum(len(k or b"") + len(v or b"") for k, v in msgs)
-        if pending and (count + len(msgs) > spec.budget.max_messages or size + b > spec.budget.max_bytes):
-            frontier = _transaction(ctx, producer, pending, pending[-1][0] + 1, version)
-            txns, messages, nbytes = txns + 1, messages + count, nbytes + size
-            pending, size, count = [], 0, 0
-        pending.append((ts, msgs))
-        size, count = size + b, count + len(msgs)
+    table = updates(ctx, begin, upper)
+    msgs = encode_updates(spec, table) if table is not None else []
+    start = size = 0
+    for i, (ts, k, v) in enumerate(msgs):
+        # cut a transaction at a ts boundary once the budget is reached (a ts is never split)
+        if i > start and ts != msgs[i - 1][0] and (i - start >= spec.budget.max_messages
+                                                     or size >= spec.budget.max_bytes):
+            frontier = _transaction(ctx, producer, msgs[start:i], ts, version)
+            txns, messages, nbytes = txns + 1, messages + (i - start), nbytes + size
+            start, size = i, 0
+        size += len(k or b"") + len(v or b"")
     # the last transaction carries the frontier up to the shard's upper (times without updates included)
     if upper > frontier:
-        frontier = _transaction(ctx, producer, pending, upper, version)
-        txns, messages, nbytes = txns + 1, messages + count, nbytes + size
+        frontier = _transaction(ctx, producer, msgs[start:], upper, version)
+        txns, messages, nbytes = txns + 1, messages + (len(msgs) - start), nbytes + size
     with ctx.connect() as conn:
         upper_now = shard_info(conn, spec.collection).upper
         record_statistics(conn, spec.name, "sink", {
@@ -412,26 +353,33 @@ def _write(ctx: SinkContext, producer, begin: _Begin) -> SinkResult:
     return SinkResult(frontier, version, txns, messages, nbytes)
 
 
-def _transaction(ctx: SinkContext, producer, pending, new_frontier: int, version: int) -> int:
-    """Write ``pending`` timestamps' messages and the progress record ``new_frontier`` in ONE transaction,
-    then move the read hold to ``new_frontier - 1``."""
+def _transaction(ctx: SinkContext, producer, msgs: list[Message], new_frontier: int, version: int) -> int:
+    """Write ``msgs`` and the progress record ``new_frontier`` in ONE transaction, then move the read hold
+    to ``new_frontier - 1``."""
     spec = ctx.spec
+    topic, produce, poll = spec.kafka.topic, producer.produce, producer.poll
     producer.begin_transaction()
     if ctx.on_transaction:
         ctx.on_transaction("begin", new_frontier)
-    for ts, msgs in pending:
-        headers = [(TS_HEADER, str(ts).encode())]
-        for k, v in msgs:
+    headers, last_ts = None, None
+    for n, (ts, k, v) in enumerate(msgs):
+        if ts != last_ts:
+            headers, last_ts = [(TS_HEADER, str(ts).encode())], ts
+        try:
+            produce(topic, v, k, headers=headers)
+        except BufferError:  # the local queue is full: let it drain, then retry once it has room
             while True:
+                poll(0.05)
                 try:
-                    producer.produce(spec.kafka.topic, value=v, key=k, headers=headers)
+                    produce(topic, v, k, headers=headers)
                     break
                 except BufferError:
-                    producer.poll(0.05)
-        producer.poll(0)
+                    continue
+        if n % 10_000 == 0:
+            poll(0)
     failpoint("sink:in_transaction")
     producer.produce(spec.progress_topic, key=spec.name.encode(),
-                     value=_dumps({"frontier": [new_frontier], PROGRESS_VERSION_KEY: version}))
+                     value=dumps({"frontier": [new_frontier], PROGRESS_VERSION_KEY: version}))
     producer.commit_transaction(max(30.0, spec.transaction_timeout_s))
     if ctx.on_transaction:
         ctx.on_transaction("commit", new_frontier)
