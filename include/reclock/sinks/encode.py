@@ -60,7 +60,11 @@ def json_literals(col: pa.ChunkedArray | pa.Array) -> pa.Array:
         out = pc.if_else(pc.is_finite(col), pc.cast(col, pa.string()), pa.scalar("null"))
     elif (pa.types.is_string(t) or pa.types.is_large_string(t)) and \
             not pc.any(pc.match_substring_regex(col, _CONTROL)).as_py():
-        escaped = pc.replace_substring(pc.replace_substring(col, "\\", "\\\\"), '"', '\\"')
+        escaped = col
+        if pc.any(pc.match_substring(col, "\\")).as_py():
+            escaped = pc.replace_substring(escaped, "\\", "\\\\")
+        if pc.any(pc.match_substring(col, '"')).as_py():
+            escaped = pc.replace_substring(escaped, '"', '\\"')
         out = pc.binary_join_element_wise('"', pc.cast(escaped, pa.string()), '"', "")
     if out is None:  # the general case, in Python
         return pa.array([json.dumps(v, default=_json_default, ensure_ascii=False) for v in col.to_pylist()],
@@ -70,13 +74,37 @@ def json_literals(col: pa.ChunkedArray | pa.Array) -> pa.Array:
 
 def json_objects(table: pa.Table, columns: Sequence[str]) -> list[str]:
     """One JSON object per row of ``table`` over ``columns``."""
+    return _objects(table, columns).to_pylist()
+
+
+def _objects(table: pa.Table, columns: Sequence[str], prefix: str = "", suffix: str = "") -> pa.Array:
+    """``prefix + {"col": value, ...} + suffix`` per row, in one pass of Arrow's string join."""
     if not columns:
-        return ["{}"] * table.num_rows
+        return pa.array([prefix + "{}" + suffix] * table.num_rows, pa.string())
     pieces: list = []
     for i, c in enumerate(columns):
-        pieces += [pa.scalar(("{" if i == 0 else ",") + json.dumps(c) + ":"), json_literals(table[c])]
-    pieces.append(pa.scalar("}"))
-    return pc.binary_join_element_wise(*pieces, "").to_pylist()
+        pieces += [pa.scalar((prefix + "{" if i == 0 else ",") + json.dumps(c) + ":"), json_literals(table[c])]
+    pieces.append(pa.scalar("}" + suffix))
+    return pc.binary_join_element_wise(*pieces, "")
+
+
+def _debezium_unkeyed(table: pa.Table, data_cols: Sequence[str]) -> list[Message]:
+    """``{"before": null, "after": row}`` for insertions, the other way round for retractions, one message
+    per unit of ``diff``; built entirely with Arrow kernels."""
+    table = table.sort_by([("ts", "ascending")])  # stable: rows keep their order within a ts
+    diff = table["diff"]
+    if pc.max(pc.abs(diff)).as_py() > 1:  # multiplicities: repeat the rows (rare)
+        reps = pc.abs(diff).to_pylist()
+        table = table.take(pa.array([i for i, r in enumerate(reps) for _ in range(r)], pa.int64()))
+        diff = table["diff"]
+    after = _objects(table, data_cols, '{"before":null,"after":', "}")
+    if pc.min(diff).as_py() > 0:  # insertions only (the common case): one envelope
+        values = after
+    else:
+        before = _objects(table, data_cols, '{"before":', ',"after":null}')
+        values = pc.if_else(pc.greater(diff, 0), after, before)
+    values = pc.cast(values, pa.binary()).to_pylist()
+    return list(zip(table["ts"].to_pylist(), [None] * len(values), values))
 
 
 def encode_updates(spec: SinkSpec, table: pa.Table) -> list[Message]:
@@ -88,17 +116,12 @@ def encode_updates(spec: SinkSpec, table: pa.Table) -> list[Message]:
     if missing:
         raise ReclockError(f"sink {spec.name}: key column(s) {', '.join(missing)} not in {spec.collection} "
                            f"(columns: {', '.join(data_cols)})")
+    if spec.format == "debezium" and not spec.key:
+        return _debezium_unkeyed(table, data_cols)
     rows = json_objects(table, data_cols)
     keys = json_objects(table, list(spec.key)) if spec.key else None
     ts_list = table["ts"].to_pylist()
     diffs = table["diff"].to_pylist()
-    if spec.format == "debezium" and not spec.key:
-        out: list[Message] = []
-        for ts, r, d in zip(ts_list, rows, diffs):
-            msg = (f'{{"before":null,"after":{r}}}' if d > 0 else f'{{"before":{r},"after":null}}').encode()
-            out.extend([(ts, None, msg)] * abs(d))
-        out.sort(key=lambda m: m[0])  # stable: rows keep their order within a ts
-        return out
     groups: dict[tuple[int, str], tuple[list[str], list[str]]] = {}
     for ts, k, r, d in zip(ts_list, keys, rows, diffs):
         befores, afters = groups.setdefault((ts, k), ([], []))

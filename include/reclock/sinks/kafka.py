@@ -134,7 +134,7 @@ def _read_all(bootstrap: str, topic: str, group: str, stop: Callable[[Any], bool
         while len(eof) < len(meta.partitions):
             if time.monotonic() > deadline:
                 raise ReclockError(f"reading {topic}: no end of partition after 120 s")
-            m = c.poll(0.5)
+            m = c.poll(0.1)
             if m is None:
                 continue
             if m.error():
@@ -169,9 +169,12 @@ def topic_holds_data(bootstrap: str, topic: str) -> bool:
 
 
 def consolidate(table: pa.Table) -> pa.Table:
-    """Sum ``diff`` per ``(ts, row)``, drop zeros, sort by ts (the order the sink writes in)."""
+    """Sum ``diff`` per ``(ts, row)``, drop zeros, sort by ts (the order the sink writes in). Without
+    retractions nothing can cancel, so the (costly) grouping is skipped: only the sort remains."""
     if table.num_rows == 0:
         return table
+    if pc.min(table["diff"]).as_py() > 0:
+        return table.sort_by([("ts", "ascending")])
     keys = [c for c in table.column_names if c != "diff"]
     g = table.group_by(keys, use_threads=False).aggregate([("diff", "sum")]).rename_columns([*keys, "diff"])
     g = g.filter(pc.not_equal(g["diff"], 0))
@@ -323,7 +326,30 @@ def updates(ctx: SinkContext, begin: _Begin, upper: int) -> pa.Table | None:
     return pa.concat_tables([t.select(columns) for t in tables], promote_options="default")
 
 
+ENCODE_CHUNK = 50_000
+"""Rows per encoding chunk: chunks are encoded on a helper thread (Arrow kernels release the GIL) while the
+main thread produces the previous ones."""
+
+
+def ts_chunks(table: pa.Table, rows: int = ENCODE_CHUNK) -> list[pa.Table]:
+    """``table`` (sorted by ts) cut into slices of about ``rows`` rows, only where the ts changes, so no
+    timestamp (and no key's updates at one timestamp) spans two slices."""
+    import numpy as np
+
+    ts = table["ts"].to_numpy()
+    out, start = [], 0
+    while start < len(ts):
+        end = min(start + rows, len(ts))
+        if end < len(ts):
+            end = int(np.searchsorted(ts, ts[end - 1], side="right"))
+        out.append(table.slice(start, end - start))
+        start = end
+    return out
+
+
 def _write(ctx: SinkContext, producer, begin: _Begin) -> SinkResult:
+    from concurrent.futures import ThreadPoolExecutor
+
     spec = ctx.spec
     frontier, version = begin.frontier, begin.version
     txns = messages = nbytes = 0
@@ -331,20 +357,27 @@ def _write(ctx: SinkContext, producer, begin: _Begin) -> SinkResult:
         upper = shard_info(conn, spec.collection).upper
     t0 = time.monotonic()
     table = updates(ctx, begin, upper)
-    msgs = encode_updates(spec, table) if table is not None else []
-    start = size = 0
-    for i, (ts, k, v) in enumerate(msgs):
-        # cut a transaction at a ts boundary once the budget is reached (a ts is never split)
-        if i > start and ts != msgs[i - 1][0] and (i - start >= spec.budget.max_messages
-                                                     or size >= spec.budget.max_bytes):
-            frontier = _transaction(ctx, producer, msgs[start:i], ts, version)
-            txns, messages, nbytes = txns + 1, messages + (i - start), nbytes + size
-            start, size = i, 0
-        size += len(k or b"") + len(v or b"")
+    pending: list[Message] = []
+    size = 0
+    prev_ts = None
+    with ThreadPoolExecutor(1, thread_name_prefix="sink-encode") as pool:
+        encoded = [pool.submit(encode_updates, spec, c) for c in (ts_chunks(table) if table is not None else [])]
+        for future in encoded:
+            for m in future.result():
+                ts = m[0]
+                # cut a transaction at a ts boundary once the budget is reached (a ts is never split)
+                if ts != prev_ts:
+                    if pending and (len(pending) >= spec.budget.max_messages or size >= spec.budget.max_bytes):
+                        frontier = _transaction(ctx, producer, pending, ts, version)
+                        txns, messages, nbytes = txns + 1, messages + len(pending), nbytes + size
+                        pending, size = [], 0
+                    prev_ts = ts
+                pending.append(m)
+                size += (len(m[1]) if m[1] else 0) + (len(m[2]) if m[2] else 0)
     # the last transaction carries the frontier up to the shard's upper (times without updates included)
     if upper > frontier:
-        frontier = _transaction(ctx, producer, msgs[start:], upper, version)
-        txns, messages, nbytes = txns + 1, messages + (len(msgs) - start), nbytes + size
+        frontier = _transaction(ctx, producer, pending, upper, version)
+        txns, messages, nbytes = txns + 1, messages + len(pending), nbytes + size
     with ctx.connect() as conn:
         upper_now = shard_info(conn, spec.collection).upper
         record_statistics(conn, spec.name, "sink", {
