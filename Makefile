@@ -6,7 +6,7 @@
 VENV := .venv/bin
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-unit up down status logs clean
+.PHONY: setup demo test test-unit bench up down status logs clean
 
 setup:
 	@bash scripts/bootstrap.sh
@@ -16,6 +16,9 @@ demo: setup
 
 test: setup
 	@SPARK_LOCAL_IP=127.0.0.1 $(VENV)/pytest $(PYTEST_ARGS)
+
+bench: setup
+	@SPARK_LOCAL_IP=127.0.0.1 $(VENV)/python -m benchmarks.run --size $(or $(SIZE),quick) --reps $(or $(REPS),1)
 
 test-unit: setup
 	@$(VENV)/pytest tests/unit $(PYTEST_ARGS)

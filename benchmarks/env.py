@@ -1,0 +1,119 @@
+"""The services one benchmark run owns: Postgres, Kafka and one local Spark session, in a temporary folder.
+
+:func:`services` starts them, yields an :class:`Env`, and stops every one of them on the way out, also
+when the run fails or is interrupted. The services keep all their state in the temporary folder
+(``RECLOCK_HOME`` points into it; only the repo's resolved jars are read from ``.reclock/jars``), and every
+server listens on 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Iterator
+
+import psutil
+
+from benchmarks.memory import process_tree
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from reclock.dev.kafka import LocalKafka
+    from reclock.dev.postgres import LocalPostgres
+    from reclock.dev.state import StackState
+
+SPARK_MASTER = "local[2]"
+
+
+@dataclass
+class Env:
+    """Where the services of a run live; every contender reads and writes through this."""
+
+    root: Path  # the run's temporary folder
+    state: StackState
+    postgres: LocalPostgres
+    kafka: LocalKafka
+    spark: SparkSession  # shared by every Spark contender
+    echo: Callable[[str], None]
+
+    @property
+    def dsn(self) -> str:
+        return self.postgres.dsn()
+
+    @property
+    def bootstrap(self) -> str:
+        return self.kafka.bootstrap
+
+    @property
+    def work(self) -> Path:
+        """Scratch space for the contenders' outputs (removed after each repetition)."""
+        d = self.root / "work"
+        d.mkdir(exist_ok=True)
+        return d
+
+    @property
+    def jvm_pid(self) -> int:
+        """The Spark driver JVM (a child of this process, started by py4j)."""
+        return self.spark.sparkContext._gateway.proc.pid
+
+    def memory_groups(self) -> dict[str, Callable[[], list[psutil.Process]]]:
+        """What :class:`~benchmarks.memory.PeakRss` watches: this Python process, and the Spark JVM's tree."""
+        me = psutil.Process()
+        jvm = self.jvm_pid
+        return {"python": lambda: [me], "jvm": lambda: process_tree(jvm)}
+
+
+@contextlib.contextmanager
+def services(echo: Callable[[str], None] = print, keep: bool = False) -> Iterator[Env]:
+    """Start Postgres (migrated), Kafka and a local Spark session under a new temporary folder; stop them
+    all (and remove the folder unless ``keep``) when the block ends, however it ends; the environment
+    variables set inside the block are restored too."""
+    saved_environ = dict(os.environ)
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    root = Path(tempfile.mkdtemp(prefix="reclock-bench-"))
+    root.chmod(0o755)  # the postgres user must reach the cluster's files
+    os.environ["RECLOCK_HOME"] = str(root / "stack")  # anything that looks for "the" stack finds ours
+    from reclock.dev.kafka import LocalKafka
+    from reclock.dev.postgres import LocalPostgres
+    from reclock.dev.state import StackState
+
+    state = StackState(root / "stack")
+    pg, kafka = LocalPostgres(state, fast=True), LocalKafka(state, heap="1g")
+    spark = None
+    try:
+        echo(f"services: postgres up ({pg.start():.1f}s)")
+        from reclock.persist.migrate import migrate
+
+        migrate(pg.dsn())
+        echo(f"services: kafka up on {kafka.bootstrap} ({kafka.start():.1f}s)")
+        from reclock.dev.spark import local_session
+
+        spark = local_session(state, app="reclock-bench", master=SPARK_MASTER)
+        spark.sparkContext.setLogLevel("ERROR")
+        echo(f"services: spark session {SPARK_MASTER} up; work folder {root}")
+        yield Env(root, state, pg, kafka, spark, echo)
+    finally:
+        stops: list[tuple[str, Callable[[], object]]] = [("kafka", kafka.stop), ("postgres", pg.stop)]
+        if spark is not None:
+            stops.insert(0, ("spark", lambda: _stop_spark(spark)))
+        for name, stop in stops:
+            try:
+                stop()
+            except Exception as e:  # noqa: BLE001 - stop the others anyway, and say what is left
+                echo(f"services: stopping {name} failed: {e}")
+        echo("services: stopped " + ", ".join(name for name, _ in stops))
+        if not keep:
+            shutil.rmtree(root, ignore_errors=True)
+        os.environ.clear()  # what the run set (RECLOCK_HOME, Airflow's and dag.test's settings) goes too
+        os.environ.update(saved_environ)
+
+
+def _stop_spark(spark) -> None:
+    for query in spark.streams.active:
+        query.stop()
+    spark.stop()
