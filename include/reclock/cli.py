@@ -145,8 +145,8 @@ def read(collection: str, as_of: int | None, limit: int, dsn: str | None, blob_u
 def progress(source: str, dsn: str | None) -> None:
     """Print SOURCE's bindings (its `<source>_progress` relation), uppers and latest status."""
     from reclock.persist import connect
-
     from reclock.persist.names import validate_name
+    from reclock.persist.status import latest_status
 
     validate_name(source)
     with connect(_dsn(dsn)) as conn:
@@ -154,15 +154,13 @@ def progress(source: str, dsn: str | None) -> None:
                             "ORDER BY ts, partition").fetchall()
         shards = conn.execute("SELECT id, upper, since FROM reclock.shards WHERE source = %s ORDER BY id",
                               (source,)).fetchall()
-        status = conn.execute("SELECT status, error, at FROM reclock.status_history WHERE name = %s "
-                              "ORDER BY id DESC LIMIT 1", (source,)).fetchone()
+        status = latest_status(conn, source)
     click.echo("ts               partition  offset")
     for ts, p, o in rows:
         click.echo(f"{ts:<16d} {p:<10d} {o}")
     for sid, upper, since in shards:
         click.echo(f"shard {sid}: upper {upper}, since {since}")
-    if status:
-        click.echo(f"status: {status[0]} at {status[2]}" + (f" -- {status[1]}" if status[1] else ""))
+    _echo_status(status)
 
 
 @main.command()
@@ -196,6 +194,12 @@ def rebuild(source: str) -> None:
         out = run_rebuild(ctx, on_slice=on_slice)
     click.echo(f"rebuilt {', '.join(ctx.spec.shards)} up to {out['upper']}: {out['parts']} parts, "
                f"records {out.get('records')}")
+
+
+def _echo_status(status) -> None:
+    """Print a ``persist.status.Status`` (the latest status row of a source or sink), if there is one."""
+    if status:
+        click.echo(f"status: {status.status} at {status.at}" + (f" -- {status.error}" if status.error else ""))
 
 
 @main.group()
@@ -246,6 +250,7 @@ def sink_status(name: str, dsn: str | None) -> None:
     from reclock.config import load_config
     from reclock.persist import connect
     from reclock.persist.shards import read_holds, shard_info
+    from reclock.persist.status import latest_status
     from reclock.sinks.kafka import read_progress
 
     spec = load_config().sink(name)
@@ -254,14 +259,12 @@ def sink_status(name: str, dsn: str | None) -> None:
     with connect(_dsn(dsn)) as conn:
         info = shard_info(conn, spec.collection)
         hold = next((h for h in read_holds(conn, spec.collection) if h.holder == spec.holder), None)
-        status = conn.execute("SELECT status, error, at FROM reclock.status_history WHERE name = %s "
-                              "ORDER BY id DESC LIMIT 1", (name,)).fetchone()
+        status = latest_status(conn, name)
     click.echo(f"sink {name}: {spec.collection} -> {spec.kafka.topic} ({spec.format})")
     click.echo(f"progress: {'none yet' if p is None else f'frontier {p.frontier}, version {p.version}'}")
     click.echo(f"{spec.collection}: upper {info.upper}, since {info.since}; read hold "
                f"{hold.ts if hold else 'none'}; lag {info.upper - p.frontier if p else info.upper - info.since} ms")
-    if status:
-        click.echo(f"status: {status[0]} at {status[2]}" + (f" -- {status[1]}" if status[1] else ""))
+    _echo_status(status)
 
 
 @sink.command("drop")

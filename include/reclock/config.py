@@ -136,6 +136,17 @@ def _unknown(d: dict, allowed: set[str], what: str) -> None:
         raise ConfigError(f"{what}: unknown key(s) {', '.join(extra)}; allowed: {', '.join(sorted(allowed))}")
 
 
+def _parse_kafka(raw: Any, what: str) -> KafkaSpec:
+    """A ``kafka:`` section (a source's or a sink's): topic, connection or bootstrap, extra options."""
+    k = _require(raw, what)
+    _unknown(k, {"topic", "connection", "bootstrap", "options"}, what)
+    if not k.get("topic") or not isinstance(k["topic"], str):
+        raise ConfigError(f"{what}: `topic` is required")
+    opts = _require(k.get("options", {}) or {}, f"{what}.options")
+    return KafkaSpec(topic=k["topic"], connection=str(k.get("connection", "reclock_kafka")),
+                     bootstrap=k.get("bootstrap"), options=tuple(sorted((str(a), str(b)) for a, b in opts.items())))
+
+
 def _avro_schema(f: dict, what: str, base: Path | None) -> str:
     """Load and check the Avro schema of ``format: avro`` (a record with fields), as JSON text."""
     import json
@@ -166,14 +177,7 @@ def parse_source(name: str, raw: Any, base: Path | None = None) -> SourceSpec:
     _unknown(d, {"kafka", "format", "envelope", "include", "interval", "budget", "on_decode_error"}, what)
     if "kafka" not in d:
         raise ConfigError(f"{what}: needs a `kafka:` section with at least `topic:`")
-    k = _require(d["kafka"], f"{what}.kafka")
-    _unknown(k, {"topic", "connection", "bootstrap", "options"}, f"{what}.kafka")
-    if not k.get("topic") or not isinstance(k["topic"], str):
-        raise ConfigError(f"{what}.kafka: `topic` is required")
-    opts = _require(k.get("options", {}) or {}, f"{what}.kafka.options")
-    kafka = KafkaSpec(topic=k["topic"], connection=str(k.get("connection", "reclock_kafka")),
-                      bootstrap=k.get("bootstrap"),
-                      options=tuple(sorted((str(a), str(b)) for a, b in opts.items())))
+    kafka = _parse_kafka(d["kafka"], f"{what}.kafka")
     f = d.get("format", {"type": "json"})
     if isinstance(f, str):
         f = {"type": f}
@@ -265,15 +269,9 @@ def parse_sink(name: str, raw: Any, sources: dict[str, SourceSpec]) -> SinkSpec:
     if coll not in collections:
         raise ConfigError(f"{what}: `from` must name a collection; {coll!r} is none of "
                           f"{', '.join(sorted(collections)) or '(no sources configured)'}")
-    k = _require(d.get("kafka"), f"{what}.kafka")
-    _unknown(k, {"topic", "connection", "bootstrap", "options"}, f"{what}.kafka")
-    if not k.get("topic") or not isinstance(k["topic"], str):
-        raise ConfigError(f"{what}.kafka: `topic` is required")
-    if k["topic"] == collections[coll].kafka.topic:
-        raise ConfigError(f"{what}.kafka: topic {k['topic']!r} is the source topic of {coll}")
-    opts = _require(k.get("options", {}) or {}, f"{what}.kafka.options")
-    kafka = KafkaSpec(topic=k["topic"], connection=str(k.get("connection", "reclock_kafka")),
-                      bootstrap=k.get("bootstrap"), options=tuple(sorted((str(a), str(b)) for a, b in opts.items())))
+    kafka = _parse_kafka(d.get("kafka"), f"{what}.kafka")
+    if kafka.topic == collections[coll].kafka.topic:
+        raise ConfigError(f"{what}.kafka: topic {kafka.topic!r} is the source topic of {coll}")
     fmt = d.get("format", "debezium")
     if fmt not in SINK_FORMATS:
         raise ConfigError(f"{what}: format {fmt!r} is not one of {', '.join(SINK_FORMATS)}")

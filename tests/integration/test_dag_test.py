@@ -18,7 +18,7 @@ from reclock.persist import connect
 from reclock.persist.shards import shard_info
 from reclock.read import read_updates
 from reclock.persist.blob import LocalBlobStore
-from reclock.sinks.kafka import _read_all, read_progress
+from reclock.sinks.kafka import read_all, read_progress
 
 SCRIPT = textwrap.dedent("""
     import sys
@@ -68,5 +68,5 @@ def test_ingest_and_sink_dags_under_dag_test(db, postgres, kafka, topic, tmp_pat
         upper = shard_info(conn, "dt_orders").upper
     assert sorted(r["id"] for r in rows) == list(range(400))  # two runs of budget 150 slices, all once
     assert read_progress(kafka.bootstrap, f"_progress_{name}", "dt_out").frontier == upper
-    out = [json.loads(m.value())["after"]["id"] for m in _read_all(kafka.bootstrap, f"{name}_out", "t")]
+    out = [json.loads(m.value())["after"]["id"] for m in read_all(kafka.bootstrap, f"{name}_out", "t")]
     assert sorted(out) == list(range(400))

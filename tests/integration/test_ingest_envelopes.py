@@ -9,7 +9,6 @@ import zlib
 from dataclasses import replace
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
 from ingest_support import check_invariants, make_ctx, produce
 
 from reclock import cycle
@@ -20,6 +19,7 @@ from reclock.persist.remap_store import load_remap
 from reclock.persist.status import latest_statistics
 from reclock.persist.upsert_state import state_size
 from reclock.read import read_as_of, read_updates
+from reclock.sinks.kafka import read_all
 from reclock.sources.kafka import KafkaUpstream
 
 PARTITIONS = 3
@@ -32,22 +32,7 @@ def keyed(key: str, value: dict | None) -> tuple[int, bytes, bytes | None]:
 
 def consume_all(kafka, topic: str) -> list[tuple[int, int, bytes | None, bytes | None]]:
     """``(partition, offset, key, value)`` of every record a read_committed consumer sees now."""
-    c = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": "check", "isolation.level": "read_committed",
-                  "enable.auto.commit": False, "enable.partition.eof": True})
-    meta = c.list_topics(topic, timeout=10).topics[topic]
-    c.assign([TopicPartition(topic, p, 0) for p in meta.partitions])
-    out, eof = [], set()
-    deadline = time.monotonic() + 30
-    while len(eof) < len(meta.partitions) and time.monotonic() < deadline:
-        m = c.poll(0.5)
-        if m is None:
-            continue
-        if m.error():
-            eof.add(m.partition())
-            continue
-        out.append((m.partition(), m.offset(), m.key(), m.value()))
-    c.close()
-    return out
+    return [(m.partition(), m.offset(), m.key(), m.value()) for m in read_all(kafka.bootstrap, topic, "check")]
 
 
 def test_upsert_consolidates_to_the_latest_value_per_key_at_every_binding(db, kafka, topic, spark, tmp_path):

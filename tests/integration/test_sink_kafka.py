@@ -27,7 +27,7 @@ from reclock.persist.remap_store import load_remap
 from reclock.persist.shards import read_holds, shard_info
 from reclock.read import read_updates
 from reclock.sinks.encode import encode_updates
-from reclock.sinks.kafka import (TS_HEADER, SinkContext, SinkRefused, _read_all, consolidate, drop, ensure_topics,
+from reclock.sinks.kafka import (TS_HEADER, SinkContext, SinkRefused, read_all, consolidate, drop, ensure_topics,
                                  read_progress, run_once)
 
 KEYS = 12
@@ -104,7 +104,7 @@ def output(p: subprocess.Popen) -> str:
 
 def topic_messages(kafka, topic: str) -> list[tuple[int, bytes | None, bytes | None]]:
     """``(ts, key, value)`` of every committed message, in the topic's order (one partition)."""
-    return [(int(dict(m.headers())[TS_HEADER]), m.key(), m.value()) for m in _read_all(kafka.bootstrap, topic, "v")]
+    return [(int(dict(m.headers())[TS_HEADER]), m.key(), m.value()) for m in read_all(kafka.bootstrap, topic, "v")]
 
 
 def expected_messages(source: Source, spec, start: int) -> list[tuple[int, bytes | None, bytes | None]]:

@@ -127,18 +127,17 @@ def _ingest_under_scheduler(stack) -> None:
 
     # the sink DAG ran on the appends' asset events and caught up: every record once in the target topic
     from reclock.persist.shards import shard_info
-    from reclock.sinks.kafka import _read_all, read_progress
+    from reclock.sinks.kafka import read_all, read_progress
 
     with connect(stack.postgres.dsn()) as conn:
         upper = shard_info(conn, "it_orders").upper
     deadline = time.monotonic() + 180
-    while (read_progress(stack.kafka.bootstrap, "_reclock_progress", "it_out") or None) is None or \
-            read_progress(stack.kafka.bootstrap, "_reclock_progress", "it_out").frontier < upper:
+    while (p := read_progress(stack.kafka.bootstrap, "_reclock_progress", "it_out")) is None or p.frontier < upper:
         assert time.monotonic() < deadline, stack.airflow.api("GET", "dags/sink__it_out/dagRuns")
         time.sleep(2)
     runs = stack.airflow.api("GET", "dags/sink__it_out/dagRuns")["dag_runs"]
     assert runs and {r["run_type"] for r in runs} == {"asset_triggered"}
-    ids = sorted(json.loads(m.value())["after"]["id"] for m in _read_all(stack.kafka.bootstrap, "it_orders_out", "t"))
+    ids = sorted(json.loads(m.value())["after"]["id"] for m in read_all(stack.kafka.bootstrap, "it_orders_out", "t"))
     assert ids == list(range(1300))
 
 

@@ -38,24 +38,41 @@ def retain_history_ms() -> int:
     return int(float(os.environ.get("RECLOCK_RETAIN_HISTORY_S", "3600")) * 1000)
 
 
+def task_dsn() -> str:
+    """The consensus Postgres of a task: ``RECLOCK_DSN``, else the ``reclock_postgres`` connection."""
+    from reclock.orchestration import connections
+
+    return os.environ.get("RECLOCK_DSN") or connections.postgres_dsn()
+
+
+def task_bootstrap(kafka) -> str:
+    """A source's or sink's brokers: its ``bootstrap:``, else its Airflow connection."""
+    from reclock.orchestration import connections
+
+    return kafka.bootstrap or connections.kafka_bootstrap(kafka.connection)
+
+
+def task_blob_store():
+    """The blob store of a task: ``RECLOCK_BLOB_URL``, else the local stack's ``.reclock/blobs``."""
+    from reclock.dev.state import default_state_dir
+    from reclock.persist.blob import blob_store_from_url
+
+    return blob_store_from_url(os.environ.get("RECLOCK_BLOB_URL") or str(default_state_dir() / "blobs"))
+
+
 def context_for(spec: SourceSpec, conf: dict[str, Any] | None = None):
     """A :class:`~reclock.cycle.CycleContext` from Airflow connections and the environment.
 
     Run conf may override the budget: ``{"max_records": 1000}``.
     """
     from reclock.cycle import CycleContext
-    from reclock.orchestration import connections
-    from reclock.persist.blob import blob_store_from_url
-    from reclock.dev.state import default_state_dir
 
     spec = with_run_conf(spec, conf)
-    bootstrap = spec.kafka.bootstrap or connections.kafka_bootstrap(spec.kafka.connection)
-    blob_url = os.environ.get("RECLOCK_BLOB_URL") or str(default_state_dir() / "blobs")
     return CycleContext(
         spec=spec,
-        dsn=os.environ.get("RECLOCK_DSN") or connections.postgres_dsn(),
-        bootstrap=bootstrap,
-        blob=blob_store_from_url(blob_url),
+        dsn=task_dsn(),
+        bootstrap=task_bootstrap(spec.kafka),
+        blob=task_blob_store(),
         spark_factory=lambda: spark_session(),
         retain_history_ms=retain_history_ms(),
     )

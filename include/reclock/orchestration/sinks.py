@@ -4,7 +4,6 @@ land) and triggerable by hand; each run writes everything complete and returns (
 
 from __future__ import annotations
 
-import os
 from datetime import datetime, timezone
 from typing import Any
 
@@ -12,26 +11,14 @@ from reclock.config import SinkSpec
 
 
 def sink_context(spec: SinkSpec, bootstrap: str | None = None, dsn: str | None = None, blob_url: str | None = None):
-    """A :class:`~reclock.sinks.kafka.SinkContext` from the arguments, the environment (``RECLOCK_DSN``,
-    ``RECLOCK_BLOB_URL``) or the Airflow connections."""
-    from reclock.dev.state import default_state_dir
+    """A :class:`~reclock.sinks.kafka.SinkContext` from the arguments, else as an ingest task finds them
+    (``RECLOCK_DSN``, ``RECLOCK_BLOB_URL``, the Airflow connections)."""
+    from reclock.orchestration.ingest import task_blob_store, task_bootstrap, task_dsn
     from reclock.persist.blob import blob_store_from_url
     from reclock.sinks.kafka import SinkContext
 
-    if bootstrap is None:
-        bootstrap = spec.kafka.bootstrap
-    if bootstrap is None:
-        from reclock.orchestration import connections
-
-        bootstrap = connections.kafka_bootstrap(spec.kafka.connection)
-    if dsn is None:
-        dsn = os.environ.get("RECLOCK_DSN")
-    if dsn is None:
-        from reclock.orchestration import connections
-
-        dsn = connections.postgres_dsn()
-    blob_url = blob_url or os.environ.get("RECLOCK_BLOB_URL") or str(default_state_dir() / "blobs")
-    return SinkContext(spec=spec, dsn=dsn, bootstrap=bootstrap, blob=blob_store_from_url(blob_url))
+    return SinkContext(spec=spec, dsn=dsn or task_dsn(), bootstrap=bootstrap or task_bootstrap(spec.kafka),
+                       blob=blob_store_from_url(blob_url) if blob_url else task_blob_store())
 
 
 def build_sink_dag(spec: SinkSpec):

@@ -78,7 +78,6 @@ class SinkContext:
     dsn: str
     bootstrap: str
     blob: blobs.BlobStore
-    on_transaction: Callable[[str, int], None] | None = None  # ("begin"|"commit", frontier): progress hooks
 
     @contextlib.contextmanager
     def connect(self) -> Iterator:
@@ -117,7 +116,7 @@ def ensure_topics(ctx: SinkContext) -> None:
                 raise ReclockError(f"sink {ctx.spec.name}: cannot create topic {topic}: {e}") from e
 
 
-def _read_all(bootstrap: str, topic: str, group: str, stop: Callable[[Any], bool] | None = None) -> Iterator:
+def read_all(bootstrap: str, topic: str, group: str, stop: Callable[[Any], bool] | None = None) -> Iterator:
     """Every committed record of ``topic`` (read_committed, from the start to the end), oldest first per
     partition; stops early when ``stop(message)`` is true."""
     from confluent_kafka import Consumer, TopicPartition
@@ -152,7 +151,7 @@ def _read_all(bootstrap: str, topic: str, group: str, stop: Callable[[Any], bool
 def read_progress(bootstrap: str, progress_topic: str, sink: str) -> Progress | None:
     """The latest committed progress record of ``sink`` (None if it never committed one)."""
     latest = None
-    for m in _read_all(bootstrap, progress_topic, f"reclock-sink-{sink}-progress"):
+    for m in read_all(bootstrap, progress_topic, f"reclock-sink-{sink}-progress"):
         if m.key() == sink.encode():
             latest = None if m.value() is None else json.loads(m.value())
     if latest is None:
@@ -162,7 +161,7 @@ def read_progress(bootstrap: str, progress_topic: str, sink: str) -> Progress | 
 
 def topic_holds_data(bootstrap: str, topic: str) -> bool:
     """Whether ``topic`` holds any committed record (aborted transactions do not count)."""
-    return any(True for _ in _read_all(bootstrap, topic, "reclock-sink-check", stop=lambda m: True))
+    return any(True for _ in read_all(bootstrap, topic, "reclock-sink-check", stop=lambda m: True))
 
 
 # -- encoding -------------------------------------------------------------------------------------------------
@@ -225,9 +224,7 @@ def _start(ctx: SinkContext, fresh: bool) -> _Begin:
                            f"{spec.collection} was compacted past it (its read hold was released); it can only "
                            "start fresh (`--fresh`), writing a new snapshot")
         with ctx.connect() as conn:
-            if progress.frontier <= shard_info(conn, spec.collection).since:
-                raise lost
-            try:
+            try:  # refused below since: frontier <= since means the shard was compacted past the frontier
                 acquire_read_hold(conn, spec.collection, spec.holder, progress.frontier - 1)
             except SinceViolation:
                 raise lost from None
@@ -260,6 +257,7 @@ class KafkaSink:
         self.ctx = ctx
         self.producer = None
         self.begin: _Begin | None = None
+        self.reported = False  # a `running` status row was written since start
 
     def _guard(self, fn, *args):
         """Run ``fn``; on failure record ``stalled`` with the cause (``SinkFenced`` when fenced) and raise."""
@@ -287,8 +285,10 @@ class KafkaSink:
             raise RuntimeError("start() the sink first")
         result = self._guard(_write, self.ctx, self.producer, self.begin)
         self.begin = _Begin(result.frontier, result.version)  # the snapshot, if any, is written
-        with self.ctx.connect() as conn:
-            record_status(conn, self.ctx.spec.name, "running")
+        if result.transactions or not self.reported:  # an idle step (--follow) adds no status rows
+            with self.ctx.connect() as conn:
+                record_status(conn, self.ctx.spec.name, "running")
+            self.reported = True
         return result
 
 
@@ -378,11 +378,12 @@ def _write(ctx: SinkContext, producer, begin: _Begin) -> SinkResult:
     if upper > frontier:
         frontier = _transaction(ctx, producer, pending, upper, version)
         txns, messages, nbytes = txns + 1, messages + len(pending), nbytes + size
-    with ctx.connect() as conn:
-        upper_now = shard_info(conn, spec.collection).upper
-        record_statistics(conn, spec.name, "sink", {
-            "transactions": txns, "messages": messages, "bytes": nbytes, "frontier": frontier,
-            "lag_ms": max(0, upper_now - frontier), "seconds": round(time.monotonic() - t0, 3)})
+    if txns:  # an idle step records nothing: a following sink steps many times a second
+        with ctx.connect() as conn:
+            upper_now = shard_info(conn, spec.collection).upper
+            record_statistics(conn, spec.name, "sink", {
+                "transactions": txns, "messages": messages, "bytes": nbytes, "frontier": frontier,
+                "lag_ms": max(0, upper_now - frontier), "seconds": round(time.monotonic() - t0, 3)})
     return SinkResult(frontier, version, txns, messages, nbytes)
 
 
@@ -392,30 +393,22 @@ def _transaction(ctx: SinkContext, producer, msgs: list[Message], new_frontier: 
     spec = ctx.spec
     topic, produce, poll = spec.kafka.topic, producer.produce, producer.poll
     producer.begin_transaction()
-    if ctx.on_transaction:
-        ctx.on_transaction("begin", new_frontier)
     headers, last_ts = None, None
     for n, (ts, k, v) in enumerate(msgs):
         if ts != last_ts:
             headers, last_ts = [(TS_HEADER, str(ts).encode())], ts
-        try:
-            produce(topic, v, k, headers=headers)
-        except BufferError:  # the local queue is full: let it drain, then retry once it has room
-            while True:
+        while True:
+            try:
+                produce(topic, v, k, headers=headers)
+                break
+            except BufferError:  # the local queue is full: let it drain
                 poll(0.05)
-                try:
-                    produce(topic, v, k, headers=headers)
-                    break
-                except BufferError:
-                    continue
         if n % 10_000 == 0:
             poll(0)
     failpoint("sink:in_transaction")
     producer.produce(spec.progress_topic, key=spec.name.encode(),
                      value=dumps({"frontier": [new_frontier], PROGRESS_VERSION_KEY: version}))
     producer.commit_transaction(max(30.0, spec.transaction_timeout_s))
-    if ctx.on_transaction:
-        ctx.on_transaction("commit", new_frontier)
     with ctx.connect() as conn:
         downgrade_read_hold(conn, spec.collection, spec.holder, new_frontier - 1)
     return new_frontier

@@ -38,6 +38,9 @@ columns carry this prefix in the files (readers of each shard keep only their ow
 STATE_COLUMNS = ("key", "value", "partition", "offset", "timestamp_us")
 STATE_PREFIX = "_reclock_state_"
 """The upsert state's changes: per key touched, its last record (a null value: the key is deleted)."""
+# where each error / state column comes from among the decoded rows' raw columns (see ``_decoded``)
+_ERROR_SOURCES = tuple(zip(ERROR_COLUMNS, ("_p", "_o", "_k", "_v", "_reason")))
+_STATE_SOURCES = tuple(zip(STATE_COLUMNS, ("_k", "_v", "_p", "_o", "_t_us")))
 PRIOR_SCHEMA = "key BINARY, value BINARY, partition INT, offset BIGINT, timestamp_us BIGINT"
 
 
@@ -238,10 +241,6 @@ def reclock_and_decode(spark, spec: SourceSpec, bootstrap: str, ranges: Sequence
     ]
     return (records.withColumn("_t_us", F.unix_micros("_t"))
             .select(F.explode(F.filter(F.array(*kinds), lambda x: x.isNotNull())).alias("_e")).select("_e.*"))
-
-
-_ERROR_SOURCES = (("partition", "_p"), ("offset", "_o"), ("key", "_k"), ("raw", "_v"), ("reason", "_reason"))
-_STATE_SOURCES = (("key", "_k"), ("value", "_v"), ("partition", "_p"), ("offset", "_o"), ("timestamp_us", "_t_us"))
 
 
 def upsert_keys(spark, spec: SourceSpec, bootstrap: str, ranges: Sequence[OffsetRange]) -> list[bytes]:
