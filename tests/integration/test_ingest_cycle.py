@@ -192,7 +192,12 @@ def test_two_cycles_at_once_never_duplicate(db, kafka, topic, spark, tmp_path):
     check_invariants(ctx, set(range(100)))
 
 
-def test_rebuild_gives_identical_updates_and_timestamps(db, kafka, topic, spark, tmp_path):
+@pytest.mark.parametrize("reclock_by", ["case", "join"])
+def test_rebuild_gives_identical_updates_and_timestamps(db, kafka, topic, spark, tmp_path, monkeypatch, reclock_by):
+    """The cycles reclock with a ``CASE`` expression over the bindings; the rebuild with the same, or with the
+    broadcast range join (what a slice spanning more bindings than ``CASE_LIMIT`` uses): the same updates."""
+    from reclock.spark import ingest
+
     name = topic(partitions=3)
     ctx = replace(make_ctx(db, kafka, spark, tmp_path, name, name="rebuilt"), retain_history_ms=10**12)
     produce(kafka, name, [rec(i, i % 3) for i in range(60)] + [(0, None, b"nope")])
@@ -208,6 +213,8 @@ def test_rebuild_gives_identical_updates_and_timestamps(db, kafka, topic, spark,
     with connect(db) as conn:
         old_paths = {b.path for s in ctx.spec.shards for b in batches(conn, s)}
     progress: list[tuple[int, int]] = []
+    if reclock_by == "join":
+        monkeypatch.setattr(ingest, "CASE_LIMIT", 0)
     out = cycle.rebuild(ctx, on_slice=lambda done, total: progress.append((done, total)))
     assert out["upper"] > 0 and progress[-1][0] == progress[-1][1] >= 4  # 151 offsets, 50 per slice
     after = {s: updates(s) for s in ctx.spec.shards}

@@ -1,8 +1,10 @@
 """``ingest__<source>``: one DAG per configured source; each run is one cycle (see ``reclock.cycle``).
 
-    mint >> write_batches >> append >> resume
+    mint >> write_batches >> append            (the append task runs the cycle's resume step after it)
 
 The tasks only translate between Airflow (connections, XCom, run conf) and the plain cycle functions.
+Resume runs in the append task because a task costs about a second of scheduling and process start-up,
+and resume is short and safe to repeat: a retried task replays the append (a no-op) and resumes again.
 ``append`` has the source's shards as outlets (Assets ``reclock://<shard>``), so sinks can be scheduled
 on the appends. ``max_active_runs=1`` and ``catchup=False``; a backfill or a manual run is safe anyway:
 minting never goes back in time and an append whose range is in the shards is a no-op.
@@ -151,18 +153,14 @@ def build_ingest_dag(spec: SourceSpec):
             return [_written_to_x(cycle.write_batches(ctx, BatchDescription(*d))) for d in descs]
 
         @task(task_id="append", outlets=[Asset(shard_asset_uri(s)) for s in spec.shards])
-        def append_task(written: list[dict]) -> list[str]:
+        def append_task(written: list[dict]) -> dict:
             ctx = context_for(spec, conf())
-            return [str(o) for w in written for o in cycle.append(ctx, _written_from_x(w))]
+            outcomes = [str(o) for w in written for o in cycle.append(ctx, _written_from_x(w))]
+            res = cycle.resume(ctx)
+            return {"outcomes": outcomes, "resumption": res.resumption,
+                    "offsets": {str(k): v for k, v in res.offsets.items()}, "since": res.since}
 
-        @task(task_id="resume")
-        def resume_task() -> dict:
-            res = cycle.resume(context_for(spec, conf()))
-            return {"resumption": res.resumption, "offsets": {str(k): v for k, v in res.offsets.items()},
-                    "since": res.since}
-
-        appended = append_task(write_task(mint_task()))
-        appended >> resume_task()
+        append_task(write_task(mint_task()))
     return dag
 
 

@@ -2,8 +2,9 @@
 
 One Spark job per slice of a description (a slice is at most the source's record budget): every
 executor reads its Kafka partitions' ranges with Spark's Kafka batch source (``read_committed``; gaps
-from compaction or transaction markers are normal), reclocks each record with a broadcast range join
-against the bindings (never a per-record Python function), decodes it, and writes Parquet under one fresh
+from compaction or transaction markers are normal), reclocks each record by the bindings (a ``CASE``
+expression over partition and offset, or a broadcast range join when a slice spans very many bindings;
+never a per-record Python function), decodes it, and writes Parquet under one fresh
 folder, partitioned by output (``_output=0`` the collection, ``_output=1`` the error collection,
 ``_output=2`` the upsert state's changes). Nothing is visible until ``append`` puts the parts into the shards.
 
@@ -16,6 +17,7 @@ description touches are read (``prior``), so a cycle costs what its data costs, 
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from typing import Sequence
@@ -93,50 +95,106 @@ def data_schema(spec: SourceSpec):
         return T.StructType([T.StructField("data", T.BinaryType())])
     if spec.format.type == "avro":
         raise ValueError("an Avro source's schema is its .avsc; see field_names")
-    return T._parse_datatype_string(spec.format.schema)
+    return _parsed_schema(spec.format.schema)
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed_schema(ddl: str):
+    """The DDL parsed (by the JVM: a few dozen calls, so once per schema text)."""
+    from pyspark.sql import types as T
+
+    return T._parse_datatype_string(ddl)
 
 
 def _read_kafka(spark, spec: SourceSpec, bootstrap: str, ranges: Sequence[OffsetRange]):
     return spark.read.format("kafka").options(**kafka_read_options(spec, bootstrap, ranges)).load()
 
 
+CASE_LIMIT = 256
+"""Up to this many binding ranges in a slice, reclocking is one ``CASE`` expression over (partition, offset),
+compiled into the scan's generated code; above it (a rebuild over a long history), a broadcast range join."""
+
+
+def reclock_case_sql(ranges: Sequence[OffsetRange], bindings: Sequence[BindingRange]) -> str:
+    """The SQL expression giving each record of ``ranges`` the ts of the binding whose range holds its offset
+    (NULL where none does), over the bindings that intersect ``ranges`` only.
+
+    Per partition the bindings are disjoint offset ranges, so the branch order does not matter; every value
+    is an integer, so the text needs no quoting."""
+    by_partition: dict[int, list[BindingRange]] = {}
+    wanted = {r.partition: r for r in ranges}
+    for b in bindings:
+        r = wanted.get(b.partition)
+        if r is not None and b.start < r.end and b.end > r.start:
+            by_partition.setdefault(b.partition, []).append(b)
+    if not by_partition:
+        return "CAST(NULL AS BIGINT)"
+    arms = []
+    for p, bs in sorted(by_partition.items()):
+        inner = " ".join(f"WHEN offset >= {b.start} AND offset < {b.end} THEN CAST({b.ts} AS BIGINT)"
+                         for b in sorted(bs, key=lambda b: b.start))
+        arms.append(f"WHEN partition = {int(p)} THEN CASE {inner} END")
+    return f"CASE {' '.join(arms)} END"
+
+
 def _reclocked(spark, spec: SourceSpec, bootstrap: str, ranges: Sequence[OffsetRange],
                bindings: Sequence[BindingRange]):
-    """The records of ``ranges`` with the ``ts`` of the binding that covers each offset."""
+    """The records of ``ranges`` with the ``ts`` of the binding that covers each offset (a record that no
+    binding covers is dropped, as by an inner join: the read ranges are the bindings' ranges, so none is).
+
+    Vectorised either way, never a per-record Python function: a ``CASE`` expression when the slice
+    intersects at most :data:`CASE_LIMIT` binding ranges (the usual cycle: one or a few bindings per
+    partition), else a broadcast range join against the bindings."""
     from pyspark.sql import functions as F
 
     raw = _read_kafka(spark, spec, bootstrap, ranges)
+    wanted = {r.partition: r for r in ranges}
+    hits = sum(1 for b in bindings if b.partition in wanted
+               and b.start < wanted[b.partition].end and b.end > wanted[b.partition].start)
+    if hits <= CASE_LIMIT:
+        return raw.withColumn("ts", F.expr(reclock_case_sql(ranges, bindings))).filter("ts IS NOT NULL")
     bdf = spark.createDataFrame([(b.partition, b.start, b.end, b.ts) for b in bindings],
                                 "b_partition INT, b_start BIGINT, b_end BIGINT, ts BIGINT")
-    # the vectorised range join: each record gets the ts of the binding whose range holds its offset
     return raw.join(F.broadcast(bdf), (raw["partition"] == bdf["b_partition"]) & (raw["offset"] >= bdf["b_start"])
                     & (raw["offset"] < bdf["b_end"]), "inner").drop("b_partition", "b_start", "b_end")
 
 
+def sql_string(text: str) -> str:
+    """``text`` as a Spark SQL string literal."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def sql_ident(name: str) -> str:
+    """``name`` as a Spark SQL identifier (backquoted)."""
+    return "`" + name.replace("`", "``") + "`"
+
+
 def _decoded(spec: SourceSpec, df):
     """``df`` (Kafka columns plus ``ts``) decoded: the collection's columns (fields, then metadata), ``ts``,
-    the raw record as ``_k, _v, _p, _o, _t`` and ``_reason`` (why the value does not decode, else null)."""
-    from pyspark.sql import functions as F
-    from pyspark.sql import types as T
+    the raw record as ``_k, _v, _p, _o, _t`` and ``_reason`` (why the value does not decode, else null).
 
-    value_str = F.col("value").cast("string")
+    Built as SQL expression text, one ``selectExpr`` (a plan of a few JVM calls, not hundreds)."""
     ftype = spec.format.type
+    d = sql_ident("_d")
     if ftype in ("json", "csv"):
+        from pyspark.sql import types as T
+
         # PERMISSIVE parsing with a corrupt-record column: a value that does not parse (or does not fit
         # the declared types) keeps its text there, and becomes an error row
         schema = data_schema(spec)
         with_corrupt = T.StructType(schema.fields + [T.StructField(CORRUPT, T.StringType())])
-        opts = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}
+        opts = f"map('mode', 'PERMISSIVE', 'columnNameOfCorruptRecord', {sql_string(CORRUPT)})"
         if ftype == "json":
-            decoded = F.from_json(value_str, with_corrupt, opts)
+            decode = f"from_json(CAST(value AS STRING), {sql_string(with_corrupt.json())}, {opts})"
         else:
-            ddl = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in with_corrupt.fields)
-            decoded = F.from_csv(value_str, ddl, opts)
-        df = df.withColumn("_d", decoded)
-        reason = F.when(F.col("value").isNotNull() & F.col("_d").getField(CORRUPT).isNotNull(),
-                        F.lit(f"value does not parse as {ftype.upper()} of the declared schema"))
-        cols = [F.col("_d").getField(f).alias(f) for f in field_names(spec)]
+            ddl = ", ".join(f"{sql_ident(f.name)} {f.dataType.simpleString()}" for f in with_corrupt.fields)
+            decode = f"from_csv(CAST(value AS STRING), {sql_string(ddl)}, {opts})"
+        df = df.selectExpr("*", f"{decode} AS {d}")
+        reason = (f"CASE WHEN value IS NOT NULL AND {d}.{sql_ident(CORRUPT)} IS NOT NULL "
+                  f"THEN {sql_string(f'value does not parse as {ftype.upper()} of the declared schema')} END")
+        cols = [f"{d}.{sql_ident(f)} AS {sql_ident(f)}" for f in field_names(spec)]
     elif ftype == "avro":
+        from pyspark.sql import functions as F
         from pyspark.sql.avro.functions import from_avro
 
         # the reader schema adds a field with a default: it is true on every record that decodes and null
@@ -146,34 +204,27 @@ def _decoded(spec: SourceSpec, df):
         payload = F.col("value") if spec.format.wire == "plain" else F.expr("substring(value, 6)")
         df = df.withColumn("_d", from_avro(payload, json.dumps(writer),
                                            {"mode": "PERMISSIVE", "avroSchema": json.dumps(reader)}))
-        reason = F.when(F.col("value").isNull(), F.lit(None))
+        arms = ["WHEN value IS NULL THEN NULL"]
         if spec.format.wire == "confluent":
-            reason = reason.when((F.length("value") < 5) | (F.expr("substring(value, 1, 1)") != F.lit(b"\x00")),
-                                 F.lit("value has no Confluent wire header (magic byte 0 and a schema id)"))
-        reason = reason.when(F.col("_d").getField(AVRO_OK).isNull(),
-                             F.lit("value does not decode as Avro of the declared schema"))
-        cols = [F.col("_d").getField(f).alias(f) for f in field_names(spec)]
+            arms.append("WHEN length(value) < 5 OR substring(value, 1, 1) != X'00' THEN "
+                        + sql_string("value has no Confluent wire header (magic byte 0 and a schema id)"))
+        arms.append(f"WHEN {d}.{sql_ident(AVRO_OK)} IS NULL THEN "
+                    + sql_string("value does not decode as Avro of the declared schema"))
+        reason = f"CASE {' '.join(arms)} END"
+        cols = [f"{d}.{sql_ident(f)} AS {sql_ident(f)}" for f in field_names(spec)]
     elif ftype == "text":
         # invalid UTF-8 cannot round trip through a string: such a record is an error
-        reason = F.when(F.col("value").isNotNull()
-                        & (F.encode(value_str, "UTF-8") != F.col("value")),
-                        F.lit("value is not valid UTF-8"))
-        cols = [value_str.alias("text")]
+        reason = ("CASE WHEN value IS NOT NULL AND encode(CAST(value AS STRING), 'UTF-8') != value "
+                  f"THEN {sql_string('value is not valid UTF-8')} END")
+        cols = ["CAST(value AS STRING) AS text"]
     else:
-        reason = F.lit(None).cast("string")
-        cols = [F.col("value").alias("data")]
+        reason = "NULL"
+        cols = ["value AS data"]
 
-    meta = []
-    for m in spec.include:
-        if m == "key":
-            meta.append(F.col("key").alias("_key"))
-        elif m == "timestamp":
-            meta.append(F.col("timestamp").alias("_kafka_timestamp"))
-        else:
-            meta.append(F.col(m).alias(f"_{m}"))
-    return df.select(*cols, *meta, F.col("ts"), F.col("key").alias("_k"), F.col("value").alias("_v"),
-                     F.col("partition").alias("_p"), F.col("offset").alias("_o"),
-                     F.col("timestamp").alias("_t"), reason.cast("string").alias("_reason"))
+    names = {"key": "_key", "timestamp": "_kafka_timestamp"}
+    meta = [f"{sql_ident(m)} AS {sql_ident(names.get(m, f'_{m}'))}" for m in spec.include]
+    return df.selectExpr(*cols, *meta, "ts", "key AS _k", "value AS _v", "partition AS _p", "offset AS _o",
+                         "timestamp AS _t", f"CAST({reason} AS STRING) AS _reason")
 
 
 def _typed_null(col: str):
@@ -197,11 +248,11 @@ def reclock_and_decode(spark, spec: SourceSpec, bootstrap: str, ranges: Sequence
     dec = _decoded(spec, _reclocked(spark, spec, bootstrap, ranges, bindings))
     data_cols = output_columns(spec)[0][:-2]
     if spec.envelope != "upsert":
-        bad = F.col("_reason").isNotNull()
-        return dec.select(
-            *data_cols, "ts", F.lit(1).cast("long").alias("diff"),
-            *[F.when(bad, F.col(raw)).alias(ERR_PREFIX + c) for c, raw in _ERROR_SOURCES],
-            F.when(bad, F.lit(ERRORS_OUTPUT)).otherwise(F.lit(DATA_OUTPUT)).alias("_output"))
+        return dec.selectExpr(
+            *map(sql_ident, data_cols), "ts", "CAST(1 AS BIGINT) AS diff",
+            *[f"CASE WHEN _reason IS NOT NULL THEN {raw} END AS {sql_ident(ERR_PREFIX + c)}"
+              for c, raw in _ERROR_SOURCES],
+            f"CASE WHEN _reason IS NOT NULL THEN {ERRORS_OUTPUT} ELSE {DATA_OUTPUT} END AS _output")
 
     from pyspark.sql import Window
 
@@ -260,13 +311,10 @@ def output_columns(spec: SourceSpec) -> tuple[list[str], list[str]]:
 def write_slice(spark, spec: SourceSpec, bootstrap: str, ranges: Sequence[OffsetRange],
                 bindings: Sequence[BindingRange], url: str, prior: Sequence[tuple] = ()) -> None:
     """Run one Spark job writing the slice's updates as Parquet under ``url`` (``_output=N/`` folders)."""
-    from pyspark.sql import functions as F
-
     df = reclock_and_decode(spark, spec, bootstrap, ranges, bindings, prior)
     data_cols, err_cols = output_columns(spec)
     state_cols = [STATE_PREFIX + c for c in STATE_COLUMNS] if spec.envelope == "upsert" else []
     # one job, several outputs: a row's columns of the other outputs are null and each shard reads only
     # its own columns (all-null columns cost next to nothing in Parquet)
     keep = list(dict.fromkeys(data_cols + err_cols + state_cols))
-    (df.select(*[F.col(c) for c in keep], "_output")
-       .write.mode("error").partitionBy("_output").parquet(url))
+    df.selectExpr(*map(sql_ident, keep), "_output").write.mode("error").partitionBy("_output").parquet(url)
