@@ -350,8 +350,12 @@ def resume(ctx: CycleContext) -> ResumeResult:
     """Resumption frontier -> offset resumption frontier -> consumer-group commit -> compaction.
 
     Keeps *bounded input reliance*: after it, upstream may drop every offset below the committed
-    frontier and no restart will ever need it; compaction respects read holds.
+    frontier and no restart will ever need it; compaction respects read holds. Keeps *bounded state*:
+    the remap collection is compacted to the new since, and each shard's small parts at or below it are
+    merged (``reclock.persist.compact``).
     """
+    from reclock.persist.compact import compact_parts
+
     with _step(ctx, "resume") as m:
         with ctx.connect() as conn:
             rc = load_remap(conn, ctx.spec.name)
@@ -373,7 +377,8 @@ def resume(ctx: CycleContext) -> ResumeResult:
                 compact_remap(conn, ctx.spec.name, since)
             for s in ctx.spec.shards:
                 advance_since(conn, s, since)
-        m.update(resumption=resumption, offsets_committed=offsets.as_dict(), since=since)
+            compacted = {s: compact_parts(conn, ctx.blob, s).parts_merged for s in ctx.spec.shards}
+        m.update(resumption=resumption, offsets_committed=offsets.as_dict(), since=since, compacted=compacted)
         return ResumeResult(resumption, offsets.as_dict(), since)
 
 

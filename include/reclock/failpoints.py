@@ -7,7 +7,8 @@ Enable them with ``RECLOCK_FAILPOINTS=name[,name...]`` (``name=exit`` ends the p
 
 Points: ``mint:after_binding`` (binding durable, descriptions not returned), ``write_batches:before_job``,
 ``write_batches:after_slice`` (some parts written, not all), ``append:in_transaction`` (inside the
-append's transaction, before commit), ``resume:after_commit`` (offsets committed, compaction not done).
+append's transaction, before commit), ``resume:after_commit`` (offsets committed, compaction not done),
+``compact:before_swap`` (merged parts written, the shard's batches not yet swapped).
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from reclock.compaction import contents_as_of
 from reclock.config import ERRORS_SUFFIX
 from reclock.persist.blob import BlobStore
 from reclock.persist.shards import batches, shard_info
@@ -71,13 +72,4 @@ def read_as_of(conn, blob: BlobStore, shard: str, t: int | None = None) -> pa.Ta
     if t >= info.upper:
         raise ValueError(f"shard {shard}: time {t} is not complete yet (upper is {info.upper}); "
                          f"read at most {info.upper - 1}")
-    table = _read_parts(blob, [b.path for b in batches(conn, shard, as_of=t)], shard)
-    if table is None or table.num_rows == 0:
-        return pa.table({"diff": pa.array([], pa.int64())})
-    table = table.filter(pc.less_equal(table["ts"], t))
-    keys = [c for c in table.column_names if c not in ("ts", "diff")]
-    if not keys:
-        return pa.table({"diff": [pc.sum(table["diff"]).as_py() or 0]})
-    grouped = table.group_by(keys, use_threads=False).aggregate([("diff", "sum")])
-    grouped = grouped.rename_columns([*keys, "diff"])
-    return grouped.filter(pc.not_equal(grouped["diff"], 0))
+    return contents_as_of(_read_parts(blob, [b.path for b in batches(conn, shard, as_of=t)], shard), t)

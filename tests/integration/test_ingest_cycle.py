@@ -222,3 +222,32 @@ def test_rebuild_gives_identical_updates_and_timestamps(db, kafka, topic, spark,
     with connect(db) as conn:
         new_paths = {b.path for s in ctx.spec.shards for b in batches(conn, s)}
     assert new_paths and not (new_paths & old_paths)  # new parts swapped in; the old ones are garbage
+
+
+def test_compaction_keeps_batch_rows_bounded(db, kafka, topic, spark, tmp_path):
+    """20 small cycles appending a part per partition each: resume's compaction keeps the shard's batch rows
+    below ``min_parts`` plus the parts above since (40 without it), every record still there exactly once."""
+    from reclock.persist.compact import DEFAULT_MIN_PARTS
+    from reclock.persist.status import latest_statistics
+
+    name = topic(partitions=2)
+    ctx = make_ctx(db, kafka, spark, tmp_path, name, name="bounded",
+                   include=["partition", "offset", "key", "timestamp"])  # a Spark timestamp column, merged too
+    expected: set[int] = set()
+    counts = []
+    for i in range(20):
+        produce(kafka, name, [rec(2 * i + p, p) for p in range(2)])
+        expected |= {2 * i, 2 * i + 1}
+        cycle.run_cycle(ctx)
+        with connect(db) as conn:
+            since = shard_info(conn, ctx.spec.name).since
+            rows = batches(conn, ctx.spec.name)
+        assert len(rows) < DEFAULT_MIN_PARTS + sum(1 for b in rows if b.upper > since + 1)
+        counts.append(len(rows))
+    state = check_invariants(ctx, expected)
+    assert max(counts) < DEFAULT_MIN_PARTS
+    assert len({r["ts"] for r in state["rows"]}) < 20  # merged parts' times were advanced, as far as since
+    with connect(db) as conn:
+        merged = [s.metrics["compacted"][ctx.spec.name] for s in latest_statistics(conn, "bounded", "resume", 20)]
+        assert read_as_of(conn, ctx.blob, ctx.spec.name).num_rows == 40
+    assert sum(merged) >= 2 * DEFAULT_MIN_PARTS  # 20 to 40 parts were appended; few are left

@@ -8,6 +8,7 @@
 ``shards``         shards' ``upper``/``since``, their batches of parts, ``compare_and_append`` over several
                    shards in one transaction, reads AS OF t, read holds, ``advance_since``
 ``blob``           the ``BlobStore`` protocol: ``LocalBlobStore`` (default), ``FsspecBlobStore`` (S3, ...)
+``compact``        ``compact_parts``: merge a shard's small parts at or below its since (bounded batches)
 ``gc``             ``collect_garbage``: unreferenced parts older than a grace period
 ``status``         status history and statistics rows
 =================  ======================================================================================

@@ -1,10 +1,14 @@
-"""Garbage collection of parts no batch references: failed writes, and the parts of a replay whose
-range was ``already_present``.
+"""Garbage collection of parts no batch references: failed writes, the parts of a replay whose
+range was ``already_present``, and the parts a rebuild (``replace_batches``) or a compaction
+(``merge_batches``) replaced.
 
 A part is written before its ``compare_and_append``, so an unreferenced part may be one that is about to
 be appended: only blobs older than the grace period are deleted. The grace period must exceed the
-longest time from writing a part to appending it (a cycle's write_batches + append). A part that any
-batch row references -- of any shard -- is never deleted.
+longest time from writing a part to appending it (a cycle's write_batches + append, a compaction's merge).
+A part that any batch row references -- of any shard -- is never deleted. The age is the blob's own
+(mtime): a replaced part is usually old already when it loses its last reference, so it may go at the next
+collection, and a reader that listed a shard's parts just before the swap must finish within the grace
+period too.
 """
 
 from __future__ import annotations

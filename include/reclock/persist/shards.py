@@ -21,6 +21,10 @@ shard's actual upper     meaning                                          outcom
                                                                           changes in any shard
 =======================  ===============================================  ==============================
 
+``replace_batches`` swaps all of a shard's batches for a rebuild's; ``merge_batches`` swaps some of them
+(parts at or below ``since``) for the merged parts compaction wrote (``reclock.persist.compact``), and
+changes nothing if any of them is gone or changed.
+
 Concurrency: every writer locks the shard rows it touches (``SELECT ... FOR UPDATE``) in one fixed order,
 sorted by id, so concurrent appenders over overlapping sets of shards serialize and never deadlock.
 """
@@ -42,10 +46,12 @@ from reclock.time import check_timestamp
 
 __all__ = ["UnknownShard", "ShardInfo", "Append", "AppendOutcome", "BatchRow", "ReadHold", "register_shard",
            "shard_info", "compare_and_append", "batches", "acquire_read_hold", "downgrade_read_hold",
-           "release_read_hold", "read_holds", "advance_since"]
+           "release_read_hold", "read_holds", "advance_since", "replace_batches", "Merge", "merge_batches"]
 
 APPENDED = "appended"
 ALREADY_PRESENT = "already_present"
+MERGED = "merged"
+CONFLICT = "conflict"
 
 
 @dataclass(frozen=True)
@@ -89,6 +95,20 @@ class BatchRow:
     bytes: int
     min_ts: int | None
     max_ts: int | None
+
+
+@dataclass(frozen=True)
+class Merge:
+    """Replace the batch rows ``old`` of a shard by ``parts`` under ``desc`` (no parts: the old rows'
+    updates all cancelled out)."""
+
+    old: tuple[BatchRow, ...]
+    desc: BatchDescription
+    parts: tuple[Part, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "old", tuple(self.old))
+        object.__setattr__(self, "parts", tuple(self.parts))
 
 
 @dataclass(frozen=True)
@@ -145,6 +165,33 @@ def _check_parts(a: Append) -> None:
             raise ValueError(f"shard {a.shard}: part {p.path} has min_ts {p.min_ts} > max_ts {p.max_ts}")
 
 
+def _batch_rows(a: Append) -> list[tuple]:
+    """The ``reclock.shard_batches`` rows of an append's parts."""
+    d = a.desc
+    return [(a.shard, d.lower, d.upper, p.path, p.rows, p.bytes, p.min_ts, p.max_ts) for p in a.parts]
+
+
+def _insert_batch_rows(conn, new_rows: Sequence[tuple]) -> None:
+    """Insert :func:`_batch_rows` rows in the caller's transaction. A path that a batch already references
+    (of any shard, or taken by a concurrent writer) raises ``PartAlreadyReferenced``."""
+    if not new_rows:
+        return
+    taken = conn.execute("SELECT path, shard FROM reclock.shard_batches WHERE path = ANY(%s) LIMIT 1",
+                         ([r[3] for r in new_rows],)).fetchone()
+    if taken is not None:
+        path, other = taken
+        raise PartAlreadyReferenced(next(r[0] for r in new_rows if r[3] == path), path, other)
+    try:
+        with conn.cursor() as cur:
+            cur.executemany("INSERT INTO reclock.shard_batches (shard, lower, upper, path, rows, bytes, "
+                            "min_ts, max_ts) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)", new_rows)
+    except psycopg.errors.UniqueViolation as e:  # a concurrent writer took one of our paths
+        m = re.search(r"\(path\)=\((.*)\) already exists", e.diag.message_detail or "")
+        path = m.group(1) if m else "(one of the new parts)"
+        shard = next((r[0] for r in new_rows if r[3] == path), new_rows[0][0])
+        raise PartAlreadyReferenced(shard, path, None, concurrent=True) from e
+
+
 def compare_and_append(conn, appends: Sequence[Append],
                        also: Callable[[psycopg.Connection], None] | None = None) -> list[AppendOutcome]:
     """Atomically apply every append -- over several shards, in ONE transaction -- or none of them.
@@ -185,8 +232,7 @@ def compare_and_append(conn, appends: Sequence[Append],
             actual, d = uppers[a.shard], a.desc
             if actual == d.lower:
                 uppers[a.shard] = d.upper
-                new_rows += [(a.shard, d.lower, d.upper, p.path, p.rows, p.bytes, p.min_ts, p.max_ts)
-                             for p in a.parts]
+                new_rows += _batch_rows(a)
                 outcomes.append(AppendOutcome(a.shard, APPENDED, d.upper))
             elif actual >= d.upper:
                 outcomes.append(AppendOutcome(a.shard, ALREADY_PRESENT, actual))
@@ -196,21 +242,7 @@ def compare_and_append(conn, appends: Sequence[Append],
             else:
                 raise ShardModified(a.shard, d.lower, actual, "the shard is behind the description: it was "
                                     "modified under us; nothing was appended to any shard")
-        if new_rows:
-            taken = conn.execute("SELECT path, shard FROM reclock.shard_batches WHERE path = ANY(%s) LIMIT 1",
-                                 ([r[3] for r in new_rows],)).fetchone()
-            if taken is not None:
-                path, other = taken
-                raise PartAlreadyReferenced(next(r[0] for r in new_rows if r[3] == path), path, other)
-            try:
-                with conn.cursor() as cur:
-                    cur.executemany("INSERT INTO reclock.shard_batches (shard, lower, upper, path, rows, bytes, "
-                                    "min_ts, max_ts) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)", new_rows)
-            except psycopg.errors.UniqueViolation as e:  # a concurrent append took one of our paths
-                m = re.search(r"\(path\)=\((.*)\) already exists", e.diag.message_detail or "")
-                path = m.group(1) if m else "(one of this append's parts)"
-                shard = next((r[0] for r in new_rows if r[3] == path), new_rows[0][0])
-                raise PartAlreadyReferenced(shard, path, None, concurrent=True) from e
+        _insert_batch_rows(conn, new_rows)
         for s in ids:
             if uppers[s] != before[s]:
                 conn.execute("UPDATE reclock.shards SET upper = %s WHERE id = %s", (uppers[s], s))
@@ -342,9 +374,49 @@ def replace_batches(conn, appends: Sequence[Append]) -> None:
                 raise UpperMismatch(a.shard, a.desc.upper, uppers[a.shard],
                                     "the shard moved during the rebuild; nothing was replaced, rebuild again")
         conn.execute("DELETE FROM reclock.shard_batches WHERE shard = ANY(%s)", (ids,))
-        new_rows = [(a.shard, a.desc.lower, a.desc.upper, p.path, p.rows, p.bytes, p.min_ts, p.max_ts)
-                    for a in appends for p in a.parts]
-        if new_rows:
-            with conn.cursor() as cur:
-                cur.executemany("INSERT INTO reclock.shard_batches (shard, lower, upper, path, rows, bytes, "
-                                "min_ts, max_ts) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)", new_rows)
+        _insert_batch_rows(conn, [r for a in appends for r in _batch_rows(a)])
+
+
+def merge_batches(conn, shard: str, merges: Sequence[Merge]) -> str:
+    """Swap batch rows of ``shard`` for the parts that merge them, in ONE transaction (what compaction does).
+
+    Each merge replaces its ``old`` rows by its ``parts``, appended under ``desc``, which must be
+    ``[min lower, max upper)`` of the old rows with ``upper <= since + 1``: only parts whose updates all lie
+    at or below the shard's since are merged (their times may be advanced to ``desc.upper - 1``, and no read
+    at or after since can tell). Locks the shard row; if any old row is no longer there exactly as given (a
+    rebuild's ``replace_batches`` or another compaction replaced it), nothing changes and the result is
+    ``"conflict"`` (the merged parts become garbage); else ``"merged"``. The old parts are no longer
+    referenced; garbage collection removes them after its grace period.
+    """
+    validate_shard_id(shard)
+    merges = list(merges)
+    old = [r for mg in merges for r in mg.old]
+    if not merges:
+        raise ValueError(f"shard {shard}: nothing to merge")
+    if len({r.path for r in old}) != len(old):
+        raise ValueError(f"shard {shard}: a batch row can be merged once, not twice")
+    for mg in merges:
+        if not mg.old:
+            raise ValueError(f"shard {shard}: a merge needs the batch rows it replaces")
+        if any(r.shard != shard for r in mg.old):
+            raise ValueError(f"shard {shard}: a merge can only replace the shard's own batch rows")
+        want = (min(r.lower for r in mg.old), max(r.upper for r in mg.old))
+        if (mg.desc.lower, mg.desc.upper) != want:
+            raise ValueError(f"shard {shard}: merged parts go under [{want[0]}, {want[1]}), the span of the rows "
+                             f"they replace, not [{mg.desc.lower}, {mg.desc.upper})")
+        _check_parts(Append(shard, mg.desc, mg.parts))
+    with conn.transaction():
+        _, since = _lock_shard(conn, shard)  # serializes with appends, rebuilds and other merges
+        for mg in merges:
+            if mg.desc.upper > since + 1:
+                raise ValueError(f"shard {shard}: cannot merge parts under [{mg.desc.lower}, {mg.desc.upper}): "
+                                 f"their updates are not all at or below since {since}")
+        current = {BatchRow(shard, *r) for r in conn.execute(
+            "SELECT lower, upper, path, rows, bytes, min_ts, max_ts FROM reclock.shard_batches "
+            "WHERE shard = %s AND path = ANY(%s)", (shard, [r.path for r in old]))}
+        if current != set(old):
+            return CONFLICT
+        conn.execute("DELETE FROM reclock.shard_batches WHERE shard = %s AND path = ANY(%s)",
+                     (shard, [r.path for r in old]))
+        _insert_batch_rows(conn, [r for mg in merges for r in _batch_rows(Append(shard, mg.desc, mg.parts))])
+    return MERGED

@@ -1,0 +1,120 @@
+"""Compaction of a shard's parts, the pure half: which parts to merge, and what a merged part holds.
+
+Every cycle appends parts to a shard; compaction keeps their number bounded (DESIGN.md, "bounded state").
+Parts whose updates all lie at or below the shard's ``since`` are merged: their times are advanced, their
+updates consolidated (summed by row and time, zeros dropped). Nobody can tell: a read AS OF any
+``t >= since`` takes every one of those updates whatever time at or below ``since`` it carries, and a read
+of the updates above ``since`` never sees them. The I/O half (reading and writing parts, swapping the batch
+rows in Postgres) is :mod:`reclock.persist.compact`.
+
+Consolidation groups with pyarrow's ``group_by``: nulls are one key (``null == null``), and floats are
+compared bit for bit (every NaN bit pattern is its own key, ``-0.0`` is not ``0.0``). That is an
+equivalence, so consolidating in two steps (compaction, then a read) sums exactly what one step would.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Protocol, Sequence, TypeVar
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from reclock.batch import BatchDescription
+
+__all__ = ["compaction_candidates", "plan_compaction", "merged_description", "consolidate", "contents_as_of"]
+
+
+class PartRow(Protocol):
+    """What planning needs of a batch row (``reclock.persist.shards.BatchRow`` is one)."""
+
+    @property
+    def lower(self) -> int: ...
+
+    @property
+    def upper(self) -> int: ...
+
+    @property
+    def path(self) -> str: ...
+
+    @property
+    def bytes(self) -> int: ...
+
+
+R = TypeVar("R", bound=PartRow)
+
+
+def compaction_candidates(rows: Iterable[R], since: int, target_bytes: int) -> list[R]:
+    """The rows whose updates all lie at ``ts <= since`` (description ``upper <= since + 1``) and whose part
+    is small (``bytes < target_bytes``), in ``(lower, path)`` order."""
+    return sorted((r for r in rows if r.upper <= since + 1 and r.bytes < target_bytes),
+                  key=lambda r: (r.lower, r.path.encode()))
+
+
+def plan_compaction(rows: Iterable[R], since: int, *, target_bytes: int, min_parts: int) -> list[tuple[R, ...]]:
+    """The runs of parts to merge, each into one part: nothing unless there are at least ``min_parts``
+    candidates (:func:`compaction_candidates`); then the candidates, in order, packed greedily into runs of
+    at most ``target_bytes`` together. A run of one part is left out (merging it alone saves no row).
+
+    So a merge reads at most ``target_bytes`` of parts at once, and after it fewer than ``min_parts``
+    candidates remain unless they are too big to pack in pairs.
+    """
+    if target_bytes <= 0:
+        raise ValueError(f"target_bytes must be positive, got {target_bytes}")
+    if min_parts < 2:
+        raise ValueError(f"min_parts must be at least 2 (merging fewer saves nothing), got {min_parts}")
+    candidates = compaction_candidates(rows, since, target_bytes)
+    if len(candidates) < min_parts:
+        return []
+    runs: list[list[R]] = [[]]
+    size = 0
+    for r in candidates:
+        if runs[-1] and size + r.bytes > target_bytes:
+            runs.append([])
+            size = 0
+        runs[-1].append(r)
+        size += r.bytes
+    return [tuple(run) for run in runs if len(run) > 1]
+
+
+def merged_description(run: Sequence[PartRow]) -> BatchDescription:
+    """The description a run's merged part is appended under: ``[min lower, max upper)``. Its updates are
+    advanced to ``upper - 1`` (at or below ``since``), the last time inside it."""
+    if not run:
+        raise ValueError("a run to merge needs at least one part")
+    return BatchDescription(min(r.lower for r in run), max(r.upper for r in run))
+
+
+def consolidate(updates: pa.Table, advance_to: int | None = None) -> pa.Table:
+    """``updates`` (data columns, ``ts``, ``diff``) with every ``ts < advance_to`` advanced to ``advance_to``,
+    then summed by ``(data..., ts)`` with the rows whose ``diff`` sums to 0 dropped. Same columns, same
+    order, same types and metadata; the row order is unspecified.
+
+    Data columns pyarrow cannot group by (lists, structs, maps) leave the updates unconsolidated (only
+    advanced, and rows with ``diff`` 0 dropped): still correct, just not smaller.
+    """
+    schema = updates.schema
+    if advance_to is not None:
+        i = schema.get_field_index("ts")
+        updates = updates.set_column(i, schema.field(i), pc.max_element_wise(
+            updates.column(i), pa.scalar(advance_to, schema.field(i).type)))
+    keys = [n for n in schema.names if n != "diff"]
+    if updates.num_rows == 0 or any(pa.types.is_nested(schema.field(k).type) for k in keys):
+        return updates.filter(pc.not_equal(updates["diff"], 0))
+    summed = updates.group_by(keys, use_threads=False).aggregate([("diff", "sum")])
+    summed = summed.rename_columns([*keys, "diff"]).select(schema.names)
+    summed = summed.filter(pc.not_equal(summed["diff"], 0))
+    return summed.cast(schema)
+
+
+def contents_as_of(updates: pa.Table | None, t: int) -> pa.Table:
+    """A collection's contents AS OF ``t`` given its updates (every part a read AS OF ``t`` needs): the
+    updates at ``ts <= t`` summed by row, zero rows dropped; data columns plus ``diff``."""
+    if updates is None or updates.num_rows == 0:
+        return pa.table({"diff": pa.array([], pa.int64())})
+    updates = updates.filter(pc.less_equal(updates["ts"], t))
+    keys = [c for c in updates.column_names if c not in ("ts", "diff")]
+    if not keys:
+        return pa.table({"diff": [pc.sum(updates["diff"]).as_py() or 0]})
+    grouped = updates.group_by(keys, use_threads=False).aggregate([("diff", "sum")])
+    grouped = grouped.rename_columns([*keys, "diff"])
+    return grouped.filter(pc.not_equal(grouped["diff"], 0))
