@@ -23,10 +23,9 @@ The merged part keeps the column names the parts carry in their files (an error 
 their ``_reclock_err_`` prefix), so every reader reads it like the parts it replaces. It is written under
 ``<shard>/<lower>-<upper>/`` (:func:`reclock.persist.blob.new_part_path`): garbage collection of a source's
 parts must cover that folder for every shard, not only the cycle's ``<source>/`` folder. The replaced parts
-become garbage: :func:`reclock.persist.gc.collect_garbage` deletes them once unreferenced and older than
-its grace period. That age is the blob's (its mtime), not the time since it lost its last reference, so a
-grace period must also cover the longest read of a part list (a reader that listed the batches just
-before a swap still opens the old parts).
+become garbage: the swap records them in ``reclock.retired_parts``, and
+:func:`reclock.persist.gc.collect_garbage` deletes them once its grace period has passed since then (a
+reader that listed the batches just before the swap may still be opening them).
 """
 
 from __future__ import annotations

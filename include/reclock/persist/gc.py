@@ -5,10 +5,10 @@ range was ``already_present``, and the parts a rebuild (``replace_batches``) or 
 A part is written before its ``compare_and_append``, so an unreferenced part may be one that is about to
 be appended: only blobs older than the grace period are deleted. The grace period must exceed the
 longest time from writing a part to appending it (a cycle's write_batches + append, a compaction's merge).
-A part that any batch row references -- of any shard -- is never deleted. The age is the blob's own
-(mtime): a replaced part is usually old already when it loses its last reference, so it may go at the next
-collection, and a reader that listed a shard's parts just before the swap must finish within the grace
-period too.
+A part that any batch row references -- of any shard -- is never deleted. A part that a rebuild or a
+compaction replaced is recorded in ``reclock.retired_parts`` with the time it lost its batch row, and its
+grace period counts from then (a reader that listed the shard's parts just before the swap may still be
+opening it); any other unreferenced blob's counts from its write time (mtime).
 """
 
 from __future__ import annotations
@@ -35,10 +35,19 @@ def _referenced(conn, prefix: str) -> set[str]:
         'SELECT path FROM reclock.shard_batches WHERE path COLLATE "C" >= %s AND path COLLATE "C" < %s', (lo, hi))}
 
 
+def _retired(conn, prefix: str) -> dict[str, float]:
+    """Path -> when it lost its batch row (seconds since the epoch), for the retired parts under ``prefix``."""
+    lo, hi = prefix, prefix[:-1] + "0"
+    return {p: float(at) for p, at in conn.execute(
+        'SELECT path, extract(epoch FROM retired_at) FROM reclock.retired_parts '
+        'WHERE path COLLATE "C" >= %s AND path COLLATE "C" < %s', (lo, hi))}
+
+
 def collect_garbage(conn, blob: BlobStore, prefix: str, grace_seconds: float,
                     now: float | None = None) -> GcReport:
-    """Delete the blobs under the folder ``prefix`` that no batch row references and whose mtime is more
-    than ``grace_seconds`` before ``now`` (default: the current time).
+    """Delete the blobs under the folder ``prefix`` that no batch row references and that became garbage
+    more than ``grace_seconds`` before ``now`` (default: the current time): a retired part (replaced by a
+    rebuild or a compaction) when it was retired, any other blob when it was written (its mtime).
 
     ``prefix`` is the folder the parts were written under: a shard id for :func:`new_part_path` parts,
     or a source name for the cycle's parts (one Spark write holds the parts of all the source's shards).
@@ -52,16 +61,26 @@ def collect_garbage(conn, blob: BlobStore, prefix: str, grace_seconds: float,
     now = time.time() if now is None else now
     blobs = blob.list(prefix)
     referenced = _referenced(conn, prefix)
+    retired = _retired(conn, prefix)
     deleted = deleted_bytes = young = ref = 0
+    gone: list[str] = []
     for b in blobs:
         parents = b.path.split("/")
-        if b.path in referenced or any("/".join(parents[:i]) in referenced for i in range(1, len(parents))):
+        paths = [b.path, *("/".join(parents[:i]) for i in range(1, len(parents)))]
+        since = max([b.mtime, *(retired[p] for p in paths if p in retired)])
+        if any(p in referenced for p in paths):
             ref += 1
-        elif now - b.mtime < grace_seconds:
+        elif now - since < grace_seconds:
             young += 1
         else:
             blob.delete(b.path)
+            gone.append(b.path)
             deleted += 1
             deleted_bytes += b.size
+    # a retired part's row goes once no blob is left at or under its path
+    left = {b.path for b in blobs} - set(gone)
+    done = [r for r in retired if not any(p == r or p.startswith(r + "/") for p in left)]
+    if done:
+        conn.execute("DELETE FROM reclock.retired_parts WHERE path = ANY(%s)", (done,))
     return GcReport(scanned=len(blobs), referenced=ref, kept_young=young, deleted=deleted,
                     deleted_bytes=deleted_bytes)

@@ -373,8 +373,16 @@ def replace_batches(conn, appends: Sequence[Append]) -> None:
             if uppers[a.shard] != a.desc.upper:
                 raise UpperMismatch(a.shard, a.desc.upper, uppers[a.shard],
                                     "the shard moved during the rebuild; nothing was replaced, rebuild again")
-        conn.execute("DELETE FROM reclock.shard_batches WHERE shard = ANY(%s)", (ids,))
+        _retire(conn, [p for (p,) in conn.execute(
+            "DELETE FROM reclock.shard_batches WHERE shard = ANY(%s) RETURNING path", (ids,))])
         _insert_batch_rows(conn, [r for a in appends for r in _batch_rows(a)])
+
+
+def _retire(conn, paths: Sequence[str]) -> None:
+    """Record that ``paths`` lost their batch rows now: garbage collection waits its grace period from here."""
+    if paths:
+        conn.execute("INSERT INTO reclock.retired_parts (path) SELECT unnest(%s::text[]) "
+                     "ON CONFLICT (path) DO UPDATE SET retired_at = now()", (list(paths),))
 
 
 def merge_batches(conn, shard: str, merges: Sequence[Merge]) -> str:
@@ -418,5 +426,6 @@ def merge_batches(conn, shard: str, merges: Sequence[Merge]) -> str:
             return CONFLICT
         conn.execute("DELETE FROM reclock.shard_batches WHERE shard = %s AND path = ANY(%s)",
                      (shard, [r.path for r in old]))
+        _retire(conn, [r.path for r in old])
         _insert_batch_rows(conn, [r for mg in merges for r in _batch_rows(Append(shard, mg.desc, mg.parts))])
     return MERGED
