@@ -99,7 +99,7 @@ def _state_rows(env: Env, source: str) -> dict[str, int]:
     cycle, per shard ``min_parts - 1`` candidates (small parts at or below since: tiny ones all pack into
     one merge) plus the parts it does not touch (above since, or not small)."""
     from reclock.persist import connect
-    from reclock.persist.compact import DEFAULT_MIN_PARTS, DEFAULT_TARGET_BYTES
+    from reclock.persist.compact import DEFAULT_MIN_PARTS, DEFAULT_SMALL_BYTES
 
     with connect(env.dsn) as conn:
         bindings, = conn.execute("SELECT count(*) FROM reclock.remap_bindings WHERE source = %s",
@@ -111,7 +111,7 @@ def _state_rows(env: Env, source: str) -> dict[str, int]:
         shards, untouched = conn.execute(
             "SELECT count(DISTINCT s.id), count(b.path) FILTER (WHERE b.upper > s.since + 1 OR b.bytes >= %s) "
             "FROM reclock.shards s LEFT JOIN reclock.shard_batches b ON b.shard = s.id WHERE s.source = %s",
-            (DEFAULT_TARGET_BYTES, source)).fetchone()
+            (DEFAULT_SMALL_BYTES, source)).fetchone()
     return {"remap_bindings": bindings, "remap_offset_rows": offsets, "shard_batch_rows": batches,
             "shard_batch_bound": shards * (DEFAULT_MIN_PARTS - 1) + untouched}
 

@@ -21,7 +21,8 @@ import pyarrow.compute as pc
 
 from reclock.batch import BatchDescription
 
-__all__ = ["compaction_candidates", "plan_compaction", "merged_description", "consolidate", "contents_as_of"]
+__all__ = ["compaction_candidates", "plan_compaction", "merged_description", "advance", "has_retractions",
+           "consolidate", "contents_as_of"]
 
 
 class PartRow(Protocol):
@@ -50,10 +51,12 @@ def compaction_candidates(rows: Iterable[R], since: int, target_bytes: int) -> l
                   key=lambda r: (r.lower, r.path.encode()))
 
 
-def plan_compaction(rows: Iterable[R], since: int, *, target_bytes: int, min_parts: int) -> list[tuple[R, ...]]:
+def plan_compaction(rows: Iterable[R], since: int, *, target_bytes: int, min_parts: int,
+                    small_bytes: int | None = None) -> list[tuple[R, ...]]:
     """The runs of parts to merge, each into one part: nothing unless there are at least ``min_parts``
-    candidates (:func:`compaction_candidates`); then the candidates, in order, packed greedily into runs of
-    at most ``target_bytes`` together. A run of one part is left out (merging it alone saves no row).
+    candidates (:func:`compaction_candidates`, parts smaller than ``small_bytes``, default ``target_bytes``);
+    then the candidates, in order, packed greedily into runs of at most ``target_bytes`` together. A run of
+    one part is left out (merging it alone saves no row).
 
     So a merge reads at most ``target_bytes`` of parts at once, and after it fewer than ``min_parts``
     candidates remain unless they are too big to pack in pairs.
@@ -62,7 +65,9 @@ def plan_compaction(rows: Iterable[R], since: int, *, target_bytes: int, min_par
         raise ValueError(f"target_bytes must be positive, got {target_bytes}")
     if min_parts < 2:
         raise ValueError(f"min_parts must be at least 2 (merging fewer saves nothing), got {min_parts}")
-    candidates = compaction_candidates(rows, since, target_bytes)
+    if small_bytes is not None and small_bytes <= 0:
+        raise ValueError(f"small_bytes must be positive, got {small_bytes}")
+    candidates = compaction_candidates(rows, since, min(target_bytes, small_bytes or target_bytes))
     if len(candidates) < min_parts:
         return []
     runs: list[list[R]] = [[]]
@@ -84,6 +89,18 @@ def merged_description(run: Sequence[PartRow]) -> BatchDescription:
     return BatchDescription(min(r.lower for r in run), max(r.upper for r in run))
 
 
+def advance(updates: pa.Table, to: int) -> pa.Table:
+    """``updates`` with every ``ts < to`` advanced to ``to``; nothing else changes."""
+    i = updates.schema.get_field_index("ts")
+    return updates.set_column(i, updates.schema.field(i), pc.max_element_wise(
+        updates.column(i), pa.scalar(to, updates.schema.field(i).type)))
+
+
+def has_retractions(updates: pa.Table) -> bool:
+    """Whether any update has ``diff <= 0`` (only then can consolidation cancel anything)."""
+    return updates.num_rows > 0 and pc.min(updates["diff"]).as_py() <= 0
+
+
 def consolidate(updates: pa.Table, advance_to: int | None = None) -> pa.Table:
     """``updates`` (data columns, ``ts``, ``diff``) with every ``ts < advance_to`` advanced to ``advance_to``,
     then summed by ``(data..., ts)`` with the rows whose ``diff`` sums to 0 dropped. Same columns, same
@@ -94,9 +111,7 @@ def consolidate(updates: pa.Table, advance_to: int | None = None) -> pa.Table:
     """
     schema = updates.schema
     if advance_to is not None:
-        i = schema.get_field_index("ts")
-        updates = updates.set_column(i, schema.field(i), pc.max_element_wise(
-            updates.column(i), pa.scalar(advance_to, schema.field(i).type)))
+        updates = advance(updates, advance_to)
     keys = [n for n in schema.names if n != "diff"]
     if updates.num_rows == 0 or any(pa.types.is_nested(schema.field(k).type) for k in keys):
         return updates.filter(pc.not_equal(updates["diff"], 0))

@@ -263,35 +263,84 @@ def _stall_on_first_error(ctx: CycleContext, error_parts: tuple[Part, ...]) -> N
 
 
 def _collect_parts(ctx: CycleContext, prefix: str) -> tuple[dict[str, tuple[Part, ...]], tuple[Part, ...]]:
-    """The Parquet files under ``prefix``, assigned to shards by their ``_output=N`` folder, with row counts
-    and ts bounds read from the footers; and the upsert state's change parts."""
+    """The Parquet files under ``prefix``, assigned to shards, with row counts and ts bounds read from the
+    footers; and the upsert state's change parts.
+
+    An upsert slice's files sit in ``_output=N`` folders. An append-only slice's files carry each row's
+    output in a column: a file whose footer says every row is the collection's is a part of the data shard
+    as it is; the rare one holding other rows (records that failed to decode) is split by output into new
+    files beside it, and those are the parts (the original is garbage)."""
     import pyarrow.parquet as pq
 
-    from reclock.spark.ingest import DATA_OUTPUT, ERRORS_OUTPUT, STATE_OUTPUT
+    from reclock.spark.ingest import DATA_OUTPUT, ERRORS_OUTPUT, OUTPUT_COLUMN, STATE_OUTPUT
 
     state_key = "(upsert state)"
     out: dict[str, list[Part]] = {s: [] for s in (*ctx.spec.shards, state_key)}
-    shard_of = {f"_output={DATA_OUTPUT}": ctx.spec.data_shard, f"_output={ERRORS_OUTPUT}": ctx.spec.errors_shard,
-                f"_output={STATE_OUTPUT}": state_key}
+    shard_of = {DATA_OUTPUT: ctx.spec.data_shard, ERRORS_OUTPUT: ctx.spec.errors_shard, STATE_OUTPUT: state_key}
     for info in ctx.blob.list(prefix):
         if not info.path.endswith(".parquet"):
             continue
-        shard = next((s for k, s in shard_of.items() if f"/{k}/" in info.path), None)
-        if shard is None:
-            continue
         with ctx.blob.open(info.path) as f:
             md = pq.ParquetFile(f).metadata
-        rows, lo, hi = md.num_rows, None, None
-        ts_idx = md.schema.to_arrow_schema().get_field_index("ts")
-        for rg in range(md.num_row_groups):
-            st = md.row_group(rg).column(ts_idx).statistics
-            if st is not None and st.has_min_max:
-                lo = st.min if lo is None else min(lo, st.min)
-                hi = st.max if hi is None else max(hi, st.max)
-        if rows:
-            out[shard].append(Part(info.path, rows, info.size, lo, hi))
+        if not md.num_rows:
+            continue
+        folder = next((o for o in shard_of if f"/_output={o}/" in info.path), None)
+        if folder is not None:
+            out[shard_of[folder]].append(_part_from_footer(info.path, info.size, md))
+            continue
+        outputs = _column_range(md, OUTPUT_COLUMN)
+        if outputs is None:
+            continue  # not a file of ours
+        if outputs == (DATA_OUTPUT, DATA_OUTPUT):
+            out[ctx.spec.data_shard].append(_part_from_footer(info.path, info.size, md))
+            continue
+        for output, part in _split_by_output(ctx, info.path):
+            out[shard_of[output]].append(part)
     done = {s: tuple(sorted(ps, key=lambda p: p.path)) for s, ps in out.items()}
     return {s: done[s] for s in ctx.spec.shards}, done[state_key]
+
+
+def _column_range(md, column: str) -> tuple | None:
+    """``(min, max)`` of ``column`` over the file's row groups, from the footer (None: no such column)."""
+    idx = md.schema.to_arrow_schema().get_field_index(column)
+    if idx < 0:
+        return None
+    lo = hi = None
+    for rg in range(md.num_row_groups):
+        st = md.row_group(rg).column(idx).statistics
+        if st is None or not st.has_min_max:
+            return (None, None)  # unknown: treat as mixed
+        lo = st.min if lo is None else min(lo, st.min)
+        hi = st.max if hi is None else max(hi, st.max)
+    return lo, hi
+
+
+def _part_from_footer(path: str, size: int, md) -> Part:
+    lo, hi = _column_range(md, "ts") or (None, None)
+    return Part(path, md.num_rows, size, lo, hi)
+
+
+def _split_by_output(ctx: CycleContext, path: str) -> list[tuple[int, Part]]:
+    """Write the rows of each output in the file at ``path`` to a file of its own beside it."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from reclock.persist.compact import parquet_bytes, uses_int96
+    from reclock.spark.ingest import OUTPUT_COLUMN
+
+    with ctx.blob.open(path) as f:
+        pf = pq.ParquetFile(f)
+        int96 = uses_int96(pf)
+        table = pf.read()
+    parts = []
+    for output in sorted(o for o in pc.unique(table[OUTPUT_COLUMN]).to_pylist() if o is not None):
+        rows = table.filter(pc.equal(table[OUTPUT_COLUMN], output))
+        data = parquet_bytes(rows, int96, f"source {ctx.spec.name}: output {output} of {path}")
+        split = f"{path[:-len('.parquet')]}.output{output}.parquet"
+        ctx.blob.put_bytes(split, data)
+        ts = pc.min_max(rows["ts"]).as_py()
+        parts.append((output, Part(split, rows.num_rows, len(data), ts["min"], ts["max"])))
+    return parts
 
 
 def append(ctx: CycleContext, written: WrittenBatch) -> list:

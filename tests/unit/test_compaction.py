@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reclock.compaction import (compaction_candidates, consolidate, contents_as_of, merged_description,
-                                plan_compaction)
+from reclock.compaction import (advance, compaction_candidates, consolidate, contents_as_of, has_retractions,
+                                merged_description, plan_compaction)
 
 SCHEMA = pa.schema([("a", pa.int64()), ("f", pa.float64()), ("s", pa.string()), ("ts", pa.int64()),
                     ("diff", pa.int64())], metadata={b"origin": b"test"})
@@ -137,3 +137,24 @@ def test_the_plan_refuses_nonsense():
         plan_compaction([], 0, target_bytes=10, min_parts=1)
     with pytest.raises(ValueError, match="target_bytes"):
         plan_compaction([], 0, target_bytes=0, min_parts=2)
+
+
+@settings(max_examples=200, deadline=None)
+@given(updates, st.integers(0, 22), st.integers(0, 5))
+def test_an_append_only_run_is_only_advanced_and_reads_the_same(table, since, dt):
+    """Compaction skips consolidation when nothing can cancel (no diff <= 0): advancing alone keeps every
+    read at or after since."""
+    inserts = table.filter(pc.greater(table["diff"], 0))
+    assert not has_retractions(inserts) and has_retractions(table) == (inserts.num_rows < table.num_rows)
+    moved = advance(inserts, since)
+    assert moved.num_rows == inserts.num_rows and moved.schema == inserts.schema
+    assert all(ts >= since for ts in moved["ts"].to_pylist())
+    assert bag(contents_as_of(moved, since + dt)) == bag(contents_as_of(inserts, since + dt))
+
+
+def test_the_plan_takes_only_small_parts_as_candidates():
+    rows = [Row(0, 1, "a", 10), Row(1, 2, "b", 500), Row(2, 3, "c", 10), Row(3, 4, "d", 10)]
+    runs = plan_compaction(rows, 10, target_bytes=1000, min_parts=2, small_bytes=100)
+    assert [[r.path for r in run] for run in runs] == [["a", "c", "d"]]
+    with pytest.raises(ValueError, match="small_bytes"):
+        plan_compaction(rows, 10, target_bytes=1000, min_parts=2, small_bytes=0)

@@ -39,17 +39,20 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from reclock.batch import Part
-from reclock.compaction import consolidate, merged_description, plan_compaction
+from reclock.compaction import advance, consolidate, has_retractions, merged_description, plan_compaction
 from reclock.failpoints import failpoint
 from reclock.persist.blob import BlobStore, new_part_path
 from reclock.persist.shards import CONFLICT, MERGED, BatchRow, Merge, batches, merge_batches, shard_info
 from reclock.read import _own_columns
 
-__all__ = ["CompactReport", "compact_parts", "DEFAULT_TARGET_BYTES", "DEFAULT_MIN_PARTS", "MERGED",
-           "NOTHING_TO_DO", "CONFLICT"]
+__all__ = ["CompactReport", "compact_parts", "DEFAULT_TARGET_BYTES", "DEFAULT_SMALL_BYTES", "DEFAULT_MIN_PARTS",
+           "MERGED", "NOTHING_TO_DO", "CONFLICT"]
 
 DEFAULT_TARGET_BYTES = 64 * 2**20
-"""A part at least this big is left alone; a merge reads and writes at most about this much at once."""
+"""A merge reads and writes at most about this much at once."""
+DEFAULT_SMALL_BYTES = 8 * 2**20
+"""Only parts smaller than this are merged: a big cycle's parts are left as they are (rewriting them would
+cost a cycle's worth of I/O again and save few rows), so batch rows grow with the data, not the cycles."""
 DEFAULT_MIN_PARTS = 8
 """Merge only when at least this many candidates wait: fewer stay as they are (the bound on their number)."""
 NOTHING_TO_DO = "nothing_to_do"
@@ -81,20 +84,31 @@ def _read_run(blob: BlobStore, shard: str, run: Sequence[BatchRow]) -> tuple[pa.
         with blob.open(row.path) as f:
             pf = pq.ParquetFile(f)
             own, _ = _own_columns(shard, pf.schema_arrow.names)  # no rename: keep the on-file names
-            int96 |= any(pf.schema.column(i).physical_type == "INT96" for i in range(len(pf.schema)))
+            int96 |= uses_int96(pf)
             tables.append(pf.read(columns=own))
     return pa.concat_tables(tables, promote_options="default"), int96
 
 
-def _write_part(blob: BlobStore, shard: str, run: Sequence[BatchRow], table: pa.Table, int96: bool) -> Part:
-    desc = merged_description(run)
+def uses_int96(pf: pq.ParquetFile) -> bool:
+    """Whether the file keeps timestamps as INT96 (Spark's default)."""
+    return any(pf.schema.column(i).physical_type == "INT96" for i in range(len(pf.schema)))
+
+
+def parquet_bytes(table: pa.Table, int96: bool, what: str) -> bytes:
+    """``table`` as a Parquet file whose columns read back with the same types (timestamps as INT96 when the
+    files it comes from keep them so: Spark reads those, and pyarrow reads them as it read the originals)."""
     buf = io.BytesIO()
     pq.write_table(table, buf, use_deprecated_int96_timestamps=int96)
     data = buf.getvalue()
     written = pq.ParquetFile(io.BytesIO(data)).schema_arrow
     if [(f.name, f.type) for f in written] != [(f.name, f.type) for f in table.schema]:
-        raise ValueError(f"shard {shard}: a merged part would read back as {written}, not as the parts it "
-                         f"replaces ({table.schema}); nothing was merged")
+        raise ValueError(f"{what} would read back as {written}, not as the parts it comes from ({table.schema})")
+    return data
+
+
+def _write_part(blob: BlobStore, shard: str, run: Sequence[BatchRow], table: pa.Table, int96: bool) -> Part:
+    desc = merged_description(run)
+    data = parquet_bytes(table, int96, f"shard {shard}: a merged part (nothing was merged)")
     path = new_part_path(shard, desc)
     blob.put_bytes(path, data)
     ts = desc.upper - 1  # every update of the run is there now
@@ -102,15 +116,16 @@ def _write_part(blob: BlobStore, shard: str, run: Sequence[BatchRow], table: pa.
 
 
 def compact_parts(conn, blob: BlobStore, shard: str, *, target_bytes: int = DEFAULT_TARGET_BYTES,
-                  min_parts: int = DEFAULT_MIN_PARTS,
+                  small_bytes: int = DEFAULT_SMALL_BYTES, min_parts: int = DEFAULT_MIN_PARTS,
                   before_swap: Callable[[], None] | None = None) -> CompactReport:
     """Merge ``shard``'s small parts at or below its since, if at least ``min_parts`` of them wait.
 
     Candidates are the batch rows whose description ends at or below ``since + 1`` (all their updates lie at
-    ``ts <= since``) and whose part is smaller than ``target_bytes``; in ``(lower, path)`` order they are
+    ``ts <= since``) and whose part is smaller than ``small_bytes``; in ``(lower, path)`` order they are
     packed into runs of at most ``target_bytes``, and each run of two or more becomes one part: its updates
-    advanced to the run's last time (``upper - 1 <= since``) and consolidated (a run that cancels out
-    entirely becomes no part at all). The merged parts replace the runs in one transaction (``merged``),
+    advanced to the run's last time (``upper - 1 <= since``) and, when the run holds retractions,
+    consolidated (a run that cancels out entirely becomes no part at all; an append-only run has nothing
+    to cancel and is only advanced). The merged parts replace the runs in one transaction (``merged``),
     unless a rebuild or another compaction replaced any of them first (``conflict``: nothing changes, the
     written parts are garbage). Reads AS OF any ``t >= since``, and reads of the updates above ``since``,
     give what they gave before.
@@ -121,13 +136,14 @@ def compact_parts(conn, blob: BlobStore, shard: str, *, target_bytes: int = DEFA
     t0 = time.monotonic()
     since = shard_info(conn, shard).since
     rows = batches(conn, shard)
-    runs = plan_compaction(rows, since, target_bytes=target_bytes, min_parts=min_parts)
+    runs = plan_compaction(rows, since, target_bytes=target_bytes, min_parts=min_parts, small_bytes=small_bytes)
     merges: list[Merge] = []
     rows_before = rows_after = 0
     for run in runs:  # one run in memory at a time: at most ~target_bytes of parts
         table, int96 = _read_run(blob, shard, run)
         rows_before += table.num_rows
-        merged = consolidate(table, advance_to=merged_description(run).upper - 1)
+        to = merged_description(run).upper - 1
+        merged = consolidate(table, advance_to=to) if has_retractions(table) else advance(table, to)
         del table
         rows_after += merged.num_rows
         parts = (_write_part(blob, shard, run, merged, int96),) if merged.num_rows else ()

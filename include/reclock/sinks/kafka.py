@@ -41,7 +41,7 @@ from reclock.persist import connect
 from reclock.persist.shards import acquire_read_hold, downgrade_read_hold, release_read_hold, shard_info
 from reclock.persist.status import record_statistics, record_status
 from reclock.read import read_as_of, read_updates
-from reclock.sinks.encode import Message, dumps, encode_updates
+from reclock.sinks.encode import dumps, encode_updates
 
 PROGRESS_VERSION_KEY = "version"
 TS_HEADER = "reclock.ts"
@@ -348,6 +348,10 @@ def ts_chunks(table: pa.Table, rows: int = ENCODE_CHUNK) -> list[pa.Table]:
 
 
 def _write(ctx: SinkContext, producer, begin: _Begin) -> SinkResult:
+    """Write the complete updates ``[frontier, upper)`` in transactions, streaming: each message is produced
+    as soon as it is encoded (chunks are encoded on a helper thread while the main one produces), into a
+    transaction begun at its first message; a transaction is cut at the first ts boundary after the
+    budget is reached (a ts never spans two) and committed with the progress record of that ts."""
     from concurrent.futures import ThreadPoolExecutor
 
     spec = ctx.spec
@@ -357,27 +361,42 @@ def _write(ctx: SinkContext, producer, begin: _Begin) -> SinkResult:
         upper = shard_info(conn, spec.collection).upper
     t0 = time.monotonic()
     table = updates(ctx, begin, upper)
-    pending: list[Message] = []
-    size = 0
+    topic, produce, poll = spec.kafka.topic, producer.produce, producer.poll
+    max_messages, max_bytes = spec.budget.max_messages, spec.budget.max_bytes
+    count = size = 0  # of the open transaction
+    open_txn = False
     prev_ts = None
+    headers: list = []
     with ThreadPoolExecutor(1, thread_name_prefix="sink-encode") as pool:
         encoded = [pool.submit(encode_updates, spec, c) for c in (ts_chunks(table) if table is not None else [])]
         for future in encoded:
-            for m in future.result():
-                ts = m[0]
-                # cut a transaction at a ts boundary once the budget is reached (a ts is never split)
+            for ts, k, v in future.result():
                 if ts != prev_ts:
-                    if pending and (len(pending) >= spec.budget.max_messages or size >= spec.budget.max_bytes):
-                        frontier = _transaction(ctx, producer, pending, ts, version)
-                        txns, messages, nbytes = txns + 1, messages + len(pending), nbytes + size
-                        pending, size = [], 0
-                    prev_ts = ts
-                pending.append(m)
-                size += (len(m[1]) if m[1] else 0) + (len(m[2]) if m[2] else 0)
+                    if count and (count >= max_messages or size >= max_bytes):
+                        frontier = _commit(ctx, producer, ts, version)
+                        txns, messages, nbytes = txns + 1, messages + count, nbytes + size
+                        count = size = 0
+                        open_txn = False
+                    headers, prev_ts = [(TS_HEADER, str(ts).encode())], ts
+                if not open_txn:
+                    producer.begin_transaction()
+                    open_txn = True
+                while True:
+                    try:
+                        produce(topic, v, k, headers=headers)
+                        break
+                    except BufferError:  # the local queue is full: let it drain
+                        poll(0.05)
+                count += 1
+                size += (len(k) if k else 0) + (len(v) if v else 0)
+                if count % 10_000 == 0:
+                    poll(0)
     # the last transaction carries the frontier up to the shard's upper (times without updates included)
     if upper > frontier:
-        frontier = _transaction(ctx, producer, pending, upper, version)
-        txns, messages, nbytes = txns + 1, messages + len(pending), nbytes + size
+        if not open_txn:
+            producer.begin_transaction()
+        frontier = _commit(ctx, producer, upper, version)
+        txns, messages, nbytes = txns + 1, messages + count, nbytes + size
     if txns:  # an idle step records nothing: a following sink steps many times a second
         with ctx.connect() as conn:
             upper_now = shard_info(conn, spec.collection).upper
@@ -387,24 +406,10 @@ def _write(ctx: SinkContext, producer, begin: _Begin) -> SinkResult:
     return SinkResult(frontier, version, txns, messages, nbytes)
 
 
-def _transaction(ctx: SinkContext, producer, msgs: list[Message], new_frontier: int, version: int) -> int:
-    """Write ``msgs`` and the progress record ``new_frontier`` in ONE transaction, then move the read hold
-    to ``new_frontier - 1``."""
+def _commit(ctx: SinkContext, producer, new_frontier: int, version: int) -> int:
+    """Close the open transaction: add the progress record ``new_frontier`` and commit (the messages and
+    the record become visible together, or neither), then move the read hold to ``new_frontier - 1``."""
     spec = ctx.spec
-    topic, produce, poll = spec.kafka.topic, producer.produce, producer.poll
-    producer.begin_transaction()
-    headers, last_ts = None, None
-    for n, (ts, k, v) in enumerate(msgs):
-        if ts != last_ts:
-            headers, last_ts = [(TS_HEADER, str(ts).encode())], ts
-        while True:
-            try:
-                produce(topic, v, k, headers=headers)
-                break
-            except BufferError:  # the local queue is full: let it drain
-                poll(0.05)
-        if n % 10_000 == 0:
-            poll(0)
     failpoint("sink:in_transaction")
     producer.produce(spec.progress_topic, key=spec.name.encode(),
                      value=dumps({"frontier": [new_frontier], PROGRESS_VERSION_KEY: version}))
