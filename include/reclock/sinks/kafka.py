@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
+from reclock import compaction
 from reclock.config import SinkSpec
 from reclock.errors import ReclockError, SinceViolation
 from reclock.failpoints import failpoint
@@ -168,16 +168,14 @@ def topic_holds_data(bootstrap: str, topic: str) -> bool:
 
 
 def consolidate(table: pa.Table) -> pa.Table:
-    """Sum ``diff`` per ``(ts, row)``, drop zeros, sort by ts (the order the sink writes in). Without
-    retractions nothing can cancel, so the (costly) grouping is skipped: only the sort remains."""
+    """Sum ``diff`` per ``(ts, row)``, drop zeros (:func:`reclock.compaction.consolidate`), sort by ts (the
+    order the sink writes in). Without retractions nothing can cancel, so the (costly) grouping is skipped:
+    only the sort remains."""
     if table.num_rows == 0:
         return table
-    if pc.min(table["diff"]).as_py() > 0:
-        return table.sort_by([("ts", "ascending")])
-    keys = [c for c in table.column_names if c != "diff"]
-    g = table.group_by(keys, use_threads=False).aggregate([("diff", "sum")]).rename_columns([*keys, "diff"])
-    g = g.filter(pc.not_equal(g["diff"], 0))
-    return g.sort_by([("ts", "ascending")])
+    if compaction.has_retractions(table):
+        table = compaction.consolidate(table)
+    return table.sort_by([("ts", "ascending")])
 
 
 # -- the sink ------------------------------------------------------------------------------------------------

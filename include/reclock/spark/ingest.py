@@ -116,18 +116,22 @@ CASE_LIMIT = 256
 compiled into the scan's generated code; above it (a rebuild over a long history), a broadcast range join."""
 
 
-def reclock_case_sql(ranges: Sequence[OffsetRange], bindings: Sequence[BindingRange]) -> str:
-    """The SQL expression giving each record of ``ranges`` the ts of the binding whose range holds its offset
-    (NULL where none does), over the bindings that intersect ``ranges`` only.
+def _intersecting(ranges: Sequence[OffsetRange], bindings: Sequence[BindingRange]) -> list[BindingRange]:
+    """The bindings whose offset range intersects ``ranges`` (the only ones a slice's records can fall in)."""
+    wanted = {r.partition: r for r in ranges}
+    return [b for b in bindings if b.partition in wanted
+            and b.start < wanted[b.partition].end and b.end > wanted[b.partition].start]
+
+
+def reclock_case_sql(bindings: Sequence[BindingRange]) -> str:
+    """The SQL expression giving each record the ts of the binding whose range holds its offset (NULL where
+    none does).
 
     Per partition the bindings are disjoint offset ranges, so the branch order does not matter; every value
     is an integer, so the text needs no quoting."""
     by_partition: dict[int, list[BindingRange]] = {}
-    wanted = {r.partition: r for r in ranges}
     for b in bindings:
-        r = wanted.get(b.partition)
-        if r is not None and b.start < r.end and b.end > r.start:
-            by_partition.setdefault(b.partition, []).append(b)
+        by_partition.setdefault(b.partition, []).append(b)
     if not by_partition:
         return "CAST(NULL AS BIGINT)"
     arms = []
@@ -145,16 +149,14 @@ def _reclocked(spark, spec: SourceSpec, bootstrap: str, ranges: Sequence[OffsetR
 
     Vectorised either way, never a per-record Python function: a ``CASE`` expression when the slice
     intersects at most :data:`CASE_LIMIT` binding ranges (the usual cycle: one or a few bindings per
-    partition), else a broadcast range join against the bindings."""
+    partition), else a broadcast range join against those bindings."""
     from pyspark.sql import functions as F
 
     raw = _read_kafka(spark, spec, bootstrap, ranges)
-    wanted = {r.partition: r for r in ranges}
-    hits = sum(1 for b in bindings if b.partition in wanted
-               and b.start < wanted[b.partition].end and b.end > wanted[b.partition].start)
-    if hits <= CASE_LIMIT:
-        return raw.withColumn("ts", F.expr(reclock_case_sql(ranges, bindings))).filter("ts IS NOT NULL")
-    bdf = spark.createDataFrame([(b.partition, b.start, b.end, b.ts) for b in bindings],
+    hits = _intersecting(ranges, bindings)
+    if len(hits) <= CASE_LIMIT:
+        return raw.withColumn("ts", F.expr(reclock_case_sql(hits))).filter("ts IS NOT NULL")
+    bdf = spark.createDataFrame([(b.partition, b.start, b.end, b.ts) for b in hits],
                                 "b_partition INT, b_start BIGINT, b_end BIGINT, ts BIGINT")
     return raw.join(F.broadcast(bdf), (raw["partition"] == bdf["b_partition"]) & (raw["offset"] >= bdf["b_start"])
                     & (raw["offset"] < bdf["b_end"]), "inner").drop("b_partition", "b_start", "b_end")
