@@ -191,6 +191,61 @@ def test_runs_are_bounded_by_the_target(orders):
     assert reads(conn, store, DATA) == before
 
 
+def test_an_append_only_run_is_streamed_a_batch_at_a_time(orders, monkeypatch):
+    """No retraction in any footer: the run is merged a few rows at a time, never held whole; a part
+    written without a column (an older schema) gets it as nulls; every read is the same."""
+    from reclock.persist import compact
+
+    conn, store = orders
+    monkeypatch.setattr(compact, "STREAM_BATCH_ROWS", 3)
+    held = []
+    conform = compact._conform
+    monkeypatch.setattr(compact, "_conform", lambda b, schema: held.append(b.num_rows) or conform(b, schema))
+    monkeypatch.setattr(compact, "_read_run", lambda *a: pytest.fail("an append-only run was read whole"))
+    for i in range(6):
+        desc = D(STEP * i, STEP * (i + 1))
+        rows = [{"id": 10 * i + k, "name": f"n{k}", "price": [1.5, math.nan, None][k % 3],
+                 "created": 1_700_000_000_000_000_000 + k, "ts": desc.lower + k, "diff": 1 + k % 2} for k in range(7)]
+        part = write_part(store, desc, 0, rows)
+        if i == 2:  # the same rows, written before the "price" column existed
+            table = _read(store, part.path).drop_columns(["price"])
+            buf = io.BytesIO()
+            pq.write_table(table, buf, use_deprecated_int96_timestamps=True)
+            store.put_bytes(part.path, buf.getvalue())
+            part = Part(part.path, part.rows, len(buf.getvalue()), part.min_ts, part.max_ts)
+        compare_and_append(conn, [Append(DATA, desc, (part,))])
+    advance_since(conn, DATA, 49)
+    before = reads(conn, store, DATA)
+    report = compact_parts(conn, store, DATA, min_parts=4)
+    assert (report.status, report.parts_merged, report.parts_written) == ("merged", 5, 1)
+    assert report.rows_before == report.rows_after == 35 and held and max(held) <= 3
+    assert reads(conn, store, DATA) == before
+    merged = _read(store, batches(conn, DATA)[0].path)
+    assert merged.schema.field("created").type == pa.timestamp("ns") and set(merged["ts"].to_pylist()) == {49}
+    assert merged["price"].null_count == 7 + 4 * 2  # the part without the column; two None prices in each other
+
+
+def test_a_run_with_retractions_is_cut_to_the_decoded_limit(orders):
+    conn, store = orders
+    run_cycles(conn, store, 12)
+    advance_since(conn, DATA, 79)
+    before = reads(conn, store, DATA)
+    decoded = []
+    for b in batches(conn, DATA)[:16]:
+        with store.open(b.path) as f:
+            md = pq.ParquetFile(f).metadata
+            decoded.append(sum(md.row_group(g).total_byte_size for g in range(md.num_row_groups)))
+    limit = sum(decoded[:5])  # the first five candidates fit, the sixth does not
+    report = compact_parts(conn, store, DATA, min_parts=4, decoded_limit=limit)
+    assert (report.status, report.parts_merged, report.parts_written) == ("merged", 5, 1)
+    assert reads(conn, store, DATA) == before
+    again = compact_parts(conn, store, DATA, min_parts=4, decoded_limit=limit)  # the merged part and the next
+    assert again.status == "merged" and 2 <= again.parts_merged < 16 - 5 + 1
+    assert reads(conn, store, DATA) == before
+    too_small = compact_parts(conn, store, DATA, min_parts=2, decoded_limit=1)  # one part each: nothing merges
+    assert (too_small.status, too_small.parts_merged) == ("nothing_to_do", 0)
+
+
 def test_updates_that_cancel_out_leave_no_part(orders):
     conn, store = orders
     desc = D(0, 10)

@@ -10,10 +10,15 @@ bounded however many cycles append to it (DESIGN.md, "bounded state").
                         v  consolidate (sum diff by row and ts, drop zeros)
     [0,44) m  (one new part under a fresh path, <= ~target_bytes)  | [44,50) y  [50,57) z
 
-The plan and the consolidation are pure (:mod:`reclock.compaction`); this module does the I/O: read a run
-of candidate parts (at most ``target_bytes`` of them at once), write the merged part, then swap the batch
-rows in ONE transaction with :func:`reclock.persist.shards.merge_batches`. A rebuild or another
+The plan and the consolidation are pure (:mod:`reclock.compaction`); this module does the I/O: merge each run
+of candidate parts (at most ``target_bytes`` of them) into one part, then swap the batch rows in ONE
+transaction with :func:`reclock.persist.shards.merge_batches`. A rebuild or another
 compaction that replaced any candidate in between makes the swap a ``conflict`` that changes nothing.
+
+Memory: an append-only run (every part's footer shows ``diff > 0``: every Kafka append envelope) is
+streamed, a batch of rows at a time, so a merge holds about one batch and its compressed output. A run
+with retractions (upsert) is consolidated in memory, so it is cut to the parts whose decoded size stays
+under ``decoded_limit``.
 
 Reads cannot tell: AS OF every ``t >= since`` a read takes all of a merged part's updates, as it took all
 of the candidates'; ``read_updates`` from above ``since`` (what a sink reads) skips both. Below ``since``
@@ -55,7 +60,22 @@ DEFAULT_SMALL_BYTES = 8 * 2**20
 cost a cycle's worth of I/O again and save few rows), so batch rows grow with the data, not the cycles."""
 DEFAULT_MIN_PARTS = 8
 """Merge only when at least this many candidates wait: fewer stay as they are (the bound on their number)."""
+DEFAULT_DECODED_LIMIT = 256 * 2**20
+"""A run holding retractions is consolidated in memory: it is cut to the parts whose data, decoded, stays
+under this (the rest wait for the next compaction). Append-only runs are streamed and need no limit."""
+STREAM_BATCH_ROWS = 65_536
+"""Rows an append-only merge holds at once."""
 NOTHING_TO_DO = "nothing_to_do"
+
+
+def _within(run: Sequence[BatchRow], decoded: Sequence[int], limit: int) -> tuple[BatchRow, ...]:
+    """The longest prefix of ``run`` whose decoded sizes add up to at most ``limit`` (at least one part)."""
+    total, n = 0, 0
+    for size in decoded:
+        if n and total + size > limit:
+            break
+        total, n = total + size, n + 1
+    return tuple(run[:n])
 
 
 @dataclass(frozen=True)
@@ -76,17 +96,75 @@ class CompactReport:
     seconds: float
 
 
-def _read_run(blob: BlobStore, shard: str, run: Sequence[BatchRow]) -> tuple[pa.Table, bool]:
-    """The run's updates with the shard's own columns, named as in the files; and whether the files keep
-    timestamps as INT96 (Spark's default), so the merged part can keep them the same way."""
-    tables, int96 = [], False
+@dataclass(frozen=True)
+class _RunFiles:
+    """What a run's footers tell before any data is read."""
+
+    schema: pa.Schema  # the run's own columns, named as in the files, unified over its parts
+    int96: bool  # the files keep timestamps as INT96 (Spark's default): the merged part keeps them so
+    retractions: bool  # some part may hold an update with diff <= 0 (no statistics: assume so)
+    decoded_bytes: list[int]  # per part, its data decoded (the footer's uncompressed row-group sizes)
+
+
+def _footers(blob: BlobStore, shard: str, run: Sequence[BatchRow]) -> _RunFiles:
+    schemas, int96, retractions, decoded = [], False, False, []
     for row in run:
         with blob.open(row.path) as f:
             pf = pq.ParquetFile(f)
             own, _ = _own_columns(shard, pf.schema_arrow.names)  # no rename: keep the on-file names
+            schemas.append(pa.schema([pf.schema_arrow.field(n) for n in own]))
             int96 |= uses_int96(pf)
-            tables.append(pf.read(columns=own))
-    return pa.concat_tables(tables, promote_options="default"), int96
+            retractions |= _may_retract(pf.metadata)
+            decoded.append(sum(pf.metadata.row_group(i).total_byte_size for i in range(pf.metadata.num_row_groups)))
+    return _RunFiles(pa.unify_schemas(schemas), int96, retractions, decoded)
+
+
+def _may_retract(md: pq.FileMetaData) -> bool:
+    """Whether a part may hold an update with ``diff <= 0``, by its footer's statistics of ``diff``."""
+    names = [md.schema.column(i).name for i in range(md.num_columns)]
+    if "diff" not in names:
+        return True
+    i = names.index("diff")
+    for g in range(md.num_row_groups):
+        stats = md.row_group(g).column(i).statistics
+        if stats is None or not stats.has_min_max or stats.min <= 0:
+            return True
+    return False
+
+
+def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """``batch`` with ``schema``'s columns in its order: missing ones null, others cast where they differ."""
+    cols = []
+    for field in schema:
+        i = batch.schema.get_field_index(field.name)
+        col = batch.column(i) if i >= 0 else pa.nulls(batch.num_rows, field.type)
+        cols.append(col if col.type == field.type else col.cast(field.type))
+    return pa.RecordBatch.from_arrays(cols, schema=schema)
+
+
+def _read_run(blob: BlobStore, shard: str, run: Sequence[BatchRow], schema: pa.Schema) -> pa.Table:
+    """The run's updates with the shard's own columns, named as in the files, all in memory."""
+    tables = []
+    for row in run:
+        with blob.open(row.path) as f:
+            pf = pq.ParquetFile(f)
+            tables.append(pf.read(columns=[n for n in schema.names if n in pf.schema_arrow.names]))
+    return pa.concat_tables(tables, promote_options="default").select(schema.names).cast(schema)
+
+
+def _stream_advanced(blob: BlobStore, run: Sequence[BatchRow], files: _RunFiles, to: int) -> tuple[bytes, int]:
+    """An append-only run merged without holding it: each part is read a batch at a time, its updates
+    advanced to ``to`` and written on into one Parquet file; the file's bytes and its row count. Memory
+    stays at about one batch and the (compressed) output, whatever the run's size."""
+    buf, rows = io.BytesIO(), 0
+    with pq.ParquetWriter(buf, files.schema, use_deprecated_int96_timestamps=files.int96) as writer:
+        for row in run:
+            with blob.open(row.path) as f:
+                for batch in pq.ParquetFile(f).iter_batches(batch_size=STREAM_BATCH_ROWS, columns=files.schema.names):
+                    batch = _conform(batch, files.schema)
+                    writer.write_table(advance(pa.Table.from_batches([batch]), to))
+                    rows += batch.num_rows
+    return buf.getvalue(), rows
 
 
 def uses_int96(pf: pq.ParquetFile) -> bool:
@@ -100,23 +178,42 @@ def parquet_bytes(table: pa.Table, int96: bool, what: str) -> bytes:
     buf = io.BytesIO()
     pq.write_table(table, buf, use_deprecated_int96_timestamps=int96)
     data = buf.getvalue()
-    written = pq.ParquetFile(io.BytesIO(data)).schema_arrow
-    if [(f.name, f.type) for f in written] != [(f.name, f.type) for f in table.schema]:
-        raise ValueError(f"{what} would read back as {written}, not as the parts it comes from ({table.schema})")
+    _check_reads_back(data, table.schema, what)
     return data
 
 
-def _write_part(blob: BlobStore, shard: str, run: Sequence[BatchRow], table: pa.Table, int96: bool) -> Part:
+def _check_reads_back(data: bytes, schema: pa.Schema, what: str) -> None:
+    written = pq.ParquetFile(io.BytesIO(data)).schema_arrow
+    if [(f.name, f.type) for f in written] != [(f.name, f.type) for f in schema]:
+        raise ValueError(f"{what} would read back as {written}, not as the parts it comes from ({schema})")
+
+
+def _merge_run(blob: BlobStore, shard: str, run: Sequence[BatchRow], files: _RunFiles) -> tuple[Merge, int, int]:
+    """Merge one run into at most one part (written, not yet swapped in); with its rows before and after."""
     desc = merged_description(run)
-    data = parquet_bytes(table, int96, f"shard {shard}: a merged part (nothing was merged)")
-    path = new_part_path(shard, desc)
-    blob.put_bytes(path, data)
-    ts = desc.upper - 1  # every update of the run is there now
-    return Part(path, table.num_rows, len(data), ts, ts)
+    to = desc.upper - 1  # every update of the run is there now (<= since)
+    what = f"shard {shard}: a merged part (nothing was merged)"
+    if files.retractions:  # consolidation groups the whole run: in memory (its decoded size is capped)
+        table = _read_run(blob, shard, run, files.schema)
+        before = table.num_rows
+        merged = consolidate(table, advance_to=to) if has_retractions(table) else advance(table, to)
+        del table
+        data, after = (parquet_bytes(merged, files.int96, what), merged.num_rows) if merged.num_rows else (b"", 0)
+    else:  # append-only (the common case): nothing cancels, so stream
+        data, after = _stream_advanced(blob, run, files, to)
+        before = after
+        _check_reads_back(data, files.schema, what)
+    parts: tuple[Part, ...] = ()
+    if after:
+        path = new_part_path(shard, desc)
+        blob.put_bytes(path, data)
+        parts = (Part(path, after, len(data), to, to),)
+    return Merge(tuple(run), desc, parts), before, after
 
 
 def compact_parts(conn, blob: BlobStore, shard: str, *, target_bytes: int = DEFAULT_TARGET_BYTES,
                   small_bytes: int = DEFAULT_SMALL_BYTES, min_parts: int = DEFAULT_MIN_PARTS,
+                  decoded_limit: int = DEFAULT_DECODED_LIMIT,
                   before_swap: Callable[[], None] | None = None) -> CompactReport:
     """Merge ``shard``'s small parts at or below its since, if at least ``min_parts`` of them wait.
 
@@ -128,7 +225,8 @@ def compact_parts(conn, blob: BlobStore, shard: str, *, target_bytes: int = DEFA
     to cancel and is only advanced). The merged parts replace the runs in one transaction (``merged``),
     unless a rebuild or another compaction replaced any of them first (``conflict``: nothing changes, the
     written parts are garbage). Reads AS OF any ``t >= since``, and reads of the updates above ``since``,
-    give what they gave before.
+    give what they gave before. An append-only run is streamed; a run with retractions is first cut to the
+    parts whose decoded size stays under ``decoded_limit`` (fewer than two left: it waits).
 
     ``before_swap``, when given, runs after the merged parts are written and before the swap (tests use it
     to race a rebuild); the fail point ``compact:before_swap`` sits at the same place.
@@ -139,15 +237,16 @@ def compact_parts(conn, blob: BlobStore, shard: str, *, target_bytes: int = DEFA
     runs = plan_compaction(rows, since, target_bytes=target_bytes, min_parts=min_parts, small_bytes=small_bytes)
     merges: list[Merge] = []
     rows_before = rows_after = 0
-    for run in runs:  # one run in memory at a time: at most ~target_bytes of parts
-        table, int96 = _read_run(blob, shard, run)
-        rows_before += table.num_rows
-        to = merged_description(run).upper - 1
-        merged = consolidate(table, advance_to=to) if has_retractions(table) else advance(table, to)
-        del table
-        rows_after += merged.num_rows
-        parts = (_write_part(blob, shard, run, merged, int96),) if merged.num_rows else ()
-        merges.append(Merge(run, merged_description(run), parts))
+    for run in runs:  # one run at a time
+        files = _footers(blob, shard, run)
+        if files.retractions:  # consolidated in memory: keep the run's decoded size under the limit
+            run = _within(run, files.decoded_bytes, decoded_limit)
+            if len(run) < 2:
+                continue
+            files = _footers(blob, shard, run)
+        merge, before, after = _merge_run(blob, shard, run, files)
+        merges.append(merge)
+        rows_before, rows_after = rows_before + before, rows_after + after
     status = NOTHING_TO_DO
     if merges:
         failpoint("compact:before_swap")

@@ -255,7 +255,8 @@ def batches(conn, shard: str, as_of: int | None = None) -> list[BatchRow]:
     """The batch rows (parts) of ``shard`` in ``(lower, path)`` order.
 
     With ``as_of = t``, the parts a read AS OF ``t`` needs: those appended under a description with
-    ``lower <= t`` (a part holds updates at ``ts >= lower`` only). ``since <= t < upper`` is required:
+    ``lower <= t`` (a part holds updates at ``ts >= lower`` only) whose earliest update is at or before
+    ``t``. ``since <= t < upper`` is required:
     ``SinceViolation`` below since, ``BeyondUpper`` at or above the upper. Read in one statement, so
     the bounds and the parts come from one snapshot.
     """
@@ -264,7 +265,8 @@ def batches(conn, shard: str, as_of: int | None = None) -> list[BatchRow]:
     rows = conn.execute(
         "SELECT s.upper, s.since, b.shard, b.lower, b.upper, b.path, b.rows, b.bytes, b.min_ts, b.max_ts "
         "FROM reclock.shards s LEFT JOIN reclock.shard_batches b "
-        "  ON b.shard = s.id AND (%(t)s::bigint IS NULL OR b.lower <= %(t)s::bigint) "
+        "  ON b.shard = s.id AND (%(t)s::bigint IS NULL OR (b.lower <= %(t)s::bigint "
+        "                                          AND (b.min_ts IS NULL OR b.min_ts <= %(t)s::bigint))) "
         'WHERE s.id = %(s)s ORDER BY b.lower, b.path COLLATE "C"', {"s": shard, "t": as_of}).fetchall()
     if not rows:
         raise UnknownShard(shard)

@@ -9,7 +9,9 @@ decimals as strings, nested values) fall back to ``json.dumps`` for their column
 - ``upsert``: key ``{"k": ...}``, value the row, or a tombstone (null) when the key's row is gone; two
   values for one key at one timestamp raise ``KeyNotUnique``.
 
-Messages come out in timestamp order (then by key) as ``(ts, key, value)``.
+Messages come out in timestamp order (then by key): :func:`encode_runs` gives them as one :class:`TsRun`
+per timestamp (what the sink produces from: a run's messages go out in a tight loop, with one header),
+:func:`encode_updates` as ``(ts, key, value)`` tuples.
 """
 
 from __future__ import annotations
@@ -18,8 +20,11 @@ import base64
 import datetime as dt
 import decimal
 import json
+from dataclasses import dataclass
+from itertools import groupby
 from typing import Any, Sequence
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -27,6 +32,18 @@ from reclock.config import SinkSpec
 from reclock.errors import ReclockError
 
 Message = tuple[int, "bytes | None", "bytes | None"]
+
+
+@dataclass(frozen=True)
+class TsRun:
+    """The messages of one timestamp, in order: ``keys[i]`` (``keys`` is None when no message has a key)
+    and ``values[i]``; ``nbytes`` is the size of all of them, keys and values."""
+
+    ts: int
+    keys: "list[bytes] | None"
+    values: "list[bytes | None]"
+    nbytes: int
+
 _CONTROL = "[\\x00-\\x1f]"
 
 
@@ -58,6 +75,8 @@ def json_literals(col: pa.ChunkedArray | pa.Array) -> pa.Array:
         out = pc.cast(col, pa.string())
     elif pa.types.is_floating(t):
         out = pc.if_else(pc.is_finite(col), pc.cast(col, pa.string()), pa.scalar("null"))
+    elif (pa.types.is_string(t) or pa.types.is_large_string(t)) and not _may_need_escapes(col):
+        out = pc.binary_join_element_wise('"', col, '"', "")  # nothing to escape (the common case)
     elif (pa.types.is_string(t) or pa.types.is_large_string(t)) and \
             not pc.any(pc.match_substring_regex(col, _CONTROL)).as_py():
         escaped = col
@@ -70,6 +89,20 @@ def json_literals(col: pa.ChunkedArray | pa.Array) -> pa.Array:
         return pa.array([json.dumps(v, default=_json_default, ensure_ascii=False) for v in col.to_pylist()],
                         pa.string())
     return pc.fill_null(out, "null")
+
+
+def _may_need_escapes(col: pa.ChunkedArray | pa.Array) -> bool:
+    """Whether a string column's bytes hold a quote, a backslash or a control character: one vectorised
+    pass over its data buffers (bytes outside a sliced array count too: a false alarm only costs the
+    exact checks)."""
+    for chunk in col.chunks if isinstance(col, pa.ChunkedArray) else [col]:
+        data = chunk.buffers()[2]
+        if data is None:
+            continue
+        b = np.frombuffer(data, np.uint8)
+        if np.count_nonzero(b < 0x20) or np.count_nonzero(b == 0x22) or np.count_nonzero(b == 0x5C):
+            return True
+    return False
 
 
 def json_objects(table: pa.Table, columns: Sequence[str]) -> list[str]:
@@ -88,7 +121,7 @@ def _objects(table: pa.Table, columns: Sequence[str], prefix: str = "", suffix: 
     return pc.binary_join_element_wise(*pieces, "")
 
 
-def _debezium_unkeyed(table: pa.Table, data_cols: Sequence[str]) -> list[Message]:
+def _debezium_unkeyed(table: pa.Table, data_cols: Sequence[str]) -> list[TsRun]:
     """``{"before": null, "after": row}`` for insertions, the other way round for retractions, one message
     per unit of ``diff``; built entirely with Arrow kernels."""
     table = table.sort_by([("ts", "ascending")])  # stable: rows keep their order within a ts
@@ -103,12 +136,35 @@ def _debezium_unkeyed(table: pa.Table, data_cols: Sequence[str]) -> list[Message
     else:
         before = _objects(table, data_cols, '{"before":', ',"after":null}')
         values = pc.if_else(pc.greater(diff, 0), after, before)
-    values = pc.cast(values, pa.binary()).to_pylist()
-    return list(zip(table["ts"].to_pylist(), [None] * len(values), values))
+    values = pc.cast(values, pa.binary())
+    ts = table["ts"].to_numpy()
+    starts = np.concatenate(([0], np.flatnonzero(np.diff(ts)) + 1))
+    nbytes = np.add.reduceat(pc.binary_length(values).to_numpy(zero_copy_only=False), starts)
+    values = values.to_pylist()
+    ends = [*starts[1:].tolist(), len(values)]
+    return [TsRun(int(ts[a]), None, values[a:b], int(n)) for a, b, n in zip(starts.tolist(), ends, nbytes)]
+
+
+def _runs(messages: list[Message]) -> list[TsRun]:
+    """``messages`` (sorted by ts) as one run per ts."""
+    out = []
+    for ts, group in groupby(messages, key=lambda m: m[0]):
+        group = list(group)
+        keys = [k for _, k, _ in group]
+        values = [v for _, _, v in group]
+        out.append(TsRun(ts, keys, values, sum(len(k) for k in keys) + sum(len(v) for v in values if v)))
+    return out
 
 
 def encode_updates(spec: SinkSpec, table: pa.Table) -> list[Message]:
     """The messages of consolidated updates (columns: data..., ``ts``, ``diff``), sorted by ts."""
+    return [(run.ts, k, v) for run in encode_runs(spec, table)
+            for k, v in zip(run.keys or [None] * len(run.values), run.values)]
+
+
+def encode_runs(spec: SinkSpec, table: pa.Table) -> list[TsRun]:
+    """The messages of consolidated updates (columns: data..., ``ts``, ``diff``), one run per ts, in ts
+    order."""
     if table.num_rows == 0:
         return []
     data_cols = [c for c in table.column_names if c not in ("ts", "diff")]
@@ -118,6 +174,10 @@ def encode_updates(spec: SinkSpec, table: pa.Table) -> list[Message]:
                            f"(columns: {', '.join(data_cols)})")
     if spec.format == "debezium" and not spec.key:
         return _debezium_unkeyed(table, data_cols)
+    return _runs(_keyed(spec, table, data_cols))
+
+
+def _keyed(spec: SinkSpec, table: pa.Table, data_cols: Sequence[str]) -> list[Message]:
     rows = json_objects(table, data_cols)
     keys = json_objects(table, list(spec.key)) if spec.key else None
     ts_list = table["ts"].to_pylist()

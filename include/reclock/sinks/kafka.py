@@ -41,7 +41,7 @@ from reclock.persist import connect
 from reclock.persist.shards import acquire_read_hold, downgrade_read_hold, release_read_hold, shard_info
 from reclock.persist.status import record_statistics, record_status
 from reclock.read import read_as_of, read_updates
-from reclock.sinks.encode import dumps, encode_updates
+from reclock.sinks.encode import dumps, encode_runs
 
 PROGRESS_VERSION_KEY = "version"
 TS_HEADER = "reclock.ts"
@@ -351,6 +351,7 @@ def _write(ctx: SinkContext, producer, begin: _Begin) -> SinkResult:
     transaction begun at its first message; a transaction is cut at the first ts boundary after the
     budget is reached (a ts never spans two) and committed with the progress record of that ts."""
     from concurrent.futures import ThreadPoolExecutor
+    from itertools import repeat
 
     spec = ctx.spec
     frontier, version = begin.frontier, begin.version
@@ -359,36 +360,31 @@ def _write(ctx: SinkContext, producer, begin: _Begin) -> SinkResult:
         upper = shard_info(conn, spec.collection).upper
     t0 = time.monotonic()
     table = updates(ctx, begin, upper)
-    topic, produce, poll = spec.kafka.topic, producer.produce, producer.poll
+    topic, produce = spec.kafka.topic, producer.produce
     max_messages, max_bytes = spec.budget.max_messages, spec.budget.max_bytes
     count = size = 0  # of the open transaction
     open_txn = False
-    prev_ts = None
-    headers: list = []
     with ThreadPoolExecutor(1, thread_name_prefix="sink-encode") as pool:
-        encoded = [pool.submit(encode_updates, spec, c) for c in (ts_chunks(table) if table is not None else [])]
+        encoded = [pool.submit(encode_runs, spec, c) for c in (ts_chunks(table) if table is not None else [])]
         for future in encoded:
-            for ts, k, v in future.result():
-                if ts != prev_ts:
-                    if count and (count >= max_messages or size >= max_bytes):
-                        frontier = _commit(ctx, producer, ts, version)
-                        txns, messages, nbytes = txns + 1, messages + count, nbytes + size
-                        count = size = 0
-                        open_txn = False
-                    headers, prev_ts = [(TS_HEADER, str(ts).encode())], ts
+            for run in future.result():  # one ts: a transaction is cut only before a run, never inside one
+                if count and (count >= max_messages or size >= max_bytes):
+                    frontier = _commit(ctx, producer, run.ts, version)
+                    txns, messages, nbytes = txns + 1, messages + count, nbytes + size
+                    count = size = 0
+                    open_txn = False
                 if not open_txn:
                     producer.begin_transaction()
                     open_txn = True
-                while True:
-                    try:
+                headers = [(TS_HEADER, str(run.ts).encode())]
+                for k, v in zip(repeat(None) if run.keys is None else run.keys, run.values):
+                    try:  # the hot loop: as bare as a plain producer's
                         produce(topic, v, k, headers=headers)
-                        break
                     except BufferError:  # the local queue is full: let it drain
-                        poll(0.05)
-                count += 1
-                size += (len(k) if k else 0) + (len(v) if v else 0)
-                if count % 10_000 == 0:
-                    poll(0)
+                        _produce_when_room(producer, topic, v, k, headers)
+                count += len(run.values)
+                size += run.nbytes
+                producer.poll(0)
     # the last transaction carries the frontier up to the shard's upper (times without updates included)
     if upper > frontier:
         if not open_txn:
@@ -402,6 +398,16 @@ def _write(ctx: SinkContext, producer, begin: _Begin) -> SinkResult:
                 "transactions": txns, "messages": messages, "bytes": nbytes, "frontier": frontier,
                 "lag_ms": max(0, upper_now - frontier), "seconds": round(time.monotonic() - t0, 3)})
     return SinkResult(frontier, version, txns, messages, nbytes)
+
+
+def _produce_when_room(producer, topic: str, value, key, headers) -> None:
+    while True:
+        producer.poll(0.05)
+        try:
+            producer.produce(topic, value, key, headers=headers)
+            return
+        except BufferError:
+            continue
 
 
 def _commit(ctx: SinkContext, producer, new_frontier: int, version: int) -> int:
