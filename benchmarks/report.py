@@ -131,7 +131,10 @@ def table(results: Results) -> str:
 
 def write_markdown(results: Results, path: Path) -> None:
     meta = results.meta
-    head = [f"# Reclock benchmarks: `--size {meta.get('size')}`, {meta.get('reps')} repetition(s)", "",
+    reps = f"{meta.get('reps')} repetition(s)"
+    if meta.get("large_reps", meta.get("reps")) != meta.get("reps"):
+        reps += f", {meta.get('large_reps')} at the large backlog"
+    head = [f"# Reclock benchmarks: `--size {meta.get('size')}`, {reps}", "",
             f"Run {meta.get('started')} on {meta.get('machine')}; took {meta.get('seconds', 0):.0f} s. "
             "Figures are medians of the repetitions (min, max beside them); every ratio compares medians.",
             ""]

@@ -63,6 +63,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="backlogs: " + "; ".join(f"{s.name} = {s.small:,}/{s.base:,}/{s.large:,} records, "
                                                   f"{s.state_cycles} state cycles" for s in SIZES.values()))
     ap.add_argument("--reps", type=int, default=3, help="repetitions of every throughput figure (default 3)")
+    ap.add_argument("--large-reps", type=int,
+                    help="repetitions at the large backlog only (default: --reps; at --size full one repetition "
+                         "of every contender at 50M records takes ~20 min)")
     ap.add_argument("--state-cycles", type=int, help="cycles of the state-size run (default: by --size)")
     ap.add_argument("--no-dag-test", action="store_true", help="skip the dag.test() contender")
     ap.add_argument("--freshness", action="store_true",
@@ -71,8 +74,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--rate", type=int, default=2000, help="records/s produced for freshness (default 2000)")
     ap.add_argument("--out", type=Path, default=HERE, help="folder for results.{md,json,png} (default: benchmarks/)")
     args = ap.parse_args(argv)
-    if args.reps < 1:
-        ap.error("--reps must be at least 1")
+    if args.reps < 1 or (args.large_reps is not None and args.large_reps < 1):
+        ap.error("--reps and --large-reps must be at least 1")
     return args
 
 
@@ -97,16 +100,18 @@ def produce_data(env: Env, size: Size) -> dict[str, Backlog]:
 
 
 def throughput(env: Env, backlogs: dict[str, Backlog], runners: dict[str, Contender], reps: int,
-               results: Results) -> None:
-    """Every contender at every backlog, ``reps`` times, round robin (so drift hits all alike), after one
-    untimed warm-up run of each on the small backlog (class loading and JIT in the shared JVM)."""
+               results: Results, large_reps: int | None = None) -> None:
+    """Every contender at every backlog, ``reps`` times (``large_reps`` at the large one), round robin (so
+    drift hits all alike), after one untimed warm-up run of each on the small backlog (class loading and
+    JIT in the shared JVM)."""
     for name, run in runners.items():
         t0 = time.perf_counter()
         run(env, backlogs["small"], reps)  # repetition number `reps`: a name no timed repetition uses
         echo(f"throughput: warm-up {name} ({time.perf_counter() - t0:.1f}s, untimed)")
     for label in LABELS:
         backlog = backlogs[label]
-        for rep in range(reps):
+        n = large_reps if label == "large" and large_reps is not None else reps
+        for rep in range(n):
             for name, run in runners.items():
                 with PeakRss(env.memory_groups()) as peak:
                     r = run(env, backlog, rep)
@@ -118,7 +123,7 @@ def throughput(env: Env, backlogs: dict[str, Backlog], runners: dict[str, Conten
                     results.add(f"memory_peak_python_{name}_{label}", "MB", mem["python"])
                     results.add(f"memory_peak_jvm_{name}_{label}", "MB", mem["jvm"])
                 extra = "".join(f", {k} {v:.2f}s" for k, v in r.extra.items())
-                echo(f"throughput: {label} rep {rep + 1}/{reps} {name:21s} {r.records / r.seconds:>12,.0f} rec/s "
+                echo(f"throughput: {label} rep {rep + 1}/{n} {name:21s} {r.records / r.seconds:>12,.0f} rec/s "
                      f"{backlog.megabytes / r.seconds:7.1f} MB/s ({r.seconds:.2f}s{extra}; "
                      f"peak {mem['total']:,.0f} MB)")
 
@@ -155,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     failed = ""
     results = Results(meta={
-        "size": size.name, "reps": args.reps, "machine": machine(),
+        "size": size.name, "reps": args.reps, "large_reps": args.large_reps or args.reps, "machine": machine(),
         "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "state_cycles": state_cycles, "notes": [
             "reclock: run_cycle on a new source per repetition (one description); timed from the cycle's "
@@ -184,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
                 results.meta["airflow_db_migrate_s"] = round(dag_test.prepare(), 1)
                 echo(f"dag.test: migrated in {results.meta['airflow_db_migrate_s']}s; output in {dag_test.log}")
             runners = contenders(env, dag_test)
-            throughput(env, backlogs, runners, args.reps, results)
+            throughput(env, backlogs, runners, args.reps, results, args.large_reps)
             throughput_checks(results, runners)
 
             cycles = max(5, args.reps)

@@ -266,13 +266,13 @@ def _collect_parts(ctx: CycleContext, prefix: str) -> tuple[dict[str, tuple[Part
     """The Parquet files under ``prefix``, assigned to shards, with row counts and ts bounds read from the
     footers; and the upsert state's change parts.
 
-    An upsert slice's files sit in ``_output=N`` folders. An append-only slice's files carry each row's
-    output in a column: a file whose footer says every row is the collection's is a part of the data shard
-    as it is; the rare one holding other rows (records that failed to decode) is split by output into new
-    files beside it, and those are the parts (the original is garbage)."""
+    An upsert slice's files sit in ``_output=N`` folders. An append-only slice's files hold the collection's
+    rows and, packed in one column, the records that did not decode: a file whose footer says that column
+    is all null is a part of the data shard as it is; the rare one holding rejected records is split into
+    a data part and an errors part beside it, and those are the parts (the original is garbage)."""
     import pyarrow.parquet as pq
 
-    from reclock.spark.ingest import DATA_OUTPUT, ERRORS_OUTPUT, OUTPUT_COLUMN, STATE_OUTPUT
+    from reclock.spark.ingest import DATA_OUTPUT, ERRORS_OUTPUT, REJECTED_COLUMN, STATE_OUTPUT
 
     state_key = "(upsert state)"
     out: dict[str, list[Part]] = {s: [] for s in (*ctx.spec.shards, state_key)}
@@ -288,16 +288,30 @@ def _collect_parts(ctx: CycleContext, prefix: str) -> tuple[dict[str, tuple[Part
         if folder is not None:
             out[shard_of[folder]].append(_part_from_footer(info.path, info.size, md))
             continue
-        outputs = _column_range(md, OUTPUT_COLUMN)
-        if outputs is None:
+        nulls = _null_count(md, REJECTED_COLUMN)
+        if nulls is None:
             continue  # not a file of ours
-        if outputs == (DATA_OUTPUT, DATA_OUTPUT):
+        if nulls == md.num_rows:
             out[ctx.spec.data_shard].append(_part_from_footer(info.path, info.size, md))
             continue
-        for output, part in _split_by_output(ctx, info.path):
+        for output, part in _split_rejected(ctx, info.path):
             out[shard_of[output]].append(part)
     done = {s: tuple(sorted(ps, key=lambda p: p.path)) for s, ps in out.items()}
     return {s: done[s] for s in ctx.spec.shards}, done[state_key]
+
+
+def _null_count(md, column: str) -> int | None:
+    """Nulls in ``column`` over the file's row groups, from the footer (None: no such column; -1: unknown)."""
+    idx = md.schema.to_arrow_schema().get_field_index(column)
+    if idx < 0:
+        return None
+    total = 0
+    for rg in range(md.num_row_groups):
+        st = md.row_group(rg).column(idx).statistics
+        if st is None or st.null_count is None:
+            return -1
+        total += st.null_count
+    return total
 
 
 def _column_range(md, column: str) -> tuple | None:
@@ -320,21 +334,29 @@ def _part_from_footer(path: str, size: int, md) -> Part:
     return Part(path, md.num_rows, size, lo, hi)
 
 
-def _split_by_output(ctx: CycleContext, path: str) -> list[tuple[int, Part]]:
-    """Write the rows of each output in the file at ``path`` to a file of its own beside it."""
+def _split_rejected(ctx: CycleContext, path: str) -> list[tuple[int, Part]]:
+    """Write the collection's rows of the file at ``path``, and its rejected records unpacked into the error
+    collection's columns, to files of their own beside it."""
+    import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     from reclock.persist.compact import parquet_bytes, uses_int96
-    from reclock.spark.ingest import OUTPUT_COLUMN
+    from reclock.spark.ingest import DATA_OUTPUT, ERRORS_OUTPUT, REJECTED_COLUMN, unpack_rejected
 
     with ctx.blob.open(path) as f:
         pf = pq.ParquetFile(f)
         int96 = uses_int96(pf)
         table = pf.read()
+    rejected = pc.is_valid(table[REJECTED_COLUMN])
+    good = table.filter(pc.invert(rejected)).drop_columns([REJECTED_COLUMN])
+    bad = table.filter(rejected)
+    errors = unpack_rejected(bad[REJECTED_COLUMN].to_pylist())
+    errors = pa.table({**{c: errors[c] for c in errors.column_names}, "ts": bad["ts"], "diff": bad["diff"]})
     parts = []
-    for output in sorted(o for o in pc.unique(table[OUTPUT_COLUMN]).to_pylist() if o is not None):
-        rows = table.filter(pc.equal(table[OUTPUT_COLUMN], output))
+    for output, rows in ((DATA_OUTPUT, good), (ERRORS_OUTPUT, errors)):
+        if not rows.num_rows:
+            continue
         data = parquet_bytes(rows, int96, f"source {ctx.spec.name}: output {output} of {path}")
         split = f"{path[:-len('.parquet')]}.output{output}.parquet"
         ctx.blob.put_bytes(split, data)
