@@ -300,33 +300,35 @@ def _collect_parts(ctx: CycleContext, prefix: str) -> tuple[dict[str, tuple[Part
     return {s: done[s] for s in ctx.spec.shards}, done[state_key]
 
 
-def _null_count(md, column: str) -> int | None:
-    """Nulls in ``column`` over the file's row groups, from the footer (None: no such column; -1: unknown)."""
+def _column_stats(md, column: str) -> list | None:
+    """Each row group's footer statistics of ``column`` (an entry None where none were kept; None: no such
+    column)."""
     idx = md.schema.to_arrow_schema().get_field_index(column)
     if idx < 0:
         return None
-    total = 0
-    for rg in range(md.num_row_groups):
-        st = md.row_group(rg).column(idx).statistics
-        if st is None or st.null_count is None:
-            return -1
-        total += st.null_count
-    return total
+    return [md.row_group(rg).column(idx).statistics for rg in range(md.num_row_groups)]
+
+
+def _null_count(md, column: str) -> int | None:
+    """Nulls in ``column`` over the file's row groups, from the footer (None: no such column; -1: unknown)."""
+    stats = _column_stats(md, column)
+    if stats is None:
+        return None
+    if any(st is None or st.null_count is None for st in stats):
+        return -1
+    return sum(st.null_count for st in stats)
 
 
 def _column_range(md, column: str) -> tuple | None:
     """``(min, max)`` of ``column`` over the file's row groups, from the footer (None: no such column)."""
-    idx = md.schema.to_arrow_schema().get_field_index(column)
-    if idx < 0:
+    stats = _column_stats(md, column)
+    if stats is None:
         return None
-    lo = hi = None
-    for rg in range(md.num_row_groups):
-        st = md.row_group(rg).column(idx).statistics
-        if st is None or not st.has_min_max:
-            return (None, None)  # unknown: treat as mixed
-        lo = st.min if lo is None else min(lo, st.min)
-        hi = st.max if hi is None else max(hi, st.max)
-    return lo, hi
+    if any(st is None or not st.has_min_max for st in stats):
+        return (None, None)  # unknown: treat as mixed
+    if not stats:
+        return (None, None)
+    return min(st.min for st in stats), max(st.max for st in stats)
 
 
 def _part_from_footer(path: str, size: int, md) -> Part:
