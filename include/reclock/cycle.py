@@ -300,18 +300,11 @@ def _collect_parts(ctx: CycleContext, prefix: str) -> tuple[dict[str, tuple[Part
     return {s: done[s] for s in ctx.spec.shards}, done[state_key]
 
 
-def _column_stats(md, column: str) -> list | None:
-    """Each row group's footer statistics of ``column`` (an entry None where none were kept; None: no such
-    column)."""
-    idx = md.schema.to_arrow_schema().get_field_index(column)
-    if idx < 0:
-        return None
-    return [md.row_group(rg).column(idx).statistics for rg in range(md.num_row_groups)]
-
-
 def _null_count(md, column: str) -> int | None:
     """Nulls in ``column`` over the file's row groups, from the footer (None: no such column; -1: unknown)."""
-    stats = _column_stats(md, column)
+    from reclock.persist.compact import column_stats
+
+    stats = column_stats(md, column)
     if stats is None:
         return None
     if any(st is None or st.null_count is None for st in stats):
@@ -321,7 +314,9 @@ def _null_count(md, column: str) -> int | None:
 
 def _column_range(md, column: str) -> tuple | None:
     """``(min, max)`` of ``column`` over the file's row groups, from the footer (None: no such column)."""
-    stats = _column_stats(md, column)
+    from reclock.persist.compact import column_stats
+
+    stats = column_stats(md, column)
     if stats is None:
         return None
     if any(st is None or not st.has_min_max for st in stats):

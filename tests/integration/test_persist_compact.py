@@ -246,6 +246,21 @@ def test_a_run_with_retractions_is_cut_to_the_decoded_limit(orders):
     assert (too_small.status, too_small.parts_merged) == ("nothing_to_do", 0)
 
 
+def test_footer_statistics_are_found_by_column_path_past_nested_columns():
+    """A struct column's leaves come before ``ts`` in the footer: the Arrow field index would name the wrong
+    leaf; the path names the right one."""
+    from reclock.persist.compact import column_stats
+
+    table = pa.table({"addr": pa.array([{"city": "a", "zip": 9}, {"city": "b", "zip": 7}]),
+                      "ts": pa.array([5, 3], pa.int64()), "diff": pa.array([1, -1], pa.int64())})
+    buf = io.BytesIO()
+    pq.write_table(table, buf)
+    md = pq.ParquetFile(io.BytesIO(buf.getvalue())).metadata
+    assert [(s.min, s.max) for s in column_stats(md, "ts")] == [(3, 5)]
+    assert [(s.min, s.max) for s in column_stats(md, "diff")] == [(-1, 1)]
+    assert column_stats(md, "nope") is None
+
+
 def test_updates_that_cancel_out_leave_no_part(orders):
     conn, store = orders
     desc = D(0, 10)

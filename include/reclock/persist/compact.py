@@ -68,14 +68,14 @@ STREAM_BATCH_ROWS = 65_536
 NOTHING_TO_DO = "nothing_to_do"
 
 
-def _within(run: Sequence[BatchRow], decoded: Sequence[int], limit: int) -> tuple[BatchRow, ...]:
-    """The longest prefix of ``run`` whose decoded sizes add up to at most ``limit`` (at least one part)."""
+def _within(decoded: Sequence[int], limit: int) -> int:
+    """How many of the leading parts (decoded sizes ``decoded``) fit in ``limit`` together (at least one)."""
     total, n = 0, 0
     for size in decoded:
         if n and total + size > limit:
             break
         total, n = total + size, n + 1
-    return tuple(run[:n])
+    return n
 
 
 @dataclass(frozen=True)
@@ -97,39 +97,52 @@ class CompactReport:
 
 
 @dataclass(frozen=True)
+class _Footer:
+    """What one part's footer tells before any data is read."""
+
+    schema: pa.Schema  # the shard's own columns, named as in the file
+    int96: bool  # the file keeps timestamps as INT96 (Spark's default)
+    may_retract: bool  # it may hold an update with diff <= 0 (no statistics: assume so)
+    decoded_bytes: int  # its data decoded (the row groups' uncompressed sizes)
+
+
+@dataclass(frozen=True)
 class _RunFiles:
-    """What a run's footers tell before any data is read."""
+    """What a run's footers tell together."""
 
-    schema: pa.Schema  # the run's own columns, named as in the files, unified over its parts
-    int96: bool  # the files keep timestamps as INT96 (Spark's default): the merged part keeps them so
-    retractions: bool  # some part may hold an update with diff <= 0 (no statistics: assume so)
-    decoded_bytes: list[int]  # per part, its data decoded (the footer's uncompressed row-group sizes)
+    schema: pa.Schema  # the run's own columns, unified over its parts
+    int96: bool  # some file keeps timestamps as INT96: the merged part keeps them so
+    retractions: bool  # some part may hold an update with diff <= 0
+
+    @classmethod
+    def of(cls, footers: Sequence[_Footer]) -> "_RunFiles":
+        return cls(pa.unify_schemas([f.schema for f in footers]), any(f.int96 for f in footers),
+                   any(f.may_retract for f in footers))
 
 
-def _footers(blob: BlobStore, shard: str, run: Sequence[BatchRow]) -> _RunFiles:
-    schemas, int96, retractions, decoded = [], False, False, []
-    for row in run:
-        with blob.open(row.path) as f:
-            pf = pq.ParquetFile(f)
-            own, _ = _own_columns(shard, pf.schema_arrow.names)  # no rename: keep the on-file names
-            schemas.append(pa.schema([pf.schema_arrow.field(n) for n in own]))
-            int96 |= uses_int96(pf)
-            retractions |= _may_retract(pf.metadata)
-            decoded.append(sum(pf.metadata.row_group(i).total_byte_size for i in range(pf.metadata.num_row_groups)))
-    return _RunFiles(pa.unify_schemas(schemas), int96, retractions, decoded)
+def _footer(blob: BlobStore, shard: str, row: BatchRow) -> _Footer:
+    with blob.open(row.path) as f:
+        pf = pq.ParquetFile(f)
+        own, _ = _own_columns(shard, pf.schema_arrow.names)  # no rename: keep the on-file names
+        md = pf.metadata
+        return _Footer(pa.schema([pf.schema_arrow.field(n) for n in own]), uses_int96(pf), _may_retract(md),
+                       sum(md.row_group(i).total_byte_size for i in range(md.num_row_groups)))
+
+
+def column_stats(md: pq.FileMetaData, column: str) -> list | None:
+    """Each row group's footer statistics of the top-level column ``column`` (an entry None where none were
+    kept; None: no such column). Found by its leaf path, not its Arrow field index, which differs once a
+    nested column comes before it."""
+    idx = next((i for i in range(md.num_columns) if md.schema.column(i).path == column), None)
+    if idx is None:
+        return None
+    return [md.row_group(rg).column(idx).statistics for rg in range(md.num_row_groups)]
 
 
 def _may_retract(md: pq.FileMetaData) -> bool:
     """Whether a part may hold an update with ``diff <= 0``, by its footer's statistics of ``diff``."""
-    names = [md.schema.column(i).name for i in range(md.num_columns)]
-    if "diff" not in names:
-        return True
-    i = names.index("diff")
-    for g in range(md.num_row_groups):
-        stats = md.row_group(g).column(i).statistics
-        if stats is None or not stats.has_min_max or stats.min <= 0:
-            return True
-    return False
+    stats = column_stats(md, "diff")
+    return stats is None or any(st is None or not st.has_min_max or st.min <= 0 for st in stats)
 
 
 def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
@@ -238,13 +251,13 @@ def compact_parts(conn, blob: BlobStore, shard: str, *, target_bytes: int = DEFA
     merges: list[Merge] = []
     rows_before = rows_after = 0
     for run in runs:  # one run at a time
-        files = _footers(blob, shard, run)
-        if files.retractions:  # consolidated in memory: keep the run's decoded size under the limit
-            run = _within(run, files.decoded_bytes, decoded_limit)
-            if len(run) < 2:
+        footers = [_footer(blob, shard, r) for r in run]
+        if any(f.may_retract for f in footers):  # consolidated in memory: keep its decoded size under the limit
+            n = _within([f.decoded_bytes for f in footers], decoded_limit)
+            if n < 2:
                 continue
-            files = _footers(blob, shard, run)
-        merge, before, after = _merge_run(blob, shard, run, files)
+            run, footers = run[:n], footers[:n]
+        merge, before, after = _merge_run(blob, shard, run, _RunFiles.of(footers))
         merges.append(merge)
         rows_before, rows_after = rows_before + before, rows_after + after
     status = NOTHING_TO_DO

@@ -32,6 +32,7 @@ from reclock.config import SinkSpec
 from reclock.errors import ReclockError
 
 Message = tuple[int, "bytes | None", "bytes | None"]
+_CONTROL = "[\\x00-\\x1f]"
 
 
 @dataclass(frozen=True)
@@ -43,8 +44,6 @@ class TsRun:
     keys: "list[bytes] | None"
     values: "list[bytes | None]"
     nbytes: int
-
-_CONTROL = "[\\x00-\\x1f]"
 
 
 class KeyNotUnique(ReclockError):

@@ -165,7 +165,11 @@ def reclock_ts_sql(ranges: Sequence[OffsetRange], bindings: Sequence[BindingRang
     partition whose range lies in one binding is one ``CASE partition`` arm; only a partition that several
     bindings share compares offsets, against each binding's end. Ranges the bindings do not cover (never
     from a description) get the general :func:`reclock_case_sql` and the filter."""
-    hits = _intersecting(ranges, bindings)
+    return _ts_sql(ranges, _intersecting(ranges, bindings))
+
+
+def _ts_sql(ranges: Sequence[OffsetRange], hits: Sequence[BindingRange]) -> tuple[str, bool]:
+    """:func:`reclock_ts_sql` over ``hits``, the bindings already known to intersect ``ranges``."""
     by_partition = _by_partition(hits)
     if not ranges or not all(_covers(r, by_partition.get(r.partition, ())) for r in ranges):
         return reclock_case_sql(hits), True
@@ -196,7 +200,7 @@ def _reclocked(spark, spec: SourceSpec, bootstrap: str, ranges: Sequence[OffsetR
     raw = _read_kafka(spark, spec, bootstrap, ranges)
     hits = _intersecting(ranges, bindings)
     if len(hits) <= CASE_LIMIT:
-        expr, drop_unbound = reclock_ts_sql(ranges, hits)
+        expr, drop_unbound = _ts_sql(ranges, hits)
         df = raw.withColumn("ts", F.expr(expr))
         return df.filter("ts IS NOT NULL") if drop_unbound else df
     bdf = spark.createDataFrame([(b.partition, b.start, b.end, b.ts) for b in hits],
