@@ -96,6 +96,16 @@ def advance(updates: pa.Table, to: int) -> pa.Table:
         updates.column(i), pa.scalar(to, updates.schema.field(i).type)))
 
 
+def sorted_by_ts(updates: pa.Table) -> pa.Table:
+    """``updates`` sorted by ``ts`` (stable: rows keep their order within a ts); the same table, not a copy,
+    when they already are (as parts written in offset order mostly are)."""
+    if updates.num_rows > 1:
+        ts = updates["ts"].to_numpy()
+        if not (ts[1:] >= ts[:-1]).all():
+            return updates.sort_by([("ts", "ascending")])
+    return updates
+
+
 def has_retractions(updates: pa.Table) -> bool:
     """Whether any update has ``diff <= 0`` (only then can consolidation cancel anything)."""
     return updates.num_rows > 0 and pc.min(updates["diff"]).as_py() <= 0

@@ -8,16 +8,18 @@ part paths directly).
 
 from __future__ import annotations
 
-from typing import Sequence
+import math
+from dataclasses import dataclass
+from typing import Iterator, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from reclock.compaction import contents_as_of
+from reclock.compaction import contents_as_of, sorted_by_ts
 from reclock.config import ERRORS_SUFFIX
 from reclock.persist.blob import BlobStore
-from reclock.persist.shards import batches, shard_info
+from reclock.persist.shards import BatchRow, batches, shard_info
 from reclock.errors import SinceViolation
 from reclock.spark.ingest import ERR_PREFIX, INTERNAL_PREFIX
 
@@ -48,15 +50,104 @@ def _read_parts(blob: BlobStore, paths: Sequence[str], shard: str) -> pa.Table |
 def read_updates(conn, blob: BlobStore, shard: str, lower: int = 0, upper: int | None = None) -> pa.Table | None:
     """Every ``(data..., ts, diff)`` update of ``shard`` with ``lower <= ts < upper`` (upper defaults to the
     shard's upper), sorted by ts; None if the shard has no parts."""
+    rows, hi = updates_parts(conn, shard, lower, upper)
+    if not rows:
+        return None
+    reader = UpdateReader(blob, shard, rows, lower, hi)
+    tables = list(reader.tables())
+    return pa.concat_tables(tables) if tables else reader.schema.empty_table()
+
+
+def updates_parts(conn, shard: str, lower: int = 0, upper: int | None = None) -> tuple[list[BatchRow], int]:
+    """The batch rows of ``shard`` that may hold updates at ``lower <= ts < upper`` (upper capped at the
+    shard's upper, and returned)."""
     info = shard_info(conn, shard)
     hi = info.upper if upper is None else min(upper, info.upper)
-    rows = [b for b in batches(conn, shard) if b.max_ts is None or b.max_ts >= lower]
-    rows = [b for b in rows if b.min_ts is None or b.min_ts < hi]
-    table = _read_parts(blob, [b.path for b in rows], shard)
-    if table is None:
-        return None
-    mask = pc.and_(pc.greater_equal(table["ts"], lower), pc.less(table["ts"], hi))
-    return table.filter(mask).sort_by("ts")
+    return [b for b in batches(conn, shard) if (b.max_ts is None or b.max_ts >= lower)
+            and (b.min_ts is None or b.min_ts < hi)], hi
+
+
+@dataclass(frozen=True)
+class _RowGroup:
+    lo: float  # the footer's ts bounds (infinite where it kept none)
+    hi: float
+    part: int  # index into the reader's parts
+    index: int
+
+
+class UpdateReader:
+    """The updates of some parts of a shard at ``lower <= ts < upper``, read a cluster of row groups at a
+    time in ts order, without holding them all (what the sink streams from).
+
+    The footers give each row group's ts bounds. Row groups are taken by their lower bound and gathered
+    into clusters whose ranges overlap; each cluster is read, filtered to the range (only where its bounds
+    cross it), and sorted by ts (only if it is not already). Clusters never overlap, so the tables come out
+    in ts order. Two clusters may share their boundary ts only with ``split_ts`` and when no part may hold
+    a retraction (consolidation and keyed encoding need a ts's updates together); otherwise every ts lies in
+    one table. Every table has :attr:`schema`: the parts' columns of this shard (both outputs of a source
+    share files), unified; a column a part lacks is null there.
+    """
+
+    def __init__(self, blob: BlobStore, shard: str, rows: Sequence[BatchRow], lower: int, upper: int) -> None:
+        from reclock.persist.compact import may_retract, column_stats
+
+        self.blob, self.shard, self.lower, self.upper = blob, shard, lower, upper
+        self.parts: list[tuple[str, list[str], dict[str, str]]] = []
+        self.groups: list[_RowGroup] = []
+        self.retractions = False
+        schemas = []
+        for row in rows:
+            with blob.open(row.path) as f:
+                pf = pq.ParquetFile(f)
+                md, arrow = pf.metadata, pf.schema_arrow
+            own, renames = _own_columns(shard, arrow.names)
+            schemas.append(pa.schema([arrow.field(n).with_name(renames.get(n, n)) for n in own]))
+            self.retractions = self.retractions or may_retract(md)
+            stats = column_stats(md, "ts") or [None] * md.num_row_groups
+            for i, st in enumerate(stats):
+                known = st is not None and st.has_min_max
+                lo = st.min if known else (row.min_ts if row.min_ts is not None else -math.inf)
+                hi = st.max if known else (row.max_ts if row.max_ts is not None else math.inf)
+                if hi >= lower and lo < upper and md.row_group(i).num_rows:
+                    self.groups.append(_RowGroup(lo, hi, len(self.parts), i))
+            self.parts.append((row.path, own, renames))
+        self.schema = pa.unify_schemas(schemas, promote_options="default") if schemas else pa.schema([])
+
+    def tables(self, split_ts: bool = False) -> Iterator[pa.Table]:
+        """The clusters' updates, each a table sorted by ts, in ts order (see the class)."""
+        split = split_ts and not self.retractions
+        cluster: list[_RowGroup] = []
+        top = -math.inf
+        for g in sorted(self.groups, key=lambda g: (g.lo, g.hi, g.part, g.index)):
+            if cluster and (g.lo > top or (split and g.lo == top)):
+                yield from self._read(cluster, top)
+                cluster = []
+            cluster.append(g)
+            top = max(top, g.hi) if len(cluster) > 1 else g.hi
+        if cluster:
+            yield from self._read(cluster, top)
+
+    def conform(self, table: pa.Table) -> pa.Table:
+        """``table`` with :attr:`schema`'s columns, in its order (a missing one null)."""
+        from reclock.persist.compact import conform
+
+        return pa.Table.from_batches([conform(b, self.schema) for b in table.to_batches()], self.schema)
+
+    def _read(self, cluster: list[_RowGroup], top: float) -> Iterator[pa.Table]:
+        tables = []
+        for part in sorted({g.part for g in cluster}):
+            path, own, renames = self.parts[part]
+            with self.blob.open(path) as f:
+                t = pq.ParquetFile(f).read_row_groups([g.index for g in cluster if g.part == part], columns=own)
+            if renames:
+                t = t.rename_columns([renames.get(n, n) for n in t.column_names])
+            tables.append(self.conform(t))
+        table = pa.concat_tables(tables)
+        if cluster[0].lo < self.lower or top >= self.upper:
+            table = table.filter(pc.and_(pc.greater_equal(table["ts"], self.lower),
+                                         pc.less(table["ts"], self.upper)))
+        if table.num_rows:
+            yield sorted_by_ts(table)
 
 
 def read_as_of(conn, blob: BlobStore, shard: str, t: int | None = None) -> pa.Table:

@@ -199,8 +199,7 @@ def test_an_append_only_run_is_streamed_a_batch_at_a_time(orders, monkeypatch):
     conn, store = orders
     monkeypatch.setattr(compact, "STREAM_BATCH_ROWS", 3)
     held = []
-    conform = compact._conform
-    monkeypatch.setattr(compact, "_conform", lambda b, schema: held.append(b.num_rows) or conform(b, schema))
+    conform = compact.conform
     monkeypatch.setattr(compact, "_read_run", lambda *a: pytest.fail("an append-only run was read whole"))
     for i in range(6):
         desc = D(STEP * i, STEP * (i + 1))
@@ -216,7 +215,9 @@ def test_an_append_only_run_is_streamed_a_batch_at_a_time(orders, monkeypatch):
         compare_and_append(conn, [Append(DATA, desc, (part,))])
     advance_since(conn, DATA, 49)
     before = reads(conn, store, DATA)
+    monkeypatch.setattr(compact, "conform", lambda b, schema: held.append(b.num_rows) or conform(b, schema))
     report = compact_parts(conn, store, DATA, min_parts=4)
+    monkeypatch.setattr(compact, "conform", conform)  # reads conform their batches too
     assert (report.status, report.parts_merged, report.parts_written) == ("merged", 5, 1)
     assert report.rows_before == report.rows_after == 35 and held and max(held) <= 3
     assert reads(conn, store, DATA) == before

@@ -276,3 +276,40 @@ def test_a_sink_created_late_replays_from_since_like_one_that_ran_from_the_start
     assert b and all(a[ts] == b[ts] for ts in b if ts in a)
     assert a[max(a)] == b[max(b)] and max(a) == max(b)
     check_exactly_once(source, early_cfg, "early")
+
+
+def test_a_ts_read_in_two_tables_is_never_cut_between_transactions(db, kafka, topic, tmp_path):
+    """An unkeyed sink streams a ts whose updates sit in two parts as two tables; the budget is reached
+    between them, yet the transaction is cut only at the next ts: no progress record ever claims a ts
+    whose messages are only partly written."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from reclock.batch import BatchDescription, Part
+    from reclock.config import KafkaSpec, SinkBudget, SinkSpec
+    from reclock.persist.blob import LocalBlobStore
+    from reclock.persist.shards import Append, compare_and_append, register_shard
+
+    blob = LocalBlobStore(tmp_path / "blobs")
+    (blob.root / "c").mkdir()
+
+    def part(name: str, ids: range, ts: int) -> Part:
+        pq.write_table(pa.table({"id": pa.array(ids, pa.int64()), "ts": pa.array([ts] * len(ids), pa.int64()),
+                                 "diff": pa.array([1] * len(ids), pa.int64())}), blob.url(f"c/{name}"))
+        return Part(f"c/{name}", len(ids), (blob.root / "c" / name).stat().st_size, ts, ts)
+
+    with connect(db) as conn:
+        register_shard(conn, "c")
+        compare_and_append(conn, [Append("c", BatchDescription(0, 6), (part("a", range(0, 3), 5),
+                                                                      part("b", range(3, 6), 5)))])
+        compare_and_append(conn, [Append("c", BatchDescription(6, 9), (part("c", range(6, 8), 7),))])
+    out = topic(partitions=1)
+    spec = SinkSpec(name="split", collection="c", kafka=KafkaSpec(topic=out, bootstrap=kafka.bootstrap),
+                    progress_topic=f"_progress_{out}", budget=SinkBudget(max_messages=2))
+    result = run_once(SinkContext(spec=spec, dsn=db, bootstrap=kafka.bootstrap, blob=blob))
+
+    assert (result.messages, result.transactions, result.frontier) == (8, 2, 9)
+    frontiers = [json.loads(m.value())["frontier"] for m in read_all(kafka.bootstrap, spec.progress_topic, "p")]
+    assert frontiers == [[7], [9]]  # not [5]: ts 5 went out whole in the first transaction
+    got = topic_messages(kafka, out)
+    assert [(ts, json.loads(v)["after"]["id"]) for ts, _, v in got] == [(5, i) for i in range(6)] + [(7, 6), (7, 7)]

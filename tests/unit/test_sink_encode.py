@@ -73,3 +73,42 @@ def test_upsert_values_and_tombstones_and_key_uniqueness():
         (1, {"k": 1}, {"k": 1, "v": "a"}), (2, {"k": 1}, {"k": 1, "v": "b"}), (3, {"k": 1}, None)]
     with pytest.raises(KeyNotUnique, match="key .* has several values at ts 1"):
         encode_updates(spec("upsert", ("k",)), updates((1, 1, "a", 1), (1, 1, "b", 1)))
+
+
+def test_ahead_keeps_order_raises_the_helpers_error_and_stops_when_closed():
+    import threading
+
+    from reclock.sinks.kafka import _ahead
+
+    assert list(_ahead(iter(range(50)), 1, "t-order")) == list(range(50))
+
+    def failing():
+        yield 1
+        yield 2
+        raise ValueError("broken part")
+
+    got = []
+    with pytest.raises(ValueError, match="broken part"):
+        for x in _ahead(failing(), 2, "t-fail"):
+            got.append(x)
+    assert got == [1, 2]
+
+    def endless():
+        i = 0
+        while True:
+            yield i
+            i += 1
+
+    it = _ahead(endless(), 2, "t-endless")
+    assert [next(it) for _ in range(3)] == [0, 1, 2]
+    it.close()  # what leaving the sink's loop early does
+    assert not any(t.name == "t-endless" for t in threading.enumerate())
+
+
+def test_a_character_to_escape_far_into_a_long_string_column_is_found():
+    """The escape scan goes over the column's bytes in slices: a quote in a later slice still counts."""
+    from reclock.sinks.encode import _SCAN_BYTES
+
+    values = ["x" * 1000] * (3 * _SCAN_BYTES // 1000) + ['say "hi"\\']
+    table = pa.table({"s": pa.array(values)})
+    assert json.loads(json_objects(table, ["s"])[-1]) == {"s": 'say "hi"\\'}

@@ -125,7 +125,7 @@ def _footer(blob: BlobStore, shard: str, row: BatchRow) -> _Footer:
         pf = pq.ParquetFile(f)
         own, _ = _own_columns(shard, pf.schema_arrow.names)  # no rename: keep the on-file names
         md = pf.metadata
-        return _Footer(pa.schema([pf.schema_arrow.field(n) for n in own]), uses_int96(pf), _may_retract(md),
+        return _Footer(pa.schema([pf.schema_arrow.field(n) for n in own]), uses_int96(pf), may_retract(md),
                        sum(md.row_group(i).total_byte_size for i in range(md.num_row_groups)))
 
 
@@ -139,13 +139,13 @@ def column_stats(md: pq.FileMetaData, column: str) -> list | None:
     return [md.row_group(rg).column(idx).statistics for rg in range(md.num_row_groups)]
 
 
-def _may_retract(md: pq.FileMetaData) -> bool:
+def may_retract(md: pq.FileMetaData) -> bool:
     """Whether a part may hold an update with ``diff <= 0``, by its footer's statistics of ``diff``."""
     stats = column_stats(md, "diff")
     return stats is None or any(st is None or not st.has_min_max or st.min <= 0 for st in stats)
 
 
-def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+def conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
     """``batch`` with ``schema``'s columns in its order: missing ones null, others cast where they differ."""
     cols = []
     for field in schema:
@@ -174,7 +174,7 @@ def _stream_advanced(blob: BlobStore, run: Sequence[BatchRow], files: _RunFiles,
         for row in run:
             with blob.open(row.path) as f:
                 for batch in pq.ParquetFile(f).iter_batches(batch_size=STREAM_BATCH_ROWS, columns=files.schema.names):
-                    batch = _conform(batch, files.schema)
+                    batch = conform(batch, files.schema)
                     writer.write_table(advance(pa.Table.from_batches([batch]), to))
                     rows += batch.num_rows
     return buf.getvalue(), rows

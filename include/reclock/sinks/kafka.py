@@ -5,7 +5,7 @@ also record the sink's frontier in a progress topic (DESIGN.md, "Exactly-once Ka
 
     shard (complete times < upper)                          Kafka
     ------------------------------                          -----
-    read_updates [F, U) -> consolidate -> per ts:   BEGIN
+    read [F, U) -> consolidate -> per ts:           BEGIN
                                                       messages of ts F .. T-1   -> target topic
                                                       {"frontier": [T], "version": v}  -> progress topic
                                                     COMMIT          (both or neither: exactly once)
@@ -28,7 +28,7 @@ import contextlib
 import json
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 import pyarrow as pa
 
@@ -40,8 +40,10 @@ from reclock.persist import blob as blobs
 from reclock.persist import connect
 from reclock.persist.shards import acquire_read_hold, downgrade_read_hold, release_read_hold, shard_info
 from reclock.persist.status import record_statistics, record_status
-from reclock.read import read_as_of, read_updates
-from reclock.sinks.encode import dumps, encode_runs
+from reclock.read import UpdateReader, read_as_of, updates_parts
+from reclock.sinks.encode import TsRun, dumps, encode_runs
+
+T = TypeVar("T")
 
 PROGRESS_VERSION_KEY = "version"
 TS_HEADER = "reclock.ts"
@@ -121,8 +123,11 @@ def read_all(bootstrap: str, topic: str, group: str, stop: Callable[[Any], bool]
     partition; stops early when ``stop(message)`` is true."""
     from confluent_kafka import Consumer, TopicPartition
 
+    # fetch.wait.max.ms: the broker answers a fetch at the end of a partition at once instead of holding it
+    # 500 ms for data that will not come (a sink's start reads two topics to their ends)
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "isolation.level": "read_committed",
-                  "enable.auto.commit": False, "enable.partition.eof": True, "auto.offset.reset": "earliest"})
+                  "enable.auto.commit": False, "enable.partition.eof": True, "auto.offset.reset": "earliest",
+                  "fetch.wait.max.ms": 10})
     try:
         meta = c.list_topics(topic, timeout=15).topics.get(topic)
         if meta is None or meta.error is not None:
@@ -175,7 +180,7 @@ def consolidate(table: pa.Table) -> pa.Table:
         return table
     if compaction.has_retractions(table):
         table = compaction.consolidate(table)
-    return table.sort_by([("ts", "ascending")])
+    return compaction.sorted_by_ts(table)
 
 
 # -- the sink ------------------------------------------------------------------------------------------------
@@ -302,31 +307,35 @@ def run_once(ctx: SinkContext, fresh: bool = False) -> SinkResult:
     return sink.step()
 
 
-def updates(ctx: SinkContext, begin: _Begin, upper: int) -> pa.Table | None:
-    """The consolidated updates to write, in ts order: the snapshot first (a new sink: the collection AS OF
-    ``snapshot_at``, at that ts), then every update at ``frontier <= ts < upper``."""
+def updates(ctx: SinkContext, begin: _Begin, upper: int) -> Iterator[pa.Table]:
+    """The consolidated updates to write, in ts order, as tables each sorted by ts: the snapshot first (a
+    new sink: the collection AS OF ``snapshot_at``, at that ts), then the updates at
+    ``frontier <= ts < upper``, a cluster of row groups at a time (:class:`reclock.read.UpdateReader`), so
+    the first messages go out while later parts are still unread. A ts spans two tables only when the
+    sink's format is unkeyed and nothing retracts: then no message depends on another."""
     spec = ctx.spec
-    tables = []
     lower = begin.frontier
+    snapshot = None
     with ctx.connect() as conn:
         if begin.snapshot_at is not None and begin.snapshot_at < upper:
             snap = read_as_of(conn, ctx.blob, spec.collection, begin.snapshot_at)
             if snap.num_rows and len(snap.column_names) > 1:
-                tables.append(snap.append_column("ts", pa.array([begin.snapshot_at] * snap.num_rows, pa.int64())))
+                snapshot = snap.append_column("ts", pa.array([begin.snapshot_at] * snap.num_rows, pa.int64()))
             lower = begin.snapshot_at + 1
-        if lower < upper:
-            ups = read_updates(conn, ctx.blob, spec.collection, lower, upper)
-            if ups is not None and ups.num_rows:
-                tables.append(consolidate(ups))
-    if not tables:
-        return None
-    columns = tables[-1].column_names
-    return pa.concat_tables([t.select(columns) for t in tables], promote_options="default")
+        rows, upper = updates_parts(conn, spec.collection, lower, upper) if lower < upper else ([], upper)
+    reader = UpdateReader(ctx.blob, spec.collection, rows, lower, upper)
+    if snapshot is not None:
+        yield reader.conform(snapshot) if rows else snapshot
+    for table in reader.tables(split_ts=not spec.key):
+        yield consolidate(table)
 
 
 ENCODE_CHUNK = 50_000
-"""Rows per encoding chunk: chunks are encoded on a helper thread (Arrow kernels release the GIL) while the
-main thread produces the previous ones."""
+"""Rows per encoding chunk: the updates are read and encoded a chunk at a time on a helper thread (Arrow's
+readers and kernels release the GIL) while the main thread produces the previous ones."""
+
+ENCODE_AHEAD = 2
+"""Encoded chunks the helper thread may hold ready before the producer takes them (bounds the memory)."""
 
 
 def ts_chunks(table: pa.Table, rows: int = ENCODE_CHUNK) -> list[pa.Table]:
@@ -345,12 +354,61 @@ def ts_chunks(table: pa.Table, rows: int = ENCODE_CHUNK) -> list[pa.Table]:
     return out
 
 
+def _encoded(ctx: SinkContext, begin: _Begin, upper: int) -> Iterator[list[TsRun]]:
+    """The messages to write, in ts order, as the runs of one encoding chunk at a time."""
+    for table in updates(ctx, begin, upper):
+        for chunk in ts_chunks(table):
+            yield encode_runs(ctx.spec, chunk)
+
+
+def _ahead(items: Iterator[T], depth: int, name: str) -> Iterator[T]:
+    """``items``, computed on a helper thread at most ``depth`` ahead of the caller; an error there is
+    raised here, and closing this iterator (or leaving the loop over it) stops the thread."""
+    import queue
+    import threading
+
+    q: queue.Queue = queue.Queue(depth)
+    stop = threading.Event()
+    end = object()
+
+    def put(entry: tuple) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(entry, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def fill() -> None:
+        try:
+            for item in items:
+                if not put((item, None)):
+                    return
+            put((end, None))
+        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+            put((end, e))
+
+    thread = threading.Thread(target=fill, name=name, daemon=True)
+    thread.start()
+    try:
+        while True:
+            item, error = q.get()
+            if item is end:
+                if error is not None:
+                    raise error
+                return
+            yield item
+    finally:
+        stop.set()
+        thread.join()
+
+
 def _write(ctx: SinkContext, producer, begin: _Begin) -> SinkResult:
-    """Write the complete updates ``[frontier, upper)`` in transactions, streaming: each message is produced
-    as soon as it is encoded (chunks are encoded on a helper thread while the main one produces), into a
-    transaction begun at its first message; a transaction is cut at the first ts boundary after the
-    budget is reached (a ts never spans two) and committed with the progress record of that ts."""
-    from concurrent.futures import ThreadPoolExecutor
+    """Write the complete updates ``[frontier, upper)`` in transactions, streaming: the updates are read and
+    encoded a chunk at a time on a helper thread while the main one produces; each message goes into a
+    transaction begun at its first message; a transaction is cut at the first ts boundary after the budget
+    is reached (a ts never spans two) and committed with the progress record of that ts."""
     from itertools import repeat
 
     spec = ctx.spec
@@ -359,16 +417,16 @@ def _write(ctx: SinkContext, producer, begin: _Begin) -> SinkResult:
     with ctx.connect() as conn:
         upper = shard_info(conn, spec.collection).upper
     t0 = time.monotonic()
-    table = updates(ctx, begin, upper)
     topic, produce = spec.kafka.topic, producer.produce
     max_messages, max_bytes = spec.budget.max_messages, spec.budget.max_bytes
     count = size = 0  # of the open transaction
     open_txn = False
-    with ThreadPoolExecutor(1, thread_name_prefix="sink-encode") as pool:
-        encoded = [pool.submit(encode_runs, spec, c) for c in (ts_chunks(table) if table is not None else [])]
-        for future in encoded:
-            for run in future.result():  # one ts: a transaction is cut only before a run, never inside one
-                if count and (count >= max_messages or size >= max_bytes):
+    last_ts = None
+    chunks = _ahead(_encoded(ctx, begin, upper), ENCODE_AHEAD, "sink-encode")
+    try:
+        for runs in chunks:
+            for run in runs:  # one ts: a transaction is cut only between two timestamps
+                if count and (count >= max_messages or size >= max_bytes) and run.ts != last_ts:
                     frontier = _commit(ctx, producer, run.ts, version)
                     txns, messages, nbytes = txns + 1, messages + count, nbytes + size
                     count = size = 0
@@ -384,7 +442,10 @@ def _write(ctx: SinkContext, producer, begin: _Begin) -> SinkResult:
                         _produce_when_room(producer, topic, v, k, headers)
                 count += len(run.values)
                 size += run.nbytes
+                last_ts = run.ts
                 producer.poll(0)
+    finally:
+        chunks.close()
     # the last transaction carries the frontier up to the shard's upper (times without updates included)
     if upper > frontier:
         if not open_txn:
