@@ -16,7 +16,8 @@ and makes it durable, and reports the seconds that took.
 
 Every Spark contender shares one local session (``local[2]``), the Kafka options Reclock uses
 (``kafka.isolation.level=read_committed``, ``kafka.fetch.max.wait.ms=10``, ``assign`` with explicit
-starting offsets; :func:`reclock.spark.ingest.kafka_read_options`) and the same decode: ``from_json`` of
+starting offsets, a group id of its own per repetition; :func:`reclock.spark.ingest.kafka_read_options`)
+and the same decode: ``from_json`` of
 :data:`~benchmarks.workload.SCHEMA`, PERMISSIVE, with Reclock's corrupt-record column. Every contender's
 output is counted afterwards (outside the timing) and must hold exactly the backlog's records.
 """
@@ -225,12 +226,14 @@ def _output_to(log: Path) -> Iterator[None]:
 # --- Spark baselines -----------------------------------------------------------------------------------
 
 
-def _kafka_options(backlog: Backlog, bootstrap: str) -> dict[str, str]:
-    """Exactly the options Reclock's write_batches reads the backlog with (offsets 0 to the ends)."""
+def _kafka_options(backlog: Backlog, bootstrap: str, name: str) -> dict[str, str]:
+    """Exactly the options Reclock's write_batches reads the backlog with (offsets 0 to the ends), as if for
+    a source called ``name``: each repetition of each contender reads under a group id of its own, as
+    Reclock's contenders (a new source each) do, so none finds consumers pooled by an earlier one."""
     from reclock.batch import OffsetRange
     from reclock.spark.ingest import kafka_read_options
 
-    spec = source_spec("baseline", backlog, bootstrap)
+    spec = source_spec(name, backlog, bootstrap)
     ranges = [OffsetRange(p, 0, end) for p, end in sorted(backlog.ends.items()) if end > 0]
     return kafka_read_options(spec, bootstrap, ranges)
 
@@ -263,7 +266,7 @@ def run_spark_batch(env: Env, backlog: Backlog, rep: int) -> Run:
     """The engine's limit: the same offset ranges, the same decode, Parquet; nothing else."""
     out = env.work / f"batch_{backlog.label}_{rep}"
     t0 = time.perf_counter()
-    decode(env.spark.read.format("kafka").options(**_kafka_options(backlog, env.bootstrap)).load()) \
+    decode(env.spark.read.format("kafka").options(**_kafka_options(backlog, env.bootstrap, out.name)).load()) \
         .write.mode("error").parquet(str(out))
     seconds = time.perf_counter() - t0
     records = parquet_rows(out)
@@ -276,7 +279,7 @@ def run_structured_streaming(env: Env, backlog: Backlog, rep: int) -> Run:
     """Kafka source -> the same decode -> Parquet file sink, ``availableNow``, a fresh checkpoint."""
     out = env.work / f"ss_{backlog.label}_{rep}"
     checkpoint = env.work / f"ss_{backlog.label}_{rep}_checkpoint"
-    opts = _kafka_options(backlog, env.bootstrap)
+    opts = _kafka_options(backlog, env.bootstrap, out.name)
     opts.pop("endingOffsets")  # a stream reads to what is available when it starts
     stream = decode(env.spark.readStream.format("kafka").options(**opts).load())
     t0 = time.perf_counter()

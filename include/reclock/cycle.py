@@ -66,9 +66,13 @@ class CycleContext:
     spark_factory: Callable[[], object] | None = None
     clock: Callable[[], int] = now_ms
     retain_history_ms: int = 0
+    _upstream: KafkaUpstream | None = field(default=None, init=False, repr=False, compare=False)
 
     def upstream(self) -> KafkaUpstream:
-        return KafkaUpstream(self.spec.name, self.bootstrap, self.spec.kafka.topic)
+        """The source's upstream; one per context, so a cycle's probes share one connected admin client."""
+        if self._upstream is None:
+            self._upstream = KafkaUpstream(self.spec.name, self.bootstrap, self.spec.kafka.topic)
+        return self._upstream
 
     @contextlib.contextmanager
     def connect(self) -> Iterator:

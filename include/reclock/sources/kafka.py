@@ -6,7 +6,7 @@ offset*, so an open or aborted transaction never lets a binding pass data that i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
@@ -25,10 +25,14 @@ class KafkaUpstream:
     bootstrap: str
     topic: str
     timeout: float = 15.0
+    _client: AdminClient | None = field(default=None, init=False, repr=False, compare=False)
 
     def _admin(self) -> AdminClient:
-        return AdminClient({"bootstrap.servers": self.bootstrap, "socket.connection.setup.timeout.ms": 5000,
-                            "log_level": 2})
+        """One admin client for this upstream's calls: each new one connects and fetches metadata anew."""
+        if self._client is None:
+            self._client = AdminClient({"bootstrap.servers": self.bootstrap,
+                                        "socket.connection.setup.timeout.ms": 5000, "log_level": 2})
+        return self._client
 
     def partitions(self) -> list[int]:
         """The topic's partitions; raises ``UpstreamUnavailable`` naming the source and the cause."""
@@ -51,9 +55,8 @@ class KafkaUpstream:
 
         parts = self.partitions()
         req = {TopicPartition(self.topic, p): spec_factory() for p in parts}
-        admin = self._admin()  # keep the client alive until its futures resolve
         try:
-            futs = admin.list_offsets(req, isolation_level=IsolationLevel.READ_COMMITTED,
+            futs = self._admin().list_offsets(req, isolation_level=IsolationLevel.READ_COMMITTED,
                                       request_timeout=self.timeout)
             return {tp.partition: fut.result(timeout=self.timeout + 5).offset for tp, fut in futs.items()}
         except KafkaException as e:
