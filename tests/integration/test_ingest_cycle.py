@@ -123,6 +123,9 @@ def test_missing_topic_fails_with_source_and_cause_and_stalls(db, kafka, spark, 
 @pytest.mark.parametrize("fmt,good,bad,want", [
     ({"type": "csv", "schema": "id BIGINT, name STRING"}, [b"1,a", b"2,b"], b"x,y,z,w", [(1, "a"), (2, "b")]),
     ({"type": "text"}, [b"hello", b"world"], b"\xff\xfe", [("hello",), ("world",)]),
+    # the raw bytes of a bad JSON value come from the parser's corrupt-record column: byte for byte the value
+    ({"type": "json", "schema": "id BIGINT, name STRING"}, [b'{"id":1,"name":"a"}', b'{"id":2,"name":"b"}'],
+     b'\xff\xfe{"id":\x00\xc3', [(1, "a"), (2, "b")]),
 ])
 def test_other_formats_decode_and_route_errors(db, kafka, topic, spark, tmp_path, fmt, good, bad, want):
     name = topic(partitions=1)
@@ -134,7 +137,7 @@ def test_other_formats_decode_and_route_errors(db, kafka, topic, spark, tmp_path
     with connect(db) as conn:
         rows = read_updates(conn, ctx.blob, ctx.spec.data_shard).to_pylist()
         errors = read_updates(conn, ctx.blob, ctx.spec.errors_shard).to_pylist()
-    cols = ["id", "name"] if fmt["type"] == "csv" else ["text"]
+    cols = ["id", "name"] if fmt["type"] in ("csv", "json") else ["text"]
     assert sorted(tuple(r[c] for c in cols) for r in rows) == want
     assert [(e["offset"], e["raw"]) for e in errors] == [(len(good), bad)]
 

@@ -233,11 +233,17 @@ def sql_ident(name: str) -> str:
 
 def _decoded(spec: SourceSpec, df):
     """``df`` (Kafka columns plus ``ts``) decoded: the collection's columns (fields, then metadata), ``ts``,
-    the raw record as ``_k, _v, _p, _o, _t`` and ``_reason`` (why the value does not decode, else null).
+    the raw record as ``_k, _v, _p, _o, _t``, ``_reason`` (why the value does not decode, else null) and
+    ``_raw``: the value of a record that does not decode. For JSON and CSV that is the parser's
+    corrupt-record column (the same bytes) rather than ``value``: ``from_json`` and ``from_csv`` run
+    outside Spark's generated code, in a projection that copies every column it passes on, so an
+    append-only slice, which needs the value only for its rejected records, does not pass the value
+    (~200 bytes a record) through it.
 
     Built as SQL expression text, one ``selectExpr`` (a plan of a few JVM calls, not hundreds)."""
     ftype = spec.format.type
     d = sql_ident("_d")
+    raw = "value"
     if ftype in ("json", "csv"):
         from pyspark.sql import types as T
 
@@ -252,8 +258,10 @@ def _decoded(spec: SourceSpec, df):
             ddl = ", ".join(f"{sql_ident(f.name)} {f.dataType.simpleString()}" for f in with_corrupt.fields)
             decode = f"from_csv(CAST(value AS STRING), {sql_string(ddl)}, {opts})"
         df = df.selectExpr("*", f"{decode} AS {d}")
-        reason = (f"CASE WHEN value IS NOT NULL AND {d}.{sql_ident(CORRUPT)} IS NOT NULL "
+        # the corrupt-record column is null on a null value, and holds the value's bytes on a bad one
+        reason = (f"CASE WHEN {d}.{sql_ident(CORRUPT)} IS NOT NULL "
                   f"THEN {sql_string(f'value does not parse as {ftype.upper()} of the declared schema')} END")
+        raw = f"CAST({d}.{sql_ident(CORRUPT)} AS BINARY)"
         cols = [f"{d}.{sql_ident(f)} AS {sql_ident(f)}" for f in field_names(spec)]
     elif ftype == "avro":
         from pyspark.sql import functions as F
@@ -286,7 +294,7 @@ def _decoded(spec: SourceSpec, df):
     names = {"key": "_key", "timestamp": "_kafka_timestamp"}
     meta = [f"{sql_ident(m)} AS {sql_ident(names.get(m, f'_{m}'))}" for m in spec.include]
     return df.selectExpr(*cols, *meta, "ts", "key AS _k", "value AS _v", "partition AS _p", "offset AS _o",
-                         "timestamp AS _t", f"CAST({reason} AS STRING) AS _reason")
+                         "timestamp AS _t", f"CAST({reason} AS STRING) AS _reason", f"{raw} AS _raw")
 
 
 def _typed_null(col: str):
@@ -375,7 +383,7 @@ REJECTED_COLUMN = INTERNAL_PREFIX + "rejected"
 """In the files of an append-only slice: null on the collection's rows; on a record that does not decode,
 its error row (``partition, offset, key, raw, reason``; bytes in base64) as a JSON object, unpacked into
 the error collection's columns when the slice's parts are collected (:func:`unpack_rejected`)."""
-_PACKED = {"key": "base64(_k)", "raw": "base64(_v)"}
+_PACKED = {"key": "base64(_k)", "raw": "base64(_raw)"}
 
 
 def unpack_rejected(packed: Sequence[str]):
