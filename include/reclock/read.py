@@ -32,19 +32,19 @@ def _own_columns(shard: str, names: Sequence[str]) -> tuple[list[str], dict[str,
     return [n for n in names if not n.startswith(INTERNAL_PREFIX)], {}
 
 
+def _read_part(blob: BlobStore, path: str, shard: str, row_groups: Sequence[int] | None = None) -> pa.Table:
+    """The columns of ``shard`` in the part at ``path``, named as the shard names them (only the row groups
+    ``row_groups`` if given)."""
+    with blob.open(path) as f:
+        pf = pq.ParquetFile(f)
+        own, renames = _own_columns(shard, pf.schema_arrow.names)
+        t = pf.read(columns=own) if row_groups is None else pf.read_row_groups(row_groups, columns=own)
+    return t.rename_columns([renames.get(n, n) for n in t.column_names]) if renames else t
+
+
 def _read_parts(blob: BlobStore, paths: Sequence[str], shard: str) -> pa.Table | None:
-    tables = []
-    for path in paths:
-        with blob.open(path) as f:
-            t = pq.read_table(f)
-        own, renames = _own_columns(shard, t.column_names)
-        t = t.select(own)
-        if renames:
-            t = t.rename_columns([renames.get(n, n) for n in t.column_names])
-        tables.append(t)
-    if not tables:
-        return None
-    return pa.concat_tables(tables, promote_options="default")
+    tables = [_read_part(blob, path, shard) for path in paths]
+    return pa.concat_tables(tables, promote_options="default") if tables else None
 
 
 def read_updates(conn, blob: BlobStore, shard: str, lower: int = 0, upper: int | None = None) -> pa.Table | None:
@@ -92,7 +92,7 @@ class UpdateReader:
         from reclock.persist.compact import may_retract, column_stats
 
         self.blob, self.shard, self.lower, self.upper = blob, shard, lower, upper
-        self.parts: list[tuple[str, list[str], dict[str, str]]] = []
+        self.parts: list[str] = []  # paths
         self.groups: list[_RowGroup] = []
         self.retractions = False
         schemas = []
@@ -110,7 +110,7 @@ class UpdateReader:
                 hi = st.max if known else (row.max_ts if row.max_ts is not None else math.inf)
                 if hi >= lower and lo < upper and md.row_group(i).num_rows:
                     self.groups.append(_RowGroup(lo, hi, len(self.parts), i))
-            self.parts.append((row.path, own, renames))
+            self.parts.append(row.path)
         self.schema = pa.unify_schemas(schemas, promote_options="default") if schemas else pa.schema([])
 
     def tables(self, split_ts: bool = False) -> Iterator[pa.Table]:
@@ -134,15 +134,10 @@ class UpdateReader:
         return pa.Table.from_batches([conform(b, self.schema) for b in table.to_batches()], self.schema)
 
     def _read(self, cluster: list[_RowGroup], top: float) -> Iterator[pa.Table]:
-        tables = []
-        for part in sorted({g.part for g in cluster}):
-            path, own, renames = self.parts[part]
-            with self.blob.open(path) as f:
-                t = pq.ParquetFile(f).read_row_groups([g.index for g in cluster if g.part == part], columns=own)
-            if renames:
-                t = t.rename_columns([renames.get(n, n) for n in t.column_names])
-            tables.append(self.conform(t))
-        table = pa.concat_tables(tables)
+        table = pa.concat_tables([
+            self.conform(_read_part(self.blob, self.parts[part], self.shard,
+                                    [g.index for g in cluster if g.part == part]))
+            for part in sorted({g.part for g in cluster})])
         if cluster[0].lo < self.lower or top >= self.upper:
             table = table.filter(pc.and_(pc.greater_equal(table["ts"], self.lower),
                                          pc.less(table["ts"], self.upper)))
