@@ -17,9 +17,9 @@ and makes it durable, and reports the seconds that took.
 Every Spark contender shares one local session (``local[2]``), the Kafka options Reclock uses
 (``kafka.isolation.level=read_committed``, ``kafka.fetch.max.wait.ms=10``, ``assign`` with explicit
 starting offsets, a group id of its own per repetition; :func:`reclock.spark.ingest.kafka_read_options`)
-and the same decode: ``from_json`` of
-:data:`~benchmarks.workload.SCHEMA`, PERMISSIVE, with Reclock's corrupt-record column. Every contender's
-output is counted afterwards (outside the timing) and must hold exactly the backlog's records.
+and the same decode: ``from_json`` of :data:`~benchmarks.workload.SCHEMA`, PERMISSIVE, with Reclock's
+corrupt-record column. Every contender's output is counted afterwards (outside the timing) and must hold
+exactly the backlog's records.
 """
 
 from __future__ import annotations

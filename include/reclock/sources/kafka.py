@@ -57,7 +57,7 @@ class KafkaUpstream:
         req = {TopicPartition(self.topic, p): spec_factory() for p in parts}
         try:
             futs = self._admin().list_offsets(req, isolation_level=IsolationLevel.READ_COMMITTED,
-                                      request_timeout=self.timeout)
+                                              request_timeout=self.timeout)
             return {tp.partition: fut.result(timeout=self.timeout + 5).offset for tp, fut in futs.items()}
         except KafkaException as e:
             raise UpstreamUnavailable(f"source {self.source}: listing offsets of {self.topic!r} failed: {e}") from e
