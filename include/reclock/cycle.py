@@ -37,6 +37,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
+from psycopg.pq import TransactionStatus
+
 from reclock import remap
 from reclock.batch import BatchDescription, Part, mint_descriptions, ranges_for, split_ranges
 from reclock.config import SourceSpec
@@ -49,6 +51,10 @@ from reclock.remap import RemapCollection
 from reclock.sources.kafka import KafkaUpstream
 from reclock.errors import RemapUpperMismatch
 from reclock.failpoints import failpoint
+
+
+REUSE_IDLE_S = 10.0
+"""How long a step's connection may sit idle and still be lent again (see :class:`_StepConnection`)."""
 
 
 def now_ms() -> int:
@@ -67,6 +73,7 @@ class CycleContext:
     clock: Callable[[], int] = now_ms
     retain_history_ms: int = 0
     _upstream: KafkaUpstream | None = field(default=None, init=False, repr=False, compare=False)
+    _held: _StepConnection | None = field(default=None, init=False, repr=False, compare=False)
 
     def upstream(self) -> KafkaUpstream:
         """The source's upstream; one per context, so a cycle's probes share one connected admin client."""
@@ -76,8 +83,63 @@ class CycleContext:
 
     @contextlib.contextmanager
     def connect(self) -> Iterator:
+        """A consensus connection (autocommit): while a step is under way, the step's own
+        (:class:`_StepConnection`); else a new one."""
+        if self._held is not None:
+            with self._held.lend() as conn:
+                yield conn
+            return
         with connect(self.dsn) as conn:
             yield conn
+
+    @contextlib.contextmanager
+    def _holding(self) -> Iterator[None]:
+        """Let :meth:`connect` lend one connection until the block ends, then close it."""
+        if self._held is not None:
+            yield  # nested (rebuild's write): the outer block holds it
+            return
+        self._held = _StepConnection(self.dsn)
+        try:
+            yield
+        finally:
+            held, self._held = self._held, None
+            held.close()
+
+
+class _StepConnection:
+    """The one connection a step lends to every ``ctx.connect()`` in it (a connection costs ~6 ms; a cycle
+    used to open a dozen). Opened at the first loan. Replaced when it broke, or when it sat idle over
+    :data:`REUSE_IDLE_S` with nobody holding it (a proxy or a timeout may have cut it). A loan asked while a
+    caller's transaction is open on it gets a new connection of its own: it never joins that transaction."""
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self.conn = None
+        self.used = 0.0
+        self.lent = 0
+
+    @contextlib.contextmanager
+    def lend(self) -> Iterator:
+        conn = self.conn
+        usable = conn is not None and not conn.closed and not conn.broken
+        if usable and conn.info.transaction_status != TransactionStatus.IDLE:
+            with connect(self.dsn) as own:
+                yield own
+            return
+        if not usable or (not self.lent and time.monotonic() - self.used > REUSE_IDLE_S):
+            self.close()
+            self.conn = conn = connect(self.dsn)
+        self.lent += 1
+        try:
+            yield conn
+        finally:
+            self.lent -= 1
+            self.used = time.monotonic()
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
 
 
 @dataclass(frozen=True)
@@ -100,16 +162,18 @@ def _step(ctx: CycleContext, step: str) -> Iterator[dict]:
     """Record ``running`` and statistics around a step; on failure record ``stalled`` with the cause."""
     metrics: dict = {}
     t0 = time.monotonic()
-    try:
-        yield metrics
-    except Exception as e:
+    with ctx._holding():
+        try:
+            yield metrics
+        except Exception as e:
+            with ctx.connect() as conn:
+                record_status(conn, ctx.spec.name, "stalled", error=f"{step}: {e}")
+            raise
+        metrics["seconds"] = round(time.monotonic() - t0, 3)
         with ctx.connect() as conn:
-            record_status(conn, ctx.spec.name, "stalled", error=f"{step}: {e}")
-        raise
-    metrics["seconds"] = round(time.monotonic() - t0, 3)
-    with ctx.connect() as conn:
-        record_statistics(conn, ctx.spec.name, step, metrics)
-        record_status(conn, ctx.spec.name, "running")
+            with conn.transaction():
+                record_statistics(conn, ctx.spec.name, step, metrics)
+                record_status(conn, ctx.spec.name, "running")
 
 
 def ensure_registered(ctx: CycleContext) -> None:

@@ -1,0 +1,87 @@
+"""A step's consensus connection (``CycleContext.connect`` inside a step): one per step, lent to every call
+in it, never joining a caller's transaction, replaced when idle or broken, closed when the step ends."""
+
+from __future__ import annotations
+
+import pytest
+
+from reclock import cycle
+from reclock.config import parse_source
+from reclock.persist.blob import LocalBlobStore
+from reclock.persist.status import latest_statistics, latest_status
+
+
+def _pid(conn) -> int:
+    return conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+
+
+@pytest.fixture
+def ctx(db, tmp_path):
+    spec = parse_source("conns", {"kafka": {"topic": "unused", "bootstrap": "127.0.0.1:1"},
+                                  "format": {"type": "json", "schema": "id BIGINT"}})
+    return cycle.CycleContext(spec=spec, dsn=db, bootstrap="127.0.0.1:1", blob=LocalBlobStore(tmp_path))
+
+
+def test_outside_a_step_every_call_gets_its_own_connection(ctx):
+    with ctx.connect() as a:
+        first = _pid(a)
+    assert a.closed
+    with ctx.connect() as b:
+        assert _pid(b) != first
+
+
+def test_a_step_lends_one_connection_and_closes_it_at_its_end(ctx):
+    with cycle._step(ctx, "probe") as metrics:
+        with ctx.connect() as a:
+            first = _pid(a)
+        with ctx.connect() as b:
+            assert b is a and _pid(b) == first
+            with ctx.connect() as nested:  # no transaction open: the same connection
+                assert nested is a
+        metrics["x"] = 1
+    assert a.closed  # the step's end closed it (after recording its statistics on it)
+    with ctx.connect() as conn:
+        assert latest_statistics(conn, "conns", "probe")[0].metrics["x"] == 1
+        assert latest_status(conn, "conns").status == "running"
+
+
+def test_a_loan_never_joins_a_callers_transaction(ctx):
+    with cycle._step(ctx, "probe"):
+        with ctx.connect() as outer, outer.transaction():
+            outer.execute("CREATE TEMP TABLE t (x int)")
+            outer.execute("INSERT INTO t VALUES (1)")
+            with ctx.connect() as inner:
+                assert inner is not outer
+                inner.execute("SELECT 1")
+            assert outer.execute("SELECT count(*) FROM t").fetchone()[0] == 1  # its transaction is intact
+        with ctx.connect() as again:
+            assert again is outer
+
+
+def test_an_idle_or_broken_connection_is_replaced(ctx, monkeypatch):
+    with cycle._step(ctx, "probe"):
+        with ctx.connect() as a:
+            first = _pid(a)
+        monkeypatch.setattr(cycle, "REUSE_IDLE_S", 0.0)
+        with ctx.connect() as b:  # idle longer than allowed: a new one, the old one closed
+            assert b is not a and a.closed and _pid(b) != first
+        monkeypatch.setattr(cycle, "REUSE_IDLE_S", 3600.0)
+        with ctx.connect() as killer:
+            assert killer is b
+        with cycle.connect(ctx.dsn) as other:
+            other.execute("SELECT pg_terminate_backend(%s)", (_pid(b),))
+        with pytest.raises(Exception), ctx.connect() as c:
+            c.execute("SELECT 1")  # the server cut it: this call fails and marks it broken
+        with ctx.connect() as d:
+            assert d is not b and d.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_a_failed_step_records_stalled_and_closes_its_connection(ctx):
+    with pytest.raises(RuntimeError, match="boom"), cycle._step(ctx, "probe"):
+        with ctx.connect() as a:
+            a.execute("SELECT 1")
+        raise RuntimeError("boom")
+    assert a.closed
+    with ctx.connect() as conn:
+        st = latest_status(conn, "conns")
+    assert (st.status, st.error) == ("stalled", "probe: boom")
