@@ -184,7 +184,7 @@ class DagTest:
         times = self._task_times(dag.dag_id, run.run_id)
         steps, _ = step_seconds(env.dsn, name)
         # the append task runs the resume step after the append: its seconds are not the append's
-        seconds = (times["append"][1] - times["mint"][0]).total_seconds() - steps.get("resume", 0.0)
+        seconds = (times["append"][1] - times["mint_write"][0]).total_seconds() - steps.get("resume", 0.0)
         records = committed_records(env.dsn, name)
         _check("reclock_dag_test", backlog, records)
         shutil.rmtree(env.work / "blobs" / name, ignore_errors=True)

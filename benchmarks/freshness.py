@@ -54,8 +54,8 @@ TARGET_P50_S = 10.0
 TARGET_OVERHEAD_S = 3.0
 STEP_KIND = {"mint": "postgres_kafka", "write_batches": "spark", "append": "postgres_kafka",
              "resume": "postgres_kafka"}
-TASK_STEPS = {"mint": ("mint",), "write_batches": ("write_batches",), "append": ("append", "resume")}
-"""The ingest DAG's tasks and the cycle steps each runs (the append task resumes after appending)."""
+TASK_STEPS = {"mint_write": ("mint", "write_batches"), "append": ("append", "resume")}
+"""The ingest DAG's tasks and the cycle steps each runs."""
 
 
 def _now_ms() -> int:

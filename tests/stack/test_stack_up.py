@@ -141,6 +141,35 @@ def _ingest_under_scheduler(stack) -> None:
     assert ids == list(range(1300))
 
 
+SESSION_SCRIPT = """
+import sys
+from reclock.spark.connect import shared_session
+
+spark = shared_session(sys.argv[1], sys.argv[3])
+if sys.argv[2] == "make":
+    spark.sql("CREATE OR REPLACE TEMP VIEW shared_probe AS SELECT 7 AS x")
+print("SEES", spark.catalog.tableExists("shared_probe"), spark.range(5).count(), flush=True)
+if sys.argv[2] == "stop":
+    spark.stop()  # the server closes the session and refuses its id from now on
+"""
+
+
+def _shared_spark_sessions(stack) -> None:
+    """A source's processes attach to one server-side Spark Connect session (a temp view one makes,
+    another sees); once that session is closed, the next process goes on in a new one of its own."""
+    scope = f"probe-{time.time_ns()}"
+
+    def run(action: str) -> str:
+        out = subprocess.run([sys.executable, "-c", SESSION_SCRIPT, stack.spark.url, action, scope],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+        return next(line for line in out.stdout.splitlines() if line.startswith("SEES"))
+
+    assert run("make") == "SEES True 5"
+    assert run("stop") == "SEES True 5"
+    assert run("look") == "SEES False 5"
+
+
 def test_up_smoke_health_dag_down(stack_home: Path):
     tmp_path = stack_home
     config = tmp_path / "reclock.yaml"
@@ -184,6 +213,7 @@ def test_up_smoke_health_dag_down(stack_home: Path):
 
         # an ingest DAG under the real scheduler: two waves, two triggered runs, everything lands once
         _ingest_under_scheduler(stack)
+        _shared_spark_sessions(stack)
         print(f"first up {first_up:.1f}s")
     finally:
         down = subprocess.run([*reclock, "dev", "down"], env=env, capture_output=True, text=True, timeout=300)

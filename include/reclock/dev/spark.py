@@ -122,10 +122,15 @@ class LocalSparkConnect:
                          alive=self.running)
         return time.monotonic() - t0
 
-    def session(self):
-        """A Spark Connect client session to this server."""
+    def session(self, scope: str | None = None):
+        """A Spark Connect client session to this server; on the server-side session ``scope``'s processes
+        share when given (``reclock.spark.connect``)."""
         from pyspark.sql import SparkSession
 
+        if scope is not None:
+            from reclock.spark.connect import shared_session
+
+            return shared_session(self.url, scope)
         return SparkSession.builder.remote(self.url).getOrCreate()
 
     def stop(self) -> bool:
