@@ -127,7 +127,7 @@ class DagTest:
     Airflow reads its settings when it is first imported, so :meth:`prepare` sets the environment and
     migrates the metadata database (``airflow db migrate`` in a subprocess) before anything imports it.
     ``dag.test()`` parses the repo's ``dags/`` (which reads ``RECLOCK_CONFIG``: the file this class
-    rewrites for each repetition's new source), serializes the DAG and runs the four tasks in-process;
+    rewrites for each repetition's new source), serializes the DAG and runs its two tasks in-process;
     ``RECLOCK_SPARK_MASTER`` makes the tasks use a local session, which is this process's shared one.
     Airflow's and the tasks' console output goes to ``dag_test.log`` in the run's folder.
     """

@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
@@ -190,9 +191,10 @@ def mint(ctx: CycleContext) -> MintResult:
     Keeps *definite*: a binding is appended with compare-and-set on the remap upper at
     ``max(now, last + 1)``, never in the past; two concurrent minters cannot both succeed.
     """
-    with _step(ctx, "mint") as m:
+    with _step(ctx, "mint") as m, ThreadPoolExecutor(1, "reclock-probe") as pool:
+        probe = pool.submit(ctx.upstream().probe_upper)  # Kafka's round trips beside Postgres's
         ensure_registered(ctx)
-        upper = ctx.upstream().probe_upper()
+        upper = probe.result()
         minted = None
         with ctx.connect() as conn:
             rc = load_remap(conn, ctx.spec.name)
