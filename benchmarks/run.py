@@ -184,9 +184,10 @@ def main(argv: list[str] | None = None) -> int:
             "reclock: run_cycle on a new source per repetition (one description); timed from the cycle's "
             "start to the append's commit (the cycle minus its resume step)",
             "reclock_dag_test: ingest__<source> under dag.test() in the benchmark process (its tasks use the "
-            "shared Spark session); timed from the mint task's start to the append task's end",
-            "every Spark contender: one local[2] session, Reclock's Kafka options, from_json PERMISSIVE with "
-            "the same schema, Parquet (snappy)",
+            "shared Spark session); timed from the mint_write task's start to the append task's end",
+            "every Spark contender: one local[2] session with Reclock's settings (batch reads of Kafka by the "
+            "V2 reader, as Structured Streaming's), Reclock's Kafka options, from_json PERMISSIVE with the "
+            "same schema, Parquet (snappy)",
             "memory: resident set of this process and of the Spark JVM's process tree, sampled every 50 ms; "
             "one JVM serves every contender, so its heap only grows during the run",
             "MB are 10^6 bytes; MB/s counts the records' value bytes (what Kafka holds, ~200 bytes a record)",

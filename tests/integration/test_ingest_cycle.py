@@ -142,6 +142,21 @@ def test_other_formats_decode_and_route_errors(db, kafka, topic, spark, tmp_path
     assert [(e["offset"], e["raw"]) for e in errors] == [(len(good), bad)]
 
 
+def test_the_read_goes_through_sparks_v2_kafka_reader(db, kafka, topic, spark, tmp_path):
+    """``SESSION_CONF`` holds in the sessions Reclock makes: the batch read of Kafka is a V2 scan, not the
+    V1 relation that converts every record to an external Row and back."""
+    from reclock.batch import OffsetRange
+    from reclock.spark.ingest import BindingRange, reclock_and_decode
+
+    name = topic(partitions=1)
+    produce(kafka, name, [rec(0, 0)])
+    ctx = make_ctx(db, kafka, spark, tmp_path, name)
+    df = reclock_and_decode(spark, ctx.spec, kafka.bootstrap, [OffsetRange(0, 0, 1)], [BindingRange(0, 0, 1, 5)])
+    plan = df._jdf.queryExecution().executedPlan().toString()
+    assert "BatchScan" in plan and "KafkaRelation" not in plan, plan
+    assert [(r["id"], r["ts"]) for r in df.collect()] == [(0, 5)]
+
+
 def test_stall_on_first_decode_error_appends_nothing(db, kafka, topic, spark, tmp_path):
     from reclock.errors import DecodeError
 

@@ -149,6 +149,7 @@ spark = shared_session(sys.argv[1], sys.argv[3])
 if sys.argv[2] == "make":
     spark.sql("CREATE OR REPLACE TEMP VIEW shared_probe AS SELECT 7 AS x")
 print("SEES", spark.catalog.tableExists("shared_probe"), spark.range(5).count(), flush=True)
+print("V1", spark.conf.get("spark.sql.sources.useV1SourceList"), flush=True)
 if sys.argv[2] == "stop":
     spark.stop()  # the server closes the session and refuses its id from now on
 """
@@ -157,17 +158,22 @@ if sys.argv[2] == "stop":
 def _shared_spark_sessions(stack) -> None:
     """A source's processes attach to one server-side Spark Connect session (a temp view one makes,
     another sees); once that session is closed, the next process goes on in a new one of its own."""
+    from reclock.spark.ingest import SESSION_CONF
+
     scope = f"probe-{time.time_ns()}"
+    v1_sources: list[str] = []
 
     def run(action: str) -> str:
         out = subprocess.run([sys.executable, "-c", SESSION_SCRIPT, stack.spark.url, action, scope],
                              capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+        v1_sources.append(next(line for line in out.stdout.splitlines() if line.startswith("V1 ")))
         return next(line for line in out.stdout.splitlines() if line.startswith("SEES"))
 
     assert run("make") == "SEES True 5"
     assert run("stop") == "SEES True 5"
-    assert run("look") == "SEES False 5"
+    assert run("look") == "SEES False 5"  # and every session gets SESSION_CONF: Kafka is read by V2
+    assert v1_sources == [f"V1 {SESSION_CONF['spark.sql.sources.useV1SourceList']}"] * 3
 
 
 def test_up_smoke_health_dag_down(stack_home: Path):

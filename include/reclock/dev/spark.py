@@ -39,7 +39,10 @@ def _python() -> str:
 
 def loopback_conf() -> dict[str, str]:
     """Spark settings every Reclock Spark driver uses."""
+    from reclock.spark.ingest import SESSION_CONF
+
     return {
+        **SESSION_CONF,
         "spark.driver.host": LOOPBACK,
         "spark.driver.bindAddress": LOOPBACK,
         "spark.sql.session.timeZone": "UTC",
