@@ -32,6 +32,7 @@ statistics and a status row; a step that fails records ``stalled`` with the erro
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -74,7 +75,7 @@ class CycleContext:
     clock: Callable[[], int] = now_ms
     retain_history_ms: int = 0
     _upstream: KafkaUpstream | None = field(default=None, init=False, repr=False, compare=False)
-    _held: _StepConnection | None = field(default=None, init=False, repr=False, compare=False)
+    _local: threading.local = field(default_factory=threading.local, init=False, repr=False, compare=False)
 
     def upstream(self) -> KafkaUpstream:
         """The source's upstream; one per context, so a cycle's probes share one connected admin client."""
@@ -84,10 +85,11 @@ class CycleContext:
 
     @contextlib.contextmanager
     def connect(self) -> Iterator:
-        """A consensus connection (autocommit): while a step is under way, the step's own
-        (:class:`_StepConnection`); else a new one."""
-        if self._held is not None:
-            with self._held.lend() as conn:
+        """A consensus connection (autocommit): while a step is under way in this thread, the step's own
+        (:class:`_StepConnection`; threads sharing a context never share one); else a new one."""
+        held = getattr(self._local, "held", None)
+        if held is not None:
+            with held.lend() as conn:
                 yield conn
             return
         with connect(self.dsn) as conn:
@@ -95,15 +97,15 @@ class CycleContext:
 
     @contextlib.contextmanager
     def _holding(self) -> Iterator[None]:
-        """Let :meth:`connect` lend one connection until the block ends, then close it."""
-        if self._held is not None:
+        """Let :meth:`connect` lend one connection in this thread until the block ends, then close it."""
+        if getattr(self._local, "held", None) is not None:
             yield  # nested (rebuild's write): the outer block holds it
             return
-        self._held = _StepConnection(self.dsn)
+        held = self._local.held = _StepConnection(self.dsn)
         try:
             yield
         finally:
-            held, self._held = self._held, None
+            self._local.held = None
             held.close()
 
 

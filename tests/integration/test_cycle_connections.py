@@ -3,6 +3,8 @@ in it, never joining a caller's transaction, replaced when idle or broken, close
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from reclock import cycle
@@ -85,3 +87,27 @@ def test_a_failed_step_records_stalled_and_closes_its_connection(ctx):
     with ctx.connect() as conn:
         st = latest_status(conn, "conns")
     assert (st.status, st.error) == ("stalled", "probe: boom")
+
+
+def test_threads_sharing_a_context_never_share_a_connection(ctx):
+    first_has_one, second_done = threading.Event(), threading.Event()
+    pids: dict[str, int] = {}
+
+    def first() -> None:
+        with cycle._step(ctx, "probe"), ctx.connect() as conn:
+            pids["first"] = _pid(conn)
+            first_has_one.set()
+            second_done.wait(10)  # its step is still under way while the other thread's runs
+
+    def second() -> None:
+        first_has_one.wait(10)
+        with cycle._step(ctx, "probe"), ctx.connect() as conn:
+            pids["second"] = _pid(conn)
+        second_done.set()
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert set(pids) == {"first", "second"} and pids["first"] != pids["second"]
