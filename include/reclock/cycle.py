@@ -75,6 +75,7 @@ class CycleContext:
     clock: Callable[[], int] = now_ms
     retain_history_ms: int = 0
     _upstream: KafkaUpstream | None = field(default=None, init=False, repr=False, compare=False)
+    _spark: object | None = field(default=None, init=False, repr=False, compare=False)
     _local: threading.local = field(default_factory=threading.local, init=False, repr=False, compare=False)
 
     def upstream(self) -> KafkaUpstream:
@@ -82,6 +83,15 @@ class CycleContext:
         if self._upstream is None:
             self._upstream = KafkaUpstream(self.spec.name, self.bootstrap, self.spec.kafka.topic)
         return self._upstream
+
+    def spark(self):
+        """The context's Spark session, made by ``spark_factory`` once: a task writing several descriptions
+        attaches to Spark Connect (a probe and a setting, two round trips) once, not per description."""
+        if self._spark is None:
+            if self.spark_factory is None:
+                raise ValueError(f"source {self.spec.name}: this cycle context has no spark_factory")
+            self._spark = self.spark_factory()
+        return self._spark
 
     @contextlib.contextmanager
     def connect(self) -> Iterator:
@@ -99,7 +109,7 @@ class CycleContext:
     def _holding(self) -> Iterator[None]:
         """Let :meth:`connect` lend one connection in this thread until the block ends, then close it."""
         if getattr(self._local, "held", None) is not None:
-            yield  # nested (rebuild's write): the outer block holds it
+            yield  # a step inside a step: the outer one's connection serves both
             return
         held = self._local.held = _StepConnection(self.dsn)
         try:
@@ -265,7 +275,7 @@ def _write(ctx: CycleContext, rc: RemapCollection, desc: BatchDescription, m: di
         slices = [ranges]
     else:
         slices = split_ranges(ranges, ctx.spec.budget.max_records)
-    spark = ctx.spark_factory() if slices else None
+    spark = ctx.spark() if slices else None
     prior: list[tuple] = []
     if upsert and slices and not rebuilding:
         from reclock.persist.upsert_state import load_prior
