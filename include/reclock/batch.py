@@ -36,6 +36,20 @@ class Part:
 
 
 @dataclass(frozen=True)
+class SliceWritten:
+    """What one ``write_batches`` Spark job reports it did: how many upstream records it read from the
+    slice's offset ranges and how many rows it wrote per output (``reclock.part_layout``), under ``url``.
+    The parts collected for the slice must hold exactly these rows (``reclock.persist.staged``): what
+    Spark read is what the shards get, or the step fails."""
+
+    index: int  # the slice's number within its description
+    url: str  # where Spark wrote (as Spark names it: a local path, ``s3a://...``)
+    offsets: int  # how many offsets the slice's ranges span (records can be fewer: transaction markers)
+    records_read: int
+    rows: dict[int, int]  # output -> rows written
+
+
+@dataclass(frozen=True)
 class OffsetRange:
     """Offsets ``[start, end)`` of one upstream partition (half-open, never empty)."""
 

@@ -32,31 +32,30 @@ statistics and a status row; a step that fails records ``stalled`` with the erro
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from psycopg.pq import TransactionStatus
-
 from reclock import remap
-from reclock.batch import BatchDescription, Part, mint_descriptions, ranges_for, split_ranges
+from reclock.batch import BatchDescription, Part, SliceWritten, mint_descriptions, ranges_for, split_ranges
 from reclock.config import SourceSpec
+from reclock.errors import DecodeError, RemapUpperMismatch, ShardsDisagree
+from reclock.failpoints import failpoint
+from reclock.part_layout import DATA_OUTPUT, ERRORS_OUTPUT
 from reclock.persist import blob as blobs
-from reclock.persist import connect
+from reclock.persist.compact import compact_parts
+from reclock.persist.lending import ConnectionLender
 from reclock.persist.remap_store import append_binding, compact_remap, load_remap, register_source
-from reclock.persist.shards import Append, compare_and_append, register_shard, shard_info, advance_since, read_holds
+from reclock.persist.shards import (Append, advance_since, compare_and_append, read_holds, register_shard,
+                                    replace_batches, shard_info)
+from reclock.persist.staged import collect_parts, first_rejected, read_state_changes, slice_folder
 from reclock.persist.status import record_statistics, record_status
+from reclock.persist.upsert_state import apply_changes, load_prior
 from reclock.remap import RemapCollection
 from reclock.sources.kafka import KafkaUpstream
-from reclock.errors import RemapUpperMismatch
-from reclock.failpoints import failpoint
-
-
-REUSE_IDLE_S = 10.0
-"""How long a step's connection may sit idle and still be lent again (see :class:`_StepConnection`)."""
+from reclock.spark.ingest import BindingRange, upsert_keys, write_slice
 
 
 def now_ms() -> int:
@@ -76,7 +75,10 @@ class CycleContext:
     retain_history_ms: int = 0
     _upstream: KafkaUpstream | None = field(default=None, init=False, repr=False, compare=False)
     _spark: object | None = field(default=None, init=False, repr=False, compare=False)
-    _local: threading.local = field(default_factory=threading.local, init=False, repr=False, compare=False)
+    connections: ConnectionLender = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.connections = ConnectionLender(self.dsn)
 
     def upstream(self) -> KafkaUpstream:
         """The source's upstream; one per context, so a cycle's probes share one connected admin client."""
@@ -93,66 +95,10 @@ class CycleContext:
             self._spark = self.spark_factory()
         return self._spark
 
-    @contextlib.contextmanager
-    def connect(self) -> Iterator:
-        """A consensus connection (autocommit): while a step is under way in this thread, the step's own
-        (:class:`_StepConnection`; threads sharing a context never share one); else a new one."""
-        held = getattr(self._local, "held", None)
-        if held is not None:
-            with held.lend() as conn:
-                yield conn
-            return
-        with connect(self.dsn) as conn:
-            yield conn
-
-    @contextlib.contextmanager
-    def _holding(self) -> Iterator[None]:
-        """Let :meth:`connect` lend one connection in this thread until the block ends, then close it."""
-        if getattr(self._local, "held", None) is not None:
-            yield  # a step inside a step: the outer one's connection serves both
-            return
-        held = self._local.held = _StepConnection(self.dsn)
-        try:
-            yield
-        finally:
-            self._local.held = None
-            held.close()
-
-
-class _StepConnection:
-    """The one connection a step lends to every ``ctx.connect()`` in it (a connection costs ~6 ms; a cycle
-    used to open a dozen). Opened at the first loan. Replaced when it broke, or when it sat idle over
-    :data:`REUSE_IDLE_S` with nobody holding it (a proxy or a timeout may have cut it). A loan asked while a
-    caller's transaction is open on it gets a new connection of its own: it never joins that transaction."""
-
-    def __init__(self, dsn: str) -> None:
-        self.dsn = dsn
-        self.conn = None
-        self.used = 0.0
-        self.lent = 0
-
-    @contextlib.contextmanager
-    def lend(self) -> Iterator:
-        conn = self.conn
-        usable = conn is not None and not conn.closed and not conn.broken
-        if usable and conn.info.transaction_status != TransactionStatus.IDLE:
-            with connect(self.dsn) as own:
-                yield own
-            return
-        if not usable or (not self.lent and time.monotonic() - self.used > REUSE_IDLE_S):
-            self.close()
-            self.conn = conn = connect(self.dsn)
-        self.lent += 1
-        try:
-            yield conn
-        finally:
-            self.lent -= 1
-            self.used = time.monotonic()
-
-    def close(self) -> None:
-        if self.conn is not None:
-            self.conn.close()
-            self.conn = None
+    def connect(self):
+        """A consensus connection (autocommit): while a step is under way in this thread, the one the step
+        holds (``reclock.persist.lending``); else a new one."""
+        return self.connections.connect()
 
 
 @dataclass(frozen=True)
@@ -175,7 +121,7 @@ def _step(ctx: CycleContext, step: str) -> Iterator[dict]:
     """Record ``running`` and statistics around a step; on failure record ``stalled`` with the cause."""
     metrics: dict = {}
     t0 = time.monotonic()
-    with ctx._holding():
+    with ctx.connections.holding():
         try:
             yield metrics
         except Exception as e:
@@ -247,19 +193,24 @@ def write_batches(ctx: CycleContext, desc: BatchDescription) -> WrittenBatch:
                 return WrittenBatch(desc)  # a replay: the state has moved on, and append is a no-op
         written = _write(ctx, rc, desc, m)
         if ctx.spec.on_decode_error == "stall" and written.parts.get(ctx.spec.errors_shard):
-            _stall_on_first_error(ctx, written.parts[ctx.spec.errors_shard])
+            # refuse the whole description (nothing is appended) naming the first record that failed; the
+            # source stays stalled until the record or the config changes
+            first = first_rejected(ctx.blob, written.parts[ctx.spec.errors_shard])
+            if first is not None:
+                partition, offset, reason = first
+                raise DecodeError(ctx.spec.name, partition, offset, f"{reason} (on_decode_error: stall)")
         return written
 
 
 def _write(ctx: CycleContext, rc: RemapCollection, desc: BatchDescription, m: dict,
            on_slice: Callable[[int, int], None] | None = None, rebuilding: bool = False) -> WrittenBatch:
     """Read the ranges the bindings in ``desc`` cover, one Spark job per budget slice, and collect the
-    parts (``on_slice(done, total)`` after each job: the progress of a long rebuild).
+    parts, each slice proved to hold what its job read (``reclock.persist.staged``: else
+    ``UnaccountedWrite``, and nothing is appended); ``on_slice(done, total)`` after each job (the
+    progress of a long rebuild).
 
     Upsert: one job for the whole description (a key's records must meet in one job), with the state rows
     of the keys it touches as of ``desc.lower`` (none when rebuilding from 0)."""
-    from reclock.spark.ingest import BindingRange, upsert_keys, write_slice
-
     ranges = ranges_for(rc, desc)
     if ranges:
         ctx.upstream().check_retained(
@@ -278,21 +229,23 @@ def _write(ctx: CycleContext, rc: RemapCollection, desc: BatchDescription, m: di
     spark = ctx.spark() if slices else None
     prior: list[tuple] = []
     if upsert and slices and not rebuilding:
-        from reclock.persist.upsert_state import load_prior
-
         keys = upsert_keys(spark, ctx.spec, ctx.bootstrap, ranges)
         with ctx.connect() as conn:
             prior = load_prior(conn, ctx.spec.name, ctx.spec.data_shard, desc.lower, keys)
         m.update(keys=len(keys), prior_keys=len(prior))
     failpoint("write_batches:before_job")
+    written: list[SliceWritten] = []
     for i, sl in enumerate(slices):
-        write_slice(spark, ctx.spec, ctx.bootstrap, sl, bindings, ctx.blob.url(f"{prefix}/slice-{i:04d}"), prior)
+        written.append(write_slice(spark, ctx.spec, ctx.bootstrap, sl, bindings,
+                                   ctx.blob.url(slice_folder(prefix, i)), prior, index=i))
         if on_slice is not None:
             on_slice(i + 1, len(slices))
         failpoint("write_batches:after_slice")
-    parts, state = _collect_parts(ctx, prefix)
+    shards = {DATA_OUTPUT: ctx.spec.data_shard, ERRORS_OUTPUT: ctx.spec.errors_shard}
+    parts, state = collect_parts(ctx.blob, ctx.spec.name, shards, prefix, written, upsert)
     m.update(lower=desc.lower, upper=desc.upper, slices=len(slices),
              offsets=sum(r.end - r.start for r in ranges),
+             records_read=sum(w.records_read for w in written),
              records={s: sum(p.rows for p in ps) for s, ps in parts.items()},
              bytes={s: sum(p.bytes for p in ps) for s, ps in parts.items()})
     return WrittenBatch(desc, parts, state)
@@ -301,7 +254,8 @@ def _write(ctx: CycleContext, rc: RemapCollection, desc: BatchDescription, m: di
 def rebuild(ctx: CycleContext, on_slice: Callable[[int, int], None] | None = None) -> dict:
     """Rebuild the source's shards from the recorded bindings (while upstream still holds the data) and
     swap them in atomically: the same ``(data, ts, diff)`` updates at the same timestamps (*replayable*),
-    at every time at or after the shards' since. Raises ``UpstreamDataLost`` if retention ran past them.
+    at every time at or after the shards' since. Raises ``UpstreamDataLost`` if retention ran past them,
+    ``UnaccountedWrite`` if what Spark wrote cannot be found whole (nothing is swapped then).
     """
     with _step(ctx, "rebuild") as m:
         with ctx.connect() as conn:
@@ -309,139 +263,14 @@ def rebuild(ctx: CycleContext, on_slice: Callable[[int, int], None] | None = Non
             uppers = {s: shard_info(conn, s).upper for s in ctx.spec.shards}
         upper = min(uppers.values())
         if len(set(uppers.values())) != 1:
-            raise ValueError(f"source {ctx.spec.name}: its shards' uppers differ ({uppers}); run a cycle first")
+            raise ShardsDisagree(ctx.spec.name, uppers)
         if upper == 0:
             return {"upper": 0, "parts": 0}
         written = _write(ctx, rc, BatchDescription(0, upper), m, on_slice, rebuilding=True)
-        from reclock.persist.shards import replace_batches
-
         with ctx.connect() as conn:
             replace_batches(conn, [Append(s, written.desc, written.parts.get(s, ())) for s in ctx.spec.shards])
         return {"upper": upper, "parts": sum(len(p) for p in written.parts.values()),
                 "records": m.get("records")}
-
-
-def _stall_on_first_error(ctx: CycleContext, error_parts: tuple[Part, ...]) -> None:
-    """``on_decode_error: stall``: refuse the whole description (nothing is appended) naming the first
-    record that failed; the source stays stalled until the record or the config changes."""
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-
-    from reclock.errors import DecodeError
-    from reclock.spark.ingest import ERR_PREFIX
-
-    cols = [ERR_PREFIX + c for c in ("partition", "offset", "reason")]
-    first = None
-    for part in error_parts:
-        with ctx.blob.open(part.path) as f:
-            t = pq.read_table(f, columns=cols)
-        t = t.filter(pc.is_valid(t[cols[0]]))
-        for row in t.to_pylist():
-            key = (row[cols[0]], row[cols[1]])
-            if first is None or key < first[:2]:
-                first = (*key, row[cols[2]])
-    if first is not None:
-        raise DecodeError(ctx.spec.name, first[0], first[1], f"{first[2]} (on_decode_error: stall)")
-
-
-def _collect_parts(ctx: CycleContext, prefix: str) -> tuple[dict[str, tuple[Part, ...]], tuple[Part, ...]]:
-    """The Parquet files under ``prefix``, assigned to shards, with row counts and ts bounds read from the
-    footers; and the upsert state's change parts.
-
-    An upsert slice's files sit in ``_output=N`` folders. An append-only slice's files hold the collection's
-    rows and, packed in one column, the records that did not decode: a file whose footer says that column
-    is all null is a part of the data shard as it is; the rare one holding rejected records is split into
-    a data part and an errors part beside it, and those are the parts (the original is garbage)."""
-    import pyarrow.parquet as pq
-
-    from reclock.spark.ingest import DATA_OUTPUT, ERRORS_OUTPUT, REJECTED_COLUMN, STATE_OUTPUT
-
-    state_key = "(upsert state)"
-    out: dict[str, list[Part]] = {s: [] for s in (*ctx.spec.shards, state_key)}
-    shard_of = {DATA_OUTPUT: ctx.spec.data_shard, ERRORS_OUTPUT: ctx.spec.errors_shard, STATE_OUTPUT: state_key}
-    for info in ctx.blob.list(prefix):
-        if not info.path.endswith(".parquet"):
-            continue
-        with ctx.blob.open(info.path) as f:
-            md = pq.ParquetFile(f).metadata
-        if not md.num_rows:
-            continue
-        folder = next((o for o in shard_of if f"/_output={o}/" in info.path), None)
-        if folder is not None:
-            out[shard_of[folder]].append(_part_from_footer(info.path, info.size, md))
-            continue
-        nulls = _null_count(md, REJECTED_COLUMN)
-        if nulls is None:
-            continue  # not a file of ours
-        if nulls == md.num_rows:
-            out[ctx.spec.data_shard].append(_part_from_footer(info.path, info.size, md))
-            continue
-        for output, part in _split_rejected(ctx, info.path):
-            out[shard_of[output]].append(part)
-    done = {s: tuple(sorted(ps, key=lambda p: p.path)) for s, ps in out.items()}
-    return {s: done[s] for s in ctx.spec.shards}, done[state_key]
-
-
-def _null_count(md, column: str) -> int | None:
-    """Nulls in ``column`` over the file's row groups, from the footer (None: no such column; -1: unknown)."""
-    from reclock.persist.compact import column_stats
-
-    stats = column_stats(md, column)
-    if stats is None:
-        return None
-    if any(st is None or st.null_count is None for st in stats):
-        return -1
-    return sum(st.null_count for st in stats)
-
-
-def _column_range(md, column: str) -> tuple | None:
-    """``(min, max)`` of ``column`` over the file's row groups, from the footer (None: no such column)."""
-    from reclock.persist.compact import column_stats
-
-    stats = column_stats(md, column)
-    if stats is None:
-        return None
-    if any(st is None or not st.has_min_max for st in stats):
-        return (None, None)  # unknown: treat as mixed
-    if not stats:
-        return (None, None)
-    return min(st.min for st in stats), max(st.max for st in stats)
-
-
-def _part_from_footer(path: str, size: int, md) -> Part:
-    lo, hi = _column_range(md, "ts") or (None, None)
-    return Part(path, md.num_rows, size, lo, hi)
-
-
-def _split_rejected(ctx: CycleContext, path: str) -> list[tuple[int, Part]]:
-    """Write the collection's rows of the file at ``path``, and its rejected records unpacked into the error
-    collection's columns, to files of their own beside it."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-
-    from reclock.persist.compact import parquet_bytes, uses_int96
-    from reclock.spark.ingest import DATA_OUTPUT, ERRORS_OUTPUT, REJECTED_COLUMN, unpack_rejected
-
-    with ctx.blob.open(path) as f:
-        pf = pq.ParquetFile(f)
-        int96 = uses_int96(pf)
-        table = pf.read()
-    rejected = pc.is_valid(table[REJECTED_COLUMN])
-    good = table.filter(pc.invert(rejected)).drop_columns([REJECTED_COLUMN])
-    bad = table.filter(rejected)
-    errors = unpack_rejected(bad[REJECTED_COLUMN].to_pylist())
-    errors = pa.table({**{c: errors[c] for c in errors.column_names}, "ts": bad["ts"], "diff": bad["diff"]})
-    parts = []
-    for output, rows in ((DATA_OUTPUT, good), (ERRORS_OUTPUT, errors)):
-        if not rows.num_rows:
-            continue
-        data = parquet_bytes(rows, int96, f"source {ctx.spec.name}: output {output} of {path}")
-        split = f"{path[:-len('.parquet')]}.output{output}.parquet"
-        ctx.blob.put_bytes(split, data)
-        ts = pc.min_max(rows["ts"]).as_py()
-        parts.append((output, Part(split, rows.num_rows, len(data), ts["min"], ts["max"])))
-    return parts
 
 
 def append(ctx: CycleContext, written: WrittenBatch) -> list:
@@ -452,15 +281,13 @@ def append(ctx: CycleContext, written: WrittenBatch) -> list:
     """
     with _step(ctx, "append") as m:
         appends = [Append(s, written.desc, written.parts.get(s, ())) for s in ctx.spec.shards]
-        changes = _read_state_changes(ctx, written.state) if ctx.spec.envelope == "upsert" else None
+        changes = read_state_changes(ctx.blob, written.state) if ctx.spec.envelope == "upsert" else None
         if changes is not None:
             m.update(state_changes=changes.num_rows)
 
         def also(conn) -> None:
             """In the append's transaction: the upsert state moves with the shards."""
             if changes is not None:
-                from reclock.persist.upsert_state import apply_changes
-
                 apply_changes(conn, ctx.spec.name, changes)
             failpoint("append:in_transaction")
         with ctx.connect() as conn:
@@ -469,24 +296,6 @@ def append(ctx: CycleContext, written: WrittenBatch) -> list:
                  outcomes=[str(o) for o in outcomes],
                  committed={s: sum(p.rows for p in written.parts.get(s, ())) for s in ctx.spec.shards})
         return outcomes
-
-
-def _read_state_changes(ctx: CycleContext, parts: tuple[Part, ...]):
-    """The upsert state changes a description's parts carry (an empty table when none)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from reclock.spark.ingest import STATE_COLUMNS, STATE_PREFIX
-
-    tables = []
-    for p in parts:
-        with ctx.blob.open(p.path) as f:
-            t = pq.read_table(f, columns=[STATE_PREFIX + c for c in STATE_COLUMNS])
-        tables.append(t.rename_columns(list(STATE_COLUMNS)))
-    if not tables:
-        return pa.table({c: pa.array([], t) for c, t in zip(STATE_COLUMNS, (pa.binary(), pa.binary(), pa.int32(),
-                                                                          pa.int64(), pa.int64()))})
-    return pa.concat_tables(tables)
 
 
 @dataclass(frozen=True)
@@ -504,8 +313,6 @@ def resume(ctx: CycleContext) -> ResumeResult:
     the remap collection is compacted to the new since, and each shard's small parts at or below it are
     merged (``reclock.persist.compact``).
     """
-    from reclock.persist.compact import compact_parts
-
     with _step(ctx, "resume") as m:
         with ctx.connect() as conn:
             rc = load_remap(conn, ctx.spec.name)

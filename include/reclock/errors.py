@@ -77,6 +77,34 @@ class DecodeError(ReclockError):
         super().__init__(f"source {source}: record at partition {partition} offset {offset}: {reason}")
 
 
+class UnaccountedWrite(ReclockError):
+    """What ``write_batches`` (or a rebuild) collected does not add up to what Spark reported writing: a
+    commit marker, a part or rows are missing, or more turned up. Nothing is appended, no offset committed."""
+
+    def __init__(self, source: str, written_to: str, looked_at: str, detail: str) -> None:
+        self.source = source
+        self.written_to = written_to
+        self.looked_at = looked_at
+        self.detail = detail
+        where = (f"Spark wrote to {written_to}" if written_to == looked_at
+                 else f"Spark wrote to {written_to}, the cycle looked at {looked_at}")
+        super().__init__(
+            f"source {source}: {detail} ({where}); nothing was appended and no offset committed. If Spark "
+            "and this process do not see the same blob store (a local folder on another host or in another "
+            "container), give both one shared store: an s3:// blob URL or a shared filesystem")
+
+
+class ShardsDisagree(ReclockError):
+    """A source's output shards have different uppers where one is needed (a rebuild replays them all)."""
+
+    def __init__(self, source: str, uppers: dict[str, int]) -> None:
+        self.source = source
+        self.uppers = dict(uppers)
+        listed = ", ".join(f"{s} {u}" for s, u in sorted(uppers.items()))
+        super().__init__(f"source {source}: its shards' uppers differ ({listed}); run a cycle first, whose "
+                         "append brings them together")
+
+
 class ConfigError(ReclockError):
     """A source, sink or stack configuration is invalid."""
 

@@ -17,19 +17,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from reclock.compaction import contents_as_of, sorted_by_ts
-from reclock.config import ERRORS_SUFFIX
-from reclock.persist.blob import BlobStore
-from reclock.persist.shards import BatchRow, batches, shard_info
 from reclock.errors import SinceViolation
-from reclock.spark.ingest import ERR_PREFIX, INTERNAL_PREFIX
-
-
-def _own_columns(shard: str, names: Sequence[str]) -> tuple[list[str], dict[str, str]]:
-    """The columns of ``shard`` in its parts (both outputs of a source share files) and their renames."""
-    if shard.endswith(ERRORS_SUFFIX):
-        own = [n for n in names if n.startswith(ERR_PREFIX)] + ["ts", "diff"]
-        return own, {n: n[len(ERR_PREFIX):] for n in own if n.startswith(ERR_PREFIX)}
-    return [n for n in names if not n.startswith(INTERNAL_PREFIX)], {}
+from reclock.part_layout import own_columns
+from reclock.persist.blob import BlobStore
+from reclock.persist.parquet import column_stats, conform, may_retract
+from reclock.persist.shards import BatchRow, batches, shard_info
 
 
 def _read_part(blob: BlobStore, path: str, shard: str, row_groups: Sequence[int] | None = None) -> pa.Table:
@@ -37,7 +29,7 @@ def _read_part(blob: BlobStore, path: str, shard: str, row_groups: Sequence[int]
     ``row_groups`` if given)."""
     with blob.open(path) as f:
         pf = pq.ParquetFile(f)
-        own, renames = _own_columns(shard, pf.schema_arrow.names)
+        own, renames = own_columns(shard, pf.schema_arrow.names)
         t = pf.read(columns=own) if row_groups is None else pf.read_row_groups(row_groups, columns=own)
     return t.rename_columns([renames.get(n, n) for n in t.column_names]) if renames else t
 
@@ -89,8 +81,6 @@ class UpdateReader:
     """
 
     def __init__(self, blob: BlobStore, shard: str, rows: Sequence[BatchRow], lower: int, upper: int) -> None:
-        from reclock.persist.compact import may_retract, column_stats
-
         self.blob, self.shard, self.lower, self.upper = blob, shard, lower, upper
         self.parts: list[str] = []  # paths
         self.groups: list[_RowGroup] = []
@@ -100,7 +90,7 @@ class UpdateReader:
             with blob.open(row.path) as f:
                 pf = pq.ParquetFile(f)
                 md, arrow = pf.metadata, pf.schema_arrow
-            own, renames = _own_columns(shard, arrow.names)
+            own, renames = own_columns(shard, arrow.names)
             schemas.append(pa.schema([arrow.field(n).with_name(renames.get(n, n)) for n in own]))
             self.retractions = self.retractions or may_retract(md)
             stats = column_stats(md, "ts") or [None] * md.num_row_groups
@@ -129,8 +119,6 @@ class UpdateReader:
 
     def conform(self, table: pa.Table) -> pa.Table:
         """``table`` with :attr:`schema`'s columns, in its order (a missing one null)."""
-        from reclock.persist.compact import conform
-
         return pa.Table.from_batches([conform(b, self.schema) for b in table.to_batches()], self.schema)
 
     def _read(self, cluster: list[_RowGroup], top: float) -> Iterator[pa.Table]:

@@ -9,6 +9,7 @@ import pytest
 
 from reclock import cycle
 from reclock.config import parse_source
+from reclock.persist import connect, lending
 from reclock.persist.blob import LocalBlobStore
 from reclock.persist.status import latest_statistics, latest_status
 
@@ -64,13 +65,13 @@ def test_an_idle_or_broken_connection_is_replaced(ctx, monkeypatch):
     with cycle._step(ctx, "probe"):
         with ctx.connect() as a:
             first = _pid(a)
-        monkeypatch.setattr(cycle, "REUSE_IDLE_S", 0.0)
+        monkeypatch.setattr(lending, "REUSE_IDLE_S", 0.0)
         with ctx.connect() as b:  # idle longer than allowed: a new one, the old one closed
             assert b is not a and a.closed and _pid(b) != first
-        monkeypatch.setattr(cycle, "REUSE_IDLE_S", 3600.0)
+        monkeypatch.setattr(lending, "REUSE_IDLE_S", 3600.0)
         with ctx.connect() as killer:
             assert killer is b
-        with cycle.connect(ctx.dsn) as other:
+        with connect(ctx.dsn) as other:
             other.execute("SELECT pg_terminate_backend(%s)", (_pid(b),))
         with pytest.raises(Exception), ctx.connect() as c:
             c.execute("SELECT 1")  # the server cut it: this call fails and marks it broken

@@ -250,7 +250,7 @@ def test_a_run_with_retractions_is_cut_to_the_decoded_limit(orders):
 def test_footer_statistics_are_found_by_column_path_past_nested_columns():
     """A struct column's leaves come before ``ts`` in the footer: the Arrow field index would name the wrong
     leaf; the path names the right one."""
-    from reclock.persist.compact import column_stats
+    from reclock.persist.parquet import column_stats
 
     table = pa.table({"addr": pa.array([{"city": "a", "zip": 9}, {"city": "b", "zip": 7}]),
                       "ts": pa.array([5, 3], pa.int64()), "diff": pa.array([1, -1], pa.int64())})

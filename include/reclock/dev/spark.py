@@ -71,6 +71,7 @@ class LocalSparkConnect:
     state: StackState
     master: str = "local[*]"
     driver_memory: str = "2g"
+    launcher: tuple[str, ...] = ()  # a command the server is started under (tests: a mount namespace)
 
     @property
     def home(self) -> Path:
@@ -113,7 +114,7 @@ class LocalSparkConnect:
                 "spark.sql.warehouse.dir": str(self.home / "warehouse"),
                 "spark.local.dir": str(self.home / "tmp"),
             }
-            argv = [str(spark_home() / "bin" / "spark-submit"),
+            argv = [*self.launcher, str(spark_home() / "bin" / "spark-submit"),
                     "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",
                     "--name", "reclock-spark-connect", "--jars", ",".join(jars)]
             for k, v in conf.items():

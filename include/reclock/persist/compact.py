@@ -48,7 +48,8 @@ from reclock.compaction import advance, consolidate, has_retractions, merged_des
 from reclock.failpoints import failpoint
 from reclock.persist.blob import BlobStore, new_part_path
 from reclock.persist.shards import CONFLICT, MERGED, BatchRow, Merge, batches, merge_batches, shard_info
-from reclock.read import _own_columns
+from reclock.part_layout import own_columns
+from reclock.persist.parquet import check_reads_back, conform, may_retract, parquet_bytes, uses_int96
 
 __all__ = ["CompactReport", "compact_parts", "DEFAULT_TARGET_BYTES", "DEFAULT_SMALL_BYTES", "DEFAULT_MIN_PARTS",
            "MERGED", "NOTHING_TO_DO", "CONFLICT"]
@@ -123,36 +124,10 @@ class _RunFiles:
 def _footer(blob: BlobStore, shard: str, row: BatchRow) -> _Footer:
     with blob.open(row.path) as f:
         pf = pq.ParquetFile(f)
-        own, _ = _own_columns(shard, pf.schema_arrow.names)  # no rename: keep the on-file names
+        own, _ = own_columns(shard, pf.schema_arrow.names)  # no rename: keep the on-file names
         md = pf.metadata
         return _Footer(pa.schema([pf.schema_arrow.field(n) for n in own]), uses_int96(pf), may_retract(md),
                        sum(md.row_group(i).total_byte_size for i in range(md.num_row_groups)))
-
-
-def column_stats(md: pq.FileMetaData, column: str) -> list | None:
-    """Each row group's footer statistics of the top-level column ``column`` (an entry None where none were
-    kept; None: no such column). Found by its leaf path, not its Arrow field index, which differs once a
-    nested column comes before it."""
-    idx = next((i for i in range(md.num_columns) if md.schema.column(i).path == column), None)
-    if idx is None:
-        return None
-    return [md.row_group(rg).column(idx).statistics for rg in range(md.num_row_groups)]
-
-
-def may_retract(md: pq.FileMetaData) -> bool:
-    """Whether a part may hold an update with ``diff <= 0``, by its footer's statistics of ``diff``."""
-    stats = column_stats(md, "diff")
-    return stats is None or any(st is None or not st.has_min_max or st.min <= 0 for st in stats)
-
-
-def conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
-    """``batch`` with ``schema``'s columns in its order: missing ones null, others cast where they differ."""
-    cols = []
-    for field in schema:
-        i = batch.schema.get_field_index(field.name)
-        col = batch.column(i) if i >= 0 else pa.nulls(batch.num_rows, field.type)
-        cols.append(col if col.type == field.type else col.cast(field.type))
-    return pa.RecordBatch.from_arrays(cols, schema=schema)
 
 
 def _read_run(blob: BlobStore, shard: str, run: Sequence[BatchRow], schema: pa.Schema) -> pa.Table:
@@ -180,27 +155,6 @@ def _stream_advanced(blob: BlobStore, run: Sequence[BatchRow], files: _RunFiles,
     return buf.getvalue(), rows
 
 
-def uses_int96(pf: pq.ParquetFile) -> bool:
-    """Whether the file keeps timestamps as INT96 (Spark's default)."""
-    return any(pf.schema.column(i).physical_type == "INT96" for i in range(len(pf.schema)))
-
-
-def parquet_bytes(table: pa.Table, int96: bool, what: str) -> bytes:
-    """``table`` as a Parquet file whose columns read back with the same types (timestamps as INT96 when the
-    files it comes from keep them so: Spark reads those, and pyarrow reads them as it read the originals)."""
-    buf = io.BytesIO()
-    pq.write_table(table, buf, use_deprecated_int96_timestamps=int96)
-    data = buf.getvalue()
-    _check_reads_back(data, table.schema, what)
-    return data
-
-
-def _check_reads_back(data: bytes, schema: pa.Schema, what: str) -> None:
-    written = pq.ParquetFile(io.BytesIO(data)).schema_arrow
-    if [(f.name, f.type) for f in written] != [(f.name, f.type) for f in schema]:
-        raise ValueError(f"{what} would read back as {written}, not as the parts it comes from ({schema})")
-
-
 def _merge_run(blob: BlobStore, shard: str, run: Sequence[BatchRow], files: _RunFiles) -> tuple[Merge, int, int]:
     """Merge one run into at most one part (written, not yet swapped in); with its rows before and after."""
     desc = merged_description(run)
@@ -215,7 +169,7 @@ def _merge_run(blob: BlobStore, shard: str, run: Sequence[BatchRow], files: _Run
     else:  # append-only (the common case): nothing cancels, so stream
         data, after = _stream_advanced(blob, run, files, to)
         before = after
-        _check_reads_back(data, files.schema, what)
+        check_reads_back(data, files.schema, what)
     parts: tuple[Part, ...] = ()
     if after:
         path = new_part_path(shard, desc)

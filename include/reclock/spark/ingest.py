@@ -23,24 +23,14 @@ import json
 from dataclasses import dataclass
 from typing import Sequence
 
-from reclock.batch import OffsetRange
+from reclock.batch import OffsetRange, SliceWritten
 from reclock.config import SourceSpec
+from reclock.part_layout import (DATA_OUTPUT, ERR_PREFIX, ERROR_COLUMNS, ERRORS_OUTPUT, PACKED_BASE64, REJECTED_COLUMN,
+                                 STATE_COLUMNS, STATE_OUTPUT, STATE_PREFIX)
 
-DATA_OUTPUT = 0
-ERRORS_OUTPUT = 1
-STATE_OUTPUT = 2
 CORRUPT = "_reclock_corrupt"
 AVRO_OK = "_reclock_ok"
 
-INTERNAL_PREFIX = "_reclock_"
-"""Columns of the parts that belong to no collection's data carry this prefix."""
-ERROR_COLUMNS = ("partition", "offset", "key", "raw", "reason")
-ERR_PREFIX = "_reclock_err_"
-"""Parts of all outputs come from one Spark job and carry the union of columns; the error collection's
-columns carry this prefix in the files (readers of each shard keep only their own columns)."""
-STATE_COLUMNS = ("key", "value", "partition", "offset", "timestamp_us")
-STATE_PREFIX = "_reclock_state_"
-"""The upsert state's changes: per key touched, its last record (a null value: the key is deleted)."""
 # where each error / state column comes from among the decoded rows' raw columns (see ``_decoded``)
 _ERROR_SOURCES = tuple(zip(ERROR_COLUMNS, ("_p", "_o", "_k", "_v", "_reason")))
 _STATE_SOURCES = tuple(zip(STATE_COLUMNS, ("_k", "_v", "_p", "_o", "_t_us")))
@@ -209,17 +199,20 @@ def _ts_sql(ranges: Sequence[OffsetRange], hits: Sequence[BindingRange]) -> tupl
 
 
 def _reclocked(spark, spec: SourceSpec, bootstrap: str, ranges: Sequence[OffsetRange],
-               bindings: Sequence[BindingRange]):
+               bindings: Sequence[BindingRange], read_metrics=None):
     """The records of ``ranges`` with the ``ts`` of the binding that covers each offset (a record that no
     binding covers is dropped, as by an inner join: the read ranges are the bindings' ranges, so none is).
 
     Vectorised either way, never a per-record Python function: a SQL expression
     (:func:`reclock_ts_sql`: usually a literal or one arm per partition) when the slice intersects at most
     :data:`CASE_LIMIT` binding ranges (the usual cycle: one or a few bindings per partition), else a
-    broadcast range join against those bindings."""
+    broadcast range join against those bindings. ``read_metrics`` (an ``Observation``) counts the
+    records read, as ``records``, right above the scan."""
     from pyspark.sql import functions as F
 
     raw = _read_kafka(spark, spec, bootstrap, ranges)
+    if read_metrics is not None:
+        raw = raw.observe(read_metrics, F.count(F.lit(1)).alias("records"))
     hits = _intersecting(ranges, bindings)
     if len(hits) <= CASE_LIMIT:
         expr, drop_unbound = _ts_sql(ranges, hits)
@@ -315,7 +308,7 @@ def _typed_null(col: str):
 
 
 def reclock_and_decode(spark, spec: SourceSpec, bootstrap: str, ranges: Sequence[OffsetRange],
-                       bindings: Sequence[BindingRange], prior: Sequence[tuple] = ()):
+                       bindings: Sequence[BindingRange], prior: Sequence[tuple] = (), read_metrics=None):
     """The DataFrame of one slice: every record reclocked and decoded.
 
     Append-only: the collection's columns, ``ts``, ``diff`` and :data:`REJECTED_COLUMN` (null, or for a
@@ -323,11 +316,12 @@ def reclock_and_decode(spark, spec: SourceSpec, bootstrap: str, ranges: Sequence
     for the error collection). Upsert: the collection's columns, ``ts``, ``diff``, the error columns and
     the state columns, each null where it does not apply, and ``_output``. ``prior`` (upsert only): the
     state rows ``(key, value, partition, offset, timestamp_us)`` of the keys the slice touches, as of its
-    lower. One pass over the records either way: no branch of the plan reads Kafka again.
+    lower. One pass over the records either way: no branch of the plan reads Kafka again. ``read_metrics``:
+    see :func:`_reclocked`.
     """
     from pyspark.sql import functions as F
 
-    dec = _decoded(spec, _reclocked(spark, spec, bootstrap, ranges, bindings))
+    dec = _decoded(spec, _reclocked(spark, spec, bootstrap, ranges, bindings, read_metrics))
     data_cols = output_columns(spec)[0][:-2]
     if spec.envelope != "upsert":
         packed = ", ".join(f"{sql_string(c)}, {_PACKED.get(c, raw)}" for c, raw in _ERROR_SOURCES)
@@ -389,49 +383,68 @@ def output_columns(spec: SourceSpec) -> tuple[list[str], list[str]]:
     return field_names(spec) + meta + ["ts", "diff"], [ERR_PREFIX + c for c in ERROR_COLUMNS] + ["ts", "diff"]
 
 
-REJECTED_COLUMN = INTERNAL_PREFIX + "rejected"
-"""In the files of an append-only slice: null on the collection's rows; on a record that does not decode,
-its error row (``partition, offset, key, raw, reason``; bytes in base64) as a JSON object, unpacked into
-the error collection's columns when the slice's parts are collected (:func:`unpack_rejected`)."""
-_PACKED = {"key": "base64(_k)", "raw": "base64(_raw)"}
-
-
-def unpack_rejected(packed: Sequence[str]):
-    """The error collection's columns (``_reclock_err_*``, named and typed as an upsert slice writes them)
-    of the rejected rows :data:`REJECTED_COLUMN` holds, as an Arrow table (no ``ts``, ``diff``)."""
-    import base64
-
-    import pyarrow as pa
-
-    rows = [json.loads(p) for p in packed]
-    types = {"partition": pa.int32(), "offset": pa.int64(), "key": pa.binary(), "raw": pa.binary(),
-             "reason": pa.string()}
-    cols = {}
-    for c in ERROR_COLUMNS:
-        values = [r.get(c) for r in rows]
-        if c in _PACKED:
-            values = [None if v is None else base64.b64decode(v) for v in values]
-        cols[ERR_PREFIX + c] = pa.array(values, types[c])
-    return pa.table(cols)
+_PACKED = {c: f"base64({raw})" for c, raw in _ERROR_SOURCES if c in PACKED_BASE64}
 
 
 def write_slice(spark, spec: SourceSpec, bootstrap: str, ranges: Sequence[OffsetRange],
-                bindings: Sequence[BindingRange], url: str, prior: Sequence[tuple] = ()) -> None:
-    """Run one Spark job writing the slice's updates as Parquet under ``url``.
+                bindings: Sequence[BindingRange], url: str, prior: Sequence[tuple] = (),
+                index: int = 0) -> SliceWritten:
+    """Run one Spark job writing the slice's updates as Parquet under ``url``; what it read and wrote.
 
     Append-only (``envelope: none``): plain files of the collection's columns and :data:`REJECTED_COLUMN`;
     nearly always every row is the collection's, and the rare file that holds rejected records is split
-    into the two collections' parts when its parts are collected (``reclock.cycle``). Not partitioning by
-    output spares Spark a sort of each task's rows before writing (a fifth of the job's time at a million
-    records), and one packed column instead of five error columns spares it a seventh of what is left.
-    Upsert: partitioned by output (``_output=N/`` folders), since every file holds state changes too."""
-    df = reclock_and_decode(spark, spec, bootstrap, ranges, bindings, prior)
+    into the two collections' parts when its parts are collected (``reclock.persist.staged``). Not
+    partitioning by output spares Spark a sort of each task's rows before writing (a fifth of the job's
+    time at a million records), and one packed column instead of five error columns spares it a seventh
+    of what is left. Upsert: partitioned by output (``_output=N/`` folders), since every file holds state
+    changes too.
+
+    The job counts, as it runs, the records it read (right above the Kafka scan) and the rows it hands
+    to the writer per output (right below it): two ``Observation`` metrics, which Spark reports with the
+    job's end, in a local session and over Spark Connect alike. Neither splits the generated code of the
+    plan in between."""
+    from pyspark.sql import functions as F
+
+    read, written = _observation(spark), _observation(spark)
+    df = reclock_and_decode(spark, spec, bootstrap, ranges, bindings, prior, read_metrics=read)
     if spec.envelope != "upsert":
+        df = df.observe(written, F.count(F.lit(1)).alias("rows"), F.count(REJECTED_COLUMN).alias("rejected"))
         df.write.mode("error").parquet(url)
-        return
-    data_cols, err_cols = output_columns(spec)
-    state_cols = [STATE_PREFIX + c for c in STATE_COLUMNS]
-    # one job, several outputs: a row's columns of the other outputs are null and each shard reads only
-    # its own columns (all-null columns cost next to nothing in Parquet)
-    keep = list(dict.fromkeys(data_cols + err_cols + state_cols))
-    df.selectExpr(*map(sql_ident, keep), "_output").write.mode("error").partitionBy("_output").parquet(url)
+        w = _observed(written, spec, url, ("rows", "rejected"))
+        rows = {DATA_OUTPUT: w["rows"] - w["rejected"], ERRORS_OUTPUT: w["rejected"]}
+    else:
+        data_cols, err_cols = output_columns(spec)
+        state_cols = [STATE_PREFIX + c for c in STATE_COLUMNS]
+        # one job, several outputs: a row's columns of the other outputs are null and each shard reads only
+        # its own columns (all-null columns cost next to nothing in Parquet)
+        keep = list(dict.fromkeys(data_cols + err_cols + state_cols))
+        outputs = (DATA_OUTPUT, ERRORS_OUTPUT, STATE_OUTPUT)
+        counts = [F.count(F.when(F.col("_output") == o, F.lit(1))).alias(f"output{o}") for o in outputs]
+        df = df.selectExpr(*map(sql_ident, keep), "_output").observe(written, *counts)
+        df.write.mode("error").partitionBy("_output").parquet(url)
+        w = _observed(written, spec, url, [f"output{o}" for o in outputs])
+        rows = {o: w[f"output{o}"] for o in outputs}
+    records = _observed(read, spec, url, ("records",))["records"]
+    return SliceWritten(index, url, sum(r.end - r.start for r in ranges), records, rows)
+
+
+def _observation(spark):
+    """A new ``Observation`` of the session's kind: a process may hold a classic session and a Spark
+    Connect one, and each DataFrame takes only its own kind."""
+    if type(spark).__module__.startswith("pyspark.sql.connect"):
+        from pyspark.sql.connect.observation import Observation
+    else:
+        from pyspark.sql.observation import Observation
+    return Observation()
+
+
+def _observed(obs, spec: SourceSpec, url: str, names: Sequence[str]) -> dict[str, int]:
+    """The metrics ``names`` of a finished job's ``Observation``; a job that reports none fails the step
+    (its write cannot be accounted for)."""
+    from reclock.errors import UnaccountedWrite
+
+    got = obs.get or {}
+    if any(got.get(n) is None for n in names):
+        raise UnaccountedWrite(spec.name, url, url, f"Spark reported no {', '.join(names)} for its job "
+                               f"(metrics: {got}); the write cannot be accounted for")
+    return {n: int(got[n]) for n in names}

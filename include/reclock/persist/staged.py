@@ -1,0 +1,195 @@
+"""Staged parts: what ``write_batches`` left in the blob store, collected and proved before ``append``
+makes any of it visible (DESIGN.md, "accounted writes").
+
+Each slice of a description is one Spark job writing under ``<prefix>/slice-NNNN/`` and reporting what it
+read and wrote (:class:`~reclock.batch.SliceWritten`). A slice's parts are taken only when everything adds
+up; otherwise :class:`~reclock.errors.UnaccountedWrite` fails the step, and nothing is appended and no
+offset committed:
+
+==========================================  ===============================================================
+check                                       fails when
+==========================================  ===============================================================
+the job's commit marker ``_SUCCESS``        it is not there: the job did not commit, or this process does
+                                            not see where Spark wrote (a folder on another host)
+every Parquet file in the slice's folder    a footer cannot be read, or a file is not of this job's layout
+rows per output, from the footers           they differ from the rows the job reported writing
+records read (append-only)                  they differ from the rows written (each record is one row), or
+                                            exceed the offsets the slice's ranges span
+==========================================  ===============================================================
+
+"Found nothing" is never taken for "there was nothing": an empty slice still has its marker, and its job
+reported zero rows.
+
+An upsert slice's files sit in ``_output=N/`` folders. An append-only slice's files hold the collection's
+rows and, packed in one column, the records that did not decode: a file whose footer says that column is
+all null is a part of the data shard as it is; the rare one holding rejected records is split into a data
+part and an errors part beside it, and those are the parts (the original is garbage).
+"""
+
+from __future__ import annotations
+
+import posixpath
+from typing import Mapping, Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from reclock.batch import Part, SliceWritten
+from reclock.errors import UnaccountedWrite
+from reclock.part_layout import (DATA_OUTPUT, ERR_PREFIX, ERRORS_OUTPUT, OUTPUT_FOLDER, REJECTED_COLUMN,
+                                 STATE_COLUMNS, STATE_OUTPUT, STATE_PREFIX, state_schema, unpack_rejected)
+from reclock.persist.blob import BlobStore
+from reclock.persist.parquet import null_count, parquet_bytes, part_from_footer, uses_int96
+
+COMMIT_MARKER = "_SUCCESS"
+"""The file Spark's committer writes into a job's output folder once every task's output is in place."""
+
+
+def slice_folder(prefix: str, index: int) -> str:
+    """Where slice ``index`` of a write under ``prefix`` puts its files."""
+    return f"{prefix}/slice-{index:04d}"
+
+
+def collect_parts(blob: BlobStore, source: str, shards: Mapping[int, str], prefix: str,
+                  slices: Sequence[SliceWritten], upsert: bool) -> tuple[dict[str, tuple[Part, ...]], tuple[Part, ...]]:
+    """The parts the ``slices`` of one write left under ``prefix``, per shard (``shards``: output -> shard
+    id, for :data:`DATA_OUTPUT` and :data:`ERRORS_OUTPUT`), and the upsert state's change parts; each slice
+    proved to hold exactly what its job reported (see the module), else :class:`UnaccountedWrite`."""
+    out: dict[int, list[Part]] = {DATA_OUTPUT: [], ERRORS_OUTPUT: [], STATE_OUTPUT: []}
+    for s in slices:
+        for output, parts in _collect_slice(blob, source, prefix, s, upsert).items():
+            out[output].extend(parts)
+    done = {o: tuple(sorted(ps, key=lambda p: p.path)) for o, ps in out.items()}
+    return {shards[o]: done[o] for o in (DATA_OUTPUT, ERRORS_OUTPUT)}, done[STATE_OUTPUT]
+
+
+def _collect_slice(blob: BlobStore, source: str, prefix: str, s: SliceWritten,
+                   upsert: bool) -> dict[int, list[Part]]:
+    folder = slice_folder(prefix, s.index)
+    looked_at = blob.url(folder)
+
+    def fail(detail: str) -> UnaccountedWrite:
+        return UnaccountedWrite(source, s.url, looked_at, f"slice {s.index}: {detail}")
+
+    reported = _describe(s.rows)
+    if not upsert and s.records_read != sum(s.rows.values()):
+        raise fail(f"Spark read {s.records_read} records but wrote {sum(s.rows.values())} rows ({reported}); "
+                   "every record must become one row")
+    if s.records_read > s.offsets:
+        raise fail(f"Spark read {s.records_read} records from offset ranges spanning {s.offsets} offsets")
+    listing = {info.path: info for info in blob.list(folder)}
+    files = [info for path, info in listing.items() if _is_data_file(folder, path, upsert)]
+    if posixpath.join(folder, COMMIT_MARKER) not in listing:
+        raise fail(f"Spark reported writing {reported}, but its commit marker {COMMIT_MARKER} is not there "
+                   f"({len(files)} Parquet files, {len(listing)} files in all)")
+    found: dict[int, list[tuple[str, int, object]]] = {DATA_OUTPUT: [], ERRORS_OUTPUT: [], STATE_OUTPUT: []}
+    counted = {o: 0 for o in found}
+    mixed: list[str] = []  # files holding rejected records
+    for info in files:
+        try:
+            with blob.open(info.path) as f:
+                md = pq.ParquetFile(f).metadata
+        except Exception as e:  # noqa: BLE001 - any unreadable footer is an unaccounted file
+            raise fail(f"the footer of {info.path} cannot be read ({type(e).__name__}: {e})") from e
+        if not md.num_rows:
+            continue
+        if upsert:
+            output = _output_of(folder, info.path)
+            found[output].append((info.path, info.size, md))
+            counted[output] += md.num_rows
+            continue
+        nulls = null_count(md, REJECTED_COLUMN)
+        if nulls is None:
+            raise fail(f"{info.path} has no column {REJECTED_COLUMN}: it is not a file of this job")
+        if nulls < 0:  # no statistics: count the column itself
+            with blob.open(info.path) as f:
+                nulls = pq.read_table(f, columns=[REJECTED_COLUMN])[REJECTED_COLUMN].null_count
+        counted[DATA_OUTPUT] += nulls
+        counted[ERRORS_OUTPUT] += md.num_rows - nulls
+        if nulls == md.num_rows:
+            found[DATA_OUTPUT].append((info.path, info.size, md))
+        else:
+            mixed.append(info.path)
+    if any(counted[o] != s.rows.get(o, 0) for o in counted):
+        raise fail(f"Spark reported writing {reported}, the cycle found {_describe(counted)} in {len(files)} "
+                   "Parquet files")
+    parts = {o: [part_from_footer(path, size, md) for path, size, md in fs] for o, fs in found.items()}
+    for path in mixed:
+        for output, part in split_rejected(blob, source, path):
+            parts[output].append(part)
+    return parts
+
+
+def _describe(rows: Mapping[int, int]) -> str:
+    names = {DATA_OUTPUT: "data", ERRORS_OUTPUT: "rejected", STATE_OUTPUT: "upsert state"}
+    total = sum(rows.values())
+    return f"{total} rows (" + ", ".join(f"{names[o]} {n}" for o, n in sorted(rows.items()) if n or o != STATE_OUTPUT) + ")"
+
+
+def _is_data_file(folder: str, path: str, upsert: bool) -> bool:
+    """Whether ``path`` is one of the job's Parquet files: in the slice's folder (append-only) or an
+    ``_output=N`` folder in it (upsert); Spark's hidden and ``_``-files (markers, ``_temporary``) are not."""
+    rel = path[len(folder) + 1:].split("/")
+    if any(p.startswith((".", "_")) and not p.startswith("_output=") for p in rel):
+        return False
+    if not rel[-1].endswith(".parquet"):
+        return False
+    return len(rel) == (2 if upsert else 1) and (not upsert or rel[0].startswith("_output="))
+
+
+def _output_of(folder: str, path: str) -> int:
+    name = path[len(folder) + 1:].split("/")[0]
+    for o in (DATA_OUTPUT, ERRORS_OUTPUT, STATE_OUTPUT):
+        if name == OUTPUT_FOLDER.format(o):
+            return o
+    raise ValueError(f"{path}: not in an output folder of {folder}")
+
+
+def split_rejected(blob: BlobStore, source: str, path: str) -> list[tuple[int, Part]]:
+    """Write the collection's rows of the file at ``path``, and its rejected records unpacked into the error
+    collection's columns, to files of their own beside it; the parts they are, by output."""
+    with blob.open(path) as f:
+        pf = pq.ParquetFile(f)
+        int96 = uses_int96(pf)
+        table = pf.read()
+    rejected = pc.is_valid(table[REJECTED_COLUMN])
+    good = table.filter(pc.invert(rejected)).drop_columns([REJECTED_COLUMN])
+    bad = table.filter(rejected)
+    errors = unpack_rejected(bad[REJECTED_COLUMN].to_pylist())
+    errors = pa.table({**{c: errors[c] for c in errors.column_names}, "ts": bad["ts"], "diff": bad["diff"]})
+    parts = []
+    for output, rows in ((DATA_OUTPUT, good), (ERRORS_OUTPUT, errors)):
+        if not rows.num_rows:
+            continue
+        data = parquet_bytes(rows, int96, f"source {source}: output {output} of {path}")
+        split = f"{path[:-len('.parquet')]}.output{output}.parquet"
+        blob.put_bytes(split, data)
+        ts = pc.min_max(rows["ts"]).as_py()
+        parts.append((output, Part(split, rows.num_rows, len(data), ts["min"], ts["max"])))
+    return parts
+
+
+def first_rejected(blob: BlobStore, error_parts: Sequence[Part]) -> tuple[int, int, str] | None:
+    """``(partition, offset, reason)`` of the first record (by partition, offset) in a write's error parts."""
+    cols = [ERR_PREFIX + c for c in ("partition", "offset", "reason")]
+    first = None
+    for part in error_parts:
+        with blob.open(part.path) as f:
+            t = pq.read_table(f, columns=cols)
+        t = t.filter(pc.is_valid(t[cols[0]]))
+        for row in t.to_pylist():
+            key = (row[cols[0]], row[cols[1]])
+            if first is None or key < first[:2]:
+                first = (*key, row[cols[2]])
+    return first
+
+
+def read_state_changes(blob: BlobStore, parts: Sequence[Part]) -> pa.Table:
+    """The upsert state changes a description's parts carry (an empty table when none)."""
+    tables = []
+    for p in parts:
+        with blob.open(p.path) as f:
+            t = pq.read_table(f, columns=[STATE_PREFIX + c for c in STATE_COLUMNS])
+        tables.append(t.rename_columns(list(STATE_COLUMNS)))
+    return pa.concat_tables(tables) if tables else state_schema().empty_table()
