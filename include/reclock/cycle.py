@@ -43,7 +43,7 @@ from reclock.batch import BatchDescription, Part, SliceWritten, mint_description
 from reclock.config import SourceSpec
 from reclock.errors import DecodeError, RemapUpperMismatch, ShardsDisagree
 from reclock.failpoints import failpoint
-from reclock.part_layout import DATA_OUTPUT, ERRORS_OUTPUT
+from reclock.part_layout import DATA_KIND, DATA_OUTPUT, ERRORS_KIND, ERRORS_OUTPUT
 from reclock.persist import blob as blobs
 from reclock.persist.compact import compact_parts
 from reclock.persist.lending import ConnectionLender
@@ -139,8 +139,8 @@ def ensure_registered(ctx: CycleContext) -> None:
     """Create the source's remap collection, progress view and output shards if they do not exist."""
     with ctx.connect() as conn:
         register_source(conn, ctx.spec.name, kind="kafka")
-        for output, shard in enumerate(ctx.spec.shards):
-            register_shard(conn, shard, source=ctx.spec.name, output=output)
+        register_shard(conn, ctx.spec.data_shard, source=ctx.spec.name, output=DATA_OUTPUT, kind=DATA_KIND)
+        register_shard(conn, ctx.spec.errors_shard, source=ctx.spec.name, output=ERRORS_OUTPUT, kind=ERRORS_KIND)
 
 
 def mint(ctx: CycleContext) -> MintResult:

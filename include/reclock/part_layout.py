@@ -16,8 +16,6 @@ import base64
 import json
 from typing import Sequence
 
-from reclock.config import ERRORS_SUFFIX
-
 DATA_OUTPUT = 0
 ERRORS_OUTPUT = 1
 STATE_OUTPUT = 2
@@ -40,11 +38,18 @@ PACKED_BASE64 = ("key", "raw")
 OUTPUT_FOLDER = "_output={}"
 """The folder of an upsert slice's files of one output."""
 
+DATA_KIND = "data"
+ERRORS_KIND = "errors"
+SHARD_KINDS = (DATA_KIND, ERRORS_KIND)
+"""A shard's kind, registered with it (``reclock.shards.kind``): which of a part file's columns are its own."""
 
-def own_columns(shard: str, names: Sequence[str]) -> tuple[list[str], dict[str, str]]:
-    """The columns of ``shard`` among a part file's column ``names`` (both outputs of a source share files),
-    and their renames from file names to the shard's names."""
-    if shard.endswith(ERRORS_SUFFIX):
+
+def own_columns(kind: str, names: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+    """The columns of a shard of ``kind`` among a part file's column ``names`` (both outputs of a source
+    share files), and their renames from file names to the shard's names."""
+    if kind not in SHARD_KINDS:
+        raise ValueError(f"shard kind {kind!r} is not one of {', '.join(SHARD_KINDS)}")
+    if kind == ERRORS_KIND:
         own = [n for n in names if n.startswith(ERR_PREFIX)] + ["ts", "diff"]
         return own, {n: n[len(ERR_PREFIX):] for n in own if n.startswith(ERR_PREFIX)}
     return [n for n in names if not n.startswith(INTERNAL_PREFIX)], {}

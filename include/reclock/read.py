@@ -24,18 +24,18 @@ from reclock.persist.parquet import column_stats, conform, may_retract
 from reclock.persist.shards import BatchRow, batches, shard_info
 
 
-def _read_part(blob: BlobStore, path: str, shard: str, row_groups: Sequence[int] | None = None) -> pa.Table:
-    """The columns of ``shard`` in the part at ``path``, named as the shard names them (only the row groups
-    ``row_groups`` if given)."""
+def _read_part(blob: BlobStore, path: str, kind: str, row_groups: Sequence[int] | None = None) -> pa.Table:
+    """The columns of a shard of ``kind`` in the part at ``path``, named as the shard names them (only the
+    row groups ``row_groups`` if given)."""
     with blob.open(path) as f:
         pf = pq.ParquetFile(f)
-        own, renames = own_columns(shard, pf.schema_arrow.names)
+        own, renames = own_columns(kind, pf.schema_arrow.names)
         t = pf.read(columns=own) if row_groups is None else pf.read_row_groups(row_groups, columns=own)
     return t.rename_columns([renames.get(n, n) for n in t.column_names]) if renames else t
 
 
-def _read_parts(blob: BlobStore, paths: Sequence[str], shard: str) -> pa.Table | None:
-    tables = [_read_part(blob, path, shard) for path in paths]
+def _read_parts(blob: BlobStore, paths: Sequence[str], kind: str) -> pa.Table | None:
+    tables = [_read_part(blob, path, kind) for path in paths]
     return pa.concat_tables(tables, promote_options="default") if tables else None
 
 
@@ -45,7 +45,7 @@ def read_updates(conn, blob: BlobStore, shard: str, lower: int = 0, upper: int |
     rows, hi = updates_parts(conn, shard, lower, upper)
     if not rows:
         return None
-    reader = UpdateReader(blob, shard, rows, lower, hi)
+    reader = UpdateReader(blob, shard, rows, lower, hi, shard_info(conn, shard).kind)
     tables = list(reader.tables())
     return pa.concat_tables(tables) if tables else reader.schema.empty_table()
 
@@ -80,8 +80,9 @@ class UpdateReader:
     share files), unified; a column a part lacks is null there.
     """
 
-    def __init__(self, blob: BlobStore, shard: str, rows: Sequence[BatchRow], lower: int, upper: int) -> None:
-        self.blob, self.shard, self.lower, self.upper = blob, shard, lower, upper
+    def __init__(self, blob: BlobStore, shard: str, rows: Sequence[BatchRow], lower: int, upper: int,
+                 kind: str) -> None:
+        self.blob, self.shard, self.lower, self.upper, self.kind = blob, shard, lower, upper, kind
         self.parts: list[str] = []  # paths
         self.groups: list[_RowGroup] = []
         self.retractions = False
@@ -90,7 +91,7 @@ class UpdateReader:
             with blob.open(row.path) as f:
                 pf = pq.ParquetFile(f)
                 md, arrow = pf.metadata, pf.schema_arrow
-            own, renames = own_columns(shard, arrow.names)
+            own, renames = own_columns(kind, arrow.names)
             schemas.append(pa.schema([arrow.field(n).with_name(renames.get(n, n)) for n in own]))
             self.retractions = self.retractions or may_retract(md)
             stats = column_stats(md, "ts") or [None] * md.num_row_groups
@@ -123,7 +124,7 @@ class UpdateReader:
 
     def _read(self, cluster: list[_RowGroup], top: float) -> Iterator[pa.Table]:
         table = pa.concat_tables([
-            self.conform(_read_part(self.blob, self.parts[part], self.shard,
+            self.conform(_read_part(self.blob, self.parts[part], self.kind,
                                     [g.index for g in cluster if g.part == part]))
             for part in sorted({g.part for g in cluster})])
         if cluster[0].lo < self.lower or top >= self.upper:
@@ -146,4 +147,4 @@ def read_as_of(conn, blob: BlobStore, shard: str, t: int | None = None) -> pa.Ta
     if t >= info.upper:
         raise ValueError(f"shard {shard}: time {t} is not complete yet (upper is {info.upper}); "
                          f"read at most {info.upper - 1}")
-    return contents_as_of(_read_parts(blob, [b.path for b in batches(conn, shard, as_of=t)], shard), t)
+    return contents_as_of(_read_parts(blob, [b.path for b in batches(conn, shard, as_of=t)], info.kind), t)

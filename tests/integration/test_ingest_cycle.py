@@ -271,3 +271,29 @@ def test_compaction_keeps_batch_rows_bounded(db, kafka, topic, spark, tmp_path):
         merged = [s.metrics["compacted"][ctx.spec.name] for s in latest_statistics(conn, "bounded", "resume", 20)]
         assert read_as_of(conn, ctx.blob, ctx.spec.name).num_rows == 40
     assert sum(merged) >= 2 * DEFAULT_MIN_PARTS  # 20 to 40 parts were appended; few are left
+
+
+def test_a_source_named_like_an_error_collection_keeps_its_data_columns(db, kafka, topic, spark, tmp_path):
+    """A shard's kind is what was registered for it, not its name: ``login_errors``'s data shard keeps
+    its data columns in every reader, and its own error collection is ``login_errors_errors``."""
+    from reclock.read import UpdateReader, updates_parts
+
+    name = topic(partitions=2)
+    ctx = replace(make_ctx(db, kafka, spark, tmp_path, name, name="login_errors", budget={"max_records": 5}),
+                  retain_history_ms=0)
+    produce(kafka, name, [rec(i, i % 2) for i in range(40)] + [(0, b"bad", b"{not json")])
+    for _ in range(2):
+        cycle.run_cycle(ctx)
+    check_invariants(ctx, set(range(40)))
+    with connect(db) as conn:
+        assert (shard_info(conn, "login_errors").kind, shard_info(conn, "login_errors_errors").kind) == ("data", "errors")
+        contents = read_as_of(conn, ctx.blob, "login_errors")
+        assert {"id", "name", "_partition", "_offset", "_key", "diff"} <= set(contents.column_names)
+        assert sorted(contents["id"].to_pylist()) == list(range(40))
+        errors = read_as_of(conn, ctx.blob, "login_errors_errors")
+        assert errors["raw"].to_pylist() == [b"{not json"] and "id" not in errors.column_names
+        assert len(batches(conn, "login_errors")) == 1  # resume merged the small parts, by the shard's kind
+        rows, upper = updates_parts(conn, "login_errors")
+        reader = UpdateReader(ctx.blob, "login_errors", rows, 0, upper, shard_info(conn, "login_errors").kind)
+        assert "id" in reader.schema.names and sorted(read_as_of(conn, ctx.blob, "login_errors")["id"].to_pylist()) \
+            == list(range(40))

@@ -112,7 +112,7 @@ def reads(conn, store, shard: str) -> dict:
 def orders(conn, tmp_path):
     register_source(conn, "orders")
     register_shard(conn, DATA, source="orders", output=0)
-    register_shard(conn, ERRORS, source="orders", output=1)
+    register_shard(conn, ERRORS, source="orders", output=1, kind="errors")
     return conn, LocalBlobStore(tmp_path / "blobs")
 
 

@@ -21,7 +21,7 @@ TABLES = {
     "remap_collections": ["source", "upper", "since"],
     "remap_bindings": ["source", "ts"],
     "remap_offsets": ["source", "ts", "partition", "offset"],
-    "shards": ["id", "source", "output", "upper", "since", "created_at"],
+    "shards": ["id", "source", "output", "upper", "since", "created_at", "kind"],
     "shard_batches": ["id", "shard", "lower", "upper", "path", "rows", "bytes", "min_ts", "max_ts", "created_at"],
     "read_holds": ["shard", "holder", "ts", "created_at", "updated_at"],
     "statistics": ["id", "name", "step", "metrics", "at"],

@@ -37,10 +37,14 @@ def test_register_shard(conn):
     assert register_shard(conn, "a") == ShardInfo("a", 0, 0, None, 0)
     assert register_shard(conn, "a") == ShardInfo("a", 0, 0, None, 0)  # idempotent
     register_source(conn, "orders")
-    assert register_shard(conn, "orders_errors", source="orders", output=1) == ShardInfo("orders_errors", 0, 0,
-                                                                                          "orders", 1)
-    with pytest.raises(ConfigError, match="already registered as output 1 of source orders"):
-        register_shard(conn, "orders_errors", source="orders", output=0)
+    assert register_shard(conn, "orders_errors", source="orders", output=1, kind="errors") == \
+        ShardInfo("orders_errors", 0, 0, "orders", 1, "errors")
+    with pytest.raises(ConfigError, match="already registered as the errors output 1 of source orders"):
+        register_shard(conn, "orders_errors", source="orders", output=0, kind="errors")
+    with pytest.raises(ConfigError, match="not the data output 1"):
+        register_shard(conn, "orders_errors", source="orders", output=1)
+    with pytest.raises(ValueError, match="kind must be one of data, errors"):
+        register_shard(conn, "y", kind="error")
     with pytest.raises(UnknownSource):
         register_shard(conn, "x", source="nope")
     for bad in ("A", "9a", "a-b", 'a"b', "a" * 62):

@@ -47,7 +47,7 @@ def test_tables_are_the_range_in_ts_order_in_clusters(spec, lower, width, split_
             expected.update((j, f"e{j}" if has_extra else None, ts, d)
                             for j, (ts, d) in zip(ids, updates) if lower <= ts < upper)
 
-        reader = UpdateReader(blob, "s", rows, lower, upper)
+        reader = UpdateReader(blob, "s", rows, lower, upper, "data")
         tables = list(reader.tables(split_ts=split_ts))
 
         assert set(reader.schema.names) == {"id", "ts", "diff"} | ({"extra"} if any(p[4] for p in spec) else set())
@@ -73,6 +73,6 @@ def test_a_part_beyond_the_range_is_not_read(tmp_path):
     (tmp_path / "s").mkdir()
     pq.write_table(pa.table({"ts": pa.array([5, 6], pa.int64()), "diff": pa.array([1, 1], pa.int64())}),
                    blob.url("s/a.parquet"), row_group_size=1)
-    reader = UpdateReader(blob, "s", [BatchRow("s", 0, 10, "s/a.parquet", 2, 0, 5, 6)], 6, 10)
+    reader = UpdateReader(blob, "s", [BatchRow("s", 0, 10, "s/a.parquet", 2, 0, 5, 6)], 6, 10, "data")
     assert [(g.lo, g.hi) for g in reader.groups] == [(6, 6)]
     assert [t.to_pydict() for t in reader.tables()] == [{"ts": [6], "diff": [1]}]

@@ -121,10 +121,10 @@ class _RunFiles:
                    any(f.may_retract for f in footers))
 
 
-def _footer(blob: BlobStore, shard: str, row: BatchRow) -> _Footer:
+def _footer(blob: BlobStore, kind: str, row: BatchRow) -> _Footer:
     with blob.open(row.path) as f:
         pf = pq.ParquetFile(f)
-        own, _ = own_columns(shard, pf.schema_arrow.names)  # no rename: keep the on-file names
+        own, _ = own_columns(kind, pf.schema_arrow.names)  # no rename: keep the on-file names
         md = pf.metadata
         return _Footer(pa.schema([pf.schema_arrow.field(n) for n in own]), uses_int96(pf), may_retract(md),
                        sum(md.row_group(i).total_byte_size for i in range(md.num_row_groups)))
@@ -199,13 +199,14 @@ def compact_parts(conn, blob: BlobStore, shard: str, *, target_bytes: int = DEFA
     to race a rebuild); the fail point ``compact:before_swap`` sits at the same place.
     """
     t0 = time.monotonic()
-    since = shard_info(conn, shard).since
+    info = shard_info(conn, shard)
+    since = info.since
     rows = batches(conn, shard)
     runs = plan_compaction(rows, since, target_bytes=target_bytes, min_parts=min_parts, small_bytes=small_bytes)
     merges: list[Merge] = []
     rows_before = rows_after = 0
     for run in runs:  # one run at a time
-        footers = [_footer(blob, shard, r) for r in run]
+        footers = [_footer(blob, info.kind, r) for r in run]
         if any(f.may_retract for f in footers):  # consolidated in memory: keep its decoded size under the limit
             n = _within([f.decoded_bytes for f in footers], decoded_limit)
             if n < 2:

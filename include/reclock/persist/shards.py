@@ -38,6 +38,7 @@ from typing import Callable, Sequence
 
 import psycopg
 
+from reclock.part_layout import DATA_KIND, SHARD_KINDS
 from reclock.batch import BatchDescription, Part
 from reclock.errors import (BeyondUpper, ConfigError, PartAlreadyReferenced, ShardModified, SinceViolation,
                             UnknownReadHold, UnknownShard, UnknownSource, UpperMismatch)
@@ -61,6 +62,7 @@ class ShardInfo:
     since: int
     source: str | None = None
     output: int = 0
+    kind: str = "data"  # reclock.part_layout.SHARD_KINDS: which columns of its parts are its own
 
 
 @dataclass(frozen=True)
@@ -119,32 +121,36 @@ class ReadHold:
     updated_at: datetime
 
 
-def register_shard(conn, shard: str, source: str | None = None, output: int = 0) -> ShardInfo:
-    """Create the shard (upper 0, since 0) if it does not exist; return its info.
+def register_shard(conn, shard: str, source: str | None = None, output: int = 0, kind: str = DATA_KIND) -> ShardInfo:
+    """Create the shard (upper 0, since 0) of ``kind`` if it does not exist; return its info.
 
-    Idempotent; registering an existing shard for another source or output is a ``ConfigError``, and
-    naming a source that is not registered is ``UnknownSource``.
+    Idempotent; registering an existing shard for another source, output or kind is a ``ConfigError``,
+    and naming a source that is not registered is ``UnknownSource``.
     """
     validate_shard_id(shard)
     if source is not None:
         validate_source_name(source)
     if isinstance(output, bool) or not isinstance(output, int) or output < 0:
         raise ValueError(f"shard {shard}: output must be a non-negative int, got {output!r}")
+    if kind not in SHARD_KINDS:
+        raise ValueError(f"shard {shard}: kind must be one of {', '.join(SHARD_KINDS)}, got {kind!r}")
     with conn.transaction():
         if source is not None and conn.execute("SELECT 1 FROM reclock.sources WHERE name = %s",
                                                (source,)).fetchone() is None:
             raise UnknownSource(source)
-        conn.execute("INSERT INTO reclock.shards (id, source, output) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
-                     (shard, source, output))
+        conn.execute("INSERT INTO reclock.shards (id, source, output, kind) VALUES (%s, %s, %s, %s) "
+                     "ON CONFLICT DO NOTHING", (shard, source, output, kind))
         info = shard_info(conn, shard)
-    if (info.source, info.output) != (source, output):
-        raise ConfigError(f"shard {shard}: already registered as output {info.output} of source {info.source}, "
-                          f"not output {output} of source {source} (a shard belongs to one output)")
+    if (info.source, info.output, info.kind) != (source, output, kind):
+        raise ConfigError(f"shard {shard}: already registered as the {info.kind} output {info.output} of source "
+                          f"{info.source}, not the {kind} output {output} of source {source} (a shard belongs "
+                          "to one output)")
     return info
 
 
 def shard_info(conn, shard: str) -> ShardInfo:
-    row = conn.execute("SELECT upper, since, source, output FROM reclock.shards WHERE id = %s", (shard,)).fetchone()
+    row = conn.execute("SELECT upper, since, source, output, kind FROM reclock.shards WHERE id = %s",
+                       (shard,)).fetchone()
     if row is None:
         raise UnknownShard(shard)
     return ShardInfo(shard, *row)

@@ -323,7 +323,8 @@ def updates(ctx: SinkContext, begin: _Begin, upper: int) -> Iterator[pa.Table]:
                 snapshot = snap.append_column("ts", pa.array([begin.snapshot_at] * snap.num_rows, pa.int64()))
             lower = begin.snapshot_at + 1
         rows, upper = updates_parts(conn, spec.collection, lower, upper) if lower < upper else ([], upper)
-    reader = UpdateReader(ctx.blob, spec.collection, rows, lower, upper)
+        kind = shard_info(conn, spec.collection).kind
+    reader = UpdateReader(ctx.blob, spec.collection, rows, lower, upper, kind)
     if snapshot is not None:
         yield reader.conform(snapshot) if rows else snapshot
     for table in reader.tables(split_ts=not spec.key):
