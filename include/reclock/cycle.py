@@ -24,6 +24,8 @@
     +-----------+  resumption frontier = meet(remap upper, shard uppers)
     |  resume   |  -> offset resumption frontier (source_upper_at) -> commit to the
     +-----------+  consumer group; compact the remap collection   "bounded input reliance"
+                   and the shards' small parts; every so often, delete the parts nothing
+                   references (past a grace period; a running write's folder is leased)  "bounded state"
 
 Each step is a plain function over a :class:`CycleContext`; DAG tasks only call them. Every step records
 statistics and a status row; a step that fails records ``stalled`` with the error and re-raises.
@@ -41,11 +43,12 @@ from typing import Callable, Iterator
 from reclock import remap
 from reclock.batch import BatchDescription, Part, SliceWritten, mint_descriptions, ranges_for, split_ranges
 from reclock.config import SourceSpec
-from reclock.errors import DecodeError, RemapUpperMismatch, ShardsDisagree
+from reclock.errors import DecodeError, RemapUpperMismatch, ShardsDisagree, UpperMismatch
 from reclock.failpoints import failpoint
 from reclock.part_layout import DATA_KIND, DATA_OUTPUT, ERRORS_KIND, ERRORS_OUTPUT
 from reclock.persist import blob as blobs
 from reclock.persist.compact import compact_parts
+from reclock.persist.gc import claim_gc, collect_garbage, lease_write, release_write
 from reclock.persist.lending import ConnectionLender
 from reclock.persist.remap_store import append_binding, compact_remap, load_remap, register_source
 from reclock.persist.shards import (Append, advance_since, compare_and_append, read_holds, register_shard,
@@ -73,6 +76,8 @@ class CycleContext:
     spark_factory: Callable[[], object] | None = None
     clock: Callable[[], int] = now_ms
     retain_history_ms: int = 0
+    gc_grace_s: float = 3600.0  # unreferenced parts younger than this (since written or replaced) are kept
+    gc_interval_s: float = 300.0  # resume collects the source's garbage at most this often
     _upstream: KafkaUpstream | None = field(default=None, init=False, repr=False, compare=False)
     _spark: object | None = field(default=None, init=False, repr=False, compare=False)
     connections: ConnectionLender = field(init=False, repr=False, compare=False)
@@ -114,6 +119,7 @@ class WrittenBatch:
     desc: BatchDescription
     parts: dict[str, tuple[Part, ...]] = field(default_factory=dict)
     state: tuple[Part, ...] = ()  # upsert: the state changes append applies with the shards
+    prefix: str | None = None  # the folder the parts were written under, leased until append is done
 
 
 @contextlib.contextmanager
@@ -233,22 +239,34 @@ def _write(ctx: CycleContext, rc: RemapCollection, desc: BatchDescription, m: di
         with ctx.connect() as conn:
             prior = load_prior(conn, ctx.spec.name, ctx.spec.data_shard, desc.lower, keys)
         m.update(keys=len(keys), prior_keys=len(prior))
-    failpoint("write_batches:before_job")
-    written: list[SliceWritten] = []
-    for i, sl in enumerate(slices):
-        written.append(write_slice(spark, ctx.spec, ctx.bootstrap, sl, bindings,
-                                   ctx.blob.url(slice_folder(prefix, i)), prior, index=i))
-        if on_slice is not None:
-            on_slice(i + 1, len(slices))
-        failpoint("write_batches:after_slice")
-    shards = {DATA_OUTPUT: ctx.spec.data_shard, ERRORS_OUTPUT: ctx.spec.errors_shard}
-    parts, state = collect_parts(ctx.blob, ctx.spec.name, shards, prefix, written, upsert)
+    if not slices:
+        m.update(lower=desc.lower, upper=desc.upper, slices=0, offsets=0, records_read=0)
+        return WrittenBatch(desc)
+    with ctx.connect() as conn:
+        lease_write(conn, ctx.spec.name, prefix)  # garbage collection leaves the folder alone until append
+    try:
+        failpoint("write_batches:before_job")
+        written: list[SliceWritten] = []
+        for i, sl in enumerate(slices):
+            written.append(write_slice(spark, ctx.spec, ctx.bootstrap, sl, bindings,
+                                       ctx.blob.url(slice_folder(prefix, i)), prior, index=i))
+            with ctx.connect() as conn:
+                lease_write(conn, ctx.spec.name, prefix)  # renewed: a long rebuild keeps its first slices
+            if on_slice is not None:
+                on_slice(i + 1, len(slices))
+            failpoint("write_batches:after_slice")
+        shards = {DATA_OUTPUT: ctx.spec.data_shard, ERRORS_OUTPUT: ctx.spec.errors_shard}
+        parts, state = collect_parts(ctx.blob, ctx.spec.name, shards, prefix, written, upsert)
+    except BaseException:
+        with contextlib.suppress(Exception), ctx.connect() as conn:
+            release_write(conn, prefix)  # what it wrote is garbage (an unreleased lease expires anyway)
+        raise
     m.update(lower=desc.lower, upper=desc.upper, slices=len(slices),
              offsets=sum(r.end - r.start for r in ranges),
              records_read=sum(w.records_read for w in written),
              records={s: sum(p.rows for p in ps) for s, ps in parts.items()},
              bytes={s: sum(p.bytes for p in ps) for s, ps in parts.items()})
-    return WrittenBatch(desc, parts, state)
+    return WrittenBatch(desc, parts, state, prefix)
 
 
 def rebuild(ctx: CycleContext, on_slice: Callable[[int, int], None] | None = None) -> dict:
@@ -268,7 +286,11 @@ def rebuild(ctx: CycleContext, on_slice: Callable[[int, int], None] | None = Non
             return {"upper": 0, "parts": 0}
         written = _write(ctx, rc, BatchDescription(0, upper), m, on_slice, rebuilding=True)
         with ctx.connect() as conn:
-            replace_batches(conn, [Append(s, written.desc, written.parts.get(s, ())) for s in ctx.spec.shards])
+            try:
+                replace_batches(conn, [Append(s, written.desc, written.parts.get(s, ())) for s in ctx.spec.shards])
+            finally:
+                if written.prefix is not None:
+                    release_write(conn, written.prefix)
         return {"upper": upper, "parts": sum(len(p) for p in written.parts.values()),
                 "records": m.get("records")}
 
@@ -291,11 +313,21 @@ def append(ctx: CycleContext, written: WrittenBatch) -> list:
                 apply_changes(conn, ctx.spec.name, changes)
             failpoint("append:in_transaction")
         with ctx.connect() as conn:
-            outcomes = compare_and_append(conn, appends, also)
+            try:
+                outcomes = compare_and_append(conn, appends, also)
+            except UpperMismatch:
+                _release(conn, written)  # our parts became garbage
+                raise
+            _release(conn, written)  # appended, or already present (our parts are garbage)
         m.update(lower=written.desc.lower, upper=written.desc.upper,
                  outcomes=[str(o) for o in outcomes],
                  committed={s: sum(p.rows for p in written.parts.get(s, ())) for s in ctx.spec.shards})
         return outcomes
+
+
+def _release(conn, written: WrittenBatch) -> None:
+    if written.prefix is not None:
+        release_write(conn, written.prefix)
 
 
 @dataclass(frozen=True)
@@ -310,8 +342,10 @@ def resume(ctx: CycleContext) -> ResumeResult:
 
     Keeps *bounded input reliance*: after it, upstream may drop every offset below the committed
     frontier and no restart will ever need it; compaction respects read holds. Keeps *bounded state*:
-    the remap collection is compacted to the new since, and each shard's small parts at or below it are
-    merged (``reclock.persist.compact``).
+    the remap collection is compacted to the new since, each shard's small parts at or below it are
+    merged (``reclock.persist.compact``), and at most every ``gc_interval_s`` the blobs no batch references
+    are deleted once ``gc_grace_s`` has passed since they were written or replaced, unless a running
+    write leases their folder (``reclock.persist.gc``).
     """
     with _step(ctx, "resume") as m:
         with ctx.connect() as conn:
@@ -335,6 +369,12 @@ def resume(ctx: CycleContext) -> ResumeResult:
             for s in ctx.spec.shards:
                 advance_since(conn, s, since)
             compacted = {s: compact_parts(conn, ctx.blob, s).parts_merged for s in ctx.spec.shards}
+            if claim_gc(conn, ctx.spec.name, ctx.gc_interval_s):
+                # the cycle's parts sit under the source's folder, compaction's under each shard's
+                reports = [collect_garbage(conn, ctx.blob, folder, ctx.gc_grace_s)
+                           for folder in dict.fromkeys([ctx.spec.name, *ctx.spec.shards])]
+                m.update(gc_deleted=sum(r.deleted for r in reports), gc_deleted_bytes=sum(r.deleted_bytes for r in reports),
+                         gc_kept=sum(r.referenced + r.kept_young + r.kept_leased for r in reports))
         m.update(resumption=resumption, offsets_committed=offsets.as_dict(), since=since, compacted=compacted)
         return ResumeResult(resumption, offsets.as_dict(), since)
 

@@ -297,3 +297,30 @@ def test_a_source_named_like_an_error_collection_keeps_its_data_columns(db, kafk
         reader = UpdateReader(ctx.blob, "login_errors", rows, 0, upper, shard_info(conn, "login_errors").kind)
         assert "id" in reader.schema.names and sorted(read_as_of(conn, ctx.blob, "login_errors")["id"].to_pylist()) \
             == list(range(40))
+
+
+def test_resume_collects_garbage_and_keeps_what_a_running_write_leased(db, kafka, topic, spark, tmp_path):
+    """GC runs in operations: resume deletes the parts nothing references once the grace period passed
+    (a failed write's, those compaction replaced), never a live part nor one under a leased folder."""
+    from reclock.failpoints import enabled
+    from reclock.persist.gc import lease_write
+
+    name = topic(partitions=2)
+    ctx = replace(make_ctx(db, kafka, spark, tmp_path, name, budget={"max_records": 10}), retain_history_ms=0,
+                  gc_grace_s=0.0, gc_interval_s=0.0)
+    produce(kafka, name, [rec(i, i % 2) for i in range(30)])
+    with pytest.raises(Exception):  # a write that dies after its first slice leaves parts behind
+        with enabled("write_batches:after_slice"):
+            cycle.run_cycle(ctx)
+    ctx.blob.put_bytes(f"{ctx.spec.name}/1-2/running/slice-0000/part-0.parquet", b"x")  # a write under way
+    with connect(db) as conn:
+        lease_write(conn, ctx.spec.name, f"{ctx.spec.name}/1-2/running")
+    cycle.run_cycle(ctx)
+    check_invariants(ctx, set(range(30)))
+    with connect(db) as conn:
+        live = {b.path for s in ctx.spec.shards for b in batches(conn, s)}
+        stats = conn.execute("SELECT metrics FROM reclock.statistics WHERE name = %s AND step = 'resume' "
+                             "ORDER BY id DESC LIMIT 1", (ctx.spec.name,)).fetchone()[0]
+    files = {b.path for b in ctx.blob.list("") if b.path.endswith(".parquet")}
+    assert files == live | {f"{ctx.spec.name}/1-2/running/slice-0000/part-0.parquet"}, "garbage left or live part gone"
+    assert stats["gc_deleted"] > 0

@@ -137,3 +137,35 @@ def test_gc_under_a_source_prefix_keeps_every_shards_parts(conn):
     assert all(store.exists(p) for p in (data, errors, f"{folder_part}/part-0.parquet"))
     with pytest.raises(ValueError):
         collect_garbage(conn, store, "../", grace_seconds=60)
+
+
+def test_a_leased_folder_is_kept_however_old_until_its_lease_goes_stale(conn, tmp_path):
+    """A long write leases its folder: GC keeps its parts past the grace period while the lease is renewed,
+    and once the writer died (the lease not renewed for a grace period) they go like any garbage."""
+    from reclock.persist.gc import lease_write, release_write
+    from reclock.persist.remap_store import register_source
+
+    store = LocalBlobStore(tmp_path / "blobs")
+    register_source(conn, "orders")
+    running, finished = "orders/0-10/aaa", "orders/0-10/bbb"
+    for folder in (running, finished):
+        store.put_bytes(f"{folder}/slice-0000/part-0.parquet", b"x" * 10)
+        _age(store, f"{folder}/slice-0000/part-0.parquet", 7200)
+        lease_write(conn, "orders", folder)
+    release_write(conn, finished)
+    report = collect_garbage(conn, store, "orders", grace_seconds=600)
+    assert (report.kept_leased, report.deleted) == (1, 1)
+    assert store.exists(f"{running}/slice-0000/part-0.parquet")
+    # the writer died: two hours later its lease is stale, the parts go and so does the lease
+    report = collect_garbage(conn, store, "orders", grace_seconds=600, now=time.time() + 7200)
+    assert (report.kept_leased, report.deleted) == (0, 1)
+    assert conn.execute("SELECT count(*) FROM reclock.write_leases").fetchone() == (0,)
+
+
+def test_claim_gc_lets_one_caller_through_per_interval(conn):
+    from reclock.persist.gc import claim_gc
+    from reclock.persist.remap_store import register_source
+
+    register_source(conn, "orders")
+    assert claim_gc(conn, "orders", 300) and not claim_gc(conn, "orders", 300)
+    assert claim_gc(conn, "orders", 0)

@@ -17,7 +17,8 @@ from reclock.persist.status import (latest_statistics, latest_status, record_sta
 ALL = [m.version for m in migrations.available()]
 
 TABLES = {
-    "sources": ["name", "kind", "config", "created_at"],
+    "sources": ["name", "kind", "config", "created_at", "gc_at"],
+    "write_leases": ["prefix", "source", "renewed_at"],
     "remap_collections": ["source", "upper", "since"],
     "remap_bindings": ["source", "ts"],
     "remap_offsets": ["source", "ts", "partition", "offset"],

@@ -108,7 +108,7 @@ def _part_to_x(p) -> list:
 def _written_to_x(w) -> dict:
     return {"desc": [w.desc.lower, w.desc.upper],
             "parts": {s: [_part_to_x(p) for p in ps] for s, ps in w.parts.items()},
-            "state": [_part_to_x(p) for p in w.state]}
+            "state": [_part_to_x(p) for p in w.state], "prefix": w.prefix}
 
 
 def _written_from_x(x: dict):
@@ -117,7 +117,7 @@ def _written_from_x(x: dict):
 
     return WrittenBatch(BatchDescription(*x["desc"]),
                         {s: tuple(Part(*p) for p in ps) for s, ps in x["parts"].items()},
-                        tuple(Part(*p) for p in x.get("state", ())))
+                        tuple(Part(*p) for p in x.get("state", ())), x.get("prefix"))
 
 
 def build_ingest_dag(spec: SourceSpec):

@@ -9,6 +9,16 @@ A part that any batch row references -- of any shard -- is never deleted. A part
 compaction replaced is recorded in ``reclock.retired_parts`` with the time it lost its batch row, and its
 grace period counts from then (a reader that listed the shard's parts just before the swap may still be
 opening it); any other unreferenced blob's counts from its write time (mtime).
+
+A write leases the folder it writes under (:func:`lease_write`) until its parts are appended or swapped in
+(:func:`release_write`), renewing the lease after each Spark job: a leased folder is left alone while its
+lease is younger than the grace period, so a long write (a rebuild over a long history) never loses the
+parts it wrote first. A lease its writer did not release (the process died) stops protecting anything once
+:data:`LEASE_SECONDS` (or the grace period, if longer) have passed since its last renewal, and goes with
+the next collection.
+
+Garbage collection runs in operations: the cycle's resume step runs :func:`collect_garbage` over a
+source's folders at most every ``gc_interval`` (:func:`claim_gc`); it can also be run by hand.
 """
 
 from __future__ import annotations
@@ -19,11 +29,17 @@ from dataclasses import dataclass
 from reclock.persist.blob import BlobStore, _check_rel
 
 
+LEASE_SECONDS = 3600.0
+"""A write's lease protects its folder until this long after its last renewal (or the grace period, if
+longer). A writer renews it after every Spark job, and no job of a budget-sized slice takes this long."""
+
+
 @dataclass(frozen=True)
 class GcReport:
     scanned: int  # blobs found under the prefix
     referenced: int  # kept: a batch references them
     kept_young: int  # kept: unreferenced but younger than the grace period
+    kept_leased: int  # kept: under the folder of a write whose lease is fresh
     deleted: int
     deleted_bytes: int
 
@@ -43,6 +59,35 @@ def _retired(conn, prefix: str) -> dict[str, float]:
         'WHERE path COLLATE "C" >= %s AND path COLLATE "C" < %s', (lo, hi))}
 
 
+def lease_write(conn, source: str, prefix: str) -> None:
+    """Lease the folder ``prefix`` for a write of ``source`` that is about to put parts there (or renew
+    the lease): :func:`collect_garbage` leaves it alone while the lease is fresh."""
+    conn.execute("INSERT INTO reclock.write_leases (prefix, source) VALUES (%s, %s) "
+                 "ON CONFLICT (prefix) DO UPDATE SET renewed_at = now()", (_check_rel(prefix), source))
+
+
+def release_write(conn, prefix: str) -> None:
+    """End the lease of a write whose parts are appended or swapped in (or became garbage)."""
+    conn.execute("DELETE FROM reclock.write_leases WHERE prefix = %s", (prefix,))
+
+
+def claim_gc(conn, source: str, interval_seconds: float) -> bool:
+    """Whether the caller should collect ``source``'s garbage now: true at most once every
+    ``interval_seconds`` (the claim is one atomic update, so concurrent callers never both run)."""
+    return conn.execute(
+        "UPDATE reclock.sources SET gc_at = now() WHERE name = %s "
+        "AND (gc_at IS NULL OR gc_at <= now() - make_interval(secs => %s)) RETURNING 1",
+        (source, float(interval_seconds))).fetchone() is not None
+
+
+def _leases(conn, prefix: str) -> dict[str, float]:
+    """Folder -> when its lease was last renewed (seconds since the epoch), for the leases under ``prefix``."""
+    lo, hi = prefix, prefix[:-1] + "0"
+    return {p: float(at) for p, at in conn.execute(
+        'SELECT prefix, extract(epoch FROM renewed_at) FROM reclock.write_leases '
+        'WHERE prefix COLLATE "C" >= %s AND prefix COLLATE "C" < %s', (lo, hi))}
+
+
 def collect_garbage(conn, blob: BlobStore, prefix: str, grace_seconds: float,
                     now: float | None = None) -> GcReport:
     """Delete the blobs under the folder ``prefix`` that no batch row references and that became garbage
@@ -60,9 +105,11 @@ def collect_garbage(conn, blob: BlobStore, prefix: str, grace_seconds: float,
         raise ValueError(f"grace_seconds must not be negative, got {grace_seconds}")
     now = time.time() if now is None else now
     blobs = blob.list(prefix)
+    leases = _leases(conn, prefix)  # read after the listing: a write leases its folder before writing
     referenced = _referenced(conn, prefix)
     retired = _retired(conn, prefix)
-    deleted = deleted_bytes = young = ref = 0
+    fresh = {p for p, at in leases.items() if now - at < max(grace_seconds, LEASE_SECONDS)}
+    deleted = deleted_bytes = young = leased = ref = 0
     gone: list[str] = []
     for b in blobs:
         parents = b.path.split("/")
@@ -70,6 +117,8 @@ def collect_garbage(conn, blob: BlobStore, prefix: str, grace_seconds: float,
         since = max([b.mtime, *(retired[p] for p in paths if p in retired)])
         if any(p in referenced for p in paths):
             ref += 1
+        elif any(p in fresh for p in paths):
+            leased += 1
         elif now - since < grace_seconds:
             young += 1
         else:
@@ -82,5 +131,8 @@ def collect_garbage(conn, blob: BlobStore, prefix: str, grace_seconds: float,
     done = [r for r in retired if not any(p == r or p.startswith(r + "/") for p in left)]
     if done:
         conn.execute("DELETE FROM reclock.retired_parts WHERE path = ANY(%s)", (done,))
-    return GcReport(scanned=len(blobs), referenced=ref, kept_young=young, deleted=deleted,
+    stale = [p for p in leases if p not in fresh]
+    if stale:
+        conn.execute("DELETE FROM reclock.write_leases WHERE prefix = ANY(%s)", (stale,))
+    return GcReport(scanned=len(blobs), referenced=ref, kept_young=young, kept_leased=leased, deleted=deleted,
                     deleted_bytes=deleted_bytes)
