@@ -70,30 +70,6 @@ class OffsetRange:
         return self.end - self.start
 
 
-@dataclass(frozen=True)
-class Budget:
-    """How much one write slice may hold: records, and optionally bytes (estimated per record)."""
-
-    max_records: int
-    max_bytes: int | None = None
-    avg_record_bytes: int = 200
-
-    def __post_init__(self) -> None:
-        if self.max_records <= 0:
-            raise ValueError(f"budget max_records must be positive, got {self.max_records}")
-        if self.max_bytes is not None and self.max_bytes <= 0:
-            raise ValueError(f"budget max_bytes must be positive, got {self.max_bytes}")
-        if self.avg_record_bytes <= 0:
-            raise ValueError(f"budget avg_record_bytes must be positive, got {self.avg_record_bytes}")
-
-    def records_per_slice(self) -> int:
-        """``min(max_records, max_bytes // avg_record_bytes)`` (just ``max_records`` without a byte
-        budget), and at least 1: a byte budget below one average record still lets a slice make progress."""
-        if self.max_bytes is None:
-            return self.max_records
-        return max(1, min(self.max_records, self.max_bytes // self.avg_record_bytes))
-
-
 def check_servable(rc: RemapCollection, shard_upper: int) -> None:
     """Raise ``ValueError`` unless ``rc`` still knows what a shard at ``shard_upper`` already holds.
 

@@ -15,7 +15,7 @@ A config file holds ``sources:`` and ``sinks:``. Example::
         envelope: none                     # none | upsert (upsert keys on the Kafka key; a null value deletes)
         include: [partition, offset, key, timestamp, headers]  # metadata columns (like INCLUDE)
         interval: 30s                      # the DAG's schedule
-        budget: {max_records: 500000, max_bytes: 268435456}
+        budget: {max_records: 500000}
         on_decode_error: collect           # collect (to <source>_errors) | stall
 
     sinks:
@@ -89,8 +89,9 @@ class FormatSpec:
 
 @dataclass(frozen=True)
 class BudgetSpec:
+    """How much one Spark job (a slice of a cycle) may read: ``max_records`` upstream records."""
+
     max_records: int = 1_000_000
-    max_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -206,11 +207,13 @@ def parse_source(name: str, raw: Any, base: Path | None = None) -> SourceSpec:
         raise ConfigError(f"{what}: envelope upsert cannot include headers (the upsert state keeps key, value, "
                           "partition, offset and timestamp of each key's current record)")
     b = _require(d.get("budget", {}) or {}, f"{what}.budget")
-    _unknown(b, {"max_records", "max_bytes"}, f"{what}.budget")
-    budget = BudgetSpec(max_records=int(b.get("max_records", 1_000_000)),
-                        max_bytes=int(b["max_bytes"]) if b.get("max_bytes") else None)
-    if budget.max_records <= 0 or (budget.max_bytes is not None and budget.max_bytes <= 0):
-        raise ConfigError(f"{what}.budget: max_records and max_bytes must be positive")
+    if "max_bytes" in b:
+        raise ConfigError(f"{what}.budget: max_bytes is not supported for a source (Kafka does not tell a range's "
+                          "size before it is read); size a cycle's Spark jobs with max_records")
+    _unknown(b, {"max_records"}, f"{what}.budget")
+    budget = BudgetSpec(max_records=int(b.get("max_records", 1_000_000)))
+    if budget.max_records <= 0:
+        raise ConfigError(f"{what}.budget: max_records must be positive, got {budget.max_records}")
     on_err = d.get("on_decode_error", "collect")
     if on_err not in ("collect", "stall"):
         raise ConfigError(f"{what}: on_decode_error {on_err!r} is not collect or stall")

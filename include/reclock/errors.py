@@ -150,6 +150,14 @@ class BeyondUpper(ReclockError, ValueError):
                          f"{upper - 1}, or wait for the next append")
 
 
+class NothingComplete(ReclockError, ValueError):
+    """A read of a collection that has no complete time yet (its upper is 0)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(f"{name}: nothing is complete yet (upper is 0); run a cycle of its source first")
+
+
 class PartAlreadyReferenced(ReclockError):
     """``compare_and_append`` was given a part path that a batch already references."""
 

@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from reclock.compaction import contents_as_of, sorted_by_ts
-from reclock.errors import SinceViolation
+from reclock.errors import BeyondUpper, NothingComplete, SinceViolation
 from reclock.part_layout import own_columns
 from reclock.persist.blob import BlobStore
 from reclock.persist.parquet import column_stats, conform, may_retract
@@ -139,12 +139,11 @@ def read_as_of(conn, blob: BlobStore, shard: str, t: int | None = None) -> pa.Ta
     data columns plus ``diff`` (the multiplicity), zero rows dropped."""
     info = shard_info(conn, shard)
     if info.upper == 0:
-        raise ValueError(f"shard {shard}: nothing is complete yet (upper is 0); run a cycle first")
+        raise NothingComplete(shard)
     if t is None:
         t = info.upper - 1
     if t < info.since:
         raise SinceViolation(shard, t, info.since)
     if t >= info.upper:
-        raise ValueError(f"shard {shard}: time {t} is not complete yet (upper is {info.upper}); "
-                         f"read at most {info.upper - 1}")
+        raise BeyondUpper(shard, t, info.upper)
     return contents_as_of(_read_parts(blob, [b.path for b in batches(conn, shard, as_of=t)], info.kind), t)

@@ -219,3 +219,21 @@ def test_the_unique_index_backs_up_the_part_check_under_concurrency(abc, db):
     assert len(errors) == 1 and isinstance(errors[0], PartAlreadyReferenced), errors
     assert "x/1 is already referenced by a batch that a concurrent append just committed" in str(errors[0])
     assert state(conn) == {"a": (10, ["x/1"]), "b": (0, []), "c": (0, [])}
+
+
+def test_a_read_at_a_wrong_time_or_of_an_unknown_collection_says_what_is_wrong(conn, tmp_path):
+    """Typed errors a user can act on, never a bare ValueError or a raw SQL error."""
+    from reclock.errors import NothingComplete, UnknownShard
+    from reclock.persist.blob import LocalBlobStore
+    from reclock.read import read_as_of
+
+    store = LocalBlobStore(tmp_path)
+    register_shard(conn, "a")
+    with pytest.raises(NothingComplete, match="a: nothing is complete yet"):
+        read_as_of(conn, store, "a")
+    compare_and_append(conn, [Append("a", D(0, 10), ())])
+    with pytest.raises(BeyondUpper, match=r"a: time 10 is not complete yet \(upper is 10\); read at most 9"):
+        read_as_of(conn, store, "a", 10)
+    assert read_as_of(conn, store, "a", 9).num_rows == 0
+    with pytest.raises(UnknownShard, match="shard nosuch: not registered"):
+        read_as_of(conn, store, "nosuch")

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reclock import remap
-from reclock.batch import (BatchDescription, Budget, OffsetRange, check_servable, mint_descriptions,
+from reclock.batch import (BatchDescription, OffsetRange, check_servable, mint_descriptions,
                            ranges_for, split_ranges)
 from reclock.remap import Binding, RemapCollection
 from reclock.time import PartitionedFrontier
@@ -133,7 +133,7 @@ def test_a_shard_at_or_behind_the_remap_since_cannot_be_served():
     assert mint_descriptions(5, before, 10) == mint_descriptions(5, rc, 10)
 
 
-# -- split_ranges and Budget ----------------------------------------------------------------------------
+# -- split_ranges ----------------------------------------------------------------------------------
 
 ranges = st.lists(st.tuples(st.integers(0, 5), st.integers(0, 100), st.integers(1, 100)), max_size=6,
                   unique_by=lambda t: t[0]).map(lambda ts: [OffsetRange(p, s, s + n) for p, s, n in ts])
@@ -165,25 +165,3 @@ def test_split_edges():
     for bad in ((0, 5, 5), (0, 6, 5), (0, -1, 5), (-1, 0, 5)):
         with pytest.raises(ValueError):
             OffsetRange(*bad)
-
-
-@given(st.integers(1, 10**6), st.one_of(st.none(), st.integers(1, 10**8)), st.integers(1, 10**4))
-def test_budget_records_per_slice(max_records, max_bytes, avg):
-    n = Budget(max_records, max_bytes, avg).records_per_slice()
-    assert 1 <= n <= max_records
-    if max_bytes is None:
-        assert n == max_records
-    else:
-        assert n == max(1, min(max_records, max_bytes // avg))
-
-
-def test_budget_examples_and_errors():
-    assert Budget(1000, max_bytes=20_000, avg_record_bytes=200).records_per_slice() == 100
-    assert Budget(50).records_per_slice() == 50
-    assert Budget(50, max_bytes=100).records_per_slice() == 1  # below one record: still progress
-    with pytest.raises(ValueError, match="max_records"):
-        Budget(0)
-    with pytest.raises(ValueError, match="max_bytes"):
-        Budget(10, max_bytes=0)
-    with pytest.raises(ValueError, match="avg_record_bytes"):
-        Budget(10, avg_record_bytes=-1)
