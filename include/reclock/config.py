@@ -29,7 +29,8 @@ A config file holds ``sources:`` and ``sinks:``. Example::
         budget: {max_messages: 100000, max_bytes: 67108864}   # per Kafka transaction
         transaction_timeout: 60s           # below the broker's transaction.max.timeout.ms
 
-The file is ``$RECLOCK_CONFIG`` if set, else ``include/reclock.yaml`` in the repo.
+The file is the path a caller gives, else ``$RECLOCK_CONFIG``, else the caller's default (the DAG file
+passes ``include/reclock.yaml`` beside the DAGs folder); none of them is a ``SettingError``.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from typing import Any
 
 import yaml
 
-from reclock.errors import ConfigError
+from reclock.errors import ConfigError, SettingError
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
 FORMATS = ("json", "avro", "csv", "text", "bytes")
@@ -334,16 +335,24 @@ def parse_config(raw: Any, base: Path | None = None) -> Config:
     return Config(sources=sources, sinks=sinks)
 
 
-def default_config_path() -> Path:
-    from reclock.dev.state import REPO_ROOT
-
-    return Path(os.environ.get("RECLOCK_CONFIG", REPO_ROOT / "include" / "reclock.yaml"))
+NO_CONFIG = "no Reclock config file: set RECLOCK_CONFIG to its path (reclock commands: --config PATH)"
 
 
-def load_config(path: Path | str | None = None) -> Config:
-    p = Path(path) if path else default_config_path()
-    if not p.exists():
-        return Config(sources={})
+def config_path(path: Path | str | None = None, default: Path | str | None = None) -> Path:
+    """The config file: ``path``, else ``$RECLOCK_CONFIG``, else ``default``; it must exist."""
+    chosen = path or os.environ.get("RECLOCK_CONFIG") or default
+    if not chosen:
+        raise SettingError(NO_CONFIG)
+    p = Path(chosen)
+    if not p.is_file():
+        raise SettingError(f"config file {p} does not exist (set RECLOCK_CONFIG, or --config, to a Reclock "
+                           "config file)")
+    return p
+
+
+def load_config(path: Path | str | None = None, default: Path | str | None = None) -> Config:
+    """The validated config in the file :func:`config_path` finds."""
+    p = config_path(path, default)
     try:
         raw = yaml.safe_load(p.read_text())
     except yaml.YAMLError as e:

@@ -13,6 +13,7 @@ import psycopg
 import yaml
 from confluent_kafka import Producer
 
+from reclock.dev.jars import spark_kafka_jars
 from reclock.dev.state import REPO_ROOT
 from reclock.persist import connect
 from reclock.persist.shards import shard_info
@@ -32,7 +33,7 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_ingest_and_sink_dags_under_dag_test(db, postgres, kafka, topic, tmp_path):
+def test_ingest_and_sink_dags_under_dag_test(db, postgres, kafka, topic, stack_state, tmp_path):
     name = topic(partitions=2)
     producer = Producer({"bootstrap.servers": kafka.bootstrap})
     for i in range(400):
@@ -49,7 +50,8 @@ def test_ingest_and_sink_dags_under_dag_test(db, postgres, kafka, topic, tmp_pat
         conn.execute(f'CREATE DATABASE "{airflow_db}"')
     blobs = tmp_path / "blobs"
     env = {**os.environ, "RECLOCK_CONFIG": str(config), "RECLOCK_DSN": db, "RECLOCK_BLOB_URL": str(blobs),
-           "RECLOCK_SPARK_MASTER": "local[2]", "AIRFLOW_HOME": str(tmp_path / "airflow"),
+           "RECLOCK_SPARK_MASTER": "local[2]", "RECLOCK_SPARK_JARS": ",".join(spark_kafka_jars(stack_state)),
+           "AIRFLOW_HOME": str(tmp_path / "airflow"),
            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": postgres.dsn(airflow_db).replace("postgresql://",
                                                                                   "postgresql+psycopg2://"),
            "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "AIRFLOW__CORE__DAGS_FOLDER": str(REPO_ROOT / "dags")}

@@ -1,4 +1,9 @@
-"""Settings from Airflow connections (``reclock_postgres``, ``reclock_kafka``, ``reclock_spark``)."""
+"""Settings from Airflow connections (``reclock_postgres``, ``reclock_kafka``, ``reclock_spark``).
+
+Each function raises Airflow's ``AirflowNotFoundException`` when the connection is not defined (neither in
+Airflow's metadata database, nor as ``AIRFLOW_CONN_<ID>`` in the environment, nor in a secrets backend);
+``reclock.orchestration.settings`` turns that into a ``SettingError`` naming every way to give the setting.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,8 @@ from urllib.parse import quote
 DEFAULT_POSTGRES = "reclock_postgres"
 DEFAULT_KAFKA = "reclock_kafka"
 DEFAULT_SPARK = "reclock_spark"
+CONNECTIONS = (DEFAULT_POSTGRES, DEFAULT_KAFKA, DEFAULT_SPARK)
+"""Every Airflow connection Reclock reads (a deployment defines them, e.g. as ``AIRFLOW_CONN_*``)."""
 
 
 def _get(conn_id: str):
