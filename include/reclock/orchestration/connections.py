@@ -38,8 +38,8 @@ def kafka_bootstrap(conn_id: str = DEFAULT_KAFKA) -> str:
 
 
 def spark_connect_url(conn_id: str = DEFAULT_SPARK) -> str:
-    c = _get(conn_id)
-    host = c.host or "127.0.0.1"
-    if not host.startswith("sc://"):
-        host = "sc://" + host
-    return f"{host}:{c.port or 15002}"
+    """The Spark Connect URL of a ``spark_connect`` connection, as the Spark provider's hook builds it:
+    host and port, the login as ``user_id``, the password as ``token``, extra ``use_ssl``."""
+    from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
+
+    return SparkConnectHook(conn_id).get_connection_url()
