@@ -17,6 +17,8 @@ A config file holds ``sources:`` and ``sinks:``. Example::
         interval: 30s                      # the DAG's schedule
         budget: {max_records: 500000, max_bytes: 268435456}
         on_decode_error: collect           # collect (to <source>_errors) | stall
+        rebuild: task                      # how rebuild__<source> runs: task (in the Airflow task) |
+                                           # spark_submit (spark_jobs/rebuild.py on connection reclock_spark_submit)
 
     sinks:
       orders_out:
@@ -50,6 +52,7 @@ FORMATS = ("json", "avro", "csv", "text", "bytes")
 WIRES = ("plain", "confluent")
 ENVELOPES = ("none", "upsert")
 METADATA = ("partition", "offset", "key", "timestamp", "headers")
+REBUILDS = ("task", "spark_submit")
 ERRORS_SUFFIX = "_errors"
 """A source's error collection is the shard ``<source>_errors``."""
 _DURATION = re.compile(r"^(\d+)(ms|s|m|h)$")
@@ -104,6 +107,7 @@ class SourceSpec:
     interval_s: float = 60.0
     budget: BudgetSpec = field(default_factory=BudgetSpec)
     on_decode_error: str = "collect"
+    rebuild: str = "task"  # how rebuild__<source> runs: in its Airflow task, or as a spark-submit job
 
     @property
     def consumer_group(self) -> str:
@@ -175,7 +179,7 @@ def parse_source(name: str, raw: Any, base: Path | None = None) -> SourceSpec:
     if not NAME_RE.match(name):
         raise ConfigError(f"{what}: a source name must match {NAME_RE.pattern} (it becomes a SQL name)")
     d = _require(raw, what)
-    _unknown(d, {"kafka", "format", "envelope", "include", "interval", "budget", "on_decode_error"}, what)
+    _unknown(d, {"kafka", "format", "envelope", "include", "interval", "budget", "on_decode_error", "rebuild"}, what)
     if "kafka" not in d:
         raise ConfigError(f"{what}: needs a `kafka:` section with at least `topic:`")
     kafka = _parse_kafka(d["kafka"], f"{what}.kafka")
@@ -215,9 +219,12 @@ def parse_source(name: str, raw: Any, base: Path | None = None) -> SourceSpec:
     on_err = d.get("on_decode_error", "collect")
     if on_err not in ("collect", "stall"):
         raise ConfigError(f"{what}: on_decode_error {on_err!r} is not collect or stall")
+    rebuild = d.get("rebuild", "task")
+    if rebuild not in REBUILDS:
+        raise ConfigError(f"{what}: rebuild {rebuild!r} is not one of {', '.join(REBUILDS)}")
     return SourceSpec(name=name, kafka=kafka, format=fmt, envelope=envelope, include=include,
                       interval_s=parse_duration(d.get("interval", "60s"), f"{what}.interval"),
-                      budget=budget, on_decode_error=on_err)
+                      budget=budget, on_decode_error=on_err, rebuild=rebuild)
 
 
 SINK_FORMATS = ("debezium", "upsert")

@@ -1,7 +1,7 @@
 """The whole local stack: ``up`` starts what is not running, ``down`` stops what ``up`` started.
 
 Start order: Postgres (migrated) -> Kafka -> Spark Connect -> Airflow (metadata DB in Postgres, with the
-connections ``reclock_postgres``, ``reclock_kafka`` and ``reclock_spark``, and the
+connections ``reclock_postgres``, ``reclock_kafka``, ``reclock_spark`` and ``reclock_spark_submit``, and the
 settings no connection carries in its processes' environment: ``RECLOCK_CONFIG``, ``RECLOCK_BLOB_URL``,
 ``RECLOCK_SPARK_JARS``). :meth:`Stack.settings` gives every setting to the ``reclock`` commands
 (``reclock dev env``); the library never looks for the stack itself.
@@ -10,6 +10,7 @@ settings no connection carries in its processes' environment: ``RECLOCK_CONFIG``
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,9 +51,11 @@ class Stack:
         return ",".join(sorted(str(p) for p in (self.state.jars / "spark").glob("*.jar")))
 
     def airflow_settings(self) -> dict[str, str]:
-        """What the Airflow processes get beyond the connections: the settings no connection carries."""
+        """What the Airflow processes get beyond the connections: the settings no connection carries, and
+        this interpreter's folder first on PATH (the Spark provider runs ``spark-submit`` from PATH)."""
         return {"RECLOCK_CONFIG": str(self.config_file), "RECLOCK_BLOB_URL": self.blob_url,
-                "RECLOCK_SPARK_JARS": self.spark_jars()}
+                "RECLOCK_SPARK_JARS": self.spark_jars(),
+                "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
 
     def settings(self) -> dict[str, str]:
         """Every setting of the ``reclock`` commands for this stack (``reclock dev env`` prints them)."""
@@ -76,6 +79,10 @@ class Stack:
             "reclock_spark": {
                 "conn_type": "spark_connect", "host": LOOPBACK, "port": self.spark.port,
                 "description": "Spark Connect server (local stack)",
+            },
+            "reclock_spark_submit": {
+                "conn_type": "spark", "host": "local[2]",
+                "description": "spark-submit master of spark_jobs/ (local stack: a driver beside the task)",
             },
         }
 

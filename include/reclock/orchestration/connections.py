@@ -13,7 +13,8 @@ from urllib.parse import quote
 DEFAULT_POSTGRES = "reclock_postgres"
 DEFAULT_KAFKA = "reclock_kafka"
 DEFAULT_SPARK = "reclock_spark"
-CONNECTIONS = (DEFAULT_POSTGRES, DEFAULT_KAFKA, DEFAULT_SPARK)
+DEFAULT_SPARK_SUBMIT = "reclock_spark_submit"
+CONNECTIONS = (DEFAULT_POSTGRES, DEFAULT_KAFKA, DEFAULT_SPARK, DEFAULT_SPARK_SUBMIT)
 """Every Airflow connection Reclock reads (a deployment defines them, e.g. as ``AIRFLOW_CONN_*``)."""
 
 
