@@ -2,15 +2,16 @@
 ``RECLOCK_SPARK_MASTER``, ``reclock cycle --spark-master``), or the driver session of a ``spark-submit`` job
 (``spark_jobs/``), whose master and jars spark-submit gave.
 
-Spark's Kafka connector is not in pyspark: its jars come from ``RECLOCK_SPARK_JARS`` (comma-separated paths
-or URLs), or from Spark's own ``spark.jars`` / ``spark.jars.packages`` (spark-submit's ``--jars`` /
-``--packages``, ``spark-defaults.conf``), or from ``$SPARK_HOME/jars``. A session that finds it nowhere is a
-``SettingError`` before any query. Nothing here binds to a particular address: the dev stack and the tests
+Spark's Kafka connector is not in pyspark: its jars come from ``RECLOCK_SPARK_JARS`` (comma-separated paths,
+globs like ``/opt/jars/*.jar`` or URLs), or from Spark's own ``spark.jars`` / ``spark.jars.packages``
+(spark-submit's ``--jars`` / ``--packages``, ``spark-defaults.conf``), or from ``$SPARK_HOME/jars``. A session
+that finds it nowhere is a ``SettingError`` before any query. Nothing here binds to a particular address: the dev stack and the tests
 add their loopback settings (``reclock.dev.spark``).
 """
 
 from __future__ import annotations
 
+import glob
 import os
 from pathlib import Path
 
@@ -65,11 +66,15 @@ def driver_session(master: str | None = None, app: str = "reclock", conf: dict[s
 
 
 def has_kafka_connector(session) -> bool:
-    """Whether ``session`` was given the Kafka connector (its jars or packages, or ``$SPARK_HOME/jars``)."""
+    """Whether ``session`` was given the Kafka connector: among its jars (a local glob, as Spark allows, is
+    expanded) or packages, or in ``$SPARK_HOME/jars``."""
     conf = session.sparkContext.getConf()
-    given = conf.get("spark.jars", "") + "," + conf.get("spark.jars.packages", "")
-    if CONNECTOR in given:
-        return True
+    given = conf.get("spark.jars", "").split(",") + conf.get("spark.jars.packages", "").split(",")
+    for entry in given:
+        local = entry.removeprefix("file:")
+        names = glob.glob(local) if glob.has_magic(local) and "://" not in entry else [entry]
+        if any(CONNECTOR in Path(name).name for name in names):
+            return True
     home = os.environ.get("SPARK_HOME") or _pyspark_home()
     return any(Path(home, "jars").glob(f"{CONNECTOR}*.jar"))
 
