@@ -132,6 +132,13 @@ _spark_remote = click.option("--spark-remote", "spark_remote", metavar="URL",
                                   "reclock_spark].")
 
 
+def _cycle_settings(command):
+    """The options of a command that runs a source's Spark work: every setting of a cycle context."""
+    for option in reversed((_config, _dsn, _blob, _bootstrap, _spark_master, _spark_remote)):
+        command = option(command)
+    return command
+
+
 def _settings():
     """``reclock.orchestration.settings``, imported when a command runs (``reclock --help`` stays quick)."""
     from reclock.orchestration import settings
@@ -198,12 +205,7 @@ def _cycle_context(source: str, config: str | None, dsn: str | None, blob_url: s
 @main.command()
 @click.argument("source")
 @click.option("--max-records", type=int, default=None, help="Override the record budget for this cycle.")
-@_config
-@_dsn
-@_blob
-@_bootstrap
-@_spark_master
-@_spark_remote
+@_cycle_settings
 def cycle(source: str, max_records: int | None, **settings: str | None) -> None:
     """Run one cycle of SOURCE in this process (mint, write_batches, append, resume), outside Airflow."""
     from reclock.cycle import run_cycle
@@ -214,12 +216,7 @@ def cycle(source: str, max_records: int | None, **settings: str | None) -> None:
 
 @main.command()
 @click.argument("source")
-@_config
-@_dsn
-@_blob
-@_bootstrap
-@_spark_master
-@_spark_remote
+@_cycle_settings
 def rebuild(source: str, **settings: str | None) -> None:
     """Rebuild SOURCE's shards from its recorded bindings and swap them in (same updates, same timestamps)."""
     from reclock.cycle import rebuild as run_rebuild
