@@ -5,20 +5,19 @@ Airflow connection (looked up only then: a command given everything never import
 nowhere is a :class:`~reclock.errors.SettingError` that names every way to give it; nothing falls back to
 the dev stack (``reclock dev env`` prints the dev stack's settings).
 
-==================  ===================  =====================  =========================================
-setting             option               environment            else
-==================  ===================  =====================  =========================================
-config file         ``--config``         ``RECLOCK_CONFIG``     the DAG file's ``include/reclock.yaml``
-consensus Postgres  ``--dsn``            ``RECLOCK_DSN``        connection ``reclock_postgres``
-blob store          ``--blob-url``       ``RECLOCK_BLOB_URL``   --
-Kafka brokers       ``--bootstrap``      ``RECLOCK_BOOTSTRAP``  the config's ``bootstrap:``, else its
-                                                                ``connection:`` (``reclock_kafka``)
-Spark               ``--spark-master``   ``RECLOCK_SPARK_MASTER`` (a session in this process), else
-                    ``--spark-remote``   ``RECLOCK_SPARK_REMOTE`` (Spark Connect), else connection
-                                                                ``reclock_spark`` (type ``spark_connect``)
-Spark's Kafka jars  --                   ``RECLOCK_SPARK_JARS`` spark's ``spark.jars`` (``reclock.spark.session``)
-history kept        --                   ``RECLOCK_RETAIN_HISTORY_S``  an hour
-==================  ===================  =====================  =========================================
+====================  ==================  ===========================  =====================================
+setting               option              environment                  else
+====================  ==================  ===========================  =====================================
+config file           ``--config``        ``RECLOCK_CONFIG``           the DAG file's include/reclock.yaml
+consensus Postgres    ``--dsn``           ``RECLOCK_DSN``              connection ``reclock_postgres``
+blob store            ``--blob-url``      ``RECLOCK_BLOB_URL``         --
+Kafka brokers         ``--bootstrap``     ``RECLOCK_BOOTSTRAP``        the config's ``bootstrap:``, else its
+                                                                       ``connection:`` (``reclock_kafka``)
+Spark in-process      ``--spark-master``  ``RECLOCK_SPARK_MASTER``     (checked first)
+Spark Connect         ``--spark-remote``  ``RECLOCK_SPARK_REMOTE``     connection ``reclock_spark``
+Spark's Kafka jars    --                  ``RECLOCK_SPARK_JARS``       Spark's own ``spark.jars``/packages
+history kept          --                  RECLOCK_RETAIN_HISTORY_S     an hour
+====================  ==================  ===========================  =====================================
 """
 
 from __future__ import annotations
