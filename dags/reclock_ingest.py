@@ -1,6 +1,8 @@
-"""Airflow DAG file: ``ingest__<source>`` and ``rebuild__<source>`` per source, ``sink__<sink>`` per sink in the
-Reclock config (include/reclock.yaml)."""
+"""Airflow DAG file: ``ingest__<source>``, ``rebuild__<source>`` and ``sink__<sink>`` for the Reclock config
+(``$RECLOCK_CONFIG``, else ``include/reclock.yaml`` beside this folder)."""
 
-from reclock.orchestration.ingest import build_all
+from pathlib import Path
 
-globals().update(build_all())
+from reclock.orchestration.dags import build_all
+
+globals().update(build_all(project=Path(__file__).resolve().parents[1]))

@@ -92,6 +92,15 @@ def smoke() -> None:
     _stack().smoke(echo=click.echo)
 
 
+@dev.command()
+def env() -> None:
+    """Print the stack's settings as shell exports: `eval "$(reclock dev env)"`, then `reclock read ...`."""
+    import shlex
+
+    for key, value in _stack().settings().items():
+        click.echo(f"export {key}={shlex.quote(value)}")
+
+
 @main.command()
 @click.option("--waves", default=2, show_default=True, help="Producer waves (one DAG run each).")
 @click.option("--per-wave", default=20_000, show_default=True, help="Records per wave.")
@@ -109,30 +118,49 @@ def demo(waves: int, per_wave: int) -> None:
     run_demo(stack, waves=waves, per_wave=per_wave, echo=click.echo)
 
 
-def _dsn(dsn: str | None) -> str:
-    return dsn or _stack().postgres.dsn()
+# Settings of the commands below: an option, else its environment variable, else where there is one an
+# Airflow connection (reclock.orchestration.settings); a missing one is an error naming how to give it.
+_config = click.option("--config", "config", metavar="PATH", help="Reclock config file [RECLOCK_CONFIG].")
+_dsn = click.option("--dsn", help="Consensus Postgres DSN [RECLOCK_DSN; else connection reclock_postgres].")
+_blob = click.option("--blob-url", "blob_url", help="Where parts live: a folder, file:// or s3:// [RECLOCK_BLOB_URL].")
+_bootstrap = click.option("--bootstrap", metavar="HOST:PORT",
+                          help="Kafka brokers [RECLOCK_BOOTSTRAP; else the config's bootstrap: or connection:].")
+_spark_master = click.option("--spark-master", "spark_master", metavar="MASTER",
+                             help="Run Spark in this process on MASTER, e.g. local[2] [RECLOCK_SPARK_MASTER].")
+_spark_remote = click.option("--spark-remote", "spark_remote", metavar="URL",
+                             help="Spark Connect URL sc://host:port [RECLOCK_SPARK_REMOTE; else connection "
+                                  "reclock_spark].")
 
 
-def _blob(url: str | None):
-    from reclock.persist.blob import blob_store_from_url
+def _cycle_settings(command):
+    """The options of a command that runs a source's Spark work: every setting of a cycle context."""
+    for option in reversed((_config, _dsn, _blob, _bootstrap, _spark_master, _spark_remote)):
+        command = option(command)
+    return command
 
-    return blob_store_from_url(url or str(_stack().state.root / "blobs"))
+
+def _settings():
+    """``reclock.orchestration.settings``, imported when a command runs (``reclock --help`` stays quick)."""
+    from reclock.orchestration import settings
+
+    return settings
 
 
 @main.command()
 @click.argument("collection")
 @click.option("--as-of", "as_of", type=int, default=None, help="Timestamp (ms); default: upper - 1.")
 @click.option("--limit", default=20, show_default=True, help="Rows to print (0: all).")
-@click.option("--dsn", envvar="RECLOCK_DSN", help="Postgres DSN (default: the local stack's).")
-@click.option("--blob-url", envvar="RECLOCK_BLOB_URL", help="Blob store URL (default: .reclock/blobs).")
+@_dsn
+@_blob
 def read(collection: str, as_of: int | None, limit: int, dsn: str | None, blob_url: str | None) -> None:
     """Print COLLECTION's contents AS OF a time (consolidated: rows with their multiplicity `diff`)."""
     from reclock.persist import connect
-
     from reclock.read import read_as_of
 
-    with connect(_dsn(dsn)) as conn:
-        table = read_as_of(conn, _blob(blob_url), collection, as_of)
+    s = _settings()
+    blob = s.find_blob_store(blob_url)
+    with connect(s.find_dsn(dsn)) as conn:
+        table = read_as_of(conn, blob, collection, as_of)
     total = sum(table.column("diff").to_pylist()) if table.num_rows else 0
     shown = table if limit == 0 else table.slice(0, limit)
     click.echo(shown.to_pandas().to_string(index=False) if shown.num_rows else "(empty)")
@@ -141,7 +169,7 @@ def read(collection: str, as_of: int | None, limit: int, dsn: str | None, blob_u
 
 @main.command()
 @click.argument("source")
-@click.option("--dsn", envvar="RECLOCK_DSN", help="Postgres DSN (default: the local stack's).")
+@_dsn
 def progress(source: str, dsn: str | None) -> None:
     """Print SOURCE's bindings (its `<source>_progress` relation), uppers and latest status."""
     from reclock.persist import connect
@@ -149,7 +177,7 @@ def progress(source: str, dsn: str | None) -> None:
     from reclock.persist.status import latest_status
 
     validate_name(source)
-    with connect(_dsn(dsn)) as conn:
+    with connect(_settings().find_dsn(dsn)) as conn:
         rows = conn.execute(f'SELECT ts, partition, "offset" FROM reclock."{source}_progress" '
                             "ORDER BY ts, partition").fetchall()
         shards = conn.execute("SELECT id, upper, since FROM reclock.shards WHERE source = %s ORDER BY id",
@@ -163,29 +191,37 @@ def progress(source: str, dsn: str | None) -> None:
     _echo_status(status)
 
 
+def _cycle_context(source: str, config: str | None, dsn: str | None, blob_url: str | None,
+                   bootstrap: str | None, spark_master: str | None, spark_remote: str | None, conf=None):
+    """SOURCE's cycle context from the options and settings, Spark found before any step runs."""
+    from reclock.config import load_config
+
+    s = _settings()
+    spec = load_config(config).source(source)
+    spark = s.find_spark(spark_master, spark_remote)
+    return s.cycle_context(spec, conf, dsn=dsn, blob_url=blob_url, bootstrap=bootstrap, spark=spark)
+
+
 @main.command()
 @click.argument("source")
 @click.option("--max-records", type=int, default=None, help="Override the record budget for this cycle.")
-def cycle(source: str, max_records: int | None) -> None:
+@_cycle_settings
+def cycle(source: str, max_records: int | None, **settings: str | None) -> None:
     """Run one cycle of SOURCE in this process (mint, write_batches, append, resume), outside Airflow."""
-    from reclock.config import load_config
     from reclock.cycle import run_cycle
-    from reclock.orchestration.ingest import local_context
 
-    spec = load_config().source(source)
-    ctx = local_context(spec, _stack(), {"max_records": max_records} if max_records else None)
+    ctx = _cycle_context(source, **settings, conf={"max_records": max_records} if max_records else None)
     click.echo(run_cycle(ctx))
 
 
 @main.command()
 @click.argument("source")
-def rebuild(source: str) -> None:
+@_cycle_settings
+def rebuild(source: str, **settings: str | None) -> None:
     """Rebuild SOURCE's shards from its recorded bindings and swap them in (same updates, same timestamps)."""
-    from reclock.config import load_config
     from reclock.cycle import rebuild as run_rebuild
-    from reclock.orchestration.ingest import local_context
 
-    ctx = local_context(load_config().source(source), _stack())
+    ctx = _cycle_context(source, **settings)
     with click.progressbar(length=1, label=f"rebuilding {source}", show_pos=True) as bar:
         def on_slice(done: int, total: int) -> None:
             bar.length = total
@@ -207,13 +243,11 @@ def sink() -> None:
     """Exactly-once Kafka sinks: run one, see where it is, drop it."""
 
 
-def _sink_ctx(name: str, dsn: str | None, blob_url: str | None):
+def _sink_ctx(name: str, config: str | None, dsn: str | None, blob_url: str | None, bootstrap: str | None):
     from reclock.config import load_config
-    from reclock.orchestration.sinks import sink_context
 
-    spec = load_config().sink(name)
-    return sink_context(spec, bootstrap=spec.kafka.bootstrap or _stack().kafka.bootstrap, dsn=_dsn(dsn),
-                        blob_url=blob_url or str(_stack().state.root / "blobs"))
+    return _settings().sink_context(load_config(config).sink(name), dsn=dsn, blob_url=blob_url,
+                                    bootstrap=bootstrap)
 
 
 @sink.command("run")
@@ -221,13 +255,15 @@ def _sink_ctx(name: str, dsn: str | None, blob_url: str | None):
 @click.option("--fresh", is_flag=True, help="Start anew with a snapshot even though the topic holds data.")
 @click.option("--follow", type=float, default=None, metavar="SECONDS",
               help="Keep running: look for new appends every SECONDS.")
-@click.option("--dsn", envvar="RECLOCK_DSN", help="Postgres DSN (default: the local stack's).")
-@click.option("--blob-url", envvar="RECLOCK_BLOB_URL", help="Blob store URL (default: .reclock/blobs).")
-def sink_run(name: str, fresh: bool, follow: float | None, dsn: str | None, blob_url: str | None) -> None:
+@_config
+@_dsn
+@_blob
+@_bootstrap
+def sink_run(name: str, fresh: bool, follow: float | None, **settings: str | None) -> None:
     """Write sink NAME's collection to Kafka, exactly once, up to its upper (then stop, or --follow)."""
     from reclock.sinks.kafka import KafkaSink
 
-    sink = KafkaSink(_sink_ctx(name, dsn, blob_url))
+    sink = KafkaSink(_sink_ctx(name, **settings))
     sink.start(fresh)
     b = sink.begin
     click.echo(f"sink {name}: started (older instances fenced) at frontier {b.frontier}, version {b.version}"
@@ -244,8 +280,10 @@ def sink_run(name: str, fresh: bool, follow: float | None, dsn: str | None, blob
 
 @sink.command("status")
 @click.argument("name")
-@click.option("--dsn", envvar="RECLOCK_DSN", help="Postgres DSN (default: the local stack's).")
-def sink_status(name: str, dsn: str | None) -> None:
+@_config
+@_dsn
+@_bootstrap
+def sink_status(name: str, config: str | None, dsn: str | None, bootstrap: str | None) -> None:
     """Print sink NAME's progress record, read hold, lag and latest status."""
     from reclock.config import load_config
     from reclock.persist import connect
@@ -253,10 +291,11 @@ def sink_status(name: str, dsn: str | None) -> None:
     from reclock.persist.status import latest_status
     from reclock.sinks.kafka import read_progress
 
-    spec = load_config().sink(name)
-    bootstrap = spec.kafka.bootstrap or _stack().kafka.bootstrap
-    p = read_progress(bootstrap, spec.progress_topic, name)
-    with connect(_dsn(dsn)) as conn:
+    s = _settings()
+    spec = load_config(config).sink(name)
+    brokers = s.find_bootstrap(spec.kafka, f"sink {name}", bootstrap)
+    with connect(s.find_dsn(dsn)) as conn:
+        p = read_progress(brokers, spec.progress_topic, name)
         info = shard_info(conn, spec.collection)
         hold = next((h for h in read_holds(conn, spec.collection) if h.holder == spec.holder), None)
         status = latest_status(conn, name)
@@ -269,14 +308,26 @@ def sink_status(name: str, dsn: str | None) -> None:
 
 @sink.command("drop")
 @click.argument("name")
-@click.option("--dsn", envvar="RECLOCK_DSN", help="Postgres DSN (default: the local stack's).")
-@click.option("--blob-url", envvar="RECLOCK_BLOB_URL", help="Blob store URL (default: .reclock/blobs).")
-def sink_drop(name: str, dsn: str | None, blob_url: str | None) -> None:
+@_config
+@_dsn
+@_blob
+@_bootstrap
+def sink_drop(name: str, **settings: str | None) -> None:
     """Release sink NAME's read hold (compaction may pass it; recreating it then needs --fresh)."""
     from reclock.sinks.kafka import drop
 
-    released = drop(_sink_ctx(name, dsn, blob_url))
+    released = drop(_sink_ctx(name, **settings))
     click.echo(f"sink {name}: read hold {'released' if released else 'was not held'}")
+
+
+@main.command()
+@_dsn
+def migrate(dsn: str | None) -> None:
+    """Apply pending migrations of the `reclock` schema."""
+    from reclock.persist.migrate import migrate as run_migrations
+
+    applied = run_migrations(_settings().find_dsn(dsn))
+    click.echo(f"applied {applied}" if applied else "schema is up to date")
 
 
 def _print_login(stack) -> None:
@@ -288,15 +339,6 @@ def _print_login(stack) -> None:
     else:
         click.echo(f"Airflow UI: {stack.airflow.url}  login: admin (password in {stack.state.file})")
 
-
-@main.command()
-@click.option("--dsn", envvar="RECLOCK_DSN", help="Postgres DSN (default: the local stack's).")
-def migrate(dsn: str | None) -> None:
-    """Apply pending migrations of the `reclock` schema."""
-    from reclock.persist.migrate import migrate as run_migrations
-
-    applied = run_migrations(dsn or _stack().postgres.dsn())
-    click.echo(f"applied {applied}" if applied else "schema is up to date")
 
 
 def run() -> None:

@@ -17,6 +17,8 @@ A config file holds ``sources:`` and ``sinks:``. Example::
         interval: 30s                      # the DAG's schedule
         budget: {max_records: 500000}
         on_decode_error: collect           # collect (to <source>_errors) | stall
+        rebuild: task                      # how rebuild__<source> runs: task (in the Airflow task) |
+                                           # spark_submit (spark_jobs/rebuild.py on connection reclock_spark_submit)
 
     sinks:
       orders_out:
@@ -29,7 +31,8 @@ A config file holds ``sources:`` and ``sinks:``. Example::
         budget: {max_messages: 100000, max_bytes: 67108864}   # per Kafka transaction
         transaction_timeout: 60s           # below the broker's transaction.max.timeout.ms
 
-The file is ``$RECLOCK_CONFIG`` if set, else ``include/reclock.yaml`` in the repo.
+The file is the path a caller gives, else ``$RECLOCK_CONFIG``, else the caller's default (the DAG file
+passes ``include/reclock.yaml`` beside the DAGs folder); none of them is a ``SettingError``.
 """
 
 from __future__ import annotations
@@ -42,13 +45,14 @@ from typing import Any
 
 import yaml
 
-from reclock.errors import ConfigError
+from reclock.errors import ConfigError, SettingError
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
 FORMATS = ("json", "avro", "csv", "text", "bytes")
 WIRES = ("plain", "confluent")
 ENVELOPES = ("none", "upsert")
 METADATA = ("partition", "offset", "key", "timestamp", "headers")
+REBUILDS = ("task", "spark_submit")
 ERRORS_SUFFIX = "_errors"
 """A source's error collection is the shard ``<source>_errors``."""
 _DURATION = re.compile(r"^(\d+)(ms|s|m|h)$")
@@ -104,6 +108,7 @@ class SourceSpec:
     interval_s: float = 60.0
     budget: BudgetSpec = field(default_factory=BudgetSpec)
     on_decode_error: str = "collect"
+    rebuild: str = "task"  # how rebuild__<source> runs: in its Airflow task, or as a spark-submit job
 
     @property
     def consumer_group(self) -> str:
@@ -175,7 +180,7 @@ def parse_source(name: str, raw: Any, base: Path | None = None) -> SourceSpec:
     if not NAME_RE.match(name):
         raise ConfigError(f"{what}: a source name must match {NAME_RE.pattern} (it becomes a SQL name)")
     d = _require(raw, what)
-    _unknown(d, {"kafka", "format", "envelope", "include", "interval", "budget", "on_decode_error"}, what)
+    _unknown(d, {"kafka", "format", "envelope", "include", "interval", "budget", "on_decode_error", "rebuild"}, what)
     if "kafka" not in d:
         raise ConfigError(f"{what}: needs a `kafka:` section with at least `topic:`")
     kafka = _parse_kafka(d["kafka"], f"{what}.kafka")
@@ -217,9 +222,12 @@ def parse_source(name: str, raw: Any, base: Path | None = None) -> SourceSpec:
     on_err = d.get("on_decode_error", "collect")
     if on_err not in ("collect", "stall"):
         raise ConfigError(f"{what}: on_decode_error {on_err!r} is not collect or stall")
+    rebuild = d.get("rebuild", "task")
+    if rebuild not in REBUILDS:
+        raise ConfigError(f"{what}: rebuild {rebuild!r} is not one of {', '.join(REBUILDS)}")
     return SourceSpec(name=name, kafka=kafka, format=fmt, envelope=envelope, include=include,
                       interval_s=parse_duration(d.get("interval", "60s"), f"{what}.interval"),
-                      budget=budget, on_decode_error=on_err)
+                      budget=budget, on_decode_error=on_err, rebuild=rebuild)
 
 
 SINK_FORMATS = ("debezium", "upsert")
@@ -337,16 +345,24 @@ def parse_config(raw: Any, base: Path | None = None) -> Config:
     return Config(sources=sources, sinks=sinks)
 
 
-def default_config_path() -> Path:
-    from reclock.dev.state import REPO_ROOT
-
-    return Path(os.environ.get("RECLOCK_CONFIG", REPO_ROOT / "include" / "reclock.yaml"))
+NO_CONFIG = "no Reclock config file: set RECLOCK_CONFIG to its path (reclock commands: --config PATH)"
 
 
-def load_config(path: Path | str | None = None) -> Config:
-    p = Path(path) if path else default_config_path()
-    if not p.exists():
-        return Config(sources={})
+def config_path(path: Path | str | None = None, default: Path | str | None = None) -> Path:
+    """The config file: ``path``, else ``$RECLOCK_CONFIG``, else ``default``; it must exist."""
+    chosen = path or os.environ.get("RECLOCK_CONFIG") or default
+    if not chosen:
+        raise SettingError(NO_CONFIG)
+    p = Path(chosen)
+    if not p.is_file():
+        raise SettingError(f"config file {p} does not exist (set RECLOCK_CONFIG, or --config, to a Reclock "
+                           "config file)")
+    return p
+
+
+def load_config(path: Path | str | None = None, default: Path | str | None = None) -> Config:
+    """The validated config in the file :func:`config_path` finds."""
+    p = config_path(path, default)
     try:
         raw = yaml.safe_load(p.read_text())
     except yaml.YAMLError as e:

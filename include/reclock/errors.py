@@ -109,6 +109,11 @@ class ConfigError(ReclockError):
     """A source, sink or stack configuration is invalid."""
 
 
+class SettingError(ConfigError):
+    """A setting the library needs (config file, Postgres DSN, blob store, Kafka brokers, Spark) was given
+    nowhere; the message names the environment variable, option or Airflow connection that gives it."""
+
+
 class StackError(ReclockError):
     """A local service of the dev stack failed to install, start or answer."""
 

@@ -1,5 +1,7 @@
-"""``ingest__<source>`` and ``sink__<sink>`` run with ``dag.test()`` (one process, Airflow metadata in the
-test Postgres), with a local Spark session: the same tasks the scheduler runs, outside the scheduler."""
+"""``ingest__<source>``, ``sink__<sink>`` and ``rebuild__<source>`` run with ``dag.test()`` (one process,
+Airflow metadata in the test Postgres), with a local Spark session: the same tasks the scheduler runs, outside
+the scheduler. The rebuild is ``rebuild: spark_submit``: the Spark provider's SparkSubmitOperator runs
+``spark_jobs/rebuild.py`` on a connection given as ``AIRFLOW_CONN_*``, and no secret reaches an argv."""
 
 from __future__ import annotations
 
@@ -8,14 +10,18 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
+from pathlib import Path
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 import yaml
 from confluent_kafka import Producer
 
+from reclock.dev.jars import spark_kafka_jars
 from reclock.dev.state import REPO_ROOT
 from reclock.persist import connect
-from reclock.persist.shards import shard_info
+from reclock.persist.shards import batches, shard_info
 from reclock.read import read_updates
 from reclock.persist.blob import LocalBlobStore
 from reclock.sinks.kafka import read_all, read_progress
@@ -32,7 +38,7 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_ingest_and_sink_dags_under_dag_test(db, postgres, kafka, topic, tmp_path):
+def test_ingest_and_sink_dags_under_dag_test(db, postgres, kafka, topic, stack_state, tmp_path):
     name = topic(partitions=2)
     producer = Producer({"bootstrap.servers": kafka.bootstrap})
     for i in range(400):
@@ -41,7 +47,7 @@ def test_ingest_and_sink_dags_under_dag_test(db, postgres, kafka, topic, tmp_pat
     config = tmp_path / "reclock.yaml"
     config.write_text(yaml.safe_dump({
         "sources": {"dt_orders": {"kafka": {"topic": name, "bootstrap": kafka.bootstrap},
-                                  "format": {"type": "json", "schema": "id BIGINT"}}},
+                                  "format": {"type": "json", "schema": "id BIGINT"}, "rebuild": "spark_submit"}},
         "sinks": {"dt_out": {"from": "dt_orders", "kafka": {"topic": f"{name}_out", "bootstrap": kafka.bootstrap},
                              "progress_topic": f"_progress_{name}"}}}))
     airflow_db = f"airflow_{os.getpid()}"
@@ -49,7 +55,8 @@ def test_ingest_and_sink_dags_under_dag_test(db, postgres, kafka, topic, tmp_pat
         conn.execute(f'CREATE DATABASE "{airflow_db}"')
     blobs = tmp_path / "blobs"
     env = {**os.environ, "RECLOCK_CONFIG": str(config), "RECLOCK_DSN": db, "RECLOCK_BLOB_URL": str(blobs),
-           "RECLOCK_SPARK_MASTER": "local[2]", "AIRFLOW_HOME": str(tmp_path / "airflow"),
+           "RECLOCK_SPARK_MASTER": "local[2]", "RECLOCK_SPARK_JARS": ",".join(spark_kafka_jars(stack_state)),
+           "AIRFLOW_HOME": str(tmp_path / "airflow"),
            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": postgres.dsn(airflow_db).replace("postgresql://",
                                                                                   "postgresql+psycopg2://"),
            "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "AIRFLOW__CORE__DAGS_FOLDER": str(REPO_ROOT / "dags")}
@@ -70,3 +77,75 @@ def test_ingest_and_sink_dags_under_dag_test(db, postgres, kafka, topic, tmp_pat
     assert read_progress(kafka.bootstrap, f"_progress_{name}", "dt_out").frontier == upper
     out = [json.loads(m.value())["after"]["id"] for m in read_all(kafka.bootstrap, f"{name}_out", "t")]
     assert sorted(out) == list(range(400))
+
+    # rebuild__dt_orders through spark-submit: the DSN only in a connection (with its password), which the
+    # task resolves and hands to the job in spark-submit's environment, never in an argv or a rendered field
+    before = _updates(db, blobs)
+    pg = conninfo_to_dict(db)
+    env = {k: v for k, v in env.items() if k != "RECLOCK_DSN"}
+    env.update({
+        "AIRFLOW_CONN_RECLOCK_POSTGRES": json.dumps({"conn_type": "postgres", "host": pg["host"], "port": int(pg["port"]),
+                                                     "login": pg["user"], "password": pg["password"],
+                                                     "schema": pg["dbname"]}),
+        "AIRFLOW_CONN_RECLOCK_SPARK_SUBMIT": json.dumps({"conn_type": "spark", "host": "local[2]"}),
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),  # spark-submit
+    })
+    watcher = ArgvWatcher(pg["password"])
+    with watcher:
+        run = subprocess.run([sys.executable, "-c", SCRIPT, "rebuild__dt_orders"], env=env, capture_output=True,
+                             text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
+    assert "RESULT rebuild__dt_orders success" in run.stdout
+    after = _updates(db, blobs)
+    assert after[0] == before[0] and not after[1] & before[1]  # the same updates, in new parts
+    assert watcher.job_seen, "the watcher saw spark-submit run spark_jobs/rebuild.py"
+    assert watcher.leaks == [], "the DSN's password is in a process's argv"
+    assert pg["password"] not in run.stdout + run.stderr  # the task's log: the submit command, the job's output
+    with psycopg.connect(postgres.dsn(airflow_db)) as conn:
+        rendered = conn.execute("SELECT rendered_fields::text FROM rendered_task_instance_fields "
+                                "WHERE dag_id = 'rebuild__dt_orders'").fetchall()
+    assert rendered and all(pg["password"] not in r[0] for r in rendered)
+
+
+def _updates(dsn: str, blobs) -> tuple[list, set[str]]:
+    """dt_orders' updates (sorted) and its parts' paths."""
+    with connect(dsn) as conn:
+        rows = read_updates(conn, LocalBlobStore(blobs), "dt_orders").to_pylist()
+        paths = {b.path for b in batches(conn, "dt_orders")}
+    return sorted(rows, key=lambda r: (r["id"], r["ts"])), paths
+
+
+class ArgvWatcher:
+    """While the block runs, reads every process's argv (``/proc/*/cmdline``) every 20 ms: ``leaks`` are the
+    argvs holding ``secret``; ``job_seen`` says whether spark-submit's run of ``spark_jobs/rebuild.py`` was
+    seen (the watcher looked while the job ran)."""
+
+    def __init__(self, secret: str) -> None:
+        self.secret = secret.encode()
+        self.leaks: list[str] = []
+        self.job_seen = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self) -> "ArgvWatcher":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.02):
+            for entry in os.listdir("/proc"):
+                if not entry.isdigit():
+                    continue
+                try:
+                    with open(f"/proc/{entry}/cmdline", "rb") as f:
+                        argv = f.read()
+                except OSError:
+                    continue
+                if self.secret in argv:
+                    self.leaks.append(argv.replace(b"\0", b" ").decode(errors="replace"))
+                if b"spark_jobs/rebuild.py" in argv:
+                    self.job_seen = True

@@ -1,10 +1,12 @@
 """`reclock dev up` on a state folder of its own: every service healthy on loopback, the smoke checks pass,
-the health DAG succeeds under the real scheduler, a second `up` is a no-op, and `down` stops it all."""
+the health DAG succeeds under the real scheduler, a second `up` is a no-op, `reclock dev env` gives the other
+commands the stack's settings, and `down` stops it all."""
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -220,6 +222,15 @@ def test_up_smoke_health_dag_down(stack_home: Path):
         # an ingest DAG under the real scheduler: two waves, two triggered runs, everything lands once
         _ingest_under_scheduler(stack)
         _shared_spark_sessions(stack)
+
+        # `reclock dev env` hands the stack's settings to the other commands (what the demo tells a user)
+        exports = subprocess.run([*reclock, "dev", "env"], env=env, capture_output=True, text=True, timeout=120)
+        assert exports.returncode == 0, exports.stderr
+        settings = dict(shlex.split(line)[1].split("=", 1) for line in exports.stdout.splitlines())
+        assert {"RECLOCK_CONFIG", "RECLOCK_DSN", "RECLOCK_BLOB_URL", "RECLOCK_BOOTSTRAP"} <= set(settings)
+        read = subprocess.run([*reclock, "read", "it_orders", "--limit", "0"], env={**env, **settings},
+                              capture_output=True, text=True, timeout=120)
+        assert read.returncode == 0 and "1300 in all" in read.stdout, read.stdout[-500:] + read.stderr[-2000:]
         print(f"first up {first_up:.1f}s")
     finally:
         down = subprocess.run([*reclock, "dev", "down"], env=env, capture_output=True, text=True, timeout=300)

@@ -29,3 +29,21 @@ def test_the_session_id_joins_the_urls_parameters(url, want):
 def test_a_url_that_is_not_spark_connect_is_refused():
     with pytest.raises(ValueError, match="not a Spark Connect URL"):
         with_session_id("http://h:15002", "S")
+
+
+def test_the_url_of_a_spark_connect_connection_comes_from_the_providers_hook(monkeypatch):
+    """``reclock_spark`` (type spark_connect) as the Spark provider documents it: host and port, the login
+    as user_id, the password as token, extra use_ssl; a shared session's id joins its parameters."""
+    import json
+
+    from reclock.orchestration.connections import spark_connect_url
+
+    monkeypatch.setenv("AIRFLOW_CONN_RECLOCK_SPARK", json.dumps({
+        "conn_type": "spark_connect", "host": "spark-connect", "port": 15002, "login": "reclock",
+        "password": "s3cret-token", "extra": {"use_ssl": True}}))
+    url = spark_connect_url()
+    assert url == "sc://spark-connect:15002/;user_id=reclock;token=s3cret-token;use_ssl=True"
+    assert with_session_id(url, "S") == url + ";session_id=S"
+    monkeypatch.setenv("AIRFLOW_CONN_RECLOCK_SPARK", json.dumps({"conn_type": "spark_connect", "host": "h",
+                                                                 "port": 15002}))
+    assert with_session_id(spark_connect_url(), "S") == "sc://h:15002/;session_id=S"

@@ -85,7 +85,6 @@ class LocalAirflow:
             "AIRFLOW__WEBSERVER__WEB_SERVER_HOST": LOOPBACK,
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",
             "SPARK_LOCAL_IP": LOOPBACK,
-            "RECLOCK_HOME": str(self.state.root),
             "NO_PROXY": "*",
         }
         env.update(self.extra_env or {})

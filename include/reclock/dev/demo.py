@@ -59,10 +59,11 @@ def run_demo(stack: Stack, waves: int = 2, per_wave: int = 20_000, echo: Callabl
     from reclock.persist.blob import blob_store_from_url
     from reclock.read import read_as_of
 
-    spec = load_config().source(DEMO_SOURCE)
+    config = load_config(stack.config_file)
+    spec = config.source(DEMO_SOURCE)
     dag_id = f"ingest__{DEMO_SOURCE}"
     stack.airflow.wait_for_dag(dag_id)
-    sink = load_config().sinks.get(DEMO_SINK)
+    sink = config.sinks.get(DEMO_SINK)
     if sink is not None:
         stack.airflow.wait_for_dag(f"sink__{DEMO_SINK}")
         stack.airflow.unpause(f"sink__{DEMO_SINK}")  # runs on the asset events of the ingest appends
@@ -77,7 +78,7 @@ def run_demo(stack: Stack, waves: int = 2, per_wave: int = 20_000, echo: Callabl
         echo(f"wave {wave + 1}: produced {per_wave} records; {dag_id} run {run_id} succeeded in "
              f"{time.monotonic() - t0:.1f}s")
 
-    blob = blob_store_from_url(str(stack.state.root / "blobs"))
+    blob = blob_store_from_url(stack.blob_url)
     with connect(stack.postgres.dsn()) as conn:
         contents = read_as_of(conn, blob, spec.data_shard)
         rows = int(sum(contents.column("diff").to_pylist())) if contents.num_rows else 0
@@ -97,7 +98,7 @@ def run_demo(stack: Stack, waves: int = 2, per_wave: int = 20_000, echo: Callabl
     if sink is not None:
         _show_sink(stack, sink, upper, echo)
     echo(f"\nAirflow UI: {stack.airflow.url}  (login admin, password in {stack.state.file})")
-    echo(f"read it yourself: .venv/bin/reclock read {spec.data_shard} --limit 5")
+    echo(f'read it yourself: eval "$(.venv/bin/reclock dev env)"; .venv/bin/reclock read {spec.data_shard} --limit 5')
 
 
 def _show_sink(stack: Stack, sink, upper: int, echo: Callable[[str], None]) -> None:

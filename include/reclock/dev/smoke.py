@@ -1,71 +1,11 @@
-"""Smoke checks of a running stack: each proves its service does the real thing Reclock needs."""
+"""Smoke checks of a running dev stack: each proves its service does the real thing Reclock needs (the
+service checks are the health DAG's, ``reclock.orchestration.health``; Airflow's is the stack's own)."""
 
 from __future__ import annotations
 
-import time
-import uuid
+from reclock.orchestration.health import check_kafka, check_postgres, check_spark_connect
 
-import psycopg
-
-
-def check_postgres(dsn: str) -> str:
-    """The ``reclock`` schema is migrated and ``wal_level`` is logical."""
-    with psycopg.connect(dsn) as conn:
-        (wal,) = conn.execute("SHOW wal_level").fetchone()
-        row = conn.execute("SELECT max(version) FROM reclock.schema_migrations").fetchone()
-    if wal != "logical":
-        raise RuntimeError(f"postgres: wal_level is {wal}, expected logical")
-    return f"schema reclock at migration {row[0]}, wal_level={wal}"
-
-
-def check_kafka(bootstrap: str, timeout: float = 30) -> str:
-    """A transactional producer commits one record and a ``read_committed`` consumer reads it back."""
-    from confluent_kafka import Consumer, Producer
-    from confluent_kafka.admin import AdminClient, NewTopic
-
-    topic = "_reclock_smoke"
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    if topic not in admin.list_topics(timeout=10).topics:
-        for fut in admin.create_topics([NewTopic(topic, 1, 1)]).values():
-            try:
-                fut.result()
-            except Exception as e:  # noqa: BLE001 - created concurrently is fine
-                if "TOPIC_ALREADY_EXISTS" not in str(e):
-                    raise
-    token = uuid.uuid4().hex.encode()
-    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": "reclock-smoke",
-                         "transaction.timeout.ms": 60000})
-    producer.init_transactions(timeout)
-    producer.begin_transaction()
-    producer.produce(topic, token)
-    producer.commit_transaction(timeout)
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reclock-smoke-{token.decode()}",
-                         "isolation.level": "read_committed", "auto.offset.reset": "earliest",
-                         "enable.auto.commit": False})
-    consumer.subscribe([topic])
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
-            if msg is not None and not msg.error() and msg.value() == token:
-                return "transactional write committed and read back with read_committed"
-    finally:
-        consumer.close()
-    raise RuntimeError(f"kafka: the committed smoke record was not read back within {timeout}s")
-
-
-def check_spark_connect(url: str) -> str:
-    """A query runs over Spark Connect."""
-    from pyspark.sql import SparkSession
-
-    spark = SparkSession.builder.remote(url).getOrCreate()
-    try:
-        n = spark.range(1000).selectExpr("sum(id) AS s").collect()[0]["s"]
-    finally:
-        spark.stop()
-    if n != 499500:
-        raise RuntimeError(f"spark connect: sum(0..999) returned {n}")
-    return "query over Spark Connect returned the right answer"
+__all__ = ["check_airflow", "check_kafka", "check_postgres", "check_spark_connect"]
 
 
 def check_airflow(airflow) -> str:

@@ -1,7 +1,8 @@
-"""Spark: a standing Spark Connect server for the stack, and local sessions for tests and jobs.
+"""Spark: a standing Spark Connect server for the stack, and local sessions for tests and benchmarks.
 
-Both get Spark's Kafka connector jars (resolved by Maven) and bind only to 127.0.0.1
-(``SPARK_LOCAL_IP``, driver host and bind address, the Connect gRPC address).
+Both get Spark's Kafka connector jars (resolved by Maven) and the library's driver settings
+(``reclock.spark.session``), and bind only to 127.0.0.1 (``SPARK_LOCAL_IP``, driver host and bind address,
+the Connect gRPC address).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from reclock.dev import procs
 from reclock.dev.jars import spark_kafka_jars
 from reclock.dev.procs import LOOPBACK
 from reclock.dev.state import StackState
+from reclock.spark.session import LOCAL_CONF, SPARK_CONF, driver_session
 
 
 def spark_home() -> Path:
@@ -37,31 +39,14 @@ def _python() -> str:
     return sys.executable
 
 
-def loopback_conf() -> dict[str, str]:
-    """Spark settings every Reclock Spark driver uses."""
-    from reclock.spark.ingest import SESSION_CONF
-
-    return {
-        **SESSION_CONF,
-        "spark.driver.host": LOOPBACK,
-        "spark.driver.bindAddress": LOOPBACK,
-        "spark.sql.session.timeZone": "UTC",
-        "spark.sql.shuffle.partitions": "8",
-        "spark.ui.showConsoleProgress": "false",
-    }
+LOOPBACK_CONF = {"spark.driver.host": LOOPBACK, "spark.driver.bindAddress": LOOPBACK}
 
 
 def local_session(state: StackState, app: str = "reclock", master: str = "local[2]", ui: bool = False):
     """An in-process ``SparkSession`` with the Kafka connector (tests share one per session)."""
     os.environ["SPARK_LOCAL_IP"] = LOOPBACK
-    from pyspark.sql import SparkSession
-
-    builder = SparkSession.builder.master(master).appName(app)
-    conf = {**loopback_conf(), "spark.jars": ",".join(spark_kafka_jars(state)),
-            "spark.ui.enabled": "true" if ui else "false"}
-    for k, v in conf.items():
-        builder = builder.config(k, v)
-    return builder.getOrCreate()
+    return driver_session(master, app, {**LOOPBACK_CONF, "spark.jars": ",".join(spark_kafka_jars(state)),
+                                        "spark.ui.enabled": "true" if ui else "false"})
 
 
 @dataclass
@@ -105,7 +90,9 @@ class LocalSparkConnect:
         if not self.running():
             jars = spark_kafka_jars(self.state)
             conf = {
-                **loopback_conf(),
+                **SPARK_CONF,
+                **LOOPBACK_CONF,
+                "spark.sql.shuffle.partitions": LOCAL_CONF["spark.sql.shuffle.partitions"],
                 "spark.master": self.master,
                 "spark.driver.memory": self.driver_memory,
                 "spark.connect.grpc.binding.address": LOOPBACK,

@@ -1,22 +1,28 @@
 """The whole local stack: ``up`` starts what is not running, ``down`` stops what ``up`` started.
 
 Start order: Postgres (migrated) -> Kafka -> Spark Connect -> Airflow (metadata DB in Postgres, with the
-connections ``reclock_postgres``, ``reclock_kafka`` and ``reclock_spark``).
+connections ``reclock_postgres``, ``reclock_kafka``, ``reclock_spark`` and ``reclock_spark_submit``, and the
+settings no connection carries in its processes' environment: ``RECLOCK_CONFIG``, ``RECLOCK_BLOB_URL``,
+``RECLOCK_SPARK_JARS``). :meth:`Stack.settings` gives every setting to the ``reclock`` commands
+(``reclock dev env``); the library never looks for the stack itself.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from reclock.dev.airflow import COMPONENTS, LocalAirflow
+from reclock.dev.jars import ensure_jars
 from reclock.dev.kafka import LocalKafka
 from reclock.dev.postgres import LocalPostgres
 from reclock.dev.procs import LOOPBACK
 from reclock.dev.spark import LocalSparkConnect
-from reclock.dev.state import StackState, default_state_dir
+from reclock.dev.state import REPO_ROOT, StackState, default_state_dir
 
 SERVICES = ("postgres", "kafka", "spark", "airflow")
 
@@ -29,7 +35,33 @@ class Stack:
         self.postgres = LocalPostgres(self.state)
         self.kafka = LocalKafka(self.state)
         self.spark = LocalSparkConnect(self.state)
-        self.airflow = LocalAirflow(self.state, self.postgres.dsn("airflow"))
+        self.airflow = LocalAirflow(self.state, self.postgres.dsn("airflow"), self.airflow_settings())
+
+    @property
+    def config_file(self) -> Path:
+        """The stack's Reclock config: ``$RECLOCK_CONFIG``, else the repo's ``include/reclock.yaml``."""
+        return Path(os.environ.get("RECLOCK_CONFIG") or REPO_ROOT / "include" / "reclock.yaml").resolve()
+
+    @property
+    def blob_url(self) -> str:
+        return str(self.state.root / "blobs")
+
+    def spark_jars(self) -> str:
+        """Spark's Kafka connector jars (resolved by ``reclock dev install``), comma-separated."""
+        return ",".join(sorted(str(p) for p in (self.state.jars / "spark").glob("*.jar")))
+
+    def airflow_settings(self) -> dict[str, str]:
+        """What the Airflow processes get beyond the connections: the settings no connection carries, and
+        this interpreter's folder first on PATH (the Spark provider runs ``spark-submit`` from PATH)."""
+        return {"RECLOCK_CONFIG": str(self.config_file), "RECLOCK_BLOB_URL": self.blob_url,
+                "RECLOCK_SPARK_JARS": self.spark_jars(),
+                "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
+
+    def settings(self) -> dict[str, str]:
+        """Every setting of the ``reclock`` commands for this stack (``reclock dev env`` prints them)."""
+        return {"RECLOCK_CONFIG": str(self.config_file), "RECLOCK_DSN": self.postgres.dsn(),
+                "RECLOCK_BLOB_URL": self.blob_url, "RECLOCK_BOOTSTRAP": self.kafka.bootstrap,
+                "RECLOCK_SPARK_REMOTE": self.spark.url, "RECLOCK_SPARK_JARS": self.spark_jars()}
 
     def connections(self) -> dict[str, dict]:
         """Airflow connections for the stack's services (the credentials come from ``stack.json``)."""
@@ -45,8 +77,12 @@ class Stack:
                 "description": "Kafka broker (local stack)",
             },
             "reclock_spark": {
-                "conn_type": "spark_connect", "host": f"sc://{LOOPBACK}", "port": self.spark.port,
+                "conn_type": "spark_connect", "host": LOOPBACK, "port": self.spark.port,
                 "description": "Spark Connect server (local stack)",
+            },
+            "reclock_spark_submit": {
+                "conn_type": "spark", "host": "local[2]",
+                "description": "spark-submit master of spark_jobs/ (local stack: a driver beside the task)",
             },
         }
 
@@ -70,6 +106,8 @@ class Stack:
             timings["spark"] = self.spark.start()
             echo(f"spark      Spark Connect on {self.spark.url} ({timings['spark']:.1f}s)")
         if "airflow" in wanted:
+            ensure_jars(self.state, "spark")  # RECLOCK_SPARK_JARS of the Airflow processes
+            self.airflow.extra_env = self.airflow_settings()
             timings["airflow"] = self.airflow.start(self.connections())
             echo(f"airflow    API/UI on {self.airflow.url} ({timings['airflow']:.1f}s)")
         return timings

@@ -1,4 +1,9 @@
-"""Settings from Airflow connections (``reclock_postgres``, ``reclock_kafka``, ``reclock_spark``)."""
+"""Settings from Airflow connections (``reclock_postgres``, ``reclock_kafka``, ``reclock_spark``).
+
+Each function raises Airflow's ``AirflowNotFoundException`` when the connection is not defined (neither in
+Airflow's metadata database, nor as ``AIRFLOW_CONN_<ID>`` in the environment, nor in a secrets backend);
+``reclock.orchestration.settings`` turns that into a ``SettingError`` naming every way to give the setting.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,9 @@ from urllib.parse import quote
 DEFAULT_POSTGRES = "reclock_postgres"
 DEFAULT_KAFKA = "reclock_kafka"
 DEFAULT_SPARK = "reclock_spark"
+DEFAULT_SPARK_SUBMIT = "reclock_spark_submit"
+CONNECTIONS = (DEFAULT_POSTGRES, DEFAULT_KAFKA, DEFAULT_SPARK, DEFAULT_SPARK_SUBMIT)
+"""Every Airflow connection Reclock reads (a deployment defines them, e.g. as ``AIRFLOW_CONN_*``)."""
 
 
 def _get(conn_id: str):
@@ -31,8 +39,8 @@ def kafka_bootstrap(conn_id: str = DEFAULT_KAFKA) -> str:
 
 
 def spark_connect_url(conn_id: str = DEFAULT_SPARK) -> str:
-    c = _get(conn_id)
-    host = c.host or "127.0.0.1"
-    if not host.startswith("sc://"):
-        host = "sc://" + host
-    return f"{host}:{c.port or 15002}"
+    """The Spark Connect URL of a ``spark_connect`` connection, as the Spark provider's hook builds it:
+    host and port, the login as ``user_id``, the password as ``token``, extra ``use_ssl``."""
+    from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
+
+    return SparkConnectHook(conn_id).get_connection_url()

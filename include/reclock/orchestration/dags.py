@@ -1,0 +1,24 @@
+"""Every DAG of a Reclock config: ``ingest__<source>`` and ``rebuild__<source>`` per source, ``sink__<sink>``
+per sink. The DAG file (``dags/reclock_ingest.py``) calls :func:`build_all` and nothing else."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from reclock.config import config_path, load_config
+from reclock.orchestration.ingest import build_ingest_dag
+from reclock.orchestration.rebuild import build_rebuild_dag
+from reclock.orchestration.sinks import build_sink_dag
+
+
+def build_all(project: Path) -> dict[str, Any]:
+    """The DAGs keyed by dag_id. ``project`` is the folder holding ``dags/``: the config is
+    ``$RECLOCK_CONFIG``, else its ``include/reclock.yaml``; rebuild jobs are in its ``spark_jobs/``."""
+    path = config_path(default=Path(project) / "include" / "reclock.yaml").resolve()
+    cfg = load_config(path)
+    dags = {f"ingest__{name}": build_ingest_dag(spec) for name, spec in cfg.sources.items()}
+    dags.update({f"rebuild__{name}": build_rebuild_dag(spec, path, Path(project) / "spark_jobs")
+                 for name, spec in cfg.sources.items()})
+    dags.update({f"sink__{name}": build_sink_dag(spec) for name, spec in cfg.sinks.items()})
+    return dags

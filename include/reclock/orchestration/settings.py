@@ -1,0 +1,164 @@
+"""Where a task, a spark-submit job or a ``reclock`` command finds its settings.
+
+Each setting comes from an argument (a command's option), else the environment, else where there is one an
+Airflow connection (looked up only then: a command given everything never imports Airflow). A setting given
+nowhere is a :class:`~reclock.errors.SettingError` that names every way to give it; nothing falls back to
+the dev stack (``reclock dev env`` prints the dev stack's settings).
+
+====================  ==================  ===========================  =====================================
+setting               option              environment                  else
+====================  ==================  ===========================  =====================================
+config file           ``--config``        ``RECLOCK_CONFIG``           the DAG file's include/reclock.yaml
+consensus Postgres    ``--dsn``           ``RECLOCK_DSN``              connection ``reclock_postgres``
+blob store            ``--blob-url``      ``RECLOCK_BLOB_URL``         --
+Kafka brokers         ``--bootstrap``     ``RECLOCK_BOOTSTRAP``        the config's ``bootstrap:``, else its
+                                                                       ``connection:`` (``reclock_kafka``)
+Spark in-process      ``--spark-master``  ``RECLOCK_SPARK_MASTER``     (checked first)
+Spark Connect         ``--spark-remote``  ``RECLOCK_SPARK_REMOTE``     connection ``reclock_spark``
+Spark's Kafka jars    --                  ``RECLOCK_SPARK_JARS``       Spark's own ``spark.jars``/packages
+history kept          --                  RECLOCK_RETAIN_HISTORY_S     an hour
+====================  ==================  ===========================  =====================================
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+from reclock.config import BudgetSpec, KafkaSpec, SinkSpec, SourceSpec
+from reclock.cycle import CycleContext
+from reclock.errors import SettingError
+from reclock.orchestration import connections
+from reclock.persist.blob import BlobStore, blob_store_from_url
+from reclock.sinks.kafka import SinkContext
+
+NO_DSN = ("no consensus Postgres: set RECLOCK_DSN to its DSN (postgresql://user:password@host:5432/db; reclock "
+          f"commands: --dsn), or define the Airflow connection {connections.DEFAULT_POSTGRES} "
+          f"(e.g. AIRFLOW_CONN_{connections.DEFAULT_POSTGRES.upper()})")
+NO_BLOB = ("no blob store: set RECLOCK_BLOB_URL to where the parts live (a folder, file:///path or "
+           "s3://bucket/prefix; reclock commands: --blob-url)")
+NO_SPARK = ("no Spark: set RECLOCK_SPARK_MASTER to run a session in this process (e.g. local[2]; reclock commands: "
+            "--spark-master) or RECLOCK_SPARK_REMOTE to a Spark Connect URL (sc://host:15002; --spark-remote), "
+            f"or define the Airflow connection {connections.DEFAULT_SPARK} (type spark_connect, e.g. "
+            f"AIRFLOW_CONN_{connections.DEFAULT_SPARK.upper()})")
+
+
+def _not_found() -> type[Exception]:
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    return AirflowNotFoundException
+
+
+def _from_connection(lookup: Callable[[], str], missing: str) -> str:
+    """``lookup()`` (an Airflow connection's setting), or ``SettingError(missing)`` if it is not defined."""
+    try:
+        return lookup()
+    except _not_found() as e:
+        raise SettingError(missing) from e
+
+
+def find_dsn(given: str | None = None) -> str:
+    """The consensus Postgres: ``given``, else ``RECLOCK_DSN``, else the ``reclock_postgres`` connection."""
+    return given or os.environ.get("RECLOCK_DSN") or _from_connection(connections.postgres_dsn, NO_DSN)
+
+
+def find_blob_url(given: str | None = None) -> str:
+    """Where parts live: ``given``, else ``RECLOCK_BLOB_URL``."""
+    url = given or os.environ.get("RECLOCK_BLOB_URL")
+    if not url:
+        raise SettingError(NO_BLOB)
+    return url
+
+
+def find_blob_store(given: str | None = None) -> BlobStore:
+    return blob_store_from_url(find_blob_url(given))
+
+
+def find_bootstrap(kafka: KafkaSpec, what: str, given: str | None = None) -> str:
+    """``what``'s (a source's or a sink's) brokers: ``given``, else ``RECLOCK_BOOTSTRAP``, else its
+    ``bootstrap:``, else its Airflow connection."""
+    found = given or os.environ.get("RECLOCK_BOOTSTRAP") or kafka.bootstrap
+    if found:
+        return found
+    return _from_connection(
+        lambda: connections.kafka_bootstrap(kafka.connection),
+        f"{what}: no Kafka brokers: set RECLOCK_BOOTSTRAP (host:port,...; reclock commands: --bootstrap), or "
+        f"give it `bootstrap:` in the config, or define the Airflow connection {kafka.connection} "
+        f"(e.g. AIRFLOW_CONN_{kafka.connection.upper()})")
+
+
+def retain_history_ms() -> int:
+    """How much history compaction keeps: ``RECLOCK_RETAIN_HISTORY_S`` seconds (default an hour)."""
+    return int(float(os.environ.get("RECLOCK_RETAIN_HISTORY_S", "3600")) * 1000)
+
+
+@dataclass(frozen=True)
+class SparkTarget:
+    """Where a context's Spark runs: a session in this process on ``master``, or a Spark Connect client to
+    ``remote``; neither: the driver session spark-submit configured (a ``spark_jobs/`` job)."""
+
+    master: str | None = None
+    remote: str | None = None
+
+    def session(self, scope: str):
+        """A session on this target; over Spark Connect, the server-side one ``scope``'s (a source's)
+        processes share (``reclock.spark.connect``)."""
+        if self.remote:
+            from reclock.spark.connect import shared_session
+
+            return shared_session(self.remote, scope)
+        from reclock.spark.session import driver_session
+
+        return driver_session(self.master, app=f"reclock-{scope}")
+
+
+SUBMITTED = SparkTarget()
+"""The session of a ``spark-submit`` job: master and jars from the submit."""
+
+
+def find_spark(master: str | None = None, remote: str | None = None) -> SparkTarget:
+    """``master`` / ``RECLOCK_SPARK_MASTER`` (a local session, e.g. ``local[2]``), else ``remote`` /
+    ``RECLOCK_SPARK_REMOTE`` (``sc://...``), else the ``reclock_spark`` connection through the Spark provider's
+    ``SparkConnectHook`` (no JVM start-up per task)."""
+    master = master or os.environ.get("RECLOCK_SPARK_MASTER")
+    if master:
+        return SparkTarget(master=master)
+    remote = remote or os.environ.get("RECLOCK_SPARK_REMOTE")
+    if remote:
+        return SparkTarget(remote=remote)
+    return SparkTarget(remote=_from_connection(connections.spark_connect_url, NO_SPARK))
+
+
+def with_run_conf(spec: SourceSpec, conf: dict[str, Any] | None) -> SourceSpec:
+    """``spec`` with the budget a run's conf overrides (``max_records``, ``max_bytes``)."""
+    conf = conf or {}
+    if "max_records" not in conf and "max_bytes" not in conf:
+        return spec
+    mr = int(conf.get("max_records", spec.budget.max_records))
+    if mr <= 0:
+        raise ValueError(f"source {spec.name}: run conf max_records must be positive, got {mr}")
+    return replace(spec, budget=BudgetSpec(max_records=mr, max_bytes=conf.get("max_bytes", spec.budget.max_bytes)))
+
+
+def cycle_context(spec: SourceSpec, conf: dict[str, Any] | None = None, *, dsn: str | None = None,
+                  blob_url: str | None = None, bootstrap: str | None = None,
+                  spark: SparkTarget | None = None) -> CycleContext:
+    """A cycle's context for ``spec`` from the settings (arguments first). Spark is found when a step first
+    needs it, unless ``spark`` is given. Run conf may override the budget: ``{"max_records": 1000}``."""
+    spec = with_run_conf(spec, conf)
+    return CycleContext(
+        spec=spec,
+        dsn=find_dsn(dsn),
+        bootstrap=find_bootstrap(spec.kafka, f"source {spec.name}", bootstrap),
+        blob=find_blob_store(blob_url),
+        spark_factory=lambda: (spark or find_spark()).session(spec.name),
+        retain_history_ms=retain_history_ms(),
+    )
+
+
+def sink_context(spec: SinkSpec, *, dsn: str | None = None, blob_url: str | None = None,
+                 bootstrap: str | None = None) -> SinkContext:
+    """A sink's context for ``spec`` from the settings (arguments first)."""
+    return SinkContext(spec=spec, dsn=find_dsn(dsn), blob=find_blob_store(blob_url),
+                       bootstrap=find_bootstrap(spec.kafka, f"sink {spec.name}", bootstrap))

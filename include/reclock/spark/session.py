@@ -1,0 +1,85 @@
+"""Spark sessions Reclock starts itself: a session in this process on a master a setting names (a task with
+``RECLOCK_SPARK_MASTER``, ``reclock cycle --spark-master``), or the driver session of a ``spark-submit`` job
+(``spark_jobs/``), whose master and jars spark-submit gave.
+
+Spark's Kafka connector is not in pyspark: its jars come from ``RECLOCK_SPARK_JARS`` (comma-separated paths,
+globs like ``/opt/jars/*.jar`` or URLs), or from Spark's own ``spark.jars`` / ``spark.jars.packages``
+(spark-submit's ``--jars`` / ``--packages``, ``spark-defaults.conf``), or from ``$SPARK_HOME/jars``. A session
+that finds it nowhere is a ``SettingError`` before any query. Nothing here binds to a particular address: the dev stack and the tests
+add their loopback settings (``reclock.dev.spark``).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from pathlib import Path
+
+from reclock.errors import SettingError
+from reclock.spark.ingest import SESSION_CONF
+
+SPARK_CONF = {
+    **SESSION_CONF,
+    "spark.sql.session.timeZone": "UTC",
+    "spark.ui.showConsoleProgress": "false",
+}
+"""What every Spark driver Reclock starts gets: local sessions, spark-submit jobs, the Spark Connect servers
+of the dev stack and of ``docker-compose.yaml``."""
+
+LOCAL_CONF = {
+    "spark.sql.shuffle.partitions": "8",
+    "spark.ui.enabled": "false",
+}
+"""And a session on a master a setting names (a short-lived driver inside a task or a command) on top."""
+
+CONNECTOR = "spark-sql-kafka-0-10"
+NO_CONNECTOR = ("Spark has no Kafka connector: set RECLOCK_SPARK_JARS to its jars, comma-separated "
+                f"({CONNECTOR}_2.13-4.2.0.jar, spark-token-provider-kafka-0-10_2.13-4.2.0.jar, kafka-clients, "
+                "commons-pool2; spark-avro_2.13 for Avro sources), or give spark-submit --jars or --packages")
+
+
+def spark_jars() -> str | None:
+    """``RECLOCK_SPARK_JARS``: the Kafka connector's jars for the sessions and jobs Reclock starts."""
+    return os.environ.get("RECLOCK_SPARK_JARS") or None
+
+
+def driver_session(master: str | None = None, app: str = "reclock", conf: dict[str, str] | None = None):
+    """A ``SparkSession`` in this process: on ``master`` with :data:`LOCAL_CONF` when given, else the one
+    spark-submit configured (its master, its jars). :data:`SPARK_CONF`, then ``conf``, on top."""
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.appName(app)
+    settings = dict(SPARK_CONF)
+    if master is not None:
+        builder = builder.master(master)
+        settings.update(LOCAL_CONF)
+    jars = spark_jars()
+    if jars:
+        settings["spark.jars"] = jars
+    settings.update(conf or {})
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    if not has_kafka_connector(session):
+        raise SettingError(NO_CONNECTOR)
+    return session
+
+
+def has_kafka_connector(session) -> bool:
+    """Whether ``session`` was given the Kafka connector: among its jars (a local glob, as Spark allows, is
+    expanded) or packages, or in ``$SPARK_HOME/jars``."""
+    conf = session.sparkContext.getConf()
+    given = conf.get("spark.jars", "").split(",") + conf.get("spark.jars.packages", "").split(",")
+    for entry in given:
+        local = entry.removeprefix("file:")
+        names = glob.glob(local) if glob.has_magic(local) and "://" not in entry else [entry]
+        if any(CONNECTOR in Path(name).name for name in names):
+            return True
+    home = os.environ.get("SPARK_HOME") or _pyspark_home()
+    return any(Path(home, "jars").glob(f"{CONNECTOR}*.jar"))
+
+
+def _pyspark_home() -> str:
+    import pyspark
+
+    return str(Path(pyspark.__file__).parent)

@@ -1,0 +1,180 @@
+"""``docker-compose.yaml`` against the code (Docker does not run here): image versions are the project's pins,
+every service is on one network with a healthcheck, the Spark Connect server and the Airflow containers' Spark
+get the library's Spark settings, every Airflow connection the code reads is defined, no secret is literal."""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+import yaml
+
+from reclock.orchestration.connections import CONNECTIONS
+from reclock.spark.ingest import SESSION_CONF
+from reclock.spark.session import SPARK_CONF
+
+REPO = Path(__file__).resolve().parents[2]
+COMPOSE = yaml.safe_load((REPO / "docker-compose.yaml").read_text())
+SERVICES: dict = COMPOSE["services"]
+AIRFLOW = ("airflow-init", "airflow-api-server", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer")
+SPARK = ("spark-master", "spark-worker-1", "spark-worker-2", "spark-connect")
+SPARK_DEFAULTS = REPO / "docker" / "spark-defaults.conf"
+
+S3A_KEYS = ["spark.hadoop.fs.s3a.endpoint", "spark.hadoop.fs.s3a.path.style.access"]
+"""The s3a settings every Spark driver needs for the parts on MinIO. To become the keys of the library's
+``reclock.persist.objectstore.spark_s3a_conf(settings)`` once that exists."""
+
+SECRET_NAME = re.compile(r"PASSWORD|SECRET|TOKEN|_KEY\b|_KEY_ID\b", re.I)
+REFERENCE = re.compile(r"^\$\{([A-Z0-9_]+):\?[^}]+\}$")
+
+
+def _pins() -> dict[str, str]:
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    pins = {re.split(r"[\[=<>]", d)[0]: d.split("==")[1] for d in deps if "==" in d}
+    props = ET.parse(REPO / "pom.xml").getroot().find("{http://maven.apache.org/POM/4.0.0}properties")
+    pins.update({el.tag.split("}")[1]: el.text for el in props})
+    import pyspark
+
+    (client,) = (Path(pyspark.__file__).parent / "jars").glob("hadoop-client-api-*.jar")
+    pins["hadoop"] = re.search(r"hadoop-client-api-(.+)\.jar", client.name).group(1)  # Spark's own Hadoop
+    return pins
+
+
+PINS = _pins()
+
+
+def _env(service: str) -> dict[str, str]:
+    env = SERVICES[service].get("environment") or {}
+    if isinstance(env, list):
+        env = dict(e.split("=", 1) for e in env)
+    return {k: str(v) for k, v in env.items()}
+
+
+def _confs(argv: list[str]) -> dict[str, str]:
+    return dict(argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == "--conf")
+
+
+def _spark_defaults() -> dict[str, str]:
+    lines = [line.split(None, 1) for line in SPARK_DEFAULTS.read_text().splitlines()
+             if line.strip() and not line.startswith("#")]
+    return {k: v.strip() for k, v in lines}
+
+
+def test_images_are_the_projects_pins():
+    assert (PINS["apache-airflow"], PINS["pyspark"], PINS["kafka.version"]) == ("3.3.2", "4.2.0", "4.1.1")
+    for name in AIRFLOW:
+        assert SERVICES[name]["build"]["args"]["AIRFLOW_VERSION"] == PINS["apache-airflow"], name
+        assert SERVICES[name]["image"].endswith(":" + PINS["apache-airflow"]), name
+    dockerfile = (REPO / SERVICES["airflow-scheduler"]["build"]["dockerfile"]).read_text()
+    assert f"ARG AIRFLOW_VERSION={PINS['apache-airflow']}" in dockerfile
+    assert "FROM apache/airflow:${AIRFLOW_VERSION}" in dockerfile
+    for name in SPARK:
+        assert SERVICES[name]["image"] == f"apache/spark:{PINS['pyspark']}", name
+    assert SERVICES["kafka"]["image"] == f"apache/kafka:{PINS['kafka.version']}"
+    packages = {
+        "connect": _confs(["--conf", "spark.jars.packages=" + _after(SERVICES["spark-connect"]["command"], "--packages")]),
+        "airflow": _spark_defaults(),
+    }
+    for where, conf in packages.items():
+        coordinates = conf["spark.jars.packages"].split(",")
+        assert f"org.apache.spark:spark-sql-kafka-0-10_2.13:{PINS['spark.version']}" in coordinates, where
+        assert f"org.apache.hadoop:hadoop-aws:{PINS['hadoop']}" in coordinates, where
+    assert PINS["spark.version"] == PINS["pyspark"] and PINS["hadoop"] == "3.5.0"
+
+
+def _after(argv: list[str], flag: str) -> str:
+    return argv[argv.index(flag) + 1]
+
+
+def test_every_service_is_on_the_network_with_a_healthcheck_and_waits_on_conditions():
+    (network,) = COMPOSE["networks"]
+    for name, service in SERVICES.items():
+        assert service.get("networks") == [network], name
+        one_shot = name.endswith("-init")
+        assert one_shot or "healthcheck" in service, name
+        for dep, cond in (service.get("depends_on") or {}).items():
+            assert dep in SERVICES and cond["condition"] in (
+                "service_healthy", "service_completed_successfully"), (name, dep)
+            assert cond["condition"] == ("service_completed_successfully" if dep.endswith("-init")
+                                         else "service_healthy"), (name, dep)
+    for port in (p for s in SERVICES.values() for p in s.get("ports", [])):
+        assert port.startswith("127.0.0.1:"), port
+
+
+def test_spark_gets_the_librarys_session_settings_and_s3a():
+    assert set(SESSION_CONF.items()) <= set(SPARK_CONF.items())
+    connect = _confs(SERVICES["spark-connect"]["command"])
+    assert set(SPARK_CONF.items()) <= set(connect.items())
+    defaults = _spark_defaults()
+    for conf in (connect, defaults):
+        assert set(S3A_KEYS) <= set(conf)
+        assert conf["spark.hadoop.fs.s3a.path.style.access"] == "true"
+        assert conf["spark.hadoop.fs.s3a.endpoint"] == "http://minio:9000"
+    for name in (*SPARK[1:], *AIRFLOW):  # executors and drivers sign with the environment's credentials
+        assert {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} <= set(_env(name)), name
+    for name in AIRFLOW:
+        assert _env(name)["SPARK_CONF_DIR"] + "/spark-defaults.conf" in {
+            v.split(":")[1] for v in SERVICES[name]["volumes"]}, name
+
+
+def test_every_connection_the_code_reads_is_defined():
+    for name in AIRFLOW:
+        env = _env(name)
+        conns = {k[len("AIRFLOW_CONN_"):].lower(): json.loads(v) for k, v in env.items()
+                 if k.startswith("AIRFLOW_CONN_")}
+        assert set(CONNECTIONS) | {"reclock_s3"} <= set(conns), name
+        assert conns["reclock_spark"]["conn_type"] == "spark_connect"
+        assert conns["reclock_spark_submit"]["conn_type"] == "spark"
+        assert conns["reclock_s3"]["conn_type"] == "aws" and conns["reclock_s3"]["extra"]["endpoint_url"]
+        assert env["RECLOCK_BLOB_URL"] == "s3://reclock/parts"
+        assert env["RECLOCK_CONFIG"].startswith("/opt/airflow/include/")
+    bucket = "s3://reclock/parts".split("/")[2]
+    assert f"mb --ignore-existing reclock/{bucket}" in " ".join(SERVICES["minio-init"]["command"])
+    assert "wal_level=logical" in SERVICES["postgres"]["command"]
+
+
+def _references(value: str) -> list[str]:
+    return re.findall(r"\$\{[^}]*\}", value)
+
+
+def _secrets(name: str, value: str):
+    """The secret values in one environment entry: by the variable's name, in a JSON connection, in a URL."""
+    if SECRET_NAME.search(name) and not name.endswith("_FILE"):  # a file's path is not its content
+        yield name, value
+    if name.startswith("AIRFLOW_CONN_"):
+        conn = json.loads(value)
+        if "password" in conn:
+            yield f"{name}.password", conn["password"]
+    for userinfo in re.findall(r"://[^/:@\s]+:([^@\s]+)@", value):
+        yield f"{name} (URL)", userinfo
+
+
+def test_no_secret_is_literal_and_env_example_names_them_all():
+    example = dict(line.split("=", 1) for line in (REPO / ".env.example").read_text().splitlines()
+                   if line and not line.startswith("#"))
+    found = 0
+    for service in SERVICES:
+        for name, value in _env(service).items():
+            for what, secret in _secrets(name, value):
+                found += 1
+                assert REFERENCE.match(secret), f"{service}: {what} is not a ${{VAR:?...}} reference"
+            for ref in _references(value):
+                var = re.match(r"\$\{([A-Z0-9_]+)", ref).group(1)
+                assert ":?" in ref and var in example, (service, name, ref)
+    assert found >= 20
+    assert all(v in ("replace-me", "reclock") for v in example.values())  # placeholders only
+    text = (REPO / "docker-compose.yaml").read_text()
+    for var, placeholder in example.items():
+        assert f"${{{var}:?" in text, var
+
+
+@pytest.mark.parametrize("folder", ["dags", "plugins", "include", "spark_jobs"])
+def test_the_project_folders_are_mounted(folder):
+    assert (REPO / folder).is_dir()
+    for name in AIRFLOW:
+        assert f"./{folder}:/opt/airflow/{folder}" in SERVICES[name]["volumes"], name
+    assert (REPO / "include" / "reclock.yaml").is_file() and (REPO / "spark_jobs" / "rebuild.py").is_file()
