@@ -23,7 +23,6 @@ import yaml
 from confluent_kafka import Producer
 
 from reclock.dev.jars import spark_kafka_jars
-from reclock.errors import SettingError  # noqa: F401 - the messages below are its
 from reclock.orchestration.settings import NO_BLOB, NO_DSN, NO_SPARK
 from reclock.spark.session import NO_CONNECTOR
 from reclock.config import NO_CONFIG
@@ -94,7 +93,7 @@ print(json.dumps({"file": reclock.__file__, "dev": sorted(m for m in sys.modules
 
     # migrations ship in the wheel and apply
     migrated = _run(venv, cwd, "reclock", "migrate", "--dsn", fresh_db, env=env)
-    assert migrated.returncode == 0 and "applied [1, 2, 3, 4]" in migrated.stdout, migrated.stderr[-3000:]
+    assert migrated.returncode == 0 and "applied [1, 2, 3, 4, 5, 6]" in migrated.stdout, migrated.stderr[-3000:]
 
     name = topic(partitions=2)
     producer = Producer({"bootstrap.servers": kafka.bootstrap})
@@ -121,7 +120,7 @@ print(json.dumps({"file": reclock.__file__, "dev": sorted(m for m in sys.modules
         i = settings.index(option)
         return settings[:i] + settings[i + 2:]
 
-    bootstrap_missing = (f"source pk_orders: no Kafka brokers: set RECLOCK_BOOTSTRAP (host:port,...; reclock "
+    bootstrap_missing = ("source pk_orders: no Kafka brokers: set RECLOCK_BOOTSTRAP (host:port,...; reclock "
                          "commands: --bootstrap), or give it `bootstrap:` in the config, or define the Airflow "
                          "connection reclock_kafka (e.g. AIRFLOW_CONN_RECLOCK_KAFKA)")
     cases = [

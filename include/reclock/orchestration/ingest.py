@@ -18,7 +18,6 @@ minting never goes back in time and an append whose range is in the shards is a 
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
-from typing import Any
 
 from reclock import cycle
 from reclock.batch import BatchDescription, Part

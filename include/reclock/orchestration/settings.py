@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 from reclock.config import BudgetSpec, KafkaSpec, SinkSpec, SourceSpec
 from reclock.cycle import CycleContext
-from reclock.errors import SettingError
+from reclock.errors import ConfigError, SettingError
 from reclock.orchestration import connections
 from reclock.persist.blob import BlobStore, blob_store_from_url
 from reclock.sinks.kafka import SinkContext
@@ -88,6 +88,18 @@ def find_bootstrap(kafka: KafkaSpec, what: str, given: str | None = None) -> str
         f"(e.g. AIRFLOW_CONN_{kafka.connection.upper()})")
 
 
+def _seconds(var: str, default: float) -> float:
+    """A non-negative number of seconds from the environment variable ``var``."""
+    raw = os.environ.get(var)
+    try:
+        value = default if raw in (None, "") else float(raw)
+    except ValueError:
+        raise SettingError(f"{var} must be a number of seconds, got {raw!r}") from None
+    if value < 0:
+        raise SettingError(f"{var} must not be negative, got {raw!r}")
+    return value
+
+
 def retain_history_ms() -> int:
     """How much history compaction keeps: ``RECLOCK_RETAIN_HISTORY_S`` seconds (default an hour)."""
     return int(float(os.environ.get("RECLOCK_RETAIN_HISTORY_S", "3600")) * 1000)
@@ -131,14 +143,18 @@ def find_spark(master: str | None = None, remote: str | None = None) -> SparkTar
 
 
 def with_run_conf(spec: SourceSpec, conf: dict[str, Any] | None) -> SourceSpec:
-    """``spec`` with the budget a run's conf overrides (``max_records``, ``max_bytes``)."""
+    """``spec`` with the budget a run's conf overrides (``max_records``); any other key is refused."""
     conf = conf or {}
-    if "max_records" not in conf and "max_bytes" not in conf:
+    unknown = sorted(set(conf) - {"max_records"})
+    if unknown:
+        raise ConfigError(f"source {spec.name}: run conf keys {', '.join(unknown)} are not known (a run's conf "
+                          'may set only max_records, e.g. {"max_records": 1000})')
+    if "max_records" not in conf:
         return spec
-    mr = int(conf.get("max_records", spec.budget.max_records))
+    mr = int(conf["max_records"])
     if mr <= 0:
-        raise ValueError(f"source {spec.name}: run conf max_records must be positive, got {mr}")
-    return replace(spec, budget=BudgetSpec(max_records=mr, max_bytes=conf.get("max_bytes", spec.budget.max_bytes)))
+        raise ConfigError(f"source {spec.name}: run conf max_records must be positive, got {mr}")
+    return replace(spec, budget=BudgetSpec(max_records=mr))
 
 
 def cycle_context(spec: SourceSpec, conf: dict[str, Any] | None = None, *, dsn: str | None = None,
@@ -154,6 +170,8 @@ def cycle_context(spec: SourceSpec, conf: dict[str, Any] | None = None, *, dsn: 
         blob=find_blob_store(blob_url),
         spark_factory=lambda: (spark or find_spark()).session(spec.name),
         retain_history_ms=retain_history_ms(),
+        gc_grace_s=_seconds("RECLOCK_GC_GRACE_S", 3600.0),
+        gc_interval_s=_seconds("RECLOCK_GC_INTERVAL_S", 300.0),
     )
 
 
