@@ -70,6 +70,17 @@ def spark(stack_state: StackState):
     session.stop()
 
 
+@pytest.fixture(scope="session")
+def s3(stack_state: StackState):
+    """A real S3 API endpoint (moto's server) on a free loopback port, with one bucket (``s3.url(prefix)``)."""
+    from reclock.dev.s3 import LocalS3
+
+    server = LocalS3(stack_state)
+    server.start()
+    yield server
+    server.stop()
+
+
 @pytest.fixture
 def topic(kafka) -> "Callable[..., str]":
     """Create a fresh topic: ``topic(partitions=4, **config)`` returns its name."""

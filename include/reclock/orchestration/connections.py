@@ -1,4 +1,4 @@
-"""Settings from Airflow connections (``reclock_postgres``, ``reclock_kafka``, ``reclock_spark``)."""
+"""Settings from Airflow connections (``reclock_postgres``, ``reclock_kafka``, ``reclock_spark``, ``reclock_s3``)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from urllib.parse import quote
 DEFAULT_POSTGRES = "reclock_postgres"
 DEFAULT_KAFKA = "reclock_kafka"
 DEFAULT_SPARK = "reclock_spark"
+DEFAULT_S3 = "reclock_s3"
 
 
 def _get(conn_id: str):
@@ -36,3 +37,30 @@ def spark_connect_url(conn_id: str = DEFAULT_SPARK) -> str:
     if not host.startswith("sc://"):
         host = "sc://" + host
     return f"{host}:{c.port or 15002}"
+
+
+def s3_settings(conn_id: str = DEFAULT_S3):
+    """The S3 settings (``reclock.persist.objectstore.S3Settings``) of an Airflow connection of type ``aws``:
+    login and password are the access key and the secret; extra ``endpoint_url`` (absent: AWS itself),
+    ``region_name`` (absent: required on AWS, ``us-east-1`` on an S3-compatible endpoint) and ``path_style``
+    (absent: path style exactly when an endpoint is given)."""
+    from reclock.errors import ConfigError
+    from reclock.persist.objectstore import DEFAULT_REGION, S3Settings, parse_path_style
+
+    c = _get(conn_id)
+    if c.conn_type != "aws":
+        raise ConfigError(f"connection {conn_id}: type is {c.conn_type!r}, expected 'aws'")
+    extra = json.loads(c.extra or "{}") if isinstance(c.extra, str) else (c.extra or {})
+    missing = [what for what, v in (("login (the access key)", c.login), ("password (the secret key)", c.password))
+               if not v]
+    if missing:
+        raise ConfigError(f"connection {conn_id}: {' and '.join(missing)} not set")
+    endpoint = extra.get("endpoint_url") or None
+    region = extra.get("region_name") or (DEFAULT_REGION if endpoint else None)
+    if not region:
+        raise ConfigError(f"connection {conn_id}: extra region_name is not set (needed without an endpoint_url)")
+    try:
+        return S3Settings(endpoint, region, c.login, c.password,
+                          path_style=parse_path_style(extra.get("path_style"), endpoint, "extra path_style"))
+    except ConfigError as e:
+        raise ConfigError(f"connection {conn_id}: {e}") from None
