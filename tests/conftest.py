@@ -49,6 +49,15 @@ def fresh_db(postgres: LocalPostgres) -> str:
     return postgres.dsn(name)
 
 
+@pytest.fixture
+def db(fresh_db: str) -> str:
+    """A new database with the ``reclock`` schema migrated; returns its DSN."""
+    from reclock.persist.migrate import migrate
+
+    migrate(fresh_db)
+    return fresh_db
+
+
 @pytest.fixture(scope="session")
 def kafka(stack_state: StackState):
     """A real single-node KRaft broker from the Maven jars."""
