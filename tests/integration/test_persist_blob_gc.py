@@ -86,6 +86,8 @@ def test_s3_store_urls_and_parquet_through_it(s3):
     with store.open("s/p.parquet") as f:
         pf = pq.ParquetFile(f)
         assert pf.metadata.num_row_groups == 10 and pf.read_row_group(3).column("id")[0].as_py() == 300
+    store.fs.pipe_file(f"{store.root}/s/folder/", b"")  # a folder marker, as S3A's mkdirs leaves
+    assert [b.path for b in store.list()] == ["s/p.parquet"]
 
 
 def test_blob_store_from_url(tmp_path, monkeypatch):

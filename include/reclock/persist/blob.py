@@ -154,6 +154,8 @@ class FsspecBlobStore:
             return []
         out = []
         for full, info in self.fs.find(base, detail=True).items():
+            if full.endswith("/") or info.get("type") == "directory":
+                continue  # an object store's folder marker (S3A leaves some): no blob
             mtime = info.get("mtime") or info.get("LastModified") or info.get("created") or 0
             if hasattr(mtime, "timestamp"):
                 mtime = mtime.timestamp()
