@@ -101,16 +101,21 @@ def services(echo: Callable[[str], None] = print, keep: bool = False) -> Iterato
         stops: list[tuple[str, Callable[[], object]]] = [("kafka", kafka.stop), ("postgres", pg.stop)]
         if spark is not None:
             stops.insert(0, ("spark", lambda: _stop_spark(spark)))
-        for name, stop in stops:
-            try:
-                stop()
-            except Exception as e:  # noqa: BLE001 - stop the others anyway, and say what is left
-                echo(f"services: stopping {name} failed: {e}")
-        echo("services: stopped " + ", ".join(name for name, _ in stops))
+        stop_services(stops, echo)
         if not keep:
             shutil.rmtree(root, ignore_errors=True)
         os.environ.clear()  # what the run set (RECLOCK_HOME, Airflow's and dag.test's settings) goes too
         os.environ.update(saved_environ)
+
+
+def stop_services(stops: list[tuple[str, Callable[[], object]]], echo: Callable[[str], None]) -> None:
+    """Call every ``(name, stop)`` in order; one that fails is reported and the others still run."""
+    for name, stop in stops:
+        try:
+            stop()
+        except Exception as e:  # noqa: BLE001 - stop the others anyway, and say what is left
+            echo(f"services: stopping {name} failed: {e}")
+    echo("services: stopped " + ", ".join(name for name, _ in stops))
 
 
 def _stop_spark(spark) -> None:

@@ -49,6 +49,15 @@ def fresh_db(postgres: LocalPostgres) -> str:
     return postgres.dsn(name)
 
 
+@pytest.fixture
+def db(fresh_db: str) -> str:
+    """A new database with the ``reclock`` schema migrated; returns its DSN."""
+    from reclock.persist.migrate import migrate
+
+    migrate(fresh_db)
+    return fresh_db
+
+
 @pytest.fixture(scope="session")
 def kafka(stack_state: StackState):
     """A real single-node KRaft broker from the Maven jars."""
@@ -68,6 +77,17 @@ def spark(stack_state: StackState):
     session = local_session(stack_state, app="reclock-tests")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def s3(stack_state: StackState):
+    """A real S3 API endpoint (moto's server) on a free loopback port, with one bucket (``s3.url(prefix)``)."""
+    from reclock.dev.s3 import LocalS3
+
+    server = LocalS3(stack_state)
+    server.start()
+    yield server
+    server.stop()
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from reclock.batch import BatchDescription, Part
+from reclock.errors import ConfigError
 from reclock.persist.blob import (BlobStore, FsspecBlobStore, LocalBlobStore, blob_store_from_url,
                                   new_part_path)
 from reclock.persist.gc import collect_garbage
@@ -20,12 +21,15 @@ from reclock.persist.shards import Append, compare_and_append, register_shard
 BAD_PATHS = ("../etc/passwd", "/abs", "a//b", "a/../../b", "a/./b", "", "s3://x/y")
 
 
-@pytest.fixture(params=["local", "memory", "file_url"])
+@pytest.fixture(params=["local", "memory", "file_url", "s3"])
 def store(request, tmp_path) -> BlobStore:
     if request.param == "local":
         return LocalBlobStore(tmp_path / "blobs")
     if request.param == "memory":
         return FsspecBlobStore(f"memory://reclock-{uuid.uuid4().hex}")
+    if request.param == "s3":
+        s3 = request.getfixturevalue("s3")
+        return blob_store_from_url(s3.url(f"blobs-{uuid.uuid4().hex}"), s3.settings())
     return blob_store_from_url(f"file://{tmp_path / 'c'}")
 
 
@@ -69,15 +73,33 @@ def test_local_store_writes_atomically_and_stays_inside_its_root(tmp_path):
 def test_memory_store_urls():
     store = FsspecBlobStore("memory://bucket/prefix")
     assert store.url("s/p.parquet") == "memory://bucket/prefix/s/p.parquet"
-    s3 = FsspecBlobStore.__new__(FsspecBlobStore)
-    s3.base = "s3://bucket/prefix"
-    assert s3.url("s/p.parquet") == "s3a://bucket/prefix/s/p.parquet"  # what Spark writes to
 
 
-def test_blob_store_from_url(tmp_path):
+def test_s3_store_urls_and_parquet_through_it(s3):
+    store = blob_store_from_url(s3.url("prefix"), s3.settings())
+    assert store.url("s/p.parquet") == f"s3a://{s3.bucket}/prefix/s/p.parquet"  # what Spark writes to
+    assert repr(store) == f"FsspecBlobStore('s3://{s3.bucket}/prefix')"
+    table = pa.table({"id": pa.array(range(1000), pa.int64())})
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, row_group_size=100)
+    store.put_bytes("s/p.parquet", sink.getvalue().to_pybytes())
+    with store.open("s/p.parquet") as f:
+        pf = pq.ParquetFile(f)
+        assert pf.metadata.num_row_groups == 10 and pf.read_row_group(3).column("id")[0].as_py() == 300
+    store.fs.pipe_file(f"{store.root}/s/folder/", b"")  # a folder marker, as S3A's mkdirs leaves
+    assert [b.path for b in store.list()] == ["s/p.parquet"]
+
+
+def test_blob_store_from_url(tmp_path, monkeypatch):
     assert isinstance(blob_store_from_url(str(tmp_path / "a")), LocalBlobStore)
     assert isinstance(blob_store_from_url(f"file://{tmp_path / 'b'}"), LocalBlobStore)
     assert isinstance(blob_store_from_url("memory://x"), FsspecBlobStore)
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(ConfigError, match="AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY are not set"):
+        blob_store_from_url("s3://bucket/prefix")  # the settings come from the environment by default
+    with pytest.raises(ValueError, match="write s3://bucket/prefix"):
+        blob_store_from_url("s3a://bucket/prefix")
 
 
 def test_new_part_path_is_fresh_and_under_the_shard():
@@ -119,9 +141,14 @@ def test_gc_deletes_old_unreferenced_parts_only(conn, tmp_path):
     assert [b.path for b in store.list("s")] == [kept]
 
 
-def test_gc_under_a_source_prefix_keeps_every_shards_parts(conn):
+@pytest.mark.parametrize("kind", ["memory", "s3"])
+def test_gc_under_a_source_prefix_keeps_every_shards_parts(conn, kind, request):
     """The cycle writes the parts of all a source's shards under the source's folder."""
-    store = FsspecBlobStore(f"memory://reclock-{uuid.uuid4().hex}")
+    if kind == "s3":
+        s3 = request.getfixturevalue("s3")
+        store = blob_store_from_url(s3.url(f"gc-{uuid.uuid4().hex}"), s3.settings())
+    else:
+        store = FsspecBlobStore(f"memory://reclock-{uuid.uuid4().hex}")
     register_shard(conn, "orders_data")
     register_shard(conn, "orders_errors")
     desc = BatchDescription(0, 10)

@@ -10,18 +10,22 @@ from reclock.dev.state import REPO_ROOT, StackState
 from reclock.errors import StackError
 
 # how many jars each profile yields at least (a partial copy from an interrupted run is redone)
-_EXPECTED = {"kafka": 40, "spark": 5}
+_EXPECTED = {"kafka": 40, "spark": 5, "s3": 35}
+_MAVEN_PROFILE = {"kafka": "broker", "spark": "spark", "s3": "s3"}
+PROFILES = tuple(_MAVEN_PROFILE)
+"""Every folder of ``.reclock/jars``: what ``reclock dev install`` resolves."""
 
 
 def ensure_jars(state: StackState, profile: str) -> Path:
     """Return ``.reclock/jars/<profile>``, running ``mvn -P <profile> dependency:copy-dependencies`` if the
-    folder is missing or incomplete. ``profile`` is ``kafka`` (the broker) or ``spark`` (Spark's connector)."""
+    folder is missing or incomplete. ``profile`` is ``kafka`` (the broker), ``spark`` (Spark's Kafka connector)
+    or ``s3`` (S3A: hadoop-aws and the few AWS SDK modules it uses, see ``pom.xml``)."""
     folder = state.jars / profile
     if folder.is_dir() and len(list(folder.glob("*.jar"))) >= _EXPECTED[profile]:
         return folder
     if shutil.which("mvn") is None:
-        raise StackError("Maven (`mvn`) is needed to fetch the Kafka jars; install Debian's `maven` package")
-    maven_profile = {"kafka": "broker", "spark": "spark"}[profile]
+        raise StackError("Maven (`mvn`) is needed to fetch the JVM jars; install Debian's `maven` package")
+    maven_profile = _MAVEN_PROFILE[profile]
     run(["mvn", "-q", "-B", "-P", maven_profile, "dependency:copy-dependencies",
          f"-Djars.dir={state.jars}"], f"resolve {profile} jars with Maven", cwd=REPO_ROOT, timeout=900)
     if len(list(folder.glob("*.jar"))) < _EXPECTED[profile]:
@@ -32,3 +36,8 @@ def ensure_jars(state: StackState, profile: str) -> Path:
 def spark_kafka_jars(state: StackState) -> list[str]:
     """The jars Spark's Kafka source (and ``from_avro``) need beyond the pyspark wheel, as absolute paths."""
     return sorted(str(p) for p in ensure_jars(state, "spark").glob("*.jar"))
+
+
+def spark_s3a_jars(state: StackState) -> list[str]:
+    """The jars Spark needs to read and write ``s3a://`` (beyond the pyspark wheel), as absolute paths."""
+    return sorted(str(p) for p in ensure_jars(state, "s3").glob("*.jar"))

@@ -2,20 +2,22 @@
 
 Both get Spark's Kafka connector jars (resolved by Maven) and the library's driver settings
 (``reclock.spark.session``), and bind only to 127.0.0.1 (``SPARK_LOCAL_IP``, driver host and bind address,
-the Connect gRPC address).
+the Connect gRPC address). A Connect server given :class:`~reclock.persist.objectstore.S3Settings` also
+gets the S3A jars and settings, and the keys in its environment, so its jobs read and write ``s3a://``.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from reclock.dev import procs
-from reclock.dev.jars import spark_kafka_jars
+from reclock.dev.jars import spark_kafka_jars, spark_s3a_jars
 from reclock.dev.procs import LOOPBACK
 from reclock.dev.state import StackState
+from reclock.persist.objectstore import S3Settings, jvm_env, spark_s3a_conf
 from reclock.spark.session import LOCAL_CONF, SPARK_CONF, driver_session
 
 
@@ -51,24 +53,30 @@ def local_session(state: StackState, app: str = "reclock", master: str = "local[
 
 @dataclass
 class LocalSparkConnect:
-    """A Spark Connect server (``spark-submit ... SparkConnectServer``) on ``local[*]``."""
+    """A Spark Connect server (``spark-submit ... SparkConnectServer``) on ``master`` (default ``local[*]``),
+    its files under ``state``'s folder ``name`` and its ports named ``<name>_connect`` and ``<name>_ui``.
+    With ``s3``: S3A jars (shipped to executors too), settings and keys (in its environment); ``conf``:
+    more Spark settings."""
 
     state: StackState
     master: str = "local[*]"
     driver_memory: str = "2g"
+    name: str = "spark"
+    s3: S3Settings | None = None
+    conf: dict[str, str] = field(default_factory=dict)
     launcher: tuple[str, ...] = ()  # a command the server is started under (tests: a mount namespace)
 
     @property
     def home(self) -> Path:
-        return self.state.dir("spark")
+        return self.state.dir(self.name)
 
     @property
     def port(self) -> int:
-        return self.state.port("spark_connect")
+        return self.state.port(f"{self.name}_connect")
 
     @property
     def ui_port(self) -> int:
-        return self.state.port("spark_ui")
+        return self.state.port(f"{self.name}_ui")
 
     @property
     def url(self) -> str:
@@ -88,7 +96,8 @@ class LocalSparkConnect:
     def start(self, timeout: float = 120) -> float:
         t0 = time.monotonic()
         if not self.running():
-            jars = spark_kafka_jars(self.state)
+            jars = spark_kafka_jars(self.state) + (spark_s3a_jars(self.state) if self.s3 else [])
+            env = {**spark_env(), **(jvm_env(self.s3) if self.s3 else {})}
             conf = {
                 **SPARK_CONF,
                 **LOOPBACK_CONF,
@@ -100,6 +109,8 @@ class LocalSparkConnect:
                 "spark.ui.port": str(self.ui_port),
                 "spark.sql.warehouse.dir": str(self.home / "warehouse"),
                 "spark.local.dir": str(self.home / "tmp"),
+                **(spark_s3a_conf(self.s3) if self.s3 else {}),
+                **self.conf,
             }
             argv = [*self.launcher, str(spark_home() / "bin" / "spark-submit"),
                     "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",
@@ -107,8 +118,7 @@ class LocalSparkConnect:
             for k, v in conf.items():
                 argv += ["--conf", f"{k}={v}"]
             argv.append("spark-internal")
-            procs.spawn("spark-connect", argv, log=self.log, pidfile=self.pidfile, env=spark_env(),
-                        cwd=self.home)
+            procs.spawn("spark-connect", argv, log=self.log, pidfile=self.pidfile, env=env, cwd=self.home)
         procs.wait_until("spark connect", lambda: procs.port_open(self.port), timeout, log=self.log,
                          alive=self.running)
         return time.monotonic() - t0

@@ -1,4 +1,5 @@
-"""Settings from Airflow connections (``reclock_postgres``, ``reclock_kafka``, ``reclock_spark``).
+"""Settings from Airflow connections (``reclock_postgres``, ``reclock_kafka``, ``reclock_spark``,
+``reclock_spark_submit``, ``reclock_s3``).
 
 Each function raises Airflow's ``AirflowNotFoundException`` when the connection is not defined (neither in
 Airflow's metadata database, nor as ``AIRFLOW_CONN_<ID>`` in the environment, nor in a secrets backend);
@@ -14,7 +15,8 @@ DEFAULT_POSTGRES = "reclock_postgres"
 DEFAULT_KAFKA = "reclock_kafka"
 DEFAULT_SPARK = "reclock_spark"
 DEFAULT_SPARK_SUBMIT = "reclock_spark_submit"
-CONNECTIONS = (DEFAULT_POSTGRES, DEFAULT_KAFKA, DEFAULT_SPARK, DEFAULT_SPARK_SUBMIT)
+DEFAULT_S3 = "reclock_s3"
+CONNECTIONS = (DEFAULT_POSTGRES, DEFAULT_KAFKA, DEFAULT_SPARK, DEFAULT_SPARK_SUBMIT, DEFAULT_S3)
 """Every Airflow connection Reclock reads (a deployment defines them, e.g. as ``AIRFLOW_CONN_*``)."""
 
 
@@ -44,3 +46,30 @@ def spark_connect_url(conn_id: str = DEFAULT_SPARK) -> str:
     from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
 
     return SparkConnectHook(conn_id).get_connection_url()
+
+
+def s3_settings(conn_id: str = DEFAULT_S3):
+    """The S3 settings (``reclock.persist.objectstore.S3Settings``) of an Airflow connection of type ``aws``:
+    login and password are the access key and the secret; extra ``endpoint_url`` (absent: AWS itself),
+    ``region_name`` (absent: required on AWS, ``us-east-1`` on an S3-compatible endpoint) and ``path_style``
+    (absent: path style exactly when an endpoint is given)."""
+    from reclock.errors import ConfigError
+    from reclock.persist.objectstore import DEFAULT_REGION, S3Settings, parse_path_style
+
+    c = _get(conn_id)
+    if c.conn_type != "aws":
+        raise ConfigError(f"connection {conn_id}: type is {c.conn_type!r}, expected 'aws'")
+    extra = json.loads(c.extra or "{}") if isinstance(c.extra, str) else (c.extra or {})
+    missing = [what for what, v in (("login (the access key)", c.login), ("password (the secret key)", c.password))
+               if not v]
+    if missing:
+        raise ConfigError(f"connection {conn_id}: {' and '.join(missing)} not set")
+    endpoint = extra.get("endpoint_url") or None
+    region = extra.get("region_name") or (DEFAULT_REGION if endpoint else None)
+    if not region:
+        raise ConfigError(f"connection {conn_id}: extra region_name is not set (needed without an endpoint_url)")
+    try:
+        return S3Settings(endpoint, region, c.login, c.password,
+                          path_style=parse_path_style(extra.get("path_style"), endpoint, "extra path_style"))
+    except ConfigError as e:
+        raise ConfigError(f"connection {conn_id}: {e}") from None

@@ -17,6 +17,8 @@ Spark in-process      ``--spark-master``  ``RECLOCK_SPARK_MASTER``     (checked 
 Spark Connect         ``--spark-remote``  ``RECLOCK_SPARK_REMOTE``     connection ``reclock_spark``
 Spark's Kafka jars    --                  ``RECLOCK_SPARK_JARS``       Spark's own ``spark.jars``/packages
 history kept          --                  RECLOCK_RETAIN_HISTORY_S     an hour
+garbage grace period  --                  RECLOCK_GC_GRACE_S           an hour
+garbage collection    --                  RECLOCK_GC_INTERVAL_S        every 5 minutes, in resume
 ====================  ==================  ===========================  =====================================
 """
 

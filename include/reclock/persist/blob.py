@@ -1,5 +1,6 @@
 """The blob store: where immutable Parquet parts live. A local folder by default; any ``fsspec`` URL
-(``s3://bucket/prefix``, ``memory://``, ``file://``) by configuration.
+(``s3://bucket/prefix``, ``memory://``, ``file://``) by configuration. ``s3://`` URLs and their settings are
+``reclock.persist.objectstore``'s business (Spark writes them as ``s3a://``).
 
 Paths are relative to the store's root and '/'-separated (``<shard>/<lower>-<upper>/<uuid>.parquet``);
 absolute paths, ``..`` and empty segments are refused, so nothing outside the root is ever touched.
@@ -17,6 +18,8 @@ from pathlib import Path
 from typing import BinaryIO, Protocol, runtime_checkable
 
 from reclock.batch import BatchDescription
+from reclock.persist import objectstore
+from reclock.persist.objectstore import S3Settings
 
 
 @dataclass(frozen=True)
@@ -109,21 +112,24 @@ class LocalBlobStore:
 
 
 class FsspecBlobStore:
-    """Parts under any fsspec URL (S3 and S3-compatible stores need ``s3fs``; Spark writes via ``s3a://``)."""
+    """Parts under any fsspec URL; ``options`` are the filesystem's (for ``s3://``:
+    :func:`~reclock.persist.objectstore.fsspec_options`, through ``s3fs``)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, options: dict | None = None) -> None:
         import fsspec
 
         self.base = url.rstrip("/")
-        self.fs, self.root = fsspec.core.url_to_fs(self.base)
+        self.fs, self.root = fsspec.core.url_to_fs(self.base, **(options or {}))
         self.protocol = self.base.split("://", 1)[0]
+
+    def __repr__(self) -> str:
+        return f"FsspecBlobStore({self.base!r})"
 
     def _p(self, path: str) -> str:
         return posixpath.join(self.root, _check_rel(path))
 
     def url(self, path: str) -> str:
-        u = f"{self.base}/{_check_rel(path)}"
-        return "s3a://" + u[len("s3://"):] if u.startswith("s3://") else u
+        return objectstore.spark_url(f"{self.base}/{_check_rel(path)}")
 
     def put_bytes(self, path: str, data: bytes) -> None:
         self.fs.pipe_file(self._p(path), data)
@@ -148,6 +154,8 @@ class FsspecBlobStore:
             return []
         out = []
         for full, info in self.fs.find(base, detail=True).items():
+            if full.endswith("/") or info.get("type") == "directory":
+                continue  # an object store's folder marker (S3A leaves some): no blob
             mtime = info.get("mtime") or info.get("LastModified") or info.get("created") or 0
             if hasattr(mtime, "timestamp"):
                 mtime = mtime.timestamp()
@@ -156,12 +164,21 @@ class FsspecBlobStore:
         return sorted(out, key=lambda b: b.path)
 
 
-def blob_store_from_url(url: str) -> BlobStore:
-    """``/a/path`` or ``file:///a/path`` -> LocalBlobStore; any other fsspec URL -> FsspecBlobStore."""
+def blob_store_from_url(url: str, s3: S3Settings | None = None) -> BlobStore:
+    """``/a/path`` or ``file:///a/path`` -> LocalBlobStore; ``s3://bucket/prefix`` -> FsspecBlobStore on
+    ``s3`` (default: :func:`~reclock.persist.objectstore.s3_settings_from_env`, which raises
+    ``ConfigError`` naming what is missing); any other fsspec URL -> FsspecBlobStore."""
     if "://" not in url:
         return LocalBlobStore(url)
     if url.startswith("file://"):
         return LocalBlobStore(url[len("file://"):])
+    if objectstore.is_s3(url):
+        if url.startswith("s3a://"):
+            raise ValueError(f"blob URL {url!r}: write s3://bucket/prefix (s3a:// is Spark's name for it)")
+        bucket = url[len("s3://"):].split("/", 1)[0]
+        if not bucket:
+            raise ValueError(f"blob URL {url!r} names no bucket: write s3://bucket/prefix")
+        return FsspecBlobStore(url, objectstore.fsspec_options(s3 or objectstore.s3_settings_from_env()))
     return FsspecBlobStore(url)
 
 

@@ -1,0 +1,175 @@
+"""A Spark standalone cluster on this machine: a master, ``workers`` workers (each its own JVM and
+``SPARK_WORKER_DIR``), and a Spark Connect server whose jobs run on them. For tests and benchmarks of
+Spark beyond ``local[*]``: executors in other JVMs than the driver, fetching the jars they need from it,
+writing parts where every one of them can (a shared folder, or an ``s3://`` store).
+
+::
+
+    Connect server (driver)  --spark://-->  master  <--register--  worker 0  --spawns-->  executor
+      sc://127.0.0.1:P          (spark-class ...deploy.master.Master)  worker 1  --spawns-->  executor
+
+Everything comes from the pyspark wheel (``bin/spark-class``) and listens on 127.0.0.1 only: the master,
+the workers and their web UIs on ports chosen free (kept in ``state``), the driver's RPC and block
+manager ports likewise, and every executor's on ephemeral ports of ``SPARK_LOCAL_IP``. A worker's
+executors inherit its environment, which is how the S3 keys reach them (never through Spark settings).
+:meth:`LocalSparkCluster.stop` ends every process it started.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from reclock.dev import procs
+from reclock.dev.procs import LOOPBACK
+from reclock.dev.spark import LocalSparkConnect, spark_env, spark_home
+from reclock.dev.state import StackState
+from reclock.persist.objectstore import S3Settings, jvm_env
+
+DAEMON_MEMORY = "256m"
+"""Heap of the master and worker daemons (they schedule; executors do the work)."""
+
+SAVED_OUTPUT = re.compile(r"Saved output of task '(attempt_[0-9]+_[0-9]+_m_[0-9]+_[0-9]+)' to (\S+)")
+"""What Hadoop's FileOutputCommitter logs (INFO) in an executor when it commits a task's files."""
+
+
+@dataclass
+class LocalSparkCluster:
+    """A standalone master, ``workers`` workers of ``worker_cores`` cores and ``worker_memory`` each, and a
+    Spark Connect server on them (with the S3A jars, settings and keys when ``s3`` is given)."""
+
+    state: StackState
+    workers: int = 2
+    worker_cores: int = 1
+    worker_memory: str = "1g"
+    executor_memory: str = "1g"
+    driver_memory: str = "1g"
+    s3: S3Settings | None = None
+
+    def __post_init__(self) -> None:
+        self.connect = LocalSparkConnect(
+            self.state, master=self.master_url, driver_memory=self.driver_memory, name="cluster_connect",
+            s3=self.s3, conf={
+                "spark.driver.port": str(self.state.port("cluster_driver")),
+                "spark.driver.blockManager.port": str(self.state.port("cluster_driver_block_manager")),
+                "spark.executor.memory": self.executor_memory,
+                # a job starts once every worker's executor registered, not on the first one alone
+                "spark.scheduler.minRegisteredResourcesRatio": "1.0",
+                "spark.scheduler.maxRegisteredResourcesWaitingTime": "60s",
+            })
+
+    @property
+    def home(self) -> Path:
+        return self.state.dir("cluster")
+
+    @property
+    def master_port(self) -> int:
+        return self.state.port("cluster_master")
+
+    @property
+    def master_ui_port(self) -> int:
+        return self.state.port("cluster_master_ui")
+
+    @property
+    def master_url(self) -> str:
+        return f"spark://{LOOPBACK}:{self.master_port}"
+
+    @property
+    def url(self) -> str:
+        """The Spark Connect URL (``sc://``) of the cluster's Connect server."""
+        return self.connect.url
+
+    def worker_dir(self, i: int) -> Path:
+        """Worker ``i``'s ``SPARK_WORKER_DIR``: one folder per application, one per executor in it, holding
+        the executor's ``stdout`` and ``stderr`` (its log)."""
+        return self.state.dir(f"cluster/worker-{i}")
+
+    def _pidfile(self, daemon: str) -> Path:
+        return self.home / f"{daemon}.pid"
+
+    def _log(self, daemon: str) -> Path:
+        return self.home / f"{daemon}.log"
+
+    def _env(self, worker_dir: Path | None = None) -> dict[str, str]:
+        env = {**spark_env(), "SPARK_DAEMON_MEMORY": DAEMON_MEMORY, "SPARK_NO_DAEMONIZE": "1",
+               "SPARK_LOG_DIR": str(self.home), "SPARK_PID_DIR": str(self.home)}
+        if worker_dir is not None:
+            env["SPARK_WORKER_DIR"] = str(worker_dir)
+            env["SPARK_LOCAL_DIRS"] = str(worker_dir / "tmp")  # its executors' shuffle and jar files
+            if self.s3 is not None:
+                env.update(jvm_env(self.s3))  # the worker's executors inherit them
+        return env
+
+    def _spawn(self, daemon: str, argv: list[str], env: dict[str, str]) -> None:
+        if procs.read_pid(self._pidfile(daemon)) is None:
+            procs.spawn(daemon, [str(spark_home() / "bin" / "spark-class"), *argv], log=self._log(daemon),
+                        pidfile=self._pidfile(daemon), env=env, cwd=self.home)
+
+    def start(self, timeout: float = 180) -> float:
+        """Start the master, the workers and the Connect server (what is not running yet), and wait until
+        every worker registered and the Connect server's application has an executor on each."""
+        t0 = time.monotonic()
+        self._spawn("master", ["org.apache.spark.deploy.master.Master", "--host", LOOPBACK,
+                               "--port", str(self.master_port), "--webui-port", str(self.master_ui_port)],
+                    self._env())
+        procs.wait_until("spark master", lambda: procs.port_open(self.master_port), timeout,
+                         log=self._log("master"), alive=lambda: procs.read_pid(self._pidfile("master")) is not None)
+        for i in range(self.workers):
+            d = self.worker_dir(i)
+            self._spawn(f"worker-{i}", [
+                "org.apache.spark.deploy.worker.Worker", "--host", LOOPBACK,
+                "--port", str(self.state.port(f"cluster_worker{i}")),
+                "--webui-port", str(self.state.port(f"cluster_worker{i}_ui")),
+                "--cores", str(self.worker_cores), "--memory", self.worker_memory, "--work-dir", str(d),
+                self.master_url], self._env(d))
+        procs.wait_until(f"{self.workers} spark workers registered", lambda: len(self.alive_workers()) >= self.workers,
+                         timeout, log=self._log("worker-0"))
+        self.connect.start(timeout)
+        procs.wait_until(f"an executor on each of {self.workers} workers",
+                         lambda: len(self.executors()) >= self.workers, timeout, log=self.connect.log,
+                         alive=self.connect.running)
+        return time.monotonic() - t0
+
+    def _master_state(self) -> dict:
+        with urllib.request.urlopen(f"http://{LOOPBACK}:{self.master_ui_port}/json/", timeout=5) as r:
+            return json.load(r)
+
+    def alive_workers(self) -> list[dict]:
+        """The workers the master counts as alive (its web UI's JSON)."""
+        return [w for w in self._master_state().get("workers", []) if w.get("state") == "ALIVE"]
+
+    def executors(self) -> list[dict]:
+        """The active executors of the Connect server's application (its REST API; the driver is none)."""
+        base = f"http://{LOOPBACK}:{self.connect.ui_port}/api/v1/applications"
+        with urllib.request.urlopen(base, timeout=5) as r:
+            apps = json.load(r)
+        with urllib.request.urlopen(f"{base}/{apps[0]['id']}/executors", timeout=5) as r:
+            return [e for e in json.load(r) if e["id"] != "driver" and e.get("isActive", True)]
+
+    def saved_task_outputs(self) -> dict[int, list[tuple[str, str]]]:
+        """Per worker: ``(task attempt, output path)`` of every task whose files an executor of that worker
+        committed (its executors' logs, the FileOutputCommitter's "Saved output of task" lines)."""
+        out: dict[int, list[tuple[str, str]]] = {}
+        for i in range(self.workers):
+            found = []
+            for log in sorted(self.worker_dir(i).glob("*/*/stderr")):
+                found += SAVED_OUTPUT.findall(log.read_text(errors="replace"))
+            out[i] = found
+        return out
+
+    def running(self) -> bool:
+        return any(procs.read_pid(self._pidfile(d)) is not None
+                   for d in ("master", *(f"worker-{i}" for i in range(self.workers)))) or self.connect.running()
+
+    def stop(self) -> list[str]:
+        """Stop the Connect server, the workers (and so their executors) and the master; return what ran."""
+        stopped = ["connect"] if self.connect.stop() else []
+        for daemon in (*(f"worker-{i}" for i in range(self.workers)), "master"):
+            if procs.stop(self._pidfile(daemon), timeout=20):
+                stopped.append(daemon)
+        return stopped
+

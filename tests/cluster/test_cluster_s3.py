@@ -1,0 +1,158 @@
+"""Cycles on a Spark standalone cluster (two workers, each its own JVMs) through Spark Connect, with the
+blob store on a real S3 API endpoint (moto's server): parts written by the executors through S3A, read,
+listed and collected by Python through s3fs.
+
+The oracle reads the topic itself (a read_committed consumer) and the bindings: every committed record,
+exactly once, at the least binding ts whose frontier covers its offset; an upsert collection AS OF each
+binding is the latest value per key the topic held below that binding's frontier. The Kafka sink reads
+the upsert collection's parts from S3 and writes each update exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+import zlib
+
+import psutil
+from ingest_support import Clock, produce
+
+from reclock import cycle
+from reclock.config import KafkaSpec, SinkBudget, SinkSpec, parse_source
+from reclock.persist import connect
+from reclock.persist.blob import blob_store_from_url
+from reclock.persist.remap_store import load_remap
+from reclock.read import read_as_of, read_updates
+from reclock.sinks.encode import encode_updates
+from reclock.sinks.kafka import TS_HEADER, SinkContext, consolidate, read_all, run_once
+
+SCHEMA = "id BIGINT, name STRING"
+
+
+def cluster_ctx(db, kafka, cluster, s3, topic: str, name: str, **extra) -> cycle.CycleContext:
+    """A source whose Spark is the cluster's Connect server and whose parts go to ``s3://bucket/<name>-...``."""
+    raw = {"kafka": {"topic": topic, "bootstrap": kafka.bootstrap}, "format": {"type": "json", "schema": SCHEMA},
+           "include": ["partition", "offset", "key"], **extra}
+    return cycle.CycleContext(spec=parse_source(name, raw), dsn=db, bootstrap=kafka.bootstrap,
+                              blob=blob_store_from_url(s3.url(f"{name}-{uuid.uuid4().hex[:8]}"), s3.settings()),
+                              spark_factory=lambda: cluster.connect.session(scope=name), clock=Clock(),
+                              retain_history_ms=10**12)
+
+
+def topic_records(kafka, topic: str) -> dict[tuple[int, int], tuple[bytes | None, bytes | None]]:
+    """``(partition, offset) -> (key, value)`` of every record a read_committed consumer sees."""
+    return {(m.partition(), m.offset()): (m.key(), m.value()) for m in read_all(kafka.bootstrap, topic, "oracle")}
+
+
+def oracle_ts(rc, partition: int, offset: int) -> int | None:
+    """The least binding ts whose frontier is beyond the offset (None: not bound yet)."""
+    return min((b.ts for b in rc.bindings if offset < b.frontier.get(partition)), default=None)
+
+
+def decoded(value: bytes | None) -> dict | None:
+    try:
+        v = json.loads(value)
+    except (TypeError, ValueError):
+        return None
+    return v if isinstance(v, dict) else None
+
+
+def test_cluster_listens_on_loopback_only(cluster):
+    pids = set()
+    for pidfile in cluster.home.glob("*.pid"):
+        pids.add(int(pidfile.read_text()))
+    pids.add(int(cluster.connect.pidfile.read_text()))
+    procs = [psutil.Process(p) for p in pids]
+    procs += [c for p in procs for c in p.children(recursive=True)]  # the executors, spawned by the workers
+    listening = [(p.pid, c.laddr) for p in procs for c in p.net_connections("tcp") if c.status == psutil.CONN_LISTEN]
+    assert len(procs) >= 6 and listening  # master, 2 workers, Connect server, 2 executors
+    assert all(addr.ip in ("127.0.0.1", "::ffff:127.0.0.1") for _, addr in listening), listening
+
+
+def test_append_only_cycles_and_rebuild_on_the_cluster_with_parts_on_s3(db, kafka, topic, cluster, s3):
+    name = topic(partitions=4)
+    ctx = cluster_ctx(db, kafka, cluster, s3, name, "cl_orders", budget={"max_records": 150})
+    # wave 1: 400 records over 4 partitions (3 slices); wave 2: a committed and an aborted transaction and a
+    # record that does not decode
+    produce(kafka, name, [(i % 4, f"k{i}".encode(), json.dumps({"id": i, "name": f"n{i}"}).encode())
+                          for i in range(400)])
+    assert cycle.run_cycle(ctx)["descriptions"] == 1
+    produce(kafka, name, [(i % 4, None, json.dumps({"id": i, "name": "tx"}).encode()) for i in range(500, 560)],
+            transactional=f"tx-{name}")
+    produce(kafka, name, [(i % 4, None, json.dumps({"id": i}).encode()) for i in range(600, 640)],
+            transactional=f"tx-{name}", abort=True)
+    produce(kafka, name, [(3, b"bad", b"{not json")])
+    cycle.run_cycle(ctx)
+
+    records = topic_records(kafka, name)
+    with connect(db) as conn:
+        rc = load_remap(conn, ctx.spec.name)
+        rows = read_updates(conn, ctx.blob, ctx.spec.data_shard).to_pylist()
+        errors = read_updates(conn, ctx.blob, ctx.spec.errors_shard).to_pylist()
+    want = sorted((v["id"], v.get("name"), p, o, oracle_ts(rc, p, o)) for (p, o), (_, raw) in records.items()
+                  if (v := decoded(raw)) is not None)
+    assert len(want) == 460 and len(rc.bindings) == 2
+    assert sorted((r["id"], r["name"], r["_partition"], r["_offset"], r["ts"]) for r in rows) == want
+    assert all(r["diff"] == 1 for r in rows)
+    assert [(e["partition"], e["raw"]) for e in errors] == [(3, b"{not json")]
+
+    # the executors of both workers wrote parts of this source (the write jobs' task commits in their logs)
+    outputs = cluster.saved_task_outputs()
+    ours = {w: [a for a, path in found if f"/{ctx.blob.base.split('/')[-1]}/" in path] for w, found in outputs.items()}
+    assert all(ours[w] for w in (0, 1)), {w: len(a) for w, a in ours.items()}
+    # every slice's job left Spark's _SUCCESS marker beside its parts
+    blobs = [b.path for b in ctx.blob.list(ctx.spec.name)]
+    slices = {p.rsplit("/", 1)[0] for p in blobs if p.endswith(".parquet")}
+    assert len(slices) >= 4 and all(f"{s}/_SUCCESS" in blobs for s in slices)
+
+    # a rebuild replays the bindings on the cluster: the same updates at the same timestamps
+    before = sorted(map(str, rows))
+    assert cycle.rebuild(ctx)["upper"] == rc.bindings[-1].ts + 1
+    with connect(db) as conn:
+        assert sorted(map(str, read_updates(conn, ctx.blob, ctx.spec.data_shard).to_pylist())) == before
+
+
+def keyed(key: str, value: dict | None) -> tuple[int, bytes, bytes | None]:
+    return zlib.crc32(key.encode()) % 3, key.encode(), None if value is None else json.dumps(value).encode()
+
+
+def test_upsert_cycles_and_the_kafka_sink_read_parts_from_s3(db, kafka, topic, cluster, s3):
+    name = topic(partitions=3)
+    ctx = cluster_ctx(db, kafka, cluster, s3, name, "cl_upserts", envelope="upsert", include=["key"])
+    out = topic(partitions=1)
+    sink = SinkContext(spec=SinkSpec(name="cl_out", collection=ctx.spec.data_shard, format="debezium", key=("_key",),
+                                     kafka=KafkaSpec(topic=out, bootstrap=kafka.bootstrap),
+                                     progress_topic=f"_progress_{out}", budget=SinkBudget(max_messages=40)),
+                       dsn=db, bootstrap=kafka.bootstrap, blob=ctx.blob)
+    for wave in range(3):
+        produce(kafka, name, [keyed(f"k{(i * 7 + wave) % 15}", {"id": 100 * wave + i, "name": f"w{wave}"})
+                              for i in range(60)] + [keyed(f"k{wave}", None)])
+        cycle.run_cycle(ctx)
+        if wave != 1:
+            run_once(sink)  # the sink runs after cycles 1 and 3 (it catches up on two bindings)
+
+    records = topic_records(kafka, name)
+    with connect(db) as conn:
+        rc = load_remap(conn, ctx.spec.name)
+        assert len(rc.bindings) == 3
+        for b in rc.bindings:
+            latest: dict[bytes, tuple] = {}
+            for (p, o), (k, v) in sorted(records.items(), key=lambda r: r[0][1]):
+                if o < b.frontier.get(p):
+                    latest[k] = (p, v)
+            want = sorted((json.loads(v)["id"], json.loads(v)["name"], k) for k, (p, v) in latest.items() if v)
+            got = read_as_of(conn, ctx.blob, ctx.spec.data_shard, b.ts).to_pylist()
+            assert sorted((r["id"], r["name"], r["_key"]) for r in got) == want, f"AS OF binding {b.ts}"
+            assert all(r["diff"] == 1 for r in got)
+        updates = read_updates(conn, ctx.blob, ctx.spec.data_shard)
+    assert {r["ts"] for r in updates.to_pylist()} == {b.ts for b in rc.bindings}
+
+    # the sink: every update of the collection exactly once, in ts order, stamped with its binding's ts
+    messages = [(int(dict(m.headers())[TS_HEADER]), m.key(), m.value()) for m in read_all(kafka.bootstrap, out, "v")]
+    assert messages == encode_updates(sink.spec, consolidate(updates))
+    assert {ts for ts, _, _ in messages} == {b.ts for b in rc.bindings}
+    state: dict = {}
+    for _, key, value in messages:
+        after = json.loads(value)["after"]
+        state.pop(key, None) if after is None else state.__setitem__(key, after)
+    assert len(state) == len(want)
