@@ -111,3 +111,24 @@ def test_a_wrong_connection_says_what(monkeypatch, conn, message):
     with pytest.raises(ConfigError, match=message) as e:
         s3_settings()
     assert SECRET not in str(e.value)
+
+
+def test_a_task_finds_its_s3_store_in_the_environment_else_the_connection(monkeypatch):
+    from reclock.errors import SettingError
+    from reclock.orchestration.settings import find_blob_store
+
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3",
+                "AWS_REGION", "AWS_DEFAULT_REGION", "AIRFLOW_CONN_RECLOCK_S3"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("RECLOCK_BLOB_URL", "s3://bucket/parts")
+    with pytest.raises(SettingError, match="s3:// blob store needs its keys: set AWS_ACCESS_KEY_ID .* reclock_s3"):
+        find_blob_store()
+    _connection(monkeypatch, login="AKIAIOSFODNN7EXAMPLE", password=SECRET,
+                extra={"endpoint_url": "http://127.0.0.1:9000", "region_name": "eu-west-1"})
+    store = find_blob_store()
+    assert store.url("a/b.parquet") == "s3a://bucket/parts/a/b.parquet"
+    assert store.fs.endpoint_url == "http://127.0.0.1:9000" and SECRET not in repr(store.__dict__)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAENV")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9100")
+    assert find_blob_store().fs.endpoint_url == "http://127.0.0.1:9100"  # the environment comes first

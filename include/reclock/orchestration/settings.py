@@ -11,6 +11,7 @@ setting               option              environment                  else
 config file           ``--config``        ``RECLOCK_CONFIG``           the DAG file's include/reclock.yaml
 consensus Postgres    ``--dsn``           ``RECLOCK_DSN``              connection ``reclock_postgres``
 blob store            ``--blob-url``      ``RECLOCK_BLOB_URL``         --
+S3 endpoint and keys  --                  ``AWS_*`` (see objectstore)  connection ``reclock_s3`` (aws)
 Kafka brokers         ``--bootstrap``     ``RECLOCK_BOOTSTRAP``        the config's ``bootstrap:``, else its
                                                                        ``connection:`` (``reclock_kafka``)
 Spark in-process      ``--spark-master``  ``RECLOCK_SPARK_MASTER``     (checked first)
@@ -32,6 +33,7 @@ from reclock.config import BudgetSpec, KafkaSpec, SinkSpec, SourceSpec
 from reclock.cycle import CycleContext
 from reclock.errors import ConfigError, SettingError
 from reclock.orchestration import connections
+from reclock.persist import objectstore
 from reclock.persist.blob import BlobStore, blob_store_from_url
 from reclock.sinks.kafka import SinkContext
 
@@ -40,6 +42,10 @@ NO_DSN = ("no consensus Postgres: set RECLOCK_DSN to its DSN (postgresql://user:
           f"(e.g. AIRFLOW_CONN_{connections.DEFAULT_POSTGRES.upper()})")
 NO_BLOB = ("no blob store: set RECLOCK_BLOB_URL to where the parts live (a folder, file:///path or "
            "s3://bucket/prefix; reclock commands: --blob-url)")
+NO_S3 = ("an s3:// blob store needs its keys: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (with AWS_ENDPOINT_URL "
+         "for an S3-compatible store, AWS_REGION on AWS), or define the Airflow connection "
+         f"{connections.DEFAULT_S3} (type aws; endpoint_url and region_name in its extra; e.g. "
+         f"AIRFLOW_CONN_{connections.DEFAULT_S3.upper()})")
 NO_SPARK = ("no Spark: set RECLOCK_SPARK_MASTER to run a session in this process (e.g. local[2]; reclock commands: "
             "--spark-master) or RECLOCK_SPARK_REMOTE to a Spark Connect URL (sc://host:15002; --spark-remote), "
             f"or define the Airflow connection {connections.DEFAULT_SPARK} (type spark_connect, e.g. "
@@ -52,7 +58,7 @@ def _not_found() -> type[Exception]:
     return AirflowNotFoundException
 
 
-def _from_connection(lookup: Callable[[], str], missing: str) -> str:
+def _from_connection(lookup: Callable[[], Any], missing: str) -> Any:
     """``lookup()`` (an Airflow connection's setting), or ``SettingError(missing)`` if it is not defined."""
     try:
         return lookup()
@@ -74,7 +80,17 @@ def find_blob_url(given: str | None = None) -> str:
 
 
 def find_blob_store(given: str | None = None) -> BlobStore:
-    return blob_store_from_url(find_blob_url(given))
+    """The blob store at :func:`find_blob_url`; an ``s3://`` one on :func:`find_s3_settings`."""
+    url = find_blob_url(given)
+    return blob_store_from_url(url, find_s3_settings() if objectstore.is_s3(url) else None)
+
+
+def find_s3_settings() -> objectstore.S3Settings:
+    """The S3 endpoint and keys: the AWS environment variables when a key is set there, else the
+    ``reclock_s3`` connection (type aws)."""
+    if os.environ.get("AWS_ACCESS_KEY_ID") or os.environ.get("AWS_SECRET_ACCESS_KEY"):
+        return objectstore.s3_settings_from_env()
+    return _from_connection(connections.s3_settings, NO_S3)
 
 
 def find_bootstrap(kafka: KafkaSpec, what: str, given: str | None = None) -> str:
