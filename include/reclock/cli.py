@@ -28,14 +28,15 @@ def dev() -> None:
 
 @dev.command()
 def install() -> None:
-    """Install what the stack needs but the machine lacks (Postgres server, Maven jars)."""
-    from reclock.dev.jars import ensure_jars
+    """Install what the stack needs but the machine lacks (Postgres server, Maven jars: the Kafka broker,
+    Spark's Kafka connector, S3A)."""
+    from reclock.dev.jars import PROFILES, ensure_jars
     from reclock.dev.postgres import ensure_installed
 
     stack = _stack()
     t0 = time.monotonic()
     click.echo(f"postgres server: {ensure_installed()}")
-    for profile in ("kafka", "spark"):
+    for profile in PROFILES:
         folder = ensure_jars(stack.state, profile)
         click.echo(f"{profile} jars: {folder} ({len(list(folder.glob('*.jar')))} jars)")
     click.echo(f"installed in {time.monotonic() - t0:.1f}s")
