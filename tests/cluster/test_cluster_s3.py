@@ -10,6 +10,7 @@ the upsert collection's parts from S3 and writes each update exactly once.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import uuid
 import zlib
@@ -156,3 +157,28 @@ def test_upsert_cycles_and_the_kafka_sink_read_parts_from_s3(db, kafka, topic, c
         after = json.loads(value)["after"]
         state.pop(key, None) if after is None else state.__setitem__(key, after)
     assert len(state) == len(want)
+
+
+def test_s3a_multipart_upload_rename_and_read_back_on_the_cluster(cluster, s3):
+    """A file over S3A's multipart size goes up in parts, and the committer's renames copy it through the
+    transfer manager (its asynchronous client: netty-nio-client on the wheel's netty); it reads back whole.
+    (Last in the module: the first job on a cold cluster pays the executors' start-up.)"""
+    import s3fs
+
+    from reclock.persist.objectstore import fsspec_options
+
+    bucket = f"multipart-{uuid.uuid4().hex[:8]}"  # a bucket of its own: a new S3A instance, these settings
+    fs = s3fs.S3FileSystem(**fsspec_options(s3.settings()))
+    fs.mkdir(bucket)
+    spark = cluster.connect.session()
+    rows = 120_000
+    df = spark.range(0, rows, 1, 1).selectExpr("id", "sha2(CAST(id AS STRING), 256) AS h")  # ~64 bytes a row
+    df.write.option("fs.s3a.multipart.size", "5M").option("fs.s3a.multipart.threshold", "5M") \
+        .parquet(f"s3a://{bucket}/big")
+    files = {p.rsplit("/", 1)[-1]: info["size"] for p, info in fs.find(f"{bucket}/big", detail=True).items()}
+    assert files.pop("_SUCCESS") == 0 and len(files) == 1 and min(files.values()) > 5 << 20
+    requests = s3.log.read_text()
+    assert f"POST /{bucket}/big/_temporary/" in requests and "uploadId=" in requests  # multipart upload
+    back = spark.read.parquet(f"s3a://{bucket}/big").selectExpr("count(*)", "sum(id)", "max(h)").first()
+    assert tuple(back) == (rows, rows * (rows - 1) // 2, max(hashlib.sha256(str(i).encode()).hexdigest()
+                                                             for i in range(rows)))
