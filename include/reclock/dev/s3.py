@@ -63,9 +63,13 @@ class LocalS3:
                 raise StackError("moto's server is not installed: pip install 'moto[server]' (the test extra)")
             procs.spawn("moto", [server, "-H", LOOPBACK, "-p", str(self.port)], log=self.log,
                         pidfile=self.pidfile, cwd=self.home)
-        procs.wait_until("moto S3 server", lambda: procs.port_open(self.port), timeout, log=self.log,
-                         alive=self.running)
-        self._ensure_bucket()
+        try:
+            procs.wait_until("moto S3 server", lambda: procs.port_open(self.port), timeout, log=self.log,
+                             alive=self.running)
+            self._ensure_bucket()
+        except BaseException:
+            self.stop()  # a server that cannot serve its bucket is no use, and nobody else would stop it
+            raise
         return time.monotonic() - t0
 
     def _ensure_bucket(self) -> None:
