@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import faulthandler
 import json
 import os
 import random
@@ -68,7 +69,7 @@ CYCLE_FAILPOINTS = ("mint:after_binding", "write_batches:before_job", "write_bat
 SOURCES = {"app": 2, "ups": 3, "txn": 3}  # name -> partitions
 UPSERT_KEYS = 12
 REPO = Path(__file__).resolve().parents[1]
-WATCHDOG_S = 180.0  # a cycle or sink process silent for this long is stuck: killed and reported
+WATCHDOG_S = 300.0  # a cycle or sink process silent for this long is stuck (or starved): killed and reported
 
 
 def _echo(msg: str) -> None:
@@ -83,6 +84,7 @@ def runner(source: str, once: bool) -> int:
     from reclock.cycle import run_cycle
     from reclock.orchestration import settings
 
+    faulthandler.register(signal.SIGUSR1)  # the watchdog asks where a silent runner is stuck
     ctx = settings.cycle_context(load_config(None).source(source))
     print("ready", flush=True)
     while True:
@@ -355,6 +357,9 @@ class Driver:
                 if silent > WATCHDOG_S and time.monotonic() - self.started_at > WATCHDOG_S:
                     _echo(f"watchdog: {self.name} silent for {silent:.0f}s ({self.log}); killing it")
                     self.watchdog_kills += 1
+                    if self.argv[-1] != "0.5":  # a runner: its threads' stacks into its log first
+                        os.kill(self.proc.pid, signal.SIGUSR1)
+                        time.sleep(1)
                     os.killpg(self.proc.pid, signal.SIGKILL)
                     self.proc.wait(30)
                 return
