@@ -56,6 +56,7 @@ import tempfile
 import threading
 import time
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -78,8 +79,10 @@ def _echo(msg: str) -> None:
 
 # ---------------------------------------------------------------------------------------------- the runner
 
-def runner(source: str, once: bool) -> int:
-    """``run_cycle`` of ``source`` in a loop (or once), settings from the environment; one line per cycle."""
+def runner(source: str, once: bool = False, until_idle: bool = False) -> int:
+    """``run_cycle`` of ``source`` in a loop, settings from the environment; one line per cycle. ``once``: one
+    cycle (exit 0 if it found nothing new, else 3); ``until_idle``: until a cycle finds nothing new (the
+    catch-up; exit 3 after 30 cycles that all found something)."""
     from reclock.config import load_config
     from reclock.cycle import run_cycle
     from reclock.orchestration import settings
@@ -87,12 +90,14 @@ def runner(source: str, once: bool) -> int:
     faulthandler.register(signal.SIGUSR1)  # the watchdog asks where a silent runner is stuck
     ctx = settings.cycle_context(load_config(None).source(source))
     print("ready", flush=True)
-    while True:
+    for _ in range(30 if until_idle else 1 if once else sys.maxsize):
         out = run_cycle(ctx)
         print(json.dumps(out), flush=True)
-        if once:
-            return 0 if (out["minted"] is None and out["descriptions"] == 0) else 3
-        time.sleep(0.3)
+        if (once or until_idle) and out["minted"] is None and out["descriptions"] == 0:
+            return 0
+        if not once:
+            time.sleep(0.3)
+    return 3
 
 
 # ------------------------------------------------------------------------------------------- the services
@@ -682,17 +687,12 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
         ticks.join(30)
         for d in drivers:
             d.stop()
-        # catch up: every source until a cycle finds nothing new, then the sink to the shard's upper
-        for s in SOURCES:
-            for i in range(30):
-                p = subprocess.run([py, "-m", "benchmarks.chaos", "--runner", s, "--once"], env=env, cwd=REPO,
-                                   capture_output=True, text=True, timeout=600)
-                if p.returncode == 0:
-                    break
-                if p.returncode != 3:
-                    echo(f"catch-up {s}: exit {p.returncode}: {p.stdout[-2000:]}{p.stderr[-2000:]}")
-            else:
-                raise RuntimeError(f"source {s} did not catch up in 30 cycles")
+        # catch up: every source (side by side) until a cycle finds nothing new, then the sink to the upper
+        with ThreadPoolExecutor(len(SOURCES)) as pool:
+            done = dict(zip(SOURCES, pool.map(lambda s: _catch_up(py, s, env, echo), SOURCES)))
+        lagging = [s for s, ok in done.items() if not ok]
+        if lagging:
+            raise RuntimeError(f"sources {lagging} did not catch up")
         p = subprocess.run([py, "-m", "reclock.cli", "sink", "run", "out"], env=env, cwd=REPO, capture_output=True,
                            text=True, timeout=600)
         if p.returncode != 0:
@@ -722,6 +722,17 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
             shutil.rmtree(root, ignore_errors=True)
 
 
+def _catch_up(py: str, source: str, env: dict[str, str], echo: Callable[[str], None]) -> bool:
+    """Cycles of ``source`` until one finds nothing new, in one process; a failed process is rerun (5 times)."""
+    for _ in range(5):
+        p = subprocess.run([py, "-m", "benchmarks.chaos", "--runner", source, "--until-idle"], env=env, cwd=REPO,
+                           capture_output=True, text=True, timeout=900)
+        if p.returncode == 0:
+            return True
+        echo(f"catch-up {source}: exit {p.returncode}: {p.stdout[-1500:]}{p.stderr[-1500:]}")
+    return False
+
+
 def _wait_for(check: Callable[[], bool], timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -744,13 +755,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cycles", type=int, default=1000, help="--blob-bound: cycles")
     ap.add_argument("--runner", metavar="SOURCE", help=argparse.SUPPRESS)
     ap.add_argument("--once", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--until-idle", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.runner:
-        return runner(args.runner, args.once)
+        return runner(args.runner, args.once, args.until_idle)
     if args.blob_bound:
         from benchmarks.blob_bound import blob_bound
 
         return blob_bound(args.cycles, echo=_echo)
+    # SIGTERM (a test's timeout, Ctrl-C's cousin) ends the run through its finally: services stopped
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     seed = args.seed if args.seed is not None else int(time.time()) % 100_000
     print(f"seed {seed}", flush=True)
     result = campaign(args.faults, seed, rate=args.rate, gap=tuple(args.gap), max_seconds=args.max_seconds, keep=args.keep)
