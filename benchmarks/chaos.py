@@ -659,13 +659,13 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
                 d = cycles[rng.choice(list(SOURCES))]
                 before = d.failpoint_exits
                 d.arm({"RECLOCK_FAILPOINTS": f"{rng.choice(CYCLE_FAILPOINTS)}=exit"})
-                hit = _wait_for(lambda: d.failpoint_exits > before, 90)
+                hit = _wait_for(lambda: d.failpoint_exits > before, 180)
             elif kind == "sink_sigkill":
                 hit = sink.kill()
             elif kind == "sink_failpoint":
                 before = sink.failpoint_exits
                 sink.arm({"RECLOCK_FAILPOINTS": "sink:in_transaction=exit"})
-                hit = _wait_for(lambda: sink.failpoint_exits > before, 90)
+                hit = _wait_for(lambda: sink.failpoint_exits > before, 180)  # it needs new appends to write
             elif kind == "pg_restart":
                 restart_postgres(svc)
                 hit = True
