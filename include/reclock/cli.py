@@ -174,11 +174,11 @@ def read(collection: str, as_of: int | None, limit: int, dsn: str | None, blob_u
 def progress(source: str, dsn: str | None) -> None:
     """Print SOURCE's bindings (its `<source>_progress` relation), uppers and latest status."""
     from reclock.persist import connect
-    from reclock.persist.names import validate_name
+    from reclock.persist.remap_store import load_remap
     from reclock.persist.status import latest_status
 
-    validate_name(source)
     with connect(_settings().find_dsn(dsn)) as conn:
+        load_remap(conn, source)  # a bad or unregistered name: ConfigError / UnknownSource, not a SQL error
         rows = conn.execute(f'SELECT ts, partition, "offset" FROM reclock."{source}_progress" '
                             "ORDER BY ts, partition").fetchall()
         shards = conn.execute("SELECT id, upper, since FROM reclock.shards WHERE source = %s ORDER BY id",

@@ -1,0 +1,777 @@
+"""The fault campaign (issue 15): sources and a sink under random faults, checked by an oracle that reads the
+upstream itself.
+
+    python -m benchmarks.chaos --faults 200 --seed 7
+
+It starts its own Postgres, Kafka and Spark Connect server in a temporary folder (``reclock.dev``, all on
+127.0.0.1), and runs, with producers writing throughout at bounded rates:
+
+- ``app``: an append-only JSON source over a 2-partition topic;
+- ``ups``: an upsert source over a 3-partition topic (12 keys, some deletes);
+- ``txn``: an append-only JSON source over a 3-partition topic fed by a transactional producer that aborts
+  one transaction in four;
+- ``out``: the exactly-once Kafka sink of ``ups`` (debezium), ``reclock sink run out --follow``.
+
+Each source's cycles run in a process of their own (``--runner SOURCE``: ``run_cycle`` in a loop, Spark over
+Spark Connect), so cycles of different sources run concurrently. At moments the seed chooses it injects:
+
+==================  =======================================================================================
+fault               what happens
+==================  =======================================================================================
+cycle_sigkill       SIGKILL of a source's cycle process, wherever it is (mint, a Spark job, append, resume)
+cycle_failpoint     a cycle process relaunched with ``RECLOCK_FAILPOINTS=<point>=exit``: it dies exactly there
+                    (``append:in_transaction`` among them)
+sink_sigkill        SIGKILL of the sink process (often inside its open transaction)
+sink_failpoint      the sink relaunched with ``sink:in_transaction=exit``
+pg_restart          ``pg_ctl restart -m immediate`` (every open transaction is lost)
+kafka_restart       the broker SIGKILLed and started again
+spark_restart       the Spark Connect server SIGKILLed and started again
+==================  =======================================================================================
+
+After each fault the system catches up as an operator's rerun would: a dead cycle or sink process is
+started again. At the end the producers stop, every source runs cycles until nothing is left, the sink runs
+to the shard's upper, and the ORACLE checks, from a ``read_committed`` reading of every topic:
+
+- append sources: every committed record in the shard exactly once (aborted ones never), with ``diff`` 1,
+  each at the timestamp of the binding that covers its offset (``remap.reclock`` over the bindings);
+- upsert: the collection AS OF every binding equals the latest value per key computed from the topic;
+- sink: the target topic (read_committed) equals the shard's updates exactly once, in timestamp order.
+
+It prints faults by kind, records checked, lost, duplicated, wrong timestamps, the seed and the wall time,
+and exits 1 on any discrepancy. :func:`campaign` is what ``tests/chaos/test_chaos_short.py`` runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import faulthandler
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+FAULT_KINDS = ("cycle_sigkill", "cycle_failpoint", "sink_sigkill", "sink_failpoint", "pg_restart",
+               "kafka_restart", "spark_restart")
+WEIGHTS = {"cycle_sigkill": 30, "cycle_failpoint": 15, "sink_sigkill": 15, "sink_failpoint": 8,
+           "pg_restart": 12, "kafka_restart": 10, "spark_restart": 10}
+CYCLE_FAILPOINTS = ("mint:after_binding", "write_batches:before_job", "write_batches:after_slice",
+                    "append:in_transaction", "resume:after_commit")
+SOURCES = {"app": 2, "ups": 3, "txn": 3}  # name -> partitions
+UPSERT_KEYS = 12
+REPO = Path(__file__).resolve().parents[1]
+WATCHDOG_S = 300.0  # a cycle or sink process silent for this long is stuck (or starved): killed and reported
+
+
+def _echo(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# ---------------------------------------------------------------------------------------------- the runner
+
+def runner(source: str, once: bool = False, until_idle: bool = False) -> int:
+    """``run_cycle`` of ``source`` in a loop, settings from the environment; one line per cycle. ``once``: one
+    cycle (exit 0 if it found nothing new, else 3); ``until_idle``: until a cycle finds nothing new (the
+    catch-up; exit 3 after 30 cycles that all found something)."""
+    from reclock.config import load_config
+    from reclock.cycle import run_cycle
+    from reclock.orchestration import settings
+
+    faulthandler.register(signal.SIGUSR1)  # the watchdog asks where a silent runner is stuck
+    ctx = settings.cycle_context(load_config(None).source(source))
+    print("ready", flush=True)
+    for _ in range(30 if until_idle else 1 if once else sys.maxsize):
+        out = run_cycle(ctx)
+        print(json.dumps(out), flush=True)
+        if (once or until_idle) and out["minted"] is None and out["descriptions"] == 0:
+            return 0
+        if not once:
+            time.sleep(0.3)
+    return 3
+
+
+# ------------------------------------------------------------------------------------------- the services
+
+@dataclass
+class Services:
+    root: Path
+    state: object
+    postgres: object
+    kafka: object
+    spark: object
+
+    def env(self, config: Path) -> dict[str, str]:
+        path = os.pathsep.join([str(REPO / "include"), str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
+        return {**os.environ, "PYTHONPATH": path, "RECLOCK_CONFIG": str(config), "RECLOCK_DSN": self.postgres.dsn(),
+                "RECLOCK_BLOB_URL": str(self.root / "blobs"), "RECLOCK_SPARK_REMOTE": self.spark.url,
+                "RECLOCK_RETAIN_HISTORY_S": "1000000000",  # keep every time readable: the oracle checks each
+                "RECLOCK_GC_GRACE_S": "20", "RECLOCK_GC_INTERVAL_S": "5",  # GC runs often, beside the faults
+                "RECLOCK_FAILPOINTS": ""}
+
+
+def start_services(root: Path) -> Services:
+    from reclock.dev.kafka import LocalKafka
+    from reclock.dev.postgres import LocalPostgres
+    from reclock.dev.spark import LocalSparkConnect
+    from reclock.dev.state import StackState
+    from reclock.persist.migrate import migrate
+
+    state = StackState(root / "state")
+    pg = LocalPostgres(state, fast=True)
+    kafka = LocalKafka(state, heap="512m")
+    spark = LocalSparkConnect(state, master="local[2]", driver_memory="1g")
+    svc = Services(root, state, pg, kafka, spark)
+    pg.start()
+    migrate(pg.dsn())
+    kafka.start()
+    spark.start()
+    return svc
+
+
+def stop_services(svc: Services | None) -> None:
+    if svc is None:
+        return
+    for s in (svc.spark, svc.kafka, svc.postgres):
+        try:
+            s.stop()
+        except Exception as e:  # noqa: BLE001 - stop the others anyway
+            _echo(f"stopping {type(s).__name__}: {e}")
+
+
+def _kill_group(pidfile: Path) -> None:
+    from reclock.dev import procs
+
+    pid = procs.read_pid(pidfile)
+    if pid is None:
+        return
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and procs._group_alive(pid):
+        time.sleep(0.1)
+    pidfile.unlink(missing_ok=True)
+
+
+def restart_postgres(svc: Services) -> None:
+    from reclock.dev.postgres import _run_as, ensure_installed
+    from reclock.dev.procs import run
+
+    pg = svc.postgres
+    run([str(ensure_installed() / "pg_ctl"), "-D", str(pg.data), "-l", str(pg.log), "-m", "immediate", "-w",
+         "-t", "60", "-o", f"-p {pg.port}", "restart"], "pg_ctl restart", user=_run_as(), timeout=90)
+
+
+def restart_kafka(svc: Services, down_s: float) -> None:
+    _kill_group(svc.kafka.pidfile)
+    time.sleep(down_s)
+    svc.kafka.start(timeout=180)
+
+
+def restart_spark(svc: Services, down_s: float) -> None:
+    _kill_group(svc.spark.pidfile)
+    time.sleep(down_s)
+    svc.spark.start(timeout=180)
+
+
+# ------------------------------------------------------------------------------------------ the workload
+
+def write_config(root: Path, bootstrap: str) -> Path:
+    import yaml
+
+    schema = "id BIGINT, name STRING"
+    raw = {"sources": {
+        "app": {"kafka": {"topic": "chaos_app", "bootstrap": bootstrap}, "format": {"type": "json", "schema": schema},
+                "include": ["partition", "offset", "key"], "budget": {"max_records": 300}},
+        "ups": {"kafka": {"topic": "chaos_ups", "bootstrap": bootstrap}, "format": {"type": "json", "schema": schema},
+                "envelope": "upsert", "include": ["key"], "budget": {"max_records": 100_000}},
+        "txn": {"kafka": {"topic": "chaos_txn", "bootstrap": bootstrap}, "format": {"type": "json", "schema": schema},
+                "include": ["partition", "offset"], "budget": {"max_records": 300}}},
+        "sinks": {"out": {"from": "ups", "format": "debezium", "key": ["_key"],
+                          "kafka": {"topic": "chaos_out", "bootstrap": bootstrap},
+                          "progress_topic": "_progress_chaos", "budget": {"max_messages": 25},
+                          "transaction_timeout": "15s"}}}
+    path = root / "reclock.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def create_topics(bootstrap: str) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for fut in admin.create_topics([NewTopic(f"chaos_{s}", n, 1) for s, n in SOURCES.items()]).values():
+        fut.result(60)
+
+
+class Producers:
+    """One thread per source topic writing at a bounded rate until ``stop``; they ride out broker restarts
+    (a transactional producer whose transaction fails is dropped and made anew: whether that transaction
+    committed is for the oracle's read_committed reading to say, not for us)."""
+
+    def __init__(self, bootstrap: str, seed: int, rate: float) -> None:
+        self.bootstrap = bootstrap
+        self.rate = rate
+        self.stop_event = threading.Event()
+        self.sent = collections.Counter()
+        self.errors = collections.Counter()
+        self.rng = random.Random(seed)
+        self.threads = [threading.Thread(target=t, name=f"produce-{n}", daemon=True)
+                        for n, t in (("app", self._app), ("ups", self._ups), ("txn", self._txn))]
+
+    def start(self) -> None:
+        for t in self.threads:
+            t.start()
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        for t in self.threads:
+            t.join(120)
+
+    def _plain(self):
+        from confluent_kafka import Producer
+
+        return Producer({"bootstrap.servers": self.bootstrap, "enable.idempotence": True,
+                         "message.timeout.ms": 300_000, "log_level": 0})
+
+    def _plain_loop(self, source: str, record: Callable[[int], tuple[bytes, bytes | None, int]]) -> None:
+        """Produce ``record(i)`` = (key, value, partition) for i = 0, 1, ... to ``chaos_<source>``."""
+        p, i = self._plain(), 0
+        while not self.stop_event.is_set():
+            key, value, partition = record(i)
+            p.produce(f"chaos_{source}", key=key, value=value, partition=partition)
+            i += 1
+            self.sent[source] += 1
+            p.poll(0)
+            time.sleep(1 / self.rate)
+        p.flush(300)
+
+    def _app(self) -> None:
+        self._plain_loop("app", lambda i: (f"a{i % 50}".encode(), json.dumps({"id": i, "name": f"a{i}"}).encode(),
+                                           i % SOURCES["app"]))
+
+    def _ups(self) -> None:
+        def record(i: int) -> tuple[bytes, bytes | None, int]:
+            key = f"k{(i * 7) % UPSERT_KEYS}".encode()
+            value = None if i % 11 == 5 else json.dumps({"id": i, "name": f"v{i}"}).encode()  # some deletes
+            return key, value, zlib.crc32(key) % SOURCES["ups"]
+
+        self._plain_loop("ups", record)
+
+    def _txn(self) -> None:
+        from confluent_kafka import KafkaException, Producer
+
+        i, n, p = 0, 0, None
+        rng = random.Random(self.rng.random())
+        while not self.stop_event.is_set():
+            try:
+                if p is None:
+                    p = Producer({"bootstrap.servers": self.bootstrap, "transactional.id": "chaos-txn",
+                                  "transaction.timeout.ms": 30_000, "log_level": 0})
+                    p.init_transactions(60)
+                p.begin_transaction()
+                for _ in range(5):
+                    p.produce("chaos_txn", value=json.dumps({"id": i, "name": f"t{i}"}).encode(),
+                              partition=rng.randrange(SOURCES["txn"]))
+                    i += 1
+                p.flush(60)
+                if rng.random() < 0.25:
+                    p.abort_transaction(60)
+                else:
+                    p.commit_transaction(60)
+                n += 1
+                self.sent["txn"] += 5
+            except KafkaException as e:
+                self.errors["txn"] += 1
+                p = None  # drop it and start over; its open transaction is aborted by the next init
+                if self.errors["txn"] < 5 or self.errors["txn"] % 20 == 0:
+                    _echo(f"txn producer: {e}")
+                time.sleep(1)
+            time.sleep(5 / self.rate)
+
+
+# --------------------------------------------------------------------------------------------- the procs
+
+@dataclass
+class Driver:
+    """Keeps one process (a source's cycle runner, or the sink) running: starts it again when it dies, the
+    way an operator reruns a failed cycle. ``kill()`` SIGKILLs it; ``arm(env)`` makes the next start carry
+    extra environment (a fail point)."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    logdir: Path
+    proc: subprocess.Popen | None = None
+    log: Path | None = None
+    armed: dict[str, str] = field(default_factory=dict)
+    armed_now: bool = False
+    started_at: float = 0.0
+    exits: collections.Counter = field(default_factory=collections.Counter)
+    failpoint_exits: int = 0
+    watchdog_kills: int = 0
+    launches: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def _start(self) -> None:
+        self.launches += 1
+        self.log = self.logdir / f"{self.name}-{self.launches:04d}.log"
+        env = {**self.env, **self.armed}
+        self.armed_now, self.armed = bool(self.armed), {}
+        with open(self.log, "w") as f:
+            self.proc = subprocess.Popen(self.argv, env=env, stdout=f, stderr=subprocess.STDOUT, cwd=REPO,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+        self.started_at = time.monotonic()
+
+    def ready(self) -> bool:
+        return (self.proc is not None and self.proc.poll() is None and self.log is not None
+                and self.log.exists() and self.log.stat().st_size > 0)
+
+    def kill(self) -> bool:
+        """SIGKILL the running process if it is up and past start-up; True if it was."""
+        with self.lock:
+            if not self.ready():
+                return False
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(30)
+            return True
+
+    def arm(self, extra: dict[str, str]) -> None:
+        with self.lock:
+            self.armed = dict(extra)
+            if self.proc is not None and self.proc.poll() is None:
+                os.killpg(self.proc.pid, signal.SIGKILL)  # not counted: the fault is the fail point
+                self.proc.wait(30)
+
+    def tick(self) -> None:
+        """Restart a dead process; kill one silent for ``WATCHDOG_S``."""
+        with self.lock:
+            if self.proc is not None and self.proc.poll() is None:
+                silent = time.time() - self.log.stat().st_mtime
+                if silent > WATCHDOG_S and time.monotonic() - self.started_at > WATCHDOG_S:
+                    _echo(f"watchdog: {self.name} silent for {silent:.0f}s ({self.log}); killing it")
+                    self.watchdog_kills += 1
+                    if self.argv[-1] != "0.5":  # a runner: its threads' stacks into its log first
+                        os.kill(self.proc.pid, signal.SIGUSR1)
+                        time.sleep(1)
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                    self.proc.wait(30)
+                return
+            if isinstance(self.proc, _Delayed):
+                self.proc = None
+            elif self.proc is not None:
+                code = self.proc.returncode
+                self.exits[code] += 1
+                if code == 86 and self.armed_now:
+                    self.failpoint_exits += 1
+                self.proc = None
+                if code not in (0, 86, -9):
+                    return self._start_later(2.0)
+            self._start()
+
+    def _start_later(self, delay: float) -> None:
+        self.started_at = time.monotonic() + delay
+        self.proc = _Delayed(delay)
+
+    def stop(self) -> None:
+        with self.lock:
+            if self.proc is not None and self.proc.poll() is None and not isinstance(self.proc, _Delayed):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(30)
+            self.proc = None
+
+
+class _Delayed:
+    """A stand-in for a process that will be started after ``delay`` (a rerun after an error backs off)."""
+
+    def __init__(self, delay: float) -> None:
+        self.until = time.monotonic() + delay
+        self.returncode = None
+        self.pid = None
+
+    def poll(self):
+        if time.monotonic() >= self.until:
+            self.returncode = "delayed"
+            return self.returncode
+        return None
+
+    def wait(self, timeout=None):
+        return self.returncode
+
+
+# -------------------------------------------------------------------------------------------- the oracle
+
+@dataclass
+class Verdict:
+    checked: collections.Counter = field(default_factory=collections.Counter)
+    lost: collections.Counter = field(default_factory=collections.Counter)
+    duplicated: collections.Counter = field(default_factory=collections.Counter)
+    wrong_ts: collections.Counter = field(default_factory=collections.Counter)
+    examples: list[str] = field(default_factory=list)
+
+    def note(self, what: str) -> None:
+        if len(self.examples) < 30:
+            self.examples.append(what)
+
+    @property
+    def ok(self) -> bool:
+        return not (sum(self.lost.values()) or sum(self.duplicated.values()) or sum(self.wrong_ts.values()))
+
+
+def read_topic(bootstrap: str, topic: str) -> list:
+    """Every committed record of ``topic``, read_committed from the start to the end (the oracle's own
+    reading: no Reclock code)."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"chaos-oracle-{time.monotonic_ns()}",
+                  "isolation.level": "read_committed", "enable.auto.commit": False,
+                  "enable.partition.eof": True, "log_level": 0})
+    try:
+        parts = sorted(c.list_topics(topic, timeout=30).topics[topic].partitions)
+        c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
+        pending, out = set(parts), []
+        deadline = time.monotonic() + 300
+        while pending and time.monotonic() < deadline:
+            for m in c.consume(500, timeout=1.0):
+                if m.error():
+                    if m.error().code() == KafkaError._PARTITION_EOF:
+                        pending.discard(m.partition())
+                        continue
+                    raise RuntimeError(f"oracle reading {topic}: {m.error()}")
+                out.append(m)
+        if pending:
+            raise RuntimeError(f"oracle reading {topic}: partitions {sorted(pending)} did not reach their end")
+        return out
+    finally:
+        c.close()
+
+
+def check_append(verdict: Verdict, conn, blob, bootstrap: str, source: str) -> None:
+    """Every committed record exactly once, at the timestamp of the binding that covers its offset."""
+    from reclock import remap
+    from reclock.persist.remap_store import load_remap
+    from reclock.read import read_updates
+
+    expected = {(m.partition(), m.offset()): json.loads(m.value())["id"] for m in read_topic(bootstrap, f"chaos_{source}")}
+    rc = load_remap(conn, source)
+    ups = read_updates(conn, blob, source)
+    rows = ups.to_pylist() if ups is not None else []
+    seen = collections.Counter()
+    for r in rows:
+        po = (r["_partition"], r["_offset"])
+        seen[po] += r["diff"]
+        if po not in expected or expected[po] != r["id"]:
+            verdict.duplicated[source] += 1
+            verdict.note(f"{source}: row {r} is no committed record (aborted or unknown)")
+            continue
+        want = remap.reclock(rc, *po)
+        if max(r["ts"], rc.since) != want:
+            verdict.wrong_ts[source] += 1
+            verdict.note(f"{source}: record {po} at ts {r['ts']}, its binding says {want}")
+    for po in expected:
+        n = seen.get(po, 0)
+        if n < 1:
+            verdict.lost[source] += 1
+            verdict.note(f"{source}: record {po} (id {expected[po]}) is missing")
+        elif n > 1:
+            verdict.duplicated[source] += n - 1
+            verdict.note(f"{source}: record {po} is there {n} times")
+    verdict.checked[source] += len(expected)
+
+
+def check_upsert(verdict: Verdict, conn, blob, bootstrap: str, source: str = "ups") -> None:
+    """The collection AS OF every binding equals the latest value per key, computed from the topic."""
+    from reclock import remap
+    from reclock.persist.remap_store import load_remap
+    from reclock.read import read_as_of, read_updates
+
+    rc = load_remap(conn, source)
+    records = []  # (ts, partition, offset, key, row or None)
+    for m in read_topic(bootstrap, f"chaos_{source}"):
+        ts = remap.reclock(rc, m.partition(), m.offset())
+        row = None if m.value() is None else json.loads(m.value())
+        records.append((ts, m.partition(), m.offset(), m.key().decode(), row))
+    ups = read_updates(conn, blob, source)
+    updates = ups.to_pylist() if ups is not None else []
+    times = sorted({b.ts for b in rc.bindings if b.ts >= rc.since})
+    for t in times:
+        latest: dict[str, tuple] = {}
+        for ts, p, o, key, row in records:
+            if ts is not None and ts <= t and (key not in latest or (p, o) > latest[key][0]):
+                latest[key] = ((p, o), row)
+        want = collections.Counter((k, r["id"], r["name"]) for k, (_, r) in latest.items() if r is not None)
+        got = collections.Counter()
+        for u in updates:
+            if u["ts"] <= t:
+                got[(_text(u["_key"]), u["id"], u["name"])] += u["diff"]
+        got = +got  # drop zeros (and negatives, counted below)
+        missing, extra = want - got, got - want
+        if missing:
+            verdict.lost[source] += sum(missing.values())
+            verdict.note(f"{source}: AS OF {t} missing {dict(missing)}")
+        if extra:
+            verdict.duplicated[source] += sum(extra.values())
+            verdict.note(f"{source}: AS OF {t} extra {dict(extra)}")
+        verdict.checked[f"{source} (key AS OF binding)"] += len(want)
+    if times:  # and once through the reader users call
+        last = read_as_of(conn, blob, source, times[-1]).to_pylist()
+        direct = collections.Counter({(_text(r["_key"]), r["id"], r["name"]): r["diff"] for r in last})
+        if direct != got:
+            verdict.lost[source] += sum((got - direct).values())
+            verdict.duplicated[source] += sum((direct - got).values())
+            verdict.note(f"{source}: read_as_of({times[-1]}) differs from its updates")
+    verdict.checked[source] += len(records)
+
+
+def _text(key) -> str:
+    return key.decode() if isinstance(key, bytes) else key
+
+
+def check_sink(verdict: Verdict, conn, blob, bootstrap: str, config: Path, sink: str = "out") -> None:
+    """The target topic equals the shard's updates exactly once, in timestamp order."""
+    import pyarrow.compute as pc
+    import yaml
+
+    from reclock.config import parse_config
+    from reclock.persist.shards import shard_info
+    from reclock.read import read_updates
+    from reclock.sinks.encode import encode_updates
+    from reclock.sinks.kafka import TS_HEADER, consolidate, read_progress
+
+    spec = parse_config(yaml.safe_load(config.read_text())).sinks[sink]
+    got = [(int(dict(m.headers())[TS_HEADER]), m.key(), m.value()) for m in read_topic(bootstrap, spec.kafka.topic)]
+    info = shard_info(conn, spec.collection)
+    if not got:
+        verdict.lost[sink] += 1
+        verdict.note(f"{sink}: wrote nothing")
+        return
+    ups = read_updates(conn, blob, spec.collection)
+    start = got[0][0]  # the sink's first frontier: its snapshot is AS OF it
+    ups = ups.set_column(ups.schema.get_field_index("ts"), "ts", pc.max_element_wise(ups["ts"], start))
+    expected = encode_updates(spec, consolidate(ups))
+    want, have = collections.Counter(expected), collections.Counter(got)
+    if want - have:
+        verdict.lost[sink] += sum((want - have).values())
+        verdict.note(f"{sink}: {sum((want - have).values())} messages missing, e.g. {next(iter(want - have))}")
+    if have - want:
+        verdict.duplicated[sink] += sum((have - want).values())
+        verdict.note(f"{sink}: {sum((have - want).values())} messages extra, e.g. {next(iter(have - want))}")
+    order = sum(1 for a, b in zip(got, got[1:]) if b[0] < a[0])
+    if order:
+        verdict.wrong_ts[sink] += order
+        verdict.note(f"{sink}: {order} messages out of timestamp order")
+    progress = read_progress(bootstrap, spec.progress_topic, sink)
+    if progress is None or progress.frontier != info.upper:
+        verdict.lost[sink] += 1
+        verdict.note(f"{sink}: progress {progress} is not at the shard's upper {info.upper}")
+    verdict.checked[sink] += len(got)
+
+
+# ------------------------------------------------------------------------------------------ the campaign
+
+@dataclass
+class Result:
+    seed: int
+    faults: collections.Counter
+    verdict: Verdict
+    wall_s: float
+    produced: collections.Counter
+    extra: dict
+
+    def lines(self) -> list[str]:
+        v = self.verdict
+        out = [f"seed {self.seed}: {sum(self.faults.values())} faults in {self.wall_s:.0f} s",
+               "faults by kind: " + ", ".join(f"{k} {self.faults[k]}" for k in FAULT_KINDS),
+               f"records checked: {sum(v.checked.values())} ({', '.join(f'{k} {n}' for k, n in sorted(v.checked.items()))})",
+               f"lost {sum(v.lost.values())}, duplicated {sum(v.duplicated.values())}, "
+               f"wrong timestamps {sum(v.wrong_ts.values())}",
+               f"produced: {dict(self.produced)}; {json.dumps(self.extra)}"]
+        out += [f"  discrepancy: {e}" for e in v.examples]
+        return out
+
+
+def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float] = (2.0, 7.0),
+             max_seconds: float = 3600.0, kinds: tuple[str, ...] = FAULT_KINDS,
+             echo: Callable[[str], None] = _echo, keep: bool = False) -> Result:
+    """Run the campaign: ``faults`` faults (or until ``max_seconds``), then catch up and check."""
+    import shutil
+
+    from reclock.persist import connect
+    from reclock.persist.blob import LocalBlobStore
+
+    t0 = time.monotonic()
+    rng = random.Random(seed)
+    root = Path(tempfile.mkdtemp(prefix="reclock-chaos-", dir="/var/tmp"))
+    os.chmod(root, 0o755)
+    svc = producers = None
+    drivers: list[Driver] = []
+    injected: collections.Counter = collections.Counter()
+    try:
+        echo(f"chaos: seed {seed}, {faults} faults, state in {root}")
+        svc = start_services(root)
+        config = write_config(root, svc.kafka.bootstrap)
+        create_topics(svc.kafka.bootstrap)
+        env = svc.env(config)
+        logdir = root / "logs"
+        logdir.mkdir()
+        py = sys.executable
+        cycles = {s: Driver(s, [py, "-m", "benchmarks.chaos", "--runner", s], env, logdir) for s in SOURCES}
+        sink = Driver("sink", [py, "-m", "reclock.cli", "sink", "run", "out", "--follow", "0.5"], env, logdir)
+        drivers = [*cycles.values(), sink]
+        producers = Producers(svc.kafka.bootstrap, seed, rate)
+        producers.start()
+        stop_ticks = threading.Event()
+
+        def ticker() -> None:
+            while not stop_ticks.is_set():
+                for d in drivers:
+                    try:
+                        d.tick()
+                    except Exception as e:  # noqa: BLE001 - keep the others going
+                        echo(f"driver {d.name}: {e}")
+                stop_ticks.wait(0.5)
+
+        ticks = threading.Thread(target=ticker, name="drivers", daemon=True)
+        ticks.start()
+        time.sleep(10)  # let the first cycles register the sources
+        total, attempts = 0, 0
+        kind_list = list(kinds)
+        first = rng.sample(kind_list, len(kind_list))  # every kind once first, in an order the seed picks
+        while total < faults and time.monotonic() - t0 < max_seconds and attempts < faults * 20:
+            attempts += 1
+            time.sleep(rng.uniform(*gap))
+            kind = first.pop(0) if first else rng.choices(kind_list, [WEIGHTS[k] for k in kind_list])[0]
+            hit = False
+            if kind == "cycle_sigkill":
+                hit = cycles[rng.choice(list(SOURCES))].kill()
+            elif kind == "cycle_failpoint":
+                d = cycles[rng.choice(list(SOURCES))]
+                before = d.failpoint_exits
+                d.arm({"RECLOCK_FAILPOINTS": f"{rng.choice(CYCLE_FAILPOINTS)}=exit"})
+                hit = _wait_for(lambda: d.failpoint_exits > before, 180)
+            elif kind == "sink_sigkill":
+                hit = sink.kill()
+            elif kind == "sink_failpoint":
+                before = sink.failpoint_exits
+                sink.arm({"RECLOCK_FAILPOINTS": "sink:in_transaction=exit"})
+                hit = _wait_for(lambda: sink.failpoint_exits > before, 180)  # it needs new appends to write
+            elif kind == "pg_restart":
+                restart_postgres(svc)
+                hit = True
+            elif kind == "kafka_restart":
+                restart_kafka(svc, rng.uniform(0, 3))
+                hit = True
+            elif kind == "spark_restart":
+                restart_spark(svc, rng.uniform(0, 3))
+                hit = True
+            if hit:
+                injected[kind] += 1
+                total += 1
+                echo(f"fault {total}/{faults}: {kind}")
+            elif not injected[kind] and kind not in first:
+                first.append(kind)  # missed (its process was between runs): every kind still comes once
+        echo(f"faults done: {dict(injected)}; catching up")
+        producers.stop()
+        stop_ticks.set()
+        ticks.join(30)
+        for d in drivers:
+            d.stop()
+        # catch up: every source (side by side) until a cycle finds nothing new, then the sink to the upper
+        with ThreadPoolExecutor(len(SOURCES)) as pool:
+            done = dict(zip(SOURCES, pool.map(lambda s: _catch_up(py, s, env, echo), SOURCES)))
+        lagging = [s for s, ok in done.items() if not ok]
+        if lagging:
+            raise RuntimeError(f"sources {lagging} did not catch up")
+        p = subprocess.run([py, "-m", "reclock.cli", "sink", "run", "out"], env=env, cwd=REPO, capture_output=True,
+                           text=True, timeout=600)
+        if p.returncode != 0:
+            raise RuntimeError(f"the sink did not catch up: {p.stdout[-2000:]}{p.stderr[-2000:]}")
+        verdict = Verdict()
+        blob = LocalBlobStore(root / "blobs")
+        with connect(svc.postgres.dsn()) as conn:
+            check_append(verdict, conn, blob, svc.kafka.bootstrap, "app")
+            check_append(verdict, conn, blob, svc.kafka.bootstrap, "txn")
+            check_upsert(verdict, conn, blob, svc.kafka.bootstrap, "ups")
+            check_sink(verdict, conn, blob, svc.kafka.bootstrap, config, "out")
+        extra = {"launches": {d.name: d.launches for d in drivers},
+                 "exits": {d.name: {str(k): v for k, v in d.exits.items()} for d in drivers},
+                 "watchdog_kills": sum(d.watchdog_kills for d in drivers),
+                 "txn_producer_errors": producers.errors["txn"]}
+        return Result(seed, injected, verdict, time.monotonic() - t0, producers.sent, extra)
+    finally:
+        if producers is not None:
+            producers.stop_event.set()
+        for d in drivers:
+            try:
+                d.stop()
+            except Exception:  # noqa: BLE001 - stop the services anyway
+                pass
+        stop_services(svc)
+        if not keep:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def _catch_up(py: str, source: str, env: dict[str, str], echo: Callable[[str], None]) -> bool:
+    """Cycles of ``source`` until one finds nothing new, in one process; a failed process is rerun (5 times)."""
+    for _ in range(5):
+        p = subprocess.run([py, "-m", "benchmarks.chaos", "--runner", source, "--until-idle"], env=env, cwd=REPO,
+                           capture_output=True, text=True, timeout=900)
+        if p.returncode == 0:
+            return True
+        echo(f"catch-up {source}: exit {p.returncode}: {p.stdout[-1500:]}{p.stderr[-1500:]}")
+    return False
+
+
+def _wait_for(check: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.chaos", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--faults", type=int, default=200)
+    ap.add_argument("--seed", type=int, default=None, help="default: one from the clock (printed)")
+    ap.add_argument("--rate", type=float, default=20.0, help="records/s per producer")
+    ap.add_argument("--gap", type=float, nargs=2, default=(2.0, 7.0), metavar=("MIN", "MAX"),
+                    help="seconds between faults (uniform)")
+    ap.add_argument("--max-seconds", type=float, default=3600.0, help="stop injecting after this long")
+    ap.add_argument("--keep", action="store_true", help="keep the state folder (logs) afterwards")
+    ap.add_argument("--blob-bound", action="store_true", help="the blob-bound figure instead (1,000 cycles)")
+    ap.add_argument("--cycles", type=int, default=1000, help="--blob-bound: cycles")
+    ap.add_argument("--runner", metavar="SOURCE", help=argparse.SUPPRESS)
+    ap.add_argument("--once", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--until-idle", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.runner:
+        return runner(args.runner, args.once, args.until_idle)
+    if args.blob_bound:
+        from benchmarks.blob_bound import blob_bound
+
+        return blob_bound(args.cycles, echo=_echo)
+    # SIGTERM (a test's timeout, Ctrl-C's cousin) ends the run through its finally: services stopped
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    seed = args.seed if args.seed is not None else int(time.time()) % 100_000
+    print(f"seed {seed}", flush=True)
+    result = campaign(args.faults, seed, rate=args.rate, gap=tuple(args.gap), max_seconds=args.max_seconds, keep=args.keep)
+    for line in result.lines():
+        print(line, flush=True)
+    return 0 if result.verdict.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
