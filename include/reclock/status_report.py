@@ -19,6 +19,7 @@ an unknown lag with the reason, never an exception.
 
 from __future__ import annotations
 
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -185,6 +186,19 @@ def to_json(value: Any) -> Any:
     return value
 
 
+_SECRETS = (re.compile(r"(\w+://[^:/@\s]*:)[^@\s]*@"), re.compile(r"(?i)((?:password|token|secret)\s*[=:]\s*)\S+"))
+
+
+def redact(text: str | None) -> str | None:
+    """``text`` with what looks like a credential (a URL's password, ``password=...``) replaced by ``***``:
+    an error recorded by a step may quote a DSN, and nothing shown may carry a credential."""
+    if text is None:
+        return None
+    for pattern in _SECRETS:
+        text = pattern.sub(r"\1***@" if pattern is _SECRETS[0] else r"\1***", text)
+    return text
+
+
 # -- cycles from statistics rows (pure) -------------------------------------------------------------------
 
 
@@ -268,7 +282,8 @@ def kafka_lag_probe(config: Config | None, bootstrap: Callable[[Any, str], str],
             committed = up.committed(spec.consumer_group)
             return Lag(sum(max(0, o - committed.get(p)) for p, o in end), f"group {spec.consumer_group}")
         except Exception as e:  # a status page degrades, it never fails on a probe
-            return Lag(None, f"unknown: {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}")
+            first = str(e).splitlines()[0][:160] if str(e) else ""
+            return Lag(None, redact(f"unknown: {type(e).__name__}: {first}"))
 
     return probe
 
@@ -278,7 +293,7 @@ def no_lag(name: str) -> Lag:
 
 
 def _latest_status(conn, names: Sequence[str]) -> dict[str, tuple]:
-    return {r[0]: r[1:] for r in conn.execute(
+    return {n: (st, redact(err), at) for n, st, err, at in conn.execute(
         "SELECT n, s.status, s.error, s.at FROM unnest(%s::text[]) n, LATERAL (SELECT status, error, at "
         "FROM reclock.status_history WHERE name = n ORDER BY id DESC LIMIT 1) s", (list(names),))}
 
@@ -398,7 +413,8 @@ def source_detail(conn, name: str, config: Config | None = None, lag: LagProbe =
     hist = conn.execute("SELECT status, error, at FROM reclock.status_history WHERE name = %s "
                         "ORDER BY id DESC LIMIT %s", (name, history)).fetchall()
     stats = _recent_statistics(conn, [name], SERIES_ROWS)[name]
-    return SourceDetail(ov.sources[0], tuple(BindingRow(*r) for r in rows), tuple(HistoryRow(*r) for r in hist),
+    return SourceDetail(ov.sources[0], tuple(BindingRow(*r) for r in rows),
+                        tuple(HistoryRow(st, redact(err), at) for st, err, at in hist),
                         tuple(series_of(cycles_from_statistics(stats))))
 
 
