@@ -191,7 +191,7 @@ def progress(source: str, dsn: str | None) -> None:
     _echo_status(status)
 
 
-@main.command()
+@main.command("status")
 @click.argument("source", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as the plugin's JSON endpoint does.")
 @click.option("--probe-timeout", default=2.0, show_default=True, help="Seconds the Kafka lag probe may take.")
@@ -199,7 +199,7 @@ def progress(source: str, dsn: str | None) -> None:
 @_dsn
 @_blob
 @_bootstrap
-def status(source: str | None, as_json: bool, probe_timeout: float, config: str | None, dsn: str | None,
+def status_command(source: str | None, as_json: bool, probe_timeout: float, config: str | None, dsn: str | None,
            blob_url: str | None, bootstrap: str | None) -> None:
     """Print where every source and sink stands (or SOURCE, with its bindings and status history): status,
     upper and since, the last cycle's time split, records and bytes, lag, read holds, errors."""

@@ -29,6 +29,8 @@ from typing import Any, Callable, Mapping, Sequence
 from reclock.config import Config
 from reclock.part_layout import ERRORS_KIND
 from reclock.persist import connect
+from reclock.persist.shards import ReadHold
+from reclock.persist.status import Status
 
 STATEMENT_TIMEOUT_MS = 2000
 RECENT_ROWS = 60  # statistics rows per source read for the overview: the last cycle and a half, at least
@@ -45,13 +47,6 @@ class Lag:
 
     records: int | None
     detail: str = ""
-
-
-@dataclass(frozen=True)
-class Hold:
-    shard: str
-    holder: str
-    ts: int
 
 
 @dataclass(frozen=True)
@@ -95,7 +90,7 @@ class SourceStatus:
     now_ms: int
     last_cycle: Cycle | None
     lag: Lag
-    read_holds: tuple[Hold, ...]
+    read_holds: tuple[ReadHold, ...]
     errors_count: int
     errors_latest: tuple[dict, ...] = ()
     dags: tuple[str, ...] = ()
@@ -142,13 +137,6 @@ class BindingRow:
 
 
 @dataclass(frozen=True)
-class HistoryRow:
-    status: str
-    error: str | None
-    at: datetime
-
-
-@dataclass(frozen=True)
 class SeriesPoint:
     """One cycle on the plots: when it ended, records per second of its wall time, lag at its mint (records
     upstream beyond what the previous cycle committed), and its wall time."""
@@ -163,7 +151,7 @@ class SeriesPoint:
 class SourceDetail:
     source: SourceStatus
     bindings: tuple[BindingRow, ...]
-    history: tuple[HistoryRow, ...]
+    history: tuple[Status, ...]  # newest first
     series: tuple[SeriesPoint, ...]
 
 
@@ -342,9 +330,9 @@ def overview(conn, config: Config | None = None, lag: LagProbe = no_lag,
     for sid, src, kind, upper, since in conn.execute(
             "SELECT id, source, kind, upper, since FROM reclock.shards ORDER BY id"):
         shards.setdefault(src, []).append((sid, kind, upper, since))
-    holds: dict[str, list[Hold]] = {}
-    for shard, holder, ts in conn.execute("SELECT shard, holder, ts FROM reclock.read_holds ORDER BY shard, holder"):
-        holds.setdefault(shard, []).append(Hold(shard, holder, ts))
+    holds: dict[str, list[ReadHold]] = {}
+    for row in conn.execute("SELECT shard, holder, ts, updated_at FROM reclock.read_holds ORDER BY shard, holder"):
+        holds.setdefault(row[0], []).append(ReadHold(*row))
     error_shards = [sid for n in names for sid, kind, _, _ in shards.get(n, ()) if kind == ERRORS_KIND]
     errors = dict(conn.execute("SELECT shard, coalesce(sum(rows), 0) FROM reclock.shard_batches "
                                "WHERE shard = ANY(%s) GROUP BY shard", (error_shards,)).fetchall())
@@ -414,7 +402,7 @@ def source_detail(conn, name: str, config: Config | None = None, lag: LagProbe =
                         "ORDER BY id DESC LIMIT %s", (name, history)).fetchall()
     stats = _recent_statistics(conn, [name], SERIES_ROWS)[name]
     return SourceDetail(ov.sources[0], tuple(BindingRow(*r) for r in rows),
-                        tuple(HistoryRow(st, redact(err), at) for st, err, at in hist),
+                        tuple(Status(name, st, redact(err), at) for st, err, at in hist),
                         tuple(series_of(cycles_from_statistics(stats))))
 
 
@@ -452,11 +440,14 @@ def status_text(status: str | None, paused: bool | None) -> str:
     return status or "never ran"
 
 
+def _head_lines(what: str, x: SourceStatus | SinkStatus) -> list[str]:
+    """The first lines of a source or a sink: its status (and the error it stalled on)."""
+    head = f"{what}: {status_text(x.status, x.paused)}" + (f" at {x.status_at:%Y-%m-%d %H:%M:%S}" if x.status_at else "")
+    return [head] + ([f"  error: {x.error}"] if x.status == "stalled" and x.error else [])
+
+
 def _source_lines(s: SourceStatus) -> list[str]:
-    lines = [f"source {s.name} ({s.kind}): {status_text(s.status, s.paused)}"
-             + (f" at {s.status_at:%Y-%m-%d %H:%M:%S}" if s.status_at else "")]
-    if s.status == "stalled" and s.error:
-        lines.append(f"  error: {s.error}")
+    lines = _head_lines(f"source {s.name} ({s.kind})", s)
     lines.append(f"  upper {s.upper} ({ts_text(s.upper)}, {age(s.upper_age_s)} ago); "
                  f"since {s.since} ({ts_text(s.since)}, {age(s.since_age_s)} ago)")
     c = s.last_cycle
@@ -476,10 +467,7 @@ def _source_lines(s: SourceStatus) -> list[str]:
 
 
 def _sink_lines(k: SinkStatus) -> list[str]:
-    lines = [f"sink {k.name} ({k.collection}): {status_text(k.status, k.paused)}"
-             + (f" at {k.status_at:%Y-%m-%d %H:%M:%S}" if k.status_at else "")]
-    if k.status == "stalled" and k.error:
-        lines.append(f"  error: {k.error}")
+    lines = _head_lines(f"sink {k.name} ({k.collection})", k)
     lines.append(f"  frontier {k.frontier if k.frontier is not None else '-'}; lag "
                  f"{k.lag_ms if k.lag_ms is not None else '-'} ms; read hold "
                  f"{k.read_hold if k.read_hold is not None else 'none'}; last step "

@@ -7,9 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import shutil
 import subprocess
-import tempfile
 import sys
 import time
 from datetime import datetime, timedelta, timezone
@@ -45,15 +43,6 @@ def _descendants(pids: set[int]) -> set[int]:
             if int(rest[2]) in pids:  # process group id
                 found.add(int(entry))
     return found
-
-
-@pytest.fixture
-def stack_home():
-    """Outside pytest's 0700 temp folders: the ``postgres`` user must reach the cluster's files."""
-    root = Path(tempfile.mkdtemp(prefix="reclock-stack-"))
-    root.chmod(0o755)
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
 
 
 CONFIG = """
