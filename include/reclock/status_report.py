@@ -297,11 +297,12 @@ def _recent_statistics(conn, names: Sequence[str], limit: int) -> dict[str, list
 
 
 def _errors_latest(conn, blob, shard: str, limit: int = 5) -> tuple[dict, ...]:
-    """The newest rows of an error collection (raw bytes left out), through its part list."""
+    """The newest rows of an error collection (raw bytes left out), newest first, from its ``limit`` newest
+    parts (through its part list)."""
     from reclock.read import read_updates
 
-    row = conn.execute("SELECT max(min_ts) FROM reclock.shard_batches WHERE shard = %s AND rows > 0",
-                       (shard,)).fetchone()
+    row = conn.execute("SELECT min(min_ts) FROM (SELECT min_ts FROM reclock.shard_batches WHERE shard = %s "
+                       "AND rows > 0 ORDER BY id DESC LIMIT %s) newest", (shard, limit)).fetchone()
     if row is None or row[0] is None:
         return ()
     table = read_updates(conn, blob, shard, lower=row[0])
