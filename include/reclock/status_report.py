@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable, Mapping, Sequence
@@ -34,6 +34,7 @@ from reclock.persist.status import Status
 
 STATEMENT_TIMEOUT_MS = 2000
 RECENT_ROWS = 60  # statistics rows per source read for the overview: the last cycle and a half, at least
+LAG_DEADLINE_S = 3.0  # the page waits no longer for the Kafka lag probes
 SERIES_ROWS = 2000  # statistics rows per source read for its plots
 STEPS = ("mint", "write_batches", "append", "resume")
 
@@ -280,6 +281,19 @@ def no_lag(name: str) -> Lag:
     return Lag(None, "not probed")
 
 
+def _probe_all(lag: LagProbe, names: Sequence[str], deadline_s: float) -> dict[str, Lag]:
+    """``lag`` of every source, in parallel; a probe still running after ``deadline_s`` is an unknown lag
+    (its thread is left to finish on its own timeout, nobody waits for it)."""
+    if not names:
+        return {}
+    pool = ThreadPoolExecutor(min(8, len(names)), "reclock-lag")
+    futures = {n: pool.submit(lag, n) for n in names}
+    wait(futures.values(), timeout=deadline_s)
+    pool.shutdown(wait=False, cancel_futures=True)
+    return {n: f.result() if f.done() and not f.cancelled() else Lag(None, f"unknown: no answer in {deadline_s:g}s")
+            for n, f in futures.items()}
+
+
 def _latest_status(conn, names: Sequence[str]) -> dict[str, tuple]:
     return {n: (st, redact(err), at) for n, st, err, at in conn.execute(
         "SELECT n, s.status, s.error, s.at FROM unnest(%s::text[]) n, LATERAL (SELECT status, error, at "
@@ -344,8 +358,7 @@ def overview(conn, config: Config | None = None, lag: LagProbe = no_lag,
     statuses = _latest_status(conn, [*names, *sink_names])
     stats = _recent_statistics(conn, [*names, *sink_names], RECENT_ROWS)
     paused = paused or {}
-    with ThreadPoolExecutor(max(1, min(8, len(names)))) as pool:
-        lags = dict(zip(names, pool.map(lag, names)))
+    lags = _probe_all(lag, names, LAG_DEADLINE_S)
 
     sources = []
     for n in names:

@@ -68,3 +68,21 @@ def test_plots_are_inline_svg_with_gaps_for_unknowns():
     svg = sp.svg_plot("lag", [1, 2, 3], [None, 5, 7])
     assert svg.startswith("<svg") and "2 cycles" in svg and svg.count(",") == 2
     assert "no data yet" in sp.svg_plot("lag", [], [])
+
+
+def test_a_probe_that_does_not_answer_in_time_is_an_unknown_lag():
+    import threading
+    import time
+
+    release = threading.Event()
+
+    def probe(name: str) -> sr.Lag:
+        if name == "slow":
+            release.wait(5)
+        return sr.Lag(1, "ok")
+
+    t = time.monotonic()
+    lags = sr._probe_all(probe, ["fast", "slow"], 0.3)
+    release.set()
+    assert time.monotonic() - t < 2
+    assert lags == {"fast": sr.Lag(1, "ok"), "slow": sr.Lag(None, "unknown: no answer in 0.3s")}
