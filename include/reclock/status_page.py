@@ -21,7 +21,7 @@ font-variant-numeric:tabular-nums} .muted{color:#6b7385;font-size:12px}
 .st{display:inline-block;padding:1px 8px;border-radius:9px;font-weight:600;font-size:12px}
 .running{background:#d8f3dc;color:#1b5e20} .stalled,.failed{background:#fde2e1;color:#a4161a}
 .paused{background:#e9ecef;color:#495057} .starting,.never{background:#fff3bf;color:#7a5d00}
-.err{color:#a4161a;font-size:12px;max-width:480px;word-break:break-word} a{color:#1f5fbf}
+.err{color:#a4161a;font-size:12px;max-width:360px;overflow-wrap:anywhere} a{color:#1f5fbf}
 .split{display:flex;height:10px;width:160px;border-radius:3px;overflow:hidden;background:#eee}
 .split span{display:block;height:100%} .charts{display:flex;flex-wrap:wrap;gap:16px}
 """
@@ -59,7 +59,10 @@ def _split_bar(s: SourceStatus) -> str:
 def _source_row(s: SourceStatus, airflow_root: str) -> str:
     c = s.last_cycle
     holds = "<br>".join(f"{escape(h.holder)} on {escape(h.shard)} at {h.ts}" for h in s.read_holds) or "none"
-    latest = "".join(f"<div class='err'>{escape(str(e))}</div>" for e in s.errors_latest)
+    newest = s.errors_latest[0] if s.errors_latest else None
+    latest = (f"<div class='muted' title='{escape(str(newest.get('reason', '')))}'>newest: partition "
+              f"{escape(str(newest.get('partition')))} offset {escape(str(newest.get('offset')))}</div>"
+              if newest else "")
     err = f"<div class='err' data-field='error'>{escape(s.error)}</div>" if s.status == "stalled" and s.error else ""
     lag = "unknown" if s.lag.records is None else f"{s.lag.records:,}"
     return (
@@ -140,6 +143,9 @@ def source_html(d: SourceDetail, airflow_root: str = "/") -> str:
     ))
     bindings = "".join(f"<tr><td class='n'>{b.ts}</td><td>{ts_text(b.ts)}</td><td class='n'>{b.partition}</td>"
                        f"<td class='n'>{b.offset}</td></tr>" for b in d.bindings)
+    errors = "".join(f"<tr><td class='n'>{escape(str(e.get('ts')))}</td><td class='n'>{escape(str(e.get('partition')))}"
+                     f"</td><td class='n'>{escape(str(e.get('offset')))}</td><td class='err'>"
+                     f"{escape(str(e.get('reason')))}</td></tr>" for e in s.errors_latest)
     history = "".join(f"<tr><td>{h.at:%Y-%m-%d %H:%M:%S}</td><td>{_badge(h.status, None)}</td>"
                       f"<td class='err'>{escape(h.error or '')}</td></tr>" for h in d.history)
     body = (
@@ -149,6 +155,8 @@ def source_html(d: SourceDetail, airflow_root: str = "/") -> str:
         "<th>last cycle</th><th>records</th><th>bytes</th><th>lag</th><th>read holds</th><th>errors</th><th>DAGs</th>"
         f"</tr>{_source_row(s, airflow_root).replace(chr(39) + 'source/', chr(39))}</table>"
         f"<h2>Over time</h2><div class='charts'>{plots}</div>"
+        f"<h2>Errors <span class='muted'>({s.errors_count} in the error collection; newest first)</span></h2>"
+        f"<table><tr><th>ts</th><th>partition</th><th>offset</th><th>reason</th></tr>{errors}</table>"
         f"<h2>Bindings <span class='muted'>(the {escape(s.name)}_progress relation, newest first)</span></h2>"
         f"<table><tr><th>ts</th><th>time</th><th>partition</th><th>offset</th></tr>{bindings}</table>"
         f"<h2>Status history <span class='muted'>(newest first)</span></h2>"

@@ -31,6 +31,8 @@ from reclock.part_layout import ERRORS_KIND
 from reclock.persist import connect
 from reclock.persist.shards import ReadHold
 from reclock.persist.status import Status
+from reclock.read import read_updates
+from reclock.sources.kafka import KafkaUpstream
 
 STATEMENT_TIMEOUT_MS = 2000
 RECENT_ROWS = 60  # statistics rows per source read for the overview: the last cycle and a half, at least
@@ -259,8 +261,6 @@ def kafka_lag_probe(config: Config | None, bootstrap: Callable[[Any, str], str],
     """The lag of a source's consumer group ``reclock-<source>`` at its brokers (``bootstrap(kafka_spec,
     what)`` finds them): the sum over partitions of the last stable offset minus the committed offset.
     Any failure (no config, unreachable brokers, a missing topic) is an unknown lag with the reason."""
-    from reclock.sources.kafka import KafkaUpstream
-
     def probe(name: str) -> Lag:
         spec = config.sources.get(name) if config else None
         if spec is None:
@@ -313,8 +313,6 @@ def _recent_statistics(conn, names: Sequence[str], limit: int) -> dict[str, list
 def _errors_latest(conn, blob, shard: str, limit: int = 5) -> tuple[dict, ...]:
     """The newest rows of an error collection (raw bytes left out), newest first, from its ``limit`` newest
     parts (through its part list)."""
-    from reclock.read import read_updates
-
     row = conn.execute("SELECT min(min_ts) FROM (SELECT min_ts FROM reclock.shard_batches WHERE shard = %s "
                        "AND rows > 0 ORDER BY id DESC LIMIT %s) newest", (shard, limit)).fetchone()
     if row is None or row[0] is None:

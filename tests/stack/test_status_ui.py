@@ -114,9 +114,11 @@ def _browse(stack, truth: dict, secrets: list[str]) -> None:
             page.locator("input[name=password]").fill(stack.airflow.admin_password)
             page.get_by_role("button", name="Sign in").click()
             page.wait_for_url(lambda url: "/auth/login" not in url, timeout=60_000)
-            # the navigation links the page (Browse > Reclock)
+            # the navigation links the page (Browse > Reclock), which shows it inside Airflow's UI
             page.goto(f"{base}/plugin/reclock")
-            page.wait_for_selector("iframe", timeout=60_000)
+            frame = page.frame_locator("iframe")
+            frame.locator("tr[data-source='ui_orders']").wait_for(timeout=60_000)
+            page.screenshot(path=str(SCREENSHOT.with_name(SCREENSHOT.stem + "-in-airflow.png")))
             # the page itself: its figures are Postgres's
             response = page.goto(f"{base}/reclock/")
             assert response.status == 200
