@@ -21,7 +21,7 @@ font-variant-numeric:tabular-nums} .muted{color:#6b7385;font-size:12px}
 .st{display:inline-block;padding:1px 8px;border-radius:9px;font-weight:600;font-size:12px}
 .running{background:#d8f3dc;color:#1b5e20} .stalled,.failed{background:#fde2e1;color:#a4161a}
 .paused{background:#e9ecef;color:#495057} .starting,.never{background:#fff3bf;color:#7a5d00}
-.err{color:#a4161a;font-size:12px;max-width:360px;overflow-wrap:anywhere} a{color:#1f5fbf}
+.err{color:#a4161a;font-size:12px;min-width:200px;max-width:360px;overflow-wrap:anywhere} a{color:#1f5fbf}
 .split{display:flex;height:10px;width:160px;border-radius:3px;overflow:hidden;background:#eee}
 .split span{display:block;height:100%} .charts{display:flex;flex-wrap:wrap;gap:16px}
 """
@@ -56,9 +56,14 @@ def _split_bar(s: SourceStatus) -> str:
             f"{escape(words)}</div>")
 
 
+def _ago(seconds: float | None) -> str:
+    return "" if seconds is None else f"{age(seconds)} ago"
+
+
 def _source_row(s: SourceStatus, airflow_root: str) -> str:
     c = s.last_cycle
-    holds = "<br>".join(f"{escape(h.holder)} on {escape(h.shard)} at {h.ts}" for h in s.read_holds) or "none"
+    holds = "".join(f"<div>{escape(h.holder)} <span class='muted'>on {escape(h.shard)} at</span> {h.ts}</div>"
+                    for h in s.read_holds) or "none"
     newest = s.errors_latest[0] if s.errors_latest else None
     latest = (f"<div class='muted' title='{escape(str(newest.get('reason', '')))}'>newest: partition "
               f"{escape(str(newest.get('partition')))} offset {escape(str(newest.get('offset')))}</div>"
@@ -69,10 +74,10 @@ def _source_row(s: SourceStatus, airflow_root: str) -> str:
         f"<tr data-source='{escape(s.name)}'><td><a href='source/{quote(s.name)}'><b>{escape(s.name)}</b></a>"
         f"<div class='muted'>{escape(s.kind)}</div></td>"
         f"<td><span data-field='status'>{_badge(s.status, s.paused)}</span>{err}</td>"
-        f"<td class='n' data-field='upper'>{s.upper}</td><td><span data-field='upper_time'>{ts_text(s.upper)}</span>"
-        f"<div class='muted'>{age(s.upper_age_s)} ago</div></td>"
-        f"<td class='n' data-field='since'>{s.since}</td><td>{ts_text(s.since)}"
-        f"<div class='muted'>{age(s.since_age_s)} ago</div></td>"
+        f"<td><span data-field='upper'>{s.upper}</span><div>{ts_text(s.upper)}</div>"
+        f"<div class='muted'>{_ago(s.upper_age_s)}</div></td>"
+        f"<td><span data-field='since'>{s.since}</span><div>{ts_text(s.since)}</div>"
+        f"<div class='muted'>{_ago(s.since_age_s)}</div></td>"
         f"<td>{_split_bar(s)}</td>"
         f"<td class='n' data-field='records'>{c.records if c else '-'}</td>"
         f"<td class='n' data-field='bytes'>{c.bytes if c else '-'}</td>"
@@ -93,14 +98,14 @@ def _sink_row(k: SinkStatus, airflow_root: str) -> str:
 
 def overview_html(ov: Overview, airflow_root: str = "/") -> str:
     """The overview page: one row per source and per sink."""
-    rows = "".join(_source_row(s, airflow_root) for s in ov.sources) or "<tr><td colspan=13>no sources yet</td></tr>"
+    rows = "".join(_source_row(s, airflow_root) for s in ov.sources) or "<tr><td colspan=11>no sources yet</td></tr>"
     sinks = "".join(_sink_row(k, airflow_root) for k in ov.sinks) or "<tr><td colspan=10>no sinks</td></tr>"
     legend = " ".join(f"<span style='color:{c}'>&#9632;</span> {n}" for n, c in SPLIT_COLOURS)
     body = (
         f"<h1>Reclock</h1><div class='muted'>as of {ov.generated_at:%Y-%m-%d %H:%M:%S} UTC &middot; "
         f"<a href='api/overview'>JSON</a></div>"
-        "<h2>Sources</h2><table><tr><th>source</th><th>status</th><th>upper</th><th>upper time</th><th>since</th>"
-        f"<th>since time</th><th>last cycle <span class='muted'>{legend}</span></th><th>records</th><th>bytes</th>"
+        "<h2>Sources</h2><table><tr><th>source</th><th>status</th><th>upper</th><th>since</th>"
+        f"<th>last cycle <span class='muted'>{legend}</span></th><th>records</th><th>bytes</th>"
         f"<th>lag</th><th>read holds</th><th>errors</th><th>DAGs</th></tr>{rows}</table>"
         "<h2>Sinks</h2><table><tr><th>sink</th><th>collection</th><th>status</th><th>frontier</th><th>lag (ms)</th>"
         "<th>read hold</th><th>messages</th><th>bytes</th><th>step time</th><th>DAG</th></tr>"
@@ -151,7 +156,7 @@ def source_html(d: SourceDetail, airflow_root: str = "/") -> str:
     body = (
         f"<div><a href='../'>&larr; all sources</a></div><h1>{escape(s.name)}</h1>"
         f"<div class='muted'><a href='../api/source/{quote(s.name)}'>JSON</a></div>"
-        "<table><tr><th>source</th><th>status</th><th>upper</th><th>upper time</th><th>since</th><th>since time</th>"
+        "<table><tr><th>source</th><th>status</th><th>upper</th><th>since</th>"
         "<th>last cycle</th><th>records</th><th>bytes</th><th>lag</th><th>read holds</th><th>errors</th><th>DAGs</th>"
         f"</tr>{_source_row(s, airflow_root).replace(chr(39) + 'source/', chr(39))}</table>"
         f"<h2>Over time</h2><div class='charts'>{plots}</div>"

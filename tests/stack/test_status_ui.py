@@ -11,6 +11,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from reclock.dev.state import REPO_ROOT
+from reclock.persist import connect
 from reclock.errors import StackError
 
 pytestmark = pytest.mark.stack
@@ -60,8 +62,9 @@ def _run_cycles(stack) -> None:
     for topic in ("ui_orders", "ui_payments"):
         admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(30)
     producer = Producer({"bootstrap.servers": stack.kafka.bootstrap})
-    for dag_id in ("ingest__ui_orders", "ingest__ui_payments"):
+    for dag_id in ("ingest__ui_orders", "ingest__ui_payments", "sink__ui_out"):
         stack.airflow.wait_for_dag(dag_id)
+    stack.airflow.unpause("sink__ui_out")  # runs on the appends' asset events
     for wave in range(2):
         for i in range(wave * 300, wave * 300 + 300):
             producer.produce("ui_orders", value=b'{"id": %d}' % i, partition=i % 2)
@@ -69,6 +72,7 @@ def _run_cycles(stack) -> None:
         producer.flush(30)
         run_id = stack.airflow.trigger("ingest__ui_orders")
         stack.airflow.wait_run("ingest__ui_orders", run_id, timeout=300)
+    _wait_for_sink(stack)
     for i in range(50):
         producer.produce("ui_payments", value=b'{"id": %d}' % i, partition=i % 2)
     producer.produce("ui_payments", value=b"{broken", partition=1)  # stalls the source
@@ -76,6 +80,20 @@ def _run_cycles(stack) -> None:
     run_id = stack.airflow.trigger("ingest__ui_payments")
     with pytest.raises(StackError, match="failed"):
         stack.airflow.wait_run("ingest__ui_payments", run_id, timeout=300)
+
+
+def _wait_for_sink(stack) -> None:
+    """Until the sink has written everything ui_orders holds."""
+    from reclock.persist import connect
+    from reclock.persist.shards import shard_info
+    from reclock.sinks.kafka import read_progress
+
+    with connect(stack.postgres.dsn()) as conn:
+        upper = shard_info(conn, "ui_orders").upper
+    deadline = time.monotonic() + 180
+    while (p := read_progress(stack.kafka.bootstrap, "_reclock_progress", "ui_out")) is None or p.frontier < upper:
+        assert time.monotonic() < deadline, stack.airflow.api("GET", "dags/sink__ui_out/dagRuns")
+        time.sleep(2)
 
 
 def _truth(dsn: str) -> dict:
@@ -181,6 +199,11 @@ def test_status_pages_in_the_airflow_ui(stack_home: Path):
         assert by_name["ui_orders"]["lag"]["records"] == 0  # the group committed everything
         assert by_name["ui_orders"]["paused"] is False
         assert len(by_name["ui_orders"]["errors_latest"]) == 2
+        (sink,) = ov["sinks"]
+        with connect(stack.postgres.dsn()) as conn:
+            (hold,) = conn.execute("SELECT ts FROM reclock.read_holds WHERE holder = 'sink:ui_out'").fetchone()
+            (upper,) = conn.execute("SELECT upper FROM reclock.shards WHERE id = 'ui_orders'").fetchone()
+        assert (sink["name"], sink["status"], sink["read_hold"], sink["frontier"]) == ("ui_out", "running", hold, upper)
         assert _get(base + "/reclock/api/source/ui_orders", token)[0] == 200
         assert _get(base + "/reclock/api/source/nope", token)[0] == 404
 
