@@ -11,7 +11,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -20,6 +19,7 @@ import pytest
 
 from reclock.dev.state import REPO_ROOT
 from reclock.persist import connect
+from stack_support import wait_sink_caught_up
 from reclock.errors import StackError
 
 pytestmark = pytest.mark.stack
@@ -72,7 +72,7 @@ def _run_cycles(stack) -> None:
         producer.flush(30)
         run_id = stack.airflow.trigger("ingest__ui_orders")
         stack.airflow.wait_run("ingest__ui_orders", run_id, timeout=300)
-    _wait_for_sink(stack)
+    wait_sink_caught_up(stack, "ui_out", "ui_orders")
     for i in range(50):
         producer.produce("ui_payments", value=b'{"id": %d}' % i, partition=i % 2)
     producer.produce("ui_payments", value=b"{broken", partition=1)  # stalls the source
@@ -80,20 +80,6 @@ def _run_cycles(stack) -> None:
     run_id = stack.airflow.trigger("ingest__ui_payments")
     with pytest.raises(StackError, match="failed"):
         stack.airflow.wait_run("ingest__ui_payments", run_id, timeout=300)
-
-
-def _wait_for_sink(stack) -> None:
-    """Until the sink has written everything ui_orders holds."""
-    from reclock.persist import connect
-    from reclock.persist.shards import shard_info
-    from reclock.sinks.kafka import read_progress
-
-    with connect(stack.postgres.dsn()) as conn:
-        upper = shard_info(conn, "ui_orders").upper
-    deadline = time.monotonic() + 180
-    while (p := read_progress(stack.kafka.bootstrap, "_reclock_progress", "ui_out")) is None or p.frontier < upper:
-        assert time.monotonic() < deadline, stack.airflow.api("GET", "dags/sink__ui_out/dagRuns")
-        time.sleep(2)
 
 
 def _truth(dsn: str) -> dict:
