@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything Reclock needs on a fresh Debian machine, idempotently:
 #   system tools (Java 17+, Maven) when missing, a virtualenv in .venv with the pinned Python packages,
-#   the PostgreSQL server (Debian's package) when missing, and the JVM jars from Maven Central.
+#   the PostgreSQL server (Debian's package) when missing, the JVM jars from Maven Central, and Debian's
+#   chromium for the browser test of the Airflow UI pages (tests/stack/test_status_ui.py; about 30 s once).
 # Re-running it is cheap: each step checks first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,6 +11,13 @@ t0=$(date +%s)
 need_apt=()
 command -v java >/dev/null 2>&1 || need_apt+=(default-jre-headless)
 command -v mvn  >/dev/null 2>&1 || need_apt+=(maven)
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ]; then
+    need_apt+=(chromium)
+  else  # optional: without it the browser test is skipped
+    echo "bootstrap: no chromium; the UI browser test will be skipped (as root: apt-get install chromium)" >&2
+  fi
+fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
     echo "bootstrap: missing ${need_apt[*]}; install them (as root: apt-get install ${need_apt[*]})" >&2

@@ -192,6 +192,42 @@ def progress(source: str, dsn: str | None) -> None:
     _echo_status(status)
 
 
+@main.command("status")
+@click.argument("source", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as the plugin's JSON endpoint does.")
+@click.option("--probe-timeout", default=2.0, show_default=True, help="Seconds the Kafka lag probe may take.")
+@_config
+@_dsn
+@_blob
+@_bootstrap
+def status_command(source: str | None, as_json: bool, probe_timeout: float, config: str | None, dsn: str | None,
+           blob_url: str | None, bootstrap: str | None) -> None:
+    """Print where every source and sink stands (or SOURCE, with its bindings and status history): status,
+    upper and since, the last cycle's time split, records and bytes, lag, read holds, errors."""
+    import json
+    import os
+
+    from reclock import status_report as sr
+    from reclock.config import load_config
+
+    s = _settings()
+    cfg = load_config(config)
+    blob = s.find_blob_store(blob_url) if blob_url or os.environ.get("RECLOCK_BLOB_URL") else None
+    lag = sr.kafka_lag_probe(cfg, lambda kafka, what: s.find_bootstrap(kafka, what, bootstrap), probe_timeout)
+    with sr.open_readonly(s.find_dsn(dsn)) as conn:
+        if source is None:
+            ov = sr.overview(conn, cfg, lag, blob=blob)
+            click.echo(json.dumps(sr.to_json(ov), indent=2) if as_json else "\n".join(sr.report_lines(ov)))
+            return
+        detail = sr.source_detail(conn, source, cfg, lag, blob=blob)
+    if detail is None:
+        raise click.ClickException(f"source {source}: not registered and not in the config")
+    if as_json:
+        click.echo(json.dumps(sr.to_json(detail), indent=2))
+        return
+    click.echo("\n".join(sr.detail_lines(detail)))
+
+
 def _cycle_context(source: str, config: str | None, dsn: str | None, blob_url: str | None,
                    bootstrap: str | None, spark_master: str | None, spark_remote: str | None, conf=None):
     """SOURCE's cycle context from the options and settings, Spark found before any step runs."""

@@ -7,9 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import shutil
 import subprocess
-import tempfile
 import sys
 import time
 from datetime import datetime, timedelta, timezone
@@ -18,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from reclock.dev.procs import port_open, read_pid
+from stack_support import wait_sink_caught_up
 
 pytestmark = pytest.mark.stack
 
@@ -45,15 +44,6 @@ def _descendants(pids: set[int]) -> set[int]:
             if int(rest[2]) in pids:  # process group id
                 found.add(int(entry))
     return found
-
-
-@pytest.fixture
-def stack_home():
-    """Outside pytest's 0700 temp folders: the ``postgres`` user must reach the cluster's files."""
-    root = Path(tempfile.mkdtemp(prefix="reclock-stack-"))
-    root.chmod(0o755)
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
 
 
 CONFIG = """
@@ -128,15 +118,9 @@ def _ingest_under_scheduler(stack) -> None:
     assert new and all(b.ts >= started_ms for b in new), "a backfill never mints a binding in the past"
 
     # the sink DAG ran on the appends' asset events and caught up: every record once in the target topic
-    from reclock.persist.shards import shard_info
-    from reclock.sinks.kafka import read_all, read_progress
+    from reclock.sinks.kafka import read_all
 
-    with connect(stack.postgres.dsn()) as conn:
-        upper = shard_info(conn, "it_orders").upper
-    deadline = time.monotonic() + 180
-    while (p := read_progress(stack.kafka.bootstrap, "_reclock_progress", "it_out")) is None or p.frontier < upper:
-        assert time.monotonic() < deadline, stack.airflow.api("GET", "dags/sink__it_out/dagRuns")
-        time.sleep(2)
+    wait_sink_caught_up(stack, "it_out", "it_orders")
     runs = stack.airflow.api("GET", "dags/sink__it_out/dagRuns")["dag_runs"]
     assert runs and {r["run_type"] for r in runs} == {"asset_triggered"}
     ids = sorted(json.loads(m.value())["after"]["id"] for m in read_all(stack.kafka.bootstrap, "it_orders_out", "t"))

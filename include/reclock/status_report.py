@@ -1,0 +1,505 @@
+"""Where every source and sink stands, read from what Reclock records: the status report behind
+``reclock status`` and the Airflow plugin's pages (one module, two faces).
+
+    reclock.sources, remap_collections ─┐
+    shards, shard_batches, read_holds ──┤
+    statistics (a cycle's steps) ───────┼──> overview() ──> Overview(sources, sinks)
+    status_history ─────────────────────┤    source_detail() ──> SourceDetail(bindings, history, series)
+    Kafka group reclock-<source> ───────┘    (the lag probe; "unknown" when the brokers do not answer)
+
+A cycle is read back from its statistics rows: a ``mint`` row opens it, ``write_batches`` rows (one per
+description) and ``append`` rows follow, a ``resume`` row closes it. Each row's ``seconds`` is the step's own
+time and ``at`` its end, so the cycle's wall time (first step's start to resume's end) minus the steps'
+seconds is the *scheduler gap*: task start-up and the scheduler between the two tasks.
+
+Never blocks a cycle: it only reads, on a read-only connection with a statement timeout and a lock timeout,
+with queries bounded by the index on ``(name, id DESC)``; the Kafka probe has a short timeout and degrades to
+an unknown lag with the reason, never an exception.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Callable, Mapping, Sequence
+
+from reclock.config import Config
+from reclock.part_layout import ERRORS_KIND
+from reclock.persist import connect
+from reclock.persist.shards import ReadHold
+from reclock.persist.status import Status
+from reclock.read import read_updates
+from reclock.sources.kafka import KafkaUpstream
+
+STATEMENT_TIMEOUT_MS = 2000
+RECENT_ROWS = 60  # statistics rows per source read for the overview: the last cycle and a half, at least
+LAG_DEADLINE_S = 3.0  # the page waits no longer for the Kafka lag probes
+SERIES_ROWS = 2000  # statistics rows per source read for its plots
+STEPS = ("mint", "write_batches", "append", "resume")
+
+
+# -- values ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Lag:
+    """Records the source's consumer group has not committed yet (None: unknown, ``detail`` says why)."""
+
+    records: int | None
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Cycle:
+    """One cycle read back from its statistics rows (seconds per step; None for a step not recorded)."""
+
+    started: datetime
+    ended: datetime
+    mint: float | None
+    write_batches: float | None
+    append: float | None
+    resume: float | None
+    records: int  # rows written to the source's shards (data and errors)
+    bytes: int
+    offsets_known: int | None  # the sum of the upstream upper's offsets at mint
+    offsets_committed: int | None  # the sum of the offsets resume committed
+
+    @property
+    def total(self) -> float:
+        return (self.ended - self.started).total_seconds()
+
+    @property
+    def steps(self) -> float:
+        return sum(s for s in (self.mint, self.write_batches, self.append, self.resume) if s is not None)
+
+    @property
+    def scheduler_gap(self) -> float:
+        return max(0.0, self.total - self.steps)
+
+
+@dataclass(frozen=True)
+class SourceStatus:
+    name: str
+    kind: str
+    status: str | None  # starting / running / stalled / failed / paused (None: never ran)
+    error: str | None
+    status_at: datetime | None
+    paused: bool | None  # the DAG's pause flag, when the caller knows it
+    upper: int  # the resumption frontier: the least upper of the remap collection and the shards
+    since: int
+    now_ms: int
+    last_cycle: Cycle | None
+    lag: Lag
+    read_holds: tuple[ReadHold, ...]
+    errors_count: int
+    errors_latest: tuple[dict, ...] = ()
+    dags: tuple[str, ...] = ()
+
+    @property
+    def upper_age_s(self) -> float | None:
+        return (self.now_ms - self.upper) / 1000 if self.upper else None
+
+    @property
+    def since_age_s(self) -> float | None:
+        return (self.now_ms - self.since) / 1000 if self.since else None
+
+
+@dataclass(frozen=True)
+class SinkStatus:
+    name: str
+    collection: str | None
+    status: str | None
+    error: str | None
+    status_at: datetime | None
+    paused: bool | None
+    frontier: int | None  # the sink's upper, from its last statistics row
+    lag_ms: int | None  # the collection's upper minus the frontier at that row
+    last_at: datetime | None
+    messages: int | None
+    bytes: int | None
+    seconds: float | None
+    read_hold: int | None
+    dags: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Overview:
+    generated_at: datetime
+    sources: tuple[SourceStatus, ...]
+    sinks: tuple[SinkStatus, ...]
+
+
+@dataclass(frozen=True)
+class BindingRow:
+    ts: int
+    partition: int
+    offset: int
+
+
+@dataclass(frozen=True)
+class SeriesPoint:
+    """One cycle on the plots: when it ended, records per second of its wall time, lag at its mint (records
+    upstream beyond what the previous cycle committed), and its wall time."""
+
+    at: datetime
+    throughput: float
+    lag: int | None
+    cycle_s: float
+
+
+@dataclass(frozen=True)
+class SourceDetail:
+    source: SourceStatus
+    bindings: tuple[BindingRow, ...]
+    history: tuple[Status, ...]  # newest first
+    series: tuple[SeriesPoint, ...]
+
+
+def to_json(value: Any) -> Any:
+    """A value of this module as JSON-ready data (times as ISO strings, ages and splits included)."""
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, (list, tuple)):
+        return [to_json(v) for v in value]
+    if isinstance(value, dict):
+        return {k: to_json(v) for k, v in value.items()}
+    if hasattr(value, "__dataclass_fields__"):
+        out = {k: to_json(getattr(value, k)) for k in value.__dataclass_fields__}
+        for prop in ("upper_age_s", "since_age_s", "total", "scheduler_gap"):
+            if hasattr(type(value), prop):
+                out[prop] = to_json(getattr(value, prop))
+        return out
+    if isinstance(value, bytes):
+        return value.hex()
+    return value
+
+
+_SECRETS = (re.compile(r"(\w+://[^:/@\s]*:)[^@\s]*@"), re.compile(r"(?i)((?:password|token|secret)\s*[=:]\s*)\S+"))
+
+
+def redact(text: str | None) -> str | None:
+    """``text`` with what looks like a credential (a URL's password, ``password=...``) replaced by ``***``:
+    an error recorded by a step may quote a DSN, and nothing shown may carry a credential."""
+    if text is None:
+        return None
+    for pattern in _SECRETS:
+        text = pattern.sub(r"\1***@" if pattern is _SECRETS[0] else r"\1***", text)
+    return text
+
+
+# -- cycles from statistics rows (pure) -------------------------------------------------------------------
+
+
+def _sum_values(x: Any) -> int:
+    if isinstance(x, dict):
+        return sum(int(v or 0) for v in x.values())
+    return int(x or 0)
+
+
+def cycles_from_statistics(rows: Sequence[tuple[str, dict, datetime]]) -> list[Cycle]:
+    """The complete cycles (mint ... resume) among statistics ``rows`` ``(step, metrics, at)``, oldest first.
+    Rows of other steps (rebuild) are skipped; a cycle without its mint row (cut off) is dropped."""
+    out: list[Cycle] = []
+    cur: dict | None = None
+    for step, m, at in rows:
+        secs = float(m.get("seconds") or 0.0)
+        if step == "mint":
+            cur = {"started": at.timestamp() - secs, "mint": secs, "write_batches": None, "append": None,
+                   "records": 0, "bytes": 0, "known": m.get("offsets_known")}
+        elif cur is None or step not in STEPS:
+            continue
+        elif step in ("write_batches", "append"):
+            cur[step] = (cur[step] or 0.0) + secs
+            if step == "write_batches":
+                cur["records"] += _sum_values(m.get("records"))
+                cur["bytes"] += _sum_values(m.get("bytes"))
+        elif step == "resume":
+            committed = m.get("offsets_committed")
+            out.append(Cycle(
+                started=datetime.fromtimestamp(cur["started"], tz=at.tzinfo or timezone.utc), ended=at,
+                mint=cur["mint"], write_batches=cur["write_batches"], append=cur["append"], resume=secs,
+                records=cur["records"], bytes=cur["bytes"], offsets_known=cur["known"],
+                offsets_committed=_sum_values(committed) if committed is not None else None))
+            cur = None
+    return out
+
+
+def series_of(cycles: Sequence[Cycle]) -> list[SeriesPoint]:
+    """The plots' points of ``cycles`` (oldest first)."""
+    points, committed = [], None
+    for c in cycles:
+        lag = None
+        if c.offsets_known is not None and committed is not None:
+            lag = max(0, c.offsets_known - committed)
+        points.append(SeriesPoint(c.ended, c.records / c.total if c.total > 0 else 0.0, lag, c.total))
+        if c.offsets_committed is not None:
+            committed = c.offsets_committed
+    return points
+
+
+# -- reading ----------------------------------------------------------------------------------------------
+
+
+def open_readonly(dsn: str):
+    """A connection that can only read, and gives up rather than wait: a status page never holds up a
+    cycle (no statement runs longer than :data:`STATEMENT_TIMEOUT_MS`, none waits on a lock)."""
+    conn = connect(dsn)
+    conn.execute(f"SET default_transaction_read_only = on; SET statement_timeout = {STATEMENT_TIMEOUT_MS}; "
+                 f"SET lock_timeout = {STATEMENT_TIMEOUT_MS // 2}")
+    return conn
+
+
+LagProbe = Callable[[str], Lag]
+"""A source's name -> its lag."""
+
+
+def kafka_lag_probe(config: Config | None, bootstrap: Callable[[Any, str], str],
+                    timeout: float = 2.0) -> LagProbe:
+    """The lag of a source's consumer group ``reclock-<source>`` at its brokers (``bootstrap(kafka_spec,
+    what)`` finds them): the sum over partitions of the last stable offset minus the committed offset.
+    Any failure (no config, unreachable brokers, a missing topic) is an unknown lag with the reason."""
+    def probe(name: str) -> Lag:
+        spec = config.sources.get(name) if config else None
+        if spec is None:
+            return Lag(None, "not in the config")
+        try:
+            up = KafkaUpstream(name, bootstrap(spec.kafka, f"source {name}"), spec.kafka.topic, timeout=timeout)
+            end = up.probe_upper()
+            committed = up.committed(spec.consumer_group)
+            return Lag(sum(max(0, o - committed.get(p)) for p, o in end), f"group {spec.consumer_group}")
+        except Exception as e:  # a status page degrades, it never fails on a probe
+            first = str(e).splitlines()[0][:160] if str(e) else ""
+            return Lag(None, redact(f"unknown: {type(e).__name__}: {first}"))
+
+    return probe
+
+
+def no_lag(name: str) -> Lag:
+    return Lag(None, "not probed")
+
+
+def _probe_all(lag: LagProbe, names: Sequence[str], deadline_s: float) -> dict[str, Lag]:
+    """``lag`` of every source, in parallel; a probe still running after ``deadline_s`` is an unknown lag
+    (its thread is left to finish on its own timeout, nobody waits for it)."""
+    if not names:
+        return {}
+    pool = ThreadPoolExecutor(min(8, len(names)), "reclock-lag")
+    futures = {n: pool.submit(lag, n) for n in names}
+    wait(futures.values(), timeout=deadline_s)
+    pool.shutdown(wait=False, cancel_futures=True)
+    return {n: f.result() if f.done() and not f.cancelled() else Lag(None, f"unknown: no answer in {deadline_s:g}s")
+            for n, f in futures.items()}
+
+
+def _latest_status(conn, names: Sequence[str]) -> dict[str, tuple]:
+    return {n: (st, redact(err), at) for n, st, err, at in conn.execute(
+        "SELECT n, s.status, s.error, s.at FROM unnest(%s::text[]) n, LATERAL (SELECT status, error, at "
+        "FROM reclock.status_history WHERE name = n ORDER BY id DESC LIMIT 1) s", (list(names),))}
+
+
+def _recent_statistics(conn, names: Sequence[str], limit: int) -> dict[str, list]:
+    out: dict[str, list] = {n: [] for n in names}
+    for n, step, metrics, at in conn.execute(
+            "SELECT n, s.step, s.metrics, s.at FROM unnest(%s::text[]) n, LATERAL (SELECT id, step, metrics, at "
+            "FROM reclock.statistics WHERE name = n ORDER BY id DESC LIMIT %s) s ORDER BY n, s.id",
+            (list(names), limit)):
+        out[n].append((step, metrics, at))
+    return out
+
+
+def _errors_latest(conn, blob, shard: str, limit: int = 5) -> tuple[dict, ...]:
+    """The newest rows of an error collection (raw bytes left out), newest first, from its ``limit`` newest
+    parts (through its part list)."""
+    row = conn.execute("SELECT min(min_ts) FROM (SELECT min_ts FROM reclock.shard_batches WHERE shard = %s "
+                       "AND rows > 0 ORDER BY id DESC LIMIT %s) newest", (shard, limit)).fetchone()
+    if row is None or row[0] is None:
+        return ()
+    table = read_updates(conn, blob, shard, lower=row[0])
+    if table is None:
+        return ()
+    keep = [c for c in ("ts", "partition", "offset", "reason") if c in table.column_names]
+    rows = table.select(keep).to_pylist()
+    return tuple(rows[-limit:][::-1])
+
+
+def overview(conn, config: Config | None = None, lag: LagProbe = no_lag,
+             paused: Mapping[str, bool] | None = None, blob=None, now_ms: int | None = None,
+             only: str | None = None) -> Overview:
+    """Every source (registered in ``reclock.sources`` or configured) and sink (configured, or holding a
+    read hold ``sink:<name>``). ``lag`` probes a source's lag (in parallel, a thread each); ``paused`` maps
+    DAG ids to their pause flag (what Airflow knows); with ``blob`` the error collections' newest rows are
+    read too. ``only``: just that source."""
+    now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
+    kinds = dict(conn.execute("SELECT name, kind FROM reclock.sources").fetchall())
+    for name in (config.sources if config else {}):
+        kinds.setdefault(name, "kafka")
+    names = sorted(n for n in kinds if only is None or n == only)
+    remaps = {r[0]: r[1:] for r in conn.execute(
+        "SELECT source, upper, since FROM reclock.remap_collections WHERE source = ANY(%s)", (names,))}
+    shards: dict[str, list] = {}
+    for sid, src, kind, upper, since in conn.execute(
+            "SELECT id, source, kind, upper, since FROM reclock.shards ORDER BY id"):
+        shards.setdefault(src, []).append((sid, kind, upper, since))
+    holds: dict[str, list[ReadHold]] = {}
+    for row in conn.execute("SELECT shard, holder, ts, updated_at FROM reclock.read_holds ORDER BY shard, holder"):
+        holds.setdefault(row[0], []).append(ReadHold(*row))
+    error_shards = [sid for n in names for sid, kind, _, _ in shards.get(n, ()) if kind == ERRORS_KIND]
+    errors = dict(conn.execute("SELECT shard, coalesce(sum(rows), 0) FROM reclock.shard_batches "
+                               "WHERE shard = ANY(%s) GROUP BY shard", (error_shards,)).fetchall())
+
+    sink_specs = {} if only else dict(config.sinks) if config else {}
+    sink_names = sorted(set(sink_specs) | ({h.holder[5:] for hs in holds.values() for h in hs
+                                            if h.holder.startswith("sink:")} if not only else set()))
+    statuses = _latest_status(conn, [*names, *sink_names])
+    stats = _recent_statistics(conn, [*names, *sink_names], RECENT_ROWS)
+    paused = paused or {}
+    lags = _probe_all(lag, names, LAG_DEADLINE_S)
+
+    sources = []
+    for n in names:
+        rc_upper, rc_since = remaps.get(n, (0, 0))
+        own = shards.get(n, [])
+        upper = min([rc_upper, *(u for _, _, u, _ in own)])
+        since = max([rc_since, *(s for _, _, _, s in own)]) if own else rc_since
+        st = statuses.get(n, (None, None, None))
+        cycles = cycles_from_statistics(stats.get(n, []))
+        err_shard = next((sid for sid, kind, _, _ in own if kind == ERRORS_KIND), None)
+        count = int(errors.get(err_shard, 0)) if err_shard else 0
+        latest = _errors_latest(conn, blob, err_shard) if blob is not None and count else ()
+        dags = (f"ingest__{n}", f"rebuild__{n}")
+        sources.append(SourceStatus(
+            name=n, kind=kinds[n], status=st[0], error=st[1], status_at=st[2], paused=paused.get(dags[0]),
+            upper=upper, since=since, now_ms=now_ms, last_cycle=cycles[-1] if cycles else None, lag=lags[n],
+            read_holds=tuple(h for sid, *_ in own for h in holds.get(sid, ())), errors_count=count,
+            errors_latest=latest, dags=dags))
+
+    sinks = []
+    shard_upper = {sid: u for v in shards.values() for sid, _, u, _ in v}
+    for n in sink_names:
+        spec = sink_specs.get(n)
+        collection = spec.collection if spec else next(
+            (h.shard for hs in holds.values() for h in hs if h.holder == f"sink:{n}"), None)
+        st = statuses.get(n, (None, None, None))
+        last = next(((m, at) for step, m, at in reversed(stats.get(n, [])) if step == "sink"), None)
+        hold = next((h.ts for h in holds.get(collection, ()) if h.holder == f"sink:{n}"), None)
+        frontier = last[0].get("frontier") if last else None
+        upper_now = shard_upper.get(collection)
+        sinks.append(SinkStatus(
+            name=n, collection=collection, status=st[0], error=st[1], status_at=st[2],
+            paused=paused.get(f"sink__{n}"), frontier=frontier,
+            lag_ms=max(0, upper_now - frontier) if frontier is not None and upper_now is not None else None,
+            last_at=last[1] if last else None, messages=last[0].get("messages") if last else None,
+            bytes=last[0].get("bytes") if last else None, seconds=last[0].get("seconds") if last else None,
+            read_hold=hold, dags=(f"sink__{n}",)))
+    return Overview(datetime.fromtimestamp(now_ms / 1000, tz=timezone.utc), tuple(sources), tuple(sinks))
+
+
+def source_detail(conn, name: str, config: Config | None = None, lag: LagProbe = no_lag,
+                  paused: Mapping[str, bool] | None = None, blob=None, bindings: int = 200,
+                  history: int = 50) -> SourceDetail | None:
+    """One source's status, its newest ``bindings`` bindings (the ``<source>_progress`` relation), its
+    newest ``history`` status rows and its series over the last :data:`SERIES_ROWS` statistics rows.
+    None if there is no such source."""
+    ov = overview(conn, config, lag, paused, blob, only=name)
+    if not ov.sources:
+        return None
+    rows = conn.execute(
+        'SELECT b.ts, o.partition, o."offset" FROM (SELECT ts FROM reclock.remap_bindings WHERE source = %s '
+        "ORDER BY ts DESC LIMIT %s) b JOIN reclock.remap_offsets o ON o.source = %s AND o.ts = b.ts "
+        "ORDER BY b.ts DESC, o.partition", (name, bindings, name)).fetchall()
+    hist = conn.execute("SELECT status, error, at FROM reclock.status_history WHERE name = %s "
+                        "ORDER BY id DESC LIMIT %s", (name, history)).fetchall()
+    stats = _recent_statistics(conn, [name], SERIES_ROWS)[name]
+    return SourceDetail(ov.sources[0], tuple(BindingRow(*r) for r in rows),
+                        tuple(Status(name, st, redact(err), at) for st, err, at in hist),
+                        tuple(series_of(cycles_from_statistics(stats))))
+
+
+# -- words and figures shared by the command and the page --------------------------------------------------
+
+
+def age(seconds: float | None) -> str:
+    """``3.2s``, ``4m05s``, ``2h03m``, ``3d04h`` (``-`` for none)."""
+    if seconds is None:
+        return "-"
+    s = max(0.0, seconds)
+    if s < 60:
+        return f"{s:.1f}s"
+    if s < 3600:
+        return f"{int(s // 60)}m{int(s % 60):02d}s"
+    if s < 86400:
+        return f"{int(s // 3600)}h{int(s % 3600 // 60):02d}m"
+    return f"{int(s // 86400)}d{int(s % 86400 // 3600):02d}h"
+
+
+def ts_text(ms: int) -> str:
+    """A timestamp as UTC time, or ``-`` for 0 (nothing yet)."""
+    if not ms:
+        return "-"
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
+
+
+def secs(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}s"
+
+
+def status_text(status: str | None, paused: bool | None) -> str:
+    if paused:
+        return "paused" + (f" ({status})" if status and status != "paused" else "")
+    return status or "never ran"
+
+
+def _head_lines(what: str, x: SourceStatus | SinkStatus) -> list[str]:
+    """The first lines of a source or a sink: its status (and the error it stalled on)."""
+    head = f"{what}: {status_text(x.status, x.paused)}" + (f" at {x.status_at:%Y-%m-%d %H:%M:%S}" if x.status_at else "")
+    return [head] + ([f"  error: {x.error}"] if x.status == "stalled" and x.error else [])
+
+
+def _source_lines(s: SourceStatus) -> list[str]:
+    lines = _head_lines(f"source {s.name} ({s.kind})", s)
+    lines.append(f"  upper {s.upper} ({ts_text(s.upper)}, {age(s.upper_age_s)} ago); "
+                 f"since {s.since} ({ts_text(s.since)}, {age(s.since_age_s)} ago)")
+    c = s.last_cycle
+    if c:
+        lines.append(f"  last cycle at {c.ended:%Y-%m-%d %H:%M:%S}: {secs(c.total)} = mint {secs(c.mint)} + "
+                     f"write_batches {secs(c.write_batches)} + append {secs(c.append)} + resume "
+                     f"{secs(c.resume)} + scheduler gap {secs(c.scheduler_gap)}; {c.records} records, "
+                     f"{c.bytes} bytes")
+    else:
+        lines.append("  last cycle: none complete")
+    lines.append(f"  lag: {s.lag.records if s.lag.records is not None else 'unknown'} records ({s.lag.detail})")
+    holds = ", ".join(f"{h.holder} on {h.shard} at {h.ts}" for h in s.read_holds) or "none"
+    lines.append(f"  read holds: {holds}")
+    lines.append(f"  errors: {s.errors_count}")
+    lines += [f"    {e}" for e in s.errors_latest]
+    return lines
+
+
+def _sink_lines(k: SinkStatus) -> list[str]:
+    lines = _head_lines(f"sink {k.name} ({k.collection})", k)
+    lines.append(f"  frontier {k.frontier if k.frontier is not None else '-'}; lag "
+                 f"{k.lag_ms if k.lag_ms is not None else '-'} ms; read hold "
+                 f"{k.read_hold if k.read_hold is not None else 'none'}; last step "
+                 f"{k.messages if k.messages is not None else '-'} messages, "
+                 f"{k.bytes if k.bytes is not None else '-'} bytes in {secs(k.seconds)}")
+    return lines
+
+
+def report_lines(ov: Overview) -> list[str]:
+    """``reclock status``: the overview as text (every figure the page shows)."""
+    lines = [line for s in ov.sources for line in _source_lines(s)]
+    lines += [line for k in ov.sinks for line in _sink_lines(k)]
+    return lines or ["no sources or sinks yet"]
+
+
+def detail_lines(d: SourceDetail) -> list[str]:
+    """``reclock status SOURCE``: the source's figures, its bindings and its status history."""
+    lines = _source_lines(d.source)
+    lines.append("bindings (newest first): ts, partition, offset")
+    lines += [f"  {b.ts} ({ts_text(b.ts)})  {b.partition}  {b.offset}" for b in d.bindings]
+    lines.append("status history (newest first):")
+    lines += [f"  {h.at:%Y-%m-%d %H:%M:%S} {h.status}" + (f" -- {h.error}" if h.error else "") for h in d.history]
+    return lines

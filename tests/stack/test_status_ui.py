@@ -1,0 +1,217 @@
+"""The Reclock pages in the real Airflow UI: the stack up, cycles under the scheduler (one source that
+collects a bad record, one that stalls on it), anonymous requests refused, a login in headless Chromium,
+the page's figures checked against Postgres, a screenshot, and ``reclock status`` printing the JSON's
+figures."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from reclock.dev.state import REPO_ROOT
+from reclock.persist import connect
+from stack_support import wait_sink_caught_up
+from reclock.errors import StackError
+
+pytestmark = pytest.mark.stack
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+SCREENSHOT = Path(os.environ.get("RECLOCK_UI_SCREENSHOT", REPO_ROOT / ".reclock" / "ui-overview.png"))
+CONFIG = """
+sources:
+  ui_orders:
+    kafka: {connection: reclock_kafka, topic: ui_orders}
+    format: {type: json, schema: "id BIGINT"}
+    interval: 1h
+  ui_payments:
+    kafka: {connection: reclock_kafka, topic: ui_payments}
+    format: {type: json, schema: "id BIGINT"}
+    interval: 1h
+    on_decode_error: stall
+sinks:
+  ui_out:
+    from: ui_orders
+    kafka: {connection: reclock_kafka, topic: ui_orders_out}
+    format: debezium
+"""
+
+
+def _get(url: str, token: str | None = None) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def _run_cycles(stack) -> None:
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": stack.kafka.bootstrap})
+    for topic in ("ui_orders", "ui_payments"):
+        admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(30)
+    producer = Producer({"bootstrap.servers": stack.kafka.bootstrap})
+    for dag_id in ("ingest__ui_orders", "ingest__ui_payments", "sink__ui_out"):
+        stack.airflow.wait_for_dag(dag_id)
+    stack.airflow.unpause("sink__ui_out")  # runs on the appends' asset events
+    for wave in range(2):
+        for i in range(wave * 300, wave * 300 + 300):
+            producer.produce("ui_orders", value=b'{"id": %d}' % i, partition=i % 2)
+        producer.produce("ui_orders", value=b"not json", partition=0)  # collected in ui_orders_errors
+        producer.flush(30)
+        run_id = stack.airflow.trigger("ingest__ui_orders")
+        stack.airflow.wait_run("ingest__ui_orders", run_id, timeout=300)
+    wait_sink_caught_up(stack, "ui_out", "ui_orders")
+    for i in range(50):
+        producer.produce("ui_payments", value=b'{"id": %d}' % i, partition=i % 2)
+    producer.produce("ui_payments", value=b"{broken", partition=1)  # stalls the source
+    producer.flush(30)
+    run_id = stack.airflow.trigger("ingest__ui_payments")
+    with pytest.raises(StackError, match="failed"):
+        stack.airflow.wait_run("ingest__ui_payments", run_id, timeout=300)
+
+
+def _truth(dsn: str) -> dict:
+    """What Postgres says, per source: the least upper, the latest status, the error collection's rows."""
+    import psycopg
+
+    with psycopg.connect(dsn) as conn:
+        out = {}
+        for name in ("ui_orders", "ui_payments"):
+            (upper,) = conn.execute(
+                "SELECT least((SELECT upper FROM reclock.remap_collections WHERE source = %s), "
+                "(SELECT min(upper) FROM reclock.shards WHERE source = %s))", (name, name)).fetchone()
+            status, error = conn.execute("SELECT status, error FROM reclock.status_history WHERE name = %s "
+                                         "ORDER BY id DESC LIMIT 1", (name,)).fetchone()
+            (errors,) = conn.execute("SELECT coalesce(sum(b.rows), 0) FROM reclock.shard_batches b JOIN "
+                                     "reclock.shards s ON s.id = b.shard WHERE s.source = %s AND s.kind = 'errors'",
+                                     (name,)).fetchone()
+            out[name] = {"upper": upper, "status": status, "error": error, "errors": int(errors)}
+    return out
+
+
+def _browse(stack, truth: dict, secrets: list[str]) -> None:
+    from playwright.sync_api import sync_playwright
+
+    base = stack.airflow.url
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                     args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"])
+        try:
+            page = browser.new_page(viewport={"width": 1500, "height": 820})
+            # not logged in: the plugin's page is refused
+            assert page.goto(f"{base}/reclock/").status == 401
+            # log in through Airflow's own login form
+            page.goto(f"{base}/auth/login")
+            page.locator("input[name=username]").fill("admin")
+            page.locator("input[name=password]").fill(stack.airflow.admin_password)
+            page.get_by_role("button", name="Sign in").click()
+            page.wait_for_url(lambda url: "/auth/login" not in url, timeout=60_000)
+            # the navigation links the page (Browse > Reclock), which shows it inside Airflow's UI
+            page.goto(f"{base}/plugin/reclock")
+            frame = page.frame_locator("iframe")
+            frame.locator("tr[data-source='ui_orders']").wait_for(timeout=60_000)
+            page.screenshot(path=str(SCREENSHOT.with_name(SCREENSHOT.stem + "-in-airflow.png")))
+            # the page itself: its figures are Postgres's
+            response = page.goto(f"{base}/reclock/")
+            assert response.status == 200
+            html = page.content()
+            for secret in secrets:
+                assert secret not in html
+            for name, t in truth.items():
+                row = page.locator(f"tr[data-source='{name}']")
+                assert row.locator("[data-field=upper]").inner_text() == str(t["upper"])
+                assert row.locator("[data-field=status]").inner_text() == t["status"]
+                assert row.locator("[data-field=errors]").inner_text() == str(t["errors"])
+                if t["status"] == "stalled":
+                    assert row.locator("[data-field=error]").inner_text() == t["error"]
+            SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(SCREENSHOT), full_page=True)
+            # one source's page: bindings, history and the three plots
+            page.locator("tr[data-source='ui_orders'] a", has_text="ui_orders").first.click()
+            page.wait_for_url("**/reclock/source/ui_orders")
+            assert page.locator("svg polyline").count() == 3
+            assert "ui_orders_progress" in page.content()
+            page.screenshot(path=str(SCREENSHOT.with_name(SCREENSHOT.stem + "-source.png")), full_page=True)
+        finally:
+            browser.close()
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (scripts/bootstrap.sh installs it)")
+def test_status_pages_in_the_airflow_ui(stack_home: Path):
+    config = stack_home / "reclock.yaml"
+    config.write_text(CONFIG)
+    env = {**os.environ, "RECLOCK_HOME": str(stack_home / "stack"), "RECLOCK_CONFIG": str(config)}
+    reclock = [sys.executable, "-m", "reclock.cli"]
+    up = subprocess.run([*reclock, "dev", "up", "--no-smoke"], env=env, capture_output=True, text=True, timeout=600)
+    assert up.returncode == 0, up.stdout + up.stderr
+
+    from reclock.dev.stack import Stack
+    from reclock.dev.state import StackState
+
+    stack = Stack(StackState(stack_home / "stack"))
+    try:
+        _run_cycles(stack)
+        truth = _truth(stack.postgres.dsn())
+        assert truth["ui_orders"]["status"] == "running" and truth["ui_orders"]["errors"] == 2
+        assert truth["ui_payments"]["status"] == "stalled" and "stall" in truth["ui_payments"]["error"]
+        secrets = [stack.airflow.admin_password, stack.postgres.dsn().split("@")[0].rsplit(":", 1)[1]]
+
+        # anonymous requests are refused, a token's are served
+        base = stack.airflow.url
+        for path in ("/reclock/", "/reclock/api/overview", "/reclock/api/source/ui_orders", "/reclock/source/x"):
+            assert _get(base + path)[0] == 401, path
+        assert _get(base + "/reclock/api/overview", token="not-a-jwt")[0] in (401, 403)
+        token = stack.airflow.token()
+        status, body = _get(base + "/reclock/api/overview", token)
+        assert status == 200
+        assert not any(s in body.decode() for s in secrets)
+        ov = json.loads(body)
+        by_name = {s["name"]: s for s in ov["sources"]}
+        for name, t in truth.items():
+            assert (by_name[name]["upper"], by_name[name]["status"], by_name[name]["errors_count"]) == (
+                t["upper"], t["status"], t["errors"])
+        assert by_name["ui_orders"]["lag"]["records"] == 0  # the group committed everything
+        assert by_name["ui_orders"]["paused"] is False
+        assert len(by_name["ui_orders"]["errors_latest"]) == 2
+        (sink,) = ov["sinks"]
+        with connect(stack.postgres.dsn()) as conn:
+            (hold,) = conn.execute("SELECT ts FROM reclock.read_holds WHERE holder = 'sink:ui_out'").fetchone()
+            (upper,) = conn.execute("SELECT upper FROM reclock.shards WHERE id = 'ui_orders'").fetchone()
+        assert (sink["name"], sink["status"], sink["read_hold"], sink["frontier"]) == ("ui_out", "running", hold, upper)
+        assert _get(base + "/reclock/api/source/ui_orders", token)[0] == 200
+        assert _get(base + "/reclock/api/source/nope", token)[0] == 404
+
+        _browse(stack, truth, secrets)
+
+        # `reclock status` prints the JSON's figures
+        exports = subprocess.run([*reclock, "dev", "env"], env=env, capture_output=True, text=True, timeout=120)
+        settings = dict(shlex.split(line)[1].split("=", 1) for line in exports.stdout.splitlines())
+        out = subprocess.run([*reclock, "status"], env={**env, **settings}, capture_output=True, text=True,
+                             timeout=120)
+        assert out.returncode == 0, out.stderr
+        for s in ov["sources"]:
+            c = s["last_cycle"]
+            assert f"source {s['name']} (kafka): {s['status']}" in out.stdout
+            assert f"upper {s['upper']} (" in out.stdout and f"since {s['since']} (" in out.stdout
+            assert f"errors: {s['errors_count']}" in out.stdout
+            if c:
+                assert f"mint {c['mint']:.2f}s + write_batches {c['write_batches']:.2f}s" in out.stdout
+                assert f"; {c['records']} records, {c['bytes']} bytes" in out.stdout
+            if s["lag"]["records"] is not None:
+                assert f"lag: {s['lag']['records']} records" in out.stdout
+        assert f"error: {by_name['ui_payments']['error']}" in out.stdout
+    finally:
+        down = subprocess.run([*reclock, "dev", "down"], env=env, capture_output=True, text=True, timeout=300)
+    assert down.returncode == 0, down.stdout + down.stderr

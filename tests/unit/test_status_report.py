@@ -1,0 +1,88 @@
+"""The pure parts of the status report and its page: cycles read back from statistics rows, the plots'
+series, redaction, and the HTML (escaped, no request for anything outside the page)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+from reclock import status_page as sp
+from reclock import status_report as sr
+
+T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+def _at(s: float) -> datetime:
+    return T0 + timedelta(seconds=s)
+
+
+def test_cycles_sum_several_descriptions_and_skip_a_cut_off_one():
+    rows = [
+        ("write_batches", {"seconds": 1.0}, _at(1)),  # the tail of a cycle whose mint is cut off
+        ("append", {"seconds": 0.1}, _at(2)),
+        ("resume", {"seconds": 0.1}, _at(3)),
+        ("mint", {"seconds": 0.5, "offsets_known": 30}, _at(10.5)),
+        ("write_batches", {"seconds": 2.0, "records": {"a": 10, "a_errors": 1}, "bytes": {"a": 100}}, _at(12.5)),
+        ("write_batches", {"seconds": 2.0, "records": {"a": 19}, "bytes": {"a": 200}}, _at(14.5)),
+        ("append", {"seconds": 0.2}, _at(16)),
+        ("rebuild", {"seconds": 9.0}, _at(16.1)),
+        ("resume", {"seconds": 0.3, "offsets_committed": {"0": 20, "1": 10}}, _at(16.5)),
+        ("mint", {"seconds": 0.5}, _at(20)),  # a cycle under way: not complete
+    ]
+    (c,) = sr.cycles_from_statistics(rows)
+    assert (c.mint, c.write_batches, c.append, c.resume) == (0.5, 4.0, 0.2, 0.3)
+    assert (c.records, c.bytes, c.offsets_known, c.offsets_committed) == (30, 300, 30, 30)
+    assert c.total == 6.5 and round(c.scheduler_gap, 6) == 1.5
+
+
+def test_series_lag_is_the_backlog_beyond_the_previous_commit():
+    def cycle(start: float, known: int, committed: int) -> sr.Cycle:
+        return sr.Cycle(_at(start), _at(start + 2), 0.1, 1.0, 0.1, 0.1, 40, 400, known, committed)
+
+    points = sr.series_of([cycle(0, 100, 100), cycle(10, 160, 150), cycle(20, 150, 150)])
+    assert [p.lag for p in points] == [None, 60, 0]
+    assert [p.throughput for p in points] == [20.0, 20.0, 20.0]
+
+
+def test_redact_hides_passwords_in_urls_and_assignments():
+    text = "postgresql://reclock:pa55@127.0.0.1:5432/r failed; password=hunter2 token: abc"
+    out = sr.redact(text)
+    assert "pa55" not in out and "hunter2" not in out and "abc" not in out
+    assert "postgresql://reclock:***@127.0.0.1:5432/r" in out
+
+
+def _source(name: str, error: str | None) -> sr.SourceStatus:
+    return sr.SourceStatus(name=name, kind="kafka", status="stalled", error=error, status_at=T0, paused=None,
+                           upper=1_767_225_600_500, since=0, now_ms=1_767_225_601_000, last_cycle=None,
+                           lag=sr.Lag(None, "unknown: KafkaException: timed out"), read_holds=(), errors_count=1)
+
+
+def test_overview_html_escapes_and_stays_self_contained():
+    ov = sr.Overview(T0, (_source("a", "<script>alert(1)</script>"),), ())
+    html = sp.overview_html(ov)
+    assert "<script>" not in html and "&lt;script&gt;" in html
+    assert "http://" not in html and "https://" not in html and "src=" not in html
+    assert "data-field='upper'>1767225600500<" in html and "0.5s ago" in html
+
+
+def test_plots_are_inline_svg_with_gaps_for_unknowns():
+    svg = sp.svg_plot("lag", [1, 2, 3], [None, 5, 7])
+    assert svg.startswith("<svg") and "2 cycles" in svg and svg.count(",") == 2
+    assert "no data yet" in sp.svg_plot("lag", [], [])
+
+
+def test_a_probe_that_does_not_answer_in_time_is_an_unknown_lag():
+    import threading
+    import time
+
+    release = threading.Event()
+
+    def probe(name: str) -> sr.Lag:
+        if name == "slow":
+            release.wait(5)
+        return sr.Lag(1, "ok")
+
+    t = time.monotonic()
+    lags = sr._probe_all(probe, ["fast", "slow"], 0.3)
+    release.set()
+    assert time.monotonic() - t < 2
+    assert lags == {"fast": sr.Lag(1, "ok"), "slow": sr.Lag(None, "unknown: no answer in 0.3s")}
