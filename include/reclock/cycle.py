@@ -54,7 +54,7 @@ from reclock.persist.remap_store import append_binding, compact_remap, load_rema
 from reclock.persist.shards import (Append, advance_since, compare_and_append, read_holds, register_shard,
                                     replace_batches, shard_info)
 from reclock.persist.staged import collect_parts, first_rejected, read_state_changes, slice_folder
-from reclock.persist.status import record_statistics, record_status
+from reclock.persist.status import prune_history, record_statistics, record_status
 from reclock.persist.upsert_state import apply_changes, load_prior
 from reclock.remap import RemapCollection
 from reclock.sources.kafka import KafkaUpstream
@@ -78,6 +78,7 @@ class CycleContext:
     retain_history_ms: int = 0
     gc_grace_s: float = 3600.0  # unreferenced parts younger than this (since written or replaced) are kept
     gc_interval_s: float = 300.0  # resume collects the source's garbage at most this often
+    stats_keep_s: float = 7 * 86400.0  # statistics and status rows older than this go with that collection
     _upstream: KafkaUpstream | None = field(default=None, init=False, repr=False, compare=False)
     _spark: object | None = field(default=None, init=False, repr=False, compare=False)
     connections: ConnectionLender = field(init=False, repr=False, compare=False)
@@ -345,7 +346,8 @@ def resume(ctx: CycleContext) -> ResumeResult:
     the remap collection is compacted to the new since, each shard's small parts at or below it are
     merged (``reclock.persist.compact``), and at most every ``gc_interval_s`` the blobs no batch references
     are deleted once ``gc_grace_s`` has passed since they were written or replaced, unless a running
-    write leases their folder (``reclock.persist.gc``).
+    write leases their folder (``reclock.persist.gc``); the same pass prunes statistics and status rows
+    older than ``stats_keep_s`` (``reclock.persist.status.prune_history``).
     """
     with _step(ctx, "resume") as m:
         with ctx.connect() as conn:
@@ -373,8 +375,10 @@ def resume(ctx: CycleContext) -> ResumeResult:
                 # the cycle's parts sit under the source's folder, compaction's under each shard's
                 reports = [collect_garbage(conn, ctx.blob, folder, ctx.gc_grace_s)
                            for folder in dict.fromkeys([ctx.spec.name, *ctx.spec.shards])]
+                pruned = prune_history(conn, ctx.stats_keep_s)
                 m.update(gc_deleted=sum(r.deleted for r in reports), gc_deleted_bytes=sum(r.deleted_bytes for r in reports),
-                         gc_kept=sum(r.referenced + r.kept_young + r.kept_leased for r in reports))
+                         gc_kept=sum(r.referenced + r.kept_young + r.kept_leased for r in reports),
+                         history_pruned=sum(pruned))
         m.update(resumption=resumption, offsets_committed=offsets.as_dict(), since=since, compacted=compacted)
         return ResumeResult(resumption, offsets.as_dict(), since)
 
