@@ -51,8 +51,8 @@ from reclock.persist.compact import compact_parts
 from reclock.persist.gc import claim_gc, collect_garbage, lease_write, release_write
 from reclock.persist.lending import ConnectionLender
 from reclock.persist.remap_store import append_binding, compact_remap, load_remap, register_source
-from reclock.persist.shards import (Append, advance_since, compare_and_append, read_holds, register_shard,
-                                    replace_batches, shard_info)
+from reclock.persist.shards import (Append, advance_since, compare_and_append, drop_lapsed_holds, read_holds,
+                                    register_shard, replace_batches, shard_info)
 from reclock.persist.staged import collect_parts, first_rejected, read_state_changes, slice_folder
 from reclock.persist.status import prune_history, record_statistics, record_status
 from reclock.persist.upsert_state import apply_changes, load_prior
@@ -376,9 +376,10 @@ def resume(ctx: CycleContext) -> ResumeResult:
                 reports = [collect_garbage(conn, ctx.blob, folder, ctx.gc_grace_s)
                            for folder in dict.fromkeys([ctx.spec.name, *ctx.spec.shards])]
                 pruned = prune_history(conn, ctx.stats_keep_s)
+                lapsed = drop_lapsed_holds(conn)
                 m.update(gc_deleted=sum(r.deleted for r in reports), gc_deleted_bytes=sum(r.deleted_bytes for r in reports),
-                         gc_kept=sum(r.referenced + r.kept_young + r.kept_leased for r in reports),
-                         history_pruned=sum(pruned))
+                         gc_kept=sum(r.referenced + r.kept_young + r.kept_leased + r.kept_read for r in reports),
+                         history_pruned=sum(pruned), lapsed_holds=lapsed)
         m.update(resumption=resumption, offsets_committed=offsets.as_dict(), since=since, compacted=compacted)
         return ResumeResult(resumption, offsets.as_dict(), since)
 

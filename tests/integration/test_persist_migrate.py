@@ -24,7 +24,7 @@ TABLES = {
     "remap_offsets": ["source", "ts", "partition", "offset"],
     "shards": ["id", "source", "output", "upper", "since", "created_at", "kind"],
     "shard_batches": ["id", "shard", "lower", "upper", "path", "rows", "bytes", "min_ts", "max_ts", "created_at"],
-    "read_holds": ["shard", "holder", "ts", "created_at", "updated_at"],
+    "read_holds": ["shard", "holder", "ts", "created_at", "updated_at", "expires_at"],
     "statistics": ["id", "name", "step", "metrics", "at"],
     "status_history": ["id", "name", "status", "error", "at"],
     "schema_migrations": ["version", "name", "checksum", "applied_at"],
