@@ -258,9 +258,10 @@ def spark_frame(spark, parts: PartList, blob: BlobStore, updates: bool = False) 
     paths = _read_paths(parts)
     if not paths:
         return spark.createDataFrame([], "diff BIGINT").drop("diff")
-    # recursiveFileLookup: no partition discovery (upsert parts sit in _output=N/ folders, no column of ours)
-    df = spark.read.option("mergeSchema", "true").option("recursiveFileLookup", "true") \
-        .parquet(*[blob.url(p) for p in paths])
+    # recursiveFileLookup: no partition discovery (upsert parts sit in _output=N/ folders, no column of ours);
+    # a listed part that is missing or corrupt fails the read, whatever the session's ignore* settings say
+    df = spark.read.options(mergeSchema="true", recursiveFileLookup="true", ignoreMissingFiles="false",
+                            ignoreCorruptFiles="false").parquet(*[blob.url(p) for p in paths])
     own, renames = own_columns(parts.kind, df.columns)
     df = df.select(*[F.col(f"`{c}`").alias(renames.get(c, c)) for c in own])
     if not parts.paths:

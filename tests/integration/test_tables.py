@@ -199,3 +199,28 @@ def test_a_reader_hold_is_a_lease(db, kafka, topic, spark, tmp_path):
             assert [h.holder for h in read_holds(conn, "leased")] == [r.holder]
             want, cols = expected_bag(conn, ctx.blob, "leased", r.as_of)
         assert spark_bag(r.spark(spark), cols) == want
+
+
+def test_a_missing_part_fails_the_read_even_when_spark_ignores_missing_files(db, kafka, topic, spark, tmp_path):
+    name = topic(partitions=2)
+    ctx = replace(make_ctx(db, kafka, spark, tmp_path, name, name="holed"), retain_history_ms=10**12)
+    produce(kafka, name, [rec(i, i % 2) for i in range(20)])
+    cycle.run_cycle(ctx)
+    with pytest.raises(FileNotFoundError):  # gone before the listing: its footer cannot be read
+        with connect(db) as conn:
+            first = batches(conn, "holed")[0].path
+        ctx.blob.put_bytes("keep.parquet", ctx.blob.get_bytes(first))
+        ctx.blob.delete(first)
+        spark_as_of(spark, "holed", dsn=db, blob=ctx.blob)
+    ctx.blob.put_bytes(first, ctx.blob.get_bytes("keep.parquet"))
+    spark.conf.set("spark.sql.files.ignoreMissingFiles", "true")
+    try:
+        with read_table("holed", dsn=db, blob=ctx.blob) as r:  # gone after the plan: the scan fails
+            df = r.spark(spark)
+            ctx.blob.delete(first)
+            with pytest.raises(Exception, match="(?i)not exist|not found|no such file"):
+                df.collect()
+            with pytest.raises(Exception, match="(?i)no such file|no files found|does not exist"):
+                r.duckdb(duckdb.connect()).fetchall()
+    finally:
+        spark.conf.set("spark.sql.files.ignoreMissingFiles", "false")
