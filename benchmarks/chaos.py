@@ -349,7 +349,8 @@ class Driver:
         self.started_at = time.monotonic()
 
     def ready(self) -> bool:
-        return (self.proc is not None and self.proc.poll() is None and self.log is not None
+        return (self.proc is not None and not isinstance(self.proc, _Delayed) and self.proc.poll() is None
+                and self.log is not None
                 and self.log.exists() and self.log.stat().st_size > 0)
 
     def kill(self) -> bool:
@@ -364,13 +365,15 @@ class Driver:
     def arm(self, extra: dict[str, str]) -> None:
         with self.lock:
             self.armed = dict(extra)
-            if self.proc is not None and self.proc.poll() is None:
+            if self.proc is not None and not isinstance(self.proc, _Delayed) and self.proc.poll() is None:
                 os.killpg(self.proc.pid, signal.SIGKILL)  # not counted: the fault is the fail point
                 self.proc.wait(30)
 
     def tick(self) -> None:
         """Restart a dead process; kill one silent for ``WATCHDOG_S``."""
         with self.lock:
+            if isinstance(self.proc, _Delayed) and self.proc.poll() is None:
+                return  # a rerun waiting out its back-off
             if self.proc is not None and self.proc.poll() is None:
                 silent = time.time() - self.log.stat().st_mtime
                 if silent > WATCHDOG_S and time.monotonic() - self.started_at > WATCHDOG_S:
@@ -460,15 +463,16 @@ class AirflowSide:
             return True
 
     def tick(self) -> None:
-        """Start again an Airflow process that died."""
+        """Start again an Airflow process that died (as a service manager would: that process only; if it
+        dies again, the next tick starts it again)."""
         from reclock.dev.airflow import COMPONENTS
 
         with self.lock:
-            dead = [c for c in COMPONENTS if not self.af.running(c)]
-            if dead:
-                self.echo(f"airflow {', '.join(dead)} died; starting it again")
-                self.revived += 1
-                self.af.start(timeout=600)
+            for c in COMPONENTS:
+                if not self.af.running(c):
+                    self.echo(f"airflow {c} died; starting it again")
+                    self.revived += 1
+                    self.af.start_component(c)
 
     def stop(self) -> None:
         """Pause the DAG, let a running task finish (2 minutes at most), stop Airflow."""
@@ -719,6 +723,7 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
     svc = producers = airflow = None
     drivers: list[Driver] = []
     injected: collections.Counter = collections.Counter()
+    harness_errors: list[str] = []
     try:
         echo(f"chaos: seed {seed}, {faults} faults, state in {root}")
         svc = start_services(root)
@@ -767,30 +772,35 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
             time.sleep(rng.uniform(*gap))
             kind = first.pop(0) if first else rng.choices(kind_list, [WEIGHTS[k] for k in kind_list])[0]
             hit = False
-            if kind == "cycle_sigkill":
-                hit = cycles[rng.choice(RUNNERS)].kill()
-            elif kind == "airflow_task_kill":
-                hit = airflow.kill(rng)
-            elif kind == "cycle_failpoint":
-                d = cycles[rng.choice(RUNNERS)]
-                before = d.failpoint_exits
-                d.arm({"RECLOCK_FAILPOINTS": f"{rng.choice(CYCLE_FAILPOINTS)}=exit"})
-                hit = _wait_for(lambda: d.failpoint_exits > before, 180)
-            elif kind == "sink_sigkill":
-                hit = sink.kill()
-            elif kind == "sink_failpoint":
-                before = sink.failpoint_exits
-                sink.arm({"RECLOCK_FAILPOINTS": "sink:in_transaction=exit"})
-                hit = _wait_for(lambda: sink.failpoint_exits > before, 180)  # it needs new appends to write
-            elif kind == "pg_restart":
-                restart_postgres(svc)
-                hit = True
-            elif kind == "kafka_restart":
-                restart_kafka(svc, rng.uniform(0, 3))
-                hit = True
-            elif kind == "spark_restart":
-                restart_spark(svc, rng.uniform(0, 3))
-                hit = True
+            try:
+                if kind == "cycle_sigkill":
+                    hit = cycles[rng.choice(RUNNERS)].kill()
+                elif kind == "airflow_task_kill":
+                    hit = airflow.kill(rng)
+                elif kind == "cycle_failpoint":
+                    d = cycles[rng.choice(RUNNERS)]
+                    before = d.failpoint_exits
+                    d.arm({"RECLOCK_FAILPOINTS": f"{rng.choice(CYCLE_FAILPOINTS)}=exit"})
+                    hit = _wait_for(lambda: d.failpoint_exits > before, 180)
+                elif kind == "sink_sigkill":
+                    hit = sink.kill()
+                elif kind == "sink_failpoint":
+                    before = sink.failpoint_exits
+                    sink.arm({"RECLOCK_FAILPOINTS": "sink:in_transaction=exit"})
+                    hit = _wait_for(lambda: sink.failpoint_exits > before, 180)  # it needs new appends to write
+                elif kind == "pg_restart":
+                    restart_postgres(svc)
+                    hit = True
+                elif kind == "kafka_restart":
+                    restart_kafka(svc, rng.uniform(0, 3))
+                    hit = True
+                elif kind == "spark_restart":
+                    restart_spark(svc, rng.uniform(0, 3))
+                    hit = True
+            except Exception as e:  # noqa: BLE001 - a harness error is reported, the campaign goes on
+                harness_errors.append(f"{kind}: {type(e).__name__}: {e}")
+                echo(f"harness error injecting {kind}: {e!r}")
+                hit = False
             if hit:
                 injected[kind] += 1
                 total += 1
@@ -828,6 +838,7 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
         extra = {"launches": {d.name: d.launches for d in drivers},
                  "exits": {d.name: {str(k): v for k, v in d.exits.items()} for d in drivers},
                  "watchdog_kills": sum(d.watchdog_kills for d in drivers), "airflow": airflow_report,
+                 "harness_errors": harness_errors,
                  "txn_producer_errors": producers.errors["txn"]}
         return Result(seed, injected, verdict, time.monotonic() - t0, producers.sent, extra)
     finally:
