@@ -14,7 +14,8 @@ A config file holds ``sources:`` and ``sinks:``. Example::
           # (confluent: a 5-byte schema-registry header precedes each value)
         envelope: none                     # none | upsert (upsert keys on the Kafka key; a null value deletes)
         include: [partition, offset, key, timestamp, headers]  # metadata columns (like INCLUDE)
-        interval: 30s                      # the DAG's schedule
+        schedule: interval                 # interval: every `interval:` | upstream: when the topic holds
+        interval: 30s                      # records beyond the newest binding (probed every `poll: 1s`)
         budget: {max_records: 500000}
         on_decode_error: collect           # collect (to <source>_errors) | stall
         rebuild: task                      # how rebuild__<source> runs: task (in the Airflow task) |
@@ -109,6 +110,8 @@ class SourceSpec:
     budget: BudgetSpec = field(default_factory=BudgetSpec)
     on_decode_error: str = "collect"
     rebuild: str = "task"  # how rebuild__<source> runs: in its Airflow task, or as a spark-submit job
+    schedule: str = "interval"  # ingest__<source> runs every interval_s, or when upstream moves ("upstream")
+    poll_s: float = 1.0  # schedule upstream: how often the cluster's offsets are probed
 
     @property
     def consumer_group(self) -> str:
@@ -180,7 +183,8 @@ def parse_source(name: str, raw: Any, base: Path | None = None) -> SourceSpec:
     if not NAME_RE.match(name):
         raise ConfigError(f"{what}: a source name must match {NAME_RE.pattern} (it becomes a SQL name)")
     d = _require(raw, what)
-    _unknown(d, {"kafka", "format", "envelope", "include", "interval", "budget", "on_decode_error", "rebuild"}, what)
+    _unknown(d, {"kafka", "format", "envelope", "include", "interval", "budget", "on_decode_error", "rebuild",
+                 "schedule", "poll"}, what)
     if "kafka" not in d:
         raise ConfigError(f"{what}: needs a `kafka:` section with at least `topic:`")
     kafka = _parse_kafka(d["kafka"], f"{what}.kafka")
@@ -225,10 +229,23 @@ def parse_source(name: str, raw: Any, base: Path | None = None) -> SourceSpec:
     rebuild = d.get("rebuild", "task")
     if rebuild not in REBUILDS:
         raise ConfigError(f"{what}: rebuild {rebuild!r} is not one of {', '.join(REBUILDS)}")
+    schedule = d.get("schedule", "interval")
+    if schedule not in SCHEDULES:
+        raise ConfigError(f"{what}: schedule {schedule!r} is not one of {', '.join(SCHEDULES)}")
+    if "interval" in d and schedule != "interval":
+        raise ConfigError(f"{what}: `interval:` is for `schedule: interval`; with `schedule: {schedule}` the "
+                          "source runs when upstream moves (`poll:` sets how often it is probed)")
+    if "poll" in d and schedule != "upstream":
+        raise ConfigError(f"{what}: `poll:` is for `schedule: upstream`")
+    poll_s = parse_duration(d.get("poll", "1s"), f"{what}.poll")
     return SourceSpec(name=name, kafka=kafka, format=fmt, envelope=envelope, include=include,
                       interval_s=parse_duration(d.get("interval", "60s"), f"{what}.interval"),
-                      budget=budget, on_decode_error=on_err, rebuild=rebuild)
+                      budget=budget, on_decode_error=on_err, rebuild=rebuild, schedule=schedule, poll_s=poll_s)
 
+
+SCHEDULES = ("interval", "upstream")
+"""When ``ingest__<source>`` runs: every ``interval``, or when the topic holds records beyond the newest
+binding (``reclock.orchestration.triggers``)."""
 
 SINK_FORMATS = ("debezium", "upsert")
 DEFAULT_PROGRESS_TOPIC = "_reclock_progress"

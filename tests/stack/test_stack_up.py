@@ -53,6 +53,11 @@ sources:
     format: {type: json, schema: "id BIGINT"}
     include: [partition, offset]
     interval: 1h
+  it_events:
+    kafka: {connection: reclock_kafka, topic: it_events}
+    format: {type: json, schema: "id BIGINT"}
+    schedule: upstream
+    poll: 500ms
 sinks:
   it_out:
     from: it_orders
@@ -125,6 +130,52 @@ def _ingest_under_scheduler(stack) -> None:
     assert runs and {r["run_type"] for r in runs} == {"asset_triggered"}
     ids = sorted(json.loads(m.value())["after"]["id"] for m in read_all(stack.kafka.bootstrap, "it_orders_out", "t"))
     assert ids == list(range(1300))
+
+
+def _event_driven(stack) -> None:
+    """``schedule: upstream``: ingest__it_events runs (asset-triggered, through the triggerer's watcher) when
+    the topic moves, and not while it stands still."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from reclock.persist import connect
+    from reclock.persist.blob import LocalBlobStore
+    from reclock.read import read_updates
+
+    admin = AdminClient({"bootstrap.servers": stack.kafka.bootstrap})
+    admin.create_topics([NewTopic("it_events", 2, 1)])["it_events"].result(30)
+    stack.airflow.wait_for_dag("ingest__it_events")
+    stack.airflow.unpause("ingest__it_events")
+
+    def runs() -> list[dict]:
+        return stack.airflow.api("GET", "dags/ingest__it_events/dagRuns?limit=100")["dag_runs"]
+
+    def landed() -> int:
+        with connect(stack.postgres.dsn()) as conn:
+            ups = read_updates(conn, LocalBlobStore(stack.state.root / "blobs"), "it_events") \
+                if conn.execute("SELECT 1 FROM reclock.shards WHERE id = 'it_events'").fetchone() else None
+        return 0 if ups is None else ups.num_rows
+
+    def wait_for(n: int) -> None:
+        deadline = time.monotonic() + 240
+        while landed() < n or any(r["state"] in ("queued", "running") for r in runs()):
+            assert time.monotonic() < deadline, (landed(), runs())
+            time.sleep(1)
+
+    time.sleep(10)
+    assert runs() == [], "an empty topic: no run"
+    producer = Producer({"bootstrap.servers": stack.kafka.bootstrap})
+    for wave, (lo, hi) in enumerate(((0, 40), (40, 60))):
+        for i in range(lo, hi):
+            producer.produce("it_events", value=b'{"id": %d}' % i, partition=i % 2)
+        producer.flush(30)
+        wait_for(hi)
+        assert landed() == hi
+        before = runs()
+        assert before and {r["run_type"] for r in before} == {"asset_triggered"}, before
+        assert all(r["state"] == "success" for r in before), before
+        time.sleep(15)  # upstream stands still: no run
+        assert len(runs()) == len(before), runs()
 
 
 SESSION_SCRIPT = """
@@ -205,6 +256,7 @@ def test_up_smoke_health_dag_down(stack_home: Path):
 
         # an ingest DAG under the real scheduler: two waves, two triggered runs, everything lands once
         _ingest_under_scheduler(stack)
+        _event_driven(stack)
         _shared_spark_sessions(stack)
 
         # `reclock dev env` hands the stack's settings to the other commands (what the demo tells a user)

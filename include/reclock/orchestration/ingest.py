@@ -12,7 +12,9 @@ short and safe to repeat, a retried task replays the append (a no-op) and resume
 task of its own, the one place that makes a cycle's parts visible.
 ``append`` has the source's shards as outlets (Assets ``reclock://<shard>``), so sinks can be scheduled
 on the appends. ``max_active_runs=1`` and ``catchup=False``; a backfill or a manual run is safe anyway:
-minting never goes back in time and an append whose range is in the shards is a no-op. Retries are
+minting never goes back in time and an append whose range is in the shards is a no-op. A source with
+``schedule: upstream`` runs when its topic moves (``reclock.orchestration.triggers``) instead of every
+``interval``. Retries are
 Airflow's ``[core] default_task_retries`` and ``default_task_retry_delay``: a task may be retried after a
 failure at any point (the fault campaign kills task processes and lets Airflow retry them).
 """
@@ -47,6 +49,8 @@ def _written_from_x(x: dict) -> cycle.WrittenBatch:
 def build_ingest_dag(spec: SourceSpec):
     from airflow.sdk import DAG, get_current_context, task
 
+    from reclock.orchestration.triggers import upstream_asset
+
     def conf() -> dict:
         ctx = get_current_context()
         run = ctx.get("dag_run")
@@ -55,7 +59,7 @@ def build_ingest_dag(spec: SourceSpec):
     with DAG(
         dag_id=f"ingest__{spec.name}",
         description=f"Ingest Kafka topic {spec.kafka.topic} into {spec.name} exactly once (one run = one cycle)",
-        schedule=timedelta(seconds=spec.interval_s),
+        schedule=(timedelta(seconds=spec.interval_s) if spec.schedule == "interval" else [upstream_asset(spec)]),
         start_date=datetime(2024, 1, 1, tzinfo=timezone.utc),
         catchup=False,
         max_active_runs=1,
