@@ -15,7 +15,8 @@ A config file holds ``sources:`` and ``sinks:``. Example::
         envelope: none                     # none | upsert (upsert keys on the Kafka key; a null value deletes)
         include: [partition, offset, key, timestamp, headers]  # metadata columns (like INCLUDE)
         schedule: interval                 # interval: every `interval:` | upstream: when the topic holds
-        interval: 30s                      # records beyond the newest binding (probed every `poll: 1s`)
+        interval: 30s                      # records beyond the newest binding (probed every `poll: 1s`) |
+                                           # continuous: cycles back to back, a run per `lease: 10m`
         budget: {max_records: 500000}
         on_decode_error: collect           # collect (to <source>_errors) | stall
         rebuild: task                      # how rebuild__<source> runs: task (in the Airflow task) |
@@ -110,8 +111,10 @@ class SourceSpec:
     budget: BudgetSpec = field(default_factory=BudgetSpec)
     on_decode_error: str = "collect"
     rebuild: str = "task"  # how rebuild__<source> runs: in its Airflow task, or as a spark-submit job
-    schedule: str = "interval"  # ingest__<source> runs every interval_s, or when upstream moves ("upstream")
-    poll_s: float = 1.0  # schedule upstream: how often the cluster's offsets are probed
+    schedule: str = "interval"  # ingest__<source> runs every interval_s, when upstream moves ("upstream"), or
+    #                             runs cycles back to back for lease_s a run ("continuous")
+    poll_s: float = 1.0  # upstream: how often the cluster's offsets are probed; continuous: the idle pause
+    lease_s: float = 600.0  # continuous: how long one run keeps cycling before the next run takes over
 
     @property
     def consumer_group(self) -> str:
@@ -184,7 +187,7 @@ def parse_source(name: str, raw: Any, base: Path | None = None) -> SourceSpec:
         raise ConfigError(f"{what}: a source name must match {NAME_RE.pattern} (it becomes a SQL name)")
     d = _require(raw, what)
     _unknown(d, {"kafka", "format", "envelope", "include", "interval", "budget", "on_decode_error", "rebuild",
-                 "schedule", "poll"}, what)
+                 "schedule", "poll", "lease"}, what)
     if "kafka" not in d:
         raise ConfigError(f"{what}: needs a `kafka:` section with at least `topic:`")
     kafka = _parse_kafka(d["kafka"], f"{what}.kafka")
@@ -235,17 +238,22 @@ def parse_source(name: str, raw: Any, base: Path | None = None) -> SourceSpec:
     if "interval" in d and schedule != "interval":
         raise ConfigError(f"{what}: `interval:` is for `schedule: interval`; with `schedule: {schedule}` the "
                           "source runs when upstream moves (`poll:` sets how often it is probed)")
-    if "poll" in d and schedule != "upstream":
-        raise ConfigError(f"{what}: `poll:` is for `schedule: upstream`")
-    poll_s = parse_duration(d.get("poll", "1s"), f"{what}.poll")
+    if "poll" in d and schedule == "interval":
+        raise ConfigError(f"{what}: `poll:` is for `schedule: upstream` or `continuous`")
+    if "lease" in d and schedule != "continuous":
+        raise ConfigError(f"{what}: `lease:` is for `schedule: continuous`")
+    poll_s = parse_duration(d.get("poll", "1s" if schedule == "upstream" else "200ms"), f"{what}.poll")
+    lease_s = parse_duration(d.get("lease", "10m"), f"{what}.lease")
     return SourceSpec(name=name, kafka=kafka, format=fmt, envelope=envelope, include=include,
                       interval_s=parse_duration(d.get("interval", "60s"), f"{what}.interval"),
-                      budget=budget, on_decode_error=on_err, rebuild=rebuild, schedule=schedule, poll_s=poll_s)
+                      budget=budget, on_decode_error=on_err, rebuild=rebuild, schedule=schedule, poll_s=poll_s,
+                      lease_s=lease_s)
 
 
-SCHEDULES = ("interval", "upstream")
-"""When ``ingest__<source>`` runs: every ``interval``, or when the topic holds records beyond the newest
-binding (``reclock.orchestration.triggers``)."""
+SCHEDULES = ("interval", "upstream", "continuous")
+"""When ``ingest__<source>`` runs: every ``interval``; when the topic holds records beyond the newest
+binding (``reclock.orchestration.triggers``); or continuously, one run cycling back to back for ``lease``
+and the next run taking over."""
 
 SINK_FORMATS = ("debezium", "upsert")
 DEFAULT_PROGRESS_TOPIC = "_reclock_progress"

@@ -47,7 +47,10 @@ def test_ingest_and_sink_dags_under_dag_test(db, postgres, kafka, topic, stack_s
     config = tmp_path / "reclock.yaml"
     config.write_text(yaml.safe_dump({
         "sources": {"dt_orders": {"kafka": {"topic": name, "bootstrap": kafka.bootstrap},
-                                  "format": {"type": "json", "schema": "id BIGINT"}, "rebuild": "spark_submit"}},
+                                  "format": {"type": "json", "schema": "id BIGINT"}, "rebuild": "spark_submit"},
+                    "dt_cont": {"kafka": {"topic": name, "bootstrap": kafka.bootstrap},  # the same topic, continuously
+                                "format": {"type": "json", "schema": "id BIGINT"}, "schedule": "continuous",
+                                "lease": "4s", "poll": "200ms"}},
         "sinks": {"dt_out": {"from": "dt_orders", "kafka": {"topic": f"{name}_out", "bootstrap": kafka.bootstrap},
                              "progress_topic": f"_progress_{name}"}}}))
     airflow_db = f"airflow_{os.getpid()}"
@@ -67,17 +70,24 @@ def test_ingest_and_sink_dags_under_dag_test(db, postgres, kafka, topic, stack_s
     query_env = {**env, "RECLOCK_QUERY_EXAMPLE": "dt_orders",
                  "AIRFLOW_CONN_RECLOCK_SPARK": json.dumps({"conn_type": "spark", "host": "local[2]"})}
     run = subprocess.run([sys.executable, "-c", SCRIPT, "ingest__dt_orders", "ingest__dt_orders", "sink__dt_out",
-                          "query__dt_orders"], env=query_env, capture_output=True, text=True, timeout=600)
+                          "query__dt_orders", "ingest__dt_cont"], env=query_env, capture_output=True, text=True,
+                         timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
     results = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]
     assert results == ["RESULT ingest__dt_orders success", "RESULT ingest__dt_orders success",
-                       "RESULT sink__dt_out success", "RESULT query__dt_orders success"]
+                       "RESULT sink__dt_out success", "RESULT query__dt_orders success",
+                       "RESULT ingest__dt_cont success"]
     assert "query__dt_orders: 400 rows AS OF " in run.stdout + run.stderr, run.stdout[-3000:] + run.stderr[-3000:]
 
     with connect(db) as conn:
         rows = read_updates(conn, LocalBlobStore(blobs), "dt_orders").to_pylist()
         upper = shard_info(conn, "dt_orders").upper
     assert sorted(r["id"] for r in rows) == list(range(400))  # two runs of budget 150 slices, all once
+    with connect(db) as conn:  # one continuous run: cycles for its 4 s lease (budget 150: several slices)
+        cont = read_updates(conn, LocalBlobStore(blobs), "dt_cont").to_pylist()
+        resumes = conn.execute("SELECT count(*) FROM reclock.statistics WHERE name = 'dt_cont' AND step = 'resume'"
+                               ).fetchone()[0]
+    assert sorted(r["id"] for r in cont) == list(range(400)) and resumes >= 2
     assert read_progress(kafka.bootstrap, f"_progress_{name}", "dt_out").frontier == upper
     out = [json.loads(m.value())["after"]["id"] for m in read_all(kafka.bootstrap, f"{name}_out", "t")]
     assert sorted(out) == list(range(400))

@@ -67,7 +67,7 @@ def test_triggers_of_one_cluster_share_one_probe(kafka, topic):
 
 
 @pytest.mark.parametrize("raw, message", [
-    ({"schedule": "hourly"}, "schedule 'hourly' is not one of interval, upstream"),
+    ({"schedule": "hourly"}, "schedule .hourly. is not one of interval, upstream, continuous"),
     ({"schedule": "upstream", "interval": "5s"}, "`interval:` is for `schedule: interval`"),
     ({"poll": "1s"}, "`poll:` is for `schedule: upstream`"),
     ({"schedule": "upstream", "poll": "0s"}, "is not a duration"),

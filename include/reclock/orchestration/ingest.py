@@ -14,7 +14,7 @@ task of its own, the one place that makes a cycle's parts visible.
 on the appends. ``max_active_runs=1`` and ``catchup=False``; a backfill or a manual run is safe anyway:
 minting never goes back in time and an append whose range is in the shards is a no-op. A source with
 ``schedule: upstream`` runs when its topic moves (``reclock.orchestration.triggers``) instead of every
-``interval``. Retries are
+``interval``; one with ``schedule: continuous`` runs cycles back to back in one task a run. Retries are
 Airflow's ``[core] default_task_retries`` and ``default_task_retry_delay``: a task may be retried after a
 failure at any point (the fault campaign kills task processes and lets Airflow retry them).
 """
@@ -56,6 +56,8 @@ def build_ingest_dag(spec: SourceSpec):
         run = ctx.get("dag_run")
         return dict(run.conf or {}) if run is not None else {}
 
+    if spec.schedule == "continuous":
+        return _continuous_dag(spec, conf)
     with DAG(
         dag_id=f"ingest__{spec.name}",
         description=f"Ingest Kafka topic {spec.kafka.topic} into {spec.name} exactly once (one run = one cycle)",
@@ -81,4 +83,32 @@ def build_ingest_dag(spec: SourceSpec):
                     "offsets": {str(k): v for k, v in res.offsets.items()}, "since": res.since}
 
         append_task(write_task())
+    return dag
+
+
+def _continuous_dag(spec: SourceSpec, conf):
+    """``schedule: continuous``: each run is one task that runs cycles back to back for the lease
+    (``cycle.run_cycles``); the DAG is scheduled every lease with one active run, so the next run takes
+    over when this one ends (after its last cycle). A killed task is retried, or the next run takes over:
+    cycles are safe to repeat and to run two at once, so nothing is lost or doubled."""
+    from airflow.sdk import DAG, task
+
+    with DAG(
+        dag_id=f"ingest__{spec.name}",
+        description=f"Ingest Kafka topic {spec.kafka.topic} into {spec.name} exactly once, continuously "
+                    f"(one run = cycles back to back for {spec.lease_s:.0f}s)",
+        schedule=timedelta(seconds=spec.lease_s),
+        start_date=datetime(2024, 1, 1, tzinfo=timezone.utc),
+        catchup=False,
+        max_active_runs=1,
+        tags=["reclock", "ingest", "continuous"],
+        params={},
+    ) as dag:
+
+        @task(task_id="cycles", outlets=shard_assets(spec.shards),
+              execution_timeout=timedelta(seconds=2 * spec.lease_s + 600))
+        def cycles_task() -> dict:
+            return cycle.run_cycles(cycle_context(spec, conf()), spec.lease_s, idle_s=spec.poll_s)
+
+        cycles_task()
     return dag
