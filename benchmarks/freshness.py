@@ -10,6 +10,8 @@ with a config that declares one source, ``fresh_orders`` (interval :data:`INTERV
    time in ``created_ms``). A watcher polls the shard's upper every :data:`POLL_S` seconds; when it moves, the new
    updates (what a read AS OF the new ``upper - 1`` adds) are read and each record's produce -> visible
    latency is taken. The DAG is paused afterwards (its tasks under way finish first).
+   Then the same workload on ``fresh_events`` (``schedule: upstream``, probed every 200 ms) and on
+   ``fresh_cont`` (``schedule: continuous``, cycles back to back), each alone, measured the same way.
 2. **The cycle's time, split**, per cycle, from the task instances of the runs (Airflow's REST API) and
    the steps' seconds in ``reclock.statistics``: scheduler gaps (a task's start minus the previous task's
    end, across runs too), task overhead (a task's duration minus its step's seconds: process start,
@@ -45,6 +47,12 @@ from benchmarks.report import Results
 from benchmarks.workload import PARTITIONS, SCHEMA, create_topic, record
 
 SOURCE = "fresh_orders"
+EVENT_SOURCE = "fresh_events"
+"""The same workload on a source with ``schedule: upstream`` (its DAG runs when the topic moves)."""
+EVENT_POLL = "200ms"
+CONT_SOURCE = "fresh_cont"
+"""The same workload on a source with ``schedule: continuous`` (cycles back to back, a run per lease)."""
+TARGET_EVENT_P50_S = 2.0
 INTERVAL_S = 1
 """The ingest DAG's schedule and Structured Streaming's processing-time trigger, in seconds."""
 POLL_S = 0.1
@@ -195,7 +203,7 @@ def _ts(value: str | None) -> datetime | None:
     return datetime.fromisoformat(value) if value else None
 
 
-def cycle_split(airflow, dsn: str, dag_id: str, since: datetime) -> list[dict[str, float]]:
+def cycle_split(airflow, dsn: str, dag_id: str, since: datetime, source: str = SOURCE) -> list[dict[str, float]]:
     """Per cycle (a run whose tasks all started after ``since`` and finished): its seconds split into
     scheduler gaps, task overhead, Spark and Postgres + Kafka work (see the module doc)."""
     from reclock.persist import connect
@@ -204,7 +212,7 @@ def cycle_split(airflow, dsn: str, dag_id: str, since: datetime) -> list[dict[st
            if t.get("start_date") and t.get("end_date")]
     with connect(dsn) as conn:
         stats = conn.execute("SELECT step, metrics, at FROM reclock.statistics WHERE name = %s AND at >= %s",
-                             (SOURCE, since)).fetchall()
+                             (source, since)).fetchall()
     runs: dict[str, list[dict]] = {}
     for t in sorted(tis, key=lambda t: t["start_date"]):
         runs.setdefault(t["dag_run_id"], []).append(t)
@@ -248,7 +256,7 @@ def _memory_groups(stack) -> dict[str, Callable[[], list]]:
             "airflow": lambda: [p for find in airflow for p in find()]}
 
 
-def _wait_first_cycle(dsn: str, timeout: float = 300) -> None:
+def _wait_first_cycle(dsn: str, timeout: float = 300, source: str = SOURCE) -> None:
     from reclock.persist import connect
     from reclock.persist.shards import shard_info
 
@@ -256,12 +264,12 @@ def _wait_first_cycle(dsn: str, timeout: float = 300) -> None:
     while True:
         try:
             with connect(dsn) as conn:
-                if shard_info(conn, SOURCE).upper > 0:
+                if shard_info(conn, source).upper > 0:
                     return
         except Exception:  # noqa: BLE001 - the shard does not exist before the first mint
             pass
         if time.monotonic() > deadline:
-            raise RuntimeError(f"ingest__{SOURCE} did not complete a cycle within {timeout:.0f}s")
+            raise RuntimeError(f"ingest__{source} did not complete a cycle within {timeout:.0f}s")
         time.sleep(0.5)
 
 
@@ -297,9 +305,15 @@ def freshness(results: Results, seconds: float, rate: int, echo: Callable[[str],
     root = Path(tempfile.mkdtemp(prefix="reclock-bench-fresh-"))
     root.chmod(0o755)
     config = root / "reclock.yaml"
-    config.write_text(json.dumps({"sources": {SOURCE: {
-        "kafka": {"connection": "reclock_kafka", "topic": SOURCE}, "format": {"type": "json", "schema": SCHEMA},
-        "interval": f"{INTERVAL_S}s", "budget": {"max_records": 1_000_000}}}}))
+    config.write_text(json.dumps({"sources": {
+        SOURCE: {"kafka": {"connection": "reclock_kafka", "topic": SOURCE}, "format": {"type": "json", "schema": SCHEMA},
+                 "interval": f"{INTERVAL_S}s", "budget": {"max_records": 1_000_000}},
+        EVENT_SOURCE: {"kafka": {"connection": "reclock_kafka", "topic": EVENT_SOURCE},
+                       "format": {"type": "json", "schema": SCHEMA}, "schedule": "upstream", "poll": EVENT_POLL,
+                       "budget": {"max_records": 1_000_000}},
+        CONT_SOURCE: {"kafka": {"connection": "reclock_kafka", "topic": CONT_SOURCE},
+                      "format": {"type": "json", "schema": SCHEMA}, "schedule": "continuous", "lease": "2m",
+                      "poll": "100ms", "budget": {"max_records": 1_000_000}}}}))
     saved = dict(os.environ)
     for key in ("RECLOCK_DSN", "RECLOCK_BLOB_URL", "RECLOCK_SPARK_MASTER"):  # the tasks use the stack's
         os.environ.pop(key, None)
@@ -333,6 +347,10 @@ def freshness(results: Results, seconds: float, rate: int, echo: Callable[[str],
         echo(f"freshness: reclock p50 {results.median('freshness_reclock_p50'):.2f}s over {len(latencies):,} "
              f"records, {len(cycles)} cycles")
 
+        # the same workload on a source whose DAG runs when its topic moves, then on a continuous one
+        for source, label in ((EVENT_SOURCE, "upstream"), (CONT_SOURCE, "continuous")):
+            _other_schedule(results, stack, source, label, seconds, rate, echo)
+
         echo(f"freshness: structured streaming on Spark Connect, processingTime {INTERVAL_S}s")
         latencies, produced, ss_peak = _structured_streaming(stack, root, seconds, rate, echo)
         _report(results, "structured_streaming", latencies, produced)
@@ -341,6 +359,12 @@ def freshness(results: Results, seconds: float, rate: int, echo: Callable[[str],
         echo(f"freshness: structured streaming p50 {results.median('freshness_structured_streaming_p50'):.2f}s")
         results.check("freshness_reclock_p50_s", results.median("freshness_reclock_p50"), TARGET_P50_S, "<=",
                       f"under the scheduler, interval {INTERVAL_S}s")
+        results.check("freshness_continuous_p50_over_structured_streaming",
+                      results.median("freshness_reclock_continuous_p50")
+                      / results.median("freshness_structured_streaming_p50"), 1.0, "<=",
+                      "continuous mode vs a 1 s processing-time trigger, the same workload")
+        results.check("freshness_upstream_p50_s", results.median("freshness_reclock_upstream_p50"),
+                      TARGET_EVENT_P50_S, "<=", f"schedule upstream, probed every {EVENT_POLL}")
         results.check("scheduler_cycle_overhead_s", results.median("freshness_cycle_outside_spark"),
                       TARGET_OVERHEAD_S, "<=", "a cycle's time outside write_batches, gaps included")
     except BaseException:
@@ -353,6 +377,32 @@ def freshness(results: Results, seconds: float, rate: int, echo: Callable[[str],
     finally:
         os.environ.clear()
         os.environ.update(saved)
+
+
+def _other_schedule(results: Results, stack, source: str, label: str, seconds: float, rate: int,
+                    echo: Callable[[str], None]) -> None:
+    """Freshness of ``source`` (``schedule: <label>``): its DAG unpaused, a first run, the warm-up, the timed
+    production, the DAG paused; figures ``freshness_reclock_<label>_*``."""
+    from confluent_kafka import Producer
+
+    dag_id = f"ingest__{source}"
+    create_topic(stack.kafka.bootstrap, source)
+    stack.airflow.wait_for_dag(dag_id, timeout=180)
+    stack.airflow.unpause(dag_id)
+    seed = Producer({"bootstrap.servers": stack.kafka.bootstrap})
+    for i in range(PARTITIONS):  # the first records: the first run (the shard exists from then)
+        seed.produce(source, record(i, _now_ms()), partition=i)
+    seed.flush(30)
+    _wait_first_cycle(stack.postgres.dsn(), source=source)
+    watcher = ShardWatcher(stack.postgres.dsn(), stack.state.root / "blobs", source)
+    echo(f"freshness: {dag_id} (schedule {label}); warming up for {WARM_S:.0f}s")
+    _measure(stack.kafka.bootstrap, source, WARM_S, rate, watcher, echo)
+    latencies, produced = _measure(stack.kafka.bootstrap, source, seconds, rate, watcher, echo)
+    watcher.conn.close()
+    _pause(stack.airflow, dag_id, timeout=900)
+    _report(results, f"reclock_{label}", latencies, produced)
+    echo(f"freshness: reclock (schedule {label}) p50 {results.median(f'freshness_reclock_{label}_p50'):.2f}s "
+         f"over {len(latencies):,} records")
 
 
 def _structured_streaming(stack, root: Path, seconds: float, rate: int,
@@ -384,3 +434,28 @@ def _structured_streaming(stack, root: Path, seconds: float, rate: int,
         if query is not None:
             query.stop()
         spark.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m benchmarks.freshness [--seconds 60] [--rate 2000]``: the freshness figures alone (interval
+    and upstream schedules under the scheduler, Structured Streaming beside them), printed as a table."""
+    import argparse
+
+    from benchmarks import report
+
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.freshness", description=main.__doc__)
+    ap.add_argument("--seconds", type=float, default=60.0, help="how long to produce (default 60)")
+    ap.add_argument("--rate", type=int, default=2000, help="records/s (default 2000)")
+    args = ap.parse_args(argv)
+    results = Results()
+    results.meta.setdefault("notes", [])
+    freshness(results, seconds=args.seconds, rate=args.rate,
+              echo=lambda line: print(f"[{time.strftime('%H:%M:%S')}] {line}", flush=True))
+    print(report.table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())
