@@ -73,15 +73,18 @@ class PartList:
     retractions: bool  # some part may hold a diff below 1
     multiples: bool  # some part may hold a diff above 1 (identical rows consolidated by compaction)
     schema_path: str | None  # a part of the shard to take the columns from when ``paths`` is empty
+    uniform: bool = True  # every part has the same columns and types (no schema merging needed)
 
 
-def _diff_bounds(blob: BlobStore, path: str) -> tuple[bool, bool]:
-    """(may retract, may hold a diff above 1) from a part's footer (unknown bounds count as both)."""
+def _footer(blob: BlobStore, path: str) -> tuple[bool, bool, Any]:
+    """(may retract, may hold a diff above 1, the Arrow schema) from a part's footer (unknown bounds count as
+    both)."""
     with blob.open(path) as f:
-        md = pq.ParquetFile(f).metadata
+        pf = pq.ParquetFile(f)
+        md, schema = pf.metadata, pf.schema_arrow
     stats = column_stats(md, "diff") or [None]
     multiples = any(st is None or not st.has_min_max or st.max > 1 for st in stats)
-    return may_retract(md), multiples
+    return may_retract(md), multiples, schema.remove_metadata()
 
 
 def list_parts(conn, blob: BlobStore, shard: str, as_of: int, lower: int = 0) -> PartList:
@@ -89,15 +92,17 @@ def list_parts(conn, blob: BlobStore, shard: str, as_of: int, lower: int = 0) ->
     rows: list[BatchRow] = [b for b in batches(conn, shard, as_of=as_of) if b.max_ts is None or b.max_ts >= lower]
     info = shard_info(conn, shard)
     retractions = multiples = False
+    schemas = []
     for b in rows:
-        r, m = _diff_bounds(blob, b.path)
+        r, m, schema = _footer(blob, b.path)
         retractions, multiples = retractions or r, multiples or m
+        schemas.append(schema)
     schema_path = None
     if not rows:
         every = batches(conn, shard)
         schema_path = every[-1].path if every else None
     return PartList(shard, info.kind, as_of, lower, tuple(b.path for b in rows), sum(b.rows for b in rows),
-                    retractions, multiples, schema_path)
+                    retractions, multiples, schema_path, all(s.equals(schemas[0]) for s in schemas[1:]))
 
 
 def _holder() -> str:
@@ -260,7 +265,8 @@ def spark_frame(spark, parts: PartList, blob: BlobStore, updates: bool = False) 
         return spark.createDataFrame([], "diff BIGINT").drop("diff")
     # recursiveFileLookup: no partition discovery (upsert parts sit in _output=N/ folders, no column of ours);
     # a listed part that is missing or corrupt fails the read, whatever the session's ignore* settings say
-    df = spark.read.options(mergeSchema="true", recursiveFileLookup="true", ignoreMissingFiles="false",
+    df = spark.read.options(mergeSchema=str(not parts.uniform).lower(), recursiveFileLookup="true",
+                            ignoreMissingFiles="false",
                             ignoreCorruptFiles="false").parquet(*[blob.url(p) for p in paths])
     own, renames = own_columns(parts.kind, df.columns)
     df = df.select(*[F.col(f"`{c}`").alias(renames.get(c, c)) for c in own])
