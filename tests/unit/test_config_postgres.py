@@ -45,3 +45,14 @@ def test_a_sink_may_read_a_table_collection():
                         "sinks": {"out": {"from": "shop__orders", "kafka": {"topic": "o", "bootstrap": "x:1"}}}})
     assert cfg.sink("out").collection == "shop__orders"
 
+
+def test_the_upstream_dsn_comes_from_the_named_environment_variable(monkeypatch):
+    from reclock.errors import SettingError
+    from reclock.orchestration.settings import find_upstream_dsn
+
+    spec = parse_source("shop", {"postgres": {"dsn_env": "SHOP_DSN", "publication": "p"}})
+    monkeypatch.setenv("SHOP_DSN", "postgresql://u@h/db")
+    assert find_upstream_dsn(spec.postgres, "source shop") == "postgresql://u@h/db"
+    monkeypatch.delenv("SHOP_DSN")
+    with pytest.raises(SettingError, match="SHOP_DSN"):
+        find_upstream_dsn(spec.postgres, "source shop")

@@ -370,14 +370,15 @@ def arrow_type(type_oid: int, typmod: int = -1) -> pa.DataType:
     return pa.string()
 
 
-def convert(type_oid: int, typmod: int, text: bytes | None, column: str = "?") -> object:
-    """The Python value of one column's text form (None stays None); ``ConversionError`` naming the column
+def convert(type_oid: int, typmod: int, text: bytes | str | None, column: str = "?") -> object:
+    """The Python value of one column's text form (bytes as pgoutput sends it, or ``str`` as a ``::text``
+    query reads it; None stays None); ``ConversionError`` naming the column
     if the text is not a value its Arrow type (:func:`arrow_type`) can hold."""
     if text is None:
         return None
     if text is UNCHANGED_TOAST:
         raise ConversionError(f"column {column}: an unchanged TOASTed value has no value to convert")
-    s = text.decode("utf-8")
+    s = text if isinstance(text, str) else text.decode("utf-8")
     fn = CONVERSIONS.get(type_oid, str)
     try:
         value = fn(s)
