@@ -179,14 +179,23 @@ def progress(source: str, dsn: str | None) -> None:
 
     with connect(_settings().find_dsn(dsn)) as conn:
         load_remap(conn, source)  # a bad or unregistered name: ConfigError / UnknownSource, not a SQL error
-        rows = conn.execute(f'SELECT ts, partition, "offset" FROM reclock."{source}_progress" '
-                            "ORDER BY ts, partition").fetchall()
+        (kind,) = conn.execute("SELECT kind FROM reclock.sources WHERE name = %s", (source,)).fetchone()
+        if kind == "postgres":
+            rows = conn.execute(f'SELECT ts, lsn::text FROM reclock."{source}_progress" ORDER BY ts').fetchall()
+        else:
+            rows = conn.execute(f'SELECT ts, partition, "offset" FROM reclock."{source}_progress" '
+                                "ORDER BY ts, partition").fetchall()
         shards = conn.execute("SELECT id, upper, since FROM reclock.shards WHERE source = %s ORDER BY id",
                               (source,)).fetchall()
         status = latest_status(conn, source)
-    click.echo("ts               partition  offset")
-    for ts, p, o in rows:
-        click.echo(f"{ts:<16d} {p:<10d} {o}")
+    if kind == "postgres":
+        click.echo("ts               lsn")
+        for ts, lsn in rows:
+            click.echo(f"{ts:<16d} {lsn}")
+    else:
+        click.echo("ts               partition  offset")
+        for ts, p, o in rows:
+            click.echo(f"{ts:<16d} {p:<10d} {o}")
     for sid, upper, since in shards:
         click.echo(f"shard {sid}: upper {upper}, since {since}")
     _echo_status(status)

@@ -10,9 +10,11 @@ import time
 
 import psycopg
 import pytest
+from click.testing import CliRunner
 from pg_support import bindings, contents, make_ctx, slot_confirmed, source_name, upstream_database, writer
 
 from reclock import cycle, failpoints
+from reclock.cli import main
 from reclock.errors import (PublicationMissing, ReplicaIdentityNotFull, SlotLost, TableSchemaChanged, TableTruncated,
                             UpstreamDataLost)
 from reclock.cdc import reclock_lsn
@@ -68,6 +70,14 @@ def test_snapshot_then_stream(db, upstream, tmp_path):
     assert contents(ctx, f"{name}__c", t2)[5]["v"] == "c5"
     assert set(contents(ctx, f"{name}__a", t1)) == set(range(1, 51))  # AS OF the first binding: unchanged
     assert slot_confirmed(upstream, name) == bs[-1][1]
+
+    # the progress relation is (ts, lsn), in SQL and on the command line
+    with connect(db) as conn:
+        progress = conn.execute(f'SELECT ts, lsn::text FROM reclock."{name}_progress" ORDER BY ts').fetchall()
+    assert progress == [(ts, po.lsn_to_str(lsn)) for ts, lsn in bs]
+    out = CliRunner().invoke(main, ["progress", name, "--dsn", db], catch_exceptions=False).output
+    assert out.splitlines()[:3] == ["ts               lsn", *(f"{ts:<16d} {po.lsn_to_str(lsn)}" for ts, lsn in bs)]
+    assert f"shard {name}__a: upper {bs[-1][0] + 1}, since " in out
 
 
 class Writer(threading.Thread):
@@ -318,6 +328,8 @@ def test_a_table_without_replica_identity_full_is_refused_with_the_alter_to_run(
     ("SELECT pg_drop_replication_slot('{slot}')", SlotLost, "does not exist"),
     ("DROP PUBLICATION pub", PublicationMissing, "publication pub does not exist"),
     ("DROP TABLE c", PublicationMissing, r"table public\.c: not in publication pub"),
+    ("SELECT pg_replication_slot_advance('{slot}', pg_current_wal_lsn())", SlotLost, r"past .* where the shards "
+     "need changes from"),
 ])
 def test_bad_changes_stall_the_source_naming_the_table(db, upstream, tmp_path, change, error, match):
     _setup(upstream)

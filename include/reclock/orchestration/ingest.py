@@ -52,7 +52,9 @@ def build_ingest_dag(spec: SourceSpec):
 
     with DAG(
         dag_id=f"ingest__{spec.name}",
-        description=f"Ingest Kafka topic {spec.kafka.topic} into {spec.name} exactly once (one run = one cycle)",
+        description=(f"Ingest Kafka topic {spec.kafka.topic} into {spec.name}" if spec.kafka is not None else
+                     f"Ingest Postgres publication {spec.postgres.publication} into {spec.name}__<table>")
+        + " exactly once (one run = one cycle)",
         schedule=timedelta(seconds=spec.interval_s),
         start_date=datetime(2024, 1, 1, tzinfo=timezone.utc),
         catchup=False,
