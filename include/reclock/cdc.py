@@ -74,13 +74,16 @@ class _Buffer:
 
 
 class PartWriter:
-    """Per-table buffers of updates, each written as a Parquet part once it holds ``chunk`` rows."""
+    """Per-table buffers of updates, each written as a Parquet part once it holds ``chunk`` rows. Values
+    are buffered as their text forms and converted a column at a time when a part is written
+    (:func:`reclock.sources.pgoutput.text_column`: Arrow's vectorized casts)."""
 
     def __init__(self, blob: BlobStore, prefix: str, outputs: Sequence[Output], chunk: int) -> None:
         self.blob, self.prefix, self.chunk = blob, prefix, max(1, chunk)
         self.buffers = {o.info.relid: _Buffer(o) for o in outputs}
 
     def add(self, relid: int, values: tuple, ts: int, diff: int) -> None:
+        """One update of table ``relid``: its columns' text forms (bytes or str; None for NULL)."""
         b = self.buffers[relid]
         b.rows.append((*values, ts, diff))
         b.emitted += 1
@@ -92,7 +95,10 @@ class PartWriter:
             return
         schema = b.out.schema
         columns = list(zip(*b.rows))
-        table = pa.Table.from_arrays([pa.array(c, f.type) for c, f in zip(columns, schema)], schema=schema)
+        info = b.out.info
+        arrays = [po.text_column(o, m, list(c), f"{info.table}.{n}") for (n, o, m), c in zip(info.columns, columns)]
+        arrays += [pa.array(columns[-2], pa.int64()), pa.array(columns[-1], pa.int64())]
+        table = pa.Table.from_arrays(arrays, schema=schema)
         buf = io.BytesIO()
         pq.write_table(table, buf)
         self.blob.put_bytes(f"{self.prefix}/{b.out.shard}/part-{b.parts:05d}.parquet", buf.getvalue())
@@ -180,28 +186,34 @@ class ChangeDecoder:
         self.by_relid = {o.info.relid: o for o in outputs}
         self.by_name = {o.info.table: o for o in outputs}
         self.relations: dict[int, po.Relation] = {}
+        self.checked: dict[int, Output | None] = {}  # relid -> its output, once its Relation was checked
         self.targets: list[tuple[int, int]] = []  # the current transaction's (ts, sign)
         self.in_txn = False
         self.last_commit = -1
         self.stats = StreamStats()
 
     def feed(self, messages: Iterable[po.Message]) -> StreamStats:
+        change = self._change
+        n = 0
         for m in messages:
-            self.stats.messages += 1
-            if isinstance(m, po.Begin):
+            n += 1
+            kind = type(m)
+            if kind is po.Insert or kind is po.Update or kind is po.Delete:
+                change(m)
+            elif kind is po.Begin:
                 self._begin(m.final_lsn)
-            elif isinstance(m, po.Commit):
+            elif kind is po.Commit:
                 if not self.in_txn:
                     raise po.ProtocolError(f"source {self.source}: Commit at {po.lsn_to_str(m.commit_lsn)} "
                                            "without a Begin")
                 self.in_txn = False
-            elif isinstance(m, po.Relation):
+            elif kind is po.Relation:
                 self.relations[m.relid] = m
-            elif isinstance(m, (po.Insert, po.Update, po.Delete)):
-                self._change(m)
-            elif isinstance(m, po.Truncate):
+                self.checked.pop(m.relid, None)
+            elif kind is po.Truncate:
                 self._truncate(m)
             # Type and Origin change nothing: unknown types are kept as text, origins are not filtered
+        self.stats.messages += n
         if self.in_txn:
             raise po.ProtocolError(f"source {self.source}: the slot's last transaction has no Commit")
         return self.stats
@@ -228,7 +240,15 @@ class ChangeDecoder:
 
     def _output(self, relid: int) -> Output | None:
         """The output a change of ``relid`` goes to (None: not one of the source's tables); checks the
-        relation against the registration."""
+        relation against the registration (once per Relation message)."""
+        try:
+            return self.checked[relid]
+        except KeyError:
+            out = self._check_relation(relid)
+            self.checked[relid] = out
+            return out
+
+    def _check_relation(self, relid: int) -> Output | None:
         rel = self.relations.get(relid)
         if rel is None:
             raise po.ProtocolError(f"source {self.source}: a change of relation {relid} before its Relation message")
@@ -254,18 +274,21 @@ class ChangeDecoder:
         return out
 
     def _values(self, out: Output, tup: po.Tuple, old: po.Tuple | None, what: str) -> tuple:
+        """The tuple's text forms, an unchanged TOASTed value taken from the old row (never a placeholder)."""
         cols = out.info.columns
         if len(tup) != len(cols):
             raise po.ProtocolError(f"source {self.source}: table {out.info.table}: a {what} tuple of {len(tup)} "
                                    f"columns, {len(cols)} registered")
-        vals = []
-        for i, ((name, oid, typmod), v) in enumerate(zip(cols, tup)):
+        if po.UNCHANGED_TOAST not in tup:
+            return tup
+        vals = list(tup)
+        for i, v in enumerate(tup):
             if v is po.UNCHANGED_TOAST:
                 v = old[i] if old is not None else po.UNCHANGED_TOAST
                 if v is po.UNCHANGED_TOAST:
                     raise ReplicaIdentityNotFull(self.source, out.info.table, "without the old value of an "
-                                                 f"unchanged TOASTed column {name}")
-            vals.append(po.convert(oid, typmod, v, f"{out.info.table}.{name}"))
+                                                 f"unchanged TOASTed column {cols[i][0]}")
+                vals[i] = v
         return tuple(vals)
 
     def _change(self, m) -> None:
@@ -276,7 +299,7 @@ class ChangeDecoder:
         out = self._output(m.relid)
         if out is None:
             return
-        if isinstance(m, po.Insert):
+        if type(m) is po.Insert:
             rows = [(self._values(out, m.new, None, "new"), 1)]
         else:
             if m.old_kind != "O":
@@ -284,12 +307,13 @@ class ChangeDecoder:
                                              "not FULL (an update or delete came without the whole old row)")
             old = self._values(out, m.old, None, "old")
             rows = [(old, -1)]
-            if isinstance(m, po.Update):
+            if type(m) is po.Update:
                 rows.append((self._values(out, m.new, m.old, "new"), 1))
+        add = self.writer.add
         for ts, sign in self.targets:
             for values, diff in rows:
-                self.writer.add(out.info.relid, values, ts, diff * sign)
-                self.stats.changes += 1
+                add(out.info.relid, values, ts, diff * sign)
+        self.stats.changes += len(rows) * len(self.targets)
 
     def _truncate(self, m: po.Truncate) -> None:
         if not self.targets:
@@ -303,7 +327,8 @@ class ChangeDecoder:
 
 def read_snapshot(conn, outputs: Sequence[Output], writer: PartWriter, ts: int, chunk: int) -> int:
     """Every row of every table, in the snapshot ``conn``'s transaction holds, as +1 at ``ts``; returns the
-    rows read. Columns are read as text and converted as the stream's are, so both give equal values."""
+    rows read. Columns are read as text and converted as the stream's are (the same session styles), so
+    both give equal values."""
     total = 0
     for out in outputs:
         schema, _, name = out.info.table.partition(".")
@@ -313,8 +338,6 @@ def read_snapshot(conn, outputs: Sequence[Output], writer: PartWriter, ts: int, 
             cur.itersize = max(1, min(chunk, 10_000))
             cur.execute(query)
             for row in cur:
-                values = tuple(po.convert(o, m, v, f"{out.info.table}.{n}")
-                               for (n, o, m), v in zip(out.info.columns, row))
-                writer.add(out.info.relid, values, ts, 1)
+                writer.add(out.info.relid, row, ts, 1)
                 total += 1
     return total

@@ -50,7 +50,7 @@ from reclock.batch import BatchDescription, Part, SliceWritten, mint_description
 from reclock.config import SourceSpec, parse_pg_table, pg_table_shard
 from reclock.errors import ConfigError, DecodeError, RemapUpperMismatch, ShardsDisagree, UpperMismatch
 from reclock.failpoints import failpoint
-from reclock.part_layout import DATA_KIND, DATA_OUTPUT, ERRORS_KIND, ERRORS_OUTPUT
+from reclock.part_layout import DATA_KIND, DATA_OUTPUT, ERRORS_KIND, ERRORS_OUTPUT, INTERNAL_PREFIX
 from reclock.persist import blob as blobs
 from reclock.persist.compact import compact_parts
 from reclock.persist.gc import claim_gc, collect_garbage, lease_write, release_write
@@ -199,6 +199,12 @@ def _register_postgres(ctx: CycleContext) -> None:
         if tables is None:
             names = ctx.spec.postgres.tables or [parse_pg_table(name, t) for t in up.published_tables(uconn)]
             infos = up.describe(uconn, names)
+            for info in infos:
+                taken = [c for c, _, _ in info.columns if c in ("ts", "diff") or c.startswith(INTERNAL_PREFIX)]
+                if taken:
+                    raise ConfigError(f"source {name}: table {info.table} has column(s) {', '.join(taken)}, names "
+                                      "a collection keeps for its own (ts, diff, _reclock_*); rename the column(s) "
+                                      "upstream, or leave the table out of `tables:`")
             with ctx.connect() as conn:
                 tables = register_tables(conn, name, infos)
         else:

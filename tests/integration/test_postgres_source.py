@@ -15,7 +15,7 @@ from pg_support import bindings, contents, make_ctx, slot_confirmed, source_name
 
 from reclock import cycle, failpoints
 from reclock.cli import main
-from reclock.errors import (PublicationMissing, ReplicaIdentityNotFull, SlotLost, TableSchemaChanged, TableTruncated,
+from reclock.errors import (ConfigError, PublicationMissing, ReplicaIdentityNotFull, SlotLost, TableSchemaChanged, TableTruncated,
                             UpstreamDataLost)
 from reclock.cdc import reclock_lsn
 from reclock.persist import connect
@@ -367,3 +367,42 @@ def test_an_idle_source_follows_the_wal_and_pins_none(db, upstream, postgres, tm
     assert slot_confirmed(upstream, ctx.spec.name) == bs[-1][1] > bs[-2][1]
     assert restart_lsn() > first, "the slot let go of the WAL it no longer needs"
     assert all(contents(ctx, s, bs[-1][0]) == {} for s in ctx.shards()[:-1])
+
+
+def test_every_type_reads_the_same_from_the_snapshot_and_the_stream_and_toast_is_filled(db, upstream, tmp_path):
+    cols = ("b bool, s int2, i int4, n numeric(12,2), f4 float4, f8 float8, txt text, vc varchar(20), "
+            "tsp timestamp, tz timestamptz, d date, j jsonb, js json, u uuid, by bytea, big text")
+    values = ("true, -5, 7, -1234.50, 1.5, 'NaN', 'héllo', 'v', '2024-01-02 03:04:05.123456', "
+              "'2024-01-02 03:04:05+02', '2024-02-29', '{\"a\": [1]}', '{\"b\":2}', "
+              "'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', '\\x00ff', repeat('x', 100000)")
+    with writer(upstream) as conn:
+        conn.execute(f"CREATE TABLE t (id int8 PRIMARY KEY, {cols})")
+        conn.execute("ALTER TABLE t REPLICA IDENTITY FULL")
+        conn.execute("ALTER TABLE t ALTER COLUMN big SET STORAGE EXTERNAL")
+        conn.execute("CREATE PUBLICATION pub FOR TABLE t")
+        conn.execute(f"INSERT INTO t VALUES (1, {values})")
+    ctx = make_ctx(db, upstream, tmp_path, source_name(), ["t"])
+    cycle.run_cycle(ctx)
+    with writer(upstream) as conn:
+        conn.execute(f"INSERT INTO t VALUES (2, {values})")
+        conn.execute("UPDATE t SET i = 8 WHERE id = 1")  # big is unchanged: sent as 'u', taken from the old row
+    cycle.run_cycle(ctx)
+    rows = contents(ctx, f"{ctx.spec.name}__t", bindings(ctx)[-1][0])
+    one, two = rows[1], rows[2]
+    assert one.pop("i") == 8 and two.pop("i") == 7
+    assert one.pop("id") == 1 and two.pop("id") == 2
+    nan1, nan2 = one.pop("f8"), two.pop("f8")
+    assert nan1 != nan1 and nan2 != nan2
+    assert one == two
+    assert one["big"] == "x" * 100000 and one["by"] == b"\x00\xff" and str(one["n"]) == "-1234.50"
+    assert one["tz"].isoformat() == "2024-01-02T01:04:05+00:00"
+
+
+def test_a_column_named_like_the_collections_own_is_refused(db, upstream, tmp_path):
+    with writer(upstream) as conn:
+        conn.execute("CREATE TABLE t (id int8 PRIMARY KEY, ts timestamp)")
+        conn.execute("ALTER TABLE t REPLICA IDENTITY FULL")
+        conn.execute("CREATE PUBLICATION pub FOR TABLE t")
+    ctx = make_ctx(db, upstream, tmp_path, source_name(), None)  # every table of the publication
+    with pytest.raises(ConfigError, match=r"table public\.t has column\(s\) ts"):
+        cycle.run_cycle(ctx)

@@ -152,3 +152,47 @@ def test_numeric_round_trip(d):
     text = f"{d:.2f}"
     assert po.convert(po.NUMERIC, typmod, text.encode()) == decimal.Decimal(text)
     assert pa.array([decimal.Decimal(text)], po.arrow_type(po.NUMERIC, typmod)).to_pylist() == [decimal.Decimal(text)]
+
+
+def _pg_float(x: float) -> str:
+    """Postgres's float text: NaN, Infinity, -Infinity, else the shortest exact form."""
+    if x != x:
+        return "NaN"
+    if x in (float("inf"), float("-inf")):
+        return "Infinity" if x > 0 else "-Infinity"
+    return repr(x).replace("e+", "e+")
+
+
+_texts = {
+    po.INT2: st.integers(-2**16, 2**16).map(str),
+    po.INT8: st.integers(-2**63, 2**63 - 1).map(str),
+    po.FLOAT4: st.floats(width=32).map(_pg_float),
+    po.FLOAT8: st.floats().map(_pg_float),
+    po.NUMERIC: st.decimals(allow_nan=True, allow_infinity=False, places=2, min_value=-10**11, max_value=10**11)
+    .map(lambda d: "NaN" if d.is_nan() else f"{d:.2f}"),
+    po.BOOL: st.sampled_from(["t", "f", "x"]),
+    po.DATE: st.one_of(st.dates().map(str), st.just("infinity"), st.just("2000-01-01 BC")),
+    po.TIMESTAMP: st.one_of(st.datetimes().map(lambda t: t.isoformat(sep=" ")), st.just("-infinity")),
+    po.TIMESTAMPTZ: st.datetimes().map(lambda t: t.isoformat(sep=" ") + "+00"),
+    po.BYTEA: st.binary(max_size=8).map(lambda b: "\\x" + b.hex()),
+    po.JSONB: st.text(max_size=10),
+}
+
+
+@given(st.data())
+def test_text_column_equals_convert_value_by_value(data):
+    oid = data.draw(st.sampled_from(sorted(_texts)))
+    typmod = (12 << 16 | 2) + 4 if oid == po.NUMERIC else -1
+    values = data.draw(st.lists(st.one_of(st.none(), _texts[oid]), max_size=6))
+    as_bytes = data.draw(st.booleans())
+    values = [v.encode() if as_bytes and v is not None else v for v in values]
+    try:
+        want = pa.array([po.convert(oid, typmod, v, "c") for v in values], po.arrow_type(oid, typmod))
+    except po.ConversionError:
+        with pytest.raises(po.ConversionError, match="column c"):
+            po.text_column(oid, typmod, values, "c")
+        return
+    got = po.text_column(oid, typmod, values, "c")
+    assert got.type == want.type
+    same = [(a == b) or (a != a and b != b) for a, b in zip(got.to_pylist(), want.to_pylist())]
+    assert all(same) and len(got) == len(want), (values, got, want)
