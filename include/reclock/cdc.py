@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from psycopg import sql
 
@@ -104,6 +105,19 @@ class PartWriter:
         self.blob.put_bytes(f"{self.prefix}/{b.out.shard}/part-{b.parts:05d}.parquet", buf.getvalue())
         b.parts += 1
         b.rows = []
+
+    def retract(self, relid: int, contents: pa.Table, ts: int) -> None:
+        """Retract a collection's ``contents`` (data columns and ``diff``, as a read AS OF gives them) at
+        ``ts``: a re-snapshot takes back what the collection held, in the columns it held it."""
+        b = self.buffers[relid]
+        data = contents.drop_columns(["diff"])
+        negated = pc.negate(contents["diff"]).cast(pa.int64())
+        table = data.append_column("ts", pa.array([ts] * contents.num_rows, pa.int64())).append_column("diff", negated)
+        for i, start in enumerate(range(0, table.num_rows, self.chunk)):
+            buf = io.BytesIO()
+            pq.write_table(table.slice(start, self.chunk), buf)
+            self.blob.put_bytes(f"{self.prefix}/{b.out.shard}/retract-{i:05d}.parquet", buf.getvalue())
+        b.emitted += table.num_rows
 
     def close(self) -> dict[str, int]:
         """Write what is buffered; the rows emitted per shard."""

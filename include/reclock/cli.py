@@ -244,7 +244,7 @@ def _cycle_context(source: str, config: str | None, dsn: str | None, blob_url: s
 
     s = _settings()
     spec = load_config(config).source(source)
-    spark = s.find_spark(spark_master, spark_remote)
+    spark = s.find_spark(spark_master, spark_remote) if spec.kafka is not None else None  # Postgres: no Spark
     return s.cycle_context(spec, conf, dsn=dsn, blob_url=blob_url, bootstrap=bootstrap, spark=spark)
 
 
@@ -258,6 +258,19 @@ def cycle(source: str, max_records: int | None, **settings: str | None) -> None:
 
     ctx = _cycle_context(source, **settings, conf={"max_records": max_records} if max_records else None)
     click.echo(run_cycle(ctx))
+
+
+@main.command()
+@click.argument("source")
+@_cycle_settings
+def resnapshot(source: str, **settings: str | None) -> None:
+    """Start Postgres source SOURCE over from a fresh snapshot at a new timestamp (after a TRUNCATE, DDL or a
+    lost slot stalled it): its next cycle retracts what its collections hold and writes the snapshot."""
+    from reclock.cycle import resnapshot as run_resnapshot
+
+    out = run_resnapshot(_cycle_context(source, **settings))
+    click.echo(f"source {source}: re-snapshot bound at ts {out['ts']} (LSN {out['lsn'] >> 32:X}/"
+               f"{out['lsn'] & 0xFFFFFFFF:X}) over {', '.join(out['tables'])}; the next cycle writes it")
 
 
 @main.command()

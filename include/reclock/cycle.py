@@ -58,13 +58,14 @@ from reclock.persist.lending import ConnectionLender
 from reclock.persist.remap_store import append_binding, compact_remap, load_remap, register_source
 from reclock.persist.shards import (Append, advance_since, compare_and_append, read_holds, register_shard,
                                     replace_batches, shard_info)
-from reclock.persist.source_tables import register_tables, registered_tables
+from reclock.persist.source_tables import register_tables, registered_tables, replace_tables, snapshot_ts
 from reclock.persist.staged import collect_parts, first_rejected, read_state_changes, slice_folder
 from reclock.persist.status import record_statistics, record_status
 from reclock.persist.upsert_state import apply_changes, load_prior
+from reclock.read import read_as_of
 from reclock.remap import RemapCollection
 from reclock.sources.kafka import KafkaUpstream
-from reclock.sources.postgres import LSN_PARTITION, PostgresUpstream
+from reclock.sources.postgres import LSN_PARTITION, PostgresUpstream, lsn_frontier
 from reclock.spark.ingest import BindingRange, upsert_keys, write_slice
 
 
@@ -197,14 +198,7 @@ def _register_postgres(ctx: CycleContext) -> None:
         bound = bool(load_remap(conn, name).bindings)
     with up.connect() as uconn:
         if tables is None:
-            names = ctx.spec.postgres.tables or [parse_pg_table(name, t) for t in up.published_tables(uconn)]
-            infos = up.describe(uconn, names)
-            for info in infos:
-                taken = [c for c, _, _ in info.columns if c in ("ts", "diff") or c.startswith(INTERNAL_PREFIX)]
-                if taken:
-                    raise ConfigError(f"source {name}: table {info.table} has column(s) {', '.join(taken)}, names "
-                                      "a collection keeps for its own (ts, diff, _reclock_*); rename the column(s) "
-                                      "upstream, or leave the table out of `tables:`")
+            infos = _describe_tables(ctx, uconn)
             with ctx.connect() as conn:
                 tables = register_tables(conn, name, infos)
         else:
@@ -216,6 +210,64 @@ def _register_postgres(ctx: CycleContext) -> None:
             register_shard(conn, pg_table_shard(name, t.table), source=name, output=0 if i == 0 else i + 1,
                            kind=DATA_KIND)
         register_shard(conn, ctx.spec.errors_shard, source=name, output=ERRORS_OUTPUT, kind=ERRORS_KIND)
+
+
+def _describe_tables(ctx: CycleContext, uconn) -> list:
+    """The tables a Postgres source takes (its ``tables:``, else every table of its publication), described
+    upstream (published, identity FULL) and checked for column names a collection keeps for its own."""
+    up, name = ctx.upstream(), ctx.spec.name
+    names = ctx.spec.postgres.tables or [parse_pg_table(name, t) for t in up.published_tables(uconn)]
+    infos = up.describe(uconn, names)
+    for info in infos:
+        taken = [c for c, _, _ in info.columns if c in ("ts", "diff") or c.startswith(INTERNAL_PREFIX)]
+        if taken:
+            raise ConfigError(f"source {name}: table {info.table} has column(s) {', '.join(taken)}, names "
+                              "a collection keeps for its own (ts, diff, _reclock_*); rename the column(s) "
+                              "upstream, or leave the table out of `tables:`")
+    return infos
+
+
+def resnapshot(ctx: CycleContext) -> dict:
+    """Start a Postgres source over from a fresh snapshot at a new binding, after a stall (TRUNCATE, DDL,
+    a lost slot): the tables are described again (their new columns), the slot is dropped and created
+    anew, and a binding at a new timestamp (never in the past) is appended with the new registration in
+    one transaction. The next cycle's write retracts what each collection held and writes the snapshot,
+    both at that binding's timestamp, and streams from its LSN on; the bindings between the stall and it
+    add nothing of their own (their changes land at once, in the snapshot). A table new to the source
+    gets a collection that is empty before it. Readers and sinks see one more timestamp, as for any
+    cycle; history before it stays readable as it was.
+    """
+    if ctx.spec.postgres is None:
+        raise ConfigError(f"source {ctx.spec.name}: only a Postgres source is re-snapshotted")
+    with _step(ctx, "resnapshot") as m:
+        name, up = ctx.spec.name, ctx.upstream()
+        with ctx.connect() as conn:
+            if registered_tables(conn, name) is None:
+                raise ConfigError(f"source {name}: it has not run yet; its first cycle takes the snapshot")
+            uppers = {s: shard_info(conn, s).upper for s in ctx.shards()}
+        if len(set(uppers.values())) != 1:
+            raise ShardsDisagree(name, uppers)
+        upper = min(uppers.values())
+        with up.connect() as uconn:
+            infos = _describe_tables(ctx, uconn)
+            up.drop_slot(uconn)
+            up.ensure_slot(uconn)
+            lsn = up.flush_lsn(uconn)
+        with ctx.connect() as conn, conn.transaction():
+            rc = load_remap(conn, name)
+            binding = remap.Binding(remap.next_binding_ts(rc, ctx.clock()),
+                                    remap.last_frontier(rc).join(lsn_frontier(lsn)))
+            append_binding(conn, name, rc.upper, binding)
+            replace_tables(conn, name, infos, binding.ts)
+            shards = [pg_table_shard(name, t.table) for t in infos]
+            for i, shard in enumerate(shards):
+                register_shard(conn, shard, source=name, output=0 if i == 0 else i + 1, kind=DATA_KIND)
+            fresh = [s for s in shards if s not in uppers and shard_info(conn, s).upper == 0]
+            if upper > 0 and fresh:  # a new table's collection: empty before the re-snapshot
+                compare_and_append(conn, [Append(s, BatchDescription(0, upper)) for s in fresh])
+        ctx._outputs = None
+        m.update(binding_ts=binding.ts, lsn=lsn, tables=[t.table for t in infos], shards_upper=upper)
+        return {"ts": binding.ts, "lsn": lsn, "tables": [t.table for t in infos]}
 
 
 def mint(ctx: CycleContext) -> MintResult:
@@ -355,7 +407,11 @@ def _write_postgres(ctx: CycleContext, rc: RemapCollection, desc: BatchDescripti
     start = remap.source_upper_at(rc, desc.lower).get(LSN_PARTITION)
     end = remap.source_upper_at(rc, desc.upper).get(LSN_PARTITION)
     bindings = [(b.ts, b.frontier.get(LSN_PARTITION)) for b in rc.bindings]
-    snapshot = start == 0  # no data written yet: this description holds the first binding
+    with ctx.connect() as conn:
+        snap_ts = snapshot_ts(conn, ctx.spec.name)
+    if snap_ts is None and start == 0:
+        snap_ts = bindings[0][0]  # no data written yet: this description holds the first binding
+    snapshot = snap_ts is not None and desc.lower <= snap_ts < desc.upper
     chunk = ctx.spec.budget.max_records
     prefix = f"{ctx.spec.name}/{desc.lower}-{desc.upper}/{uuid.uuid4().hex}"
     with ctx.connect() as conn:
@@ -366,8 +422,14 @@ def _write_postgres(ctx: CycleContext, rc: RemapCollection, desc: BatchDescripti
         rewind, snapshot_rows, upto = None, 0, end
         with up.connect(autocommit=False) as uconn:
             if snapshot:
-                t1, l1 = bindings[0]
+                t1, l1 = next((ts, lsn) for ts, lsn in bindings if ts == snap_ts)
                 start = l1
+                if desc.lower > 0:  # a re-snapshot: take back what each collection holds, at t1
+                    with ctx.connect() as conn:
+                        for out in outputs:
+                            if shard_info(conn, out.shard).upper > 0:
+                                writer.retract(out.info.relid, read_as_of(conn, ctx.blob, out.shard,
+                                                                          desc.lower - 1), t1)
                 with up.export_snapshot() as snap:
                     up.check_retained(uconn, min(l1, snap.lsn))
                     with up.snapshot_reader(snap) as sconn:

@@ -406,3 +406,41 @@ def test_a_column_named_like_the_collections_own_is_refused(db, upstream, tmp_pa
     ctx = make_ctx(db, upstream, tmp_path, source_name(), None)  # every table of the publication
     with pytest.raises(ConfigError, match=r"table public\.t has column\(s\) ts"):
         cycle.run_cycle(ctx)
+
+
+@pytest.mark.parametrize("change,error", [
+    ("TRUNCATE a; INSERT INTO a VALUES (7, 'seven', 7, 0)", TableTruncated),
+    ("ALTER TABLE a ADD COLUMN z int; UPDATE a SET z = 5 WHERE id = 1", TableSchemaChanged),
+    ("SELECT pg_drop_replication_slot('{slot}')", SlotLost),
+])
+def test_resnapshot_after_a_stall_starts_over_at_a_new_timestamp(db, upstream, tmp_path, change, error):
+    _setup(upstream)
+    ctx = make_ctx(db, upstream, tmp_path, source_name(), list(TABLES))
+    with writer(upstream) as conn:
+        conn.execute("INSERT INTO a VALUES (1, 'one', 1, 0), (2, 'two', 2, 0)")
+        conn.execute("INSERT INTO b VALUES (1, 'b', 1, 0)")
+    cycle.run_cycle(ctx)
+    before = bindings(ctx)
+    with writer(upstream) as conn:
+        conn.execute("INSERT INTO b VALUES (2, 'b2', 2, 0)")
+        for stmt in change.format(slot=slot_name(ctx.spec.name)).split("; "):
+            conn.execute(stmt)
+    with pytest.raises(error):
+        cycle.run_cycle(ctx)
+    out = cycle.resnapshot(ctx)
+    assert out["ts"] > before[-1][0]
+    with writer(upstream) as conn:
+        conn.execute("INSERT INTO c VALUES (1, 'after', 1, 0)")
+    cycle.run_cycle(ctx)
+    cycle.run_cycle(ctx)
+    bs = bindings(ctx)
+    name = ctx.spec.name
+    with writer(upstream) as conn:
+        want = {t: {r[0]: r for r in conn.execute(f"SELECT * FROM {t}").fetchall()} for t in TABLES}
+    for t in TABLES:
+        got = contents(ctx, f"{name}__{t}", bs[-1][0])
+        assert {k: tuple(r.values()) for k, r in got.items()} == want[t], t
+    assert set(contents(ctx, f"{name}__a", before[-1][0])) == {1, 2}, "history before the stall stays as it was"
+    assert set(contents(ctx, f"{name}__b", out["ts"])) == {1, 2}, "the re-snapshot holds what happened meanwhile"
+    with connect(db) as conn:
+        assert latest_status(conn, name).status == "running"

@@ -198,6 +198,12 @@ class PostgresUpstream:
                 conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (self.slot,))
         return self.healthy_slot(conn)
 
+    def drop_slot(self, conn) -> None:
+        """Drop the slot if it exists (a re-snapshot starts a new one)."""
+        if self.slot_state(conn) is not None:
+            with contextlib.suppress(psycopg.errors.UndefinedObject):
+                conn.execute("SELECT pg_drop_replication_slot(%s)", (self.slot,))
+
     def flush_lsn(self, conn) -> int:
         return lsn_to_int(conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0])
 
