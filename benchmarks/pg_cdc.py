@@ -7,9 +7,10 @@ One run starts its own Postgres (wal_level=logical, fsync off) in a temporary fo
 end. Three tables (id, text, numeric(12,2), int8, timestamptz), REPLICA IDENTITY FULL, one publication.
 
 * **snapshot**: ``--snapshot-rows`` rows in table ``a`` before the source's first cycle; Reclock's first
-  cycle (the snapshot under an exported snapshot, written as parts and appended) beside a bare read of the
-  same rows as text on a server-side cursor in this process (the limit of a driver-side snapshot; the
-  Spark JDBC read the issue asks for needs the Postgres JDBC driver among the project's jars, not done).
+  cycle (the snapshot under an exported snapshot, read with COPY as CSV and parsed by Arrow, written as
+  parts and appended) beside a bare read of the same rows as text on a server-side cursor in this process
+  (the Spark JDBC read the issue asks for needs the Postgres JDBC driver among the project's jars: not
+  done, so there is no Spark figure).
 * **changes**: ``--changes`` row changes (inserts, updates, deletes over the three tables, in transactions
   of 1 to 200 changes, one of 20,000), committed after the snapshot; then, timed, Reclock's cycle that
   ingests them (mint to resume, everything appended) beside a bare read of the same slot with the same

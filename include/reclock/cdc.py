@@ -99,12 +99,28 @@ class PartWriter:
         info = b.out.info
         arrays = [po.text_column(o, m, list(c), f"{info.table}.{n}") for (n, o, m), c in zip(info.columns, columns)]
         arrays += [pa.array(columns[-2], pa.int64()), pa.array(columns[-1], pa.int64())]
-        table = pa.Table.from_arrays(arrays, schema=schema)
+        self._put(b, pa.Table.from_arrays(arrays, schema=schema), "part")
+        b.rows = []
+
+    def add_columns(self, relid: int, columns: Sequence[pa.Array], ts: int, diff: int) -> None:
+        """Many updates of table ``relid`` at once: its columns' text forms as Arrow string arrays (a
+        snapshot's block), written as parts of at most ``chunk`` rows."""
+        b = self.buffers[relid]
+        n = len(columns[0]) if columns else 0
+        info, schema = b.out.info, b.out.schema
+        for start in range(0, n, self.chunk):
+            part = [c.slice(start, self.chunk) for c in columns]
+            rows = len(part[0])
+            arrays = [po.text_column(o, m, c, f"{info.table}.{name}") for (name, o, m), c in zip(info.columns, part)]
+            arrays += [pa.array([ts] * rows, pa.int64()), pa.array([diff] * rows, pa.int64())]
+            self._put(b, pa.Table.from_arrays(arrays, schema=schema), "part")
+            b.emitted += rows
+
+    def _put(self, b: _Buffer, table: pa.Table, kind: str) -> None:
         buf = io.BytesIO()
         pq.write_table(table, buf)
-        self.blob.put_bytes(f"{self.prefix}/{b.out.shard}/part-{b.parts:05d}.parquet", buf.getvalue())
+        self.blob.put_bytes(f"{self.prefix}/{b.out.shard}/{kind}-{b.parts:05d}.parquet", buf.getvalue())
         b.parts += 1
-        b.rows = []
 
     def retract(self, relid: int, contents: pa.Table, ts: int) -> None:
         """Retract a collection's ``contents`` (data columns and ``diff``, as a read AS OF gives them) at
@@ -113,10 +129,8 @@ class PartWriter:
         data = contents.drop_columns(["diff"])
         negated = pc.negate(contents["diff"]).cast(pa.int64())
         table = data.append_column("ts", pa.array([ts] * contents.num_rows, pa.int64())).append_column("diff", negated)
-        for i, start in enumerate(range(0, table.num_rows, self.chunk)):
-            buf = io.BytesIO()
-            pq.write_table(table.slice(start, self.chunk), buf)
-            self.blob.put_bytes(f"{self.prefix}/{b.out.shard}/retract-{i:05d}.parquet", buf.getvalue())
+        for start in range(0, table.num_rows, self.chunk):
+            self._put(b, table.slice(start, self.chunk), "retract")
         b.emitted += table.num_rows
 
     def close(self) -> dict[str, int]:
@@ -339,19 +353,68 @@ class ChangeDecoder:
                                      "not told)", "re-snapshot the source")
 
 
+class _CopyReader(io.RawIOBase):
+    """A ``COPY ... TO STDOUT`` as a readable byte stream (what Arrow's CSV reader reads from)."""
+
+    def __init__(self, copy) -> None:
+        self.copy = copy
+        self.pending = memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def _fill(self) -> bool:
+        """Some bytes pending, reading on if needed; False at the end of the COPY."""
+        while not self.pending:
+            data = self.copy.read()
+            if not data:
+                return False
+            self.pending = memoryview(bytes(data))
+        return True
+
+    def at_end(self) -> bool:
+        return not self._fill()
+
+    def readinto(self, buf) -> int:
+        if not self._fill():
+            return 0
+        n = min(len(buf), len(self.pending))
+        buf[:n] = self.pending[:n]
+        self.pending = self.pending[n:]
+        return n
+
+
+SNAPSHOT_BLOCK = 8 << 20
+"""Bytes of CSV Arrow parses at a time: a snapshot's memory is a block and a part, not the table."""
+
+
 def read_snapshot(conn, outputs: Sequence[Output], writer: PartWriter, ts: int, chunk: int) -> int:
     """Every row of every table, in the snapshot ``conn``'s transaction holds, as +1 at ``ts``; returns the
-    rows read. Columns are read as text and converted as the stream's are (the same session styles), so
-    both give equal values."""
+    rows read. Each table is read with ``COPY (SELECT col::text, ...) TO STDOUT (FORMAT csv)`` in the
+    session styles the stream is decoded in, parsed by Arrow's streaming CSV reader a block at a time (every
+    value a string; an unquoted empty field is NULL, a quoted one the empty string), and converted as the
+    stream's values are, so both give equal values."""
+    from pyarrow import csv
+
     total = 0
     for out in outputs:
         schema, _, name = out.info.table.partition(".")
-        cols = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(n)) for n, _, _ in out.info.columns)
-        query = sql.SQL("SELECT {} FROM {}.{}").format(cols, sql.Identifier(schema), sql.Identifier(name))
-        with conn.cursor(name=f"snap_{out.info.relid}") as cur:
-            cur.itersize = max(1, min(chunk, 10_000))
-            cur.execute(query)
-            for row in cur:
-                writer.add(out.info.relid, row, ts, 1)
-                total += 1
+        names = [n for n, _, _ in out.info.columns]
+        cols = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(n)) for n in names)
+        query = sql.SQL("COPY (SELECT {} FROM {}.{}) TO STDOUT (FORMAT csv)").format(
+            cols, sql.Identifier(schema), sql.Identifier(name))
+        keys = [f"c{i}" for i in range(len(names))]  # column names of our own: a table's may repeat in CSV terms
+        with conn.cursor() as cur, cur.copy(query) as copy:
+            raw = _CopyReader(copy)
+            if raw.at_end():
+                continue  # an empty table (Arrow's reader refuses an empty file)
+            reader = csv.open_csv(
+                io.BufferedReader(raw, 1 << 20),
+                read_options=csv.ReadOptions(column_names=keys, block_size=SNAPSHOT_BLOCK),
+                parse_options=csv.ParseOptions(newlines_in_values=True),
+                convert_options=csv.ConvertOptions(column_types={k: pa.string() for k in keys}, null_values=[""],
+                                                   strings_can_be_null=True, quoted_strings_can_be_null=False))
+            for batch in reader:
+                writer.add_columns(out.info.relid, batch.columns, ts, 1)
+                total += batch.num_rows
     return total

@@ -371,10 +371,11 @@ def test_an_idle_source_follows_the_wal_and_pins_none(db, upstream, postgres, tm
 
 def test_every_type_reads_the_same_from_the_snapshot_and_the_stream_and_toast_is_filled(db, upstream, tmp_path):
     cols = ("b bool, s int2, i int4, n numeric(12,2), f4 float4, f8 float8, txt text, vc varchar(20), "
-            "tsp timestamp, tz timestamptz, d date, j jsonb, js json, u uuid, by bytea, big text")
-    values = ("true, -5, 7, -1234.50, 1.5, 'NaN', 'héllo', 'v', '2024-01-02 03:04:05.123456', "
+            "tsp timestamp, tz timestamptz, d date, j jsonb, js json, u uuid, by bytea, big text, nul text, "
+            "word text, empty varchar(3)")
+    values = ("true, -5, 7, -1234.50, 1.5, 'NaN', E'h\\u00e9,\"l\"\\nlo', 'v', '2024-01-02 03:04:05.123456', "
               "'2024-01-02 03:04:05+02', '2024-02-29', '{\"a\": [1]}', '{\"b\":2}', "
-              "'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', '\\x00ff', repeat('x', 100000)")
+              "'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', '\\x00ff', repeat('x', 100000), NULL, 'NULL', ''")
     with writer(upstream) as conn:
         conn.execute(f"CREATE TABLE t (id int8 PRIMARY KEY, {cols})")
         conn.execute("ALTER TABLE t REPLICA IDENTITY FULL")
@@ -396,6 +397,7 @@ def test_every_type_reads_the_same_from_the_snapshot_and_the_stream_and_toast_is
     assert one == two
     assert one["big"] == "x" * 100000 and one["by"] == b"\x00\xff" and str(one["n"]) == "-1234.50"
     assert one["tz"].isoformat() == "2024-01-02T01:04:05+00:00"
+    assert (one["txt"], one["nul"], one["word"], one["empty"]) == ('hé,"l"\nlo', None, "NULL", "")
 
 
 def test_a_column_named_like_the_collections_own_is_refused(db, upstream, tmp_path):

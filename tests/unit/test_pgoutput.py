@@ -196,3 +196,19 @@ def test_text_column_equals_convert_value_by_value(data):
     assert got.type == want.type
     same = [(a == b) or (a != a and b != b) for a, b in zip(got.to_pylist(), want.to_pylist())]
     assert all(same) and len(got) == len(want), (values, got, want)
+
+
+@given(st.data())
+def test_text_column_of_an_arrow_string_array_equals_that_of_a_list(data):
+    oid = data.draw(st.sampled_from(sorted(_texts)))
+    typmod = (12 << 16 | 2) + 4 if oid == po.NUMERIC else -1
+    values = data.draw(st.lists(st.one_of(st.none(), _texts[oid]), max_size=6))
+    try:
+        want = po.text_column(oid, typmod, values, "c")
+    except po.ConversionError:
+        with pytest.raises(po.ConversionError):
+            po.text_column(oid, typmod, pa.array(values, pa.string()), "c")
+        return
+    got = po.text_column(oid, typmod, pa.chunked_array([pa.array(values, pa.string())]), "c")
+    assert got.type == want.type
+    assert all((a == b) or (a != a and b != b) for a, b in zip(got.to_pylist(), want.to_pylist()))

@@ -411,7 +411,10 @@ def convert(type_oid: int, typmod: int, text: bytes | str | None, column: str = 
         return None
     if text is UNCHANGED_TOAST:
         raise ConversionError(f"column {column}: an unchanged TOASTed value has no value to convert")
-    s = text if isinstance(text, str) else text.decode("utf-8")
+    try:
+        s = text if isinstance(text, str) else text.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConversionError(f"column {column}: a value is not UTF-8 text: {e}") from e
     fn = CONVERSIONS.get(type_oid, str)
     try:
         value = fn(s)
@@ -425,23 +428,22 @@ def convert(type_oid: int, typmod: int, text: bytes | str | None, column: str = 
                               f"as {arrow_type(type_oid, typmod)}: {e}") from e
 
 
-def text_column(type_oid: int, typmod: int, values: list, column: str = "?") -> pa.Array:
-    """One column's text forms (bytes or str, None for NULL) as an Arrow array of :func:`arrow_type`, with
-    Arrow's vectorized casts where they read Postgres's text exactly as :func:`convert` does, else value by
-    value with :func:`convert` (which names the column and the value that cannot be converted).
+def text_column(type_oid: int, typmod: int, values, column: str = "?") -> pa.Array:
+    """One column's text forms (a list of bytes or str, None for NULL; or an Arrow string array) as an Arrow
+    array of :func:`arrow_type`, with Arrow's vectorized casts where they read Postgres's text exactly as
+    :func:`convert` does, else value by value with :func:`convert` (which names the column and the value
+    that cannot be converted).
 
     Law (tested with hypothesis): equal to ``pa.array([convert(...) for v in values], arrow_type(...))``,
     and raising ``ConversionError`` exactly when that does."""
+    import pyarrow.compute as pc
+
     target = arrow_type(type_oid, typmod)
-    first = next((v for v in values if v is not None), None)
-    if UNCHANGED_TOAST in values:
-        raise ConversionError(f"column {column}: an unchanged TOASTed value has no value to convert")
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
     try:
-        if isinstance(first, str) or first is None:
-            text = pa.array(values, pa.string())
-        else:
-            text = pa.array(values, pa.binary()).cast(pa.string())  # checks the bytes are UTF-8
-        if pa.types.is_string(target) and type_oid not in (BYTEA,):
+        text = _as_text(values, column)
+        if pa.types.is_string(target):
             return text
         if type_oid in (INT2, INT4, INT8, OID, NUMERIC, DATE, TIMESTAMP, TIMESTAMPTZ):
             if type_oid in (DATE, TIMESTAMP, TIMESTAMPTZ) and _any_bc_or_infinite(text):
@@ -450,14 +452,25 @@ def text_column(type_oid: int, typmod: int, values: list, column: str = "?") -> 
         if type_oid in (FLOAT4, FLOAT8):
             return text.cast(pa.float64()).cast(target)
         if type_oid == BOOL:
-            import pyarrow.compute as pc
-
             if not pc.all(pc.is_in(text.drop_null(), pa.array(["t", "f"]))).as_py():
                 raise pa.ArrowInvalid("not t or f")
             return pc.equal(text, "t")
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, UnicodeDecodeError):
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         pass  # value by value below: the error names the value
-    return pa.array([convert(type_oid, typmod, v, column) for v in values], target)
+    listed = values.to_pylist() if isinstance(values, pa.Array) else values
+    return pa.array([convert(type_oid, typmod, v, column) for v in listed], target)
+
+
+def _as_text(values, column: str) -> pa.Array:
+    """The values as an Arrow string array (bytes checked to be UTF-8: ``ArrowInvalid`` otherwise)."""
+    if isinstance(values, pa.Array):
+        return values.cast(pa.string())
+    if UNCHANGED_TOAST in values:
+        raise ConversionError(f"column {column}: an unchanged TOASTed value has no value to convert")
+    first = next((v for v in values if v is not None), None)
+    if first is None or isinstance(first, str):
+        return pa.array(values, pa.string())
+    return pa.array(values, pa.binary()).cast(pa.string())
 
 
 def _any_bc_or_infinite(text: pa.Array) -> bool:
