@@ -446,3 +446,27 @@ def test_resnapshot_after_a_stall_starts_over_at_a_new_timestamp(db, upstream, t
     assert set(contents(ctx, f"{name}__b", out["ts"])) == {1, 2}, "the re-snapshot holds what happened meanwhile"
     with connect(db) as conn:
         assert latest_status(conn, name).status == "running"
+
+
+def test_a_slot_invalidated_by_max_slot_wal_keep_size_is_upstream_data_lost(db, upstream, postgres, tmp_path):
+    _setup(upstream)
+    ctx = make_ctx(db, upstream, tmp_path, source_name(), list(TABLES))
+    cycle.run_cycle(ctx)
+    with writer(postgres.dsn("postgres")) as admin:
+        admin.execute("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'")
+        admin.execute("SELECT pg_reload_conf()")
+        try:
+            with writer(upstream) as conn:
+                for _ in range(3):  # WAL the slot holds, well past what it may keep; then a checkpoint removes it
+                    conn.execute("INSERT INTO a SELECT g, repeat('x', 200), 1, 0 FROM generate_series(1, 40000) g")
+                    conn.execute("DELETE FROM a")
+                    conn.execute("SELECT pg_switch_wal()")
+                conn.execute("CHECKPOINT")
+                status = conn.execute("SELECT wal_status FROM pg_replication_slots WHERE slot_name = %s",
+                                      (slot_name(ctx.spec.name),)).fetchone()[0]
+            assert status == "lost"
+            with pytest.raises(SlotLost, match="was invalidated"):
+                cycle.run_cycle(ctx)
+        finally:
+            admin.execute("ALTER SYSTEM RESET max_slot_wal_keep_size")
+            admin.execute("SELECT pg_reload_conf()")
