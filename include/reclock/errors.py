@@ -233,3 +233,14 @@ class TableSchemaChanged(SourceStalled):
 
 class PublicationMissing(SourceStalled):
     """The source's publication does not exist, or a table of the source is missing from it or dropped."""
+
+
+class SlotBusy(ReclockError):
+    """Another process reads or advances the source's replication slot (another cycle of the same source):
+    this cycle fails loudly and changes nothing; the next one carries on."""
+
+    def __init__(self, source: str, slot: str, detail: str) -> None:
+        self.source = source
+        self.slot = slot
+        super().__init__(f"source {source}: replication slot {slot} is in use by another process ({detail}); "
+                         "another cycle of this source runs, this one changed nothing")

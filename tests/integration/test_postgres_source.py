@@ -15,8 +15,8 @@ from pg_support import bindings, contents, make_ctx, slot_confirmed, source_name
 
 from reclock import cycle, failpoints
 from reclock.cli import main
-from reclock.errors import (ConfigError, PublicationMissing, ReplicaIdentityNotFull, SlotLost, TableSchemaChanged, TableTruncated,
-                            UpstreamDataLost)
+from reclock.errors import (ConfigError, PublicationMissing, ReplicaIdentityNotFull, SlotBusy, SlotLost,
+                            TableSchemaChanged, TableTruncated, UpperMismatch, UpstreamDataLost)
 from reclock.cdc import reclock_lsn
 from reclock.persist import connect
 from reclock.persist.shards import batches, shard_info
@@ -470,3 +470,34 @@ def test_a_slot_invalidated_by_max_slot_wal_keep_size_is_upstream_data_lost(db, 
         finally:
             admin.execute("ALTER SYSTEM RESET max_slot_wal_keep_size")
             admin.execute("SELECT pg_reload_conf()")
+
+
+def test_two_cycles_at_once_give_the_same_contents_and_timestamps(db, upstream, tmp_path):
+    _setup(upstream)
+    name = source_name()
+    observer = _observer(upstream, name)
+    w = Writer(upstream, 0, threading.Event())
+    ctxs = [make_ctx(db, upstream, tmp_path, name, list(TABLES), max_records=50) for _ in range(2)]
+    for c in ctxs[1:]:
+        c.clock = ctxs[0].clock
+    failures: list[BaseException] = []
+
+    def run(ctx) -> None:
+        try:
+            cycle.run_cycle(ctx)
+        except (UpperMismatch, SlotBusy) as e:  # the loser of a race fails loudly and changes nothing
+            failures.append(e)
+
+    with writer(upstream) as conn:
+        for _ in range(6):
+            for _ in range(4):
+                w.transaction(conn, big=False)
+            threads = [threading.Thread(target=run, args=(c,)) for c in ctxs]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(120)
+    cycle.run_cycle(ctxs[0])
+    bs = _check(ctxs[0], [w], _commit_lsns(upstream, observer))
+    assert slot_confirmed(upstream, name) == bs[-1][1]
+    assert _expected([w], _commit_lsns(upstream, observer), bs[-1][1]) == _expected([w], _commit_lsns(upstream, observer), 2**64)

@@ -50,7 +50,7 @@ from typing import Iterator, Sequence
 import psycopg
 from psycopg import sql
 
-from reclock.errors import PublicationMissing, ReclockError, ReplicaIdentityNotFull, SlotLost
+from reclock.errors import PublicationMissing, ReclockError, ReplicaIdentityNotFull, SlotBusy, SlotLost
 from reclock.sources.pgoutput import Message, decode, lsn_to_int, lsn_to_str
 from reclock.time import PartitionedFrontier
 
@@ -242,6 +242,8 @@ class PostgresUpstream:
                 raise SlotLost(self.source, self.slot, f"could not be read: {e}") from e
             except psycopg.errors.ObjectNotInPrerequisiteState as e:
                 raise SlotLost(self.source, self.slot, f"could not be read: {e}") from e
+            except psycopg.errors.ObjectInUse as e:
+                raise SlotBusy(self.source, self.slot, str(e).strip()) from e
 
     def commit(self, _group: str, frontier: PartitionedFrontier) -> None:
         """Advance the slot to the frontier's LSN (never backwards; a slot already there is left alone)."""
@@ -251,7 +253,10 @@ class PostgresUpstream:
         with self.connect() as conn:
             state = self.healthy_slot(conn)
             if lsn > state.confirmed_flush:
-                conn.execute("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)", (self.slot, lsn_to_str(lsn)))
+                try:
+                    conn.execute("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)", (self.slot, lsn_to_str(lsn)))
+                except psycopg.errors.ObjectInUse as e:
+                    raise SlotBusy(self.source, self.slot, str(e).strip()) from e
 
     @contextlib.contextmanager
     def export_snapshot(self) -> Iterator[Snapshot]:
