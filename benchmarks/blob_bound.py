@@ -7,7 +7,8 @@ One source over :data:`~benchmarks.workload.PARTITIONS` partitions (its own Post
 session, ``benchmarks.env.services``) runs ``cycles`` cycles, each after one record per partition, with no
 history kept (``retain_history_ms`` = 0: since follows the resumption frontier, so part compaction merges
 every cycle's small parts), a small budget, one rebuild halfway, and garbage collection in resume every
-:data:`GC_INTERVAL_S` with a grace period of :data:`GC_GRACE_S`. Every tenth of the run it prints, beside
+:data:`GC_INTERVAL_S` with a grace period of :data:`GC_GRACE_S` (the same pass prunes statistics and status
+rows older than :data:`STATS_KEEP_S`). Every tenth of the run it prints, beside
 the state rows, the blob store's files and bytes split into
 
 - ``live``: the parts the shards' batch rows reference;
@@ -27,6 +28,7 @@ from typing import Callable
 
 GC_GRACE_S = 5.0
 GC_INTERVAL_S = 2.0
+STATS_KEEP_S = 30.0  # statistics and status rows kept (RECLOCK_STATS_RETAIN_S; 7 days by default)
 BUDGET = 8  # records a slice: a cycle's records (one per partition) in one Spark job
 SLACK_S = 5.0  # a cycle's own duration: the census follows a resume, whose GC pass saw the blobs a bit earlier
 
@@ -64,7 +66,9 @@ def state_rows(conn, source: str) -> dict[str, int]:
          "shard_batch_rows": "SELECT count(*) FROM reclock.shard_batches b JOIN reclock.shards s ON s.id = b.shard "
                              "WHERE s.source = %s",
          "retired_part_rows": "SELECT count(*) FROM reclock.retired_parts",
-         "write_lease_rows": "SELECT count(*) FROM reclock.write_leases"}
+         "write_lease_rows": "SELECT count(*) FROM reclock.write_leases",
+         "statistics_rows": "SELECT count(*) FROM reclock.statistics WHERE name = %s",
+         "status_rows": "SELECT count(*) FROM reclock.status_history WHERE name = %s"}
     return {k: conn.execute(sql, (source,) if "%s" in sql else ()).fetchone()[0] for k, sql in q.items()}
 
 
@@ -88,7 +92,7 @@ def blob_bound(cycles: int = 1000, echo: Callable[[str], None] = print) -> int:
         root = env.work / "blobs"
         ctx = CycleContext(spec=spec, dsn=env.dsn, bootstrap=env.bootstrap, blob=LocalBlobStore(root),
                            spark_factory=lambda: env.spark, retain_history_ms=0,
-                           gc_grace_s=GC_GRACE_S, gc_interval_s=GC_INTERVAL_S)
+                           gc_grace_s=GC_GRACE_S, gc_interval_s=GC_INTERVAL_S, stats_keep_s=STATS_KEEP_S)
         producer = Producer({"bootstrap.servers": env.bootstrap, "linger.ms": 0, "log_level": 2})
         t0 = time.perf_counter()
         worst_stale = 0

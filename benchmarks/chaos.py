@@ -10,6 +10,9 @@ It starts its own Postgres, Kafka and Spark Connect server in a temporary folder
 - ``ups``: an upsert source over a 3-partition topic (12 keys, some deletes);
 - ``txn``: an append-only JSON source over a 3-partition topic fed by a transactional producer that aborts
   one transaction in four;
+- ``afl``: an append-only JSON source over a 2-partition topic whose cycles run under Airflow: the real
+  scheduler, api-server and dag-processor (metadata in the same Postgres) run ``ingest__afl`` every 2 s,
+  with Airflow's task retries (``[core] default_task_retries`` 5, 1 s apart);
 - ``out``: the exactly-once Kafka sink of ``ups`` (debezium), ``reclock sink run out --follow``.
 
 Each source's cycles run in a process of their own (``--runner SOURCE``: ``run_cycle`` in a loop, Spark over
@@ -21,6 +24,8 @@ fault               what happens
 cycle_sigkill       SIGKILL of a source's cycle process, wherever it is (mint, a Spark job, append, resume)
 cycle_failpoint     a cycle process relaunched with ``RECLOCK_FAILPOINTS=<point>=exit``: it dies exactly there
                     (``append:in_transaction`` among them)
+airflow_task_kill   SIGKILL of the process running a task of ``ingest__afl`` (``mint_write`` or ``append``,
+                    wherever it is); Airflow retries it
 sink_sigkill        SIGKILL of the sink process (often inside its open transaction)
 sink_failpoint      the sink relaunched with ``sink:in_transaction=exit``
 pg_restart          ``pg_ctl restart -m immediate`` (every open transaction is lost)
@@ -29,7 +34,8 @@ spark_restart       the Spark Connect server SIGKILLed and started again
 ==================  =======================================================================================
 
 After each fault the system catches up as an operator's rerun would: a dead cycle or sink process is
-started again. At the end the producers stop, every source runs cycles until nothing is left, the sink runs
+started again, an Airflow component that died (Postgres restarts take the scheduler's database away) is
+started again, and Airflow retries a killed task or runs the next interval. At the end the producers stop, every source runs cycles until nothing is left, the sink runs
 to the shard's upper, and the ORACLE checks, from a ``read_committed`` reading of every topic:
 
 - append sources: every committed record in the shard exactly once (aborted ones never), with ``diff`` 1,
@@ -61,13 +67,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-FAULT_KINDS = ("cycle_sigkill", "cycle_failpoint", "sink_sigkill", "sink_failpoint", "pg_restart",
-               "kafka_restart", "spark_restart")
-WEIGHTS = {"cycle_sigkill": 30, "cycle_failpoint": 15, "sink_sigkill": 15, "sink_failpoint": 8,
-           "pg_restart": 12, "kafka_restart": 10, "spark_restart": 10}
+FAULT_KINDS = ("cycle_sigkill", "cycle_failpoint", "airflow_task_kill", "sink_sigkill", "sink_failpoint",
+               "pg_restart", "kafka_restart", "spark_restart")
+WEIGHTS = {"cycle_sigkill": 25, "cycle_failpoint": 15, "airflow_task_kill": 15, "sink_sigkill": 15,
+           "sink_failpoint": 8, "pg_restart": 10, "kafka_restart": 10, "spark_restart": 10}
 CYCLE_FAILPOINTS = ("mint:after_binding", "write_batches:before_job", "write_batches:after_slice",
                     "append:in_transaction", "resume:after_commit")
-SOURCES = {"app": 2, "ups": 3, "txn": 3}  # name -> partitions
+SOURCES = {"app": 2, "ups": 3, "txn": 3, "afl": 2}  # name -> partitions
+RUNNERS = ("app", "ups", "txn")  # the sources whose cycles run in runner processes; afl's run under Airflow
+AIRFLOW_SOURCE = "afl"
 UPSERT_KEYS = 12
 REPO = Path(__file__).resolve().parents[1]
 WATCHDOG_S = 300.0  # a cycle or sink process silent for this long is stuck (or starved): killed and reported
@@ -197,7 +205,9 @@ def write_config(root: Path, bootstrap: str) -> Path:
         "ups": {"kafka": {"topic": "chaos_ups", "bootstrap": bootstrap}, "format": {"type": "json", "schema": schema},
                 "envelope": "upsert", "include": ["key"], "budget": {"max_records": 100_000}},
         "txn": {"kafka": {"topic": "chaos_txn", "bootstrap": bootstrap}, "format": {"type": "json", "schema": schema},
-                "include": ["partition", "offset"], "budget": {"max_records": 300}}},
+                "include": ["partition", "offset"], "budget": {"max_records": 300}},
+        "afl": {"kafka": {"topic": "chaos_afl", "bootstrap": bootstrap}, "format": {"type": "json", "schema": schema},
+                "include": ["partition", "offset"], "budget": {"max_records": 300}, "interval": "2s"}},
         "sinks": {"out": {"from": "ups", "format": "debezium", "key": ["_key"],
                           "kafka": {"topic": "chaos_out", "bootstrap": bootstrap},
                           "progress_topic": "_progress_chaos", "budget": {"max_messages": 25},
@@ -228,7 +238,7 @@ class Producers:
         self.errors = collections.Counter()
         self.rng = random.Random(seed)
         self.threads = [threading.Thread(target=t, name=f"produce-{n}", daemon=True)
-                        for n, t in (("app", self._app), ("ups", self._ups), ("txn", self._txn))]
+                        for n, t in (("app", self._app), ("ups", self._ups), ("txn", self._txn), ("afl", self._afl))]
 
     def start(self) -> None:
         for t in self.threads:
@@ -260,6 +270,10 @@ class Producers:
     def _app(self) -> None:
         self._plain_loop("app", lambda i: (f"a{i % 50}".encode(), json.dumps({"id": i, "name": f"a{i}"}).encode(),
                                            i % SOURCES["app"]))
+
+    def _afl(self) -> None:
+        self._plain_loop("afl", lambda i: (None, json.dumps({"id": i, "name": f"f{i}"}).encode(),
+                                           i % SOURCES["afl"]))
 
     def _ups(self) -> None:
         def record(i: int) -> tuple[bytes, bytes | None, int]:
@@ -390,6 +404,94 @@ class Driver:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(30)
             self.proc = None
+
+
+class AirflowSide:
+    """The source whose cycles Airflow runs: Airflow's four processes (kept alive as a service manager would:
+    one that died is started again), ``ingest__afl`` unpaused, its task processes the target of
+    ``airflow_task_kill``. Tasks retry (``[core] default_task_retries``) after 1 s."""
+
+    DAG_ID = f"ingest__{AIRFLOW_SOURCE}"
+
+    def __init__(self, svc: Services, env: dict[str, str], echo: Callable[[str], None]) -> None:
+        from reclock.dev.airflow import LocalAirflow
+
+        extra = {k: v for k, v in env.items() if k.startswith("RECLOCK_") or k == "PYTHONPATH"}
+        extra.update(AIRFLOW__CORE__DEFAULT_TASK_RETRIES="5", AIRFLOW__CORE__DEFAULT_TASK_RETRY_DELAY="1",
+                     AIRFLOW__CORE__PARALLELISM="2")
+        self.af = LocalAirflow(svc.state, svc.postgres.dsn("airflow"), extra)
+        self.dsn = svc.postgres.dsn("airflow")
+        self.echo = echo
+        self.revived = 0
+        self.lock = threading.Lock()
+
+    def start(self) -> None:
+        t = self.af.start(timeout=600)
+        self.af.wait_for_dag(self.DAG_ID, timeout=300)
+        self.af.unpause(self.DAG_ID)
+        self.echo(f"airflow up in {t:.0f}s, {self.DAG_ID} unpaused")
+
+    @staticmethod
+    def task_pids() -> list[int]:
+        """The processes running a task (the supervisor's child, titled ``airflow worker -- <ti id>``); only
+        ``ingest__afl`` is unpaused, so every one of them runs one of its tasks."""
+        pids = []
+        for d in Path("/proc").iterdir():
+            if not d.name.isdigit():
+                continue
+            try:
+                title = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if title.startswith("airflow worker -- ") and "LocalExecutor" not in title:
+                pids.append(int(d.name))
+        return pids
+
+    def kill(self, rng: random.Random) -> bool:
+        """SIGKILL a running task's process; False if no task runs now."""
+        with self.lock:
+            pids = self.task_pids()
+            if not pids:
+                return False
+            try:
+                os.kill(rng.choice(pids), signal.SIGKILL)
+            except ProcessLookupError:
+                return False
+            return True
+
+    def tick(self) -> None:
+        """Start again an Airflow process that died."""
+        from reclock.dev.airflow import COMPONENTS
+
+        with self.lock:
+            dead = [c for c in COMPONENTS if not self.af.running(c)]
+            if dead:
+                self.echo(f"airflow {', '.join(dead)} died; starting it again")
+                self.revived += 1
+                self.af.start(timeout=600)
+
+    def stop(self) -> None:
+        """Pause the DAG, let a running task finish (2 minutes at most), stop Airflow."""
+        try:
+            self.af.api("PATCH", f"dags/{self.DAG_ID}", {"is_paused": True})
+            _wait_for(lambda: not self.task_pids(), 120)
+        except Exception as e:  # noqa: BLE001 - stop it anyway
+            self.echo(f"pausing {self.DAG_ID}: {e}")
+        self.af.stop()
+
+    def report(self) -> dict:
+        """Runs by state, task tries that failed, and task instances that succeeded after a retry, from the
+        metadata database."""
+        import psycopg
+
+        with psycopg.connect(self.dsn) as conn:
+            runs = dict(conn.execute("SELECT state, count(*) FROM dag_run WHERE dag_id = %s GROUP BY state",
+                                     (self.DAG_ID,)).fetchall())
+            failed = conn.execute("SELECT count(*) FROM task_instance_history WHERE dag_id = %s AND state = 'failed'",
+                                  (self.DAG_ID,)).fetchone()[0]
+            retried = conn.execute("SELECT count(*) FROM task_instance WHERE dag_id = %s AND try_number > 1 "
+                                   "AND state = 'success'", (self.DAG_ID,)).fetchone()[0]
+        return {"runs": runs, "failed_tries": failed, "retried_to_success": retried, "revived": self.revived}
 
 
 class _Delayed:
@@ -614,7 +716,7 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
     rng = random.Random(seed)
     root = Path(tempfile.mkdtemp(prefix="reclock-chaos-", dir="/var/tmp"))
     os.chmod(root, 0o755)
-    svc = producers = None
+    svc = producers = airflow = None
     drivers: list[Driver] = []
     injected: collections.Counter = collections.Counter()
     try:
@@ -626,12 +728,22 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
         logdir = root / "logs"
         logdir.mkdir()
         py = sys.executable
-        cycles = {s: Driver(s, [py, "-m", "benchmarks.chaos", "--runner", s], env, logdir) for s in SOURCES}
+        cycles = {s: Driver(s, [py, "-m", "benchmarks.chaos", "--runner", s], env, logdir) for s in RUNNERS}
         sink = Driver("sink", [py, "-m", "reclock.cli", "sink", "run", "out", "--follow", "0.5"], env, logdir)
         drivers = [*cycles.values(), sink]
+        airflow = AirflowSide(svc, env, echo)
+        airflow.start()
         producers = Producers(svc.kafka.bootstrap, seed, rate)
         producers.start()
         stop_ticks = threading.Event()
+
+        def airflow_ticker() -> None:
+            while not stop_ticks.is_set():
+                try:
+                    airflow.tick()
+                except Exception as e:  # noqa: BLE001 - try again at the next tick
+                    echo(f"airflow: {e}")
+                stop_ticks.wait(2)
 
         def ticker() -> None:
             while not stop_ticks.is_set():
@@ -644,6 +756,8 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
 
         ticks = threading.Thread(target=ticker, name="drivers", daemon=True)
         ticks.start()
+        airflow_ticks = threading.Thread(target=airflow_ticker, name="airflow", daemon=True)
+        airflow_ticks.start()
         time.sleep(10)  # let the first cycles register the sources
         total, attempts = 0, 0
         kind_list = list(kinds)
@@ -654,9 +768,11 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
             kind = first.pop(0) if first else rng.choices(kind_list, [WEIGHTS[k] for k in kind_list])[0]
             hit = False
             if kind == "cycle_sigkill":
-                hit = cycles[rng.choice(list(SOURCES))].kill()
+                hit = cycles[rng.choice(RUNNERS)].kill()
+            elif kind == "airflow_task_kill":
+                hit = airflow.kill(rng)
             elif kind == "cycle_failpoint":
-                d = cycles[rng.choice(list(SOURCES))]
+                d = cycles[rng.choice(RUNNERS)]
                 before = d.failpoint_exits
                 d.arm({"RECLOCK_FAILPOINTS": f"{rng.choice(CYCLE_FAILPOINTS)}=exit"})
                 hit = _wait_for(lambda: d.failpoint_exits > before, 180)
@@ -685,8 +801,12 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
         producers.stop()
         stop_ticks.set()
         ticks.join(30)
+        airflow_ticks.join(600)
         for d in drivers:
             d.stop()
+        airflow.stop()
+        airflow_report = airflow.report()
+        echo(f"airflow: {airflow_report}")
         # catch up: every source (side by side) until a cycle finds nothing new, then the sink to the upper
         with ThreadPoolExecutor(len(SOURCES)) as pool:
             done = dict(zip(SOURCES, pool.map(lambda s: _catch_up(py, s, env, echo), SOURCES)))
@@ -702,11 +822,12 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
         with connect(svc.postgres.dsn()) as conn:
             check_append(verdict, conn, blob, svc.kafka.bootstrap, "app")
             check_append(verdict, conn, blob, svc.kafka.bootstrap, "txn")
+            check_append(verdict, conn, blob, svc.kafka.bootstrap, AIRFLOW_SOURCE)
             check_upsert(verdict, conn, blob, svc.kafka.bootstrap, "ups")
             check_sink(verdict, conn, blob, svc.kafka.bootstrap, config, "out")
         extra = {"launches": {d.name: d.launches for d in drivers},
                  "exits": {d.name: {str(k): v for k, v in d.exits.items()} for d in drivers},
-                 "watchdog_kills": sum(d.watchdog_kills for d in drivers),
+                 "watchdog_kills": sum(d.watchdog_kills for d in drivers), "airflow": airflow_report,
                  "txn_producer_errors": producers.errors["txn"]}
         return Result(seed, injected, verdict, time.monotonic() - t0, producers.sent, extra)
     finally:
@@ -715,6 +836,11 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
         for d in drivers:
             try:
                 d.stop()
+            except Exception:  # noqa: BLE001 - stop the services anyway
+                pass
+        if airflow is not None:
+            try:
+                airflow.af.stop()
             except Exception:  # noqa: BLE001 - stop the services anyway
                 pass
         stop_services(svc)

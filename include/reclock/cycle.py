@@ -56,11 +56,11 @@ from reclock.persist.compact import compact_parts
 from reclock.persist.gc import claim_gc, collect_garbage, lease_write, release_write
 from reclock.persist.lending import ConnectionLender
 from reclock.persist.remap_store import append_binding, compact_remap, load_remap, register_source
-from reclock.persist.shards import (Append, advance_since, compare_and_append, read_holds, register_shard,
-                                    replace_batches, shard_info)
+from reclock.persist.shards import (Append, advance_since, compare_and_append, drop_lapsed_holds, read_holds,
+                                    register_shard, replace_batches, shard_info)
 from reclock.persist.source_tables import register_tables, registered_tables, replace_tables, snapshot_ts
 from reclock.persist.staged import collect_parts, first_rejected, read_state_changes, slice_folder
-from reclock.persist.status import record_statistics, record_status
+from reclock.persist.status import prune_history, record_statistics, record_status
 from reclock.persist.upsert_state import apply_changes, load_prior
 from reclock.read import read_as_of
 from reclock.remap import RemapCollection
@@ -86,6 +86,7 @@ class CycleContext:
     retain_history_ms: int = 0
     gc_grace_s: float = 3600.0  # unreferenced parts younger than this (since written or replaced) are kept
     gc_interval_s: float = 300.0  # resume collects the source's garbage at most this often
+    stats_keep_s: float = 7 * 86400.0  # statistics and status rows older than this go with that collection
     upstream_dsn: str | None = None  # a Postgres source's upstream database
     _upstream: KafkaUpstream | PostgresUpstream | None = field(default=None, init=False, repr=False, compare=False)
     _outputs: tuple[cdc.Output, ...] | None = field(default=None, init=False, repr=False, compare=False)
@@ -539,7 +540,8 @@ def resume(ctx: CycleContext) -> ResumeResult:
     the remap collection is compacted to the new since, each shard's small parts at or below it are
     merged (``reclock.persist.compact``), and at most every ``gc_interval_s`` the blobs no batch references
     are deleted once ``gc_grace_s`` has passed since they were written or replaced, unless a running
-    write leases their folder (``reclock.persist.gc``).
+    write leases their folder (``reclock.persist.gc``); the same pass prunes statistics and status rows
+    older than ``stats_keep_s`` (``reclock.persist.status.prune_history``).
     """
     with _step(ctx, "resume") as m:
         with ctx.connect() as conn:
@@ -567,8 +569,11 @@ def resume(ctx: CycleContext) -> ResumeResult:
                 # the cycle's parts sit under the source's folder, compaction's under each shard's
                 reports = [collect_garbage(conn, ctx.blob, folder, ctx.gc_grace_s)
                            for folder in dict.fromkeys([ctx.spec.name, *ctx.shards()])]
+                pruned = prune_history(conn, ctx.stats_keep_s)
+                lapsed = drop_lapsed_holds(conn)
                 m.update(gc_deleted=sum(r.deleted for r in reports), gc_deleted_bytes=sum(r.deleted_bytes for r in reports),
-                         gc_kept=sum(r.referenced + r.kept_young + r.kept_leased for r in reports))
+                         gc_kept=sum(r.referenced + r.kept_young + r.kept_leased + r.kept_read for r in reports),
+                         history_pruned=sum(pruned), lapsed_holds=lapsed)
         m.update(resumption=resumption, offsets_committed=offsets.as_dict(), since=since, compacted=compacted)
         return ResumeResult(resumption, offsets.as_dict(), since)
 

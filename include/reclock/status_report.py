@@ -346,7 +346,8 @@ def overview(conn, config: Config | None = None, lag: LagProbe = no_lag,
             "SELECT id, source, kind, upper, since FROM reclock.shards ORDER BY id"):
         shards.setdefault(src, []).append((sid, kind, upper, since))
     holds: dict[str, list[ReadHold]] = {}
-    for row in conn.execute("SELECT shard, holder, ts, updated_at FROM reclock.read_holds ORDER BY shard, holder"):
+    for row in conn.execute("SELECT shard, holder, ts, updated_at, expires_at FROM reclock.read_holds "
+                            "WHERE expires_at IS NULL OR expires_at > now() ORDER BY shard, holder"):
         holds.setdefault(row[0], []).append(ReadHold(*row))
     error_shards = [sid for n in names for sid, kind, _, _ in shards.get(n, ()) if kind == ERRORS_KIND]
     errors = dict(conn.execute("SELECT shard, coalesce(sum(rows), 0) FROM reclock.shard_batches "

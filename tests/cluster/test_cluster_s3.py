@@ -15,6 +15,7 @@ import json
 import uuid
 import zlib
 
+import duckdb
 import psutil
 from ingest_support import Clock, produce
 
@@ -26,6 +27,7 @@ from reclock.persist.remap_store import load_remap
 from reclock.read import read_as_of, read_updates
 from reclock.sinks.encode import encode_updates
 from reclock.sinks.kafka import TS_HEADER, SinkContext, consolidate, read_all, run_once
+from reclock.tables import duckdb_as_of, spark_as_of
 
 SCHEMA = "id BIGINT, name STRING"
 
@@ -145,6 +147,12 @@ def test_upsert_cycles_and_the_kafka_sink_read_parts_from_s3(db, kafka, topic, c
             got = read_as_of(conn, ctx.blob, ctx.spec.data_shard, b.ts).to_pylist()
             assert sorted((r["id"], r["name"], r["_key"]) for r in got) == want, f"AS OF binding {b.ts}"
             assert all(r["diff"] == 1 for r in got)
+            # the same AS OF read as a table: Spark (over Connect, on the cluster) and DuckDB read the parts on S3
+            df = spark_as_of(cluster.connect.session(scope="cl_upserts"), ctx.spec.data_shard, b.ts, dsn=db,
+                             blob=ctx.blob)
+            assert sorted((r["id"], r["name"], bytes(r["_key"])) for r in df.collect()) == want, f"Spark {b.ts}"
+            rel = duckdb_as_of(duckdb.connect(), ctx.spec.data_shard, b.ts, dsn=db, blob=ctx.blob)
+            assert sorted((i, n, bytes(k)) for i, n, k in rel.select("id, name, _key").fetchall()) == want
         updates = read_updates(conn, ctx.blob, ctx.spec.data_shard)
     assert {r["ts"] for r in updates.to_pylist()} == {b.ts for b in rc.bindings}
 

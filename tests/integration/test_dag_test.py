@@ -63,12 +63,16 @@ def test_ingest_and_sink_dags_under_dag_test(db, postgres, kafka, topic, stack_s
     migrate = subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=env, capture_output=True,
                              text=True, timeout=300)
     assert migrate.returncode == 0, migrate.stdout[-3000:] + migrate.stderr[-3000:]
-    run = subprocess.run([sys.executable, "-c", SCRIPT, "ingest__dt_orders", "ingest__dt_orders", "sink__dt_out"],
-                         env=env, capture_output=True, text=True, timeout=600)
+    # and the example query DAG: a @task.pyspark job reading the collection through reclock.tables
+    query_env = {**env, "RECLOCK_QUERY_EXAMPLE": "dt_orders",
+                 "AIRFLOW_CONN_RECLOCK_SPARK": json.dumps({"conn_type": "spark", "host": "local[2]"})}
+    run = subprocess.run([sys.executable, "-c", SCRIPT, "ingest__dt_orders", "ingest__dt_orders", "sink__dt_out",
+                          "query__dt_orders"], env=query_env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
     results = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]
     assert results == ["RESULT ingest__dt_orders success", "RESULT ingest__dt_orders success",
-                       "RESULT sink__dt_out success"]
+                       "RESULT sink__dt_out success", "RESULT query__dt_orders success"]
+    assert "query__dt_orders: 400 rows AS OF " in run.stdout + run.stderr, run.stdout[-3000:] + run.stderr[-3000:]
 
     with connect(db) as conn:
         rows = read_updates(conn, LocalBlobStore(blobs), "dt_orders").to_pylist()

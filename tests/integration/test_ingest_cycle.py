@@ -307,7 +307,7 @@ def test_resume_collects_garbage_and_keeps_what_a_running_write_leased(db, kafka
 
     name = topic(partitions=2)
     ctx = replace(make_ctx(db, kafka, spark, tmp_path, name, budget={"max_records": 10}), retain_history_ms=0,
-                  gc_grace_s=0.0, gc_interval_s=0.0)
+                  gc_grace_s=0.0, gc_interval_s=0.0, stats_keep_s=3600.0)
     produce(kafka, name, [rec(i, i % 2) for i in range(30)])
     with pytest.raises(Exception):  # a write that dies after its first slice leaves parts behind
         with enabled("write_batches:after_slice"):
@@ -315,12 +315,26 @@ def test_resume_collects_garbage_and_keeps_what_a_running_write_leased(db, kafka
     ctx.blob.put_bytes(f"{ctx.spec.name}/1-2/running/slice-0000/part-0.parquet", b"x")  # a write under way
     with connect(db) as conn:
         lease_write(conn, ctx.spec.name, f"{ctx.spec.name}/1-2/running")
+        # two days of history before this cycle: the same pass prunes it, but not the newest of each kind
+        conn.execute("INSERT INTO reclock.statistics (name, step, metrics, at) SELECT %s, 'mint', '{\"old\": 1}', "
+                     "now() - interval '2 days' FROM generate_series(1, 50)", (ctx.spec.name,))
+        conn.execute("INSERT INTO reclock.status_history (name, status, at) SELECT %s, 'running', "
+                     "now() - interval '2 days' FROM generate_series(1, 50)", (ctx.spec.name,))
+        conn.execute("INSERT INTO reclock.statistics (name, step, metrics, at) VALUES "
+                     "('idle_sink', 'write', '{\"frontier\": 7}', now() - interval '2 days')")
     cycle.run_cycle(ctx)
     check_invariants(ctx, set(range(30)))
+    with connect(db) as conn:
+        old = conn.execute("SELECT count(*) FROM reclock.statistics WHERE metrics ? 'old'").fetchone()[0]
+        old_status = conn.execute("SELECT count(*) FROM reclock.status_history WHERE name = %s AND at < now() "
+                                  "- interval '1 day'", (ctx.spec.name,)).fetchone()[0]
+        idle = conn.execute("SELECT metrics FROM reclock.statistics WHERE name = 'idle_sink'").fetchall()
+    assert (old, old_status) == (0, 0), "statistics or status rows past RECLOCK_STATS_RETAIN_S were kept"
+    assert idle == [({"frontier": 7},)], "the newest row of a name and step goes only when a newer one exists"
     with connect(db) as conn:
         live = {b.path for s in ctx.spec.shards for b in batches(conn, s)}
         stats = conn.execute("SELECT metrics FROM reclock.statistics WHERE name = %s AND step = 'resume' "
                              "ORDER BY id DESC LIMIT 1", (ctx.spec.name,)).fetchone()[0]
     files = {b.path for b in ctx.blob.list("") if b.path.endswith(".parquet")}
     assert files == live | {f"{ctx.spec.name}/1-2/running/slice-0000/part-0.parquet"}, "garbage left or live part gone"
-    assert stats["gc_deleted"] > 0
+    assert stats["gc_deleted"] > 0 and stats["history_pruned"] >= 100

@@ -24,7 +24,7 @@ TABLES = {
     "remap_offsets": ["source", "ts", "partition", "offset"],
     "shards": ["id", "source", "output", "upper", "since", "created_at", "kind"],
     "shard_batches": ["id", "shard", "lower", "upper", "path", "rows", "bytes", "min_ts", "max_ts", "created_at"],
-    "read_holds": ["shard", "holder", "ts", "created_at", "updated_at"],
+    "read_holds": ["shard", "holder", "ts", "created_at", "updated_at", "expires_at"],
     "statistics": ["id", "name", "step", "metrics", "at"],
     "status_history": ["id", "name", "status", "error", "at"],
     "schema_migrations": ["version", "name", "checksum", "applied_at"],
@@ -129,3 +129,26 @@ def test_status_and_statistics_helpers(conn):
     assert [x.metrics for x in latest_statistics(conn, "orders")] == [{"committed": {"orders_0": 12}},
                                                                       {"minted_ts": 100, "offsets_known": 12}]
     assert [x.step for x in latest_statistics(conn, "orders", step="mint")] == ["mint"]
+
+
+def test_prune_history_keeps_recent_rows_and_the_newest_of_each_kind(conn):
+    from reclock.persist.status import prune_history
+
+    for step in ("mint", "resume"):  # nine days of history, oldest first (ids grow with time)
+        conn.execute("INSERT INTO reclock.statistics (name, step, metrics, at) SELECT 'prune_a', %s, '{}', "
+                     "now() - make_interval(days => d) FROM generate_series(9, 1, -1) d", (step,))
+    conn.execute("INSERT INTO reclock.status_history (name, status, at) SELECT 'prune_a', 'running', "
+                 "now() - make_interval(days => d) FROM generate_series(9, 1, -1) d")
+    record_statistics(conn, "prune_a", "mint", {"recent": 1})
+    keep = 3.5 * 86400
+    assert prune_history(conn, keep, batch=4) == (4, 4)  # a batch bounds one call's work
+    assert prune_history(conn, keep) == (12 - 4, 6 - 4)
+    left = conn.execute("SELECT step, round(extract(epoch FROM now() - at) / 86400)::int FROM reclock.statistics "
+                        "WHERE name = 'prune_a' ORDER BY step, at").fetchall()
+    assert left == [("mint", 3), ("mint", 2), ("mint", 1), ("mint", 0), ("resume", 3), ("resume", 2), ("resume", 1)]
+    assert len(status_history(conn, "prune_a")) == 3
+    assert prune_history(conn, 0) == (3 + 2, 2)  # nothing old kept but the newest of each name and step
+    assert [x.metrics for x in latest_statistics(conn, "prune_a")] == [{"recent": 1}, {}]
+    assert latest_status(conn, "prune_a") is not None
+    with pytest.raises(ValueError, match="negative"):
+        prune_history(conn, -1)

@@ -12,7 +12,9 @@ short and safe to repeat, a retried task replays the append (a no-op) and resume
 task of its own, the one place that makes a cycle's parts visible.
 ``append`` has the source's shards as outlets (Assets ``reclock://<shard>``), so sinks can be scheduled
 on the appends. ``max_active_runs=1`` and ``catchup=False``; a backfill or a manual run is safe anyway:
-minting never goes back in time and an append whose range is in the shards is a no-op.
+minting never goes back in time and an append whose range is in the shards is a no-op. Retries are
+Airflow's ``[core] default_task_retries`` and ``default_task_retry_delay``: a task may be retried after a
+failure at any point (the fault campaign kills task processes and lets Airflow retry them).
 """
 
 from __future__ import annotations
@@ -60,7 +62,6 @@ def build_ingest_dag(spec: SourceSpec):
         catchup=False,
         max_active_runs=1,
         tags=["reclock", "ingest"],
-        default_args={"retries": 0},
         params={},
     ) as dag:
 

@@ -22,6 +22,7 @@ Spark's Kafka jars    --                  ``RECLOCK_SPARK_JARS``       Spark's o
 history kept          --                  RECLOCK_RETAIN_HISTORY_S     an hour
 garbage grace period  --                  RECLOCK_GC_GRACE_S           an hour
 garbage collection    --                  RECLOCK_GC_INTERVAL_S        every 5 minutes, in resume
+statistics kept       --                  RECLOCK_STATS_RETAIN_S       7 days (pruned with the garbage)
 ====================  ==================  ===========================  =====================================
 """
 
@@ -209,6 +210,7 @@ def cycle_context(spec: SourceSpec, conf: dict[str, Any] | None = None, *, dsn: 
         retain_history_ms=retain_history_ms(),
         gc_grace_s=_seconds("RECLOCK_GC_GRACE_S", 3600.0),
         gc_interval_s=_seconds("RECLOCK_GC_INTERVAL_S", 300.0),
+        stats_keep_s=_seconds("RECLOCK_STATS_RETAIN_S", 7 * 86400.0),
     )
 
 

@@ -23,7 +23,6 @@ def build_sink_dag(spec: SinkSpec):
         catchup=False,
         max_active_runs=1,
         tags=["reclock", "sink"],
-        default_args={"retries": 0},
     ) as dag:
 
         @task(task_id="write")

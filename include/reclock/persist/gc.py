@@ -17,12 +17,17 @@ parts it wrote first. A lease its writer did not release (the process died) stop
 :data:`LEASE_SECONDS` (or the grace period, if longer) have passed since its last renewal, and goes with
 the next collection.
 
+A reader of a collection (``reclock.tables``: Spark, DuckDB) takes a leased read hold and then lists the
+parts it reads: a part retired after the oldest such hold in effect was taken may be on a reader's list,
+so it stays while that hold does, however long the read takes.
+
 Garbage collection runs in operations: the cycle's resume step runs :func:`collect_garbage` over a
 source's folders at most every ``gc_interval`` (:func:`claim_gc`); it can also be run by hand.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -40,6 +45,7 @@ class GcReport:
     referenced: int  # kept: a batch references them
     kept_young: int  # kept: unreferenced but younger than the grace period
     kept_leased: int  # kept: under the folder of a write whose lease is fresh
+    kept_read: int  # kept: retired after a reader's hold in effect was taken (the reader may be reading it)
     deleted: int
     deleted_bytes: int
 
@@ -57,6 +63,13 @@ def _retired(conn, prefix: str) -> dict[str, float]:
     return {p: float(at) for p, at in conn.execute(
         'SELECT path, extract(epoch FROM retired_at) FROM reclock.retired_parts '
         'WHERE path COLLATE "C" >= %s AND path COLLATE "C" < %s', (lo, hi))}
+
+
+def _oldest_reader(conn) -> float | None:
+    """When the oldest reader's hold in effect was taken (seconds since the epoch), None if there is none."""
+    (at,) = conn.execute("SELECT extract(epoch FROM min(created_at)) FROM reclock.read_holds "
+                         "WHERE expires_at > now()").fetchone()
+    return None if at is None else float(at)
 
 
 def lease_write(conn, source: str, prefix: str) -> None:
@@ -108,8 +121,9 @@ def collect_garbage(conn, blob: BlobStore, prefix: str, grace_seconds: float,
     leases = _leases(conn, prefix)  # read after the listing: a write leases its folder before writing
     referenced = _referenced(conn, prefix)
     retired = _retired(conn, prefix)
+    reader = _oldest_reader(conn)
     fresh = {p for p, at in leases.items() if now - at < max(grace_seconds, LEASE_SECONDS)}
-    deleted = deleted_bytes = young = leased = ref = 0
+    deleted = deleted_bytes = young = leased = ref = read = 0
     gone: list[str] = []
     for b in blobs:
         parents = b.path.split("/")
@@ -121,6 +135,8 @@ def collect_garbage(conn, blob: BlobStore, prefix: str, grace_seconds: float,
             leased += 1
         elif now - since < grace_seconds:
             young += 1
+        elif reader is not None and any(retired.get(p, -math.inf) >= reader for p in paths):
+            read += 1
         else:
             blob.delete(b.path)
             gone.append(b.path)
@@ -134,5 +150,5 @@ def collect_garbage(conn, blob: BlobStore, prefix: str, grace_seconds: float,
     stale = [p for p in leases if p not in fresh]
     if stale:
         conn.execute("DELETE FROM reclock.write_leases WHERE prefix = ANY(%s)", (stale,))
-    return GcReport(scanned=len(blobs), referenced=ref, kept_young=young, kept_leased=leased, deleted=deleted,
-                    deleted_bytes=deleted_bytes)
+    return GcReport(scanned=len(blobs), referenced=ref, kept_young=young, kept_leased=leased, kept_read=read,
+                    deleted=deleted, deleted_bytes=deleted_bytes)

@@ -47,7 +47,7 @@ from reclock.time import check_timestamp
 
 __all__ = ["UnknownShard", "ShardInfo", "Append", "AppendOutcome", "BatchRow", "ReadHold", "register_shard",
            "shard_info", "compare_and_append", "batches", "acquire_read_hold", "downgrade_read_hold",
-           "release_read_hold", "read_holds", "advance_since", "replace_batches", "Merge", "merge_batches"]
+           "release_read_hold", "renew_read_hold", "drop_lapsed_holds", "read_holds", "advance_since", "replace_batches", "Merge", "merge_batches"]
 
 APPENDED = "appended"
 ALREADY_PRESENT = "already_present"
@@ -119,6 +119,7 @@ class ReadHold:
     holder: str
     ts: int
     updated_at: datetime
+    expires_at: datetime | None = None  # a reader's lease (None: held until released, as a sink's)
 
 
 def register_shard(conn, shard: str, source: str | None = None, output: int = 0, kind: str = DATA_KIND) -> ShardInfo:
@@ -292,26 +293,53 @@ def _lock_shard(conn, shard: str) -> tuple[int, int]:
     return row
 
 
+_LIVE = "(expires_at IS NULL OR expires_at > now())"
+"""A hold in effect: no expiry, or a lease not yet lapsed."""
+
+
 def _hold(conn, shard: str, holder: str) -> ReadHold | None:
-    row = conn.execute("SELECT shard, holder, ts, updated_at FROM reclock.read_holds WHERE shard = %s AND holder = %s",
-                       (shard, holder)).fetchone()
+    row = conn.execute("SELECT shard, holder, ts, updated_at, expires_at FROM reclock.read_holds "
+                       f"WHERE shard = %s AND holder = %s AND {_LIVE}", (shard, holder)).fetchone()
     return ReadHold(*row) if row else None
 
 
-def acquire_read_hold(conn, shard: str, holder: str, ts: int) -> ReadHold:
+def acquire_read_hold(conn, shard: str, holder: str, ts: int, lease_s: float | None = None) -> ReadHold:
     """Pin ``shard``'s since at or below ``ts`` for ``holder`` (``ts >= since`` is required, else
-    ``SinceViolation``). Acquiring again replaces the holder's hold (still at or above since)."""
+    ``SinceViolation``). Acquiring again replaces the holder's hold (still at or above since). With
+    ``lease_s`` the hold lapses that many seconds from now unless renewed (:func:`renew_read_hold`): a
+    reader that dies pins nothing for long."""
     check_timestamp(ts)
     if not holder:
         raise ValueError(f"shard {shard}: a read hold needs a holder name")
+    if lease_s is not None and lease_s <= 0:
+        raise ValueError(f"shard {shard}: a read hold's lease must be positive, got {lease_s}")
     with conn.transaction():
         _, since = _lock_shard(conn, shard)  # serializes with advance_since
         if ts < since:
             raise SinceViolation(shard, ts, since)
-        conn.execute("INSERT INTO reclock.read_holds (shard, holder, ts) VALUES (%s, %s, %s) "
-                     "ON CONFLICT (shard, holder) DO UPDATE SET ts = excluded.ts, updated_at = now()",
-                     (shard, holder, ts))
+        conn.execute("INSERT INTO reclock.read_holds (shard, holder, ts, expires_at) VALUES (%s, %s, %s, "
+                     "now() + make_interval(secs => %s)) ON CONFLICT (shard, holder) DO UPDATE "
+                     "SET ts = excluded.ts, updated_at = now(), created_at = now(), expires_at = excluded.expires_at",
+                     (shard, holder, ts, lease_s))
         return _hold(conn, shard, holder)
+
+
+def renew_read_hold(conn, shard: str, holder: str, lease_s: float) -> ReadHold:
+    """Extend ``holder``'s leased hold to ``lease_s`` seconds from now; ``UnknownReadHold`` if it has none in
+    effect (released, or lapsed: since may have passed it, and the reader must start again)."""
+    with conn.transaction():
+        row = conn.execute("UPDATE reclock.read_holds SET expires_at = now() + make_interval(secs => %s) "
+                           f"WHERE shard = %s AND holder = %s AND expires_at IS NOT NULL AND {_LIVE} RETURNING 1",
+                           (lease_s, shard, holder)).fetchone()
+        if row is None:
+            raise UnknownReadHold(shard, holder)
+        return _hold(conn, shard, holder)
+
+
+def drop_lapsed_holds(conn) -> int:
+    """Delete the leased holds that lapsed (their readers stopped renewing them); return how many."""
+    with conn.transaction():
+        return conn.execute("DELETE FROM reclock.read_holds WHERE expires_at <= now()").rowcount
 
 
 def downgrade_read_hold(conn, shard: str, holder: str, ts: int) -> ReadHold:
@@ -320,7 +348,7 @@ def downgrade_read_hold(conn, shard: str, holder: str, ts: int) -> ReadHold:
     check_timestamp(ts)
     with conn.transaction():
         conn.execute("UPDATE reclock.read_holds SET ts = %s, updated_at = now() "
-                     "WHERE shard = %s AND holder = %s AND ts < %s", (ts, shard, holder, ts))
+                     f"WHERE shard = %s AND holder = %s AND ts < %s AND {_LIVE}", (ts, shard, holder, ts))
         hold = _hold(conn, shard, holder)
         if hold is None:
             raise UnknownReadHold(shard, holder)
@@ -335,9 +363,10 @@ def release_read_hold(conn, shard: str, holder: str) -> bool:
 
 
 def read_holds(conn, shard: str) -> list[ReadHold]:
-    """Every read hold on ``shard``, by holder."""
+    """Every read hold in effect on ``shard`` (lapsed leases are not), by holder."""
     return [ReadHold(*r) for r in conn.execute(
-        "SELECT shard, holder, ts, updated_at FROM reclock.read_holds WHERE shard = %s ORDER BY holder", (shard,))]
+        "SELECT shard, holder, ts, updated_at, expires_at FROM reclock.read_holds "
+        f"WHERE shard = %s AND {_LIVE} ORDER BY holder", (shard,))]
 
 
 def advance_since(conn, shard: str, since: int) -> int:
@@ -346,7 +375,8 @@ def advance_since(conn, shard: str, since: int) -> int:
     check_timestamp(since)
     with conn.transaction():
         upper, current = _lock_shard(conn, shard)
-        (hold,) = conn.execute("SELECT min(ts) FROM reclock.read_holds WHERE shard = %s", (shard,)).fetchone()
+        (hold,) = conn.execute(f"SELECT min(ts) FROM reclock.read_holds WHERE shard = %s AND {_LIVE}",
+                               (shard,)).fetchone()
         target = min(since, upper) if hold is None else min(since, upper, hold)
         target = max(target, current)
         if target != current:

@@ -3,6 +3,11 @@
 ``reclock.status_history(name, status, error, at)``: status is one of starting, running, stalled (with the
 error), failed, paused; the latest row is the current status. ``reclock.statistics(name, step, metrics,
 at)``: what one step of a cycle did (records, bytes, updates staged and committed, offsets ...).
+
+Both are history, kept for a while and then pruned (:func:`prune_history`, run by resume's garbage-collection
+pass), so a source that cycles every second does not grow them without bound. The newest row of each name
+(status) and of each name and step (statistics) is always kept: an idle sink's frontier and a stalled
+source's error stay readable however old they are.
 """
 
 from __future__ import annotations
@@ -66,3 +71,28 @@ def latest_statistics(conn, name: str, step: str | None = None, limit: int = 20)
     return [Statistics(name, *r) for r in conn.execute(
         "SELECT step, metrics, at FROM reclock.statistics WHERE name = %s AND (%s::text IS NULL OR step = %s) "
         "ORDER BY id DESC LIMIT %s", (name, step, step, limit))]
+
+
+PRUNE_BATCH = 50_000
+"""Rows of each table deleted at most per :func:`prune_history` call: the first pass over a long history
+stays short, and the next passes take the rest."""
+
+
+def prune_history(conn, keep_seconds: float, batch: int = PRUNE_BATCH) -> tuple[int, int]:
+    """Delete statistics and status rows older than ``keep_seconds`` (at most ``batch`` of each), keeping the
+    newest status row of every name and the newest statistics row of every name and step; returns the
+    numbers of statistics and status rows deleted."""
+    if keep_seconds < 0:
+        raise ValueError(f"keep_seconds must not be negative, got {keep_seconds}")
+    with conn.transaction():
+        stats = conn.execute(
+            "DELETE FROM reclock.statistics WHERE id IN (SELECT s.id FROM reclock.statistics s "
+            "WHERE s.at < now() - make_interval(secs => %s) AND EXISTS (SELECT 1 FROM reclock.statistics n "
+            "WHERE n.name = s.name AND n.step = s.step AND n.id > s.id) LIMIT %s)",
+            (float(keep_seconds), batch)).rowcount
+        status = conn.execute(
+            "DELETE FROM reclock.status_history WHERE id IN (SELECT s.id FROM reclock.status_history s "
+            "WHERE s.at < now() - make_interval(secs => %s) AND EXISTS (SELECT 1 FROM reclock.status_history n "
+            "WHERE n.name = s.name AND n.id > s.id) LIMIT %s)",
+            (float(keep_seconds), batch)).rowcount
+    return stats, status
