@@ -97,7 +97,7 @@ def _bare_peek(dsn: str, slot: str, upto: str, decode: bool) -> tuple[float, int
             conn.execute(s)
         t0 = time.perf_counter()
         n = 0
-        with conn.cursor(name="bare") as cur:
+        with conn.cursor(name="bare", binary=True) as cur:
             cur.itersize = 10_000
             cur.execute("SELECT data FROM pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, NULL, 'proto_version', "
                         "'1', 'publication_names', 'pub')", (slot, upto))

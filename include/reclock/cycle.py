@@ -401,8 +401,15 @@ def _write(ctx: CycleContext, rc: RemapCollection, desc: BatchDescription, m: di
 
 
 def _write_postgres(ctx: CycleContext, rc: RemapCollection, desc: BatchDescription, m: dict) -> WrittenBatch:
-    """The transactions the bindings in ``desc`` cover, and the snapshot if ``desc`` holds the first
-    binding, as parts per table (``reclock.cdc``; the upstream's ``reclock.sources.postgres``)."""
+    """The transactions the bindings in ``desc`` cover, and the snapshot if ``desc`` holds the snapshot's
+    binding (the first, or a re-snapshot's), as parts per table (``reclock.cdc``; the upstream's
+    ``reclock.sources.postgres``).
+
+    A racing cycle cannot make this write append less than it should: the slot is advanced only to the
+    resumption frontier, after an append, so a transaction the peek skips (committed below the slot's
+    ``confirmed_flush``) is bound at a time below every shard's upper; a description that needed it has
+    its ``lower`` below that upper, and its append is then a no-op or an ``UpperMismatch``, never an append.
+    """
     up: PostgresUpstream = ctx.upstream()
     outputs = ctx.outputs()
     start = remap.source_upper_at(rc, desc.lower).get(LSN_PARTITION)

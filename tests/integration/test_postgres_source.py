@@ -14,6 +14,8 @@ from click.testing import CliRunner
 from pg_support import bindings, contents, make_ctx, slot_confirmed, source_name, upstream_database, writer
 
 from reclock import cycle, failpoints
+from reclock import status_report as sr
+from reclock.config import Config
 from reclock.cli import main
 from reclock.errors import (ConfigError, PublicationMissing, ReplicaIdentityNotFull, SlotBusy, SlotLost,
                             TableSchemaChanged, TableTruncated, UpperMismatch, UpstreamDataLost)
@@ -78,6 +80,11 @@ def test_snapshot_then_stream(db, upstream, tmp_path):
     out = CliRunner().invoke(main, ["progress", name, "--dsn", db], catch_exceptions=False).output
     assert out.splitlines()[:3] == ["ts               lsn", *(f"{ts:<16d} {po.lsn_to_str(lsn)}" for ts, lsn in bs)]
     assert f"shard {name}__a: upper {bs[-1][0] + 1}, since " in out
+    cfg = Config(sources={name: ctx.spec})
+    with connect(db) as conn:  # the status report degrades to "not probed" for a Postgres source's lag
+        detail = sr.source_detail(conn, name, cfg, sr.kafka_lag_probe(cfg, lambda kafka, what: "unused"))
+    text = "\n".join(sr.detail_lines(detail))
+    assert name in text and "a Postgres source" in text
 
 
 class Writer(threading.Thread):

@@ -227,7 +227,7 @@ class PostgresUpstream:
         """The slot's messages of transactions committed below ``upto`` (and maybe one more, see
         ``pg_logical_slot_peek_binary_changes``), decoded, fetched ``batch`` at a time on a server-side
         cursor. ``conn`` must not be in autocommit (a named cursor lives in a transaction)."""
-        with conn.cursor(name=f"peek_{uuid.uuid4().hex[:8]}") as cur:
+        with conn.cursor(name=f"peek_{uuid.uuid4().hex[:8]}", binary=True) as cur:  # bytea as is, not hex
             cur.itersize = batch
             try:
                 cur.execute("SELECT data FROM pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, NULL, "
