@@ -3,12 +3,13 @@ diff)`` updates in Parquet parts, one part folder per table, every part proved b
 
 ::
 
-    slot (peek, up to the description's last LSN)        snapshot (first description only)
+    slot (peek, up to the description's last LSN)        snapshot (the snapshot's description only)
         |  Begin(final_lsn = commit LSN) ... Commit          |  every table, under an exported snapshot
         v                                                     v   at LSN S, each row +1 at t1
     reclock: the transaction's commit LSN c -> the least binding ts whose LSN is beyond c; every change of
     the transaction gets that one ts, in every table (insert +1 new; delete -1 old; update -1 old +1 new)
-    rewind: a change with L1 <= c < S is also retracted at t1 (the snapshot already holds it)
+    rewind: a change with L1 <= c < S is also retracted at t1 (the snapshot already holds it); with
+    S < L1, a change with S <= c < L1 is added at t1 instead (the snapshot lacks it)
         |
         v
     per table: rows buffered up to ``budget.max_records``, then one Parquet part
@@ -18,7 +19,8 @@ diff)`` updates in Parquet parts, one part folder per table, every part proved b
     prove: every file under the prefix read back by its footer; rows per shard == rows the decoder emitted,
     no file missing, none extra (else ``UnaccountedWrite``, and nothing is appended)
 
-Stalls (``reclock.errors.SourceStalled``, nothing of the description is written or appended), for a change
+Stalls (``reclock.errors.SourceStalled``: nothing of the description is appended, what it wrote is
+garbage), for a change
 of a table the source outputs, in a transaction the description covers: a ``TRUNCATE``
 (:class:`~reclock.errors.TableTruncated`); a Relation message whose columns differ from those registered
 at the first cycle (:class:`~reclock.errors.TableSchemaChanged`); an update or delete without the whole old
@@ -27,9 +29,10 @@ takes every table of its publication) one that joined the publication later
 (:class:`~reclock.errors.PublicationMissing`). An unchanged TOASTed value (``u``) takes the old row's value
 (identity FULL sends it); without one the change is refused, never written as a placeholder.
 
-The snapshot is read in this process, table by table on a server-side cursor in chunks of the budget
-(Spark's partitioned JDBC reads under the snapshot would need the Postgres JDBC driver among the project's
-jars; not done yet).
+The snapshot is read in this process, table by table with ``COPY ... TO STDOUT (FORMAT csv)`` parsed by
+Arrow a block at a time (:func:`read_snapshot`; Spark's partitioned JDBC reads under the snapshot would
+need the Postgres JDBC driver among the project's jars, and Spark's types would have to read back equal to
+these: not done). A re-snapshot also retracts what each collection held (:meth:`PartWriter.retract`).
 """
 
 from __future__ import annotations
