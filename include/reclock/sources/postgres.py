@@ -155,6 +155,8 @@ class PostgresUpstream:
             row = conn.execute("SELECT c.oid::int8, c.relreplident FROM pg_class c JOIN pg_namespace n "
                                "ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = %s",
                                (schema, name)).fetchone()
+            if row is None:  # dropped between the two queries
+                raise PublicationMissing(self.source, table, "does not exist", "re-snapshot the source")
             relid, ident = row
             if ident != "f":
                 raise ReplicaIdentityNotFull(self.source, table, IDENTITY.get(ident, ident))
