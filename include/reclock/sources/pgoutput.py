@@ -255,11 +255,31 @@ def decode(data: bytes) -> Message:
     """The message ``data`` holds (one row of ``pg_logical_slot_peek_binary_changes``); ``ProtocolError``
     if it is not a whole protocol v1 message of a kind listed in the module."""
     data = bytes(data)
-    if data[:1] == b"I" and len(data) >= 6 and data[5] == 78:  # the most common message, straight through
-        new, pos = _tuple(data, 6)
-        if pos != len(data):
-            raise ProtocolError(f"pgoutput Insert: {len(data) - pos} trailing bytes")
-        return Insert(int.from_bytes(data[1:5], "big"), new)
+    kind = data[0] if data else 0
+    if kind in (73, 85, 68) and len(data) >= 6:  # I, U, D: the common messages, straight through
+        relid, tag = int.from_bytes(data[1:5], "big"), data[5]
+        if kind == 73 and tag == 78:  # Insert, N
+            new, pos = _tuple(data, 6)
+            msg: Message = Insert(relid, new)
+        elif kind == 68 and tag in (75, 79):  # Delete, K or O
+            old, pos = _tuple(data, 6)
+            msg = Delete(relid, chr(tag), old)
+        elif kind == 85 and tag in (75, 79):  # Update with an old tuple
+            old, pos = _tuple(data, 6)
+            if pos >= len(data) or data[pos] != 78:
+                raise ProtocolError("pgoutput Update: expected N before the new tuple")
+            new, pos = _tuple(data, pos + 1)
+            msg = Update(relid, chr(tag), old, new)
+        elif kind == 85 and tag == 78:  # Update without one
+            new, pos = _tuple(data, 6)
+            msg = Update(relid, None, None, new)
+        else:
+            pos = -1
+            msg = None  # type: ignore[assignment]  # a malformed one: the general path says what is wrong
+        if msg is not None:
+            if pos != len(data):
+                raise ProtocolError(f"pgoutput {type(msg).__name__}: {len(data) - pos} trailing bytes")
+            return msg
     r = _Reader(data)
     kind = r.byte()
     msg: Message
