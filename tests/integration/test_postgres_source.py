@@ -508,3 +508,28 @@ def test_two_cycles_at_once_give_the_same_contents_and_timestamps(db, upstream, 
     bs = _check(ctxs[0], [w], _commit_lsns(upstream, observer))
     assert slot_confirmed(upstream, name) == bs[-1][1]
     assert _expected([w], _commit_lsns(upstream, observer), bs[-1][1]) == _expected([w], _commit_lsns(upstream, observer), 2**64)
+
+
+def test_a_table_joining_the_publication_stalls_a_source_of_every_table_until_resnapshot(db, upstream, tmp_path):
+    _setup(upstream, tables=("a", "b"))
+    ctx = make_ctx(db, upstream, tmp_path, source_name(), None)  # every table of the publication
+    name = ctx.spec.name
+    with writer(upstream) as conn:
+        conn.execute("INSERT INTO a VALUES (1, 'one', 1, 0)")
+    cycle.run_cycle(ctx)
+    assert ctx.shards() == (f"{name}__a", f"{name}__b", f"{name}_errors")
+    first = bindings(ctx)[-1][0]
+    with writer(upstream) as conn:
+        conn.execute("CREATE TABLE c (id int8 PRIMARY KEY, v text, n numeric(10,2), txid int8)")
+        conn.execute("ALTER TABLE c REPLICA IDENTITY FULL")
+        conn.execute("ALTER PUBLICATION pub ADD TABLE c")
+        conn.execute("INSERT INTO c VALUES (1, 'c1', 1, 0)")
+    _stalls(ctx, PublicationMissing, r"table public\.c: joined the publication after the source's first cycle")
+    out = cycle.resnapshot(ctx)
+    assert out["tables"] == ["public.a", "public.b", "public.c"]
+    cycle.run_cycle(ctx)
+    assert ctx.shards() == (f"{name}__a", f"{name}__b", f"{name}__c", f"{name}_errors")
+    last = bindings(ctx)[-1][0]
+    assert set(contents(ctx, f"{name}__c", last)) == {1}
+    assert contents(ctx, f"{name}__c", first) == {}, "the new table's collection is empty before the re-snapshot"
+    assert set(contents(ctx, f"{name}__a", first)) == set(contents(ctx, f"{name}__a", last)) == {1}
