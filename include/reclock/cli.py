@@ -179,14 +179,23 @@ def progress(source: str, dsn: str | None) -> None:
 
     with connect(_settings().find_dsn(dsn)) as conn:
         load_remap(conn, source)  # a bad or unregistered name: ConfigError / UnknownSource, not a SQL error
-        rows = conn.execute(f'SELECT ts, partition, "offset" FROM reclock."{source}_progress" '
-                            "ORDER BY ts, partition").fetchall()
+        (kind,) = conn.execute("SELECT kind FROM reclock.sources WHERE name = %s", (source,)).fetchone()
+        if kind == "postgres":
+            rows = conn.execute(f'SELECT ts, lsn::text FROM reclock."{source}_progress" ORDER BY ts').fetchall()
+        else:
+            rows = conn.execute(f'SELECT ts, partition, "offset" FROM reclock."{source}_progress" '
+                                "ORDER BY ts, partition").fetchall()
         shards = conn.execute("SELECT id, upper, since FROM reclock.shards WHERE source = %s ORDER BY id",
                               (source,)).fetchall()
         status = latest_status(conn, source)
-    click.echo("ts               partition  offset")
-    for ts, p, o in rows:
-        click.echo(f"{ts:<16d} {p:<10d} {o}")
+    if kind == "postgres":
+        click.echo("ts               lsn")
+        for ts, lsn in rows:
+            click.echo(f"{ts:<16d} {lsn}")
+    else:
+        click.echo("ts               partition  offset")
+        for ts, p, o in rows:
+            click.echo(f"{ts:<16d} {p:<10d} {o}")
     for sid, upper, since in shards:
         click.echo(f"shard {sid}: upper {upper}, since {since}")
     _echo_status(status)
@@ -235,7 +244,7 @@ def _cycle_context(source: str, config: str | None, dsn: str | None, blob_url: s
 
     s = _settings()
     spec = load_config(config).source(source)
-    spark = s.find_spark(spark_master, spark_remote)
+    spark = s.find_spark(spark_master, spark_remote) if spec.kafka is not None else None  # Postgres: no Spark
     return s.cycle_context(spec, conf, dsn=dsn, blob_url=blob_url, bootstrap=bootstrap, spark=spark)
 
 
@@ -249,6 +258,19 @@ def cycle(source: str, max_records: int | None, **settings: str | None) -> None:
 
     ctx = _cycle_context(source, **settings, conf={"max_records": max_records} if max_records else None)
     click.echo(run_cycle(ctx))
+
+
+@main.command()
+@click.argument("source")
+@_cycle_settings
+def resnapshot(source: str, **settings: str | None) -> None:
+    """Start Postgres source SOURCE over from a fresh snapshot at a new timestamp (after a TRUNCATE, DDL or a
+    lost slot stalled it): its next cycle retracts what its collections hold and writes the snapshot."""
+    from reclock.cycle import resnapshot as run_resnapshot
+
+    out = run_resnapshot(_cycle_context(source, **settings))
+    click.echo(f"source {source}: re-snapshot bound at ts {out['ts']} (LSN {out['lsn'] >> 32:X}/"
+               f"{out['lsn'] & 0xFFFFFFFF:X}) over {', '.join(out['tables'])}; the next cycle writes it")
 
 
 @main.command()

@@ -22,6 +22,13 @@ A config file holds ``sources:`` and ``sinks:``. Example::
         rebuild: task                      # how rebuild__<source> runs: task (in the Airflow task) |
                                            # spark_submit (spark_jobs/rebuild.py on connection reclock_spark_submit)
 
+      shop:                                # a Postgres source: one output collection per table
+        postgres:
+          connection: shop_db              # an Airflow connection id (or `dsn_env: SHOP_DSN`, an environment
+          publication: shop_pub            # variable holding the DSN); credentials never sit in this file
+        tables: [public.orders, public.items]   # optional: default every table of the publication
+        budget: {max_records: 100000}      # changes per Parquet part (memory of write_batches)
+
     sinks:
       orders_out:
         from: orders                       # a collection (a source's, or its `<source>_errors`)
@@ -32,6 +39,11 @@ A config file holds ``sources:`` and ``sinks:``. Example::
         start: 1700000000000               # optional: a new sink starts here instead of at since
         budget: {max_messages: 100000, max_bytes: 67108864}   # per Kafka transaction
         transaction_timeout: 60s           # below the broker's transaction.max.timeout.ms
+
+A Postgres source's tables become the collections ``<source>__<table>`` (``shop__orders``; a table outside
+the ``public`` schema: ``<source>__<schema>__<table>``), beside its error collection ``<source>_errors``
+(:func:`pg_table_shard`). Without ``tables:``, the first cycle takes the publication's tables then and
+keeps them (``reclock.sources.postgres``).
 
 The file is the path a caller gives, else ``$RECLOCK_CONFIG``, else the caller's default (the DAG file
 passes ``include/reclock.yaml`` beside the DAGs folder); none of them is a ``SettingError``.
@@ -50,6 +62,7 @@ import yaml
 from reclock.errors import ConfigError, SettingError
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
+NAME_RE_SHARD = re.compile(r"^[a-z][a-z0-9_]{0,60}$")  # reclock.persist.names.SHARD_RE
 FORMATS = ("json", "avro", "csv", "text", "bytes")
 WIRES = ("plain", "confluent")
 ENVELOPES = ("none", "upsert")
@@ -79,6 +92,79 @@ class KafkaSpec:
 
 
 @dataclass(frozen=True)
+class PostgresSpec:
+    """A Postgres source's upstream: a publication in the database an Airflow connection (or the DSN in an
+    environment variable) reaches; ``tables`` (``schema.table``) are its outputs, in order (empty: every
+    table of the publication, fixed at the first cycle)."""
+
+    publication: str
+    connection: str | None = None  # an Airflow connection id
+    dsn_env: str | None = None  # or the name of an environment variable holding the DSN
+    tables: tuple[str, ...] = ()
+
+
+PG_IDENT_RE = re.compile(r"^[a-z_][a-z0-9_$]{0,62}$")
+"""A Postgres identifier Reclock accepts in config: lower case, unquoted (what ``CREATE TABLE t`` makes)."""
+
+
+def pg_table_shard(source: str, table: str) -> str:
+    """The collection (shard id) of table ``schema.table`` of a Postgres source: ``<source>__<table>`` for the
+    ``public`` schema, ``<source>__<schema>__<table>`` otherwise."""
+    schema, _, name = table.partition(".")
+    return f"{source}__{name}" if schema == "public" else f"{source}__{schema}__{name}"
+
+
+def parse_pg_table(source: str, raw: Any) -> str:
+    """``schema.table`` (a bare ``table`` is in ``public``), validated so its collection name is valid."""
+    what = f"source {source}.tables"
+    if not isinstance(raw, str) or not raw:
+        raise ConfigError(f"{what}: {raw!r} is not a table name (schema.table)")
+    schema, dot, name = raw.partition(".")
+    if not dot:
+        schema, name = "public", raw
+    for part in (schema, name):
+        if not PG_IDENT_RE.match(part):
+            raise ConfigError(f"{what}: {raw!r}: {part!r} is not a lower-case unquoted identifier")
+    table = f"{schema}.{name}"
+    shard = pg_table_shard(source, table)
+    if not NAME_RE_SHARD.match(shard):
+        raise ConfigError(f"{what}: {raw!r} gives the collection name {shard!r}, which is not valid (at most 61 "
+                          "characters of a-z, 0-9, _); rename the source or the table")
+    return table
+
+
+
+def _parse_postgres(source: str, raw: Any, tables_raw: Any) -> PostgresSpec:
+    what = f"source {source}.postgres"
+    p = _require(raw, what)
+    _unknown(p, {"connection", "dsn_env", "dsn", "publication"}, what)
+    if "dsn" in p:
+        raise ConfigError(f"{what}: `dsn:` would put credentials in the config; give `dsn_env:` (the name of an "
+                          "environment variable holding the DSN) or `connection:` (an Airflow connection id)")
+    if ("connection" in p) == ("dsn_env" in p):
+        raise ConfigError(f"{what}: give exactly one of `connection:` (an Airflow connection id) or `dsn_env:` "
+                          "(an environment variable holding the DSN)")
+    for key in ("connection", "dsn_env"):
+        if key in p and (not isinstance(p[key], str) or not p[key]):
+            raise ConfigError(f"{what}: `{key}` must be a non-empty string")
+    pub = p.get("publication")
+    if not isinstance(pub, str) or not PG_IDENT_RE.match(pub):
+        raise ConfigError(f"{what}: `publication` is required, a lower-case unquoted identifier (got {pub!r})")
+    if tables_raw is None:
+        tables: tuple[str, ...] = ()
+    elif isinstance(tables_raw, list) and tables_raw:
+        tables = tuple(parse_pg_table(source, t) for t in tables_raw)
+    else:
+        raise ConfigError(f"source {source}.tables: a non-empty list of schema.table (or leave it out: every "
+                          "table of the publication)")
+    shards = [pg_table_shard(source, t) for t in tables]
+    dup = sorted({s for s in shards if shards.count(s) > 1})
+    if dup:
+        raise ConfigError(f"source {source}.tables: listed twice: {', '.join(dup)}")
+    return PostgresSpec(publication=pub, connection=p.get("connection"), dsn_env=p.get("dsn_env"), tables=tables)
+
+
+@dataclass(frozen=True)
 class FormatSpec:
     type: str = "json"
     schema: str | None = None  # Spark DDL (json, csv) or the Avro schema's JSON text (avro)
@@ -102,8 +188,10 @@ class BudgetSpec:
 
 @dataclass(frozen=True)
 class SourceSpec:
+    """One source: a Kafka topic (``kafka``) or a Postgres publication (``postgres``), exactly one of them."""
+
     name: str
-    kafka: KafkaSpec
+    kafka: KafkaSpec | None = None
     format: FormatSpec = field(default_factory=FormatSpec)
     envelope: str = "none"
     include: tuple[str, ...] = ()
@@ -115,6 +203,12 @@ class SourceSpec:
     #                             runs cycles back to back for lease_s a run ("continuous")
     poll_s: float = 1.0  # upstream: how often the cluster's offsets are probed; continuous: the idle pause
     lease_s: float = 600.0  # continuous: how long one run keeps cycling before the next run takes over
+    postgres: PostgresSpec | None = None
+
+    @property
+    def kind(self) -> str:
+        """``kafka`` or ``postgres``: the kind the source is registered as."""
+        return "postgres" if self.postgres is not None else "kafka"
 
     @property
     def consumer_group(self) -> str:
@@ -132,7 +226,16 @@ class SourceSpec:
         return f"{self.name}{ERRORS_SUFFIX}"
 
     @property
+    def table_shards(self) -> tuple[str, ...]:
+        """A Postgres source's collections, one per table listed in the config, in order."""
+        return tuple(pg_table_shard(self.name, t) for t in self.postgres.tables) if self.postgres else ()
+
+    @property
     def shards(self) -> tuple[str, ...]:
+        """Every collection of the source known from its config (a Postgres source without ``tables:``
+        learns its tables' collections at its first cycle)."""
+        if self.postgres is not None:
+            return (*self.table_shards, self.errors_shard)
         return (self.data_shard, self.errors_shard)
 
 
@@ -186,6 +289,10 @@ def parse_source(name: str, raw: Any, base: Path | None = None) -> SourceSpec:
     if not NAME_RE.match(name):
         raise ConfigError(f"{what}: a source name must match {NAME_RE.pattern} (it becomes a SQL name)")
     d = _require(raw, what)
+    if "postgres" in d:
+        return _parse_postgres_source(name, d)
+    if "tables" in d:
+        raise ConfigError(f"{what}: `tables` belongs to a Postgres source (a `postgres:` section)")
     _unknown(d, {"kafka", "format", "envelope", "include", "interval", "budget", "on_decode_error", "rebuild",
                  "schedule", "poll", "lease"}, what)
     if "kafka" not in d:
@@ -255,6 +362,23 @@ SCHEDULES = ("interval", "upstream", "continuous")
 binding (``reclock.orchestration.triggers``); or continuously, one run cycling back to back for ``lease``
 and the next run taking over."""
 
+
+def _parse_postgres_source(name: str, d: dict) -> SourceSpec:
+    """A source with a ``postgres:`` section: ``tables``, ``interval`` and ``budget`` besides it."""
+    what = f"source {name}"
+    if "kafka" in d:
+        raise ConfigError(f"{what}: a source is either `kafka:` or `postgres:`, not both")
+    _unknown(d, {"postgres", "tables", "interval", "budget"}, what)
+    pg = _parse_postgres(name, d["postgres"], d.get("tables"))
+    b = _require(d.get("budget", {}) or {}, f"{what}.budget")
+    _unknown(b, {"max_records"}, f"{what}.budget")
+    budget = BudgetSpec(max_records=int(b.get("max_records", 100_000)))
+    if budget.max_records <= 0:
+        raise ConfigError(f"{what}.budget: max_records must be positive, got {budget.max_records}")
+    return SourceSpec(name=name, postgres=pg, interval_s=parse_duration(d.get("interval", "60s"), f"{what}.interval"),
+                      budget=budget)
+
+
 SINK_FORMATS = ("debezium", "upsert")
 DEFAULT_PROGRESS_TOPIC = "_reclock_progress"
 
@@ -306,7 +430,8 @@ def parse_sink(name: str, raw: Any, sources: dict[str, SourceSpec]) -> SinkSpec:
         raise ConfigError(f"{what}: `from` must name a collection; {coll!r} is none of "
                           f"{', '.join(sorted(collections)) or '(no sources configured)'}")
     kafka = _parse_kafka(d.get("kafka"), f"{what}.kafka")
-    if kafka.topic == collections[coll].kafka.topic:
+    source_kafka = collections[coll].kafka
+    if source_kafka is not None and kafka.topic == source_kafka.topic:
         raise ConfigError(f"{what}.kafka: topic {kafka.topic!r} is the source topic of {coll}")
     fmt = d.get("format", "debezium")
     if fmt not in SINK_FORMATS:

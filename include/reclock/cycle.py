@@ -27,6 +27,11 @@
                    and the shards' small parts; every so often, delete the parts nothing
                    references (past a grace period; a running write's folder is leased)  "bounded state"
 
+A Postgres source runs the same four steps (DESIGN.md, "The Postgres source"): mint binds the flush LSN,
+write_batches decodes the slot's transactions below the bound LSN (``reclock.cdc``: one timestamp per
+upstream transaction, the first description also carries the snapshot), append puts every table's shard
+in the one ``compare_and_append``, resume advances the replication slot.
+
 Each step is a plain function over a :class:`CycleContext`; DAG tasks only call them. Every step records
 statistics and a status row; a step that fails records ``stalled`` with the error and re-raises.
 """
@@ -40,12 +45,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from reclock import remap
+from reclock import cdc, remap
 from reclock.batch import BatchDescription, Part, SliceWritten, mint_descriptions, ranges_for, split_ranges
-from reclock.config import SourceSpec
-from reclock.errors import DecodeError, RemapUpperMismatch, ShardsDisagree, UpperMismatch
+from reclock.config import SourceSpec, parse_pg_table, pg_table_shard
+from reclock.errors import ConfigError, DecodeError, RemapUpperMismatch, ShardsDisagree, UpperMismatch
 from reclock.failpoints import failpoint
-from reclock.part_layout import DATA_KIND, DATA_OUTPUT, ERRORS_KIND, ERRORS_OUTPUT
+from reclock.part_layout import DATA_KIND, DATA_OUTPUT, ERRORS_KIND, ERRORS_OUTPUT, INTERNAL_PREFIX
 from reclock.persist import blob as blobs
 from reclock.persist.compact import compact_parts
 from reclock.persist.gc import claim_gc, collect_garbage, lease_write, release_write
@@ -53,11 +58,14 @@ from reclock.persist.lending import ConnectionLender
 from reclock.persist.remap_store import append_binding, compact_remap, load_remap, register_source
 from reclock.persist.shards import (Append, advance_since, compare_and_append, drop_lapsed_holds, read_holds,
                                     register_shard, replace_batches, shard_info)
+from reclock.persist.source_tables import register_tables, registered_tables, replace_tables, snapshot_ts
 from reclock.persist.staged import collect_parts, first_rejected, read_state_changes, slice_folder
 from reclock.persist.status import prune_history, record_statistics, record_status
 from reclock.persist.upsert_state import apply_changes, load_prior
+from reclock.read import read_as_of
 from reclock.remap import RemapCollection
 from reclock.sources.kafka import KafkaUpstream
+from reclock.sources.postgres import LSN_PARTITION, PostgresUpstream, lsn_frontier
 from reclock.spark.ingest import BindingRange, upsert_keys, write_slice
 
 
@@ -79,18 +87,43 @@ class CycleContext:
     gc_grace_s: float = 3600.0  # unreferenced parts younger than this (since written or replaced) are kept
     gc_interval_s: float = 300.0  # resume collects the source's garbage at most this often
     stats_keep_s: float = 7 * 86400.0  # statistics and status rows older than this go with that collection
-    _upstream: KafkaUpstream | None = field(default=None, init=False, repr=False, compare=False)
+    upstream_dsn: str | None = None  # a Postgres source's upstream database
+    _upstream: KafkaUpstream | PostgresUpstream | None = field(default=None, init=False, repr=False, compare=False)
+    _outputs: tuple[cdc.Output, ...] | None = field(default=None, init=False, repr=False, compare=False)
     _spark: object | None = field(default=None, init=False, repr=False, compare=False)
     connections: ConnectionLender = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.connections = ConnectionLender(self.dsn)
 
-    def upstream(self) -> KafkaUpstream:
-        """The source's upstream; one per context, so a cycle's probes share one connected admin client."""
+    def upstream(self):
+        """The source's upstream (``KafkaUpstream`` or ``PostgresUpstream``); one per context, so a cycle's
+        probes share one connected admin client."""
         if self._upstream is None:
-            self._upstream = KafkaUpstream(self.spec.name, self.bootstrap, self.spec.kafka.topic)
+            if self.spec.postgres is not None:
+                if not self.upstream_dsn:
+                    raise ConfigError(f"source {self.spec.name}: this cycle context has no upstream_dsn")
+                self._upstream = PostgresUpstream(self.spec.name, self.upstream_dsn, self.spec.postgres.publication)
+            else:
+                self._upstream = KafkaUpstream(self.spec.name, self.bootstrap, self.spec.kafka.topic)
         return self._upstream
+
+    def outputs(self) -> tuple[cdc.Output, ...]:
+        """A Postgres source's tables and their shards, as registered at its first cycle."""
+        if self._outputs is None:
+            with self.connect() as conn:
+                tables = registered_tables(conn, self.spec.name)
+            if tables is None:
+                raise ConfigError(f"source {self.spec.name}: no tables registered yet (run mint first)")
+            self._outputs = tuple(cdc.Output(t, pg_table_shard(self.spec.name, t.table)) for t in tables)
+        return self._outputs
+
+    def shards(self) -> tuple[str, ...]:
+        """Every output shard of the source: the config's, or a Postgres source's registered tables' and its
+        error collection."""
+        if self.spec.postgres is None:
+            return self.spec.shards
+        return (*(o.shard for o in self.outputs()), self.spec.errors_shard)
 
     def spark(self):
         """The context's Spark session, made by ``spark_factory`` once: a task writing several descriptions
@@ -144,10 +177,98 @@ def _step(ctx: CycleContext, step: str) -> Iterator[dict]:
 
 def ensure_registered(ctx: CycleContext) -> None:
     """Create the source's remap collection, progress view and output shards if they do not exist."""
+    if ctx.spec.postgres is not None:
+        _register_postgres(ctx)
+        return
     with ctx.connect() as conn:
         register_source(conn, ctx.spec.name, kind="kafka")
         register_shard(conn, ctx.spec.data_shard, source=ctx.spec.name, output=DATA_OUTPUT, kind=DATA_KIND)
         register_shard(conn, ctx.spec.errors_shard, source=ctx.spec.name, output=ERRORS_OUTPUT, kind=ERRORS_KIND)
+
+
+def _register_postgres(ctx: CycleContext) -> None:
+    """Register a Postgres source: its tables (oids and columns, once; ``reclock.persist.source_tables``),
+    a shard per table (``<source>__<table>``, outputs 0, 2, 3, ...) and its error collection (output 1).
+    Every cycle checks the tables are still published with ``REPLICA IDENTITY FULL``. The slot is created
+    here while the source has no binding, so the first binding's LSN is at or after the slot's start."""
+    name = ctx.spec.name
+    up = ctx.upstream()
+    with ctx.connect() as conn:
+        register_source(conn, name, kind="postgres")
+        tables = registered_tables(conn, name)
+        bound = bool(load_remap(conn, name).bindings)
+    with up.connect() as uconn:
+        if tables is None:
+            infos = _describe_tables(ctx, uconn)
+            with ctx.connect() as conn:
+                tables = register_tables(conn, name, infos)
+        else:
+            up.check_tables(uconn, tables)
+        if not bound:
+            up.ensure_slot(uconn)
+    with ctx.connect() as conn:
+        for i, t in enumerate(tables):
+            register_shard(conn, pg_table_shard(name, t.table), source=name, output=0 if i == 0 else i + 1,
+                           kind=DATA_KIND)
+        register_shard(conn, ctx.spec.errors_shard, source=name, output=ERRORS_OUTPUT, kind=ERRORS_KIND)
+
+
+def _describe_tables(ctx: CycleContext, uconn) -> list:
+    """The tables a Postgres source takes (its ``tables:``, else every table of its publication), described
+    upstream (published, identity FULL) and checked for column names a collection keeps for its own."""
+    up, name = ctx.upstream(), ctx.spec.name
+    names = ctx.spec.postgres.tables or [parse_pg_table(name, t) for t in up.published_tables(uconn)]
+    infos = up.describe(uconn, names)
+    for info in infos:
+        taken = [c for c, _, _ in info.columns if c in ("ts", "diff") or c.startswith(INTERNAL_PREFIX)]
+        if taken:
+            raise ConfigError(f"source {name}: table {info.table} has column(s) {', '.join(taken)}, names "
+                              "a collection keeps for its own (ts, diff, _reclock_*); rename the column(s) "
+                              "upstream, or leave the table out of `tables:`")
+    return infos
+
+
+def resnapshot(ctx: CycleContext) -> dict:
+    """Start a Postgres source over from a fresh snapshot at a new binding, after a stall (TRUNCATE, DDL,
+    a lost slot): the tables are described again (their new columns), the slot is dropped and created
+    anew, and a binding at a new timestamp (never in the past) is appended with the new registration in
+    one transaction. The next cycle's write retracts what each collection held and writes the snapshot,
+    both at that binding's timestamp, and streams from its LSN on; the bindings between the stall and it
+    add nothing of their own (their changes land at once, in the snapshot). A table new to the source
+    gets a collection that is empty before it. Readers and sinks see one more timestamp, as for any
+    cycle; history before it stays readable as it was.
+    """
+    if ctx.spec.postgres is None:
+        raise ConfigError(f"source {ctx.spec.name}: only a Postgres source is re-snapshotted")
+    with _step(ctx, "resnapshot") as m:
+        name, up = ctx.spec.name, ctx.upstream()
+        with ctx.connect() as conn:
+            if registered_tables(conn, name) is None:
+                raise ConfigError(f"source {name}: it has not run yet; its first cycle takes the snapshot")
+            uppers = {s: shard_info(conn, s).upper for s in ctx.shards()}
+        if len(set(uppers.values())) != 1:
+            raise ShardsDisagree(name, uppers)
+        upper = min(uppers.values())
+        with up.connect() as uconn:
+            infos = _describe_tables(ctx, uconn)
+            up.drop_slot(uconn)
+            up.ensure_slot(uconn)
+            lsn = up.flush_lsn(uconn)
+        with ctx.connect() as conn, conn.transaction():
+            rc = load_remap(conn, name)
+            binding = remap.Binding(remap.next_binding_ts(rc, ctx.clock()),
+                                    remap.last_frontier(rc).join(lsn_frontier(lsn)))
+            append_binding(conn, name, rc.upper, binding)
+            replace_tables(conn, name, infos, binding.ts)
+            shards = [pg_table_shard(name, t.table) for t in infos]
+            for i, shard in enumerate(shards):
+                register_shard(conn, shard, source=name, output=0 if i == 0 else i + 1, kind=DATA_KIND)
+            fresh = [s for s in shards if s not in uppers and shard_info(conn, s).upper == 0]
+            if upper > 0 and fresh:  # a new table's collection: empty before the re-snapshot
+                compare_and_append(conn, [Append(s, BatchDescription(0, upper)) for s in fresh])
+        ctx._outputs = None
+        m.update(binding_ts=binding.ts, lsn=lsn, tables=[t.table for t in infos], shards_upper=upper)
+        return {"ts": binding.ts, "lsn": lsn, "tables": [t.table for t in infos]}
 
 
 def mint(ctx: CycleContext) -> MintResult:
@@ -157,9 +278,13 @@ def mint(ctx: CycleContext) -> MintResult:
     ``max(now, last + 1)``, never in the past; two concurrent minters cannot both succeed.
     """
     with _step(ctx, "mint") as m, ThreadPoolExecutor(1, "reclock-probe") as pool:
-        probe = pool.submit(ctx.upstream().probe_upper)  # Kafka's round trips beside Postgres's
-        ensure_registered(ctx)
-        upper = probe.result()
+        if ctx.spec.postgres is not None:
+            ensure_registered(ctx)  # the slot first: the flush LSN probed after it is covered by it
+            upper = ctx.upstream().probe_upper()
+        else:
+            probe = pool.submit(ctx.upstream().probe_upper)  # Kafka's round trips beside Postgres's
+            ensure_registered(ctx)
+            upper = probe.result()
         minted = None
         with ctx.connect() as conn:
             rc = load_remap(conn, ctx.spec.name)
@@ -179,7 +304,10 @@ def mint(ctx: CycleContext) -> MintResult:
 
 
 def _descriptions(conn, ctx: CycleContext, rc: RemapCollection) -> list[BatchDescription]:
-    lower = min(shard_info(conn, s).upper for s in ctx.spec.shards)
+    lower = min(shard_info(conn, s).upper for s in ctx.shards())
+    if ctx.spec.postgres is not None:
+        # LSN distances are WAL bytes, not changes: one description, its memory bounded by the part size
+        return mint_descriptions(lower, rc, 2**62)
     descs = mint_descriptions(lower, rc, ctx.spec.budget.max_records)
     # upsert: a description's retractions read the state as of its lower, which only its predecessor's
     # append produces, so a cycle writes one description (the backlog takes one cycle per budget)
@@ -198,6 +326,8 @@ def write_batches(ctx: CycleContext, desc: BatchDescription) -> WrittenBatch:
             if ctx.spec.envelope == "upsert" and shard_info(conn, ctx.spec.data_shard).upper >= desc.upper:
                 m.update(lower=desc.lower, upper=desc.upper, already_present=True)
                 return WrittenBatch(desc)  # a replay: the state has moved on, and append is a no-op
+        if ctx.spec.postgres is not None:
+            return _write_postgres(ctx, rc, desc, m)
         written = _write(ctx, rc, desc, m)
         if ctx.spec.on_decode_error == "stall" and written.parts.get(ctx.spec.errors_shard):
             # refuse the whole description (nothing is appended) naming the first record that failed; the
@@ -270,12 +400,83 @@ def _write(ctx: CycleContext, rc: RemapCollection, desc: BatchDescription, m: di
     return WrittenBatch(desc, parts, state, prefix)
 
 
+def _write_postgres(ctx: CycleContext, rc: RemapCollection, desc: BatchDescription, m: dict) -> WrittenBatch:
+    """The transactions the bindings in ``desc`` cover, and the snapshot if ``desc`` holds the snapshot's
+    binding (the first, or a re-snapshot's), as parts per table (``reclock.cdc``; the upstream's
+    ``reclock.sources.postgres``).
+
+    A racing cycle cannot make this write append less than it should: the slot is advanced only to the
+    resumption frontier, after an append, so a transaction the peek skips (committed below the slot's
+    ``confirmed_flush``) is bound at a time below every shard's upper; a description that needed it has
+    its ``lower`` below that upper, and its append is then a no-op or an ``UpperMismatch``, never an append.
+    """
+    up: PostgresUpstream = ctx.upstream()
+    outputs = ctx.outputs()
+    start = remap.source_upper_at(rc, desc.lower).get(LSN_PARTITION)
+    end = remap.source_upper_at(rc, desc.upper).get(LSN_PARTITION)
+    bindings = [(b.ts, b.frontier.get(LSN_PARTITION)) for b in rc.bindings]
+    with ctx.connect() as conn:
+        snap_ts = snapshot_ts(conn, ctx.spec.name)
+    if snap_ts is None and start == 0:
+        snap_ts = bindings[0][0]  # no data written yet: this description holds the first binding
+    snapshot = snap_ts is not None and desc.lower <= snap_ts < desc.upper
+    chunk = ctx.spec.budget.max_records
+    prefix = f"{ctx.spec.name}/{desc.lower}-{desc.upper}/{uuid.uuid4().hex}"
+    with ctx.connect() as conn:
+        lease_write(conn, ctx.spec.name, prefix)
+    try:
+        failpoint("write_batches:before_job")
+        writer = cdc.PartWriter(ctx.blob, prefix, outputs, chunk)
+        rewind, snapshot_rows, upto = None, 0, end
+        with up.connect(autocommit=False) as uconn:
+            if snapshot:
+                t1, l1 = next((ts, lsn) for ts, lsn in bindings if ts == snap_ts)
+                start = l1
+                if desc.lower > 0:  # a re-snapshot: take back what each collection holds, at t1
+                    with ctx.connect() as conn:
+                        for out in outputs:
+                            if shard_info(conn, out.shard).upper > 0:
+                                writer.retract(out.info.relid, read_as_of(conn, ctx.blob, out.shard,
+                                                                          desc.lower - 1), t1)
+                with up.export_snapshot() as snap:
+                    up.check_retained(uconn, min(l1, snap.lsn))
+                    with up.snapshot_reader(snap) as sconn:
+                        snapshot_rows = cdc.read_snapshot(sconn, outputs, writer, t1, chunk)
+                if snap.lsn != l1:
+                    rewind = cdc.Rewind(t1, min(l1, snap.lsn), max(l1, snap.lsn), -1 if snap.lsn > l1 else 1)
+                    upto = max(upto, snap.lsn)
+                m.update(snapshot_rows=snapshot_rows, snapshot_lsn=snap.lsn, first_lsn=l1)
+            else:
+                up.check_retained(uconn, start)
+            decoder = cdc.ChangeDecoder(ctx.spec.name, outputs, writer, bindings, start, end, rewind,
+                                        strict_tables=not ctx.spec.postgres.tables)
+            stats = decoder.feed(up.peek(uconn, upto, batch=max(1, min(chunk, 10_000))))
+            uconn.rollback()
+        failpoint("write_batches:after_slice")
+        emitted = writer.close()
+        parts = cdc.collect(ctx.blob, ctx.spec.name, prefix, emitted)
+    except BaseException:
+        with contextlib.suppress(Exception), ctx.connect() as conn:
+            release_write(conn, prefix)
+        raise
+    parts[ctx.spec.errors_shard] = ()
+    m.update(lower=desc.lower, upper=desc.upper, lsn_from=start, lsn_until=end, transactions=stats.transactions,
+             changes=stats.changes, messages=stats.messages, records_read=snapshot_rows + stats.changes,
+             records={s: sum(p.rows for p in ps) for s, ps in parts.items()},
+             bytes={s: sum(p.bytes for p in ps) for s, ps in parts.items()})
+    return WrittenBatch(desc, parts, (), prefix)
+
+
 def rebuild(ctx: CycleContext, on_slice: Callable[[int, int], None] | None = None) -> dict:
     """Rebuild the source's shards from the recorded bindings (while upstream still holds the data) and
     swap them in atomically: the same ``(data, ts, diff)`` updates at the same timestamps (*replayable*),
     at every time at or after the shards' since. Raises ``UpstreamDataLost`` if retention ran past them,
     ``UnaccountedWrite`` if what Spark wrote cannot be found whole (nothing is swapped then).
     """
+    if ctx.spec.postgres is not None:
+        raise ConfigError(f"source {ctx.spec.name}: a Postgres upstream keeps no history to replay; rebuilding "
+                          "means a fresh snapshot at a new binding (drop the source's shards and remap "
+                          "collection and let the next cycle snapshot it), never timestamps in the past")
     with _step(ctx, "rebuild") as m:
         with ctx.connect() as conn:
             rc = load_remap(conn, ctx.spec.name)
@@ -303,7 +504,7 @@ def append(ctx: CycleContext, written: WrittenBatch) -> list:
     raises ``UpperMismatch`` and changes nothing (the next cycle re-mints from the actual upper).
     """
     with _step(ctx, "append") as m:
-        appends = [Append(s, written.desc, written.parts.get(s, ())) for s in ctx.spec.shards]
+        appends = [Append(s, written.desc, written.parts.get(s, ())) for s in ctx.shards()]
         changes = read_state_changes(ctx.blob, written.state) if ctx.spec.envelope == "upsert" else None
         if changes is not None:
             m.update(state_changes=changes.num_rows)
@@ -322,7 +523,7 @@ def append(ctx: CycleContext, written: WrittenBatch) -> list:
             _release(conn, written)  # appended, or already present (our parts are garbage)
         m.update(lower=written.desc.lower, upper=written.desc.upper,
                  outcomes=[str(o) for o in outcomes],
-                 committed={s: sum(p.rows for p in written.parts.get(s, ())) for s in ctx.spec.shards})
+                 committed={s: sum(p.rows for p in written.parts.get(s, ())) for s in ctx.shards()})
         return outcomes
 
 
@@ -352,7 +553,7 @@ def resume(ctx: CycleContext) -> ResumeResult:
     with _step(ctx, "resume") as m:
         with ctx.connect() as conn:
             rc = load_remap(conn, ctx.spec.name)
-            infos = [shard_info(conn, s) for s in ctx.spec.shards]
+            infos = [shard_info(conn, s) for s in ctx.shards()]
         resumption = min([rc.upper, *(i.upper for i in infos)])
         offsets = remap.source_upper_at(rc, resumption)
         ctx.upstream().commit(ctx.spec.consumer_group, offsets)
@@ -362,19 +563,19 @@ def resume(ctx: CycleContext) -> ResumeResult:
         if ctx.retain_history_ms:
             target = min(target, max(0, ctx.clock() - ctx.retain_history_ms))
         with ctx.connect() as conn:
-            for s in ctx.spec.shards:
+            for s in ctx.shards():
                 holds = [h.ts for h in read_holds(conn, s)]
                 target = min([target, *holds])
             since = target
             if since > rc.since:
                 compact_remap(conn, ctx.spec.name, since)
-            for s in ctx.spec.shards:
+            for s in ctx.shards():
                 advance_since(conn, s, since)
-            compacted = {s: compact_parts(conn, ctx.blob, s).parts_merged for s in ctx.spec.shards}
+            compacted = {s: compact_parts(conn, ctx.blob, s).parts_merged for s in ctx.shards()}
             if claim_gc(conn, ctx.spec.name, ctx.gc_interval_s):
                 # the cycle's parts sit under the source's folder, compaction's under each shard's
                 reports = [collect_garbage(conn, ctx.blob, folder, ctx.gc_grace_s)
-                           for folder in dict.fromkeys([ctx.spec.name, *ctx.spec.shards])]
+                           for folder in dict.fromkeys([ctx.spec.name, *ctx.shards()])]
                 pruned = prune_history(conn, ctx.stats_keep_s)
                 lapsed = drop_lapsed_holds(conn)
                 m.update(gc_deleted=sum(r.deleted for r in reports), gc_deleted_bytes=sum(r.deleted_bytes for r in reports),

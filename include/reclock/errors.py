@@ -183,3 +183,64 @@ class PartAlreadyReferenced(ReclockError):
 class MigrationError(ReclockError):
     """The ``reclock`` schema cannot be migrated safely (an applied migration changed, or the database is
     newer than this code)."""
+
+
+class SlotLost(UpstreamDataLost):
+    """A Postgres source's replication slot is gone, invalidated (``wal_status = lost``), or already past
+    changes a shard still needs: the changes are gone upstream and will not be skipped silently."""
+
+    def __init__(self, source: str, slot: str, detail: str) -> None:
+        self.source = source
+        self.slot = slot
+        self.detail = detail
+        ReclockError.__init__(
+            self, f"source {source}: replication slot {slot} {detail}; the changes it held are gone and will not "
+                  "be skipped silently (re-snapshot the source: drop its shards and remap collection, or create "
+                  "it under a new name)")
+
+
+class SourceStalled(ReclockError):
+    """A Postgres source cannot go on past a change it cannot represent: it names the table and the change,
+    appends nothing past it, and stays stalled until the user acts (``remedy``)."""
+
+    def __init__(self, source: str, table: str, change: str, remedy: str) -> None:
+        self.source = source
+        self.table = table
+        self.change = change
+        self.remedy = remedy
+        super().__init__(f"source {source}: table {table}: {change}; the source is stalled and nothing past "
+                         f"it is appended ({remedy})")
+
+
+class ReplicaIdentityNotFull(SourceStalled):
+    """A published table without ``REPLICA IDENTITY FULL``: its updates and deletes would not carry the old
+    row, which a retraction needs."""
+
+    def __init__(self, source: str, table: str, identity: str) -> None:
+        schema, _, name = table.partition(".")
+        self.alter = f'ALTER TABLE "{schema}"."{name}" REPLICA IDENTITY FULL;'
+        super().__init__(source, table, f"replica identity is {identity}, not FULL (updates and deletes must "
+                                        "carry the whole old row)", f"run: {self.alter}")
+
+
+class TableTruncated(SourceStalled):
+    """A ``TRUNCATE`` of a published table: Reclock cannot retract rows it is not told."""
+
+
+class TableSchemaChanged(SourceStalled):
+    """DDL changed a published table's columns (a Relation message differs from the registered columns)."""
+
+
+class PublicationMissing(SourceStalled):
+    """The source's publication does not exist, or a table of the source is missing from it or dropped."""
+
+
+class SlotBusy(ReclockError):
+    """Another process reads or advances the source's replication slot (another cycle of the same source):
+    this cycle fails loudly and changes nothing; the next one carries on."""
+
+    def __init__(self, source: str, slot: str, detail: str) -> None:
+        self.source = source
+        self.slot = slot
+        super().__init__(f"source {source}: replication slot {slot} is in use by another process ({detail}); "
+                         "another cycle of this source runs, this one changed nothing")

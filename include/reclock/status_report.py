@@ -265,6 +265,8 @@ def kafka_lag_probe(config: Config | None, bootstrap: Callable[[Any, str], str],
         spec = config.sources.get(name) if config else None
         if spec is None:
             return Lag(None, "not in the config")
+        if spec.kafka is None:
+            return Lag(None, "a Postgres source: its slot's lag is not probed here")
         try:
             up = KafkaUpstream(name, bootstrap(spec.kafka, f"source {name}"), spec.kafka.topic, timeout=timeout)
             end = up.probe_upper()

@@ -1,4 +1,4 @@
-"""Every DAG of a Reclock config: ``ingest__<source>`` and ``rebuild__<source>`` per source, ``sink__<sink>``
+"""Every DAG of a Reclock config: ``ingest__<source>`` per source, ``rebuild__<source>`` per Kafka source, ``sink__<sink>``
 per sink. The DAG file (``dags/reclock_ingest.py``) calls :func:`build_all` and nothing else."""
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ def build_all(project: Path) -> dict[str, Any]:
     path = config_path(default=Path(project) / "include" / "reclock.yaml").resolve()
     cfg = load_config(path)
     dags = {f"ingest__{name}": build_ingest_dag(spec) for name, spec in cfg.sources.items()}
+    # a Postgres upstream keeps no history to replay: its rebuild is a fresh snapshot, not a DAG of its own
     dags.update({f"rebuild__{name}": build_rebuild_dag(spec, path, Path(project) / "spark_jobs")
-                 for name, spec in cfg.sources.items()})
+                 for name, spec in cfg.sources.items() if spec.kafka is not None})
     dags.update({f"sink__{name}": build_sink_dag(spec) for name, spec in cfg.sinks.items()})
     return dags

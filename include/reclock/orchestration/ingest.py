@@ -60,7 +60,9 @@ def build_ingest_dag(spec: SourceSpec):
         return _continuous_dag(spec, conf)
     with DAG(
         dag_id=f"ingest__{spec.name}",
-        description=f"Ingest Kafka topic {spec.kafka.topic} into {spec.name} exactly once (one run = one cycle)",
+        description=(f"Ingest Kafka topic {spec.kafka.topic} into {spec.name}" if spec.kafka is not None else
+                     f"Ingest Postgres publication {spec.postgres.publication} into {spec.name}__<table>")
+        + " exactly once (one run = one cycle)",
         schedule=(timedelta(seconds=spec.interval_s) if spec.schedule == "interval" else [upstream_asset(spec)]),
         start_date=datetime(2024, 1, 1, tzinfo=timezone.utc),
         catchup=False,

@@ -14,6 +14,8 @@ blob store            ``--blob-url``      ``RECLOCK_BLOB_URL``         --
 S3 endpoint and keys  --                  ``AWS_*`` (see objectstore)  connection ``reclock_s3`` (aws)
 Kafka brokers         ``--bootstrap``     ``RECLOCK_BOOTSTRAP``        the config's ``bootstrap:``, else its
                                                                        ``connection:`` (``reclock_kafka``)
+upstream Postgres     --                  the config's ``dsn_env:``    the config's ``connection:`` (a
+                                          variable                     postgres connection)
 Spark in-process      ``--spark-master``  ``RECLOCK_SPARK_MASTER``     (checked first)
 Spark Connect         ``--spark-remote``  ``RECLOCK_SPARK_REMOTE``     connection ``reclock_spark``
 Spark's Kafka jars    --                  ``RECLOCK_SPARK_JARS``       Spark's own ``spark.jars``/packages
@@ -30,7 +32,7 @@ import os
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from reclock.config import BudgetSpec, KafkaSpec, SinkSpec, SourceSpec
+from reclock.config import BudgetSpec, KafkaSpec, PostgresSpec, SinkSpec, SourceSpec
 from reclock.cycle import CycleContext
 from reclock.errors import ConfigError, SettingError
 from reclock.orchestration import connections
@@ -105,6 +107,21 @@ def find_bootstrap(kafka: KafkaSpec, what: str, given: str | None = None) -> str
         f"{what}: no Kafka brokers: set RECLOCK_BOOTSTRAP (host:port,...; reclock commands: --bootstrap), or "
         f"give it `bootstrap:` in the config, or define the Airflow connection {kafka.connection} "
         f"(e.g. AIRFLOW_CONN_{kafka.connection.upper()})")
+
+
+def find_upstream_dsn(pg: PostgresSpec, what: str) -> str:
+    """A Postgres source's upstream DSN: the environment variable its ``dsn_env:`` names, else its Airflow
+    connection (``connection:``)."""
+    if pg.dsn_env:
+        dsn = os.environ.get(pg.dsn_env)
+        if not dsn:
+            raise SettingError(f"{what}: the environment variable {pg.dsn_env} (its `dsn_env:`) is not set; set it "
+                               "to the upstream's DSN (postgresql://user:password@host:5432/db)")
+        return dsn
+    return _from_connection(
+        lambda: connections.postgres_dsn(pg.connection),
+        f"{what}: the Airflow connection {pg.connection} (its `connection:`) is not defined (e.g. "
+        f"AIRFLOW_CONN_{str(pg.connection).upper()}=postgresql://user:password@host:5432/db)")
 
 
 def _seconds(var: str, default: float) -> float:
@@ -182,10 +199,12 @@ def cycle_context(spec: SourceSpec, conf: dict[str, Any] | None = None, *, dsn: 
     """A cycle's context for ``spec`` from the settings (arguments first). Spark is found when a step first
     needs it, unless ``spark`` is given. Run conf may override the budget: ``{"max_records": 1000}``."""
     spec = with_run_conf(spec, conf)
+    pg = spec.postgres
     return CycleContext(
         spec=spec,
         dsn=find_dsn(dsn),
-        bootstrap=find_bootstrap(spec.kafka, f"source {spec.name}", bootstrap),
+        bootstrap="" if pg is not None else find_bootstrap(spec.kafka, f"source {spec.name}", bootstrap),
+        upstream_dsn=None if pg is None else find_upstream_dsn(pg, f"source {spec.name}"),
         blob=find_blob_store(blob_url),
         spark_factory=lambda: (spark or find_spark()).session(spec.name),
         retain_history_ms=retain_history_ms(),

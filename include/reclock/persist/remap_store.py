@@ -10,7 +10,7 @@ Tables (schema ``reclock``):
   absolute *next* offsets (an absent partition is at offset 0).
 
 The view ``reclock."<source>_progress"(ts, partition, "offset")`` exposes the bindings to SQL (the seed's
-``EXPOSE PROGRESS``); ``reclock.progress_as_of(source, t)`` is its AS OF form: the frontier of the data at
+``EXPOSE PROGRESS``; a Postgres source's is ``(ts, lsn)``, its LSN kept as the offset of partition 0); ``reclock.progress_as_of(source, t)`` is its AS OF form: the frontier of the data at
 ``ts <= t`` (the last binding at or before ``t``).
 
 Writers serialize on the collection's row (``SELECT ... FOR UPDATE``): :func:`append_binding` is a
@@ -62,9 +62,10 @@ def register_source(conn, name: str, kind: str = "kafka", config: dict | None = 
                                  (sql.SQL("reclock.{}").format(sql.Identifier(view)).as_string(conn),)).fetchone()
         if not exists:
             # a view over one source's rows; the name is validated, quoted, and a literal in the body
-            conn.execute(sql.SQL(
-                'CREATE VIEW {} AS SELECT ts, partition, "offset" FROM reclock.remap_offsets WHERE source = {}'
-            ).format(progress_view(name), sql.Literal(name)))
+            body = ("SELECT ts, '0/0'::pg_lsn + \"offset\" AS lsn FROM reclock.remap_offsets WHERE partition = 0 "
+                    "AND source = {}" if kind == "postgres" else
+                    'SELECT ts, partition, "offset" FROM reclock.remap_offsets WHERE source = {}')
+            conn.execute(sql.SQL("CREATE VIEW {} AS " + body).format(progress_view(name), sql.Literal(name)))
 
 
 def load_remap(conn, name: str) -> RemapCollection:

@@ -1,0 +1,423 @@
+"""A Postgres source's ``write_batches``: committed transactions below a bound LSN become ``(row, ts,
+diff)`` updates in Parquet parts, one part folder per table, every part proved before append sees it.
+
+::
+
+    slot (peek, up to the description's last LSN)        snapshot (the snapshot's description only)
+        |  Begin(final_lsn = commit LSN) ... Commit          |  every table, under an exported snapshot
+        v                                                     v   at LSN S, each row +1 at t1
+    reclock: the transaction's commit LSN c -> the least binding ts whose LSN is beyond c; every change of
+    the transaction gets that one ts, in every table (insert +1 new; delete -1 old; update -1 old +1 new)
+    rewind: a change with L1 <= c < S is also retracted at t1 (the snapshot already holds it); with
+    S < L1, a change with S <= c < L1 is added at t1 instead (the snapshot lacks it)
+        |
+        v
+    per table: rows buffered up to ``budget.max_records``, then one Parquet part
+    ``<prefix>/<shard>/part-NNNNN.parquet``  (memory: tables x budget rows, never a whole transaction)
+        |
+        v
+    prove: every file under the prefix read back by its footer; rows per shard == rows the decoder emitted,
+    no file missing, none extra (else ``UnaccountedWrite``, and nothing is appended)
+
+Stalls (``reclock.errors.SourceStalled``: nothing of the description is appended, what it wrote is
+garbage), for a change
+of a table the source outputs, in a transaction the description covers: a ``TRUNCATE``
+(:class:`~reclock.errors.TableTruncated`); a Relation message whose columns differ from those registered
+at the first cycle (:class:`~reclock.errors.TableSchemaChanged`); an update or delete without the whole old
+row (:class:`~reclock.errors.ReplicaIdentityNotFull`); a table that was recreated, or (for a source that
+takes every table of its publication) one that joined the publication later
+(:class:`~reclock.errors.PublicationMissing`). An unchanged TOASTed value (``u``) takes the old row's value
+(identity FULL sends it); without one the change is refused, never written as a placeholder.
+
+The snapshot is read in this process, table by table with ``COPY ... TO STDOUT (FORMAT csv)`` parsed by
+Arrow a block at a time (:func:`read_snapshot`; Spark's partitioned JDBC reads under the snapshot would
+need the Postgres JDBC driver among the project's jars, and Spark's types would have to read back equal to
+these: not done). A re-snapshot also retracts what each collection held (:meth:`PartWriter.retract`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import io
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from psycopg import sql
+
+from reclock.batch import Part
+from reclock.errors import (PublicationMissing, ReplicaIdentityNotFull, TableSchemaChanged, TableTruncated,
+                            UnaccountedWrite)
+from reclock.persist.blob import BlobStore
+from reclock.persist.parquet import part_from_footer
+from reclock.sources import pgoutput as po
+from reclock.sources.postgres import TableInfo
+
+
+@dataclass(frozen=True)
+class Output:
+    """A table the source writes: its registration and its shard."""
+
+    info: TableInfo
+    shard: str
+
+    @property
+    def schema(self) -> pa.Schema:
+        return pa.schema([pa.field(n, po.arrow_type(o, m)) for n, o, m in self.info.columns]
+                         + [pa.field("ts", pa.int64()), pa.field("diff", pa.int64())])
+
+
+@dataclass
+class _Buffer:
+    out: Output
+    rows: list[tuple] = field(default_factory=list)
+    emitted: int = 0
+    parts: int = 0
+
+
+class PartWriter:
+    """Per-table buffers of updates, each written as a Parquet part once it holds ``chunk`` rows. Values
+    are buffered as their text forms and converted a column at a time when a part is written
+    (:func:`reclock.sources.pgoutput.text_column`: Arrow's vectorized casts)."""
+
+    def __init__(self, blob: BlobStore, prefix: str, outputs: Sequence[Output], chunk: int) -> None:
+        self.blob, self.prefix, self.chunk = blob, prefix, max(1, chunk)
+        self.buffers = {o.info.relid: _Buffer(o) for o in outputs}
+
+    def add(self, relid: int, values: tuple, ts: int, diff: int) -> None:
+        """One update of table ``relid``: its columns' text forms (bytes or str; None for NULL)."""
+        b = self.buffers[relid]
+        b.rows.append((*values, ts, diff))
+        b.emitted += 1
+        if len(b.rows) >= self.chunk:
+            self._flush(b)
+
+    def _flush(self, b: _Buffer) -> None:
+        if not b.rows:
+            return
+        schema = b.out.schema
+        columns = list(zip(*b.rows))
+        info = b.out.info
+        arrays = [po.text_column(o, m, list(c), f"{info.table}.{n}") for (n, o, m), c in zip(info.columns, columns)]
+        arrays += [pa.array(columns[-2], pa.int64()), pa.array(columns[-1], pa.int64())]
+        self._put(b, pa.Table.from_arrays(arrays, schema=schema), "part")
+        b.rows = []
+
+    def add_columns(self, relid: int, columns: Sequence[pa.Array], ts: int, diff: int) -> None:
+        """Many updates of table ``relid`` at once: its columns' text forms as Arrow string arrays (a
+        snapshot's block), written as parts of at most ``chunk`` rows."""
+        b = self.buffers[relid]
+        n = len(columns[0]) if columns else 0
+        info, schema = b.out.info, b.out.schema
+        for start in range(0, n, self.chunk):
+            part = [c.slice(start, self.chunk) for c in columns]
+            rows = len(part[0])
+            arrays = [po.text_column(o, m, c, f"{info.table}.{name}") for (name, o, m), c in zip(info.columns, part)]
+            arrays += [pa.array([ts] * rows, pa.int64()), pa.array([diff] * rows, pa.int64())]
+            self._put(b, pa.Table.from_arrays(arrays, schema=schema), "part")
+            b.emitted += rows
+
+    def _put(self, b: _Buffer, table: pa.Table, kind: str) -> None:
+        buf = io.BytesIO()
+        pq.write_table(table, buf)
+        self.blob.put_bytes(f"{self.prefix}/{b.out.shard}/{kind}-{b.parts:05d}.parquet", buf.getvalue())
+        b.parts += 1
+
+    def retract(self, relid: int, contents: pa.Table, ts: int) -> None:
+        """Retract a collection's ``contents`` (data columns and ``diff``, as a read AS OF gives them) at
+        ``ts``: a re-snapshot takes back what the collection held, in the columns it held it."""
+        b = self.buffers[relid]
+        data = contents.drop_columns(["diff"])
+        negated = pc.negate(contents["diff"]).cast(pa.int64())
+        table = data.append_column("ts", pa.array([ts] * contents.num_rows, pa.int64())).append_column("diff", negated)
+        for start in range(0, table.num_rows, self.chunk):
+            self._put(b, table.slice(start, self.chunk), "retract")
+        b.emitted += table.num_rows
+
+    def close(self) -> dict[str, int]:
+        """Write what is buffered; the rows emitted per shard."""
+        for b in self.buffers.values():
+            self._flush(b)
+        return {b.out.shard: b.emitted for b in self.buffers.values()}
+
+
+def collect(blob: BlobStore, source: str, prefix: str, emitted: Mapping[str, int]) -> dict[str, tuple[Part, ...]]:
+    """The parts under ``prefix``, per shard, proved to hold exactly the rows the decoder emitted (every
+    footer read; a file of no known shard, an unreadable one, or a count that differs is
+    ``UnaccountedWrite``)."""
+    found: dict[str, list[Part]] = {s: [] for s in emitted}
+    counted = {s: 0 for s in emitted}
+    looked = blob.url(prefix)
+    for info in blob.list(prefix):
+        rel = info.path[len(prefix) + 1:].split("/")
+        if len(rel) != 2 or rel[0] not in found or not rel[1].endswith(".parquet"):
+            raise UnaccountedWrite(source, looked, looked, f"{info.path} is no part of this write")
+        try:
+            with blob.open(info.path) as f:
+                md = pq.ParquetFile(f).metadata
+        except Exception as e:  # noqa: BLE001 - any unreadable footer is an unaccounted file
+            raise UnaccountedWrite(source, looked, looked, f"the footer of {info.path} cannot be read "
+                                   f"({type(e).__name__}: {e})") from e
+        counted[rel[0]] += md.num_rows
+        found[rel[0]].append(part_from_footer(info.path, info.size, md))
+    if counted != dict(emitted):
+        raise UnaccountedWrite(source, looked, looked, f"the decoder emitted {dict(emitted)} rows per shard, "
+                               f"the parts hold {counted}")
+    return {s: tuple(sorted(ps, key=lambda p: p.path)) for s, ps in found.items()}
+
+
+def reclock_lsn(bindings: Sequence[tuple[int, int]], commit_lsn: int) -> int | None:
+    """The least binding ts whose LSN is beyond ``commit_lsn`` (bindings: ``(ts, lsn)`` in order)."""
+    i = bisect.bisect_right([lsn for _, lsn in bindings], commit_lsn)
+    return bindings[i][0] if i < len(bindings) else None
+
+
+@dataclass(frozen=True)
+class Rewind:
+    """Changes committed in ``[lo, hi)`` also go at ``ts`` with their diff times ``sign`` (the snapshot's
+    seam: -1 when the snapshot is past the first binding, +1 when it is before it)."""
+
+    ts: int
+    lo: int
+    hi: int
+    sign: int
+
+
+@dataclass
+class StreamStats:
+    transactions: int = 0
+    changes: int = 0
+    messages: int = 0
+    skipped_transactions: int = 0
+
+
+def _describe_change(info: TableInfo, rel: po.Relation) -> str:
+    have = {n: (o, m) for n, o, m in info.columns}
+    now = {c.name: (c.type_oid, c.typmod) for c in rel.columns}
+    parts = [f"column {n} added" for n in now if n not in have]
+    parts += [f"column {n} dropped" for n in have if n not in now]
+    parts += [f"column {n} changed type (oid {have[n][0]} typmod {have[n][1]} -> oid {now[n][0]} typmod {now[n][1]})"
+              for n in have if n in now and have[n] != now[n]]
+    if not parts:
+        parts = ["columns reordered"]
+    return "DDL changed its columns: " + ", ".join(parts)
+
+
+class ChangeDecoder:
+    """Turns the slot's messages into updates on a :class:`PartWriter` (see the module)."""
+
+    def __init__(self, source: str, outputs: Sequence[Output], writer: PartWriter,
+                 bindings: Sequence[tuple[int, int]], start: int, end: int, rewind: Rewind | None,
+                 strict_tables: bool) -> None:
+        self.source, self.writer, self.bindings = source, writer, list(bindings)
+        self.start, self.end, self.rewind = start, end, rewind
+        self.strict = strict_tables  # the source takes every table of its publication
+        self.by_relid = {o.info.relid: o for o in outputs}
+        self.by_name = {o.info.table: o for o in outputs}
+        self.relations: dict[int, po.Relation] = {}
+        self.checked: dict[int, Output | None] = {}  # relid -> its output, once its Relation was checked
+        self.targets: list[tuple[int, int]] = []  # the current transaction's (ts, sign)
+        self.in_txn = False
+        self.last_commit = -1
+        self.stats = StreamStats()
+
+    def feed(self, messages: Iterable[po.Message]) -> StreamStats:
+        change = self._change
+        n = 0
+        for m in messages:
+            n += 1
+            kind = type(m)
+            if kind is po.Insert or kind is po.Update or kind is po.Delete:
+                change(m)
+            elif kind is po.Begin:
+                self._begin(m.final_lsn)
+            elif kind is po.Commit:
+                if not self.in_txn:
+                    raise po.ProtocolError(f"source {self.source}: Commit at {po.lsn_to_str(m.commit_lsn)} "
+                                           "without a Begin")
+                self.in_txn = False
+            elif kind is po.Relation:
+                self.relations[m.relid] = m
+                self.checked.pop(m.relid, None)
+            elif kind is po.Truncate:
+                self._truncate(m)
+            # Type and Origin change nothing: unknown types are kept as text, origins are not filtered
+        self.stats.messages += n
+        if self.in_txn:
+            raise po.ProtocolError(f"source {self.source}: the slot's last transaction has no Commit")
+        return self.stats
+
+    def _begin(self, commit_lsn: int) -> None:
+        if self.in_txn:
+            raise po.ProtocolError(f"source {self.source}: Begin inside a transaction")
+        if commit_lsn <= self.last_commit:
+            raise po.ProtocolError(f"source {self.source}: commit LSN {po.lsn_to_str(commit_lsn)} does not follow "
+                                   f"{po.lsn_to_str(self.last_commit)}")
+        self.in_txn, self.last_commit = True, commit_lsn
+        self.targets = []
+        if self.start <= commit_lsn < self.end:
+            ts = reclock_lsn(self.bindings, commit_lsn)
+            assert ts is not None, "a commit below the last binding's LSN has a binding"
+            self.targets.append((ts, 1))
+        r = self.rewind
+        if r is not None and r.lo <= commit_lsn < r.hi:
+            self.targets.append((r.ts, r.sign))
+        if self.targets:
+            self.stats.transactions += 1
+        else:
+            self.stats.skipped_transactions += 1
+
+    def _output(self, relid: int) -> Output | None:
+        """The output a change of ``relid`` goes to (None: not one of the source's tables); checks the
+        relation against the registration (once per Relation message)."""
+        try:
+            return self.checked[relid]
+        except KeyError:
+            out = self._check_relation(relid)
+            self.checked[relid] = out
+            return out
+
+    def _check_relation(self, relid: int) -> Output | None:
+        rel = self.relations.get(relid)
+        if rel is None:
+            raise po.ProtocolError(f"source {self.source}: a change of relation {relid} before its Relation message")
+        out = self.by_relid.get(relid)
+        if out is None:
+            if rel.qualified in self.by_name:
+                raise PublicationMissing(self.source, rel.qualified, f"was dropped and created again (oid "
+                                         f"{self.by_name[rel.qualified].info.relid} is now {relid})",
+                                         "re-snapshot the source")
+            if self.strict:
+                raise PublicationMissing(self.source, rel.qualified, "joined the publication after the source's "
+                                         "first cycle and is none of its outputs",
+                                         "list the tables the source takes under `tables:` and re-snapshot")
+            return None
+        got = tuple((c.name, c.type_oid, c.typmod) for c in rel.columns)
+        if got != out.info.columns:
+            raise TableSchemaChanged(self.source, out.info.table, _describe_change(out.info, rel),
+                                     "re-snapshot the source to take the new columns")
+        if rel.replica_identity != "f":
+            raise ReplicaIdentityNotFull(self.source, out.info.table,
+                                         {"d": "DEFAULT", "n": "NOTHING", "i": "USING INDEX"}.get(
+                                             rel.replica_identity, rel.replica_identity))
+        return out
+
+    def _values(self, out: Output, tup: po.Tuple, old: po.Tuple | None, what: str) -> tuple:
+        """The tuple's text forms, an unchanged TOASTed value taken from the old row (never a placeholder)."""
+        cols = out.info.columns
+        if len(tup) != len(cols):
+            raise po.ProtocolError(f"source {self.source}: table {out.info.table}: a {what} tuple of {len(tup)} "
+                                   f"columns, {len(cols)} registered")
+        if po.UNCHANGED_TOAST not in tup:
+            return tup
+        vals = list(tup)
+        for i, v in enumerate(tup):
+            if v is po.UNCHANGED_TOAST:
+                v = old[i] if old is not None else po.UNCHANGED_TOAST
+                if v is po.UNCHANGED_TOAST:
+                    raise ReplicaIdentityNotFull(self.source, out.info.table, "without the old value of an "
+                                                 f"unchanged TOASTed column {cols[i][0]}")
+                vals[i] = v
+        return tuple(vals)
+
+    def _change(self, m) -> None:
+        if not self.in_txn:
+            raise po.ProtocolError(f"source {self.source}: a change outside a transaction")
+        if not self.targets:
+            return
+        out = self._output(m.relid)
+        if out is None:
+            return
+        if type(m) is po.Insert:
+            rows = [(self._values(out, m.new, None, "new"), 1)]
+        else:
+            if m.old_kind != "O":
+                raise ReplicaIdentityNotFull(self.source, out.info.table,
+                                             "not FULL (an update or delete came without the whole old row)")
+            old = self._values(out, m.old, None, "old")
+            rows = [(old, -1)]
+            if type(m) is po.Update:
+                rows.append((self._values(out, m.new, m.old, "new"), 1))
+        add = self.writer.add
+        for ts, sign in self.targets:
+            for values, diff in rows:
+                add(out.info.relid, values, ts, diff * sign)
+        self.stats.changes += len(rows) * len(self.targets)
+
+    def _truncate(self, m: po.Truncate) -> None:
+        if not self.targets:
+            return
+        for relid in m.relids:
+            out = self.by_relid.get(relid)
+            if out is not None:
+                raise TableTruncated(self.source, out.info.table, "TRUNCATE (Reclock cannot retract rows it is "
+                                     "not told)", "re-snapshot the source")
+
+
+class _CopyReader(io.RawIOBase):
+    """A ``COPY ... TO STDOUT`` as a readable byte stream (what Arrow's CSV reader reads from)."""
+
+    def __init__(self, copy) -> None:
+        self.copy = copy
+        self.pending = memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def _fill(self) -> bool:
+        """Some bytes pending, reading on if needed; False at the end of the COPY."""
+        while not self.pending:
+            data = self.copy.read()
+            if not data:
+                return False
+            self.pending = memoryview(bytes(data))
+        return True
+
+    def at_end(self) -> bool:
+        return not self._fill()
+
+    def readinto(self, buf) -> int:
+        if not self._fill():
+            return 0
+        n = min(len(buf), len(self.pending))
+        buf[:n] = self.pending[:n]
+        self.pending = self.pending[n:]
+        return n
+
+
+SNAPSHOT_BLOCK = 8 << 20
+"""Bytes of CSV Arrow parses at a time: a snapshot's memory is a block and a part, not the table."""
+
+
+def read_snapshot(conn, outputs: Sequence[Output], writer: PartWriter, ts: int, chunk: int) -> int:
+    """Every row of every table, in the snapshot ``conn``'s transaction holds, as +1 at ``ts``; returns the
+    rows read. Each table is read with ``COPY (SELECT col::text, ...) TO STDOUT (FORMAT csv)`` in the
+    session styles the stream is decoded in, parsed by Arrow's streaming CSV reader a block at a time (every
+    value a string; an unquoted empty field is NULL, a quoted one the empty string), and converted as the
+    stream's values are, so both give equal values."""
+    from pyarrow import csv
+
+    total = 0
+    for out in outputs:
+        schema, _, name = out.info.table.partition(".")
+        names = [n for n, _, _ in out.info.columns]
+        cols = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(n)) for n in names)
+        query = sql.SQL("COPY (SELECT {} FROM {}.{}) TO STDOUT (FORMAT csv)").format(
+            cols, sql.Identifier(schema), sql.Identifier(name))
+        keys = [f"c{i}" for i in range(len(names))]  # column names of our own: a table's may repeat in CSV terms
+        with conn.cursor() as cur, cur.copy(query) as copy:
+            raw = _CopyReader(copy)
+            if raw.at_end():
+                continue  # an empty table (Arrow's reader refuses an empty file)
+            reader = csv.open_csv(
+                io.BufferedReader(raw, 1 << 20),
+                read_options=csv.ReadOptions(column_names=keys, block_size=SNAPSHOT_BLOCK),
+                parse_options=csv.ParseOptions(newlines_in_values=True),
+                convert_options=csv.ConvertOptions(column_types={k: pa.string() for k in keys}, null_values=[""],
+                                                   strings_can_be_null=True, quoted_strings_can_be_null=False))
+            for batch in reader:
+                writer.add_columns(out.info.relid, batch.columns, ts, 1)
+                total += batch.num_rows
+    return total

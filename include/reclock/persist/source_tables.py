@@ -1,0 +1,50 @@
+"""The tables a Postgres source registered at its first cycle, kept in its row of ``reclock.sources``
+(``config -> 'postgres'``): each table's oid and columns, in output order (``tables``), and the timestamp
+of the binding whose write takes a snapshot (``snapshot_ts``; absent: the first binding).
+
+Written once, with the source's first binding still to come, and replaced only by a re-snapshot, in the
+transaction that appends the re-snapshot's binding: cycles compare the stream's Relation messages against
+it, so DDL never changes a collection's columns silently (``reclock.cdc``).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from psycopg.types.json import Jsonb
+
+from reclock.sources.postgres import TableInfo
+
+
+def registered_tables(conn, source: str) -> list[TableInfo] | None:
+    """The source's registered tables, or None if none were registered yet."""
+    row = conn.execute("SELECT config -> 'postgres' -> 'tables' FROM reclock.sources WHERE name = %s",
+                       (source,)).fetchone()
+    if row is None or row[0] is None:
+        return None
+    return [TableInfo.from_json(d) for d in row[0]]
+
+
+def snapshot_ts(conn, source: str) -> int | None:
+    """The timestamp of the binding a re-snapshot appended (None: the source's first binding snapshots)."""
+    row = conn.execute("SELECT (config -> 'postgres' ->> 'snapshot_ts')::bigint FROM reclock.sources WHERE name = %s",
+                       (source,)).fetchone()
+    return None if row is None else row[0]
+
+
+def replace_tables(conn, source: str, tables: Sequence[TableInfo], snapshot_at: int) -> None:
+    """A re-snapshot's registration: ``tables``, snapshotted at the binding ``snapshot_at`` (in the caller's
+    transaction, with that binding's append)."""
+    conn.execute("UPDATE reclock.sources SET config = jsonb_set(config, '{postgres}', %s) WHERE name = %s",
+                 (Jsonb({"tables": [t.to_json() for t in tables], "snapshot_ts": snapshot_at}), source))
+
+
+def register_tables(conn, source: str, tables: Sequence[TableInfo]) -> list[TableInfo]:
+    """Record ``tables`` unless the source already has tables registered; return what is registered."""
+    with conn.transaction():
+        conn.execute("UPDATE reclock.sources SET config = jsonb_set(config, '{postgres}', %s) "
+                     "WHERE name = %s AND NOT config ? 'postgres'",
+                     (Jsonb({"tables": [t.to_json() for t in tables]}), source))
+    found = registered_tables(conn, source)
+    assert found is not None, f"source {source} is registered"
+    return found

@@ -1,0 +1,92 @@
+"""What the Postgres source tests share: an upstream database, a cycle context over it, table contents."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+from pathlib import Path
+from typing import Iterator
+
+import psycopg
+
+from reclock import cycle
+from reclock.config import parse_source
+from reclock.persist import connect
+from reclock.persist.blob import LocalBlobStore
+from reclock.persist.remap_store import load_remap
+from reclock.read import read_as_of
+from reclock.sources.postgres import slot_name
+
+_names = itertools.count()
+
+
+class Clock:
+    def __init__(self, start: int = 1_700_000_000_000) -> None:
+        self.t = start
+
+    def __call__(self) -> int:
+        self.t += 1000
+        return self.t
+
+
+@contextlib.contextmanager
+def upstream_database(postgres) -> Iterator[str]:
+    """A fresh upstream database (wal_level=logical); every slot made on it is dropped afterwards."""
+    name = f"up{os.getpid()}_{next(_names)}"
+    with psycopg.connect(postgres.dsn("postgres"), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    dsn = postgres.dsn(name)
+    yield dsn
+    with psycopg.connect(postgres.dsn("postgres"), autocommit=True) as conn:
+        for (slot,) in conn.execute("SELECT slot_name FROM pg_replication_slots WHERE database = %s", (name,)).fetchall():
+            conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+        conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+def writer(dsn: str) -> psycopg.Connection:
+    """An upstream session whose commits are flushed before they return (the test cluster runs with
+    ``synchronous_commit = off``, so otherwise the flush LSN a cycle binds may lag a commit just made)."""
+    return psycopg.connect(dsn, autocommit=True, options="-c synchronous_commit=on")
+
+
+def source_name(prefix: str = "cdc") -> str:
+    return f"{prefix}{os.getpid() % 10000}_{next(_names)}"
+
+
+def make_ctx(db: str, upstream_dsn: str, tmp_path: Path, name: str, tables: list[str] | None,
+             max_records: int = 1000, publication: str = "pub") -> cycle.CycleContext:
+    raw: dict = {"postgres": {"dsn_env": "UNUSED", "publication": publication}, "budget": {"max_records": max_records}}
+    if tables is not None:
+        raw["tables"] = tables
+    return cycle.CycleContext(spec=parse_source(name, raw), dsn=db, bootstrap="",
+                              blob=LocalBlobStore(tmp_path / "blobs"), clock=Clock(),
+                              upstream_dsn=upstream_dsn, retain_history_ms=10**12)
+
+
+def contents(ctx: cycle.CycleContext, shard: str, t: int, key: str = "id") -> dict:
+    """``{key: (row, diff)}`` of ``shard`` AS OF ``t`` (every diff must be 1: a table has set semantics)."""
+    with connect(ctx.dsn) as conn:
+        table = read_as_of(conn, ctx.blob, shard, t)
+    out = {}
+    for row in table.to_pylist():
+        diff = row.pop("diff")
+        assert diff == 1, f"{shard} AS OF {t}: {row} has multiplicity {diff}"
+        assert row[key] not in out, f"{shard} AS OF {t}: key {row[key]} twice"
+        out[row[key]] = row
+    return out
+
+
+def bindings(ctx: cycle.CycleContext) -> list[tuple[int, int]]:
+    with connect(ctx.dsn) as conn:
+        rc = load_remap(conn, ctx.spec.name)
+    return [(b.ts, b.frontier.get(0)) for b in rc.bindings]
+
+
+def slot_confirmed(upstream_dsn: str, source: str) -> int | None:
+    from reclock.sources.pgoutput import lsn_to_int
+
+    with psycopg.connect(upstream_dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
+                           (slot_name(source),)).fetchone()
+    return None if row is None else lsn_to_int(row[0])

@@ -1,0 +1,535 @@
+"""The Postgres CDC source against a real upstream Postgres (wal_level=logical): snapshot, stream, one
+timestamp per transaction, the slot following the resumption frontier, and every bad case stalling."""
+
+from __future__ import annotations
+
+import decimal
+import random
+import threading
+import time
+
+import psycopg
+import pytest
+from click.testing import CliRunner
+from pg_support import bindings, contents, make_ctx, slot_confirmed, source_name, upstream_database, writer
+
+from reclock import cycle, failpoints
+from reclock import status_report as sr
+from reclock.config import Config
+from reclock.cli import main
+from reclock.errors import (ConfigError, PublicationMissing, ReplicaIdentityNotFull, SlotBusy, SlotLost,
+                            TableSchemaChanged, TableTruncated, UpperMismatch, UpstreamDataLost)
+from reclock.cdc import reclock_lsn
+from reclock.persist import connect
+from reclock.persist.shards import batches, shard_info
+from reclock.persist.status import latest_status
+from reclock.read import read_updates
+from reclock.sources import pgoutput as po
+from reclock.sources.postgres import slot_name
+
+
+@pytest.fixture
+def upstream(postgres):
+    with upstream_database(postgres) as dsn:
+        yield dsn
+
+
+def _setup(dsn: str, tables=("a", "b", "c")) -> None:
+    with writer(dsn) as conn:
+        for t in tables:
+            conn.execute(f"CREATE TABLE {t} (id int8 PRIMARY KEY, v text, n numeric(10,2), txid int8)")
+            conn.execute(f"ALTER TABLE {t} REPLICA IDENTITY FULL")
+        conn.execute(f"CREATE PUBLICATION pub FOR TABLE {', '.join(tables)}")
+
+
+def test_snapshot_then_stream(db, upstream, tmp_path):
+    _setup(upstream)
+    with writer(upstream) as up:
+        up.execute("INSERT INTO a SELECT g, 'a' || g, g / 4.0, 0 FROM generate_series(1, 50) g")
+        up.execute("INSERT INTO b VALUES (1, 'b1', 1, 0)")
+    name = source_name()
+    ctx = make_ctx(db, upstream, tmp_path, name, ["a", "public.b", "c"], max_records=7)
+    out = cycle.run_cycle(ctx)
+    assert out["descriptions"] == 1
+    (t1, l1), = bindings(ctx)
+    assert set(contents(ctx, f"{name}__a", t1)) == set(range(1, 51))
+    assert contents(ctx, f"{name}__b", t1)[1]["v"] == "b1"
+    assert contents(ctx, f"{name}__c", t1) == {}
+    assert slot_confirmed(upstream, name) == l1
+
+    with writer(upstream) as up:
+        with up.transaction():
+            up.execute("UPDATE a SET v = 'changed' WHERE id <= 10")
+            up.execute("DELETE FROM b WHERE id = 1")
+            up.execute("INSERT INTO c VALUES (5, 'c5', 2.5, 0)")
+        up.execute("DELETE FROM a WHERE id > 40")
+    cycle.run_cycle(ctx)
+    bs = bindings(ctx)
+    t2 = bs[-1][0]
+    a = contents(ctx, f"{name}__a", t2)
+    assert set(a) == set(range(1, 41)) and all(a[i]["v"] == "changed" for i in range(1, 11))
+    assert contents(ctx, f"{name}__b", t2) == {}
+    assert contents(ctx, f"{name}__c", t2)[5]["v"] == "c5"
+    assert set(contents(ctx, f"{name}__a", t1)) == set(range(1, 51))  # AS OF the first binding: unchanged
+    assert slot_confirmed(upstream, name) == bs[-1][1]
+
+    # the progress relation is (ts, lsn), in SQL and on the command line
+    with connect(db) as conn:
+        progress = conn.execute(f'SELECT ts, lsn::text FROM reclock."{name}_progress" ORDER BY ts').fetchall()
+    assert progress == [(ts, po.lsn_to_str(lsn)) for ts, lsn in bs]
+    out = CliRunner().invoke(main, ["progress", name, "--dsn", db], catch_exceptions=False).output
+    assert out.splitlines()[:3] == ["ts               lsn", *(f"{ts:<16d} {po.lsn_to_str(lsn)}" for ts, lsn in bs)]
+    assert f"shard {name}__a: upper {bs[-1][0] + 1}, since " in out
+    cfg = Config(sources={name: ctx.spec})
+    with connect(db) as conn:  # the status report degrades to "not probed" for a Postgres source's lag
+        detail = sr.source_detail(conn, name, cfg, sr.kafka_lag_probe(cfg, lambda kafka, what: "unused"))
+    text = "\n".join(sr.detail_lines(detail))
+    assert name in text and "a Postgres source" in text
+
+
+class Writer(threading.Thread):
+    """Runs transactions over the tables in its own key space and logs each: its xid and its changes."""
+
+    def __init__(self, dsn: str, index: int, stop: threading.Event, big_at: int | None = None) -> None:
+        super().__init__(daemon=True)
+        self.dsn, self.index, self.stop, self.big_at = dsn, index, stop, big_at
+        self.rng = random.Random(index)
+        self.log: list[tuple[int, list[tuple]]] = []  # (xid, [(table, op, key, row)])
+        self.live: dict[str, dict[int, tuple]] = {t: {} for t in TABLES}
+        self.next_key = index * 1_000_000
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            with writer(self.dsn) as conn:
+                n = 0
+                while not self.stop.is_set():
+                    self.transaction(conn, big=(n == self.big_at))
+                    n += 1
+                    time.sleep(self.rng.random() * 0.02)
+        except BaseException as e:  # noqa: BLE001 - reported by the test
+            self.error = e
+
+    def transaction(self, conn, big: bool) -> None:
+        ops: list[tuple] = []
+        with conn.transaction():
+            xid = conn.execute("SELECT pg_current_xact_id()::text::bigint").fetchone()[0]
+            count = 2500 if big else self.rng.randint(1, 6)
+            for _ in range(count):
+                table = "b" if big else self.rng.choice(TABLES)
+                live = self.live[table]
+                kind = "insert" if big or len(live) < 5 else self.rng.choice(["insert", "update", "delete"])
+                if kind == "insert":
+                    self.next_key += 1
+                    key = self.next_key
+                    row = (f"v{self.rng.randint(0, 10**6)}", decimal.Decimal(self.rng.randint(-10**6, 10**6)) / 100, xid)
+                    conn.execute(f"INSERT INTO {table} VALUES (%s, %s, %s, %s)", (key, *row))
+                else:
+                    key = self.rng.choice(sorted(live))
+                    if kind == "update":
+                        row = (f"u{self.rng.randint(0, 10**6)}", live[key][1], xid)
+                        conn.execute(f"UPDATE {table} SET v = %s, txid = %s WHERE id = %s", (row[0], xid, key))
+                    else:
+                        row = None
+                        conn.execute(f"DELETE FROM {table} WHERE id = %s", (key,))
+                ops.append((table, kind, key, row))
+                if row is None:
+                    live.pop(key)
+                else:
+                    live[key] = row
+        self.log.append((xid, ops))
+
+
+TABLES = ("a", "b", "c")
+
+
+def _commit_lsns(dsn: str, slot: str) -> dict[int, int]:
+    """xid -> commit LSN, from the Begin messages of an observer slot made before any write."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute("SELECT data FROM pg_logical_slot_peek_binary_changes(%s, NULL, NULL, 'proto_version', "
+                            "'1', 'publication_names', 'pub') WHERE get_byte(data, 0) = 66", (slot,)).fetchall()
+    out = {}
+    for (data,) in rows:
+        m = po.decode(data)
+        out[m.xid] = m.final_lsn
+    return out
+
+
+def _expected(writers: list[Writer], lsns: dict[int, int], upto: int) -> dict[str, dict[int, tuple]]:
+    state: dict[str, dict[int, tuple]] = {t: {} for t in TABLES}
+    for w in writers:
+        for xid, ops in w.log:
+            if lsns[xid] >= upto:
+                break  # a writer's transactions commit in order: the rest are later still
+            for table, kind, key, row in ops:
+                if row is None:
+                    state[table].pop(key)
+                else:
+                    state[table][key] = row
+    return state
+
+
+def test_concurrent_writers_every_binding_and_one_timestamp_per_transaction(db, upstream, tmp_path):
+    _setup(upstream)
+    name = source_name()
+    with writer(upstream) as conn:
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (f"observer_{name}",))
+    ctx = make_ctx(db, upstream, tmp_path, name, list(TABLES), max_records=400)
+    stop = threading.Event()
+    writers = [Writer(upstream, i, stop, big_at=15 if i == 0 else None) for i in range(3)]
+    for w in writers:
+        w.start()
+    time.sleep(0.3)
+    for _ in range(5):  # the first cycle's snapshot runs while they write
+        cycle.run_cycle(ctx)
+        time.sleep(0.2)
+    stop.set()
+    for w in writers:
+        w.join(60)
+        assert w.error is None, w.error
+    cycle.run_cycle(ctx)
+    cycle.run_cycle(ctx)
+    lsns = _commit_lsns(upstream, f"observer_{name}")
+    bs = bindings(ctx)
+    assert len(bs) >= 5 and all(w.log for w in writers)
+    assert any(len(ops) == 2500 for _, ops in writers[0].log), "the large transaction ran"
+    t1, l1 = bs[0]
+    for ts, lsn in bs:
+        want = _expected(writers, lsns, lsn)
+        for table in TABLES:
+            got = {k: (r["v"], r["n"], r["txid"]) for k, r in contents(ctx, f"{name}__{table}", ts).items()}
+            assert got == want[table], f"{table} AS OF {ts} (LSN {lsn:X})"
+    assert sum(len(ops) for w in writers for _, ops in w.log) > 2500
+    final = _expected(writers, lsns, 2**64)
+    assert {t: len(v) for t, v in final.items()} == {t: len(v) for t, v in _expected(writers, lsns, bs[-1][1]).items()}
+
+    # every row a transaction wrote carries the timestamp of the binding that covers its commit LSN
+    stamped: dict[int, set[int]] = {}
+    with connect(ctx.dsn) as conn:
+        for table in TABLES:
+            for r in read_updates(conn, ctx.blob, f"{name}__{table}").to_pylist():
+                if r["diff"] == 1 and r["ts"] > t1:
+                    stamped.setdefault(r["txid"], set()).add(r["ts"])
+        parts_b = [b for b in batches(conn, f"{name}__b") if b.rows]
+    for xid, tss in stamped.items():
+        assert tss == {reclock_lsn(bs, lsns[xid])}, f"transaction {xid}: timestamps {tss}"
+    big = next(xid for xid, ops in writers[0].log if len(ops) == 2500)
+    assert big in stamped or lsns[big] < l1
+    assert max(b.rows for b in parts_b) <= 400, "parts are bounded by the budget, whatever a transaction's size"
+    assert slot_confirmed(upstream, name) == bs[-1][1]
+
+
+def _check(ctx, writers, lsns) -> list[tuple[int, int]]:
+    """Every binding's contents equal the tables as of its LSN; every transaction's rows carry one ts."""
+    bs = bindings(ctx)
+    name = ctx.spec.name
+    for ts, lsn in bs:
+        want = _expected(writers, lsns, lsn)
+        for table in TABLES:
+            got = {k: (r["v"], r["n"], r["txid"]) for k, r in contents(ctx, f"{name}__{table}", ts).items()}
+            assert got == want[table], f"{table} AS OF {ts} (LSN {lsn:X})"
+    with connect(ctx.dsn) as conn:
+        for table in TABLES:
+            ups = read_updates(conn, ctx.blob, f"{name}__{table}")
+            for r in (ups.to_pylist() if ups is not None else []):
+                # at the first binding a row may come back as the rewind of a later change (+1 of its old
+                # row): the contents there are checked above; after it, a row is at its own transaction's ts
+                if r["diff"] == 1 and r["ts"] > bs[0][0]:
+                    assert r["ts"] == reclock_lsn(bs, lsns[r["txid"]]), r
+    return bs
+
+
+def _observer(dsn: str, name: str) -> str:
+    slot = f"observer_{name}"
+    with writer(dsn) as conn:
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+    return slot
+
+
+def test_the_seam_rows_written_between_mint_and_snapshot_appear_once(db, upstream, tmp_path):
+    _setup(upstream)
+    name = source_name()
+    observer = _observer(upstream, name)
+    w = Writer(upstream, 0, threading.Event())
+    with writer(upstream) as conn:
+        for _ in range(10):
+            w.transaction(conn, big=False)
+    ctx = make_ctx(db, upstream, tmp_path, name, list(TABLES), max_records=5)
+    minted = cycle.mint(ctx)
+    with writer(upstream) as conn:  # committed after the first binding's LSN, before the snapshot
+        for _ in range(10):
+            w.transaction(conn, big=False)
+    for d in minted.descriptions:
+        cycle.append(ctx, cycle.write_batches(ctx, d))
+    cycle.resume(ctx)
+    with connect(ctx.dsn) as conn:
+        stats = conn.execute("SELECT metrics FROM reclock.statistics WHERE name = %s AND step = 'write_batches'",
+                             (name,)).fetchone()[0]
+    assert stats["snapshot_lsn"] > stats["first_lsn"], "the snapshot is past the first binding: it was rewound"
+    cycle.run_cycle(ctx)
+    lsns = _commit_lsns(upstream, observer)
+    bs = _check(ctx, [w], lsns)
+    assert len(bs) == 2
+    last = _expected([w], lsns, 2**64)
+    assert {t: len(v) for t, v in _expected([w], lsns, bs[-1][1]).items()} == {t: len(v) for t, v in last.items()}
+
+
+@pytest.mark.parametrize("point", ["mint:after_binding", "write_batches:before_job", "write_batches:after_slice",
+                                   "append:in_transaction", "resume:after_commit"])
+def test_a_crash_at_each_step_boundary_changes_nothing(db, upstream, tmp_path, point):
+    _setup(upstream)
+    name = source_name()
+    observer = _observer(upstream, name)
+    w = Writer(upstream, 0, threading.Event())
+    ctx = make_ctx(db, upstream, tmp_path, name, list(TABLES), max_records=4)
+    with writer(upstream) as conn:
+        for round_ in range(3):
+            for _ in range(5):
+                w.transaction(conn, big=False)
+            before = slot_confirmed(upstream, name)
+            with failpoints.enabled(point), pytest.raises(failpoints.FailpointHit):
+                cycle.run_cycle(ctx)
+            if point != "resume:after_commit" and before is not None:
+                assert slot_confirmed(upstream, name) == before, "no append, no slot advance"
+            cycle.run_cycle(ctx)
+    lsns = _commit_lsns(upstream, observer)
+    bs = _check(ctx, [w], lsns)
+    assert slot_confirmed(upstream, name) == bs[-1][1]
+
+
+def _stalls(ctx, error, match):
+    with connect(ctx.dsn) as conn:
+        uppers = {s: shard_info(conn, s).upper for s in ctx.shards()}
+    for _ in range(2):  # it stays stalled
+        with pytest.raises(error, match=match):
+            cycle.run_cycle(ctx)
+    with connect(ctx.dsn) as conn:
+        assert {s: shard_info(conn, s).upper for s in ctx.shards()} == uppers, "nothing appended past it"
+        assert latest_status(conn, ctx.spec.name).status == "stalled"
+
+
+def test_a_table_without_replica_identity_full_is_refused_with_the_alter_to_run(db, upstream, tmp_path):
+    _setup(upstream)
+    with writer(upstream) as conn:
+        conn.execute("ALTER TABLE b REPLICA IDENTITY DEFAULT")
+    ctx = make_ctx(db, upstream, tmp_path, source_name(), list(TABLES))
+    with pytest.raises(ReplicaIdentityNotFull, match=r'table public\.b: .*run: ALTER TABLE "public"\."b" REPLICA '
+                                                     r"IDENTITY FULL;"):
+        cycle.run_cycle(ctx)
+    with writer(upstream) as conn:
+        conn.execute('ALTER TABLE "public"."b" REPLICA IDENTITY FULL')
+        conn.execute("INSERT INTO b VALUES (1, 'x', 1, 0)")
+    cycle.run_cycle(ctx)
+    assert set(contents(ctx, f"{ctx.spec.name}__b", bindings(ctx)[-1][0])) == {1}
+    with writer(upstream) as conn:  # changed back later: the next cycle stalls
+        conn.execute("ALTER TABLE b REPLICA IDENTITY DEFAULT")
+    _stalls(ctx, ReplicaIdentityNotFull, "table public.b")
+
+
+@pytest.mark.parametrize("change,error,match", [
+    ("TRUNCATE a", TableTruncated, r"table public\.a: TRUNCATE"),
+    ("ALTER TABLE a ADD COLUMN z int; INSERT INTO a VALUES (99, 'z', 1, 0, 1)", TableSchemaChanged,
+     r"table public\.a: DDL changed its columns: column z added"),
+    ("ALTER TABLE a ALTER COLUMN v TYPE varchar(20); INSERT INTO a VALUES (98, 'y', 1, 0)", TableSchemaChanged,
+     r"column v changed type"),
+    ("SELECT pg_drop_replication_slot('{slot}')", SlotLost, "does not exist"),
+    ("DROP PUBLICATION pub", PublicationMissing, "publication pub does not exist"),
+    ("DROP TABLE c", PublicationMissing, r"table public\.c: not in publication pub"),
+    ("SELECT pg_replication_slot_advance('{slot}', pg_current_wal_lsn())", SlotLost, r"past .* where the shards "
+     "need changes from"),
+])
+def test_bad_changes_stall_the_source_naming_the_table(db, upstream, tmp_path, change, error, match):
+    _setup(upstream)
+    ctx = make_ctx(db, upstream, tmp_path, source_name(), list(TABLES))
+    with writer(upstream) as conn:
+        conn.execute("INSERT INTO a VALUES (1, 'one', 1, 0)")
+    cycle.run_cycle(ctx)
+    with writer(upstream) as conn:
+        conn.execute("INSERT INTO a VALUES (2, 'two', 2, 0)")  # before the bad change, in the same binding
+        for stmt in change.format(slot=slot_name(ctx.spec.name)).split("; "):
+            conn.execute(stmt)
+    _stalls(ctx, error, match)
+    assert issubclass(SlotLost, UpstreamDataLost)
+
+
+def test_an_idle_source_follows_the_wal_and_pins_none(db, upstream, postgres, tmp_path):
+    _setup(upstream)
+    ctx = make_ctx(db, upstream, tmp_path, source_name(), list(TABLES))
+    cycle.run_cycle(ctx)
+    slot = slot_name(ctx.spec.name)
+
+    def restart_lsn() -> int:
+        with writer(upstream) as conn:
+            return po.lsn_to_int(conn.execute("SELECT restart_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
+                                              (slot,)).fetchone()[0])
+
+    first = restart_lsn()
+    with writer(postgres.dsn("postgres")) as other:  # WAL from elsewhere: no published table changes
+        other.execute("CREATE TABLE IF NOT EXISTS idle_noise (x text)")
+        other.execute("INSERT INTO idle_noise SELECT repeat('x', 100) FROM generate_series(1, 20000)")
+        other.execute("DROP TABLE idle_noise")
+    out = cycle.run_cycle(ctx)
+    assert out["minted"] is not None  # the flush LSN moved: a binding, and the slot follows it
+    bs = bindings(ctx)
+    assert slot_confirmed(upstream, ctx.spec.name) == bs[-1][1] > bs[-2][1]
+    assert restart_lsn() > first, "the slot let go of the WAL it no longer needs"
+    assert all(contents(ctx, s, bs[-1][0]) == {} for s in ctx.shards()[:-1])
+
+
+def test_every_type_reads_the_same_from_the_snapshot_and_the_stream_and_toast_is_filled(db, upstream, tmp_path):
+    cols = ("b bool, s int2, i int4, n numeric(12,2), f4 float4, f8 float8, txt text, vc varchar(20), "
+            "tsp timestamp, tz timestamptz, d date, j jsonb, js json, u uuid, by bytea, big text, nul text, "
+            "word text, empty varchar(3)")
+    values = ("true, -5, 7, -1234.50, 1.5, 'NaN', E'h\\u00e9,\"l\"\\nlo', 'v', '2024-01-02 03:04:05.123456', "
+              "'2024-01-02 03:04:05+02', '2024-02-29', '{\"a\": [1]}', '{\"b\":2}', "
+              "'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', '\\x00ff', repeat('x', 100000), NULL, 'NULL', ''")
+    with writer(upstream) as conn:
+        conn.execute(f"CREATE TABLE t (id int8 PRIMARY KEY, {cols})")
+        conn.execute("ALTER TABLE t REPLICA IDENTITY FULL")
+        conn.execute("ALTER TABLE t ALTER COLUMN big SET STORAGE EXTERNAL")
+        conn.execute("CREATE PUBLICATION pub FOR TABLE t")
+        conn.execute(f"INSERT INTO t VALUES (1, {values})")
+    ctx = make_ctx(db, upstream, tmp_path, source_name(), ["t"])
+    cycle.run_cycle(ctx)
+    with writer(upstream) as conn:
+        conn.execute(f"INSERT INTO t VALUES (2, {values})")
+        conn.execute("UPDATE t SET i = 8 WHERE id = 1")  # big is unchanged: sent as 'u', taken from the old row
+    cycle.run_cycle(ctx)
+    rows = contents(ctx, f"{ctx.spec.name}__t", bindings(ctx)[-1][0])
+    one, two = rows[1], rows[2]
+    assert one.pop("i") == 8 and two.pop("i") == 7
+    assert one.pop("id") == 1 and two.pop("id") == 2
+    nan1, nan2 = one.pop("f8"), two.pop("f8")
+    assert nan1 != nan1 and nan2 != nan2
+    assert one == two
+    assert one["big"] == "x" * 100000 and one["by"] == b"\x00\xff" and str(one["n"]) == "-1234.50"
+    assert one["tz"].isoformat() == "2024-01-02T01:04:05+00:00"
+    assert (one["txt"], one["nul"], one["word"], one["empty"]) == ('hé,"l"\nlo', None, "NULL", "")
+
+
+def test_a_column_named_like_the_collections_own_is_refused(db, upstream, tmp_path):
+    with writer(upstream) as conn:
+        conn.execute("CREATE TABLE t (id int8 PRIMARY KEY, ts timestamp)")
+        conn.execute("ALTER TABLE t REPLICA IDENTITY FULL")
+        conn.execute("CREATE PUBLICATION pub FOR TABLE t")
+    ctx = make_ctx(db, upstream, tmp_path, source_name(), None)  # every table of the publication
+    with pytest.raises(ConfigError, match=r"table public\.t has column\(s\) ts"):
+        cycle.run_cycle(ctx)
+
+
+@pytest.mark.parametrize("change,error", [
+    ("TRUNCATE a; INSERT INTO a VALUES (7, 'seven', 7, 0)", TableTruncated),
+    ("ALTER TABLE a ADD COLUMN z int; UPDATE a SET z = 5 WHERE id = 1", TableSchemaChanged),
+    ("SELECT pg_drop_replication_slot('{slot}')", SlotLost),
+])
+def test_resnapshot_after_a_stall_starts_over_at_a_new_timestamp(db, upstream, tmp_path, change, error):
+    _setup(upstream)
+    ctx = make_ctx(db, upstream, tmp_path, source_name(), list(TABLES))
+    with writer(upstream) as conn:
+        conn.execute("INSERT INTO a VALUES (1, 'one', 1, 0), (2, 'two', 2, 0)")
+        conn.execute("INSERT INTO b VALUES (1, 'b', 1, 0)")
+    cycle.run_cycle(ctx)
+    before = bindings(ctx)
+    with writer(upstream) as conn:
+        conn.execute("INSERT INTO b VALUES (2, 'b2', 2, 0)")
+        for stmt in change.format(slot=slot_name(ctx.spec.name)).split("; "):
+            conn.execute(stmt)
+    with pytest.raises(error):
+        cycle.run_cycle(ctx)
+    out = cycle.resnapshot(ctx)
+    assert out["ts"] > before[-1][0]
+    with writer(upstream) as conn:
+        conn.execute("INSERT INTO c VALUES (1, 'after', 1, 0)")
+    cycle.run_cycle(ctx)
+    cycle.run_cycle(ctx)
+    bs = bindings(ctx)
+    name = ctx.spec.name
+    with writer(upstream) as conn:
+        want = {t: {r[0]: r for r in conn.execute(f"SELECT * FROM {t}").fetchall()} for t in TABLES}
+    for t in TABLES:
+        got = contents(ctx, f"{name}__{t}", bs[-1][0])
+        assert {k: tuple(r.values()) for k, r in got.items()} == want[t], t
+    assert set(contents(ctx, f"{name}__a", before[-1][0])) == {1, 2}, "history before the stall stays as it was"
+    assert set(contents(ctx, f"{name}__b", out["ts"])) == {1, 2}, "the re-snapshot holds what happened meanwhile"
+    with connect(db) as conn:
+        assert latest_status(conn, name).status == "running"
+
+
+def test_a_slot_invalidated_by_max_slot_wal_keep_size_is_upstream_data_lost(db, upstream, postgres, tmp_path):
+    _setup(upstream)
+    ctx = make_ctx(db, upstream, tmp_path, source_name(), list(TABLES))
+    cycle.run_cycle(ctx)
+    with writer(postgres.dsn("postgres")) as admin:
+        admin.execute("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'")
+        admin.execute("SELECT pg_reload_conf()")
+        try:
+            with writer(upstream) as conn:
+                for _ in range(3):  # WAL the slot holds, well past what it may keep; then a checkpoint removes it
+                    conn.execute("INSERT INTO a SELECT g, repeat('x', 200), 1, 0 FROM generate_series(1, 40000) g")
+                    conn.execute("DELETE FROM a")
+                    conn.execute("SELECT pg_switch_wal()")
+                conn.execute("CHECKPOINT")
+                status = conn.execute("SELECT wal_status FROM pg_replication_slots WHERE slot_name = %s",
+                                      (slot_name(ctx.spec.name),)).fetchone()[0]
+            assert status == "lost"
+            with pytest.raises(SlotLost, match="was invalidated"):
+                cycle.run_cycle(ctx)
+        finally:
+            admin.execute("ALTER SYSTEM RESET max_slot_wal_keep_size")
+            admin.execute("SELECT pg_reload_conf()")
+
+
+def test_two_cycles_at_once_give_the_same_contents_and_timestamps(db, upstream, tmp_path):
+    _setup(upstream)
+    name = source_name()
+    observer = _observer(upstream, name)
+    w = Writer(upstream, 0, threading.Event())
+    ctxs = [make_ctx(db, upstream, tmp_path, name, list(TABLES), max_records=50) for _ in range(2)]
+    for c in ctxs[1:]:
+        c.clock = ctxs[0].clock
+    failures: list[BaseException] = []
+
+    def run(ctx) -> None:
+        try:
+            cycle.run_cycle(ctx)
+        except (UpperMismatch, SlotBusy) as e:  # the loser of a race fails loudly and changes nothing
+            failures.append(e)
+
+    with writer(upstream) as conn:
+        for _ in range(6):
+            for _ in range(4):
+                w.transaction(conn, big=False)
+            threads = [threading.Thread(target=run, args=(c,)) for c in ctxs]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(120)
+    cycle.run_cycle(ctxs[0])
+    bs = _check(ctxs[0], [w], _commit_lsns(upstream, observer))
+    assert slot_confirmed(upstream, name) == bs[-1][1]
+    assert _expected([w], _commit_lsns(upstream, observer), bs[-1][1]) == _expected([w], _commit_lsns(upstream, observer), 2**64)
+
+
+def test_a_table_joining_the_publication_stalls_a_source_of_every_table_until_resnapshot(db, upstream, tmp_path):
+    _setup(upstream, tables=("a", "b"))
+    ctx = make_ctx(db, upstream, tmp_path, source_name(), None)  # every table of the publication
+    name = ctx.spec.name
+    with writer(upstream) as conn:
+        conn.execute("INSERT INTO a VALUES (1, 'one', 1, 0)")
+    cycle.run_cycle(ctx)
+    assert ctx.shards() == (f"{name}__a", f"{name}__b", f"{name}_errors")
+    first = bindings(ctx)[-1][0]
+    with writer(upstream) as conn:
+        conn.execute("CREATE TABLE c (id int8 PRIMARY KEY, v text, n numeric(10,2), txid int8)")
+        conn.execute("ALTER TABLE c REPLICA IDENTITY FULL")
+        conn.execute("ALTER PUBLICATION pub ADD TABLE c")
+        conn.execute("INSERT INTO c VALUES (1, 'c1', 1, 0)")
+    _stalls(ctx, PublicationMissing, r"table public\.c: joined the publication after the source's first cycle")
+    out = cycle.resnapshot(ctx)
+    assert out["tables"] == ["public.a", "public.b", "public.c"]
+    cycle.run_cycle(ctx)
+    assert ctx.shards() == (f"{name}__a", f"{name}__b", f"{name}__c", f"{name}_errors")
+    last = bindings(ctx)[-1][0]
+    assert set(contents(ctx, f"{name}__c", last)) == {1}
+    assert contents(ctx, f"{name}__c", first) == {}, "the new table's collection is empty before the re-snapshot"
+    assert set(contents(ctx, f"{name}__a", first)) == set(contents(ctx, f"{name}__a", last)) == {1}

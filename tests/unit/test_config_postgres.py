@@ -1,0 +1,58 @@
+"""A Postgres source's config: the publication, where its DSN comes from, its tables and their collections."""
+
+from __future__ import annotations
+
+import pytest
+
+from reclock.config import parse_config, parse_source
+from reclock.errors import ConfigError
+
+PG = {"postgres": {"connection": "shop_db", "publication": "shop_pub"}}
+
+
+def test_tables_become_collections_named_after_the_source():
+    spec = parse_source("shop", {**PG, "tables": ["public.orders", "items", "sales.orders"]})
+    assert spec.kind == "postgres" and spec.kafka is None
+    assert spec.postgres.tables == ("public.orders", "public.items", "sales.orders")
+    assert spec.shards == ("shop__orders", "shop__items", "shop__sales__orders", "shop_errors")
+    assert parse_source("shop", PG).shards == ("shop_errors",)  # learned at the first cycle
+    env = parse_source("shop", {"postgres": {"dsn_env": "SHOP_DSN", "publication": "p"}})
+    assert env.postgres.dsn_env == "SHOP_DSN" and env.postgres.connection is None
+
+
+@pytest.mark.parametrize("raw,match", [
+    ({"postgres": {"publication": "p"}}, "exactly one of `connection:`"),
+    ({"postgres": {"connection": "c", "dsn_env": "E", "publication": "p"}}, "exactly one of"),
+    ({"postgres": {"dsn": "postgresql://u:secret@h/db", "publication": "p"}}, "credentials"),
+    ({"postgres": {"connection": "c"}}, "`publication` is required"),
+    ({"postgres": {"connection": "c", "publication": "Bad-Name"}}, "publication"),
+    ({**PG, "tables": []}, "non-empty list"),
+    ({**PG, "tables": ["public.Orders"]}, "lower-case unquoted"),
+    ({**PG, "tables": ["orders", "public.orders"]}, "listed twice: shop__orders"),
+    ({**PG, "tables": ["a." + "x" * 60]}, "collection name"),
+    ({**PG, "kafka": {"topic": "t"}}, "not both"),
+    ({**PG, "envelope": "upsert"}, "unknown key"),
+    ({"kafka": {"topic": "t"}, "tables": ["a"]}, "belongs to a Postgres source"),
+    ({**PG, "budget": {"max_records": 0}}, "positive"),
+])
+def test_bad_postgres_config_is_refused_saying_why(raw, match):
+    with pytest.raises(ConfigError, match=match):
+        parse_source("shop", raw)
+
+
+def test_a_sink_may_read_a_table_collection():
+    cfg = parse_config({"sources": {"shop": {**PG, "tables": ["orders"]}},
+                        "sinks": {"out": {"from": "shop__orders", "kafka": {"topic": "o", "bootstrap": "x:1"}}}})
+    assert cfg.sink("out").collection == "shop__orders"
+
+
+def test_the_upstream_dsn_comes_from_the_named_environment_variable(monkeypatch):
+    from reclock.errors import SettingError
+    from reclock.orchestration.settings import find_upstream_dsn
+
+    spec = parse_source("shop", {"postgres": {"dsn_env": "SHOP_DSN", "publication": "p"}})
+    monkeypatch.setenv("SHOP_DSN", "postgresql://u@h/db")
+    assert find_upstream_dsn(spec.postgres, "source shop") == "postgresql://u@h/db"
+    monkeypatch.delenv("SHOP_DSN")
+    with pytest.raises(SettingError, match="SHOP_DSN"):
+        find_upstream_dsn(spec.postgres, "source shop")
