@@ -181,16 +181,32 @@ def restart_postgres(svc: Services) -> None:
          "-t", "60", "-o", f"-p {pg.port}", "restart"], "pg_ctl restart", user=_run_as(), timeout=90)
 
 
+def _start_again(service, what: str, tries: int = 20) -> None:
+    """Start ``service`` again, waiting while its port is still held by the killed process (the kernel frees
+    it a moment later): a restart that gave up would leave the service down for the rest of the campaign."""
+    from reclock.errors import StackError
+
+    for attempt in range(tries):
+        try:
+            service.start(timeout=180)
+            return
+        except StackError as e:
+            if "taken" not in str(e) or attempt == tries - 1:
+                raise
+            _echo(f"{what}: {e}; trying again in 3 s")
+            time.sleep(3)
+
+
 def restart_kafka(svc: Services, down_s: float) -> None:
     _kill_group(svc.kafka.pidfile)
     time.sleep(down_s)
-    svc.kafka.start(timeout=180)
+    _start_again(svc.kafka, "kafka")
 
 
 def restart_spark(svc: Services, down_s: float) -> None:
     _kill_group(svc.spark.pidfile)
     time.sleep(down_s)
-    svc.spark.start(timeout=180)
+    _start_again(svc.spark, "spark connect")
 
 
 # ------------------------------------------------------------------------------------------ the workload
