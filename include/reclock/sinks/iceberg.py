@@ -85,7 +85,7 @@ TS_COLUMN = "_reclock_ts"
 DIFF_COLUMN = "_reclock_diff"
 NO_RETRIES = {"commit.retry.num-retries": "0"}
 """A retried append would be re-applied on top of another writer's snapshot: a duplicate (see the module)."""
-TABLE_PROPERTIES = {**NO_RETRIES, "format-version": "2", "write.target-file-size-bytes": str(67108864)}
+TABLE_PROPERTIES = {**NO_RETRIES, "format-version": "2", "write.target-file-size-bytes": str(128 * 1024 * 1024)}
 """A table the sink creates: no commit retries; data files of 128 MiB of Arrow data (pyiceberg counts the
 in-memory size: some 15-40 MiB of Parquet), so a commit's first files are written while its later
 updates are still read."""
