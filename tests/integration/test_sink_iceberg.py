@@ -347,6 +347,13 @@ def test_a_new_sink_starts_with_the_snapshot_as_of_since_and_keeps_a_ts_whole(db
     # one commit per ts at a budget of one row: the snapshot (ts <= 3) whole, ts 5 whole (two parts), ts 7
     assert frontiers == [5, 7, 8]
     check_table(ctx)
+    with connect(db) as conn:  # times pass without updates: the frontier moves in a commit without files
+        compare_and_append(conn, [Append("snap", BatchDescription(8, 10), ())])
+    assert (run_once(ctx).frontier, run_once(ctx).commits) == (10, 0)
+    table = load_table(ctx)
+    assert [int(s.summary[FRONTIER]) for s in table.snapshots()] == [5, 7, 8, 10]
+    assert table.current_snapshot().summary.get("added-data-files") is None
+    check_table(ctx)
 
 
 def test_retraction_in_an_append_layout_fails_and_commits_nothing(db, tmp_path):
@@ -405,3 +412,28 @@ def test_warehouse_on_s3(db, s3, tmp_path):
     assert table.location().startswith(f"s3://{s3.bucket}/warehouse")
     assert all(t.file.file_path.startswith("s3://") for t in table.scan().plan_files())
     check_table(ctx)
+
+
+def test_reclock_sink_run_status_and_drop_commands(db, tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from reclock.cli import main
+
+    blob = hand_made(db, tmp_path, "clisrc", [[(1, 1, 1), (2, 1, 1)]])
+    config = tmp_path / "cli.yaml"
+    config.write_text(yaml.safe_dump({
+        "sources": {"clisrc": {"kafka": {"topic": "t", "bootstrap": "127.0.0.1:9"}, "format": {"type": "bytes"}}},
+        "sinks": {"cli_lake": {"from": "clisrc", "iceberg": {"table": "lake.cli"}}}}))
+    for var in ("RECLOCK_ICEBERG_CATALOG_URI", "RECLOCK_ICEBERG_WAREHOUSE"):
+        monkeypatch.delenv(var, raising=False)
+    opts = ["--config", str(config), "--dsn", db, "--blob-url", str(blob.root)]
+    runner = CliRunner()
+    before = runner.invoke(main, ["sink", "status", "cli_lake", *opts])
+    assert before.exit_code == 0 and "progress: table not created yet" in before.output, before.output
+    run = runner.invoke(main, ["sink", "run", "cli_lake", *opts])
+    assert run.exit_code == 0 and "frontier 2: 2 rows" in run.output, run.output
+    after = runner.invoke(main, ["sink", "status", "cli_lake", *opts])
+    assert "Iceberg table lake.cli (append)" in after.output and "progress: frontier 2" in after.output
+    assert "read hold 1; lag 0 ms" in after.output, after.output
+    dropped = runner.invoke(main, ["sink", "drop", "cli_lake", *opts])
+    assert dropped.exit_code == 0 and "read hold released" in dropped.output, dropped.output

@@ -56,6 +56,7 @@ shard at ``frontier - 1``, like the Kafka sink, so compaction never passes what 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
 from dataclasses import dataclass
 from typing import Iterator
@@ -87,8 +88,8 @@ NO_RETRIES = {"commit.retry.num-retries": "0"}
 """A retried append would be re-applied on top of another writer's snapshot: a duplicate (see the module)."""
 TABLE_PROPERTIES = {**NO_RETRIES, "format-version": "2", "write.target-file-size-bytes": str(128 * 1024 * 1024)}
 """A table the sink creates: no commit retries; data files of 128 MiB of Arrow data (pyiceberg counts the
-in-memory size: some 15-40 MiB of Parquet), so a commit's first files are written while its later
-updates are still read."""
+in-memory size: some 15-40 MiB of Parquet), the chunk a commit is written in, so memory stays small and
+a commit's first files are written while its later updates are still read."""
 CONFLICT_RETRIES = 5
 READ_AHEAD = 2
 """Tables of updates read (and consolidated) ahead on a helper thread while pyiceberg writes (bounds memory)."""
@@ -475,8 +476,12 @@ class IcebergSink:
             ahead.close()
 
     def _commit_all(self, conn, table, schema: pa.Schema, items: _Peek, upper: int, t0: float) -> SinkResult:
-        """Commit ``items`` in budget-sized commits, each with its frontier, up to ``upper``."""
+        """Commit ``items`` in budget-sized commits, each with its frontier, up to ``upper``. A commit's data
+        files are written a chunk (a file's worth) at a time with pyiceberg's own writer (what
+        ``Transaction.append`` calls), so memory holds one chunk and the updates read ahead, however large
+        the commit: a new sink's snapshot is one commit whatever its size."""
         from pyiceberg.expressions import AlwaysTrue
+        from pyiceberg.io.pyarrow import _dataframe_to_data_files
 
         spec = self.ctx.spec
         commits = rows = nbytes = 0
@@ -484,8 +489,6 @@ class IcebergSink:
         while True:
             props = {SINK: spec.name, COLLECTION: spec.collection}
             counts = [0, 0]
-            reader = pa.RecordBatchReader.from_batches(
-                schema, self._batches(items, props, counts, upper, schema))
             if table.metadata.properties.get("commit.retry.num-retries") != "0":
                 raise SinkRefused(spec.name, f"table {spec.table}: commit.retry.num-retries is not 0, so a "
                                   "conflicting commit would be re-applied (a duplicate); nothing was committed")
@@ -493,7 +496,13 @@ class IcebergSink:
             tx = table.transaction()
             if self.begin.replace:
                 tx.delete(AlwaysTrue())
-            tx.append(reader, snapshot_properties=props)
+            chunks = _chunks(self._batches(items, props, counts, upper, schema), schema, _chunk_bytes(table))
+            with tx.update_snapshot(snapshot_properties=props).fast_append() as append:
+                files = itertools.count(0)
+                for chunk in chunks:  # written (its files in parallel) before the next chunk is taken
+                    for data_file in _dataframe_to_data_files(tx.table_metadata, chunk, table.io,
+                                                              write_uuid=append.commit_uuid, counter=files):
+                        append.append_data_file(data_file)
             new_frontier = int(props[FRONTIER])
             staged = tx.table_metadata.current_snapshot()
             if staged is None or staged.summary.get(FRONTIER) != str(new_frontier) or (
@@ -519,7 +528,8 @@ class IcebergSink:
                  schema: pa.Schema) -> Iterator[pa.RecordBatch]:
         """One commit's record batches: tables from ``items`` until the budget is reached at a point where a
         commit may end; sets ``props[FRONTIER]`` to where the commit ends (the next table's first ts, or
-        ``upper``) before it stops, i.e. before pyiceberg builds the snapshot summary from ``props``."""
+        ``upper``) before it stops, i.e. before pyiceberg builds the snapshot summary from ``props`` (and
+        ``_commit_all`` checks the staged summary before committing)."""
         budget = self.ctx.spec.budget
         last_ts = None  # the last ts written in this commit
         while True:
@@ -542,6 +552,25 @@ class IcebergSink:
             counts[1] += shaped.nbytes
             last_ts = int(updates["ts"][-1].as_py())
             yield from shaped.to_batches()
+
+
+def _chunk_bytes(table) -> int:
+    """A chunk of a commit: one data file's worth of Arrow bytes (the table's target file size)."""
+    return int(table.metadata.properties.get("write.target-file-size-bytes", 512 * 1024 * 1024))
+
+
+def _chunks(batches: Iterator[pa.RecordBatch], schema: pa.Schema, size: int) -> Iterator[pa.Table]:
+    """``batches`` gathered into tables of about ``size`` bytes (the last one smaller)."""
+    buf: list[pa.RecordBatch] = []
+    n = 0
+    for b in batches:
+        buf.append(b)
+        n += b.nbytes
+        if n >= size:
+            yield pa.Table.from_batches(buf, schema)
+            buf, n = [], 0
+    if buf:
+        yield pa.Table.from_batches(buf, schema)
 
 
 def run_once(ctx: IcebergSinkContext, fresh: bool = False) -> SinkResult:
