@@ -47,6 +47,12 @@ Every timestamp's updates are consolidated (summed by row, zeros dropped) before
 sink first writes the collection AS OF its since, at ``_reclock_ts = since``, streamed a cluster of parts
 at a time (so in a changelog table that first timestamp may hold pairs of rows that cancel out).
 
+**Memory.** The parts are read a cluster of row groups at a time (:class:`reclock.read.UpdateReader`), two
+clusters ahead on a helper thread, and a commit's data files are written one file's worth (the table's
+``write.target-file-size-bytes`` of Arrow data) at a time with pyiceberg's own writer
+(``pyiceberg.io.pyarrow._dataframe_to_data_files``, private: pinned with pyiceberg 0.12.0), so memory is
+bounded by a file and two clusters, also in a new sink's snapshot commit, whatever its size.
+
 The table is created by the sink (unpartitioned, format version 2) when it does not exist; a table that
 already holds data written by anyone but this sink is refused unless the sink starts ``fresh``, which
 replaces the table's contents with the snapshot in its first commit. The sink holds a read hold on the
