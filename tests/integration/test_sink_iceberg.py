@@ -381,6 +381,11 @@ def test_refuses_foreign_data_unless_fresh_and_fresh_replaces_it(db, tmp_path):
     other = IcebergSinkContext(spec=replace(spec, name="other"), dsn=db, blob=blob, catalog=ctx.catalog)
     with pytest.raises(SinkRefused, match="written by sink guard_lake"):
         run_once(other)
+    # the same sink pointed at another collection whose upper is behind the table's frontier (2)
+    hand_made(db, tmp_path, "behind", [[(1, 0, 1)]])
+    moved = IcebergSinkContext(spec=replace(spec, collection="behind"), dsn=db, blob=blob, catalog=ctx.catalog)
+    with pytest.raises(SinkRefused, match="frontier 2, beyond behind's upper 1"):
+        run_once(moved)
 
 
 def test_read_hold_stops_compaction_and_drop_releases_it(db, kafka, topic, spark, tmp_path):

@@ -350,6 +350,12 @@ class IcebergSink:
                 tx.set_properties(NO_RETRIES)
         if found.frontier is not None and not fresh:
             with self.ctx.connect() as conn:
+                upper = shard_info(conn, spec.collection).upper
+                if found.frontier > upper:  # the table was written from another shard (rebuilt, another database)
+                    raise SinkRefused(spec.name, f"table {spec.table} says frontier {found.frontier}, beyond "
+                                      f"{spec.collection}'s upper {upper}: it was not written from this "
+                                      "collection, and resuming would skip the times in between; start it "
+                                      "fresh (`--fresh`) to rewrite the table")
                 try:  # frontier <= since: the shard was compacted past what the table holds
                     acquire_read_hold(conn, spec.collection, spec.holder, found.frontier - 1)
                 except SinceViolation:
