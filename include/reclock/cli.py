@@ -299,19 +299,20 @@ def _echo_status(status) -> None:
 
 @main.group()
 def sink() -> None:
-    """Exactly-once Kafka sinks: run one, see where it is, drop it."""
+    """Exactly-once sinks (Kafka topics, Iceberg tables): run one, see where it is, drop it."""
 
 
 def _sink_ctx(name: str, config: str | None, dsn: str | None, blob_url: str | None, bootstrap: str | None):
     from reclock.config import load_config
 
-    return _settings().sink_context(load_config(config).sink(name), dsn=dsn, blob_url=blob_url,
-                                    bootstrap=bootstrap)
+    return _settings().any_sink_context(load_config(config).sink(name), dsn=dsn, blob_url=blob_url,
+                                        bootstrap=bootstrap)
 
 
 @sink.command("run")
 @click.argument("name")
-@click.option("--fresh", is_flag=True, help="Start anew with a snapshot even though the topic holds data.")
+@click.option("--fresh", is_flag=True, help="Start anew with a snapshot even though the topic (or table) holds "
+              "data (an Iceberg table's contents are replaced).")
 @click.option("--follow", type=float, default=None, metavar="SECONDS",
               help="Keep running: look for new appends every SECONDS.")
 @_config
@@ -319,10 +320,27 @@ def _sink_ctx(name: str, config: str | None, dsn: str | None, blob_url: str | No
 @_blob
 @_bootstrap
 def sink_run(name: str, fresh: bool, follow: float | None, **settings: str | None) -> None:
-    """Write sink NAME's collection to Kafka, exactly once, up to its upper (then stop, or --follow)."""
+    """Write sink NAME's collection to its Kafka topic or Iceberg table, exactly once, up to its upper (then
+    stop, or --follow)."""
+    from reclock.sinks.iceberg import IcebergSink, IcebergSinkContext
     from reclock.sinks.kafka import KafkaSink
 
-    sink = KafkaSink(_sink_ctx(name, **settings))
+    ctx = _sink_ctx(name, **settings)
+    if isinstance(ctx, IcebergSinkContext):
+        ice = IcebergSink(ctx)
+        ice.start(fresh)
+        b = ice.begin
+        click.echo(f"sink {name}: started at frontier {b.frontier} of table {ctx.spec.table}"
+                   + (f", snapshot AS OF {b.snapshot_at} first" if b.snapshot_at is not None else ""), err=True)
+        while True:
+            r = ice.step()
+            if r.commits or follow is None:
+                click.echo(f"sink {name}: frontier {r.frontier}: {r.rows} rows, {r.bytes} bytes in {r.commits} "
+                           "commits", err=True)
+            if follow is None:
+                return
+            time.sleep(follow)
+    sink = KafkaSink(ctx)
     sink.start(fresh)
     b = sink.begin
     click.echo(f"sink {name}: started (older instances fenced) at frontier {b.frontier}, version {b.version}"
@@ -341,27 +359,42 @@ def sink_run(name: str, fresh: bool, follow: float | None, **settings: str | Non
 @click.argument("name")
 @_config
 @_dsn
+@_blob
 @_bootstrap
-def sink_status(name: str, config: str | None, dsn: str | None, bootstrap: str | None) -> None:
-    """Print sink NAME's progress record, read hold, lag and latest status."""
-    from reclock.config import load_config
+def sink_status(name: str, config: str | None, dsn: str | None, blob_url: str | None, bootstrap: str | None) -> None:
+    """Print sink NAME's progress (its progress record, or its Iceberg table's frontier), read hold, lag and
+    latest status."""
+    from reclock.config import IcebergSinkSpec, load_config
     from reclock.persist import connect
     from reclock.persist.shards import read_holds, shard_info
     from reclock.persist.status import latest_status
+    from reclock.sinks.iceberg import table_frontier
     from reclock.sinks.kafka import read_progress
 
     s = _settings()
     spec = load_config(config).sink(name)
-    brokers = s.find_bootstrap(spec.kafka, f"sink {name}", bootstrap)
-    with connect(s.find_dsn(dsn)) as conn:
+    if isinstance(spec, IcebergSinkSpec):
+        ctx = s.iceberg_sink_context(spec, dsn=dsn, blob_url=blob_url)
+        tf = table_frontier(ctx)
+        frontier = tf.frontier if tf else None
+        target = f"Iceberg table {spec.table} ({spec.layout})"
+        progress = ("table not created yet" if tf is None else "none yet" if frontier is None
+                    else f"frontier {frontier} (snapshot {tf.snapshot_id})")
+    else:
+        brokers = s.find_bootstrap(spec.kafka, f"sink {name}", bootstrap)
         p = read_progress(brokers, spec.progress_topic, name)
+        frontier = p.frontier if p else None
+        target = f"{spec.kafka.topic} ({spec.format})"
+        progress = "none yet" if p is None else f"frontier {p.frontier}, version {p.version}"
+    with connect(s.find_dsn(dsn)) as conn:
         info = shard_info(conn, spec.collection)
         hold = next((h for h in read_holds(conn, spec.collection) if h.holder == spec.holder), None)
         status = latest_status(conn, name)
-    click.echo(f"sink {name}: {spec.collection} -> {spec.kafka.topic} ({spec.format})")
-    click.echo(f"progress: {'none yet' if p is None else f'frontier {p.frontier}, version {p.version}'}")
+    click.echo(f"sink {name}: {spec.collection} -> {target}")
+    click.echo(f"progress: {progress}")
     click.echo(f"{spec.collection}: upper {info.upper}, since {info.since}; read hold "
-               f"{hold.ts if hold else 'none'}; lag {info.upper - p.frontier if p else info.upper - info.since} ms")
+               f"{hold.ts if hold else 'none'}; lag "
+               f"{info.upper - frontier if frontier is not None else info.upper - info.since} ms")
     _echo_status(status)
 
 
@@ -373,9 +406,10 @@ def sink_status(name: str, config: str | None, dsn: str | None, bootstrap: str |
 @_bootstrap
 def sink_drop(name: str, **settings: str | None) -> None:
     """Release sink NAME's read hold (compaction may pass it; recreating it then needs --fresh)."""
-    from reclock.sinks.kafka import drop
+    from reclock.sinks import iceberg, kafka
 
-    released = drop(_sink_ctx(name, **settings))
+    ctx = _sink_ctx(name, **settings)
+    released = (iceberg.drop if isinstance(ctx, iceberg.IcebergSinkContext) else kafka.drop)(ctx)
     click.echo(f"sink {name}: read hold {'released' if released else 'was not held'}")
 
 

@@ -39,6 +39,11 @@ A config file holds ``sources:`` and ``sinks:``. Example::
         start: 1700000000000               # optional: a new sink starts here instead of at since
         budget: {max_messages: 100000, max_bytes: 67108864}   # per Kafka transaction
         transaction_timeout: 60s           # below the broker's transaction.max.timeout.ms
+      orders_lake:
+        from: orders
+        iceberg: {table: lake.orders, catalog: reclock}   # a SQL catalog (settings: RECLOCK_ICEBERG_*)
+        layout: changelog                  # append | changelog (default: changelog for an upsert source)
+        budget: {max_rows: 1000000, max_bytes: 268435456}  # per Iceberg commit
 
 A Postgres source's tables become the collections ``<source>__<table>`` (``shop__orders``; a table outside
 the ``public`` schema: ``<source>__<schema>__<table>``), beside its error collection ``<source>_errors``
@@ -417,18 +422,96 @@ class SinkSpec:
         return f"sink:{self.name}"
 
 
-def parse_sink(name: str, raw: Any, sources: dict[str, SourceSpec]) -> SinkSpec:
+ICEBERG_LAYOUTS = ("append", "changelog")
+ICEBERG_TABLE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
+
+
+@dataclass(frozen=True)
+class IcebergBudget:
+    """How much one Iceberg commit may carry (a timestamp is never split across commits)."""
+
+    max_rows: int = 1_000_000
+    max_bytes: int = 256 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class IcebergSinkSpec:
+    """An exactly-once export of one collection into an Iceberg table (see ``reclock.sinks.iceberg``).
+
+    ``layout`` ``append``: the table holds the collection's rows (user columns and ``_reclock_ts``), one row
+    per unit of multiplicity; ``changelog``: every consolidated update (user columns, ``_reclock_ts``,
+    ``_reclock_diff``); the collection AS OF t is the sum of ``_reclock_diff`` by row over ``_reclock_ts <= t``.
+    """
+
+    name: str
+    collection: str
+    table: str  # namespace.table
+    catalog: str = "reclock"  # the SQL catalog's name (its rows in the catalog database carry it)
+    layout: str = "append"
+    start: int | None = None
+    budget: IcebergBudget = field(default_factory=IcebergBudget)
+
+    @property
+    def holder(self) -> str:
+        """The name of the sink's read hold on its collection's shard."""
+        return f"sink:{self.name}"
+
+    @property
+    def namespace(self) -> str:
+        return self.table.rsplit(".", 1)[0]
+
+
+def _parse_start(d: dict, what: str) -> int | None:
+    start = d.get("start")
+    if start is not None and (not isinstance(start, int) or isinstance(start, bool) or start < 0):
+        raise ConfigError(f"{what}: `start` is a timestamp in ms (a non-negative integer)")
+    return start
+
+
+def _parse_iceberg_sink(name: str, d: dict, coll: str, source: SourceSpec, what: str) -> IcebergSinkSpec:
+    _unknown(d, {"from", "iceberg", "layout", "start", "budget"}, what)
+    ice = _require(d["iceberg"], f"{what}.iceberg")
+    _unknown(ice, {"table", "catalog"}, f"{what}.iceberg")
+    table = ice.get("table")
+    if not isinstance(table, str) or not ICEBERG_TABLE_RE.match(table):
+        raise ConfigError(f"{what}.iceberg: `table` must be namespace.table (letters, digits, _), got {table!r}")
+    catalog = ice.get("catalog", "reclock")
+    if not isinstance(catalog, str) or not NAME_RE.match(catalog):
+        raise ConfigError(f"{what}.iceberg: `catalog` must match {NAME_RE.pattern}, got {catalog!r}")
+    retracts = coll == source.data_shard and source.envelope == "upsert"
+    layout = d.get("layout", "changelog" if retracts else "append")
+    if layout not in ICEBERG_LAYOUTS:
+        raise ConfigError(f"{what}: layout {layout!r} is not one of {', '.join(ICEBERG_LAYOUTS)}")
+    if layout == "append" and retracts:
+        raise ConfigError(f"{what}: {coll} is an upsert collection (its updates retract rows), which an append "
+                          "layout cannot hold; use `layout: changelog`")
+    b = _require(d.get("budget", {}) or {}, f"{what}.budget")
+    _unknown(b, {"max_rows", "max_bytes"}, f"{what}.budget")
+    budget = IcebergBudget(int(b.get("max_rows", IcebergBudget.max_rows)),
+                           int(b.get("max_bytes", IcebergBudget.max_bytes)))
+    if budget.max_rows <= 0 or budget.max_bytes <= 0:
+        raise ConfigError(f"{what}.budget: max_rows and max_bytes must be positive")
+    return IcebergSinkSpec(name=name, collection=coll, table=table, catalog=catalog, layout=layout,
+                           start=_parse_start(d, what), budget=budget)
+
+
+def parse_sink(name: str, raw: Any, sources: dict[str, SourceSpec]) -> SinkSpec | IcebergSinkSpec:
+    """Validate one sink's config: a Kafka sink (``kafka:``) or an Iceberg export (``iceberg:``)."""
     what = f"sink {name}"
     if not NAME_RE.match(name):
         raise ConfigError(f"{what}: a sink name must match {NAME_RE.pattern}")
     d = _require(raw, what)
-    _unknown(d, {"from", "kafka", "format", "key", "progress_topic", "start", "partitions", "budget",
-                 "transaction_timeout"}, what)
     collections = {c: s for s in sources.values() for c in s.shards}
     coll = d.get("from")
     if coll not in collections:
         raise ConfigError(f"{what}: `from` must name a collection; {coll!r} is none of "
                           f"{', '.join(sorted(collections)) or '(no sources configured)'}")
+    if "iceberg" in d and "kafka" in d:
+        raise ConfigError(f"{what}: give either `kafka:` (a Kafka sink) or `iceberg:` (an Iceberg export), not both")
+    if "iceberg" in d:
+        return _parse_iceberg_sink(name, d, coll, collections[coll], what)
+    _unknown(d, {"from", "kafka", "format", "key", "progress_topic", "start", "partitions", "budget",
+                 "transaction_timeout"}, what)
     kafka = _parse_kafka(d.get("kafka"), f"{what}.kafka")
     source_kafka = collections[coll].kafka
     if source_kafka is not None and kafka.topic == source_kafka.topic:
@@ -443,9 +526,7 @@ def parse_sink(name: str, raw: Any, sources: dict[str, SourceSpec]) -> SinkSpec:
         raise ConfigError(f"{what}: `key` is a list of column names")
     if fmt == "upsert" and not key:
         raise ConfigError(f"{what}: format upsert needs `key:` (the columns that identify a row)")
-    start = d.get("start")
-    if start is not None and (not isinstance(start, int) or isinstance(start, bool) or start < 0):
-        raise ConfigError(f"{what}: `start` is a timestamp in ms (a non-negative integer)")
+    start = _parse_start(d, what)
     b = _require(d.get("budget", {}) or {}, f"{what}.budget")
     _unknown(b, {"max_messages", "max_bytes"}, f"{what}.budget")
     budget = SinkBudget(int(b.get("max_messages", SinkBudget.max_messages)),
@@ -467,9 +548,9 @@ def parse_sink(name: str, raw: Any, sources: dict[str, SourceSpec]) -> SinkSpec:
 @dataclass(frozen=True)
 class Config:
     sources: dict[str, SourceSpec]
-    sinks: dict[str, SinkSpec] = field(default_factory=dict)
+    sinks: dict[str, SinkSpec | IcebergSinkSpec] = field(default_factory=dict)
 
-    def sink(self, name: str) -> SinkSpec:
+    def sink(self, name: str) -> SinkSpec | IcebergSinkSpec:
         try:
             return self.sinks[name]
         except KeyError:

@@ -105,6 +105,14 @@ class ShardsDisagree(ReclockError):
                          "append brings them together")
 
 
+class SinkRefused(ReclockError):
+    """A sink (Kafka or Iceberg) will not start or go on: it could only write duplicates or leave a gap."""
+
+    def __init__(self, sink: str, reason: str) -> None:
+        super().__init__(f"sink {sink}: {reason}")
+        self.sink = sink
+
+
 class ConfigError(ReclockError):
     """A source, sink or stack configuration is invalid."""
 

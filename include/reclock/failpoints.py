@@ -8,7 +8,10 @@ Enable them with ``RECLOCK_FAILPOINTS=name[,name...]`` (``name=exit`` ends the p
 Points: ``mint:after_binding`` (binding durable, descriptions not returned), ``write_batches:before_job``,
 ``write_batches:after_slice`` (some parts written, not all), ``append:in_transaction`` (inside the
 append's transaction, before commit), ``resume:after_commit`` (offsets committed, compaction not done),
-``compact:before_swap`` (merged parts written, the shard's batches not yet swapped).
+``compact:before_swap`` (merged parts written, the shard's batches not yet swapped), ``sink:in_transaction``
+(a Kafka sink's messages produced, its transaction open), ``iceberg:before_commit`` (an Iceberg export's data
+files and manifests written, the catalog not yet committed), ``iceberg:after_commit`` (committed, the read
+hold not yet moved).
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from reclock.persist import connect
 from reclock.persist.shards import batches, shard_info
 from reclock.read import read_updates
 from reclock.persist.blob import LocalBlobStore
+from reclock.sinks.iceberg import CatalogSettings, catalog_uri, load_catalog, read_frontier
 from reclock.sinks.kafka import read_all, read_progress
 
 SCRIPT = textwrap.dedent("""
@@ -52,7 +53,8 @@ def test_ingest_and_sink_dags_under_dag_test(db, postgres, kafka, topic, stack_s
                                 "format": {"type": "json", "schema": "id BIGINT"}, "schedule": "continuous",
                                 "lease": "4s", "poll": "200ms"}},
         "sinks": {"dt_out": {"from": "dt_orders", "kafka": {"topic": f"{name}_out", "bootstrap": kafka.bootstrap},
-                             "progress_topic": f"_progress_{name}"}}}))
+                             "progress_topic": f"_progress_{name}"},
+                  "dt_lake": {"from": "dt_orders", "iceberg": {"table": "lake.dt_orders"}}}}))
     airflow_db = f"airflow_{os.getpid()}"
     with psycopg.connect(postgres.dsn("postgres"), autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{airflow_db}"')
@@ -70,13 +72,13 @@ def test_ingest_and_sink_dags_under_dag_test(db, postgres, kafka, topic, stack_s
     query_env = {**env, "RECLOCK_QUERY_EXAMPLE": "dt_orders",
                  "AIRFLOW_CONN_RECLOCK_SPARK": json.dumps({"conn_type": "spark", "host": "local[2]"})}
     run = subprocess.run([sys.executable, "-c", SCRIPT, "ingest__dt_orders", "ingest__dt_orders", "sink__dt_out",
-                          "query__dt_orders", "ingest__dt_cont"], env=query_env, capture_output=True, text=True,
-                         timeout=600)
+                          "sink__dt_lake", "query__dt_orders", "ingest__dt_cont"], env=query_env,
+                         capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
     results = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]
     assert results == ["RESULT ingest__dt_orders success", "RESULT ingest__dt_orders success",
-                       "RESULT sink__dt_out success", "RESULT query__dt_orders success",
-                       "RESULT ingest__dt_cont success"]
+                       "RESULT sink__dt_out success", "RESULT sink__dt_lake success",
+                       "RESULT query__dt_orders success", "RESULT ingest__dt_cont success"]
     assert "query__dt_orders: 400 rows AS OF " in run.stdout + run.stderr, run.stdout[-3000:] + run.stderr[-3000:]
 
     with connect(db) as conn:
@@ -91,6 +93,9 @@ def test_ingest_and_sink_dags_under_dag_test(db, postgres, kafka, topic, stack_s
     assert read_progress(kafka.bootstrap, f"_progress_{name}", "dt_out").frontier == upper
     out = [json.loads(m.value())["after"]["id"] for m in read_all(kafka.bootstrap, f"{name}_out", "t")]
     assert sorted(out) == list(range(400))
+    lake = load_catalog(CatalogSettings(catalog_uri(db), f"{blobs}/_iceberg"), "reclock").load_table("lake.dt_orders")
+    assert read_frontier(lake, "dt_lake").frontier == upper  # the Iceberg export, on the default settings
+    assert sorted(lake.scan().to_arrow()["id"].to_pylist()) == list(range(400))
 
     # rebuild__dt_orders through spark-submit: the DSN only in a connection (with its password), which the
     # task resolves and hands to the job in spark-submit's environment, never in an argv or a rendered field

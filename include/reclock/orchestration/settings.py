@@ -23,6 +23,8 @@ history kept          --                  RECLOCK_RETAIN_HISTORY_S     an hour
 garbage grace period  --                  RECLOCK_GC_GRACE_S           an hour
 garbage collection    --                  RECLOCK_GC_INTERVAL_S        every 5 minutes, in resume
 statistics kept       --                  RECLOCK_STATS_RETAIN_S       7 days (pruned with the garbage)
+Iceberg catalog       --                  RECLOCK_ICEBERG_CATALOG_URI  the consensus Postgres (SQLAlchemy URL)
+Iceberg warehouse     --                  RECLOCK_ICEBERG_WAREHOUSE    ``<blob store URL>/_iceberg``
 ====================  ==================  ===========================  =====================================
 """
 
@@ -32,12 +34,13 @@ import os
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from reclock.config import BudgetSpec, KafkaSpec, PostgresSpec, SinkSpec, SourceSpec
+from reclock.config import BudgetSpec, IcebergSinkSpec, KafkaSpec, PostgresSpec, SinkSpec, SourceSpec
 from reclock.cycle import CycleContext
 from reclock.errors import ConfigError, SettingError
 from reclock.orchestration import connections
 from reclock.persist import objectstore
 from reclock.persist.blob import BlobStore, blob_store_from_url
+from reclock.sinks.iceberg import CatalogSettings, IcebergSinkContext, catalog_uri
 from reclock.sinks.kafka import SinkContext
 
 NO_DSN = ("no consensus Postgres: set RECLOCK_DSN to its DSN (postgresql://user:password@host:5432/db; reclock "
@@ -219,3 +222,31 @@ def sink_context(spec: SinkSpec, *, dsn: str | None = None, blob_url: str | None
     """A sink's context for ``spec`` from the settings (arguments first)."""
     return SinkContext(spec=spec, dsn=find_dsn(dsn), blob=find_blob_store(blob_url),
                        bootstrap=find_bootstrap(spec.kafka, f"sink {spec.name}", bootstrap))
+
+
+def find_catalog_settings(dsn: str, blob_url: str) -> CatalogSettings:
+    """The Iceberg SQL catalog: ``RECLOCK_ICEBERG_CATALOG_URI`` (a SQLAlchemy URL), else the consensus
+    Postgres ``dsn``; the warehouse ``RECLOCK_ICEBERG_WAREHOUSE``, else ``<blob_url>/_iceberg`` (no source
+    or shard is named ``_iceberg``, so garbage collection never looks there); an ``s3://`` warehouse on
+    :func:`find_s3_settings`."""
+    uri = os.environ.get("RECLOCK_ICEBERG_CATALOG_URI") or catalog_uri(dsn)
+    warehouse = os.environ.get("RECLOCK_ICEBERG_WAREHOUSE") or blob_url.rstrip("/") + "/_iceberg"
+    if warehouse.startswith("s3a://"):
+        raise SettingError(f"Iceberg warehouse {warehouse!r}: write s3://bucket/prefix (s3a:// is Spark's name)")
+    return CatalogSettings(uri=uri, warehouse=warehouse,
+                           s3=find_s3_settings() if objectstore.is_s3(warehouse) else None)
+
+
+def iceberg_sink_context(spec: IcebergSinkSpec, *, dsn: str | None = None,
+                         blob_url: str | None = None) -> IcebergSinkContext:
+    """An Iceberg sink's context for ``spec`` from the settings (arguments first)."""
+    dsn, url = find_dsn(dsn), find_blob_url(blob_url)
+    return IcebergSinkContext(spec=spec, dsn=dsn, blob=find_blob_store(url), catalog=find_catalog_settings(dsn, url))
+
+
+def any_sink_context(spec: SinkSpec | IcebergSinkSpec, *, dsn: str | None = None, blob_url: str | None = None,
+                     bootstrap: str | None = None) -> SinkContext | IcebergSinkContext:
+    """The context of a Kafka sink or an Iceberg export, by its spec."""
+    if isinstance(spec, IcebergSinkSpec):
+        return iceberg_sink_context(spec, dsn=dsn, blob_url=blob_url)
+    return sink_context(spec, dsn=dsn, blob_url=blob_url, bootstrap=bootstrap)

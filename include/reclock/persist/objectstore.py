@@ -5,6 +5,7 @@ A blob store URL ``s3://bucket/prefix`` (AWS S3, MinIO, any S3-compatible endpoi
     Python (append, reads, sinks, GC)  --fsspec / s3fs-->  s3://bucket/prefix/...   fsspec_options(settings)
     Spark (write_batches)              --hadoop-aws---->  s3a://bucket/prefix/...  spark_url(url),
                                                                                     spark_s3a_conf(settings)
+    pyiceberg (the Iceberg export)     --pyarrow S3---->  s3://bucket/warehouse/... pyiceberg_options(settings)
 
 :class:`S3Settings` says where the endpoint is and who we are there. The keys reach Python's client
 directly, and Spark's JVMs (drivers, and the workers their executors inherit the environment of) through
@@ -147,3 +148,12 @@ def fsspec_options(settings: S3Settings) -> dict:
     return {"key": settings.access_key, "secret": settings.secret_key, "endpoint_url": settings.endpoint_url,
             "config_kwargs": config,
             "use_listings_cache": False}
+
+
+def pyiceberg_options(settings: S3Settings) -> dict[str, str]:
+    """pyiceberg FileIO properties (``s3.*``) for ``settings``: an Iceberg warehouse on the same store."""
+    props = {"s3.access-key-id": settings.access_key, "s3.secret-access-key": settings.secret_key,
+             "s3.region": settings.region, "s3.force-virtual-addressing": str(not settings.path_style).lower()}
+    if settings.endpoint_url is not None:
+        props["s3.endpoint"] = settings.endpoint_url
+    return props

@@ -28,13 +28,14 @@ import contextlib
 import json
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterator
 
 import pyarrow as pa
 
 from reclock import compaction
 from reclock.config import SinkSpec
-from reclock.errors import ReclockError, SinceViolation
+from reclock.errors import ReclockError, SinceViolation, SinkRefused
+from reclock.ahead import read_ahead as _ahead
 from reclock.failpoints import failpoint
 from reclock.persist import blob as blobs
 from reclock.persist import connect
@@ -43,18 +44,8 @@ from reclock.persist.status import record_statistics, record_status
 from reclock.read import UpdateReader, read_as_of, updates_parts
 from reclock.sinks.encode import TsRun, dumps, encode_runs
 
-T = TypeVar("T")
-
 PROGRESS_VERSION_KEY = "version"
 TS_HEADER = "reclock.ts"
-
-
-class SinkRefused(ReclockError):
-    """The sink will not start: it could only write duplicates or leave a gap."""
-
-    def __init__(self, sink: str, reason: str) -> None:
-        super().__init__(f"sink {sink}: {reason}")
-        self.sink = sink
 
 
 class SinkFenced(ReclockError):
@@ -360,49 +351,6 @@ def _encoded(ctx: SinkContext, begin: _Begin, upper: int) -> Iterator[list[TsRun
     for table in updates(ctx, begin, upper):
         for chunk in ts_chunks(table):
             yield encode_runs(ctx.spec, chunk)
-
-
-def _ahead(items: Iterator[T], depth: int, name: str) -> Iterator[T]:
-    """``items``, computed on a helper thread at most ``depth`` ahead of the caller; an error there is
-    raised here, and closing this iterator (or leaving the loop over it) stops the thread."""
-    import queue
-    import threading
-
-    q: queue.Queue = queue.Queue(depth)
-    stop = threading.Event()
-    end = object()
-
-    def put(entry: tuple) -> bool:
-        while not stop.is_set():
-            try:
-                q.put(entry, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def fill() -> None:
-        try:
-            for item in items:
-                if not put((item, None)):
-                    return
-            put((end, None))
-        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
-            put((end, e))
-
-    thread = threading.Thread(target=fill, name=name, daemon=True)
-    thread.start()
-    try:
-        while True:
-            item, error = q.get()
-            if item is end:
-                if error is not None:
-                    raise error
-                return
-            yield item
-    finally:
-        stop.set()
-        thread.join()
 
 
 def _write(ctx: SinkContext, producer, begin: _Begin) -> SinkResult:

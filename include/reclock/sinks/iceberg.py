@@ -1,0 +1,612 @@
+"""The exactly-once Iceberg export: a collection's consolidated updates, in timestamp order, appended to an
+Iceberg table in commits that also record the sink's frontier (issue 18, part 3).
+
+::
+
+    shard (complete times < upper)                    Iceberg table (SQL catalog in Postgres)
+    ------------------------------                    ---------------------------------------
+    read [F, U) a cluster at a time -> consolidate    one transaction per budget of rows:
+        -> layout (append / changelog) -> stream        data files of ts F .. T-1  (written, not visible)
+                                                        snapshot summary reclock.frontier = T
+                                                      commit: the catalog row swings from the snapshot
+                                                        F was read from to the new one, or fails
+    downgrade the read hold to T - 1                  F := T
+
+**Where the sink is.** The frontier lives in the table itself: every commit the sink makes carries the
+snapshot summary properties ``reclock.sink`` (its name) and ``reclock.frontier`` (every update of the
+collection at ``ts < frontier`` is in the table). On start the sink walks back from the table's current
+snapshot through its parents to the newest snapshot carrying them (snapshots other writers added, such as
+a maintenance job's rewrite, are passed over); a lineage that breaks before one is found (expired
+snapshots) cannot prove where the sink is, and the sink refuses to start rather than guess.
+
+**Exactly once.** A commit is one catalog transaction: the data files and the frontier become visible
+together, or neither does. The SQL catalog swings the table's metadata pointer with a compare-and-set on
+the previous pointer, and the append requires the branch to still be at the snapshot the frontier was read
+from, so a commit made on a stale view fails (``CommitFailedException``) instead of adding data a second
+time. pyiceberg would otherwise *retry* such a commit by re-applying the append on top of the other
+writer's snapshot -- exactly how Iceberg's Kafka Connect sink commits the same files twice -- so the sink
+sets the table property ``commit.retry.num-retries`` to 0 and checks it before every commit. A sink that
+loses a race (another instance committed first) re-reads the frontier from the refreshed table and
+carries on after it. A crash before the commit leaves only unreferenced files (Iceberg's orphan-file
+cleanup removes them); a crash after it leaves the frontier in the table, and the restart resumes after it.
+
+**Layouts** (``layout:`` in the sink's config):
+
+=============  =======================================  ==============================================
+layout         table columns                            reading the collection AS OF t
+=============  =======================================  ==============================================
+``append``     the collection's columns, ``_reclock_ts``  ``WHERE _reclock_ts <= t`` (a row of
+               (the default for append-only collections)  multiplicity n appears n times)
+``changelog``  the collection's columns, ``_reclock_ts``,  ``SELECT cols, sum(_reclock_diff) ... WHERE
+               ``_reclock_diff`` (the default for upsert  _reclock_ts <= t GROUP BY cols HAVING sum <> 0``
+               collections)
+=============  =======================================  ==============================================
+
+An append layout refuses a retraction (it cannot express one) and fails the run before committing.
+Every timestamp's updates are consolidated (summed by row, zeros dropped) before they are written; a new
+sink first writes the collection AS OF its since, at ``_reclock_ts = since``, streamed a cluster of parts
+at a time (so in a changelog table that first timestamp may hold pairs of rows that cancel out).
+
+**Memory.** The parts are read a cluster of row groups at a time (:class:`reclock.read.UpdateReader`), two
+clusters ahead on a helper thread, and a commit's data files are written one file's worth (the table's
+``write.target-file-size-bytes`` of Arrow data) at a time with pyiceberg's own writer
+(``pyiceberg.io.pyarrow._dataframe_to_data_files``, private: pinned with pyiceberg 0.12.0), so memory is
+bounded by a file and two clusters, also in a new sink's snapshot commit, whatever its size.
+
+The table is created by the sink (unpartitioned, format version 2) when it does not exist; a table that
+already holds data written by anyone but this sink is refused unless the sink starts ``fresh``, which
+replaces the table's contents with the snapshot in its first commit. The sink holds a read hold on the
+shard at ``frontier - 1``, like the Kafka sink, so compaction never passes what it still has to export.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from reclock import compaction
+from reclock.ahead import read_ahead
+from reclock.config import IcebergSinkSpec
+from reclock.errors import ReclockError, SinceViolation, SinkRefused
+from reclock.failpoints import failpoint
+from reclock.persist import blob as blobs
+from reclock.persist import connect
+from reclock.persist.objectstore import S3Settings, pyiceberg_options
+from reclock.persist.shards import acquire_read_hold, downgrade_read_hold, release_read_hold, shard_info
+from reclock.persist.status import record_statistics, record_status
+from reclock.read import UpdateReader, updates_parts
+
+FRONTIER = "reclock.frontier"
+"""Snapshot summary property: every update at ``ts <`` it is in the table."""
+SINK = "reclock.sink"
+"""Snapshot summary property: the sink that made the snapshot."""
+COLLECTION = "reclock.collection"
+TS_COLUMN = "_reclock_ts"
+DIFF_COLUMN = "_reclock_diff"
+NO_RETRIES = {"commit.retry.num-retries": "0"}
+"""A retried append would be re-applied on top of another writer's snapshot: a duplicate (see the module)."""
+TABLE_PROPERTIES = {**NO_RETRIES, "format-version": "2", "write.target-file-size-bytes": str(128 * 1024 * 1024)}
+"""A table the sink creates: no commit retries; data files of 128 MiB of Arrow data (pyiceberg counts the
+in-memory size: some 15-40 MiB of Parquet), the chunk a commit is written in, so memory stays small and
+a commit's first files are written while its later updates are still read."""
+CONFLICT_RETRIES = 5
+READ_AHEAD = 2
+"""Tables of updates read (and consolidated) ahead on a helper thread while pyiceberg writes (bounds memory)."""
+
+
+class RetractionInAppendTable(ReclockError):
+    """An update of an append-layout sink's collection retracts a row, which an append-only table cannot hold."""
+
+    def __init__(self, sink: str, collection: str, ts: int) -> None:
+        super().__init__(f"sink {sink}: {collection} retracts a row at ts {ts}, but the sink's layout is append; "
+                         "nothing was committed (use `layout: changelog`, and start it fresh into a new table)")
+        self.sink, self.collection, self.ts = sink, collection, ts
+
+
+class SchemaMismatch(ReclockError):
+    """The collection has a column the Iceberg table lacks: writing would drop it."""
+
+    def __init__(self, sink: str, table: str, columns: list[str]) -> None:
+        super().__init__(f"sink {sink}: {table} has no column(s) {', '.join(columns)} that the collection now "
+                         "has; nothing was committed (add them to the table, or start fresh into a new table)")
+        self.sink, self.table, self.columns = sink, table, columns
+
+
+# -- settings ------------------------------------------------------------------------------------------------
+
+
+def catalog_uri(dsn: str) -> str:
+    """The SQLAlchemy URL (psycopg 3 driver) of the Postgres database a libpq DSN names (URI or key=value)."""
+    from psycopg.conninfo import conninfo_to_dict
+    from sqlalchemy.engine import URL
+
+    d = {k: str(v) for k, v in conninfo_to_dict(dsn).items()}
+    user, password, host = d.pop("user", None), d.pop("password", None), d.pop("host", None)
+    port, db = d.pop("port", None), d.pop("dbname", None)
+    return URL.create("postgresql+psycopg", username=user, password=password, host=host,
+                      port=int(port) if port else None, database=db, query=d).render_as_string(hide_password=False)
+
+
+@dataclass(frozen=True)
+class CatalogSettings:
+    """Where the SQL catalog's rows live (``uri``, a SQLAlchemy URL) and where tables' files go
+    (``warehouse``: a folder, ``file://`` or ``s3://`` URL; ``s3`` its keys)."""
+
+    uri: str
+    warehouse: str
+    s3: S3Settings | None = None
+
+    def properties(self) -> dict[str, str]:
+        props = {"uri": self.uri, "warehouse": self.warehouse}
+        if self.s3 is not None:
+            props.update(pyiceberg_options(self.s3))
+        return props
+
+
+def load_catalog(settings: CatalogSettings, name: str):
+    """The pyiceberg SQL catalog ``name`` (its tables are created in the database on first use)."""
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    warehouse = settings.warehouse
+    if "://" not in warehouse:
+        warehouse = "file://" + warehouse
+    return SqlCatalog(name, **{**settings.properties(), "warehouse": warehouse})
+
+
+@dataclass
+class IcebergSinkContext:
+    spec: IcebergSinkSpec
+    dsn: str
+    blob: blobs.BlobStore
+    catalog: CatalogSettings
+
+    @contextlib.contextmanager
+    def connect(self) -> Iterator:
+        with connect(self.dsn) as conn:
+            yield conn
+
+
+@dataclass(frozen=True)
+class SinkResult:
+    frontier: int
+    commits: int
+    rows: int
+    bytes: int
+
+
+# -- the frontier in the table -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TableFrontier:
+    """What the table says of the sink: its ``frontier`` (None: the sink never committed) as of snapshot
+    ``snapshot_id`` (the current one), and whether the table holds any data file."""
+
+    frontier: int | None
+    snapshot_id: int | None
+    has_data: bool
+
+
+def read_frontier(table, sink: str) -> TableFrontier:
+    """Walk back from ``table``'s current snapshot to the newest one ``sink`` made and read its frontier.
+
+    ``SinkRefused`` if another Reclock sink wrote the table, or the lineage breaks (an expired parent)
+    before a snapshot of ``sink`` is found while the table holds data: the frontier cannot be proven."""
+    current = table.current_snapshot()
+    if current is None:
+        return TableFrontier(None, None, False)
+    has_data = int(current.summary.get("total-data-files") or 0) > 0
+    snap = current
+    while snap is not None:
+        summary = snap.summary
+        if summary.get(FRONTIER) is not None:
+            if summary.get(SINK) != sink:
+                raise SinkRefused(sink, f"table {'.'.join(table.name())} is written by sink {summary.get(SINK)}; "
+                                  "one table takes one sink")
+            return TableFrontier(int(summary[FRONTIER]), current.snapshot_id, has_data)
+        if snap.parent_snapshot_id is None:
+            return TableFrontier(None, current.snapshot_id, has_data)
+        parent = table.metadata.snapshot_by_id(snap.parent_snapshot_id)
+        if parent is None:
+            raise SinkRefused(sink, f"table {'.'.join(table.name())}: snapshot {snap.parent_snapshot_id}, a parent "
+                              "of the current one, was expired before one of this sink's snapshots was found, so "
+                              "its frontier cannot be proven; start it fresh (`--fresh`) to rewrite the table")
+        snap = parent
+    return TableFrontier(None, current.snapshot_id, has_data)
+
+
+# -- layout ------------------------------------------------------------------------------------------------
+
+
+def table_schema(columns: pa.Schema, layout: str) -> pa.Schema:
+    """The Iceberg table's Arrow schema for a collection whose parts have ``columns`` (data, ts, diff):
+    the data columns (all nullable), then ``_reclock_ts`` and, for a changelog, ``_reclock_diff``."""
+    data = [f.with_nullable(True) for f in columns if f.name not in ("ts", "diff")]
+    extra = [pa.field(TS_COLUMN, pa.int64(), nullable=False)]
+    if layout == "changelog":
+        extra.append(pa.field(DIFF_COLUMN, pa.int64(), nullable=False))
+    return pa.schema(data + extra)
+
+
+def shape(updates: pa.Table, schema: pa.Schema, spec: IcebergSinkSpec) -> pa.Table:
+    """Consolidated ``updates`` (data, ts, diff) as rows of the table with ``schema``: a changelog keeps
+    ``diff``; an append layout repeats each row ``diff`` times (``RetractionInAppendTable`` for a
+    retraction). A data column the table lacks is a ``SchemaMismatch``; one it has but the updates lack
+    is null."""
+    missing = [n for n in updates.column_names if n not in ("ts", "diff") and schema.get_field_index(n) < 0]
+    if missing:
+        raise SchemaMismatch(spec.name, spec.table, missing)
+    if spec.layout == "append" and updates.num_rows:
+        diff = updates["diff"].to_numpy()
+        if (diff <= 0).any():
+            raise RetractionInAppendTable(spec.name, spec.collection,
+                                          int(updates["ts"].to_numpy()[int(np.argmax(diff <= 0))]))
+        if (diff > 1).any():
+            updates = updates.take(pa.array(np.repeat(np.arange(len(diff)), diff)))
+    cols = []
+    for f in schema:
+        name = {TS_COLUMN: "ts", DIFF_COLUMN: "diff"}.get(f.name, f.name)
+        col = updates[name] if name in updates.column_names else pa.nulls(updates.num_rows, f.type)
+        cols.append(col.cast(f.type) if col.type != f.type else col)
+    return pa.Table.from_arrays(cols, schema=schema)
+
+
+def consolidate(updates: pa.Table, advance_to: int | None = None) -> pa.Table:
+    """Sum ``diff`` per ``(ts, row)`` and drop zeros (every ``ts`` below ``advance_to`` first advanced to
+    it), sorted by ts; without retractions nothing can cancel, so only the sort (and advance) remains."""
+    if updates.num_rows == 0:
+        return updates
+    if compaction.has_retractions(updates):
+        return compaction.sorted_by_ts(compaction.consolidate(updates, advance_to))
+    if advance_to is not None:
+        i = updates.schema.get_field_index("ts")
+        updates = updates.set_column(i, "ts", pc.max_element_wise(updates["ts"], pa.scalar(advance_to, pa.int64())))
+    return compaction.sorted_by_ts(updates)
+
+
+# -- the sink ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Begin:
+    """Where a run begins: the frontier, the snapshot it was read from, and for a new sink the time of the
+    snapshot to write first (``replace``: over a table's old contents, which the first commit deletes)."""
+
+    frontier: int
+    snapshot_id: int | None
+    snapshot_at: int | None = None
+    replace: bool = False
+
+
+class _Peek:
+    """An iterator one can look one item ahead in."""
+
+    def __init__(self, items: Iterator) -> None:
+        self._it, self._next, self._done = items, None, False
+        self._fill()
+
+    def _fill(self) -> None:
+        try:
+            self._next = next(self._it)
+        except StopIteration:
+            self._next, self._done = None, True
+
+    def peek(self):
+        return None if self._done else self._next
+
+    def take(self):
+        item = self._next
+        self._fill()
+        return item
+
+
+class IcebergSink:
+    """A running instance of an Iceberg sink: ``start`` once (find the frontier in the table, take the read
+    hold), then ``step`` as often as wanted (each exports what became complete since the last)."""
+
+    def __init__(self, ctx: IcebergSinkContext) -> None:
+        self.ctx = ctx
+        self.catalog = None
+        self.table = None
+        self.begin: _Begin | None = None
+        self.reported = False
+
+    @property
+    def identifier(self) -> str:
+        return self.ctx.spec.table
+
+    def _guard(self, fn, *args):
+        """Run ``fn``; on failure record ``stalled`` with the cause and raise."""
+        try:
+            return fn(*args)
+        except Exception as e:
+            with self.ctx.connect() as conn:
+                record_status(conn, self.ctx.spec.name, "stalled", error=str(e))
+            raise
+
+    def start(self, fresh: bool = False) -> None:
+        self._guard(self._start, fresh)
+
+    def _start(self, fresh: bool) -> None:
+        from pyiceberg.exceptions import NoSuchTableError
+
+        spec = self.ctx.spec
+        self.catalog = load_catalog(self.ctx.catalog, spec.catalog)
+        self.catalog.create_namespace_if_not_exists(spec.namespace)
+        try:
+            self.table = self.catalog.load_table(self.identifier)
+        except NoSuchTableError:
+            self.table = None
+        found = read_frontier(self.table, spec.name) if self.table is not None else TableFrontier(None, None, False)
+        if self.table is not None and self.table.metadata.properties.get("commit.retry.num-retries") != "0":
+            with self.table.transaction() as tx:  # a property change: no snapshot, the frontier stays put
+                tx.set_properties(NO_RETRIES)
+        if found.frontier is not None and not fresh:
+            with self.ctx.connect() as conn:
+                upper = shard_info(conn, spec.collection).upper
+                if found.frontier > upper:  # the table was written from another shard (rebuilt, another database)
+                    raise SinkRefused(spec.name, f"table {spec.table} says frontier {found.frontier}, beyond "
+                                      f"{spec.collection}'s upper {upper}: it was not written from this "
+                                      "collection, and resuming would skip the times in between; start it "
+                                      "fresh (`--fresh`) to rewrite the table")
+                try:  # frontier <= since: the shard was compacted past what the table holds
+                    acquire_read_hold(conn, spec.collection, spec.holder, found.frontier - 1)
+                except SinceViolation:
+                    raise SinkRefused(spec.name, f"table {spec.table} says frontier {found.frontier}, but "
+                                      f"{spec.collection} was compacted past it (its read hold was released); it "
+                                      "can only start fresh (`--fresh`), rewriting the table") from None
+            self.begin = _Begin(found.frontier, found.snapshot_id)
+            return
+        if found.has_data and not fresh:
+            raise SinkRefused(spec.name, f"table {spec.table} already holds data that this sink did not write "
+                              "(no snapshot carries its frontier): exporting into it would mix the two; start "
+                              "fresh (`--fresh`) to replace its contents, or export into a new table")
+        for _ in range(10):
+            with self.ctx.connect() as conn:
+                info = shard_info(conn, spec.collection)
+                start = info.since if spec.start is None else spec.start
+                try:
+                    acquire_read_hold(conn, spec.collection, spec.holder, start)
+                except SinceViolation:
+                    if spec.start is not None:
+                        raise SinkRefused(spec.name, f"start {spec.start} is below {spec.collection}'s since "
+                                          f"{info.since}") from None
+                    continue  # since moved between the two statements: take the new one
+            self.begin = _Begin(start, found.snapshot_id, snapshot_at=start, replace=found.has_data)
+            return
+        raise SinkRefused(spec.name, f"{spec.collection}'s since kept moving; try again")
+
+    def _resume_after_conflict(self) -> None:
+        """Another writer committed first: re-read the frontier from the refreshed table and go on after it."""
+        spec = self.ctx.spec
+        self.table = self.catalog.load_table(self.identifier)
+        found = read_frontier(self.table, spec.name)
+        if found.frontier is None:
+            raise SinkRefused(spec.name, f"table {spec.table} changed under the sink and carries no frontier of "
+                              "it; nothing was committed")
+        with self.ctx.connect() as conn:
+            acquire_read_hold(conn, spec.collection, spec.holder, found.frontier - 1)
+        self.begin = _Begin(found.frontier, found.snapshot_id)
+
+    def step(self) -> SinkResult:
+        """Export every complete timestamp not yet in the table; record statistics and a status row."""
+        from pyiceberg.exceptions import CommitFailedException, TableAlreadyExistsError
+
+        if self.begin is None:
+            raise RuntimeError("start() the sink first")
+
+        def go() -> SinkResult:
+            total = SinkResult(self.begin.frontier, 0, 0, 0)
+            for _ in range(CONFLICT_RETRIES):
+                try:
+                    r = self._write()
+                    return SinkResult(r.frontier, total.commits + r.commits, total.rows + r.rows,
+                                      total.bytes + r.bytes)
+                except (CommitFailedException, TableAlreadyExistsError):
+                    self._resume_after_conflict()
+            raise SinkRefused(self.ctx.spec.name, f"table {self.ctx.spec.table}: {CONFLICT_RETRIES} commits in a row "
+                              "lost to another writer; is a second instance of the sink running?")
+
+        result = self._guard(go)
+        if result.commits or not self.reported:
+            with self.ctx.connect() as conn:
+                record_status(conn, self.ctx.spec.name, "running")
+            self.reported = True
+        return result
+
+    # -- reading -----------------------------------------------------------------------------------------
+
+    def _updates(self, conn, begin: _Begin, upper: int) -> tuple[pa.Schema, Iterator[tuple[pa.Table, bool]]]:
+        """The parts' schema and the consolidated updates to export, in ts order: ``(table, cut)`` pairs,
+        ``cut`` false inside the snapshot (a new sink's first commit holds all of it: the updates at
+        ``ts <= snapshot_at`` advanced to it). An append layout reads a ts in two tables where the parts hold
+        no retraction (nothing to consolidate across them), so reading and writing overlap; a commit still
+        ends only where the next table's first ts is past the last one written."""
+        spec, blob = self.ctx.spec, self.ctx.blob
+        lower = begin.frontier
+        snap = None
+        kind = shard_info(conn, spec.collection).kind
+        if begin.snapshot_at is not None:
+            rows, _ = updates_parts(conn, spec.collection, 0, begin.snapshot_at + 1)
+            snap = UpdateReader(blob, spec.collection, rows, 0, begin.snapshot_at + 1, kind)
+            lower = begin.snapshot_at + 1
+        rows, upper = updates_parts(conn, spec.collection, lower, upper) if lower < upper else ([], upper)
+        rest = UpdateReader(blob, spec.collection, rows, lower, upper, kind)
+        schemas = [r.schema for r in (snap, rest) if r is not None and len(r.schema)]
+        schema = pa.unify_schemas(schemas, promote_options="default") if schemas else pa.schema([])
+
+        def stream() -> Iterator[tuple[pa.Table, bool]]:
+            if snap is not None:
+                for i, t in enumerate(snap.tables()):
+                    yield consolidate(t, advance_to=begin.snapshot_at), i == 0
+            for t in rest.tables(split_ts=spec.layout == "append"):
+                yield consolidate(t), True
+
+        return schema, stream()
+
+    # -- writing -----------------------------------------------------------------------------------------
+
+    def _ensure_table(self, columns: pa.Schema):
+        """The table, created from the collection's ``columns`` (and the layout) if it does not exist."""
+        from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC
+
+        if self.table is None:
+            self.table = self.catalog.create_table(
+                self.identifier, schema=table_schema(columns, self.ctx.spec.layout),
+                partition_spec=UNPARTITIONED_PARTITION_SPEC,
+                properties=TABLE_PROPERTIES)
+        return self.table
+
+    def _write(self) -> SinkResult:
+        with self.ctx.connect() as conn:
+            return self._write_on(conn)
+
+    def _write_on(self, conn) -> SinkResult:
+        spec = self.ctx.spec
+        begin = self.begin
+        upper = shard_info(conn, spec.collection).upper
+        first = begin.snapshot_at if begin.snapshot_at is not None else begin.frontier
+        if upper <= first:
+            return SinkResult(begin.frontier, 0, 0, 0)  # nothing complete beyond the frontier
+        t0 = time.monotonic()
+        columns, stream = self._updates(conn, begin, upper)
+        if self.table is None and not len(columns):
+            return SinkResult(begin.frontier, 0, 0, 0)  # no part yet: no schema to create the table with
+        table = self._ensure_table(columns)
+        schema = table.schema().as_arrow()
+        ahead = read_ahead(stream, READ_AHEAD, "iceberg-read")
+        try:
+            return self._commit_all(conn, table, schema, _Peek(ahead), upper, t0)
+        finally:
+            ahead.close()
+
+    def _commit_all(self, conn, table, schema: pa.Schema, items: _Peek, upper: int, t0: float) -> SinkResult:
+        """Commit ``items`` in budget-sized commits, each with its frontier, up to ``upper``. A commit's data
+        files are written a chunk (a file's worth) at a time with pyiceberg's own writer (what
+        ``Transaction.append`` calls), so memory holds one chunk and the updates read ahead, however large
+        the commit: a new sink's snapshot is one commit whatever its size."""
+        from pyiceberg.expressions import AlwaysTrue
+        from pyiceberg.io.pyarrow import _dataframe_to_data_files
+
+        spec = self.ctx.spec
+        commits = rows = nbytes = 0
+        frontier = self.begin.frontier
+        while True:
+            props = {SINK: spec.name, COLLECTION: spec.collection}
+            counts = [0, 0]
+            if table.metadata.properties.get("commit.retry.num-retries") != "0":
+                raise SinkRefused(spec.name, f"table {spec.table}: commit.retry.num-retries is not 0, so a "
+                                  "conflicting commit would be re-applied (a duplicate); nothing was committed")
+            parent = table.metadata.current_snapshot_id
+            tx = table.transaction()
+            if self.begin.replace:
+                tx.delete(AlwaysTrue())
+            chunks = _chunks(self._batches(items, props, counts, upper, schema), schema, _chunk_bytes(table))
+            with tx.update_snapshot(snapshot_properties=props).fast_append() as append:
+                files = itertools.count(0)
+                for chunk in chunks:  # written (its files in parallel) before the next chunk is taken
+                    for data_file in _dataframe_to_data_files(tx.table_metadata, chunk, table.io,
+                                                              write_uuid=append.commit_uuid, counter=files):
+                        append.append_data_file(data_file)
+            new_frontier = int(props[FRONTIER])
+            staged = tx.table_metadata.current_snapshot()
+            if staged is None or staged.summary.get(FRONTIER) != str(new_frontier) or (
+                    not self.begin.replace and staged.parent_snapshot_id != parent):
+                raise ReclockError(f"sink {spec.name}: the staged snapshot does not carry frontier {new_frontier} "
+                                   "on the snapshot the frontier was read from; nothing was committed")
+            failpoint("iceberg:before_commit")
+            tx.commit_transaction()  # CommitFailedException: another writer committed first
+            failpoint("iceberg:after_commit")
+            downgrade_read_hold(conn, spec.collection, spec.holder, new_frontier - 1)
+            frontier = new_frontier
+            self.begin = _Begin(frontier, table.metadata.current_snapshot_id)
+            commits, rows, nbytes = commits + 1, rows + counts[0], nbytes + counts[1]
+            if frontier >= upper:
+                break
+        upper_now = shard_info(conn, spec.collection).upper
+        record_statistics(conn, spec.name, "sink", {
+            "commits": commits, "messages": rows, "bytes": nbytes, "frontier": frontier,
+            "lag_ms": max(0, upper_now - frontier), "seconds": round(time.monotonic() - t0, 3)})
+        return SinkResult(frontier, commits, rows, nbytes)
+
+    def _batches(self, items: _Peek, props: dict, counts: list[int], upper: int,
+                 schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+        """One commit's record batches: tables from ``items`` until the budget is reached at a point where a
+        commit may end; sets ``props[FRONTIER]`` to where the commit ends (the next table's first ts, or
+        ``upper``) before it stops, i.e. before pyiceberg builds the snapshot summary from ``props`` (and
+        ``_commit_all`` checks the staged summary before committing)."""
+        budget = self.ctx.spec.budget
+        last_ts = None  # the last ts written in this commit
+        while True:
+            nxt = items.peek()
+            if nxt is None:
+                props[FRONTIER] = str(upper)
+                return
+            updates, cut = nxt
+            if updates.num_rows == 0:
+                items.take()
+                continue
+            first_ts = int(updates["ts"][0].as_py())
+            if counts[0] and cut and first_ts > last_ts and (
+                    counts[0] >= budget.max_rows or counts[1] >= budget.max_bytes):
+                props[FRONTIER] = str(first_ts)
+                return
+            items.take()
+            shaped = shape(updates, schema, self.ctx.spec)
+            counts[0] += shaped.num_rows
+            counts[1] += shaped.nbytes
+            last_ts = int(updates["ts"][-1].as_py())
+            yield from shaped.to_batches()
+
+
+def _chunk_bytes(table) -> int:
+    """A chunk of a commit: one data file's worth of Arrow bytes (the table's target file size)."""
+    return int(table.metadata.properties.get("write.target-file-size-bytes", 512 * 1024 * 1024))
+
+
+def _chunks(batches: Iterator[pa.RecordBatch], schema: pa.Schema, size: int) -> Iterator[pa.Table]:
+    """``batches`` gathered into tables of about ``size`` bytes (the last one smaller)."""
+    buf: list[pa.RecordBatch] = []
+    n = 0
+    for b in batches:
+        buf.append(b)
+        n += b.nbytes
+        if n >= size:
+            yield pa.Table.from_batches(buf, schema)
+            buf, n = [], 0
+    if buf:
+        yield pa.Table.from_batches(buf, schema)
+
+
+def run_once(ctx: IcebergSinkContext, fresh: bool = False) -> SinkResult:
+    """Start the sink and export every complete timestamp of the collection not yet in the table."""
+    sink = IcebergSink(ctx)
+    sink.start(fresh)
+    return sink.step()
+
+
+def table_frontier(ctx: IcebergSinkContext) -> TableFrontier | None:
+    """What the table says of the sink (None: the table does not exist)."""
+    from pyiceberg.exceptions import NoSuchTableError
+
+    try:
+        table = load_catalog(ctx.catalog, ctx.spec.catalog).load_table(ctx.spec.table)
+    except NoSuchTableError:
+        return None
+    return read_frontier(table, ctx.spec.name)
+
+
+def drop(ctx: IcebergSinkContext) -> bool:
+    """Drop the sink: release its read hold (compaction may pass its frontier from now on). The table keeps
+    its data; recreating the sink then needs ``--fresh``."""
+    with ctx.connect() as conn:
+        released = release_read_hold(conn, ctx.spec.collection, ctx.spec.holder)
+        record_status(conn, ctx.spec.name, "paused", error="dropped: read hold released")
+    return released
