@@ -327,29 +327,28 @@ def sink_run(name: str, fresh: bool, follow: float | None, **settings: str | Non
 
     ctx = _sink_ctx(name, **settings)
     if isinstance(ctx, IcebergSinkContext):
-        ice = IcebergSink(ctx)
-        ice.start(fresh)
-        b = ice.begin
-        click.echo(f"sink {name}: started at frontier {b.frontier} of table {ctx.spec.table}"
-                   + (f", snapshot AS OF {b.snapshot_at} first" if b.snapshot_at is not None else ""), err=True)
-        while True:
-            r = ice.step()
-            if r.commits or follow is None:
-                click.echo(f"sink {name}: frontier {r.frontier}: {r.rows} rows, {r.bytes} bytes in {r.commits} "
-                           "commits", err=True)
-            if follow is None:
-                return
-            time.sleep(follow)
-    sink = KafkaSink(ctx)
-    sink.start(fresh)
+        sink = IcebergSink(ctx)
+        sink.start(fresh)
+        started = f"started at frontier {sink.begin.frontier} of table {ctx.spec.table}"
+
+        def progress(r) -> tuple[bool, str]:  # (did the step write anything, what to say)
+            return bool(r.commits), f"frontier {r.frontier}: {r.rows} rows, {r.bytes} bytes in {r.commits} commits"
+    else:
+        sink = KafkaSink(ctx)
+        sink.start(fresh)
+        started = (f"started (older instances fenced) at frontier {sink.begin.frontier}, "
+                   f"version {sink.begin.version}")
+
+        def progress(r) -> tuple[bool, str]:
+            return bool(r.transactions), (f"frontier {r.frontier} (version {r.version}): {r.messages} messages, "
+                                          f"{r.bytes} bytes in {r.transactions} transactions")
     b = sink.begin
-    click.echo(f"sink {name}: started (older instances fenced) at frontier {b.frontier}, version {b.version}"
+    click.echo(f"sink {name}: {started}"
                + (f", snapshot AS OF {b.snapshot_at} first" if b.snapshot_at is not None else ""), err=True)
     while True:
-        r = sink.step()
-        if r.transactions or follow is None:
-            click.echo(f"sink {name}: frontier {r.frontier} (version {r.version}): {r.messages} messages, "
-                       f"{r.bytes} bytes in {r.transactions} transactions", err=True)
+        wrote, line = progress(sink.step())
+        if wrote or follow is None:
+            click.echo(f"sink {name}: {line}", err=True)
         if follow is None:
             return
         time.sleep(follow)

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Iterator
 
 import psycopg
+from ingest_support import Clock  # the Kafka tests' controllable clock
 
 from reclock import cycle
 from reclock.config import parse_source
@@ -19,15 +20,6 @@ from reclock.read import read_as_of
 from reclock.sources.postgres import slot_name
 
 _names = itertools.count()
-
-
-class Clock:
-    def __init__(self, start: int = 1_700_000_000_000) -> None:
-        self.t = start
-
-    def __call__(self) -> int:
-        self.t += 1000
-        return self.t
 
 
 @contextlib.contextmanager

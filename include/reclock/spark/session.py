@@ -5,8 +5,8 @@
 Spark's Kafka connector is not in pyspark: its jars come from ``RECLOCK_SPARK_JARS`` (comma-separated paths,
 globs like ``/opt/jars/*.jar`` or URLs), or from Spark's own ``spark.jars`` / ``spark.jars.packages``
 (spark-submit's ``--jars`` / ``--packages``, ``spark-defaults.conf``), or from ``$SPARK_HOME/jars``. A session
-that finds it nowhere is a ``SettingError`` before any query. Nothing here binds to a particular address: the dev stack and the tests
-add their loopback settings (``reclock.dev.spark``).
+that finds it nowhere is a ``SettingError`` before any query. Nothing here binds to a particular address: the
+dev stack and the tests add their loopback settings themselves.
 """
 
 from __future__ import annotations
