@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from confluent_kafka import Producer
+import time
+
+from confluent_kafka import IsolationLevel, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from reclock import cycle, remap
 from reclock.config import parse_source
@@ -51,6 +54,26 @@ def produce(kafka, topic: str, records: list[tuple[int, bytes | None, bytes | No
     p.flush(30)
     if transactional:
         (p.abort_transaction if abort else p.commit_transaction)(30)
+        wait_stable(kafka, topic, {part for part, _, _ in records})
+
+
+def wait_stable(kafka, topic: str, partitions: set[int], timeout: float = 30.0) -> None:
+    """Wait until the transaction markers are written: the coordinator writes them after commit/abort returns,
+    so until then a partition's last stable offset stays below records produced later, and a cycle minted in
+    between would rightly leave those out."""
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
+    deadline = time.monotonic() + timeout
+    while True:
+        ends = {}
+        for level in (IsolationLevel.READ_COMMITTED, IsolationLevel.READ_UNCOMMITTED):
+            futs = admin.list_offsets({TopicPartition(topic, q): OffsetSpec.latest() for q in partitions},
+                                      isolation_level=level, request_timeout=10)
+            ends[level] = {tp.partition: f.result().offset for tp, f in futs.items()}
+        if ends[IsolationLevel.READ_COMMITTED] == ends[IsolationLevel.READ_UNCOMMITTED]:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{topic}: transaction markers not written after {timeout}s: {ends}")
+        time.sleep(0.05)
 
 
 def rec(i: int, part: int) -> tuple[int, bytes, bytes]:
