@@ -237,3 +237,20 @@ def test_a_read_at_a_wrong_time_or_of_an_unknown_collection_says_what_is_wrong(c
     assert read_as_of(conn, store, "a", 9).num_rows == 0
     with pytest.raises(UnknownShard, match="shard nosuch: not registered"):
         read_as_of(conn, store, "nosuch")
+
+
+@pytest.mark.parametrize("server, session", [("off", "on"), ("local", "local"), ("remote_apply", "remote_apply")])
+def test_a_persist_session_flushes_its_commits_whatever_the_server_says(db, server, session):
+    """A commit acknowledged unflushed (``synchronous_commit = off``, as the test cluster runs) is forgotten
+    by a crash; a persist session turns it on, and keeps the levels that flush anyway."""
+    import psycopg
+
+    role = psycopg.conninfo.conninfo_to_dict(db)["user"]
+    with psycopg.connect(db, autocommit=True) as admin:
+        admin.execute(f"ALTER ROLE \"{role}\" SET synchronous_commit = '{server}'")
+    try:
+        with connect(db) as conn:
+            assert conn.execute("SHOW synchronous_commit").fetchone()[0] == session
+    finally:
+        with psycopg.connect(db, autocommit=True) as admin:
+            admin.execute(f'ALTER ROLE "{role}" RESET synchronous_commit')

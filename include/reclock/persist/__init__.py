@@ -24,5 +24,17 @@ import psycopg
 def connect(dsn: str) -> psycopg.Connection:
     """A connection for the persist functions: autocommit, so a read never leaves an implicit transaction
     open (that would hold a compare-and-set's row locks past the function); each function opens its
-    own transaction, and callers may still group several in ``with conn.transaction():``."""
-    return psycopg.connect(dsn, autocommit=True)
+    own transaction, and callers may still group several in ``with conn.transaction():``.
+
+    A server (or database, or role) set to ``synchronous_commit = off`` acknowledges a commit before its
+    WAL is flushed, and a crash then forgets it: an append a sink has already exported, or a frontier a
+    slot has already been advanced to. So where the setting is ``off`` the session turns it ``on``
+    (``local`` and the replication levels already flush locally and are kept)."""
+    conn = psycopg.connect(dsn, autocommit=True)
+    try:
+        conn.execute("SELECT set_config('synchronous_commit', 'on', false) "
+                     "WHERE current_setting('synchronous_commit') = 'off'")
+    except BaseException:
+        conn.close()
+        raise
+    return conn
