@@ -10,6 +10,9 @@ It starts its own Postgres, Kafka and Spark Connect server in a temporary folder
 - ``ups``: an upsert source over a 3-partition topic (12 keys, some deletes);
 - ``txn``: an append-only JSON source over a 3-partition topic fed by a transactional producer that aborts
   one transaction in four;
+- ``pgs``: a Postgres CDC source over a publication of two tables (``orders``, ``items``: inserts, updates,
+  deletes, transactions over both, unchanged TOASTed values, a 700-row transaction now and then) in a
+  database of the same Postgres, whose first cycle snapshots the tables while the writer runs;
 - ``afl``: an append-only JSON source over a 2-partition topic whose cycles run under Airflow: the real
   scheduler, api-server and dag-processor (metadata in the same Postgres) run ``ingest__afl`` every 2 s,
   with Airflow's task retries (``[core] default_task_retries`` 5, 1 s apart);
@@ -21,14 +24,16 @@ Spark Connect), so cycles of different sources run concurrently. At moments the 
 ==================  =======================================================================================
 fault               what happens
 ==================  =======================================================================================
-cycle_sigkill       SIGKILL of a source's cycle process, wherever it is (mint, a Spark job, append, resume)
+cycle_sigkill       SIGKILL of a source's cycle process, wherever it is (mint, a Spark job, the slot's peek,
+                    append, the slot's advance)
 cycle_failpoint     a cycle process relaunched with ``RECLOCK_FAILPOINTS=<point>=exit``: it dies exactly there
                     (``append:in_transaction`` among them)
 airflow_task_kill   SIGKILL of the process running a task of ``ingest__afl`` (``mint_write`` or ``append``,
                     wherever it is); Airflow retries it
 sink_sigkill        SIGKILL of the sink process (often inside its open transaction)
 sink_failpoint      the sink relaunched with ``sink:in_transaction=exit``
-pg_restart          ``pg_ctl restart -m immediate`` (every open transaction is lost)
+pg_restart          ``pg_ctl restart -m immediate`` (every open transaction is lost; the upstream database of
+                    ``pgs`` is in the same server)
 kafka_restart       the broker SIGKILLed and started again
 spark_restart       the Spark Connect server SIGKILLed and started again
 ==================  =======================================================================================
@@ -41,6 +46,11 @@ to the shard's upper, and the ORACLE checks, from a ``read_committed`` reading o
 - append sources: every committed record in the shard exactly once (aborted ones never), with ``diff`` 1,
   each at the timestamp of the binding that covers its offset (``remap.reclock`` over the bindings);
 - upsert: the collection AS OF every binding equals the latest value per key computed from the topic;
+- Postgres: each table's collection AS OF every binding equals the writer's committed transactions (its
+  ``chaos_log`` table, written in each transaction) replayed in commit-LSN order below the binding's LSN,
+  the commit LSNs read by the oracle's own slot (``chaos_observer``, Begin messages); every row a
+  transaction wrote carries the timestamp of the binding that covers its commit LSN; the last binding's
+  contents equal the tables themselves; the source's slot is never ahead of the last binding;
 - sink: the target topic (read_committed) equals the shard's updates exactly once, in timestamp order.
 
 It prints faults by kind, records checked, lost, duplicated, wrong timestamps, the seed and the wall time,
@@ -73,9 +83,14 @@ WEIGHTS = {"cycle_sigkill": 25, "cycle_failpoint": 15, "airflow_task_kill": 15, 
            "sink_failpoint": 8, "pg_restart": 10, "kafka_restart": 10, "spark_restart": 10}
 CYCLE_FAILPOINTS = ("mint:after_binding", "write_batches:before_job", "write_batches:after_slice",
                     "append:in_transaction", "resume:after_commit")
-SOURCES = {"app": 2, "ups": 3, "txn": 3, "afl": 2}  # name -> partitions
-RUNNERS = ("app", "ups", "txn")  # the sources whose cycles run in runner processes; afl's run under Airflow
+SOURCES = {"app": 2, "ups": 3, "txn": 3, "afl": 2}  # the Kafka sources: name -> partitions
+PG_SOURCE = "pgs"  # the Postgres CDC source over PG_TABLES of the database UPSTREAM_DB
+PG_TABLES = ("orders", "items")
+UPSTREAM_DB = "chaos_up"
+OBSERVER_SLOT = "chaos_observer"  # the oracle's own slot: every commit's LSN, read from the WAL
+RUNNERS = ("app", "ups", "txn", PG_SOURCE)  # the sources whose cycles run in runner processes; afl's under Airflow
 AIRFLOW_SOURCE = "afl"
+BIG_EVERY = 150  # every this many writer transactions, a large one (700 rows of items: above the budget)
 UPSERT_KEYS = 12
 REPO = Path(__file__).resolve().parents[1]
 WATCHDOG_S = 300.0  # a cycle or sink process silent for this long is stuck (or starved): killed and reported
@@ -124,7 +139,7 @@ class Services:
                 "RECLOCK_BLOB_URL": str(self.root / "blobs"), "RECLOCK_SPARK_REMOTE": self.spark.url,
                 "RECLOCK_RETAIN_HISTORY_S": "1000000000",  # keep every time readable: the oracle checks each
                 "RECLOCK_GC_GRACE_S": "20", "RECLOCK_GC_INTERVAL_S": "5",  # GC runs often, beside the faults
-                "RECLOCK_FAILPOINTS": ""}
+                "RECLOCK_FAILPOINTS": "", "CHAOS_UPSTREAM_DSN": self.postgres.dsn(UPSTREAM_DB)}
 
 
 def start_services(root: Path) -> Services:
@@ -223,7 +238,9 @@ def write_config(root: Path, bootstrap: str) -> Path:
         "txn": {"kafka": {"topic": "chaos_txn", "bootstrap": bootstrap}, "format": {"type": "json", "schema": schema},
                 "include": ["partition", "offset"], "budget": {"max_records": 300}},
         "afl": {"kafka": {"topic": "chaos_afl", "bootstrap": bootstrap}, "format": {"type": "json", "schema": schema},
-                "include": ["partition", "offset"], "budget": {"max_records": 300}, "interval": "2s"}},
+                "include": ["partition", "offset"], "budget": {"max_records": 300}, "interval": "2s"},
+        PG_SOURCE: {"postgres": {"dsn_env": "CHAOS_UPSTREAM_DSN", "publication": "chaos_pub"},
+                    "budget": {"max_records": 300}}},
         "sinks": {"out": {"from": "ups", "format": "debezium", "key": ["_key"],
                           "kafka": {"topic": "chaos_out", "bootstrap": bootstrap},
                           "progress_topic": "_progress_chaos", "budget": {"max_messages": 25},
@@ -329,6 +346,256 @@ class Producers:
                     _echo(f"txn producer: {e}")
                 time.sleep(1)
             time.sleep(5 / self.rate)
+
+
+# ------------------------------------------------------------------------------ the Postgres upstream
+
+def setup_upstream(svc: Services) -> str:
+    """The upstream database of ``pgs``: its two tables (``REPLICA IDENTITY FULL``; ``note`` stored out of
+    line, so an update that leaves it alone sends it as an unchanged TOAST value), the publication, the
+    writer's log (unpublished), the oracle's observer slot (made before any write), and initial rows that
+    the first cycle's snapshot reads. Returns its DSN."""
+    import psycopg
+
+    with psycopg.connect(svc.postgres.dsn("postgres"), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{UPSTREAM_DB}"')
+    dsn = svc.postgres.dsn(UPSTREAM_DB)
+    with psycopg.connect(dsn, autocommit=True, options="-c synchronous_commit=on") as conn:
+        for t in PG_TABLES:
+            conn.execute(f"CREATE TABLE {t} (id int8 PRIMARY KEY, v text, n int8, note text, txid int8)")
+            conn.execute(f"ALTER TABLE {t} ALTER COLUMN note SET STORAGE EXTERNAL")
+            conn.execute(f"ALTER TABLE {t} REPLICA IDENTITY FULL")
+        conn.execute("CREATE TABLE chaos_log (xid int8 PRIMARY KEY, ops jsonb NOT NULL)")
+        conn.execute(f"CREATE PUBLICATION chaos_pub FOR TABLE {', '.join(PG_TABLES)}")
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (OBSERVER_SLOT,))
+    writer = PgWriter(dsn, seed=0, rate=1.0)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        writer.load(conn)
+        for _ in range(40):  # ~100 rows before the first cycle: its snapshot has something to read
+            writer.transaction(conn, big=False, inserts_only=True)
+    return dsn
+
+
+def _note(rng: random.Random) -> str | None:
+    """One value in five is 2,500 random characters (stored out of line: TOAST)."""
+    if rng.random() < 0.2:
+        return "".join(rng.choices("abcdefghijklmnopqrstuvwxyz0123456789", k=2500))
+    return None
+
+
+def _md5(text: str | None) -> str | None:
+    import hashlib
+
+    return None if text is None else hashlib.md5(text.encode()).hexdigest()
+
+
+class PgWriter:
+    """Transactions over both tables at ``rate`` transactions/s until ``stop``: inserts, updates (of ``v``
+    and ``n`` only: ``note`` stays, unchanged TOAST), deletes, and every ``BIG_EVERY``-th transaction 700
+    rows of ``items`` inserted (or the last such batch deleted). Each transaction logs what it did, as the
+    rows its statements returned, in ``chaos_log`` in the same transaction: whatever a Postgres restart
+    does to a commit in flight, the log holds exactly the transactions that committed. It rides out
+    restarts (a failed transaction is simply not in the log)."""
+
+    def __init__(self, dsn: str, seed: int, rate: float) -> None:
+        self.dsn, self.rate = dsn, rate
+        self.rng = random.Random(seed)
+        self.live: dict[str, set[int]] = {t: set() for t in PG_TABLES}
+        self.big: list[int] = []
+        self.next_key = 1
+        self.sent = 0
+        self.errors = 0
+        self.transactions = 0
+
+    def load(self, conn) -> None:
+        """The live keys as the tables hold them now (after a failed commit, whose outcome only they know)."""
+        for t in PG_TABLES:
+            self.live[t] = {k for (k,) in conn.execute(f"SELECT id FROM {t} WHERE id < 1000000000")}
+        self.big = [k for (k,) in conn.execute("SELECT id FROM items WHERE id >= 1000000000")]
+        self.next_key = 1 + max((max(ks) for ks in self.live.values() if ks), default=0)
+
+    def transaction(self, conn, big: bool, inserts_only: bool = False) -> None:
+        ops: list[list] = []
+        with conn.transaction():
+            xid = conn.execute("SELECT pg_current_xact_id()::text::int8").fetchone()[0]
+            if big and self.big:
+                for (k,) in conn.execute("DELETE FROM items WHERE id >= 1000000000 RETURNING id").fetchall():
+                    ops.append(["d", "items", k])
+            elif big:
+                base = 1_000_000_000 + self.next_key * 1000
+                rows = conn.execute("INSERT INTO items SELECT %s + g, 'big' || g, g, NULL, %s "
+                                    "FROM generate_series(1, 700) g RETURNING id, v, n", (base, xid)).fetchall()
+                ops += [["i", "items", k, v, n, None, xid] for k, v, n in rows]
+            else:
+                for _ in range(self.rng.randint(1, 6)):
+                    table = self.rng.choice(PG_TABLES)
+                    live = self.live[table]
+                    kind = ("insert" if inserts_only or len(live) < 60
+                            else self.rng.choices(["insert", "update", "delete"], [3, 4, 3])[0])
+                    if kind == "insert":
+                        key, self.next_key = self.next_key, self.next_key + 1
+                        v, n, note = f"v{self.rng.randrange(10**6)}", self.rng.randrange(10**9), _note(self.rng)
+                        conn.execute(f"INSERT INTO {table} VALUES (%s, %s, %s, %s, %s)", (key, v, n, note, xid))
+                        ops.append(["i", table, key, v, n, _md5(note), xid])
+                        live.add(key)
+                    elif kind == "update":
+                        key = self.rng.choice(sorted(live))
+                        row = conn.execute(f"UPDATE {table} SET v = %s, n = n + 1, txid = %s WHERE id = %s "
+                                           "RETURNING v, n, md5(note)", (f"u{self.rng.randrange(10**6)}", xid, key)
+                                           ).fetchone()
+                        if row is not None:
+                            ops.append(["i", table, key, *row, xid])
+                    else:
+                        key = self.rng.choice(sorted(live))
+                        if conn.execute(f"DELETE FROM {table} WHERE id = %s RETURNING id", (key,)).fetchone():
+                            ops.append(["d", table, key])
+                        live.discard(key)
+            conn.execute("INSERT INTO chaos_log VALUES (%s, %s)", (xid, json.dumps(ops)))
+        self.transactions += 1
+        self.sent += len(ops)
+        if big:
+            self.big = [] if self.big else [op[2] for op in ops]
+
+    def run(self, stop: threading.Event) -> None:
+        import psycopg
+
+        conn = None
+        while not stop.is_set():
+            try:
+                if conn is None:
+                    conn = psycopg.connect(self.dsn, autocommit=True, connect_timeout=10)
+                    self.load(conn)
+                self.transaction(conn, big=self.transactions % BIG_EVERY == BIG_EVERY - 1)
+            except psycopg.Error as e:
+                self.errors += 1
+                if self.errors < 5 or self.errors % 20 == 0:
+                    _echo(f"postgres writer: {type(e).__name__}: {str(e).strip()[:200]}")
+                if conn is not None:
+                    conn.close()
+                conn = None
+                time.sleep(1)
+            time.sleep(1 / self.rate)
+        if conn is not None:
+            conn.close()
+
+
+class Observer:
+    """The oracle's reading of the WAL: every committed transaction's commit LSN (``xid -> final_lsn``),
+    from the Begin messages of its own slot, consumed as it goes (so it pins little WAL). The Begin message
+    is parsed here, by the pgoutput format's definition: ``'B'``, Int64 final LSN, Int64 commit time,
+    Int32 xid."""
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self.commits: dict[int, int] = {}
+
+    def drain(self) -> None:
+        import struct
+
+        import psycopg
+
+        with psycopg.connect(self.dsn, autocommit=True, connect_timeout=10) as conn:
+            rows = conn.execute("SELECT data FROM pg_logical_slot_get_binary_changes(%s, NULL, NULL, "
+                                "'proto_version', '1', 'publication_names', 'chaos_pub') "
+                                "WHERE get_byte(data, 0) = 66", (OBSERVER_SLOT,)).fetchall()
+        for (data,) in rows:
+            _, final_lsn, _, xid = struct.unpack(">cQqI", bytes(data)[:21])
+            self.commits[xid] = final_lsn
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.wait(10):
+            try:
+                self.drain()
+            except Exception as e:  # noqa: BLE001 - a restart in between: the next drain reads it
+                _echo(f"observer: {type(e).__name__}: {str(e).strip()[:200]}")
+
+
+def check_postgres(verdict: Verdict, conn, blob, observer: Observer, source: str = PG_SOURCE) -> dict:
+    """Each table's collection AS OF every binding equals the committed transactions replayed below the
+    binding's LSN; each written row at its transaction's binding; the last binding equals the tables."""
+    import bisect
+
+    import psycopg
+
+    from reclock.persist.remap_store import load_remap
+    from reclock.read import read_updates
+
+    observer.drain()
+    with psycopg.connect(observer.dsn, autocommit=True) as up:
+        log = up.execute("SELECT xid, ops FROM chaos_log").fetchall()
+        tables = {t: {k: (v, n, note, x) for k, v, n, note, x in
+                      up.execute(f"SELECT id, v, n, md5(note), txid FROM {t}").fetchall()} for t in PG_TABLES}
+        slot = up.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
+                          (f"reclock_{source}",)).fetchone()
+    txns, commit_of = [], {}
+    for xid, ops in log:
+        lsn = observer.commits.get(xid & 0xFFFFFFFF)
+        if lsn is None:
+            if ops:
+                raise RuntimeError(f"oracle: transaction {xid} committed (it is in chaos_log) but the observer "
+                                   "slot has no Begin for it")
+            continue
+        txns.append((lsn, ops))
+        commit_of[xid] = lsn
+    txns.sort(key=lambda t: t[0])
+    rc = load_remap(conn, source)
+    bindings = [(b.ts, b.frontier.get(0)) for b in rc.bindings if b.ts >= rc.since]
+    if not bindings:
+        raise RuntimeError(f"oracle: {source} has no bindings")
+    lsns = [lsn for _, lsn in bindings]
+    updates = {}
+    for t in PG_TABLES:
+        ups = read_updates(conn, blob, f"{source}__{t}")
+        rows = ups.to_pylist() if ups is not None else []
+        updates[t] = sorted(rows, key=lambda r: r["ts"])
+        for r in rows:  # each row a transaction wrote: at the binding that covers its commit LSN
+            if r["diff"] == 1 and r["ts"] > bindings[0][0]:
+                lsn = commit_of.get(r["txid"])
+                want = None if lsn is None else bindings[bisect.bisect_right(lsns, lsn)][0]
+                if max(r["ts"], rc.since) != want:
+                    verdict.wrong_ts[source] += 1
+                    verdict.note(f"{source}__{t}: row {r['id']} of transaction {r['txid']} at {r['ts']}, want {want}")
+    state: dict[str, dict[int, tuple]] = {t: {} for t in PG_TABLES}
+    got: dict[str, collections.Counter] = {t: collections.Counter() for t in PG_TABLES}
+    i, pos = 0, {t: 0 for t in PG_TABLES}
+    for ts, lsn in bindings:
+        while i < len(txns) and txns[i][0] < lsn:
+            for op in txns[i][1]:
+                if op[0] == "i":
+                    state[op[1]][op[2]] = tuple(op[3:])
+                else:
+                    state[op[1]].pop(op[2], None)
+            i += 1
+        for t in PG_TABLES:
+            ups = updates[t]
+            while pos[t] < len(ups) and ups[pos[t]]["ts"] <= ts:
+                r = ups[pos[t]]
+                got[t][(r["id"], r["v"], r["n"], _md5(r["note"]), r["txid"])] += r["diff"]
+                pos[t] += 1
+            want = collections.Counter((k, *row) for k, row in state[t].items())
+            have = +got[t]
+            if have != want:
+                missing, extra = want - have, have - want
+                verdict.lost[source] += sum(missing.values())
+                verdict.duplicated[source] += sum(extra.values())
+                verdict.note(f"{source}__{t} AS OF {ts} (LSN {lsn:X}): missing {list(missing)[:3]}, "
+                             f"extra {list(extra)[:3]}")
+            verdict.checked[f"{source} (rows AS OF binding)"] += len(want)
+    for t in PG_TABLES:  # the last binding covers every commit: its contents are the tables themselves
+        if state[t] != tables[t]:
+            raise RuntimeError(f"oracle: {t} replayed from chaos_log differs from the table (the writer's log "
+                               "or the observer is wrong)")
+    if i != len(txns):
+        verdict.lost[source] += sum(len(ops) for _, ops in txns[i:])
+        verdict.note(f"{source}: {len(txns) - i} committed transactions past the last binding")
+    from reclock.sources.pgoutput import lsn_to_int
+
+    confirmed = None if slot is None else lsn_to_int(slot[0])
+    if confirmed is None or confirmed > lsns[-1]:
+        verdict.lost[source] += 1
+        verdict.note(f"{source}: slot confirmed at {slot}, last binding at LSN {lsns[-1]:X}")
+    verdict.checked[source] += sum(len(ops) for _, ops in txns)
+    return {"transactions": len(txns), "bindings": len(bindings), "slot_at_last_binding": confirmed == lsns[-1]}
 
 
 # --------------------------------------------------------------------------------------------- the procs
@@ -736,7 +1003,7 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
     rng = random.Random(seed)
     root = Path(tempfile.mkdtemp(prefix="reclock-chaos-", dir="/var/tmp"))
     os.chmod(root, 0o755)
-    svc = producers = airflow = None
+    svc = producers = airflow = stop_pg = None
     drivers: list[Driver] = []
     injected: collections.Counter = collections.Counter()
     harness_errors: list[str] = []
@@ -745,6 +1012,7 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
         svc = start_services(root)
         config = write_config(root, svc.kafka.bootstrap)
         create_topics(svc.kafka.bootstrap)
+        upstream = setup_upstream(svc)
         env = svc.env(config)
         logdir = root / "logs"
         logdir.mkdir()
@@ -756,6 +1024,12 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
         airflow.start()
         producers = Producers(svc.kafka.bootstrap, seed, rate)
         producers.start()
+        pg_writer, observer = PgWriter(upstream, seed, rate / 5), Observer(upstream)
+        stop_pg = threading.Event()
+        pg_threads = [threading.Thread(target=pg_writer.run, args=(stop_pg,), name="pg-writer", daemon=True),
+                      threading.Thread(target=observer.run, args=(stop_pg,), name="pg-observer", daemon=True)]
+        for t in pg_threads:
+            t.start()
         stop_ticks = threading.Event()
 
         def airflow_ticker() -> None:
@@ -825,6 +1099,9 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
                 first.append(kind)  # missed (its process was between runs): every kind still comes once
         echo(f"faults done: {dict(injected)}; catching up")
         producers.stop()
+        stop_pg.set()
+        for t in pg_threads:
+            t.join(120)
         stop_ticks.set()
         ticks.join(30)
         airflow_ticks.join(600)
@@ -834,8 +1111,10 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
         airflow_report = airflow.report()
         echo(f"airflow: {airflow_report}")
         # catch up: every source (side by side) until a cycle finds nothing new, then the sink to the upper
-        with ThreadPoolExecutor(len(SOURCES)) as pool:
+        with ThreadPoolExecutor(len(SOURCES) + 1) as pool:
+            pg_done = pool.submit(_catch_up_postgres, py, env, upstream, echo)
             done = dict(zip(SOURCES, pool.map(lambda s: _catch_up(py, s, env, echo), SOURCES)))
+            done[PG_SOURCE] = pg_done.result()
         lagging = [s for s, ok in done.items() if not ok]
         if lagging:
             raise RuntimeError(f"sources {lagging} did not catch up")
@@ -851,15 +1130,20 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
             check_append(verdict, conn, blob, svc.kafka.bootstrap, AIRFLOW_SOURCE)
             check_upsert(verdict, conn, blob, svc.kafka.bootstrap, "ups")
             check_sink(verdict, conn, blob, svc.kafka.bootstrap, config, "out")
+            pg_report = check_postgres(verdict, conn, blob, observer)
         extra = {"launches": {d.name: d.launches for d in drivers},
                  "exits": {d.name: {str(k): v for k, v in d.exits.items()} for d in drivers},
                  "watchdog_kills": sum(d.watchdog_kills for d in drivers), "airflow": airflow_report,
                  "harness_errors": harness_errors,
-                 "txn_producer_errors": producers.errors["txn"]}
-        return Result(seed, injected, verdict, time.monotonic() - t0, producers.sent, extra)
+                 "txn_producer_errors": producers.errors["txn"],
+                 "postgres": {**pg_report, "writer_errors": pg_writer.errors}}
+        produced = collections.Counter({**producers.sent, PG_SOURCE: pg_writer.sent})
+        return Result(seed, injected, verdict, time.monotonic() - t0, produced, extra)
     finally:
         if producers is not None:
             producers.stop_event.set()
+        if stop_pg is not None:
+            stop_pg.set()
         for d in drivers:
             try:
                 d.stop()
@@ -883,6 +1167,30 @@ def _catch_up(py: str, source: str, env: dict[str, str], echo: Callable[[str], N
         if p.returncode == 0:
             return True
         echo(f"catch-up {source}: exit {p.returncode}: {p.stdout[-1500:]}{p.stderr[-1500:]}")
+    return False
+
+
+def _catch_up_postgres(py: str, env: dict[str, str], upstream: str, echo: Callable[[str], None]) -> bool:
+    """Cycles of ``pgs`` until a binding covers the upstream's flush LSN as it was when the writer stopped
+    (any WAL moves the flush LSN, so a Postgres source never finds "nothing new": it binds again)."""
+    import psycopg
+
+    from reclock.persist import connect
+    from reclock.persist.remap_store import load_remap
+    from reclock.sources.pgoutput import lsn_to_int
+
+    with psycopg.connect(upstream, autocommit=True) as conn:
+        target = lsn_to_int(conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0])
+    for _ in range(30):
+        p = subprocess.run([py, "-m", "benchmarks.chaos", "--runner", PG_SOURCE, "--once"], env=env, cwd=REPO,
+                           capture_output=True, text=True, timeout=900)
+        if p.returncode not in (0, 3):
+            echo(f"catch-up {PG_SOURCE}: exit {p.returncode}: {p.stdout[-1500:]}{p.stderr[-1500:]}")
+            continue
+        with connect(env["RECLOCK_DSN"]) as conn:
+            rc = load_remap(conn, PG_SOURCE)
+        if rc.bindings and rc.bindings[-1].frontier.get(0) >= target:
+            return True
     return False
 
 

@@ -1,6 +1,6 @@
 """The fault campaign, short (issue 15): ~20 faults (fewer if 6 minutes of faults on a loaded machine do not
 allow 20) of every kind ``benchmarks.chaos`` injects (cycle, Airflow task and sink processes SIGKILLed or
-stopped at fail points, Postgres restarted immediate, the Kafka broker and the Spark Connect server killed and restarted), a
+stopped at fail points, Postgres restarted immediate (with the CDC source's upstream in it), the Kafka broker and the Spark Connect server killed and restarted), a
 fixed seed, the same code as ``python -m benchmarks.chaos``. The oracle reads the topics itself; nothing may
 be lost, duplicated or at a wrong timestamp."""
 
@@ -40,5 +40,7 @@ def test_short_campaign_loses_and_duplicates_nothing():
     assert all(int(kinds[k]) >= 1 for k in FAULT_KINDS), kinds  # every kind comes first, once each
     checked = int(re.search(r"records checked: (\d+)", out).group(1))
     assert checked > 1000, out
-    airflow = json.loads(re.search(r"produced: \{.*?\}; (\{.*\})", out).group(1))["airflow"]
+    extra = json.loads(re.search(r"produced: \{.*?\}; (\{.*\})", out).group(1))
+    airflow = extra["airflow"]
+    assert extra["postgres"]["transactions"] > 50 and re.search(r"pgs \d+", out), out  # the CDC source was checked
     assert airflow["retried_to_success"] >= 1 and airflow["runs"].get("success", 0) >= 1, airflow  # Airflow ran it
