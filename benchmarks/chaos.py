@@ -154,10 +154,14 @@ def start_services(root: Path) -> Services:
     kafka = LocalKafka(state, heap="512m")
     spark = LocalSparkConnect(state, master="local[2]", driver_memory="1g")
     svc = Services(root, state, pg, kafka, spark)
-    pg.start()
-    migrate(pg.dsn())
-    kafka.start()
-    spark.start()
+    try:
+        pg.start()
+        migrate(pg.dsn())
+        kafka.start()
+        spark.start()
+    except BaseException:  # a failed start, or SIGTERM meanwhile: stop what did start
+        stop_services(svc)
+        raise
     return svc
 
 
