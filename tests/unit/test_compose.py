@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from reclock.config import load_config
 from reclock.orchestration.connections import CONNECTIONS
 from reclock.persist.objectstore import S3Settings, spark_s3a_conf
 from reclock.spark.ingest import SESSION_CONF
@@ -127,6 +128,9 @@ def test_every_connection_the_code_reads_is_defined():
         conns = {k[len("AIRFLOW_CONN_"):].lower(): json.loads(v) for k, v in env.items()
                  if k.startswith("AIRFLOW_CONN_")}
         assert set(CONNECTIONS) | {"reclock_s3"} <= set(conns), name
+        named = {spec.postgres.connection for spec in load_config(REPO / "include" / "reclock.yaml").sources.values()
+                 if spec.postgres is not None and spec.postgres.connection}
+        assert named and all(conns[c]["conn_type"] == "postgres" for c in named), (name, named)  # demo_shop's
         assert conns["reclock_spark"]["conn_type"] == "spark_connect"
         assert conns["reclock_spark_submit"]["conn_type"] == "spark"
         assert conns["reclock_s3"]["conn_type"] == "aws" and conns["reclock_s3"]["extra"]["endpoint_url"]

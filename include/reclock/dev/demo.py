@@ -1,5 +1,8 @@
 """The demo: the stack up, a sample topic filled in waves, ``ingest__demo_orders`` cycles run by the real
-Airflow scheduler, and what landed printed (rows, bindings, the progress relation, consumer-group lag)."""
+Airflow scheduler, and what landed printed (rows, bindings, the progress relation, consumer-group lag); then
+the same for a Postgres source, ``demo_shop``: transactions over two tables of the stack Postgres's
+``demo_shop`` database, ``ingest__demo_shop`` runs, each table's collection beside the table itself, the
+``(ts, lsn)`` progress relation and the WAL the slot retains."""
 
 from __future__ import annotations
 
@@ -14,6 +17,8 @@ from reclock.dev.stack import Stack
 
 DEMO_SOURCE = "demo_orders"
 DEMO_SINK = "demo_orders_out"
+DEMO_PG_SOURCE = "demo_shop"
+DEMO_PG_DB = "demo_shop"  # a database of the stack's Postgres (wal_level=logical), the upstream of demo_shop
 
 
 def fill(bootstrap: str, topic: str, start: int, count: int, partitions: int = 4) -> None:
@@ -97,6 +102,8 @@ def run_demo(stack: Stack, waves: int = 2, per_wave: int = 20_000, echo: Callabl
     echo(f"consumer group {spec.consumer_group} lag per partition: {lag} (total {sum(lag.values())})")
     if sink is not None:
         _show_sink(stack, sink, upper, echo)
+    if DEMO_PG_SOURCE in config.sources:
+        _run_postgres_demo(stack, config.sources[DEMO_PG_SOURCE], waves, max(1, per_wave // 20), echo)
     echo(f"\nAirflow UI: {stack.airflow.url}  (login admin, password in {stack.state.file})")
     echo(f'read it yourself: eval "$(.venv/bin/reclock dev env)"; .venv/bin/reclock read {spec.data_shard} --limit 5')
 
@@ -118,3 +125,97 @@ def _show_sink(stack: Stack, sink, upper: int, echo: Callable[[str], None]) -> N
     runs = stack.airflow.api("GET", f"dags/sink__{sink.name}/dagRuns").get("total_entries", "?")
     echo(f"sink {sink.name}: {sink.collection} -> topic {sink.kafka.topic} exactly once; progress record "
          f"frontier {progress.frontier} = the shard's upper ({runs} asset-triggered runs of sink__{sink.name})")
+
+
+def shop_upstream(stack: Stack, publication: str, tables: list[str]) -> str:
+    """The ``demo_shop`` database (created if missing): ``orders`` and ``items`` with ``REPLICA IDENTITY
+    FULL`` and the publication over them. Returns its DSN."""
+    import psycopg
+
+    with psycopg.connect(stack.postgres.dsn("postgres"), autocommit=True) as conn:
+        if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DEMO_PG_DB,)).fetchone() is None:
+            conn.execute(f'CREATE DATABASE "{DEMO_PG_DB}"')
+    dsn = stack.postgres.dsn(DEMO_PG_DB)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS orders (order_id int8 PRIMARY KEY, customer text NOT NULL, "
+                     "status text NOT NULL, amount numeric(10,2) NOT NULL, placed_at timestamptz NOT NULL)")
+        conn.execute("CREATE TABLE IF NOT EXISTS items (item_id int8 PRIMARY KEY, order_id int8 NOT NULL, "
+                     "sku text NOT NULL, quantity int4 NOT NULL)")
+        for t in ("orders", "items"):
+            conn.execute(f"ALTER TABLE {t} REPLICA IDENTITY FULL")
+        if conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,)).fetchone() is None:
+            conn.execute(f'CREATE PUBLICATION "{publication}" FOR TABLE {", ".join(tables)}')
+    return dsn
+
+
+def shop_wave(dsn: str, orders: int, seed: int) -> int:
+    """``orders`` transactions, each an order with 1-3 items; then one transaction that ships a tenth of the
+    open orders and drops an item of each, across both tables. Returns the transactions committed."""
+    import psycopg
+
+    rng = random.Random(seed)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        next_order = conn.execute("SELECT coalesce(max(order_id), 0) + 1 FROM orders").fetchone()[0]
+        next_item = conn.execute("SELECT coalesce(max(item_id), 0) + 1 FROM items").fetchone()[0]
+        for o in range(next_order, next_order + orders):
+            with conn.transaction():
+                conn.execute("INSERT INTO orders VALUES (%s, %s, 'open', %s, now())",
+                             (o, f"c{rng.randrange(1000):03d}", round(rng.uniform(1, 500), 2)))
+                for _ in range(rng.randint(1, 3)):
+                    conn.execute("INSERT INTO items VALUES (%s, %s, %s, %s)",
+                                 (next_item, o, f"sku-{rng.randrange(200)}", rng.randint(1, 5)))
+                    next_item += 1
+        with conn.transaction():
+            shipped = [r[0] for r in conn.execute(
+                "UPDATE orders SET status = 'shipped' WHERE order_id IN (SELECT order_id FROM orders "
+                "WHERE status = 'open' ORDER BY order_id LIMIT %s) RETURNING order_id", (max(1, orders // 10),))]
+            conn.execute("DELETE FROM items WHERE item_id IN (SELECT min(item_id) FROM items "
+                         "WHERE order_id = ANY(%s) GROUP BY order_id)", (shipped,))
+    return orders + 1
+
+
+def _run_postgres_demo(stack: Stack, spec, waves: int, per_wave: int, echo: Callable[[str], None]) -> None:
+    """Transactions into ``demo_shop``'s tables, one ``ingest__demo_shop`` run per wave, and what landed:
+    each table's collection AS OF the upper beside the table itself, the progress relation, the slot."""
+    import psycopg
+
+    from reclock.persist.blob import blob_store_from_url
+    from reclock.read import read_as_of
+    from reclock.sources.postgres import slot_name
+
+    tables = list(spec.postgres.tables) or ["public.orders", "public.items"]
+    dsn = shop_upstream(stack, spec.postgres.publication, tables)
+    dag_id = f"ingest__{DEMO_PG_SOURCE}"
+    stack.airflow.wait_for_dag(dag_id)
+    echo(f"\n{DEMO_PG_SOURCE}: a Postgres source over publication {spec.postgres.publication} "
+         f"({', '.join(tables)}) in the database {DEMO_PG_DB}")
+    for wave in range(waves):
+        committed = shop_wave(dsn, per_wave, seed=wave + int(time.time()))
+        t0 = time.monotonic()
+        run_id = stack.airflow.trigger(dag_id)
+        stack.airflow.wait_run(dag_id, run_id, timeout=600)
+        echo(f"wave {wave + 1}: {committed} upstream transactions; {dag_id} run {run_id} succeeded in "
+             f"{time.monotonic() - t0:.1f}s")
+    blob = blob_store_from_url(stack.blob_url)
+    with psycopg.connect(dsn, autocommit=True) as up, connect(stack.postgres.dsn()) as conn:
+        progress = conn.execute(f'SELECT ts, lsn::text FROM reclock."{DEMO_PG_SOURCE}_progress" ORDER BY ts'
+                                ).fetchall()
+        last_lsn = progress[-1][1] if progress else None
+        for table in tables:
+            shard = f"{DEMO_PG_SOURCE}__{table.split('.')[-1]}"
+            upper = conn.execute("SELECT upper FROM reclock.shards WHERE id = %s", (shard,)).fetchone()[0]
+            contents = read_as_of(conn, blob, shard, upper - 1) if upper > 0 else None
+            rows = int(sum(contents.column("diff").to_pylist())) if contents is not None and contents.num_rows else 0
+            # the table as of the last binding is what the collection holds; the writers have stopped, so
+            # that is the table now unless a transaction came after the binding
+            now = up.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+            echo(f"  {shard}: {rows} rows AS OF {upper - 1}; {table} holds {now} rows")
+        slot = up.execute("SELECT confirmed_flush_lsn::text, pg_size_pretty(pg_wal_lsn_diff("
+                          "pg_current_wal_lsn(), restart_lsn)) FROM pg_replication_slots WHERE slot_name = %s",
+                          (slot_name(DEMO_PG_SOURCE),)).fetchone()
+    echo(f"SELECT * FROM reclock.{DEMO_PG_SOURCE}_progress  -- the bindings (ts, lsn):")
+    for ts, lsn in progress[-6:]:
+        echo(f"  {ts}  {lsn}")
+    if slot is not None:
+        echo(f"slot {slot_name(DEMO_PG_SOURCE)}: confirmed at {slot[0]} (the last binding's LSN {last_lsn}); "
+             f"it retains {slot[1]} of WAL")

@@ -80,6 +80,11 @@ class Stack:
                 "conn_type": "spark_connect", "host": LOOPBACK, "port": self.spark.port,
                 "description": "Spark Connect server (local stack)",
             },
+            "reclock_demo_shop": {
+                "conn_type": "postgres", "host": LOOPBACK, "port": self.postgres.port, "login": "reclock",
+                "password": self.postgres.password, "schema": "demo_shop",
+                "description": "The demo_shop source's upstream database (local stack)",
+            },
             "reclock_spark_submit": {
                 "conn_type": "spark", "host": "local[2]",
                 "description": "spark-submit master of spark_jobs/ (local stack: a driver beside the task)",
