@@ -3,8 +3,9 @@ upstream itself.
 
     python -m benchmarks.chaos --faults 200 --seed 7
 
-It starts its own Postgres, Kafka and Spark Connect server in a temporary folder (``reclock.dev``, all on
-127.0.0.1), and runs, with producers writing throughout at bounded rates:
+It starts its own Postgres, Kafka and Spark (a standalone cluster of two 1-core workers, each its own
+executor JVM, and a Spark Connect server whose jobs run on them) in a temporary folder (``reclock.dev``,
+all on 127.0.0.1), and runs, with producers writing throughout at bounded rates:
 
 - ``app``: an append-only JSON source over a 2-partition topic;
 - ``ups``: an upsert source over a 3-partition topic (12 keys, some deletes);
@@ -35,7 +36,9 @@ sink_failpoint      the sink relaunched with ``sink:in_transaction=exit``
 pg_restart          ``pg_ctl restart -m immediate`` (every open transaction is lost; the upstream database of
                     ``pgs`` is in the same server)
 kafka_restart       the broker SIGKILLed and started again
-spark_restart       the Spark Connect server SIGKILLed and started again
+spark_restart       the Spark Connect server (the driver) SIGKILLed and started again
+spark_worker_kill   a cluster worker SIGKILLed with its executor (often mid-job: its tasks are retried on the
+                    other), started again 0-10 s later
 ==================  =======================================================================================
 
 After each fault the system catches up as an operator's rerun would: a dead cycle or sink process is
@@ -78,9 +81,9 @@ from pathlib import Path
 from typing import Callable
 
 FAULT_KINDS = ("cycle_sigkill", "cycle_failpoint", "airflow_task_kill", "sink_sigkill", "sink_failpoint",
-               "pg_restart", "kafka_restart", "spark_restart")
+               "pg_restart", "kafka_restart", "spark_restart", "spark_worker_kill")
 WEIGHTS = {"cycle_sigkill": 25, "cycle_failpoint": 15, "airflow_task_kill": 15, "sink_sigkill": 15,
-           "sink_failpoint": 8, "pg_restart": 10, "kafka_restart": 10, "spark_restart": 10}
+           "sink_failpoint": 8, "pg_restart": 10, "kafka_restart": 10, "spark_restart": 8, "spark_worker_kill": 10}
 CYCLE_FAILPOINTS = ("mint:after_binding", "write_batches:before_job", "write_batches:after_slice",
                     "append:in_transaction", "resume:after_commit")
 SOURCES = {"app": 2, "ups": 3, "txn": 3, "afl": 2}  # the Kafka sources: name -> partitions
@@ -143,16 +146,17 @@ class Services:
 
 
 def start_services(root: Path) -> Services:
+    from reclock.dev.cluster import LocalSparkCluster
     from reclock.dev.kafka import LocalKafka
     from reclock.dev.postgres import LocalPostgres
-    from reclock.dev.spark import LocalSparkConnect
     from reclock.dev.state import StackState
     from reclock.persist.migrate import migrate
 
     state = StackState(root / "state")
     pg = LocalPostgres(state, fast=True)
     kafka = LocalKafka(state, heap="512m")
-    spark = LocalSparkConnect(state, master="local[2]", driver_memory="1g")
+    spark = LocalSparkCluster(state, workers=2, worker_cores=1, worker_memory="1g", executor_memory="768m",
+                              driver_memory="1g")
     svc = Services(root, state, pg, kafka, spark)
     try:
         pg.start()
@@ -223,9 +227,15 @@ def restart_kafka(svc: Services, down_s: float) -> None:
 
 
 def restart_spark(svc: Services, down_s: float) -> None:
-    _kill_group(svc.spark.pidfile)
+    _kill_group(svc.spark.connect.pidfile)
     time.sleep(down_s)
-    _start_again(svc.spark, "spark connect")
+    _start_again(svc.spark, "spark connect")  # the cluster's start: what is down, and an executor per worker
+
+
+def kill_spark_worker(svc: Services, worker: int, down_s: float) -> None:
+    _kill_group(svc.spark.worker_pidfile(worker))
+    time.sleep(down_s)
+    _start_again(svc.spark, f"spark worker {worker}")
 
 
 # ------------------------------------------------------------------------------------------ the workload
@@ -1008,6 +1018,8 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
     root = Path(tempfile.mkdtemp(prefix="reclock-chaos-", dir="/var/tmp"))
     os.chmod(root, 0o755)
     svc = producers = airflow = stop_pg = None
+    stop_ticks = threading.Event()  # set first on the way out: a ticker would start stopped processes again
+    tickers: list[threading.Thread] = []
     drivers: list[Driver] = []
     injected: collections.Counter = collections.Counter()
     harness_errors: list[str] = []
@@ -1034,7 +1046,6 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
                       threading.Thread(target=observer.run, args=(stop_pg,), name="pg-observer", daemon=True)]
         for t in pg_threads:
             t.start()
-        stop_ticks = threading.Event()
 
         def airflow_ticker() -> None:
             while not stop_ticks.is_set():
@@ -1054,9 +1065,10 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
                 stop_ticks.wait(0.5)
 
         ticks = threading.Thread(target=ticker, name="drivers", daemon=True)
-        ticks.start()
         airflow_ticks = threading.Thread(target=airflow_ticker, name="airflow", daemon=True)
-        airflow_ticks.start()
+        tickers += [ticks, airflow_ticks]
+        for t in tickers:
+            t.start()
         time.sleep(10)  # let the first cycles register the sources
         total, attempts = 0, 0
         kind_list = list(kinds)
@@ -1090,6 +1102,9 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
                     hit = True
                 elif kind == "spark_restart":
                     restart_spark(svc, rng.uniform(0, 3))
+                    hit = True
+                elif kind == "spark_worker_kill":
+                    kill_spark_worker(svc, rng.randrange(svc.spark.workers), rng.uniform(0, 10))
                     hit = True
             except Exception as e:  # noqa: BLE001 - a harness error is reported, the campaign goes on
                 harness_errors.append(f"{kind}: {type(e).__name__}: {e}")
@@ -1144,6 +1159,9 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
         produced = collections.Counter({**producers.sent, PG_SOURCE: pg_writer.sent})
         return Result(seed, injected, verdict, time.monotonic() - t0, produced, extra)
     finally:
+        stop_ticks.set()
+        for t in tickers:
+            t.join(60)  # a tick under way finishes before the processes are stopped
         if producers is not None:
             producers.stop_event.set()
         if stop_pg is not None:

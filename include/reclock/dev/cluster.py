@@ -91,6 +91,10 @@ class LocalSparkCluster:
     def _pidfile(self, daemon: str) -> Path:
         return self.home / f"{daemon}.pid"
 
+    def worker_pidfile(self, i: int) -> Path:
+        """Worker ``i``'s pidfile: the leader of a process group that holds its executors too."""
+        return self._pidfile(f"worker-{i}")
+
     def _log(self, daemon: str) -> Path:
         return self.home / f"{daemon}.log"
 
