@@ -1,6 +1,6 @@
 """The fault campaign, short (issue 15): ~20 faults (fewer if 6 minutes of faults on a loaded machine do not
 allow 20) of every kind ``benchmarks.chaos`` injects (cycle, Airflow task and sink processes SIGKILLed or
-stopped at fail points, Postgres restarted immediate (with the CDC source's upstream in it), the Kafka broker and the Spark Connect server killed and restarted), a
+stopped at fail points, Postgres restarted immediate (with the CDC source's upstream in it), the Kafka broker, the Spark Connect server and a Spark cluster worker killed and restarted), a
 fixed seed, the same code as ``python -m benchmarks.chaos``. The oracle reads the topics itself; nothing may
 be lost, duplicated or at a wrong timestamp."""
 
