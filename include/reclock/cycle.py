@@ -450,7 +450,7 @@ def _write_postgres(ctx: CycleContext, rc: RemapCollection, desc: BatchDescripti
                 up.check_retained(uconn, start)
             decoder = cdc.ChangeDecoder(ctx.spec.name, outputs, writer, bindings, start, end, rewind,
                                         strict_tables=not ctx.spec.postgres.tables)
-            stats = decoder.feed(up.peek(uconn, upto, batch=max(1, min(chunk, 10_000))))
+            stats = decoder.feed_blocks(up.peek_blocks(uconn, upto, batch=max(1, min(chunk, 10_000))))
             uconn.rollback()
         failpoint("write_batches:after_slice")
         emitted = writer.close()

@@ -49,6 +49,7 @@ from typing import Iterator, Sequence
 
 import psycopg
 from psycopg import sql
+from psycopg.rows import scalar_row
 
 from reclock.errors import PublicationMissing, ReclockError, ReplicaIdentityNotFull, SlotBusy, SlotLost
 from reclock.sources.pgoutput import Message, decode, lsn_to_int, lsn_to_str
@@ -227,16 +228,25 @@ class PostgresUpstream:
 
     def peek(self, conn, upto: int, batch: int = 10_000) -> Iterator[Message]:
         """The slot's messages of transactions committed below ``upto`` (and maybe one more, see
-        ``pg_logical_slot_peek_binary_changes``), decoded, fetched ``batch`` at a time on a server-side
-        cursor. ``conn`` must not be in autocommit (a named cursor lives in a transaction)."""
-        with conn.cursor(name=f"peek_{uuid.uuid4().hex[:8]}", binary=True) as cur:  # bytea as is, not hex
-            cur.itersize = batch
+        ``pg_logical_slot_peek_binary_changes``), decoded one by one (:meth:`peek_blocks`)."""
+        for rows in self.peek_blocks(conn, upto, batch):
+            yield from map(decode, rows)
+
+    def peek_blocks(self, conn, upto: int, batch: int = 10_000) -> Iterator[list[bytes]]:
+        """The slot's messages of transactions committed below ``upto`` (and maybe one more, see
+        ``pg_logical_slot_peek_binary_changes``), undecoded, in lists of ``batch`` fetched at a time on a
+        server-side cursor. ``conn`` must not be in autocommit (a named cursor lives in a transaction)."""
+        with conn.cursor(name=f"peek_{uuid.uuid4().hex[:8]}", binary=True,  # bytea as is, not hex
+                         row_factory=scalar_row) as cur:
             try:
                 cur.execute("SELECT data FROM pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, NULL, "
                             "'proto_version', '1', 'publication_names', %s)",
                             (self.slot, lsn_to_str(upto), self.publication))
-                for (data,) in cur:
-                    yield decode(data)
+                while True:
+                    rows = cur.fetchmany(batch)
+                    if not rows:
+                        break
+                    yield rows
             except psycopg.errors.UndefinedObject as e:  # the slot or the publication vanished meanwhile
                 if "publication" in str(e):
                     raise PublicationMissing(self.source, "(all)", str(e), "create the publication again "
