@@ -137,25 +137,19 @@ class PartWriter:
                     b.pieces[0] = ([c[k:] if isinstance(c, list) else c.slice(k) for c in cols], ts[k:], diff[k:])
                 got += k
             b.held -= take
-            info = b.out.info
-            arrays = [po.text_column(o, m, _concat([p[0][j] for p in pieces]), f"{info.table}.{n}")
-                      for j, (n, o, m) in enumerate(info.columns)]
-            arrays += [pa.array(np.concatenate([p[1] for p in pieces]), pa.int64()),
-                       pa.array(np.concatenate([p[2] for p in pieces]), pa.int64())]
-            self._put(b, pa.Table.from_arrays(arrays, schema=b.out.schema), "part")
+            columns = [_concat([p[0][j] for p in pieces]) for j in range(len(b.out.info.columns))]
+            self._put(b, _part_table(b.out, columns, np.concatenate([p[1] for p in pieces]),
+                                     np.concatenate([p[2] for p in pieces])), "part")
 
     def add_columns(self, relid: int, columns: Sequence[pa.Array], ts: int, diff: int) -> None:
         """Many updates of table ``relid`` at once: its columns' text forms as Arrow string arrays (a
         snapshot's block), written as parts of at most ``chunk`` rows."""
         b = self.buffers[relid]
         n = len(columns[0]) if columns else 0
-        info, schema = b.out.info, b.out.schema
         for start in range(0, n, self.chunk):
             part = [c.slice(start, self.chunk) for c in columns]
             rows = len(part[0])
-            arrays = [po.text_column(o, m, c, f"{info.table}.{name}") for (name, o, m), c in zip(info.columns, part)]
-            arrays += [pa.array([ts] * rows, pa.int64()), pa.array([diff] * rows, pa.int64())]
-            self._put(b, pa.Table.from_arrays(arrays, schema=schema), "part")
+            self._put(b, _part_table(b.out, part, [ts] * rows, [diff] * rows), "part")
             b.emitted += rows
 
     def _put(self, b: _Buffer, table: pa.Table, kind: str) -> None:
@@ -180,6 +174,15 @@ class PartWriter:
         for b in self.buffers.values():
             self._flush(b)
         return {b.out.shard: b.emitted for b in self.buffers.values()}
+
+
+def _part_table(out: Output, columns: Sequence, ts, diff) -> pa.Table:
+    """A part of ``out``'s shard: each column's text forms converted to its type
+    (:func:`reclock.sources.pgoutput.text_column`), then ``ts`` and ``diff``."""
+    info = out.info
+    arrays = [po.text_column(o, m, c, f"{info.table}.{name}") for (name, o, m), c in zip(info.columns, columns)]
+    arrays += [pa.array(ts, pa.int64()), pa.array(diff, pa.int64())]
+    return pa.Table.from_arrays(arrays, schema=out.schema)
 
 
 def _concat(chunks: list) -> list | pa.Array:

@@ -11,7 +11,7 @@ step                what this module does
 mint                :meth:`PostgresUpstream.probe_upper`: check the publication, the tables and their replica
                     identity, make sure the slot ``reclock_<source>`` exists and is healthy, and return the
                     flush LSN (``pg_current_wal_flush_lsn()``)
-write_batches       :meth:`~PostgresUpstream.peek`: the slot's messages up to an LSN, through
+write_batches       :meth:`~PostgresUpstream.peek_blocks`: the slot's messages up to an LSN, through
                     ``pg_logical_slot_peek_binary_changes`` on a server-side cursor (peek does not consume,
                     so a retried write reads the same); :meth:`~PostgresUpstream.export_snapshot`: the
                     initial snapshot
@@ -52,7 +52,7 @@ from psycopg import sql
 from psycopg.rows import scalar_row
 
 from reclock.errors import PublicationMissing, ReclockError, ReplicaIdentityNotFull, SlotBusy, SlotLost
-from reclock.sources.pgoutput import Message, decode, lsn_to_int, lsn_to_str
+from reclock.sources.pgoutput import lsn_to_int, lsn_to_str
 from reclock.time import PartitionedFrontier
 
 LSN_PARTITION = 0
@@ -225,12 +225,6 @@ class PostgresUpstream:
             raise SlotLost(self.source, self.slot, f"is at {lsn_to_str(state.confirmed_flush)}, past "
                            f"{lsn_to_str(needed_from)} where the shards need changes from")
         return state
-
-    def peek(self, conn, upto: int, batch: int = 10_000) -> Iterator[Message]:
-        """The slot's messages of transactions committed below ``upto`` (and maybe one more, see
-        ``pg_logical_slot_peek_binary_changes``), decoded one by one (:meth:`peek_blocks`)."""
-        for rows in self.peek_blocks(conn, upto, batch):
-            yield from map(decode, rows)
 
     def peek_blocks(self, conn, upto: int, batch: int = 10_000) -> Iterator[list[bytes]]:
         """The slot's messages of transactions committed below ``upto`` (and maybe one more, see
