@@ -62,7 +62,6 @@ def consumer_lag(bootstrap: str, topic: str, group: str) -> dict[int, int]:
 def run_demo(stack: Stack, waves: int = 2, per_wave: int = 20_000, echo: Callable[[str], None] = print) -> None:
     from reclock.config import load_config
     from reclock.persist.blob import blob_store_from_url
-    from reclock.read import read_as_of
 
     config = load_config(stack.config_file)
     spec = config.source(DEMO_SOURCE)
@@ -72,21 +71,18 @@ def run_demo(stack: Stack, waves: int = 2, per_wave: int = 20_000, echo: Callabl
     if sink is not None:
         stack.airflow.wait_for_dag(f"sink__{DEMO_SINK}")
         stack.airflow.unpause(f"sink__{DEMO_SINK}")  # runs on the asset events of the ingest appends
-    produced = 0
     start = topic_size(stack.kafka.bootstrap, spec.kafka.topic)  # a rerun of the demo adds to the topic
-    for wave in range(waves):
-        fill(stack.kafka.bootstrap, spec.kafka.topic, start + produced, per_wave)
-        produced += per_wave
-        t0 = time.monotonic()
-        run_id = stack.airflow.trigger(dag_id)
-        stack.airflow.wait_run(dag_id, run_id, timeout=600)
-        echo(f"wave {wave + 1}: produced {per_wave} records; {dag_id} run {run_id} succeeded in "
-             f"{time.monotonic() - t0:.1f}s")
+
+    def wave(i: int) -> str:
+        fill(stack.kafka.bootstrap, spec.kafka.topic, start + i * per_wave, per_wave)
+        return f"produced {per_wave} records"
+
+    _run_waves(stack, dag_id, waves, wave, echo)
+    produced = waves * per_wave
 
     blob = blob_store_from_url(stack.blob_url)
     with connect(stack.postgres.dsn()) as conn:
-        contents = read_as_of(conn, blob, spec.data_shard)
-        rows = int(sum(contents.column("diff").to_pylist())) if contents.num_rows else 0
+        rows = _rows(conn, blob, spec.data_shard)
         progress = conn.execute(
             f'SELECT ts, partition, "offset" FROM reclock."{DEMO_SOURCE}_progress" ORDER BY ts, partition'
         ).fetchall()
@@ -106,6 +102,26 @@ def run_demo(stack: Stack, waves: int = 2, per_wave: int = 20_000, echo: Callabl
         _run_postgres_demo(stack, config.sources[DEMO_PG_SOURCE], waves, max(1, per_wave // 20), echo)
     echo(f"\nAirflow UI: {stack.airflow.url}  (login admin, password in {stack.state.file})")
     echo(f'read it yourself: eval "$(.venv/bin/reclock dev env)"; .venv/bin/reclock read {spec.data_shard} --limit 5')
+
+
+def _run_waves(stack: Stack, dag_id: str, waves: int, write: Callable[[int], str],
+               echo: Callable[[str], None]) -> None:
+    """``waves`` times: ``write(i)`` fills the upstream (it says what it wrote), then one run of ``dag_id``
+    is triggered through the REST API and waited for under the scheduler."""
+    for i in range(waves):
+        wrote = write(i)
+        t0 = time.monotonic()
+        run_id = stack.airflow.trigger(dag_id)
+        stack.airflow.wait_run(dag_id, run_id, timeout=600)
+        echo(f"wave {i + 1}: {wrote}; {dag_id} run {run_id} succeeded in {time.monotonic() - t0:.1f}s")
+
+
+def _rows(conn, blob, shard: str, as_of: int | None = None) -> int:
+    """The rows of ``shard`` AS OF ``as_of`` (default its latest time): the sum of the consolidated diffs."""
+    from reclock.read import read_as_of
+
+    contents = read_as_of(conn, blob, shard, as_of)
+    return int(sum(contents.column("diff").to_pylist())) if contents.num_rows else 0
 
 
 def _show_sink(stack: Stack, sink, upper: int, echo: Callable[[str], None]) -> None:
@@ -180,7 +196,6 @@ def _run_postgres_demo(stack: Stack, spec, waves: int, per_wave: int, echo: Call
     import psycopg
 
     from reclock.persist.blob import blob_store_from_url
-    from reclock.read import read_as_of
     from reclock.sources.postgres import slot_name
 
     tables = list(spec.postgres.tables) or ["public.orders", "public.items"]
@@ -189,13 +204,9 @@ def _run_postgres_demo(stack: Stack, spec, waves: int, per_wave: int, echo: Call
     stack.airflow.wait_for_dag(dag_id)
     echo(f"\n{DEMO_PG_SOURCE}: a Postgres source over publication {spec.postgres.publication} "
          f"({', '.join(tables)}) in the database {DEMO_PG_DB}")
-    for wave in range(waves):
-        committed = shop_wave(dsn, per_wave, seed=wave + int(time.time()))
-        t0 = time.monotonic()
-        run_id = stack.airflow.trigger(dag_id)
-        stack.airflow.wait_run(dag_id, run_id, timeout=600)
-        echo(f"wave {wave + 1}: {committed} upstream transactions; {dag_id} run {run_id} succeeded in "
-             f"{time.monotonic() - t0:.1f}s")
+    seed = int(time.time())
+    _run_waves(stack, dag_id, waves,
+               lambda i: f"{shop_wave(dsn, per_wave, seed=seed + i)} upstream transactions", echo)
     blob = blob_store_from_url(stack.blob_url)
     with psycopg.connect(dsn, autocommit=True) as up, connect(stack.postgres.dsn()) as conn:
         progress = conn.execute(f'SELECT ts, lsn::text FROM reclock."{DEMO_PG_SOURCE}_progress" ORDER BY ts'
@@ -204,8 +215,7 @@ def _run_postgres_demo(stack: Stack, spec, waves: int, per_wave: int, echo: Call
         for table in tables:
             shard = f"{DEMO_PG_SOURCE}__{table.split('.')[-1]}"
             upper = conn.execute("SELECT upper FROM reclock.shards WHERE id = %s", (shard,)).fetchone()[0]
-            contents = read_as_of(conn, blob, shard, upper - 1) if upper > 0 else None
-            rows = int(sum(contents.column("diff").to_pylist())) if contents is not None and contents.num_rows else 0
+            rows = _rows(conn, blob, shard, upper - 1) if upper > 0 else 0
             # the table as of the last binding is what the collection holds; the writers have stopped, so
             # that is the table now unless a transaction came after the binding
             now = up.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
