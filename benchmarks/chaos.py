@@ -533,6 +533,7 @@ def check_postgres(verdict: Verdict, conn, blob, observer: Observer, source: str
 
     from reclock.persist.remap_store import load_remap
     from reclock.read import read_updates
+    from reclock.sources.pgoutput import lsn_to_int
 
     observer.drain()
     with psycopg.connect(observer.dsn, autocommit=True) as up:
@@ -565,7 +566,8 @@ def check_postgres(verdict: Verdict, conn, blob, observer: Observer, source: str
         for r in rows:  # each row a transaction wrote: at the binding that covers its commit LSN
             if r["diff"] == 1 and r["ts"] > bindings[0][0]:
                 lsn = commit_of.get(r["txid"])
-                want = None if lsn is None else bindings[bisect.bisect_right(lsns, lsn)][0]
+                at = None if lsn is None else bisect.bisect_right(lsns, lsn)  # the first binding past it
+                want = bindings[at][0] if at is not None and at < len(bindings) else None
                 if max(r["ts"], rc.since) != want:
                     verdict.wrong_ts[source] += 1
                     verdict.note(f"{source}__{t}: row {r['id']} of transaction {r['txid']} at {r['ts']}, want {want}")
@@ -602,8 +604,6 @@ def check_postgres(verdict: Verdict, conn, blob, observer: Observer, source: str
     if i != len(txns):
         verdict.lost[source] += sum(len(ops) for _, ops in txns[i:])
         verdict.note(f"{source}: {len(txns) - i} committed transactions past the last binding")
-    from reclock.sources.pgoutput import lsn_to_int
-
     confirmed = None if slot is None else lsn_to_int(slot[0])
     if confirmed is None or confirmed > lsns[-1]:
         verdict.lost[source] += 1
