@@ -29,10 +29,11 @@ takes every table of its publication) one that joined the publication later
 (:class:`~reclock.errors.PublicationMissing`). An unchanged TOASTed value (``u``) takes the old row's value
 (identity FULL sends it); without one the change is refused, never written as a placeholder.
 
-The snapshot is read in this process, table by table with ``COPY ... TO STDOUT (FORMAT csv)`` parsed by
-Arrow a block at a time (:func:`read_snapshot`; Spark's partitioned JDBC reads under the snapshot would
-need the Postgres JDBC driver among the project's jars, and Spark's types would have to read back equal to
-these: not done). A re-snapshot also retracts what each collection held (:meth:`PartWriter.retract`).
+The snapshot of a table is read in this process with ``COPY ... TO STDOUT (FORMAT csv)`` parsed by Arrow a
+block at a time (:func:`read_snapshot`), or, for a large table, by Spark under the same exported snapshot
+(``reclock.spark.snapshot``), whose parts land in the shard's :data:`SPARK_SNAPSHOT` folder and are proved
+with the rest (:func:`collect`). A re-snapshot also retracts what each collection held
+(:meth:`PartWriter.retract`).
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ from reclock.errors import (PublicationMissing, ReclockError, ReplicaIdentityNot
 from reclock.persist.blob import BlobStore
 from reclock.persist.parquet import part_from_footer
 from reclock.sources import pgoutput as po
-from reclock.sources.postgres import TableInfo
+from reclock.sources.postgres import TableInfo, text_form
 
 
 @dataclass(frozen=True)
@@ -158,6 +159,11 @@ class PartWriter:
         self.blob.put_bytes(f"{self.prefix}/{b.out.shard}/{kind}-{b.parts:05d}.parquet", buf.getvalue())
         b.parts += 1
 
+    def add_written(self, relid: int, rows: int) -> None:
+        """Rows of table ``relid`` written by others under this writer's folder (Spark's snapshot parts,
+        :data:`SPARK_SNAPSHOT`): :func:`collect` proves them with the rest."""
+        self.buffers[relid].emitted += rows
+
     def retract(self, relid: int, contents: pa.Table, ts: int) -> None:
         """Retract a collection's ``contents`` (data columns and ``diff``, as a read AS OF gives them) at
         ``ts``: a re-snapshot takes back what the collection held, in the columns it held it."""
@@ -196,15 +202,29 @@ def _concat(chunks: list) -> list | pa.Array:
     return arrays[0] if len(arrays) == 1 else pa.concat_arrays(arrays)
 
 
-def collect(blob: BlobStore, source: str, prefix: str, emitted: Mapping[str, int]) -> dict[str, tuple[Part, ...]]:
+SPARK_SNAPSHOT = "snapshot"
+"""The folder under a shard's folder of a write where Spark writes that table's snapshot
+(``reclock.spark.snapshot``): Spark's part files, its ``_SUCCESS`` marker and its hidden files."""
+
+
+def collect(blob: BlobStore, source: str, prefix: str, emitted: Mapping[str, int],
+            on_spark: Sequence[str] = ()) -> dict[str, tuple[Part, ...]]:
     """The parts under ``prefix``, per shard, proved to hold exactly the rows the decoder emitted (every
     footer read; a file of no known shard, an unreadable one, or a count that differs is
-    ``UnaccountedWrite``)."""
+    ``UnaccountedWrite``). The shards ``on_spark`` also have Spark's snapshot folder
+    (:data:`SPARK_SNAPSHOT`), which must hold Spark's ``_SUCCESS`` marker."""
     found: dict[str, list[Part]] = {s: [] for s in emitted}
     counted = {s: 0 for s in emitted}
     looked = blob.url(prefix)
+    committed = set()
     for info in blob.list(prefix):
         rel = info.path[len(prefix) + 1:].split("/")
+        if len(rel) == 3 and rel[0] in on_spark and rel[1] == SPARK_SNAPSHOT:
+            if rel[2] == "_SUCCESS":
+                committed.add(rel[0])
+            if rel[2].startswith((".", "_")):
+                continue  # Spark's marker and checksums
+            rel = [rel[0], rel[2]]
         if len(rel) != 2 or rel[0] not in found or not rel[1].endswith(".parquet"):
             raise UnaccountedWrite(source, looked, looked, f"{info.path} is no part of this write")
         try:
@@ -213,8 +233,14 @@ def collect(blob: BlobStore, source: str, prefix: str, emitted: Mapping[str, int
         except Exception as e:  # noqa: BLE001 - any unreadable footer is an unaccounted file
             raise UnaccountedWrite(source, looked, looked, f"the footer of {info.path} cannot be read "
                                    f"({type(e).__name__}: {e})") from e
+        if not md.num_rows:
+            continue  # Spark writes a file of no rows for an empty table
         counted[rel[0]] += md.num_rows
         found[rel[0]].append(part_from_footer(info.path, info.size, md))
+    missing = sorted(set(on_spark) - committed)
+    if missing:
+        raise UnaccountedWrite(source, looked, looked, f"Spark's snapshot of {', '.join(missing)} has no "
+                               f"{SPARK_SNAPSHOT}/_SUCCESS marker: its job did not commit")
     if counted != dict(emitted):
         raise UnaccountedWrite(source, looked, looked, f"the decoder emitted {dict(emitted)} rows per shard, "
                                f"the parts hold {counted}")
@@ -638,7 +664,8 @@ SNAPSHOT_BLOCK = 8 << 20
 
 def read_snapshot(conn, outputs: Sequence[Output], writer: PartWriter, ts: int, chunk: int) -> int:
     """Every row of every table, in the snapshot ``conn``'s transaction holds, as +1 at ``ts``; returns the
-    rows read. Each table is read with ``COPY (SELECT col::text, ...) TO STDOUT (FORMAT csv)`` in the
+    rows read. Each table is read with ``COPY (SELECT col::text, ...) TO STDOUT (FORMAT csv)`` (each
+    column's text form as pgoutput sends it: :func:`reclock.sources.postgres.text_form`) in the
     session styles the stream is decoded in, parsed by Arrow's streaming CSV reader a block at a time (every
     value a string; an unquoted empty field is NULL, a quoted one the empty string), and converted as the
     stream's values are, so both give equal values."""
@@ -648,7 +675,7 @@ def read_snapshot(conn, outputs: Sequence[Output], writer: PartWriter, ts: int, 
     for out in outputs:
         schema, _, name = out.info.table.partition(".")
         names = [n for n, _, _ in out.info.columns]
-        cols = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(n)) for n in names)
+        cols = sql.SQL(", ").join(sql.SQL(text_form(n, o)) for n, o, _ in out.info.columns)
         query = sql.SQL("COPY (SELECT {} FROM {}.{}) TO STDOUT (FORMAT csv)").format(
             cols, sql.Identifier(schema), sql.Identifier(name))
         keys = [f"c{i}" for i in range(len(names))]  # column names of our own: a table's may repeat in CSV terms

@@ -96,6 +96,13 @@ class KafkaSpec:
     options: tuple[tuple[str, str], ...] = ()  # extra librdkafka / Spark kafka.* options
 
 
+SPARK_SNAPSHOT_MIN_BYTES = 1 << 30
+"""A table at least this large (``pg_table_size``) has its initial snapshot read by Spark
+(``reclock.spark.snapshot``); a smaller one is read in the task (``reclock.cdc.read_snapshot``), which on
+one host is the faster of the two (``benchmarks/pg_cdc.py``): Spark pays off with executors on several
+hosts."""
+
+
 @dataclass(frozen=True)
 class PostgresSpec:
     """A Postgres source's upstream: a publication in the database an Airflow connection (or the DSN in an
@@ -106,6 +113,7 @@ class PostgresSpec:
     connection: str | None = None  # an Airflow connection id
     dsn_env: str | None = None  # or the name of an environment variable holding the DSN
     tables: tuple[str, ...] = ()
+    spark_snapshot_min_bytes: int | None = SPARK_SNAPSHOT_MIN_BYTES  # None: every snapshot in the task
 
 
 PG_IDENT_RE = re.compile(r"^[a-z_][a-z0-9_$]{0,62}$")
@@ -142,7 +150,7 @@ def parse_pg_table(source: str, raw: Any) -> str:
 def _parse_postgres(source: str, raw: Any, tables_raw: Any) -> PostgresSpec:
     what = f"source {source}.postgres"
     p = _require(raw, what)
-    _unknown(p, {"connection", "dsn_env", "dsn", "publication"}, what)
+    _unknown(p, {"connection", "dsn_env", "dsn", "publication", "spark_snapshot_min_bytes"}, what)
     if "dsn" in p:
         raise ConfigError(f"{what}: `dsn:` would put credentials in the config; give `dsn_env:` (the name of an "
                           "environment variable holding the DSN) or `connection:` (an Airflow connection id)")
@@ -166,7 +174,12 @@ def _parse_postgres(source: str, raw: Any, tables_raw: Any) -> PostgresSpec:
     dup = sorted({s for s in shards if shards.count(s) > 1})
     if dup:
         raise ConfigError(f"source {source}.tables: listed twice: {', '.join(dup)}")
-    return PostgresSpec(publication=pub, connection=p.get("connection"), dsn_env=p.get("dsn_env"), tables=tables)
+    spark_min = p.get("spark_snapshot_min_bytes", SPARK_SNAPSHOT_MIN_BYTES)
+    if spark_min is not None and (isinstance(spark_min, bool) or not isinstance(spark_min, int) or spark_min < 0):
+        raise ConfigError(f"{what}.spark_snapshot_min_bytes: a size in bytes >= 0 (tables at least this large are "
+                          f"snapshotted on Spark), or null to read every snapshot in the task (got {spark_min!r})")
+    return PostgresSpec(publication=pub, connection=p.get("connection"), dsn_env=p.get("dsn_env"), tables=tables,
+                        spark_snapshot_min_bytes=spark_min)
 
 
 @dataclass(frozen=True)

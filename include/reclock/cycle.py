@@ -43,7 +43,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 from reclock import cdc, remap
 from reclock.batch import BatchDescription, Part, SliceWritten, mint_descriptions, ranges_for, split_ranges
@@ -66,6 +66,7 @@ from reclock.read import read_as_of
 from reclock.remap import RemapCollection
 from reclock.sources.kafka import KafkaUpstream
 from reclock.sources.postgres import LSN_PARTITION, PostgresUpstream, lsn_frontier
+from reclock.spark import snapshot as spark_snapshot
 from reclock.spark.ingest import BindingRange, upsert_keys, write_slice
 
 
@@ -427,7 +428,7 @@ def _write_postgres(ctx: CycleContext, rc: RemapCollection, desc: BatchDescripti
     try:
         failpoint("write_batches:before_job")
         writer = cdc.PartWriter(ctx.blob, prefix, outputs, chunk)
-        rewind, snapshot_rows, upto = None, 0, end
+        rewind, snapshot_rows, upto, spark_done = None, 0, end, set()
         with up.connect(autocommit=False) as uconn:
             if snapshot:
                 t1, l1 = next((ts, lsn) for ts, lsn in bindings if ts == snap_ts)
@@ -441,11 +442,18 @@ def _write_postgres(ctx: CycleContext, rc: RemapCollection, desc: BatchDescripti
                 with up.export_snapshot() as snap:
                     up.check_retained(uconn, min(l1, snap.lsn))
                     with up.snapshot_reader(snap) as sconn:
-                        snapshot_rows = cdc.read_snapshot(sconn, outputs, writer, t1, chunk)
+                        on_spark = _snapshot_on_spark(ctx, sconn, outputs)
+                        for out, predicates in on_spark:
+                            snapshot_rows += _spark_snapshot(ctx, sconn, snap.name, out, predicates, writer, t1,
+                                                             prefix)
+                        spark_done = {out.shard for out, _ in on_spark}
+                        snapshot_rows += cdc.read_snapshot(sconn, [o for o in outputs if o.shard not in spark_done],
+                                                           writer, t1, chunk)
                 if snap.lsn != l1:
                     rewind = cdc.Rewind(t1, min(l1, snap.lsn), max(l1, snap.lsn), -1 if snap.lsn > l1 else 1)
                     upto = max(upto, snap.lsn)
-                m.update(snapshot_rows=snapshot_rows, snapshot_lsn=snap.lsn, first_lsn=l1)
+                m.update(snapshot_rows=snapshot_rows, snapshot_lsn=snap.lsn, first_lsn=l1,
+                         snapshot_on_spark=sorted(spark_done))
             else:
                 up.check_retained(uconn, start)
             decoder = cdc.ChangeDecoder(ctx.spec.name, outputs, writer, bindings, start, end, rewind,
@@ -454,7 +462,7 @@ def _write_postgres(ctx: CycleContext, rc: RemapCollection, desc: BatchDescripti
             uconn.rollback()
         failpoint("write_batches:after_slice")
         emitted = writer.close()
-        parts = cdc.collect(ctx.blob, ctx.spec.name, prefix, emitted)
+        parts = cdc.collect(ctx.blob, ctx.spec.name, prefix, emitted, sorted(spark_done))
     except BaseException:
         with contextlib.suppress(Exception), ctx.connect() as conn:
             release_write(conn, prefix)
@@ -465,6 +473,33 @@ def _write_postgres(ctx: CycleContext, rc: RemapCollection, desc: BatchDescripti
              records={s: sum(p.rows for p in ps) for s, ps in parts.items()},
              bytes={s: sum(p.bytes for p in ps) for s, ps in parts.items()})
     return WrittenBatch(desc, parts, (), prefix)
+
+
+def _snapshot_on_spark(ctx: CycleContext, sconn, outputs: Sequence[cdc.Output]) -> list[tuple[cdc.Output, list]]:
+    """The tables whose snapshot Spark reads, with their partitions' predicates: those of at least the
+    source's ``spark_snapshot_min_bytes`` whose columns Spark converts exactly, when the context has Spark."""
+    least = ctx.spec.postgres.spark_snapshot_min_bytes
+    if least is None or ctx.spark_factory is None:
+        return []
+    chosen = []
+    for out in outputs:
+        size, pages, block = PostgresUpstream.table_size(sconn, out.info.relid)
+        if size >= least and spark_snapshot.convertible(out.info):
+            chosen.append((out, spark_snapshot.partition_predicates(pages, spark_snapshot.SPLIT_BYTES // block)))
+    return chosen
+
+
+def _spark_snapshot(ctx: CycleContext, sconn, snapshot: str, out: cdc.Output, predicates: Sequence[str],
+                    writer: cdc.PartWriter, ts: int, prefix: str) -> int:
+    """One table's snapshot written by Spark into the write's folder (``reclock.spark.snapshot``), while
+    ``sconn`` holds the exported ``snapshot`` open; its rows (``count(*)`` under the same snapshot) counted
+    into ``writer``, so that ``reclock.cdc.collect`` proves the parts hold exactly them."""
+    rows = PostgresUpstream.count_rows(sconn, out.info.table)
+    spark_snapshot.write_table_snapshot(ctx.spark(), spark_snapshot.jdbc_target(ctx.upstream_dsn), snapshot, out.info,
+                                        ts, ctx.blob.url(f"{prefix}/{out.shard}/{cdc.SPARK_SNAPSHOT}"), predicates)
+    writer.add_written(out.info.relid, rows)
+    failpoint("write_batches:after_spark_snapshot")
+    return rows
 
 
 def rebuild(ctx: CycleContext, on_slice: Callable[[int, int], None] | None = None) -> dict:

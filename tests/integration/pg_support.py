@@ -47,13 +47,19 @@ def source_name(prefix: str = "cdc") -> str:
 
 
 def make_ctx(db: str, upstream_dsn: str, tmp_path: Path, name: str, tables: list[str] | None,
-             max_records: int = 1000, publication: str = "pub") -> cycle.CycleContext:
+             max_records: int = 1000, publication: str = "pub", spark=None,
+             spark_snapshot_min_bytes: int = 0) -> cycle.CycleContext:
+    """A cycle context over the upstream; with ``spark``, tables of at least ``spark_snapshot_min_bytes``
+    have their snapshot read by Spark."""
     raw: dict = {"postgres": {"dsn_env": "UNUSED", "publication": publication}, "budget": {"max_records": max_records}}
+    if spark is not None:
+        raw["postgres"]["spark_snapshot_min_bytes"] = spark_snapshot_min_bytes
     if tables is not None:
         raw["tables"] = tables
     return cycle.CycleContext(spec=parse_source(name, raw), dsn=db, bootstrap="",
                               blob=LocalBlobStore(tmp_path / "blobs"), clock=Clock(),
-                              upstream_dsn=upstream_dsn, retain_history_ms=10**12)
+                              upstream_dsn=upstream_dsn, retain_history_ms=10**12,
+                              spark_factory=None if spark is None else (lambda: spark))
 
 
 def contents(ctx: cycle.CycleContext, shard: str, t: int, key: str = "id") -> dict:

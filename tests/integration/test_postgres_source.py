@@ -9,6 +9,7 @@ import threading
 import time
 
 import psycopg
+import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 from pg_support import bindings, contents, make_ctx, slot_confirmed, source_name, upstream_database, writer
@@ -26,6 +27,7 @@ from reclock.persist.status import latest_status
 from reclock.read import read_updates
 from reclock.sources import pgoutput as po
 from reclock.sources.postgres import slot_name
+from reclock.spark import snapshot as spark_snapshot
 
 
 @pytest.fixture
@@ -376,26 +378,42 @@ def test_an_idle_source_follows_the_wal_and_pins_none(db, upstream, postgres, tm
     assert all(contents(ctx, s, bs[-1][0]) == {} for s in ctx.shards()[:-1])
 
 
-def test_every_type_reads_the_same_from_the_snapshot_and_the_stream_and_toast_is_filled(db, upstream, tmp_path):
+@pytest.mark.parametrize("snapshot_on", ["task", "spark"])
+def test_every_type_reads_the_same_from_the_snapshot_and_the_stream_and_toast_is_filled(db, upstream, tmp_path,
+                                                                                       snapshot_on, request):
     cols = ("b bool, s int2, i int4, n numeric(12,2), f4 float4, f8 float8, txt text, vc varchar(20), "
             "tsp timestamp, tz timestamptz, d date, j jsonb, js json, u uuid, by bytea, big text, nul text, "
-            "word text, empty varchar(3)")
+            "word text, empty varchar(3), un numeric, o oid, bf bool, f4x float4, f8x float8, l int8, iv interval, "
+            "arr int4[], ch char(3)")
     values = ("true, -5, 7, -1234.50, 1.5, 'NaN', E'h\\u00e9,\"l\"\\nlo', 'v', '2024-01-02 03:04:05.123456', "
               "'2024-01-02 03:04:05+02', '2024-02-29', '{\"a\": [1]}', '{\"b\":2}', "
-              "'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', '\\x00ff', repeat('x', 100000), NULL, 'NULL', ''")
+              "'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', '\\x00ff', repeat('x', 100000), NULL, 'NULL', '', "
+              "-98765.4321, 4294967295, false, '3.4028235e+38', '-Infinity', -9223372036854775808, "
+              "'1 day 02:03:04.5', '{1,NULL,3}', 'ab'")
+    nulls = ", ".join(["NULL"] * (cols.count(",") + 1 - cols.count("(12,2)")))
     with writer(upstream) as conn:
         conn.execute(f"CREATE TABLE t (id int8 PRIMARY KEY, {cols})")
         conn.execute("ALTER TABLE t REPLICA IDENTITY FULL")
         conn.execute("ALTER TABLE t ALTER COLUMN big SET STORAGE EXTERNAL")
         conn.execute("CREATE PUBLICATION pub FOR TABLE t")
-        conn.execute(f"INSERT INTO t VALUES (1, {values})")
-    ctx = make_ctx(db, upstream, tmp_path, source_name(), ["t"])
+        conn.execute(f"INSERT INTO t VALUES (1, {values}), (3, {nulls})")
+    spark = request.getfixturevalue("spark") if snapshot_on == "spark" else None
+    ctx = make_ctx(db, upstream, tmp_path, source_name(), ["t"], spark=spark)
     cycle.run_cycle(ctx)
+    with connect(ctx.dsn) as conn:
+        stats = conn.execute("SELECT metrics FROM reclock.statistics WHERE name = %s AND step = 'write_batches'",
+                             (ctx.spec.name,)).fetchone()[0]
+    assert stats["snapshot_on_spark"] == ([f"{ctx.spec.name}__t"] if spark else [])
     with writer(upstream) as conn:
-        conn.execute(f"INSERT INTO t VALUES (2, {values})")
+        conn.execute(f"INSERT INTO t VALUES (2, {values}), (4, {nulls})")
         conn.execute("UPDATE t SET i = 8 WHERE id = 1")  # big is unchanged: sent as 'u', taken from the old row
     cycle.run_cycle(ctx)
+    with connect(ctx.dsn) as conn:  # the snapshot's parts and the stream's hold the same types
+        types = {tuple((f.name, f.type) for f in pq.read_schema(ctx.blob.url(b.path)))
+                 for b in batches(conn, f"{ctx.spec.name}__t") if b.rows}
+    assert len(types) == 1, types
     rows = contents(ctx, f"{ctx.spec.name}__t", bindings(ctx)[-1][0])
+    assert rows[3] | {"id": 4} == rows[4] and all(v is None for k, v in rows[3].items() if k != "id")
     one, two = rows[1], rows[2]
     assert one.pop("i") == 8 and two.pop("i") == 7
     assert one.pop("id") == 1 and two.pop("id") == 2
@@ -533,3 +551,52 @@ def test_a_table_joining_the_publication_stalls_a_source_of_every_table_until_re
     assert set(contents(ctx, f"{name}__c", last)) == {1}
     assert contents(ctx, f"{name}__c", first) == {}, "the new table's collection is empty before the re-snapshot"
     assert set(contents(ctx, f"{name}__a", first)) == set(contents(ctx, f"{name}__a", last)) == {1}
+
+
+def test_a_large_table_is_snapshotted_on_spark_in_page_ranges_while_writers_write(db, upstream, tmp_path, spark,
+                                                                                monkeypatch):
+    monkeypatch.setattr(spark_snapshot, "SPLIT_BYTES", 64 << 10)  # 8 pages a partition: many ranges
+    _setup(upstream)
+    name = source_name()
+    observer = _observer(upstream, name)
+    stop = threading.Event()
+    writers = [Writer(upstream, i, stop) for i in range(2)]
+    with writer(upstream) as conn:
+        for _ in range(4):  # 10,000 rows of b, over 60 pages
+            writers[0].transaction(conn, big=True)
+    ctx = make_ctx(db, upstream, tmp_path, name, list(TABLES), max_records=500, spark=spark,
+                   spark_snapshot_min_bytes=256 << 10)  # b on Spark, a and c (small) in the task
+    for w in writers:
+        w.start()
+    time.sleep(0.2)
+    for _ in range(3):  # the snapshot runs while they write
+        cycle.run_cycle(ctx)
+    stop.set()
+    for w in writers:
+        w.join(60)
+        assert w.error is None, w.error
+    cycle.run_cycle(ctx)
+    with connect(ctx.dsn) as conn:
+        stats = conn.execute("SELECT metrics FROM reclock.statistics WHERE name = %s AND step = 'write_batches' "
+                             "AND metrics ? 'snapshot_rows'", (name,)).fetchone()[0]
+        on_spark = [b for b in batches(conn, f"{name}__b") if b.rows and f"/{name}__b/snapshot/" in b.path]
+    assert stats["snapshot_on_spark"] == [f"{name}__b"]
+    assert len(on_spark) > 4, "Spark read the table in several page ranges"
+    assert sum(b.rows for b in on_spark) >= 10_000 and {b.max_ts for b in on_spark} == {bindings(ctx)[0][0]}
+    lsns = _commit_lsns(upstream, observer)
+    bs = _check(ctx, writers, lsns)
+    assert slot_confirmed(upstream, name) == bs[-1][1]
+
+
+def test_a_value_spark_cannot_hold_fails_the_snapshot_naming_the_column_and_appends_nothing(db, upstream, tmp_path,
+                                                                                          spark):
+    with writer(upstream) as conn:
+        conn.execute("CREATE TABLE t (id int8 PRIMARY KEY, amount numeric)")
+        conn.execute("ALTER TABLE t REPLICA IDENTITY FULL")
+        conn.execute("CREATE PUBLICATION pub FOR TABLE t")
+        conn.execute("INSERT INTO t VALUES (1, 1.5), (2, 0.12345678901)")  # 11 digits: beyond decimal(38, 10)
+    ctx = make_ctx(db, upstream, tmp_path, source_name(), ["t"], spark=spark)
+    with pytest.raises(Exception, match=r"column amount: 0\.12345678901 does not fit decimal128\(38, 10\)"):
+        cycle.run_cycle(ctx)
+    with connect(ctx.dsn) as conn:
+        assert shard_info(conn, f"{ctx.spec.name}__t").upper == 0

@@ -86,6 +86,7 @@ def test_images_are_the_projects_pins():
         coordinates = conf["spark.jars.packages"].split(",")
         assert f"org.apache.spark:spark-sql-kafka-0-10_2.13:{PINS['spark.version']}" in coordinates, where
         assert f"org.apache.hadoop:hadoop-aws:{PINS['hadoop']}" in coordinates, where
+        assert f"org.postgresql:postgresql:{PINS['postgresql.jdbc.version']}" in coordinates, where  # Postgres snapshots on Spark
     assert PINS["spark.version"] == PINS["pyspark"] and PINS["hadoop"] == "3.5.0"
 
 

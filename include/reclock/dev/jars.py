@@ -10,7 +10,7 @@ from reclock.dev.state import REPO_ROOT, StackState
 from reclock.errors import StackError
 
 # how many jars each profile yields at least (a partial copy from an interrupted run is redone)
-_EXPECTED = {"kafka": 40, "spark": 5, "s3": 35}
+_EXPECTED = {"kafka": 40, "spark": 6, "s3": 35}
 _MAVEN_PROFILE = {"kafka": "broker", "spark": "spark", "s3": "s3"}
 PROFILES = tuple(_MAVEN_PROFILE)
 """Every folder of ``.reclock/jars``: what ``reclock dev install`` resolves."""
@@ -34,7 +34,8 @@ def ensure_jars(state: StackState, profile: str) -> Path:
 
 
 def spark_kafka_jars(state: StackState) -> list[str]:
-    """The jars Spark's Kafka source (and ``from_avro``) need beyond the pyspark wheel, as absolute paths."""
+    """The jars Spark's Kafka source (and ``from_avro``, and a Postgres snapshot's JDBC reads) need beyond the
+    pyspark wheel, as absolute paths."""
     return sorted(str(p) for p in ensure_jars(state, "spark").glob("*.jar"))
 
 

@@ -52,7 +52,7 @@ from psycopg import sql
 from psycopg.rows import scalar_row
 
 from reclock.errors import PublicationMissing, ReclockError, ReplicaIdentityNotFull, SlotBusy, SlotLost
-from reclock.sources.pgoutput import lsn_to_int, lsn_to_str
+from reclock.sources.pgoutput import BPCHAR, lsn_to_int, lsn_to_str
 from reclock.time import PartitionedFrontier
 
 LSN_PARTITION = 0
@@ -66,6 +66,19 @@ IDENTITY = {"d": "DEFAULT", "n": "NOTHING", "f": "FULL", "i": "USING INDEX"}
 
 class UpstreamUnavailable(ReclockError):
     """The upstream Postgres cannot be reached."""
+
+
+def pg_ident(name: str) -> str:
+    """``name`` as a quoted Postgres identifier."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def text_form(column: str, type_oid: int) -> str:
+    """SQL giving column ``column``'s value as its type's output function writes it, which is what
+    ``pgoutput`` sends: ``col::text``, except for ``char(n)``, whose cast to text drops the padding."""
+    if type_oid == BPCHAR:
+        return f"textin(bpcharout({pg_ident(column)}))"
+    return f"{pg_ident(column)}::text"
 
 
 def slot_name(source: str) -> str:
@@ -286,6 +299,22 @@ class PostgresUpstream:
             yield Snapshot(snapshot, lsn_to_int(consistent))
         finally:
             repl.close()
+
+    @staticmethod
+    def table_size(conn, relid: int) -> tuple[int, int, int]:
+        """``(bytes, pages, page size)`` of a table: ``pg_table_size`` (its TOAST included), its heap's
+        pages, and the server's ``block_size``."""
+        row = conn.execute("SELECT pg_table_size(%s::oid), pg_relation_size(%s::oid), "
+                           "current_setting('block_size')::int8", (relid, relid)).fetchone()
+        block = int(row[2])
+        return int(row[0] or 0), int(row[1] or 0) // block, block
+
+    @staticmethod
+    def count_rows(conn, table: str) -> int:
+        """``count(*)`` of ``schema.table`` in ``conn``'s transaction (under a snapshot: what it holds)."""
+        schema, _, name = table.partition(".")
+        query = sql.SQL("SELECT count(*) FROM {}.{}").format(sql.Identifier(schema), sql.Identifier(name))
+        return int(conn.execute(query).fetchone()[0])
 
     @contextlib.contextmanager
     def snapshot_reader(self, snapshot: Snapshot) -> Iterator[psycopg.Connection]:

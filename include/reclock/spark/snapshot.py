@@ -1,0 +1,173 @@
+"""A Postgres source's initial snapshot of a large table, read by Spark: partitioned JDBC reads under the
+snapshot the task exported, written as Parquet parts by the executors (never through the driver).
+
+::
+
+    task (holds the exported snapshot open)          Spark executors, one JDBC session per partition
+      count(*) under the snapshot  ->  expected       sessionInitStatement: the decoder's session styles,
+      pages = pg_relation_size / block_size            BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY;
+      partitions: ctid page ranges                     SET TRANSACTION SNAPSHOT '<name>'
+                                                       SELECT col::text ... WHERE ctid in the partition's
+                                                       pages (a TID Range Scan, Postgres 14+)
+                                                       -> each column converted as the stream converts it
+                                                       -> <prefix>/<shard>/snapshot/part-*.parquet, _SUCCESS
+
+Every column is read as its text form (``col::text``, as the in-process ``COPY`` reads it) and converted in
+Spark SQL to the Arrow type the stream's decoder gives it (:func:`reclock.sources.pgoutput.arrow_type`),
+with the same refusals: a value the decoder would refuse (a BC or infinite date, a numeric beyond
+``decimal(38, 10)`` in an unconstrained column, ``NaN``) fails the job naming the column. A table with a
+column Spark cannot convert exactly (``numeric`` of more than 38 digits: ``decimal256``; two column names
+equal but for case) is :func:`convertible` ``False`` and is read in the task instead.
+
+The ctid ranges cover every page: the last range is open-ended, so a page added after the page count was
+read is still read (the snapshot decides what rows are visible, not the ranges). Spark's task retries and
+speculative attempts commit through its output committer, and the task proves the parts afterwards
+(``reclock.cdc.collect``: the ``_SUCCESS`` marker, every footer, rows equal to ``count(*)`` under the same
+snapshot).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from psycopg.conninfo import conninfo_to_dict
+
+from reclock.errors import SettingError
+from reclock.sources import pgoutput as po
+from reclock.sources.postgres import SESSION, TableInfo, pg_ident, text_form
+from reclock.spark.ingest import sql_ident, sql_string
+
+SPLIT_BYTES = 32 << 20
+"""Bytes of a table's heap each Spark partition reads (a partition is a range of whole pages)."""
+MAX_PARTITIONS = 256
+CTID = "reclock_ctid"
+"""The subquery's name for the row's ``ctid``: every other column is ``c<i>``, so it cannot collide."""
+DRIVER = "org.postgresql.Driver"
+NO_DRIVER = ("Spark has no Postgres JDBC driver (org.postgresql:postgresql, in .reclock/jars/spark with "
+             "`reclock dev install`; else give it to Spark Connect or spark-submit with --jars or --packages), "
+             "which a Postgres source's snapshot of a large table needs; or set the source's "
+             "`postgres.spark_snapshot_min_bytes: null` to read every snapshot in the task")
+
+
+@dataclass(frozen=True)
+class JdbcTarget:
+    """Where Spark's JDBC reads reach the upstream: the URL and the connection properties (the DSN's
+    ``host``, ``port``, ``dbname``, ``user``, ``password`` and ``sslmode``)."""
+
+    url: str
+    properties: dict[str, str]
+
+
+def jdbc_target(dsn: str) -> JdbcTarget:
+    """The JDBC URL and properties of a libpq DSN (URI or ``key=value``). A DSN Spark cannot follow (a Unix
+    socket, several hosts, a service file) is a ``SettingError``: the executors connect over TCP."""
+    d = conninfo_to_dict(dsn)
+    host = d.get("host") or d.get("hostaddr")
+    if not host or host.startswith("/") or "," in host or "service" in d:
+        raise SettingError(f"the upstream DSN's host {host!r} is not one TCP host Spark's executors can reach "
+                           "(a snapshot on Spark needs host=<name> port=<n> in the DSN)")
+    props = {"driver": DRIVER, "user": d.get("user", ""), "password": d.get("password", "")}
+    if "sslmode" in d:
+        props["sslmode"] = d["sslmode"]
+    return JdbcTarget(f"jdbc:postgresql://{host}:{d.get('port', '5432')}/{d.get('dbname', d.get('user', ''))}",
+                      props)
+
+
+def convertible(info: TableInfo) -> bool:
+    """Whether every column of ``info`` converts exactly in Spark SQL (see the module)."""
+    names = [n.lower() for n, _, _ in info.columns]
+    if len(set(names)) != len(names):
+        return False
+    return all(_column_sql(f"c{i}", o, m, n) is not None for i, (n, o, m) in enumerate(info.columns))
+
+
+def partition_predicates(pages: int, split_pages: int) -> list[str]:
+    """One predicate per Spark partition: ranges of ``split_pages`` pages over ``pages``, the last one
+    open-ended (every page of the table, however many there are when the read runs)."""
+    bounds = list(range(0, max(pages, 1), max(split_pages, 1)))[:MAX_PARTITIONS]
+    preds = [f"{CTID} >= '({lo},0)' AND {CTID} < '({hi},0)'" for lo, hi in zip(bounds, bounds[1:])]
+    return preds + [f"{CTID} >= '({bounds[-1]},0)'"]
+
+
+def session_init(snapshot: str) -> str:
+    """What each JDBC session runs before its read: the decoder's session styles, then a read-only
+    transaction on the exported ``snapshot``."""
+    return "; ".join([*SESSION, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY",
+                      f"SET TRANSACTION SNAPSHOT '{snapshot}'"])
+
+
+def _column_sql(c: str, type_oid: int, typmod: int, name: str) -> str | None:
+    """The Spark SQL expression converting text column ``c`` (table column ``name``) to its Arrow type as
+    :func:`reclock.sources.pgoutput.convert` does; None if Spark cannot."""
+    col = sql_ident(c)
+
+    def refuse(cond: str, spark_type: str, why: str, value: str) -> str:
+        msg = sql_string(f"column {name}: ")
+        return (f"CASE WHEN {cond} THEN CAST(raise_error(concat({msg}, {col}, {sql_string(' ' + why)})) "
+                f"AS {spark_type}) ELSE {value} END")
+
+    out_of_arrow = f"({col} LIKE '% BC' OR {col} LIKE '%infinity' OR {col} RLIKE '^[0-9]{{5}}')"
+    if type_oid in (po.INT2, po.INT4, po.INT8, po.OID):
+        return f"CAST({col} AS {'SMALLINT' if type_oid == po.INT2 else 'INT' if type_oid == po.INT4 else 'BIGINT'})"
+    if type_oid == po.FLOAT8:
+        return f"CAST({col} AS DOUBLE)"
+    if type_oid == po.FLOAT4:
+        return f"CAST(CAST({col} AS DOUBLE) AS FLOAT)"
+    if type_oid == po.BOOL:
+        return refuse(f"{col} NOT IN ('t', 'true', 'f', 'false')", "BOOLEAN",
+                      "is not a bool", f"{col} IN ('t', 'true')")
+    if type_oid == po.BYTEA:
+        return refuse(f"NOT startswith({col}, '\\\\x')", "BINARY",
+                      "is not bytea in hex form", f"unhex(substr({col}, 3))")
+    if type_oid == po.DATE:
+        return refuse(f"({out_of_arrow} OR length({col}) <> 10)", "DATE",
+                      "is outside what Arrow holds", f"CAST({col} AS DATE)")
+    if type_oid == po.TIMESTAMP:
+        return refuse(out_of_arrow, "TIMESTAMP_NTZ", "is outside what Arrow holds",
+                      f"CAST({col} AS TIMESTAMP_NTZ)")
+    if type_oid == po.TIMESTAMPTZ:
+        return refuse(out_of_arrow, "TIMESTAMP", "is outside what Arrow holds", f"CAST({col} AS TIMESTAMP)")
+    if type_oid == po.NUMERIC:
+        t = po.arrow_type(type_oid, typmod)
+        if t.precision > 38:
+            return None
+        spark_type = f"DECIMAL({t.precision},{t.scale})"
+        # the decoder refuses a value with more fractional digits than the scale (Spark would round it),
+        # more integer digits than precision - scale, and NaN or infinities
+        fits = (f"{col} RLIKE '^-?[0-9]{{1,{max(t.precision - t.scale, 1)}}}(\\\\.[0-9]{{0,{t.scale}}})?$'"
+                if t.precision > t.scale else f"{col} RLIKE '^-?0?(\\\\.[0-9]{{0,{t.scale}}})?$'")
+        return refuse(f"NOT ({fits})", spark_type, f"does not fit {t} (give the column a declared numeric(p, s))",
+                      f"CAST({col} AS {spark_type})")
+    return col  # every other type is its text, as the decoder keeps it
+
+
+def snapshot_query(info: TableInfo) -> str:
+    """The JDBC subquery: the row's ``ctid`` and every column's text form (as pgoutput sends it:
+    :func:`reclock.sources.postgres.text_form`) as ``c<i>``."""
+    schema, _, name = info.table.partition(".")
+    cols = ", ".join(f"{text_form(n, o)} AS c{i}" for i, (n, o, _) in enumerate(info.columns))
+    return (f"(SELECT ctid AS {CTID}{', ' if cols else ''}{cols} FROM {pg_ident(schema)}.{pg_ident(name)}) "
+            "reclock_snapshot")
+
+
+def write_table_snapshot(spark, target: JdbcTarget, snapshot: str, info: TableInfo, ts: int, url: str,
+                         predicates: Sequence[str], fetch_size: int = 10_000) -> None:
+    """One Spark job: every row ``info``'s table holds in ``snapshot`` as ``(columns..., ts, 1)`` Parquet
+    parts under ``url`` (with Spark's ``_SUCCESS`` marker). The caller proves them (``reclock.cdc.collect``)
+    against ``count(*)`` under the same snapshot, which it keeps open for the whole job."""
+    props = {**target.properties, "sessionInitStatement": session_init(snapshot), "fetchsize": str(fetch_size)}
+    df = spark.read.jdbc(target.url, snapshot_query(info), predicates=list(predicates), properties=props)
+    exprs = [f"{_column_sql(f'c{i}', o, m, n)} AS {sql_ident(n)}" for i, (n, o, m) in enumerate(info.columns)]
+    df = df.selectExpr(*exprs, f"CAST({int(ts)} AS BIGINT) AS ts", "CAST(1 AS BIGINT) AS diff")
+    key = "spark.sql.parquet.outputTimestampType"
+    before = spark.conf.get(key)
+    spark.conf.set(key, "TIMESTAMP_MICROS")  # a timestamptz reads back as timestamp[us, UTC], as the stream's
+    try:
+        df.write.mode("error").parquet(url)
+    except Exception as e:  # noqa: BLE001 - only a missing driver is told apart; the rest goes up as is
+        if DRIVER in str(e) and ("ClassNotFound" in str(e) or "No suitable driver" in str(e)):
+            raise SettingError(NO_DRIVER) from e
+        raise
+    finally:
+        spark.conf.set(key, before)
