@@ -24,6 +24,7 @@ from reclock.config import KafkaSpec, SinkBudget, SinkSpec, parse_source
 from reclock.persist import connect
 from reclock.persist.blob import blob_store_from_url
 from reclock.persist.remap_store import load_remap
+from reclock.persist.shards import batches
 from reclock.read import read_as_of, read_updates
 from reclock.sinks.encode import encode_updates
 from reclock.sinks.kafka import TS_HEADER, SinkContext, consolidate, read_all, run_once
@@ -190,3 +191,43 @@ def test_s3a_multipart_upload_rename_and_read_back_on_the_cluster(cluster, s3):
     back = spark.read.parquet(f"s3a://{bucket}/big").selectExpr("count(*)", "sum(id)", "max(h)").first()
     assert tuple(back) == (rows, rows * (rows - 1) // 2, max(hashlib.sha256(str(i).encode()).hexdigest()
                                                              for i in range(rows)))
+
+
+def test_a_postgres_snapshot_read_by_the_cluster_into_s3_equals_the_table(db, postgres, cluster, s3, monkeypatch):
+    """A Postgres source's snapshot on Spark: JDBC sessions on both workers' executors join the exported
+    snapshot, in page ranges; parts on S3; then the stream goes on from it."""
+    from pg_support import upstream_database, writer
+
+    from reclock.spark import snapshot as spark_snapshot
+
+    monkeypatch.setattr(spark_snapshot, "SPLIT_BYTES", 256 << 10)
+    name = f"cl_pg{uuid.uuid4().hex[:6]}"
+    with upstream_database(postgres) as up:
+        with writer(up) as conn:
+            conn.execute("CREATE TABLE big (id int8 PRIMARY KEY, v text, n numeric(12,2), at timestamptz, ch char(4))")
+            conn.execute("ALTER TABLE big REPLICA IDENTITY FULL")
+            conn.execute("CREATE PUBLICATION pub FOR TABLE big")
+            conn.execute("INSERT INTO big SELECT g, md5(g::text), g / 7.0, now() - g * interval '1 s', "
+                         "CASE WHEN g % 3 = 0 THEN NULL ELSE 'ab' END FROM generate_series(1, 20000) g")
+        raw = {"postgres": {"dsn_env": "UNUSED", "publication": "pub", "spark_snapshot_min_bytes": 0},
+               "tables": ["big"]}
+        ctx = cycle.CycleContext(spec=parse_source(name, raw), dsn=db, bootstrap="",
+                                 blob=blob_store_from_url(s3.url(f"{name}-parts"), s3.settings()),
+                                 spark_factory=lambda: cluster.connect.session(scope=name), clock=Clock(),
+                                 upstream_dsn=up, retain_history_ms=10**12)
+        cycle.run_cycle(ctx)
+        with writer(up) as conn:
+            conn.execute("UPDATE big SET v = 'changed' WHERE id % 1000 = 0")
+            conn.execute("DELETE FROM big WHERE id > 19990")
+        cycle.run_cycle(ctx)
+        with writer(up) as conn:
+            want = {r[0]: r for r in conn.execute("SELECT id, v, n, at, ch FROM big").fetchall()}
+        with connect(db) as conn:
+            stats = conn.execute("SELECT metrics FROM reclock.statistics WHERE name = %s AND step = 'write_batches' "
+                                 "AND metrics ? 'snapshot_rows'", (name,)).fetchone()[0]
+            got = read_as_of(conn, ctx.blob, f"{name}__big").to_pylist()
+            parts = [b.path for b in batches(conn, f"{name}__big") if b.rows]
+    assert stats["snapshot_on_spark"] == [f"{name}__big"] and stats["snapshot_rows"] == 20000
+    assert sum("/snapshot/" in p for p in parts) > 2, "several page ranges, each its own part"
+    assert all(r["diff"] == 1 for r in got) and len(got) == len(want) == 19990
+    assert {r["id"]: (r["id"], r["v"], r["n"], r["at"], r["ch"]) for r in got} == want
