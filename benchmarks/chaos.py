@@ -709,7 +709,9 @@ class Driver:
 class AirflowSide:
     """The source whose cycles Airflow runs: Airflow's four processes (kept alive as a service manager would:
     one that died is started again), ``ingest__afl`` unpaused, its task processes the target of
-    ``airflow_task_kill``. Tasks retry (``[core] default_task_retries``) after 1 s."""
+    ``airflow_task_kill``. Tasks retry (``[core] default_task_retries``) after 2 s, up to 30 times: a broker restarted
+    several times in a row on a loaded machine keeps a task failing with ``UpstreamUnavailable`` for a minute
+    or more, which a deployment's retry policy rides out and the campaign must too (5 tries 1 s apart did not)."""
 
     DAG_ID = f"ingest__{AIRFLOW_SOURCE}"
 
@@ -717,7 +719,7 @@ class AirflowSide:
         from reclock.dev.airflow import LocalAirflow
 
         extra = {k: v for k, v in env.items() if k.startswith("RECLOCK_") or k == "PYTHONPATH"}
-        extra.update(AIRFLOW__CORE__DEFAULT_TASK_RETRIES="5", AIRFLOW__CORE__DEFAULT_TASK_RETRY_DELAY="1",
+        extra.update(AIRFLOW__CORE__DEFAULT_TASK_RETRIES="30", AIRFLOW__CORE__DEFAULT_TASK_RETRY_DELAY="2",
                      AIRFLOW__CORE__PARALLELISM="2")
         self.af = LocalAirflow(svc.state, svc.postgres.dsn("airflow"), extra)
         self.dsn = svc.postgres.dsn("airflow")
