@@ -62,8 +62,11 @@ TARGET_P50_S = 10.0
 TARGET_OVERHEAD_S = 3.0
 STEP_KIND = {"mint": "postgres_kafka", "write_batches": "spark", "append": "postgres_kafka",
              "resume": "postgres_kafka"}
-TASK_STEPS = {"mint_write": ("mint", "write_batches"), "append": ("append", "resume")}
-"""The ingest DAG's tasks and the cycle steps each runs."""
+TASK_STEPS = {"mint_write": ("mint", "write_batches"), "append": ("append", "resume"),
+              "cycle": ("mint", "write_batches", "append", "resume")}
+"""The ingest DAGs' tasks and the cycle steps each runs (``cycle``: the event-driven DAG's one task)."""
+RUN_TASKS = ({"mint_write", "append"}, {"cycle"})
+"""The task ids of one whole run, by schedule (interval, upstream)."""
 
 
 def _now_ms() -> int:
@@ -221,7 +224,7 @@ def cycle_split(airflow, dsn: str, dag_id: str, since: datetime, source: str = S
     previous_end: datetime | None = None
     for tasks in ordered:
         first, last = _ts(tasks[0]["start_date"]), max(_ts(t["end_date"]) for t in tasks)
-        if len(tasks) != len(TASK_STEPS) or first < since:
+        if {t["task_id"] for t in tasks} not in RUN_TASKS or first < since:
             previous_end = last
             continue
         split = {"scheduler_gap": 0.0, "task_overhead": 0.0, "spark": 0.0, "postgres_kafka": 0.0}

@@ -1,6 +1,8 @@
 """``ingest__<source>``: one DAG per configured source; each run is one cycle (see ``reclock.cycle``).
 
-    mint_write >> append        (mint, then write_batches; append, then resume)
+    mint_write >> append        (mint, then write_batches; append, then resume)    ``interval``
+    cycle                       (all four steps in one task)                       ``schedule: upstream``
+    cycles                      (cycles back to back for a lease)                  ``schedule: continuous``
 
 The tasks only translate between Airflow (connections, XCom, run conf) and the plain cycle functions.
 Four steps run in two tasks because a task costs about a second of scheduling and process start-up
@@ -14,7 +16,9 @@ task of its own, the one place that makes a cycle's parts visible.
 on the appends. ``max_active_runs=1`` and ``catchup=False``; a backfill or a manual run is safe anyway:
 minting never goes back in time and an append whose range is in the shards is a no-op. A source with
 ``schedule: upstream`` runs when its topic moves (``reclock.orchestration.triggers``) instead of every
-``interval``; one with ``schedule: continuous`` runs cycles back to back in one task a run. Retries are
+``interval``, its four steps in one task ``cycle`` (a run exists because upstream moved, and the second
+task's scheduling and start-up would be most of the data's wait: the event-driven mode is chosen for
+freshness); one with ``schedule: continuous`` runs cycles back to back in one task a run. Retries are
 Airflow's ``[core] default_task_retries`` and ``default_task_retry_delay``: a task may be retried after a
 failure at any point (the fault campaign kills task processes and lets Airflow retry them).
 """
@@ -71,20 +75,28 @@ def build_ingest_dag(spec: SourceSpec):
         params={},
     ) as dag:
 
-        @task(task_id="mint_write")
-        def write_task() -> list[dict]:
-            ctx = cycle_context(spec, conf())
-            return [_written_to_x(cycle.write_batches(ctx, d)) for d in cycle.mint(ctx).descriptions]
+        if spec.schedule == "upstream":
+            @task(task_id="cycle", outlets=shard_assets(spec.shards))
+            def cycle_task() -> dict:
+                out = cycle.run_cycle(cycle_context(spec, conf()))
+                return {**out, "offsets": {str(k): v for k, v in out["offsets"].items()}}
 
-        @task(task_id="append", outlets=shard_assets(spec.shards))
-        def append_task(written: list[dict]) -> dict:
-            ctx = cycle_context(spec, conf())
-            outcomes = [str(o) for w in written for o in cycle.append(ctx, _written_from_x(w))]
-            res = cycle.resume(ctx)
-            return {"outcomes": outcomes, "resumption": res.resumption,
-                    "offsets": {str(k): v for k, v in res.offsets.items()}, "since": res.since}
+            cycle_task()
+        else:
+            @task(task_id="mint_write")
+            def write_task() -> list[dict]:
+                ctx = cycle_context(spec, conf())
+                return [_written_to_x(cycle.write_batches(ctx, d)) for d in cycle.mint(ctx).descriptions]
 
-        append_task(write_task())
+            @task(task_id="append", outlets=shard_assets(spec.shards))
+            def append_task(written: list[dict]) -> dict:
+                ctx = cycle_context(spec, conf())
+                outcomes = [str(o) for w in written for o in cycle.append(ctx, _written_from_x(w))]
+                res = cycle.resume(ctx)
+                return {"outcomes": outcomes, "resumption": res.resumption,
+                        "offsets": {str(k): v for k, v in res.offsets.items()}, "since": res.since}
+
+            append_task(write_task())
     return dag
 
 
