@@ -112,3 +112,15 @@ def test_a_character_to_escape_far_into_a_long_string_column_is_found():
     values = ["x" * 1000] * (3 * _SCAN_BYTES // 1000) + ['say "hi"\\']
     table = pa.table({"s": pa.array(values)})
     assert json.loads(json_objects(table, ["s"])[-1]) == {"s": 'say "hi"\\'}
+
+
+@pytest.mark.parametrize("type_", [pa.string(), pa.large_string()])
+def test_the_escape_scan_of_a_slice_reads_the_slice_own_bytes(type_):
+    """The sink encodes slices of larger arrays: the scan covers exactly the bytes a slice's values span,
+    so a quote in the slice is found wherever the slice starts, and one outside it does not matter."""
+    values = ['a "quoted" one'] + ["plain"] * 300 + ["back\\slash", "ctl\x01"] + ["plain"] * 300 + ['"']
+    table = pa.table({"s": pa.array(values, type_)})
+    for start, length in [(1, 300), (1, 301), (250, 52), (301, 2), (302, 1), (303, 301), (0, len(values))]:
+        part = table.slice(start, length)
+        got = [json.loads(o)["s"] for o in json_objects(part, ["s"])]
+        assert got == values[start:start + length], (start, length)
