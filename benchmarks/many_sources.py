@@ -58,6 +58,54 @@ def _busy_cpu_s() -> float:
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
+_GROUPS = (("airflow task runner", "airflow tasks"), ("airflow supervisor", "airflow tasks"),
+           ("airflow worker", "airflow tasks"), ("airflow scheduler", "airflow scheduler"),
+           ("airflow triggerer", "airflow others"), ("dag-processor", "airflow others"),
+           ("api-server", "airflow others"), ("api_server", "airflow others"),
+           ("org.apache.spark", "spark"), ("kafka.Kafka", "kafka"), ("postgres", "postgres"))
+"""A process's group by its command line (first match; Airflow names its task processes with setproctitle;
+Spark's JVM before Kafka's, as its class path names the Kafka connector)."""
+
+
+def _group(cmdline: str) -> str:
+    for needle, group in _GROUPS:
+        if needle in cmdline:
+            return group
+    return "other"
+
+
+def _cpu_by_process() -> dict[int, tuple[str, float]]:
+    """Every process's group and CPU seconds so far (user + system, ``/proc/<pid>/stat``); the harness's
+    own process is left out."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+            cmdline = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # it exited meanwhile
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        out[int(d.name)] = (_group(cmdline or stat[stat.index("(") + 1:stat.rindex(")")]),
+                            (int(fields[11]) + int(fields[12])) / tick)
+    return out
+
+
+def _cpu_breakdown(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]],
+                   busy_s: float) -> dict[str, float]:
+    """CPU seconds per group between two :func:`_cpu_by_process` snapshots; what processes that exited in
+    between spent (and the kernel's own work) is ``exited or kernel``: the machine's busy seconds minus the
+    rest."""
+    out: dict[str, float] = {}
+    for pid, (group, cpu) in after.items():
+        prior = before.get(pid)
+        out[group] = out.get(group, 0.0) + cpu - (prior[1] if prior and prior[0] == group else 0.0)
+    out["exited or kernel"] = max(0.0, busy_s - sum(out.values()))
+    return out
+
+
 def _own_cpu_s() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
@@ -67,10 +115,11 @@ Watcher = Callable[[], tuple[int, list[int]]]
 
 
 def _measure(bootstrap: str, topics: list[str], seconds: float, rate: int, watchers: list[Watcher],
-             echo: Callable[[str], None]) -> tuple[list[float], int, float]:
+             echo: Callable[[str], None]) -> tuple[list[float], int, float, dict[str, float]]:
     """Produce ``rate`` records/s to every topic for ``seconds`` while polling the watchers; the latencies
-    (s) of the records produced in the window, how many were produced, and the CPU seconds the rest of the
-    machine spent over the window (up to when the last record became visible, or the drain's end)."""
+    (s) of the records produced in the window, how many were produced, the CPU seconds the rest of the
+    machine spent over the window (up to when the last record became visible, or the drain's end), and
+    those seconds by group of processes (:func:`_cpu_breakdown`)."""
     from confluent_kafka import Producer
 
     start_ms = _now_ms()
@@ -102,7 +151,7 @@ def _measure(bootstrap: str, topics: list[str], seconds: float, rate: int, watch
         finally:
             done.set()
 
-    busy0, own0 = _busy_cpu_s(), _own_cpu_s()
+    busy0, own0, procs0 = _busy_cpu_s(), _own_cpu_s(), _cpu_by_process()
     thread = threading.Thread(target=produce, name="many-producer", daemon=True)
     thread.start()
     latencies: list[float] = []
@@ -124,14 +173,19 @@ def _measure(bootstrap: str, topics: list[str], seconds: float, rate: int, watch
             echo(f"  {produced:,} produced, {len(latencies):,} visible, p50 so far {p50:.2f}s")
         time.sleep(POLL_S)
     cpu = (_busy_cpu_s() - busy0) - (_own_cpu_s() - own0)
+    breakdown = _cpu_breakdown(procs0, _cpu_by_process(), cpu)
     thread.join()
-    return latencies, produced, cpu
+    return latencies, produced, cpu, breakdown
 
 
 def _report(results: Results, who: str, latencies: list[float], produced: int, cpu_s: float,
-            source_minutes: float) -> None:
+            breakdown: dict[str, float], source_minutes: float, echo: Callable[[str], None]) -> None:
     if not latencies:
         raise RuntimeError(f"many sources: no record produced for {who} became visible")
+    for group, seconds in sorted(breakdown.items(), key=lambda kv: -kv[1]):
+        results.add(f"many_{who}_cpu_{group.replace(' ', '_')}_per_source_minute", "s", seconds / source_minutes)
+    echo(f"many sources: {who} CPU s per source-minute by process group: " + ", ".join(
+        f"{g} {v / source_minutes:.2f}" for g, v in sorted(breakdown.items(), key=lambda kv: -kv[1])))
     results.add(f"many_{who}_p50", "s", _percentile(latencies, 0.5))
     results.add(f"many_{who}_p95", "s", _percentile(latencies, 0.95))
     results.add(f"many_{who}_visible_share", "fraction", len(latencies) / max(1, produced))
@@ -187,10 +241,10 @@ def many_sources(results: Results, sources: int, rate: int, seconds: float, sche
         echo(f"many sources: warming up for {WARM_S:.0f}s")
         _measure(bootstrap, names, WARM_S, rate, watchers, echo)
         echo(f"many sources: producing {rate:,} records/s to each of {sources} topics for {seconds:.0f}s")
-        latencies, produced, cpu = _measure(bootstrap, names, seconds, rate, watchers, echo)
+        latencies, produced, cpu, breakdown = _measure(bootstrap, names, seconds, rate, watchers, echo)
         for w in watchers:
             w.conn.close()
-        _report(results, f"reclock_{schedule}", latencies, produced, cpu, source_minutes)
+        _report(results, f"reclock_{schedule}", latencies, produced, cpu, breakdown, source_minutes, echo)
         echo(f"many sources: reclock p50 {results.median(f'many_reclock_{schedule}_p50'):.2f}s, "
              f"{cpu / source_minutes:.2f} CPU s per source-minute")
         for n in names:
@@ -198,8 +252,8 @@ def many_sources(results: Results, sources: int, rate: int, seconds: float, sche
         _wait_no_tasks(stack.airflow, names, timeout=600)
 
         echo(f"many sources: {sources} structured streaming queries in one Spark Connect session")
-        latencies, produced, cpu = _structured_streaming(stack, root, names, seconds, rate, echo)
-        _report(results, "structured_streaming", latencies, produced, cpu, source_minutes)
+        latencies, produced, cpu, breakdown = _structured_streaming(stack, root, names, seconds, rate, echo)
+        _report(results, "structured_streaming", latencies, produced, cpu, breakdown, source_minutes, echo)
         echo(f"many sources: structured streaming p50 {results.median('many_structured_streaming_p50'):.2f}s, "
              f"{cpu / source_minutes:.2f} CPU s per source-minute")
         results.check(f"many_reclock_{schedule}_p50_s", results.median(f"many_reclock_{schedule}_p50"),
@@ -242,8 +296,8 @@ def _wait_no_tasks(airflow, names: list[str], timeout: float) -> None:
 
 
 def _structured_streaming(stack, root: Path, names: list[str], seconds: float, rate: int,
-                          echo: Callable[[str], None]) -> tuple[list[float], int, float]:
-    """One query per topic in one session of the stack's Spark Connect server; latencies, produced, CPU."""
+                          echo: Callable[[str], None]) -> tuple[list[float], int, float, dict[str, float]]:
+    """One query per topic in one session of the stack's Spark Connect server; as :func:`_measure`."""
     spark = stack.spark.session()
     queries = []
     try:
