@@ -29,6 +29,7 @@ failure the stack's folder (logs included) is kept and named.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -38,7 +39,7 @@ import threading
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 from urllib.parse import unquote, urlparse
 
 from benchmarks.contenders import decode
@@ -82,10 +83,12 @@ Watcher = Callable[[], tuple[int, list[int]]]
 """Returns (when it looked, in ms; ``created_ms`` of every record that became visible since its last call)."""
 
 
-def _measure(bootstrap: str, topic: str, seconds: float, rate: int, watch: Watcher,
-             echo: Callable[[str], None]) -> tuple[list[float], int]:
-    """Produce ``rate`` records/s for ``seconds`` while polling ``watch``; the latencies (s) of the records
-    produced in the window, and how many were produced. Waits up to :data:`DRAIN_S` for the last ones."""
+def _measure(bootstrap: str, topics: list[str], seconds: float, rate: int, watchers: list[Watcher],
+             echo: Callable[[str], None], partitions: int = PARTITIONS, tick: float = 0.01,
+             poll_s: float = POLL_S, drain_s: float = DRAIN_S) -> tuple[list[float], int]:
+    """Produce ``rate`` records/s to every topic of ``topics`` (record ``i`` of each into partition
+    ``i % partitions``) for ``seconds`` while polling ``watchers`` every ``poll_s``; the latencies (s) of the
+    records produced in the window, and how many were produced. Waits up to ``drain_s`` for the last ones."""
     from confluent_kafka import Producer
 
     start_ms = _now_ms()
@@ -97,15 +100,17 @@ def _measure(bootstrap: str, topic: str, seconds: float, rate: int, watch: Watch
         nonlocal produced
         try:
             producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "log_level": 2})
-            tick = 0.01
             per_tick = rate * tick
             t0 = time.monotonic()
             due = 0.0
+            i = 0
             while time.monotonic() - t0 < seconds:
                 due += per_tick
-                while produced < int(due):
-                    producer.produce(topic, record(produced, _now_ms()), partition=produced % PARTITIONS)
-                    produced += 1
+                while i < int(due):
+                    for topic in topics:
+                        producer.produce(topic, record(i, _now_ms()), partition=i % partitions)
+                    produced += len(topics)
+                    i += 1
                 producer.poll(0)
                 time.sleep(max(0.0, t0 + tick * (int((time.monotonic() - t0) / tick) + 1) - time.monotonic()))
             producer.flush(30)
@@ -120,19 +125,20 @@ def _measure(bootstrap: str, topic: str, seconds: float, rate: int, watch: Watch
     drain_deadline: float | None = None
     last_report = time.monotonic()
     while True:
-        seen_ms, created = watch()
-        latencies += [(seen_ms - c) / 1000 for c in created if c >= start_ms]
+        for watch in watchers:
+            seen_ms, created = watch()
+            latencies += [(seen_ms - c) / 1000 for c in created if c >= start_ms]
         if done.is_set():
             if failure:
                 raise RuntimeError(f"freshness producer failed: {failure[0]}") from failure[0]
-            drain_deadline = drain_deadline or time.monotonic() + DRAIN_S
+            drain_deadline = drain_deadline or time.monotonic() + drain_s
             if len(latencies) >= produced or time.monotonic() > drain_deadline:
                 break
         if time.monotonic() - last_report > 10:
             last_report = time.monotonic()
             p50 = statistics.median(latencies) if latencies else float("nan")
             echo(f"  {produced:,} produced, {len(latencies):,} visible, p50 so far {p50:.2f}s")
-        time.sleep(POLL_S)
+        time.sleep(poll_s)
     thread.join()
     return latencies, produced
 
@@ -296,19 +302,49 @@ def _report(results: Results, who: str, latencies: list[float], produced: int) -
     results.add(f"freshness_{who}_visible_share", "fraction", len(latencies) / max(1, produced))
 
 
-def freshness(results: Results, seconds: float, rate: int, echo: Callable[[str], None] = print) -> None:
-    """Bring the stack up, measure Reclock under the scheduler and Structured Streaming, bring it down."""
+@contextlib.contextmanager
+def bench_stack(prefix: str, label: str, sources: dict, echo: Callable[[str], None],
+                airflow_settings: dict[str, str] | None = None) -> Iterator:
+    """A full local stack (not yet up) in a new temporary folder, its config ``{"sources": sources}``, the
+    environment pointing the tasks at it (this process's own ``RECLOCK_*`` settings left out, restored
+    afterwards), and ``airflow_settings`` on top of Airflow's. On leaving, everything it started is stopped;
+    the folder is deleted, or kept and named (with the stack's logs) when the block raised."""
     from reclock.dev.stack import Stack
     from reclock.dev.state import StackState
 
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    root.chmod(0o755)
+    config = root / "reclock.yaml"
+    config.write_text(json.dumps({"sources": sources}))
+    saved = dict(os.environ)
+    for key in ("RECLOCK_DSN", "RECLOCK_BLOB_URL", "RECLOCK_SPARK_MASTER"):  # the tasks use the stack's
+        os.environ.pop(key, None)
+    os.environ.update({"RECLOCK_CONFIG": str(config), "RECLOCK_HOME": str(root / "stack")})
+    stack = Stack(StackState(root / "stack"))
+    if airflow_settings:
+        base_settings = stack.airflow_settings
+        stack.airflow_settings = lambda: {**base_settings(), **airflow_settings}
+    try:
+        yield root, stack
+    except BaseException:
+        stack.down(echo=lambda line: echo(f"  {line}"))
+        echo(f"{label}: failed; kept {root} (the stack's logs are under stack/)")
+        raise
+    else:
+        stack.down(echo=lambda line: echo(f"  {line}"))
+        shutil.rmtree(root, ignore_errors=True)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def freshness(results: Results, seconds: float, rate: int, echo: Callable[[str], None] = print) -> None:
+    """Bring the stack up, measure Reclock under the scheduler and Structured Streaming, bring it down."""
     results.meta.setdefault("notes", []).append(
         f"freshness: the full local stack (Airflow scheduler with LocalExecutor, Spark Connect); {rate} records/s "
         f"for {seconds:.0f}s after a {WARM_S:.0f}s warm-up; a record is visible when the shard's upper passes it "
         "(Reclock) or the file sink's log lists its file (Structured Streaming)")
-    root = Path(tempfile.mkdtemp(prefix="reclock-bench-fresh-"))
-    root.chmod(0o755)
-    config = root / "reclock.yaml"
-    config.write_text(json.dumps({"sources": {
+    sources = {
         SOURCE: {"kafka": {"connection": "reclock_kafka", "topic": SOURCE}, "format": {"type": "json", "schema": SCHEMA},
                  "interval": f"{INTERVAL_S}s", "budget": {"max_records": 1_000_000}},
         EVENT_SOURCE: {"kafka": {"connection": "reclock_kafka", "topic": EVENT_SOURCE},
@@ -316,14 +352,9 @@ def freshness(results: Results, seconds: float, rate: int, echo: Callable[[str],
                        "budget": {"max_records": 1_000_000}},
         CONT_SOURCE: {"kafka": {"connection": "reclock_kafka", "topic": CONT_SOURCE},
                       "format": {"type": "json", "schema": SCHEMA}, "schedule": "continuous", "lease": "2m",
-                      "poll": "100ms", "budget": {"max_records": 1_000_000}}}}))
-    saved = dict(os.environ)
-    for key in ("RECLOCK_DSN", "RECLOCK_BLOB_URL", "RECLOCK_SPARK_MASTER"):  # the tasks use the stack's
-        os.environ.pop(key, None)
-    os.environ.update({"RECLOCK_CONFIG": str(config), "RECLOCK_HOME": str(root / "stack")})
-    stack = Stack(StackState(root / "stack"))
+                      "poll": "100ms", "budget": {"max_records": 1_000_000}}}
     dag_id = f"ingest__{SOURCE}"
-    try:
+    with bench_stack("reclock-bench-fresh-", "freshness", sources, echo) as (root, stack):
         echo("freshness: bringing the stack up (Postgres, Kafka, Spark Connect, Airflow) ...")
         stack.up(echo=lambda line: echo(f"  {line}"))
         create_topic(stack.kafka.bootstrap, SOURCE)
@@ -332,11 +363,11 @@ def freshness(results: Results, seconds: float, rate: int, echo: Callable[[str],
         _wait_first_cycle(stack.postgres.dsn())
         watcher = ShardWatcher(stack.postgres.dsn(), stack.state.root / "blobs", SOURCE)
         echo(f"freshness: {dag_id} runs every {INTERVAL_S}s; warming up for {WARM_S:.0f}s")
-        _measure(stack.kafka.bootstrap, SOURCE, WARM_S, rate, watcher, echo)
+        _measure(stack.kafka.bootstrap, [SOURCE], WARM_S, rate, [watcher], echo)
         echo(f"freshness: producing {rate:,} records/s for {seconds:.0f}s")
         since = datetime.now().astimezone()
         with PeakRss(_memory_groups(stack)) as peak:
-            latencies, produced = _measure(stack.kafka.bootstrap, SOURCE, seconds, rate, watcher, echo)
+            latencies, produced = _measure(stack.kafka.bootstrap, [SOURCE], seconds, rate, [watcher], echo)
         watcher.conn.close()
         _pause(stack.airflow, dag_id)
         _report(results, "reclock", latencies, produced)
@@ -370,16 +401,6 @@ def freshness(results: Results, seconds: float, rate: int, echo: Callable[[str],
                       TARGET_EVENT_P50_S, "<=", f"schedule upstream, probed every {EVENT_POLL}")
         results.check("scheduler_cycle_overhead_s", results.median("freshness_cycle_outside_spark"),
                       TARGET_OVERHEAD_S, "<=", "a cycle's time outside write_batches, gaps included")
-    except BaseException:
-        stack.down(echo=lambda line: echo(f"  {line}"))
-        echo(f"freshness: failed; kept {root} (the stack's logs are under stack/)")
-        raise
-    else:
-        stack.down(echo=lambda line: echo(f"  {line}"))
-        shutil.rmtree(root, ignore_errors=True)
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
 
 
 def _other_schedule(results: Results, stack, source: str, label: str, seconds: float, rate: int,
@@ -399,8 +420,8 @@ def _other_schedule(results: Results, stack, source: str, label: str, seconds: f
     _wait_first_cycle(stack.postgres.dsn(), source=source)
     watcher = ShardWatcher(stack.postgres.dsn(), stack.state.root / "blobs", source)
     echo(f"freshness: {dag_id} (schedule {label}); warming up for {WARM_S:.0f}s")
-    _measure(stack.kafka.bootstrap, source, WARM_S, rate, watcher, echo)
-    latencies, produced = _measure(stack.kafka.bootstrap, source, seconds, rate, watcher, echo)
+    _measure(stack.kafka.bootstrap, [source], WARM_S, rate, [watcher], echo)
+    latencies, produced = _measure(stack.kafka.bootstrap, [source], seconds, rate, [watcher], echo)
     watcher.conn.close()
     _pause(stack.airflow, dag_id, timeout=900)
     _report(results, f"reclock_{label}", latencies, produced)
@@ -428,10 +449,10 @@ def _structured_streaming(stack, root: Path, seconds: float, rate: int,
             time.sleep(0.5)
         watcher = SinkLogWatcher(out)
         echo(f"freshness: structured streaming warming up for {WARM_S:.0f}s")
-        _measure(stack.kafka.bootstrap, SOURCE, WARM_S, rate, watcher, echo)
+        _measure(stack.kafka.bootstrap, [SOURCE], WARM_S, rate, [watcher], echo)
         echo(f"freshness: producing {rate:,} records/s for {seconds:.0f}s")
         with PeakRss(_memory_groups(stack)) as peak:
-            latencies, produced = _measure(stack.kafka.bootstrap, SOURCE, seconds, rate, watcher, echo)
+            latencies, produced = _measure(stack.kafka.bootstrap, [SOURCE], seconds, rate, [watcher], echo)
         return latencies, produced, {"spark_connect": peak.mb()["spark_connect"]}
     finally:
         if query is not None:

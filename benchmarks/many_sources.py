@@ -25,18 +25,15 @@ failure; after a failure the stack's folder (logs included) is kept and named.
 
 from __future__ import annotations
 
-import json
 import os
 import resource
-import shutil
-import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Callable
 
 from benchmarks.contenders import decode
-from benchmarks.freshness import SinkLogWatcher, ShardWatcher, _now_ms, _percentile, _wait_first_cycle
+from benchmarks.freshness import SinkLogWatcher, ShardWatcher, Watcher, _now_ms, bench_stack, _percentile, _wait_first_cycle
+from benchmarks.freshness import _measure as _measure_latency
 from benchmarks.report import Results
 from benchmarks.workload import SCHEMA, create_topic, record
 
@@ -111,71 +108,16 @@ def _own_cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
-Watcher = Callable[[], tuple[int, list[int]]]
-
-
 def _measure(bootstrap: str, topics: list[str], seconds: float, rate: int, watchers: list[Watcher],
              echo: Callable[[str], None]) -> tuple[list[float], int, float, dict[str, float]]:
-    """Produce ``rate`` records/s to every topic for ``seconds`` while polling the watchers; the latencies
-    (s) of the records produced in the window, how many were produced, the CPU seconds the rest of the
-    machine spent over the window (up to when the last record became visible, or the drain's end), and
-    those seconds by group of processes (:func:`_cpu_breakdown`)."""
-    from confluent_kafka import Producer
-
-    start_ms = _now_ms()
-    produced = 0
-    done = threading.Event()
-    failure: list[BaseException] = []
-
-    def produce() -> None:
-        nonlocal produced
-        try:
-            producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "log_level": 2})
-            tick = 0.02
-            t0 = time.monotonic()
-            due = 0.0
-            per_tick = rate * tick
-            i = 0
-            while time.monotonic() - t0 < seconds:
-                due += per_tick
-                while i < int(due):
-                    for t in topics:
-                        producer.produce(t, record(i, _now_ms()), partition=i % TOPIC_PARTITIONS)
-                    produced += len(topics)
-                    i += 1
-                producer.poll(0)
-                time.sleep(max(0.0, t0 + tick * (int((time.monotonic() - t0) / tick) + 1) - time.monotonic()))
-            producer.flush(30)
-        except BaseException as e:  # noqa: BLE001 - handed to the main thread
-            failure.append(e)
-        finally:
-            done.set()
-
+    """:func:`benchmarks.freshness._measure` over every topic (:data:`TOPIC_PARTITIONS` each); also the CPU
+    seconds the rest of the machine spent over the window (up to when the last record became visible, or
+    the drain's end), and those seconds by group of processes (:func:`_cpu_breakdown`)."""
     busy0, own0, procs0 = _busy_cpu_s(), _own_cpu_s(), _cpu_by_process()
-    thread = threading.Thread(target=produce, name="many-producer", daemon=True)
-    thread.start()
-    latencies: list[float] = []
-    drain_deadline: float | None = None
-    last_report = time.monotonic()
-    while True:
-        for watch in watchers:
-            seen_ms, created = watch()
-            latencies += [(seen_ms - c) / 1000 for c in created if c >= start_ms]
-        if done.is_set():
-            if failure:
-                raise RuntimeError(f"many sources: the producer failed: {failure[0]}") from failure[0]
-            drain_deadline = drain_deadline or time.monotonic() + DRAIN_S
-            if len(latencies) >= produced or time.monotonic() > drain_deadline:
-                break
-        if time.monotonic() - last_report > 10:
-            last_report = time.monotonic()
-            p50 = _percentile(latencies, 0.5) if latencies else float("nan")
-            echo(f"  {produced:,} produced, {len(latencies):,} visible, p50 so far {p50:.2f}s")
-        time.sleep(POLL_S)
+    latencies, produced = _measure_latency(bootstrap, topics, seconds, rate, watchers, echo,
+                                           partitions=TOPIC_PARTITIONS, tick=0.02, poll_s=POLL_S, drain_s=DRAIN_S)
     cpu = (_busy_cpu_s() - busy0) - (_own_cpu_s() - own0)
-    breakdown = _cpu_breakdown(procs0, _cpu_by_process(), cpu)
-    thread.join()
-    return latencies, produced, cpu, breakdown
+    return latencies, produced, cpu, _cpu_breakdown(procs0, _cpu_by_process(), cpu)
 
 
 def _report(results: Results, who: str, latencies: list[float], produced: int, cpu_s: float,
@@ -195,9 +137,6 @@ def _report(results: Results, who: str, latencies: list[float], produced: int, c
 def many_sources(results: Results, sources: int, rate: int, seconds: float, schedule: str,
                  echo: Callable[[str], None] = print) -> None:
     """Bring the stack up, measure Reclock's sources under the scheduler, then Structured Streaming."""
-    from reclock.dev.stack import Stack
-    from reclock.dev.state import StackState
-
     if schedule not in SCHEDULES:
         raise ValueError(f"--schedule must be one of {', '.join(SCHEDULES)}, not {schedule!r}")
     if sources < 1 or rate < 1 or seconds <= 0:
@@ -207,24 +146,14 @@ def many_sources(results: Results, sources: int, rate: int, seconds: float, sche
         f"many sources: {sources} sources ({schedule}) at {rate} records/s each for {seconds:.0f}s after a "
         f"{WARM_S:.0f}s warm-up, under the Airflow scheduler; beside {sources} Structured Streaming queries "
         "(1 s trigger) in one Spark Connect session; CPU = the machine's busy seconds minus the harness's")
-    root = Path(tempfile.mkdtemp(prefix="reclock-bench-many-"))
-    root.chmod(0o755)
-    config = root / "reclock.yaml"
     extra = {"continuous": {"schedule": "continuous", "lease": LEASE, "poll": "200ms"},
              "upstream": {"schedule": "upstream", "poll": "500ms"},
              "interval": {"interval": "1s"}}[schedule]
-    config.write_text(json.dumps({"sources": {
-        n: {"kafka": {"connection": "reclock_kafka", "topic": n}, "format": {"type": "json", "schema": SCHEMA},
-            "budget": {"max_records": 1_000_000}, **extra} for n in names}}))
-    saved = dict(os.environ)
-    for key in ("RECLOCK_DSN", "RECLOCK_BLOB_URL", "RECLOCK_SPARK_MASTER"):  # the tasks use the stack's
-        os.environ.pop(key, None)
-    os.environ.update({"RECLOCK_CONFIG": str(config), "RECLOCK_HOME": str(root / "stack")})
-    stack = Stack(StackState(root / "stack"))
-    base_settings = stack.airflow_settings
-    stack.airflow_settings = lambda: {**base_settings(), "AIRFLOW__CORE__PARALLELISM": str(sources + 4)}
+    config = {n: {"kafka": {"connection": "reclock_kafka", "topic": n}, "format": {"type": "json", "schema": SCHEMA},
+                  "budget": {"max_records": 1_000_000}, **extra} for n in names}
     source_minutes = sources * seconds / 60
-    try:
+    with bench_stack("reclock-bench-many-", "many sources", config, echo,
+                     {"AIRFLOW__CORE__PARALLELISM": str(sources + 4)}) as (root, stack):
         echo(f"many sources: bringing the stack up for {sources} sources ({schedule}) ...")
         stack.up(echo=lambda line: echo(f"  {line}"))
         bootstrap = stack.kafka.bootstrap
@@ -262,16 +191,6 @@ def many_sources(results: Results, sources: int, rate: int, seconds: float, sche
                       results.median(f"many_reclock_{schedule}_cpu_per_source_minute")
                       / results.median("many_structured_streaming_cpu_per_source_minute"), 1.0, "<=",
                       "CPU seconds per source-minute, the machine's")
-    except BaseException:
-        stack.down(echo=lambda line: echo(f"  {line}"))
-        echo(f"many sources: failed; kept {root} (the stack's logs are under stack/)")
-        raise
-    else:
-        stack.down(echo=lambda line: echo(f"  {line}"))
-        shutil.rmtree(root, ignore_errors=True)
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
 
 
 def _seed(bootstrap: str, topics: list[str]) -> None:
