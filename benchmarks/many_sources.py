@@ -3,8 +3,9 @@ the real Airflow scheduler, beside as many Structured Streaming queries in one S
 
 The full local stack (:class:`reclock.dev.stack.Stack`) comes up in a temporary folder with a config of
 ``--sources`` sources ``many_00 ..``, each on its own topic, all with the same ``--schedule``
-(``continuous``: one task a source cycling back to back, a lease of :data:`LEASE`; ``upstream``: a run
-when its topic moves; ``interval``: every second). Airflow's parallelism is raised to the number of
+(``continuous``: one task a source cycling back to back, a lease of :data:`LEASE`; ``group``: the same,
+but every source in one continuous group, so one task of ``ingest_group__many`` cycles them all, a thread
+each; ``upstream``: a run when its topic moves; ``interval``: every second). Airflow's parallelism is raised to the number of
 sources (plus a few), so every source can have its task running at once. Then:
 
 1. **Reclock**: every source's DAG unpaused; once every source's first cycle is in and :data:`WARM_S`
@@ -37,7 +38,7 @@ from benchmarks.freshness import _measure as _measure_latency
 from benchmarks.report import Results
 from benchmarks.workload import SCHEMA, create_topic, record
 
-SCHEDULES = ("continuous", "upstream", "interval")
+SCHEDULES = ("continuous", "group", "upstream", "interval")
 LEASE = "3m"
 """``schedule: continuous``: one run's lease (the measurement fits in about one)."""
 WARM_S = 20.0
@@ -147,6 +148,7 @@ def many_sources(results: Results, sources: int, rate: int, seconds: float, sche
         f"{WARM_S:.0f}s warm-up, under the Airflow scheduler; beside {sources} Structured Streaming queries "
         "(1 s trigger) in one Spark Connect session; CPU = the machine's busy seconds minus the harness's")
     extra = {"continuous": {"schedule": "continuous", "lease": LEASE, "poll": "200ms"},
+             "group": {"schedule": "continuous", "lease": LEASE, "poll": "200ms", "group": "many"},
              "upstream": {"schedule": "upstream", "poll": "500ms"},
              "interval": {"interval": "1s"}}[schedule]
     config = {n: {"kafka": {"connection": "reclock_kafka", "topic": n}, "format": {"type": "json", "schema": SCHEMA},
@@ -160,9 +162,10 @@ def many_sources(results: Results, sources: int, rate: int, seconds: float, sche
         for n in names:
             create_topic(bootstrap, n, TOPIC_PARTITIONS)
         _seed(bootstrap, names)
-        for n in names:
-            stack.airflow.wait_for_dag(f"ingest__{n}", timeout=300)
-            stack.airflow.unpause(f"ingest__{n}")
+        dag_ids = ["ingest_group__many"] if schedule == "group" else [f"ingest__{n}" for n in names]
+        for d in dag_ids:
+            stack.airflow.wait_for_dag(d, timeout=300)
+            stack.airflow.unpause(d)
         for n in names:
             _wait_first_cycle(stack.postgres.dsn(), timeout=900, source=n)
         echo("many sources: every source has its first cycle in")
@@ -176,9 +179,9 @@ def many_sources(results: Results, sources: int, rate: int, seconds: float, sche
         _report(results, f"reclock_{schedule}", latencies, produced, cpu, breakdown, source_minutes, echo)
         echo(f"many sources: reclock p50 {results.median(f'many_reclock_{schedule}_p50'):.2f}s, "
              f"{cpu / source_minutes:.2f} CPU s per source-minute")
-        for n in names:
-            stack.airflow.api("PATCH", f"dags/ingest__{n}", {"is_paused": True})
-        _wait_no_tasks(stack.airflow, names, timeout=600)
+        for d in dag_ids:
+            stack.airflow.api("PATCH", f"dags/{d}", {"is_paused": True})
+        _wait_no_tasks(stack.airflow, dag_ids, timeout=600)
 
         echo(f"many sources: {sources} structured streaming queries in one Spark Connect session")
         latencies, produced, cpu, breakdown = _structured_streaming(stack, root, names, seconds, rate, echo)
@@ -205,10 +208,10 @@ def _seed(bootstrap: str, topics: list[str]) -> None:
         raise RuntimeError("many sources: the seed records were not delivered within 30s")
 
 
-def _wait_no_tasks(airflow, names: list[str], timeout: float) -> None:
+def _wait_no_tasks(airflow, dag_ids: list[str], timeout: float) -> None:
     deadline = time.monotonic() + timeout
-    while any(airflow.api("GET", f"dags/ingest__{n}/dagRuns/~/taskInstances?state=running&state=queued")
-              .get("task_instances") for n in names):
+    while any(airflow.api("GET", f"dags/{d}/dagRuns/~/taskInstances?state=running&state=queued")
+              .get("task_instances") for d in dag_ids):
         if time.monotonic() > deadline:
             raise RuntimeError(f"many sources: tasks still running {timeout:.0f}s after the DAGs were paused")
         time.sleep(1)

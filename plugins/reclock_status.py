@@ -54,7 +54,7 @@ def _inputs():
     config = load_config(default=PROJECT / "include" / "reclock.yaml")
     blob = settings.find_blob_store() if os.environ.get("RECLOCK_BLOB_URL") else None
     lag = status_report.kafka_lag_probe(config, lambda kafka, what: settings.find_bootstrap(kafka, what))
-    dags = [d for n in config.sources for d in (f"ingest__{n}", f"rebuild__{n}")]
+    dags = [d for n, spec in config.sources.items() for d in (spec.ingest_dag, f"rebuild__{n}")]
     dags += [f"sink__{n}" for n in config.sinks]
     return config, blob, lag, _paused(dags)
 

@@ -17,6 +17,8 @@ A config file holds ``sources:`` and ``sinks:``. Example::
         schedule: interval                 # interval: every `interval:` | upstream: when the topic holds
         interval: 30s                      # records beyond the newest binding (probed every `poll: 1s`) |
                                            # continuous: cycles back to back, a run per `lease: 10m`
+                                           # (`resume: 1s`: how often it commits offsets and compacts;
+                                           # `group: g`: the group's sources cycle in one task, ingest_group__g)
         budget: {max_records: 500000}
         on_decode_error: collect           # collect (to <source>_errors) | stall
         rebuild: task                      # how rebuild__<source> runs: task (in the Airflow task) |
@@ -221,7 +223,14 @@ class SourceSpec:
     #                             runs cycles back to back for lease_s a run ("continuous")
     poll_s: float = 1.0  # upstream: how often the cluster's offsets are probed; continuous: the idle pause
     lease_s: float = 600.0  # continuous: how long one run keeps cycling before the next run takes over
+    resume_s: float = 1.0  # continuous: resume at most this often (and when the lease ends)
+    group: str | None = None  # continuous: the group whose one task runs this source's cycles
     postgres: PostgresSpec | None = None
+
+    @property
+    def ingest_dag(self) -> str:
+        """The DAG that runs this source's cycles: ``ingest__<source>``, or ``ingest_group__<group>``."""
+        return f"ingest_group__{self.group}" if self.group else f"ingest__{self.name}"
 
     @property
     def kind(self) -> str:
@@ -312,7 +321,7 @@ def parse_source(name: str, raw: Any, base: Path | None = None) -> SourceSpec:
     if "tables" in d:
         raise ConfigError(f"{what}: `tables` belongs to a Postgres source (a `postgres:` section)")
     _unknown(d, {"kafka", "format", "envelope", "include", "interval", "budget", "on_decode_error", "rebuild",
-                 "schedule", "poll", "lease"}, what)
+                 "schedule", "poll", "lease", "resume", "group"}, what)
     if "kafka" not in d:
         raise ConfigError(f"{what}: needs a `kafka:` section with at least `topic:`")
     kafka = _parse_kafka(d["kafka"], f"{what}.kafka")
@@ -365,20 +374,45 @@ def parse_source(name: str, raw: Any, base: Path | None = None) -> SourceSpec:
                           "source runs when upstream moves (`poll:` sets how often it is probed)")
     if "poll" in d and schedule == "interval":
         raise ConfigError(f"{what}: `poll:` is for `schedule: upstream` or `continuous`")
-    if "lease" in d and schedule != "continuous":
-        raise ConfigError(f"{what}: `lease:` is for `schedule: continuous`")
+    for key in ("lease", "resume", "group"):
+        if key in d and schedule != "continuous":
+            raise ConfigError(f"{what}: `{key}:` is for `schedule: continuous`")
+    group = d.get("group")
+    if group is not None and (not isinstance(group, str) or not NAME_RE.match(group)):
+        raise ConfigError(f"{what}: `group` must match {NAME_RE.pattern} (it names the DAG ingest_group__<group>), "
+                          f"got {group!r}")
     poll_s = parse_duration(d.get("poll", "1s" if schedule == "upstream" else "200ms"), f"{what}.poll")
     lease_s = parse_duration(d.get("lease", "10m"), f"{what}.lease")
+    resume_s = parse_duration(d.get("resume", "1s"), f"{what}.resume")
     return SourceSpec(name=name, kafka=kafka, format=fmt, envelope=envelope, include=include,
                       interval_s=parse_duration(d.get("interval", "60s"), f"{what}.interval"),
                       budget=budget, on_decode_error=on_err, rebuild=rebuild, schedule=schedule, poll_s=poll_s,
-                      lease_s=lease_s)
+                      lease_s=lease_s, resume_s=resume_s, group=group)
 
 
 SCHEDULES = ("interval", "upstream", "continuous")
 """When ``ingest__<source>`` runs: every ``interval``; when the topic holds records beyond the newest
 binding (``reclock.orchestration.triggers``); or continuously, one run cycling back to back for ``lease``
-and the next run taking over."""
+and the next run taking over (``reclock.continuous``; with ``group:``, one run of ``ingest_group__<group>``
+cycles every source of the group, each in its own thread)."""
+
+
+def groups(sources: dict[str, SourceSpec]) -> dict[str, list[SourceSpec]]:
+    """The continuous groups: group name -> its sources, in config order."""
+    out: dict[str, list[SourceSpec]] = {}
+    for spec in sources.values():
+        if spec.group:
+            out.setdefault(spec.group, []).append(spec)
+    return out
+
+
+def _check_groups(sources: dict[str, SourceSpec]) -> None:
+    """A group's sources share its runs, so they share one lease; a group is not named like a source."""
+    for g, members in groups(sources).items():
+        leases = {m.lease_s for m in members}
+        if len(leases) > 1:
+            raise ConfigError(f"group {g}: its sources run in one task and need one `lease:`; got "
+                              + ", ".join(f"{m.name}: {m.lease_s:g}s" for m in members))
 
 
 def _parse_postgres_source(name: str, d: dict) -> SourceSpec:
@@ -581,6 +615,7 @@ def parse_config(raw: Any, base: Path | None = None) -> Config:
     _unknown(d, {"sources", "sinks"}, "config")
     raw_sources = _require(d.get("sources", {}) or {}, "sources")
     sources = {name: parse_source(name, spec, base) for name, spec in raw_sources.items()}
+    _check_groups(sources)
     raw_sinks = _require(d.get("sinks", {}) or {}, "sinks")
     sinks = {name: parse_sink(name, spec, sources) for name, spec in raw_sinks.items()}
     clash = sorted(set(sinks) & set(sources))

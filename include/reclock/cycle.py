@@ -620,24 +620,6 @@ def resume(ctx: CycleContext) -> ResumeResult:
         return ResumeResult(resumption, offsets.as_dict(), since)
 
 
-def run_cycles(ctx: CycleContext, seconds: float, idle_s: float = 0.2,
-               clock: Callable[[], float] = time.monotonic) -> dict:
-    """Cycles back to back for ``seconds`` (the continuous mode's lease): each a whole cycle (mint ->
-    write_batches -> append -> resume, each step recording its statistics and status), the next one
-    started as soon as the last ends, or ``idle_s`` later when it found nothing new. The last cycle started
-    before the lease ends runs to its end. Returns how many cycles ran and how many found data."""
-    until = clock() + seconds
-    cycles = with_data = 0
-    while clock() < until:
-        out = run_cycle(ctx)
-        cycles += 1
-        if out["minted"] is None and out["descriptions"] == 0:
-            time.sleep(max(0.0, min(idle_s, until - clock())))
-        else:
-            with_data += 1
-    return {"cycles": cycles, "with_data": with_data}
-
-
 def run_cycle(ctx: CycleContext) -> dict:
     """All four steps in one process (what ``dag.test()`` and the benchmarks run)."""
     minted = mint(ctx)

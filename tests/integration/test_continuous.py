@@ -1,6 +1,8 @@
 """Continuous mode (issue 19): ``run_cycles`` runs whole cycles back to back for a lease; a process killed
 mid-lease (SIGKILL, anywhere in a cycle) and the next lease taking over leave every record exactly once at
-its binding's timestamp, while producers write throughout."""
+its binding's timestamp, while producers write throughout. Resume runs at most every ``resume_s`` and when
+the lease ends. A group (``run_group``) cycles several sources in one process, and one source that stalls
+does not stop the others."""
 
 from __future__ import annotations
 
@@ -12,19 +14,23 @@ import threading
 import time
 from dataclasses import replace
 
+import pytest
 import yaml
 from ingest_support import check_invariants, make_ctx, produce, rec
 
 from reclock import cycle
+from reclock.continuous import GroupFailed, Member, run_cycles, run_group
 from reclock.dev.jars import spark_kafka_jars
 from reclock.dev.state import REPO_ROOT
 from reclock.persist import connect
 from reclock.persist.shards import shard_info
+from reclock.persist.status import latest_status
+from reclock.sources.kafka import KafkaUpstream
 
 LEASE = """
 import sys
 from reclock.config import load_config
-from reclock.cycle import run_cycles
+from reclock.continuous import run_cycles
 from reclock.orchestration.settings import cycle_context
 
 print("ready", flush=True)
@@ -87,3 +93,56 @@ def test_a_lease_killed_midway_and_the_next_taking_over_land_everything_once(db,
     check_invariants(ctx, set(range(sent[0])))
     with connect(db) as conn:
         assert shard_info(conn, "cont").upper > 0
+
+
+def _count(db: str, name: str, step: str) -> int:
+    with connect(db) as conn:
+        return conn.execute("SELECT count(*) FROM reclock.statistics WHERE name = %s AND step = %s",
+                            (name, step)).fetchone()[0]
+
+
+def test_resume_runs_at_most_every_resume_s_and_when_the_lease_ends(db, kafka, topic, spark, tmp_path):
+    name = topic(partitions=2)
+    ctx = make_ctx(db, kafka, spark, tmp_path, name, name="cont_rs", schedule="continuous")
+    produce(kafka, name, [rec(i, i % 2) for i in range(120)])  # budget 50: several slices in the first cycle
+    out = run_cycles(ctx, 4.0, idle_s=0.05, resume_s=3600)
+    assert out["cycles"] >= 3 and out["resumes"] == 2, out  # the first cycle's, and the lease's end
+    assert _count(db, "cont_rs", "mint") == out["cycles"] and _count(db, "cont_rs", "resume") == 2
+    check_invariants(ctx, set(range(120)))  # includes: the consumer group's commit is the resumption frontier
+    committed = KafkaUpstream("cont_rs", kafka.bootstrap, name).committed(ctx.spec.consumer_group)
+    assert sum(committed.as_dict().values()) == 120, committed
+
+
+def test_a_group_cycles_its_sources_in_one_process_and_a_stalled_one_does_not_stop_the_others(
+        db, kafka, topic, spark, tmp_path):
+    a, b = topic(partitions=2), topic(partitions=1)
+    ctx_a = make_ctx(db, kafka, spark, tmp_path, a, name="grp_a", schedule="continuous", group="g1")
+    ctx_b = make_ctx(db, kafka, spark, tmp_path, b, name="grp_b", schedule="continuous", group="g1",
+                     on_decode_error="stall")
+    produce(kafka, b, [rec(i, 0) for i in range(10)] + [(0, b"k", b"{not json")])
+    stop, sent = threading.Event(), [0]
+
+    def producer() -> None:  # source a keeps receiving records while b is stalled
+        while not stop.is_set() and sent[0] < 400:
+            produce(kafka, a, [rec(sent[0] + j, (sent[0] + j) % 2) for j in range(20)])
+            sent[0] += 20
+            time.sleep(0.2)
+
+    t = threading.Thread(target=producer, daemon=True)
+    t.start()
+    try:
+        with pytest.raises(GroupFailed) as failed:
+            run_group("g1", [Member(ctx_a, idle_s=0.05, resume_s=0.5), Member(ctx_b, idle_s=0.05)], 8.0)
+    finally:
+        stop.set()
+        t.join(30)
+    assert set(failed.value.failed) == {"grp_b"} and "grp_b: DecodeError" in str(failed.value), failed.value
+    assert "offset 10" in str(failed.value)  # the poison record, named
+    assert _count(db, "grp_a", "append") >= 2 and _count(db, "grp_a", "resume") >= 2
+    while cycle.run_cycle(ctx_a)["descriptions"]:  # what was produced after a's last cycle of the lease
+        pass
+    check_invariants(ctx_a, set(range(sent[0])))
+    with connect(db) as conn:
+        st = latest_status(conn, "grp_b")
+        assert shard_info(conn, "grp_b").upper == 0  # nothing of b appended past (or with) its poison record
+    assert st.status == "stalled" and "offset 10" in st.error, st

@@ -33,7 +33,7 @@ SCRIPT = textwrap.dedent("""
 
     for dag_id in sys.argv[1:]:
         dag = get_bagged_dag(None, dag_id)
-        run = dag.test(run_conf={"max_records": 150} if dag_id.startswith("ingest__") else None)
+        run = dag.test(run_conf={"max_records": 150} if dag_id.startswith("ingest") else None)
         print("RESULT", dag_id, run.state, flush=True)
         assert run.state == "success", (dag_id, run.state)
 """)
@@ -51,7 +51,10 @@ def test_ingest_and_sink_dags_under_dag_test(db, postgres, kafka, topic, stack_s
                                   "format": {"type": "json", "schema": "id BIGINT"}, "rebuild": "spark_submit"},
                     "dt_cont": {"kafka": {"topic": name, "bootstrap": kafka.bootstrap},  # the same topic, continuously
                                 "format": {"type": "json", "schema": "id BIGINT"}, "schedule": "continuous",
-                                "lease": "4s", "poll": "200ms"}},
+                                "lease": "4s", "poll": "200ms"},
+                    **{f"dt_g{i}": {"kafka": {"topic": name, "bootstrap": kafka.bootstrap},  # a group of two
+                                    "format": {"type": "json", "schema": "id BIGINT"}, "schedule": "continuous",
+                                    "group": "dtg", "lease": "4s", "poll": "200ms"} for i in (1, 2)}},
         "sinks": {"dt_out": {"from": "dt_orders", "kafka": {"topic": f"{name}_out", "bootstrap": kafka.bootstrap},
                              "progress_topic": f"_progress_{name}"},
                   "dt_lake": {"from": "dt_orders", "iceberg": {"table": "lake.dt_orders"}}}}))
@@ -72,13 +75,14 @@ def test_ingest_and_sink_dags_under_dag_test(db, postgres, kafka, topic, stack_s
     query_env = {**env, "RECLOCK_QUERY_EXAMPLE": "dt_orders",
                  "AIRFLOW_CONN_RECLOCK_SPARK": json.dumps({"conn_type": "spark", "host": "local[2]"})}
     run = subprocess.run([sys.executable, "-c", SCRIPT, "ingest__dt_orders", "ingest__dt_orders", "sink__dt_out",
-                          "sink__dt_lake", "query__dt_orders", "ingest__dt_cont"], env=query_env,
+                          "sink__dt_lake", "query__dt_orders", "ingest__dt_cont", "ingest_group__dtg"], env=query_env,
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
     results = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]
     assert results == ["RESULT ingest__dt_orders success", "RESULT ingest__dt_orders success",
                        "RESULT sink__dt_out success", "RESULT sink__dt_lake success",
-                       "RESULT query__dt_orders success", "RESULT ingest__dt_cont success"]
+                       "RESULT query__dt_orders success", "RESULT ingest__dt_cont success",
+                       "RESULT ingest_group__dtg success"]
     assert "query__dt_orders: 400 rows AS OF " in run.stdout + run.stderr, run.stdout[-3000:] + run.stderr[-3000:]
 
     with connect(db) as conn:
@@ -90,6 +94,9 @@ def test_ingest_and_sink_dags_under_dag_test(db, postgres, kafka, topic, stack_s
         resumes = conn.execute("SELECT count(*) FROM reclock.statistics WHERE name = 'dt_cont' AND step = 'resume'"
                                ).fetchone()[0]
     assert sorted(r["id"] for r in cont) == list(range(400)) and resumes >= 2
+    with connect(db) as conn:  # one run of the group's one task: both sources, each all of the topic
+        for g in ("dt_g1", "dt_g2"):
+            assert sorted(r["id"] for r in read_updates(conn, LocalBlobStore(blobs), g).to_pylist()) == list(range(400))
     assert read_progress(kafka.bootstrap, f"_progress_{name}", "dt_out").frontier == upper
     out = [json.loads(m.value())["after"]["id"] for m in read_all(kafka.bootstrap, f"{name}_out", "t")]
     assert sorted(out) == list(range(400))

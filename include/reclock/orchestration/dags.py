@@ -1,13 +1,13 @@
-"""Every DAG of a Reclock config: ``ingest__<source>`` per source, ``rebuild__<source>`` per Kafka source, ``sink__<sink>``
-per sink. The DAG file (``dags/reclock_ingest.py``) calls :func:`build_all` and nothing else."""
+"""Every DAG of a Reclock config: ``ingest__<source>`` per source (``ingest_group__<group>`` per continuous
+group instead of its sources' own), ``rebuild__<source>`` per Kafka source, ``sink__<sink>`` per sink. The DAG file (``dags/reclock_ingest.py``) calls :func:`build_all` and nothing else."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from reclock.config import config_path, load_config
-from reclock.orchestration.ingest import build_ingest_dag
+from reclock.config import config_path, groups, load_config
+from reclock.orchestration.ingest import build_group_dag, build_ingest_dag
 from reclock.orchestration.rebuild import build_rebuild_dag
 from reclock.orchestration.sinks import build_sink_dag
 
@@ -17,7 +17,8 @@ def build_all(project: Path) -> dict[str, Any]:
     ``$RECLOCK_CONFIG``, else its ``include/reclock.yaml``; rebuild jobs are in its ``spark_jobs/``."""
     path = config_path(default=Path(project) / "include" / "reclock.yaml").resolve()
     cfg = load_config(path)
-    dags = {f"ingest__{name}": build_ingest_dag(spec) for name, spec in cfg.sources.items()}
+    dags = {spec.ingest_dag: build_ingest_dag(spec) for spec in cfg.sources.values() if not spec.group}
+    dags.update({f"ingest_group__{g}": build_group_dag(g, members) for g, members in groups(cfg.sources).items()})
     # a Postgres upstream keeps no history to replay: its rebuild is a fresh snapshot, not a DAG of its own
     dags.update({f"rebuild__{name}": build_rebuild_dag(spec, path, Path(project) / "spark_jobs")
                  for name, spec in cfg.sources.items() if spec.kafka is not None})

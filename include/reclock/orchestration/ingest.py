@@ -4,6 +4,8 @@
     cycle                       (all four steps in one task)                       ``schedule: upstream``
     cycles                      (cycles back to back for a lease)                  ``schedule: continuous``
 
+    ingest_group__<group>: cycles   (every source of a continuous ``group:``, a thread each, one task)
+
 The tasks only translate between Airflow (connections, XCom, run conf) and the plain cycle functions.
 Four steps run in two tasks because a task costs about a second of scheduling and process start-up
 (measured under the scheduler: 0.4 s of scheduler gap and 0.6 s in the task process around its step).
@@ -18,7 +20,9 @@ minting never goes back in time and an append whose range is in the shards is a 
 ``schedule: upstream`` runs when its topic moves (``reclock.orchestration.triggers``) instead of every
 ``interval``, its four steps in one task ``cycle`` (a run exists because upstream moved, and the second
 task's scheduling and start-up would be most of the data's wait: the event-driven mode is chosen for
-freshness); one with ``schedule: continuous`` runs cycles back to back in one task a run. Retries are
+freshness); one with ``schedule: continuous`` runs cycles back to back in one task a run
+(``reclock.continuous``), and a continuous ``group:`` shares that task with its other sources (one running
+task supervised instead of one per source). Retries are
 Airflow's ``[core] default_task_retries`` and ``default_task_retry_delay``: a task may be retried after a
 failure at any point (the fault campaign kills task processes and lets Airflow retry them).
 """
@@ -26,8 +30,9 @@ failure at any point (the fault campaign kills task processes and lets Airflow r
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
+from typing import Sequence
 
-from reclock import cycle
+from reclock import continuous, cycle
 from reclock.batch import BatchDescription, Part
 from reclock.config import SourceSpec
 from reclock.orchestration.assets import shard_assets
@@ -102,7 +107,7 @@ def build_ingest_dag(spec: SourceSpec):
 
 def _continuous_dag(spec: SourceSpec, conf):
     """``schedule: continuous``: each run is one task that runs cycles back to back for the lease
-    (``cycle.run_cycles``); the DAG is scheduled every lease with one active run, so the next run takes
+    (``continuous.run_cycles``); the DAG is scheduled every lease with one active run, so the next run takes
     over when this one ends (after its last cycle). A killed task is retried, or the next run takes over:
     cycles are safe to repeat and to run two at once, so nothing is lost or doubled."""
     from airflow.sdk import DAG, task
@@ -122,7 +127,42 @@ def _continuous_dag(spec: SourceSpec, conf):
         @task(task_id="cycles", outlets=shard_assets(spec.shards),
               execution_timeout=timedelta(seconds=2 * spec.lease_s + 600))
         def cycles_task() -> dict:
-            return cycle.run_cycles(cycle_context(spec, conf()), spec.lease_s, idle_s=spec.poll_s)
+            return continuous.run_cycles(cycle_context(spec, conf()), spec.lease_s, idle_s=spec.poll_s,
+                                         resume_s=spec.resume_s)
+
+        cycles_task()
+    return dag
+
+
+def build_group_dag(group: str, specs: Sequence[SourceSpec]):
+    """``ingest_group__<group>``: each run is one task ``cycles`` that runs every source of the continuous
+    group for the lease, a thread each (``continuous.run_group``); scheduled every lease with one active run,
+    like a single continuous source. Its outlets are every member's shards. A run's conf (``max_records``)
+    applies to every member."""
+    from airflow.sdk import DAG, get_current_context, task
+
+    lease_s = specs[0].lease_s
+    names = ", ".join(s.name for s in specs)
+    with DAG(
+        dag_id=f"ingest_group__{group}",
+        description=f"Ingest {len(specs)} Kafka sources ({names}) exactly once, continuously, in one task "
+                    f"(one run = each source's cycles back to back for {lease_s:.0f}s)",
+        schedule=timedelta(seconds=lease_s),
+        start_date=datetime(2024, 1, 1, tzinfo=timezone.utc),
+        catchup=False,
+        max_active_runs=1,
+        tags=["reclock", "ingest", "continuous", "group"],
+        params={},
+    ) as dag:
+
+        @task(task_id="cycles", outlets=[a for s in specs for a in shard_assets(s.shards)],
+              execution_timeout=timedelta(seconds=2 * lease_s + 600))
+        def cycles_task() -> dict:
+            run = get_current_context().get("dag_run")
+            conf = dict(run.conf or {}) if run is not None else {}
+            members = [continuous.Member(cycle_context(s, conf), idle_s=s.poll_s, resume_s=s.resume_s)
+                       for s in specs]
+            return continuous.run_group(group, members, lease_s)
 
         cycles_task()
     return dag
