@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from reclock.cycle import CycleContext, append, mint, resume, write_batches
+from reclock.cycle import CycleContext, mint_and_append, resume
 from reclock.errors import ReclockError
 
 MAX_BACKOFF_S = 30.0
@@ -49,15 +49,6 @@ class GroupFailed(ReclockError):
         causes = "; ".join(f"{name}: {type(e).__name__}: {e}" for name, e in sorted(failed.items()))
         super().__init__(f"group {group}: {len(failed)} source(s) failed their last cycle of the lease ({causes}); "
                          "the others kept cycling; their status rows say when each failure began")
-
-
-def mint_and_append(ctx: CycleContext) -> tuple[int | None, int]:
-    """mint, then write_batches and append for every description: the binding minted (or None) and how
-    many descriptions were appended."""
-    minted = mint(ctx)
-    for desc in minted.descriptions:
-        append(ctx, write_batches(ctx, desc))
-    return (minted.binding.ts if minted.binding else None), len(minted.descriptions)
 
 
 def run_cycles(ctx: CycleContext, seconds: float, idle_s: float = 0.2, resume_s: float = RESUME_S,

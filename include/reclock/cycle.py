@@ -620,13 +620,17 @@ def resume(ctx: CycleContext) -> ResumeResult:
         return ResumeResult(resumption, offsets.as_dict(), since)
 
 
-def run_cycle(ctx: CycleContext) -> dict:
-    """All four steps in one process (what ``dag.test()`` and the benchmarks run)."""
+def mint_and_append(ctx: CycleContext) -> tuple[int | None, int]:
+    """mint, then write_batches and append for every description: the binding minted (or None) and how
+    many descriptions were appended."""
     minted = mint(ctx)
-    appended = 0
     for desc in minted.descriptions:
         append(ctx, write_batches(ctx, desc))
-        appended += 1
+    return (minted.binding.ts if minted.binding else None), len(minted.descriptions)
+
+
+def run_cycle(ctx: CycleContext) -> dict:
+    """All four steps in one process (what ``dag.test()`` and the benchmarks run)."""
+    minted, appended = mint_and_append(ctx)
     res = resume(ctx)
-    return {"minted": minted.binding.ts if minted.binding else None, "descriptions": appended,
-            "resumption": res.resumption, "offsets": res.offsets}
+    return {"minted": minted, "descriptions": appended, "resumption": res.resumption, "offsets": res.offsets}

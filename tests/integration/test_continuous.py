@@ -6,6 +6,7 @@ does not stop the others."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -13,6 +14,7 @@ import sys
 import threading
 import time
 from dataclasses import replace
+from typing import Iterator
 
 import pytest
 import yaml
@@ -57,24 +59,11 @@ def test_a_lease_killed_midway_and_the_next_taking_over_land_everything_once(db,
            "RECLOCK_SPARK_MASTER": "local[1]", "RECLOCK_SPARK_JARS": ",".join(spark_kafka_jars(stack_state)),
            "RECLOCK_RETAIN_HISTORY_S": "1000000000", "PYTHONPATH": os.pathsep.join(
                [str(REPO_ROOT / "include"), os.environ.get("PYTHONPATH", "")])}
-    stop, sent = threading.Event(), [0]
-
-    def producer() -> None:
-        while not stop.is_set():
-            produce(kafka, name, [rec(sent[0] + j, (sent[0] + j) % 2) for j in range(5)])
-            sent[0] += 5
-            time.sleep(0.25)
-
-    t = threading.Thread(target=producer, daemon=True)
-    t.start()
-    try:
+    with _producing(kafka, name, batch=5, pause=0.25) as sent:
         first = _lease(env, 120)
         deadline = time.monotonic() + 240
         while True:  # some cycles in: then kill it, wherever it is
-            with connect(db) as conn:
-                n = conn.execute("SELECT count(*) FROM reclock.statistics WHERE name = 'cont' AND step = 'resume'"
-                                 ).fetchone()[0]
-            if n >= 2:
+            if _count(db, "cont", "resume") >= 2:
                 break
             assert first.poll() is None and time.monotonic() < deadline, first.communicate()[0][-3000:]
             time.sleep(0.3)
@@ -85,14 +74,32 @@ def test_a_lease_killed_midway_and_the_next_taking_over_land_everything_once(db,
         out, _ = second.communicate(timeout=300)
         assert second.returncode == 0, out[-3000:]
         assert "'cycles': " in out and "'with_data': 0" not in out, out[-2000:]
-    finally:
-        stop.set()
-        t.join(30)
     while cycle.run_cycle(ctx)["descriptions"]:  # the rest, in this process
         pass
     check_invariants(ctx, set(range(sent[0])))
     with connect(db) as conn:
         assert shard_info(conn, "cont").upper > 0
+
+
+@contextlib.contextmanager
+def _producing(kafka, topic: str, batch: int, pause: float, limit: int | None = None) -> Iterator[list[int]]:
+    """A thread producing ``batch`` records (ids from 0, over two partitions) every ``pause`` seconds, up to
+    ``limit`` records, while the block runs; yields ``[records sent so far]``."""
+    stop, sent = threading.Event(), [0]
+
+    def producer() -> None:
+        while not stop.is_set() and (limit is None or sent[0] < limit):
+            produce(kafka, topic, [rec(sent[0] + j, (sent[0] + j) % 2) for j in range(batch)])
+            sent[0] += batch
+            time.sleep(pause)
+
+    t = threading.Thread(target=producer, daemon=True)
+    t.start()
+    try:
+        yield sent
+    finally:
+        stop.set()
+        t.join(30)
 
 
 def _count(db: str, name: str, step: str) -> int:
@@ -120,22 +127,9 @@ def test_a_group_cycles_its_sources_in_one_process_and_a_stalled_one_does_not_st
     ctx_b = make_ctx(db, kafka, spark, tmp_path, b, name="grp_b", schedule="continuous", group="g1",
                      on_decode_error="stall")
     produce(kafka, b, [rec(i, 0) for i in range(10)] + [(0, b"k", b"{not json")])
-    stop, sent = threading.Event(), [0]
-
-    def producer() -> None:  # source a keeps receiving records while b is stalled
-        while not stop.is_set() and sent[0] < 400:
-            produce(kafka, a, [rec(sent[0] + j, (sent[0] + j) % 2) for j in range(20)])
-            sent[0] += 20
-            time.sleep(0.2)
-
-    t = threading.Thread(target=producer, daemon=True)
-    t.start()
-    try:
+    with _producing(kafka, a, batch=20, pause=0.2, limit=400) as sent:  # a receives records while b is stalled
         with pytest.raises(GroupFailed) as failed:
             run_group("g1", [Member(ctx_a, idle_s=0.05, resume_s=0.5), Member(ctx_b, idle_s=0.05)], 8.0)
-    finally:
-        stop.set()
-        t.join(30)
     assert set(failed.value.failed) == {"grp_b"} and "grp_b: DecodeError" in str(failed.value), failed.value
     assert "offset 10" in str(failed.value)  # the poison record, named
     assert _count(db, "grp_a", "append") >= 2 and _count(db, "grp_a", "resume") >= 2

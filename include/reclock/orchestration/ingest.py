@@ -55,18 +55,21 @@ def _written_from_x(x: dict) -> cycle.WrittenBatch:
                         tuple(Part(*p) for p in x.get("state", ())), x.get("prefix"))
 
 
+def conf() -> dict:
+    """The running task's DAG run conf (``{}`` without one)."""
+    from airflow.sdk import get_current_context
+
+    run = get_current_context().get("dag_run")
+    return dict(run.conf or {}) if run is not None else {}
+
+
 def build_ingest_dag(spec: SourceSpec):
-    from airflow.sdk import DAG, get_current_context, task
+    from airflow.sdk import DAG, task
 
     from reclock.orchestration.triggers import upstream_asset
 
-    def conf() -> dict:
-        ctx = get_current_context()
-        run = ctx.get("dag_run")
-        return dict(run.conf or {}) if run is not None else {}
-
     if spec.schedule == "continuous":
-        return _continuous_dag(spec, conf)
+        return _continuous_dag(spec)
     with DAG(
         dag_id=f"ingest__{spec.name}",
         description=(f"Ingest Kafka topic {spec.kafka.topic} into {spec.name}" if spec.kafka is not None else
@@ -105,7 +108,7 @@ def build_ingest_dag(spec: SourceSpec):
     return dag
 
 
-def _continuous_dag(spec: SourceSpec, conf):
+def _continuous_dag(spec: SourceSpec):
     """``schedule: continuous``: each run is one task that runs cycles back to back for the lease
     (``continuous.run_cycles``); the DAG is scheduled every lease with one active run, so the next run takes
     over when this one ends (after its last cycle). A killed task is retried, or the next run takes over:
@@ -139,7 +142,7 @@ def build_group_dag(group: str, specs: Sequence[SourceSpec]):
     group for the lease, a thread each (``continuous.run_group``); scheduled every lease with one active run,
     like a single continuous source. Its outlets are every member's shards. A run's conf (``max_records``)
     applies to every member."""
-    from airflow.sdk import DAG, get_current_context, task
+    from airflow.sdk import DAG, task
 
     lease_s = specs[0].lease_s
     names = ", ".join(s.name for s in specs)
@@ -158,9 +161,8 @@ def build_group_dag(group: str, specs: Sequence[SourceSpec]):
         @task(task_id="cycles", outlets=[a for s in specs for a in shard_assets(s.shards)],
               execution_timeout=timedelta(seconds=2 * lease_s + 600))
         def cycles_task() -> dict:
-            run = get_current_context().get("dag_run")
-            conf = dict(run.conf or {}) if run is not None else {}
-            members = [continuous.Member(cycle_context(s, conf), idle_s=s.poll_s, resume_s=s.resume_s)
+            run_conf = conf()
+            members = [continuous.Member(cycle_context(s, run_conf), idle_s=s.poll_s, resume_s=s.resume_s)
                        for s in specs]
             return continuous.run_group(group, members, lease_s)
 
