@@ -177,6 +177,7 @@ def many_sources(results: Results, sources: int, rate: int, seconds: float, sche
         for w in watchers:
             w.conn.close()
         _report(results, f"reclock_{schedule}", latencies, produced, cpu, breakdown, source_minutes, echo)
+        _report_writes(results, stack.postgres.dsn(), f"reclock_{schedule}", seconds, echo)
         echo(f"many sources: reclock p50 {results.median(f'many_reclock_{schedule}_p50'):.2f}s, "
              f"{cpu / source_minutes:.2f} CPU s per source-minute")
         for d in dag_ids:
@@ -194,6 +195,27 @@ def many_sources(results: Results, sources: int, rate: int, seconds: float, sche
                       results.median(f"many_reclock_{schedule}_cpu_per_source_minute")
                       / results.median("many_structured_streaming_cpu_per_source_minute"), 1.0, "<=",
                       "CPU seconds per source-minute, the machine's")
+
+
+def _report_writes(results: Results, dsn: str, who: str, seconds: float, echo: Callable[[str], None]) -> None:
+    """The writes of the measured window (its last ``seconds``): how many, their median seconds, and how many
+    sources the Spark job of each wrote (1: a job of its own; more: a group's joint job)."""
+    import psycopg
+
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute("SELECT (metrics->>'seconds')::float8, coalesce((metrics->>'joint_sources')::int, 1) "
+                            "FROM reclock.statistics WHERE step = 'write_batches' AND "
+                            "at > now() - make_interval(secs => %s)", (seconds,)).fetchall()
+    if not rows:
+        echo("many sources: no writes in the window")
+        return
+    secs = sorted(r[0] for r in rows)
+    per_job = [r[1] for r in rows]
+    results.add(f"many_{who}_writes", "count", len(rows))
+    results.add(f"many_{who}_write_s", "s", secs[len(secs) // 2])
+    results.add(f"many_{who}_sources_per_job", "sources", sum(per_job) / len(per_job))
+    echo(f"many sources: {len(rows)} writes in the window, median {secs[len(secs) // 2]:.2f}s; sources per Spark "
+         f"job, as each write saw it: mean {sum(per_job) / len(per_job):.1f}, max {max(per_job)}")
 
 
 def _seed(bootstrap: str, topics: list[str]) -> None:

@@ -89,6 +89,10 @@ class CycleContext:
     gc_interval_s: float = 300.0  # resume collects the source's garbage at most this often
     stats_keep_s: float = 7 * 86400.0  # statistics and status rows older than this go with that collection
     upstream_dsn: str | None = None  # a Postgres source's upstream database
+    # writes a description's one append-only slice in a Spark job shared with other sources (a continuous
+    # group's ``reclock.continuous.JointWriter``): (ctx, ranges, bindings, folder) -> (SliceWritten, how
+    # many sources the job wrote), or None when this one must run its own job
+    joint_writer: Callable[..., tuple[SliceWritten, int] | None] | None = None
     _upstream: KafkaUpstream | PostgresUpstream | None = field(default=None, init=False, repr=False, compare=False)
     _outputs: tuple[cdc.Output, ...] | None = field(default=None, init=False, repr=False, compare=False)
     _spark: object | None = field(default=None, init=False, repr=False, compare=False)
@@ -379,13 +383,20 @@ def _write(ctx: CycleContext, rc: RemapCollection, desc: BatchDescription, m: di
     try:
         failpoint("write_batches:before_job")
         written: list[SliceWritten] = []
-        for i, sl in enumerate(slices):
+        joinable = ctx.joint_writer is not None and len(slices) == 1 and not upsert and not rebuilding
+        joint = ctx.joint_writer(ctx, slices[0], bindings, slice_folder(prefix, 0)) if joinable else None
+        if joint is not None:
+            written.append(joint[0])
+            m.update(joint_sources=joint[1])
+            failpoint("write_batches:after_slice")
+        first = 1 if joinable else 0  # a joint job that failed may have left files in slice 0's folder
+        for i, sl in enumerate(slices if joint is None else (), start=first):
             written.append(write_slice(spark, ctx.spec, ctx.bootstrap, sl, bindings,
                                        ctx.blob.url(slice_folder(prefix, i)), prior, index=i))
             with ctx.connect() as conn:
                 lease_write(conn, ctx.spec.name, prefix)  # renewed: a long rebuild keeps its first slices
             if on_slice is not None:
-                on_slice(i + 1, len(slices))
+                on_slice(i + 1 - first, len(slices))
             failpoint("write_batches:after_slice")
         shards = {DATA_OUTPUT: ctx.spec.data_shard, ERRORS_OUTPUT: ctx.spec.errors_shard}
         parts, state = collect_parts(ctx.blob, ctx.spec.name, shards, prefix, written, upsert)

@@ -6,7 +6,8 @@ Enable them with ``RECLOCK_FAILPOINTS=name[,name...]`` (``name=exit`` ends the p
 :func:`enabled`. Disabled fail points cost one dictionary lookup.
 
 Points: ``mint:after_binding`` (binding durable, descriptions not returned), ``write_batches:before_job``,
-``write_batches:after_slice`` (some parts written, not all), ``append:in_transaction`` (inside the
+``write_batches:after_slice`` (some parts written, not all), ``write_batches:joint_job`` (a continuous
+group's joint Spark job about to start: its sources then write in jobs of their own), ``append:in_transaction`` (inside the
 append's transaction, before commit), ``resume:after_commit`` (offsets committed, compaction not done),
 ``compact:before_swap`` (merged parts written, the shard's batches not yet swapped), ``sink:in_transaction``
 (a Kafka sink's messages produced, its transaction open), ``iceberg:before_commit`` (an Iceberg export's data

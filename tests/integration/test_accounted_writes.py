@@ -29,7 +29,7 @@ from reclock.part_layout import DATA_OUTPUT, ERRORS_OUTPUT, REJECTED_COLUMN
 from reclock.persist import connect
 from reclock.persist.blob import LocalBlobStore
 from reclock.persist.shards import batches, shard_info
-from reclock.persist.staged import COMMIT_MARKER, collect_parts, slice_folder
+from reclock.persist.staged import COMMIT_MARKER, collect_parts, slice_folder, split_joint
 from reclock.persist.status import latest_status
 from reclock.sources.kafka import KafkaUpstream
 
@@ -228,3 +228,27 @@ def test_the_collector_refuses_what_does_not_add_up(tmp_path, records, rows, off
     with pytest.raises(UnaccountedWrite, match=expect) as e:
         collect_parts(store, "s", SHARDS, "s/0-10/abc", [_report(store, records, rows, offsets)], upsert=False)
     assert "source s: slice 0" in str(e.value)
+
+
+def test_a_joint_jobs_files_are_handed_out_only_after_its_commit_marker_and_each_slice_is_proved(tmp_path):
+    store = LocalBlobStore(tmp_path)
+    base = "s/0-10/abc/slice-0000-joint-1"
+    for i, rows in enumerate((3, 0, 5)):  # the job wrote no file for slice 1 (it had no rows)
+        if rows:
+            table = pa.table({"id": list(range(rows)), "ts": [5] * rows, "diff": [1] * rows,
+                              REJECTED_COLUMN: pa.array([None] * rows, pa.string())})
+            Path(store.url(f"{base}/_reclock_member={i}")).mkdir(parents=True)
+            pq.write_table(table, store.url(f"{base}/_reclock_member={i}/part-00000.parquet"))
+            store.put_bytes(f"{base}/_reclock_member={i}/.part-00000.parquet.crc", b"x")
+    folders = [slice_folder(f"{name}/0-10/w", 0) for name in ("a", "b", "c")]
+    with pytest.raises(UnaccountedWrite, match="joint job's commit marker _SUCCESS is not there"):
+        split_joint(store, "a", base, "_reclock_member", folders)
+    assert not any(store.exists(f) for f in folders)  # nothing moved
+    store.put_bytes(f"{base}/{COMMIT_MARKER}", b"")
+    split_joint(store, "a", base, "_reclock_member", folders)
+    for name, folder, rows in zip("abc", folders, (3, 0, 5)):
+        assert store.exists(f"{folder}/{COMMIT_MARKER}") and not store.exists(f"{folder}/.part-00000.parquet.crc")
+        written = SliceWritten(0, store.url(folder), 100, rows, {DATA_OUTPUT: rows, ERRORS_OUTPUT: 0})
+        parts, _ = collect_parts(store, name, {DATA_OUTPUT: name, ERRORS_OUTPUT: f"{name}_errors"},
+                                 f"{name}/0-10/w", [written], upsert=False)
+        assert [p.rows for p in parts[name]] == ([rows] if rows else [])

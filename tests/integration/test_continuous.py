@@ -2,7 +2,8 @@
 mid-lease (SIGKILL, anywhere in a cycle) and the next lease taking over leave every record exactly once at
 its binding's timestamp, while producers write throughout. Resume runs at most every ``resume_s`` and when
 the lease ends. A group (``run_group``) cycles several sources in one process, and one source that stalls
-does not stop the others."""
+does not stop the others; its sources' one-slice writes share Spark jobs, and a joint job that fails sends
+each to a job of its own."""
 
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ import pytest
 import yaml
 from ingest_support import check_invariants, make_ctx, produce, rec
 
-from reclock import cycle
-from reclock.continuous import GroupFailed, Member, run_cycles, run_group
+from reclock import cycle, failpoints
+from reclock.continuous import GroupFailed, JointWriter, Member, run_cycles, run_group
 from reclock.dev.jars import spark_kafka_jars
 from reclock.dev.state import REPO_ROOT
 from reclock.persist import connect
@@ -140,3 +141,32 @@ def test_a_group_cycles_its_sources_in_one_process_and_a_stalled_one_does_not_st
         st = latest_status(conn, "grp_b")
         assert shard_info(conn, "grp_b").upper == 0  # nothing of b appended past (or with) its poison record
     assert st.status == "stalled" and "offset 10" in st.error, st
+
+
+def _joint_sources(db: str, prefix: str) -> list[tuple[str, str | None]]:
+    with connect(db) as conn:
+        return conn.execute("SELECT name, metrics->>'joint_sources' FROM reclock.statistics WHERE step = "
+                            "'write_batches' AND name LIKE %s ORDER BY id", (prefix + "%",)).fetchall()
+
+
+def test_a_groups_sources_share_one_spark_job_and_a_failed_joint_job_falls_back_to_one_job_each(
+        db, kafka, topic, spark, tmp_path):
+    topics = [topic(partitions=2) for _ in range(3)]
+    ctxs = [make_ctx(db, kafka, spark, tmp_path, t, name=f"jnt_{i}", schedule="continuous", group="gj",
+                     budget={"max_records": 10_000}) for i, t in enumerate(topics)]
+    for t in topics:
+        produce(kafka, t, [rec(i, i % 2) for i in range(30)])
+    joint = JointWriter(gather_s=2.0)  # long enough for all three to hand in their slices
+    run_group("gj", [Member(c, idle_s=0.05) for c in ctxs], 3.0, joint=joint)
+    assert joint.jobs == 1
+    assert sorted(_joint_sources(db, "jnt_")) == [(f"jnt_{i}", "3") for i in range(3)]
+    for c in ctxs:
+        check_invariants(c, set(range(30)))  # each source's own records, once, at its own bindings' ts
+
+    for t in topics:
+        produce(kafka, t, [rec(i, i % 2) for i in range(30, 60)])
+    with failpoints.enabled("write_batches:joint_job"):
+        run_group("gj", [Member(c, idle_s=0.05) for c in ctxs], 3.0, joint=JointWriter(gather_s=2.0))
+    assert [n for _, n in _joint_sources(db, "jnt_")[3:]] == [None] * 3  # each wrote in a job of its own
+    for c in ctxs:
+        check_invariants(c, set(range(60)))

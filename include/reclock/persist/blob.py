@@ -59,6 +59,10 @@ class BlobStore(Protocol):
     def list(self, prefix: str = "") -> list[BlobInfo]:
         """Every blob under the folder ``prefix`` (all of them for ``""``), sorted by path."""
 
+    def rename(self, path: str, to: str) -> None:
+        """Move the blob ``path`` to ``to`` (a rename on a local disk, a copy and a delete on an object
+        store); ``to`` must not exist."""
+
 
 class LocalBlobStore:
     """Parts under a local folder; writes are atomic (temp file + rename)."""
@@ -96,6 +100,13 @@ class LocalBlobStore:
 
     def delete(self, path: str) -> None:
         self._p(path).unlink(missing_ok=True)
+
+    def rename(self, path: str, to: str) -> None:
+        target = self._p(to)
+        if target.exists():
+            raise FileExistsError(f"{target} exists")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(self._p(path), target)
 
     def list(self, prefix: str = "") -> list[BlobInfo]:
         prefix = prefix.rstrip("/")
@@ -146,6 +157,12 @@ class FsspecBlobStore:
     def delete(self, path: str) -> None:
         if self.fs.exists(self._p(path)):
             self.fs.rm_file(self._p(path))
+
+    def rename(self, path: str, to: str) -> None:
+        if self.fs.exists(self._p(to)):
+            raise FileExistsError(f"{self.url(to)} exists")
+        self.fs.copy(self._p(path), self._p(to))
+        self.fs.rm_file(self._p(path))
 
     def list(self, prefix: str = "") -> list[BlobInfo]:
         prefix = prefix.rstrip("/")

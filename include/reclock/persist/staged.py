@@ -51,6 +51,25 @@ def slice_folder(prefix: str, index: int) -> str:
     return f"{prefix}/slice-{index:04d}"
 
 
+def split_joint(blob: BlobStore, source: str, base: str, member_column: str, folders: Sequence[str]) -> None:
+    """Hand out the files of a joint job (``reclock.spark.ingest.write_joint``) written under ``base``:
+    slice ``i``'s Parquet files (``base/<member_column>=i/``) move into ``folders[i]``, which then gets a
+    commit marker of its own, so each is a slice folder like a job of its own leaves (and is proved by
+    :func:`collect_parts` like one). Only after the joint job's own commit marker is found; else
+    :class:`UnaccountedWrite` (``source``: the first slice's source) and nothing is moved."""
+    listing = blob.list(base)
+    if not any(b.path == posixpath.join(base, COMMIT_MARKER) for b in listing):
+        raise UnaccountedWrite(source, blob.url(base), blob.url(base), f"the joint job's commit marker "
+                               f"{COMMIT_MARKER} is not there ({len(listing)} files)")
+    for i, folder in enumerate(folders):
+        member = posixpath.join(base, f"{member_column}={i}") + "/"
+        for b in listing:
+            name = b.path[len(member):]
+            if b.path.startswith(member) and "/" not in name and not name.startswith((".", "_")):
+                blob.rename(b.path, posixpath.join(folder, name))
+        blob.put_bytes(posixpath.join(folder, COMMIT_MARKER), b"")
+
+
 def collect_parts(blob: BlobStore, source: str, shards: Mapping[int, str], prefix: str,
                   slices: Sequence[SliceWritten], upsert: bool) -> tuple[dict[str, tuple[Part, ...]], tuple[Part, ...]]:
     """The parts the ``slices`` of one write left under ``prefix``, per shard (``shards``: output -> shard

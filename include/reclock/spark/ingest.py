@@ -428,6 +428,75 @@ def write_slice(spark, spec: SourceSpec, bootstrap: str, ranges: Sequence[Offset
     return SliceWritten(index, url, sum(r.end - r.start for r in ranges), records, rows)
 
 
+MEMBER_COLUMN = "_reclock_member"
+"""The partition column of a joint write: the slice's number among the job's slices (not in the files)."""
+JOINT_RECORDS_PER_TASK = 200_000
+"""A joint job reads its slices' Kafka partitions in tasks of about this many records (at least two tasks):
+a task per Kafka partition, as a job of one source has, would make a round of many small sources pay a
+task's fixed cost (its start, a Parquet writer, its commit) per partition of every source."""
+
+
+@dataclass(frozen=True)
+class JointSlice:
+    """One source's append-only slice in a joint job: what :func:`write_slice` would read for it."""
+
+    spec: SourceSpec
+    bootstrap: str
+    ranges: Sequence[OffsetRange]
+    bindings: Sequence[BindingRange]
+
+
+def joint_key(spec: SourceSpec) -> tuple | None:
+    """Sources with the same key can have their slices written by one Spark job (:func:`write_joint`): their
+    parts have the same columns of the same types. None: the source's slices need a job of their own (an
+    upsert source's, a Postgres source's)."""
+    if spec.kafka is None or spec.envelope == "upsert":
+        return None
+    return (spec.format.type, spec.format.schema, tuple(spec.include))
+
+
+def write_joint(spark, slices: Sequence[JointSlice], url: str) -> list[SliceWritten]:
+    """Run one Spark job writing the append-only slices of several sources (of one :func:`joint_key`) under
+    ``url``, slice ``i``'s files in ``url/_reclock_member=i/``; what it read and wrote, per slice (each
+    ``SliceWritten``'s ``url`` is that folder, its ``index`` 0).
+
+    The same plan per slice as :func:`write_slice` (each source's own Kafka options, bindings and decode),
+    the slices' DataFrames unioned by name, read in as few tasks as :data:`JOINT_RECORDS_PER_TASK` allows,
+    and written partitioned by :data:`MEMBER_COLUMN`. Each slice's records
+    read are counted right above its own Kafka scan and its rows written per slice right below the union,
+    so every source's write is accounted for on its own, as a job of its own would be. One job instead of
+    one per source: one plan submission, one set of task launches and one commit a round, which is what a
+    group of many small sources spends most of its Spark time on."""
+    from pyspark.sql import functions as F
+
+    if not slices:
+        raise ValueError("write_joint needs at least one slice")
+    reads = [_observation(spark) for _ in slices]
+    written = _observation(spark)
+    df = None
+    for i, (s, read) in enumerate(zip(slices, reads)):
+        one = reclock_and_decode(spark, s.spec, s.bootstrap, s.ranges, s.bindings, read_metrics=read)
+        one = one.withColumn(MEMBER_COLUMN, F.lit(i))
+        df = one if df is None else df.unionByName(one)
+    offsets = sum(r.end - r.start for s in slices for r in s.ranges)
+    partitions = sum(len(s.ranges) for s in slices)
+    tasks = max(1, min(partitions, max(2, -(-offsets // JOINT_RECORDS_PER_TASK))))
+    df = df.coalesce(tasks)  # no shuffle: each task reads several Kafka partitions one after the other
+    member = F.col(MEMBER_COLUMN)
+    counts = [c for i in range(len(slices))
+              for c in (F.count(F.when(member == i, F.lit(1))).alias(f"rows{i}"),
+                        F.count(F.when(member == i, F.col(REJECTED_COLUMN))).alias(f"rejected{i}"))]
+    df.observe(written, *counts).write.mode("error").partitionBy(MEMBER_COLUMN).parquet(url)
+    w = _observed(written, slices[0].spec, url, [f"{k}{i}" for i in range(len(slices)) for k in ("rows", "rejected")])
+    out = []
+    for i, (s, read) in enumerate(zip(slices, reads)):
+        records = _observed(read, s.spec, url, ("records",))["records"]
+        rows = {DATA_OUTPUT: w[f"rows{i}"] - w[f"rejected{i}"], ERRORS_OUTPUT: w[f"rejected{i}"]}
+        out.append(SliceWritten(0, f"{url}/{MEMBER_COLUMN}={i}", sum(r.end - r.start for r in s.ranges), records,
+                                rows))
+    return out
+
+
 def _observation(spark):
     """A new ``Observation`` of the session's kind: a process may hold a classic session and a Spark
     Connect one, and each DataFrame takes only its own kind."""
