@@ -77,10 +77,11 @@ def run_sink_benchmark(dsn: str, bootstrap: str, workdir: Path, n: int, reps: in
               "compression.type": "lz4", "enable.idempotence": True, "acks": "all"}
     with connect(dsn) as conn:
         table = consolidate(read_updates(conn, blob, shard))
-    for rep in range(reps):
+
+    def run_sink(rep: int) -> float:
         spec = SinkSpec(name=f"{shard}_{rep}", collection=shard,
                         kafka=KafkaSpec(topic=f"{shard}_sink_{rep}", bootstrap=bootstrap),
-                        progress_topic=f"_progress_{shard}", budget=SinkBudget(max_messages=100_000))
+                        progress_topic=f"_progress_{shard}", budget=SinkBudget())  # the default budget
         sink = KafkaSink(SinkContext(spec=spec, dsn=dsn, bootstrap=bootstrap, blob=blob))
         t0 = time.perf_counter()
         sink.start()  # fence, read the progress topic, check the target, take the read hold
@@ -90,8 +91,9 @@ def run_sink_benchmark(dsn: str, bootstrap: str, workdir: Path, n: int, reps: in
         assert result.messages == n, result
         sink_rates.append(n / sink_s)
         starts.append(t1 - t0)
+        return sink_s
 
-        msgs = encode_updates(spec, table)
+    def run_plain(rep: int) -> float:
         topic = f"{shard}_plain_{rep}"
         _create_topic(bootstrap, topic)
         producer = Producer({"bootstrap.servers": bootstrap, **common})
@@ -109,8 +111,16 @@ def run_sink_benchmark(dsn: str, bootstrap: str, workdir: Path, n: int, reps: in
         producer.flush(120)
         plain_s = time.perf_counter() - t0
         plain_rates.append(n / plain_s)
-        echo(f"  sink rep {rep + 1}: sink {n / sink_s:,.0f} msg/s ({sink_s:.2f}s, start {starts[-1]:.2f}s), "
-             f"plain producer {n / plain_s:,.0f} msg/s ({plain_s:.2f}s)")
+        return plain_s
+
+    msgs = encode_updates(SinkSpec(name="plain", collection=shard, kafka=KafkaSpec(topic="-", bootstrap=bootstrap),
+                                   progress_topic="-"), table)
+    for rep in range(reps):  # each repetition starts with the other contender than the last
+        order = [run_sink, run_plain] if rep % 2 == 0 else [run_plain, run_sink]
+        took = {fn: fn(rep) for fn in order}
+        echo(f"  sink rep {rep + 1}: sink {n / took[run_sink]:,.0f} msg/s ({took[run_sink]:.2f}s, "
+             f"start {starts[-1]:.2f}s), plain producer {n / took[run_plain]:,.0f} msg/s "
+             f"({took[run_plain]:.2f}s){'' if rep % 2 == 0 else ', plain first'}")
     ratio = statistics.median(sink_rates) / statistics.median(plain_rates)
     return {"sink_throughput": {"unit": "messages/s", "values": sink_rates},
             "plain_producer_throughput": {"unit": "messages/s", "values": plain_rates},

@@ -39,7 +39,7 @@ A config file holds ``sources:`` and ``sinks:``. Example::
         key: [id]                          # required for upsert; pairs before/after for debezium
         progress_topic: _reclock_progress  # compacted, one per Kafka cluster, keyed by sink
         start: 1700000000000               # optional: a new sink starts here instead of at since
-        budget: {max_messages: 100000, max_bytes: 67108864}   # per Kafka transaction
+        budget: {max_messages: 1000000, max_bytes: 268435456}   # per Kafka transaction
         transaction_timeout: 60s           # below the broker's transaction.max.timeout.ms
       orders_lake:
         from: orders
@@ -439,8 +439,8 @@ DEFAULT_PROGRESS_TOPIC = "_reclock_progress"
 class SinkBudget:
     """How much one Kafka transaction may carry (a timestamp is never split across transactions)."""
 
-    max_messages: int = 100_000
-    max_bytes: int = 64 * 1024 * 1024
+    max_messages: int = 1_000_000
+    max_bytes: int = 256 * 1024 * 1024
 
 
 @dataclass(frozen=True)

@@ -69,6 +69,14 @@ def dumps(v: Any) -> bytes:
 
 def json_literals(col: pa.ChunkedArray | pa.Array) -> pa.Array:
     """Each value of ``col`` as a JSON literal (``null`` for nulls), as a string array."""
+    out, quote = _literals(col)
+    return pc.binary_join_element_wise('"', out, '"', "") if quote else out
+
+
+def _literals(col: pa.ChunkedArray | pa.Array) -> tuple[pa.Array, bool]:
+    """``(pieces, quote)``: each value of ``col`` as a JSON literal, or, when ``quote``, as the text that
+    goes between two quotes (a string column with no nulls and nothing to escape: the caller puts the
+    quotes into the literal pieces around it instead of copying every value once more)."""
     t = col.type
     if pa.types.is_large_string(t):  # Arrow's string join takes one string type: the pieces' (a chunk of
         col, t = pc.cast(col, pa.string()), pa.string()  # rows is far below string's 2 GiB)
@@ -77,10 +85,11 @@ def json_literals(col: pa.ChunkedArray | pa.Array) -> pa.Array:
         out = pc.cast(col, pa.string())
     elif pa.types.is_floating(t):
         out = pc.if_else(pc.is_finite(col), pc.cast(col, pa.string()), pa.scalar("null"))
-    elif (pa.types.is_string(t) or pa.types.is_large_string(t)) and not _may_need_escapes(col):
+    elif pa.types.is_string(t) and not _may_need_escapes(col):
+        if col.null_count == 0:
+            return col, True
         out = pc.binary_join_element_wise('"', col, '"', "")  # nothing to escape (the common case)
-    elif (pa.types.is_string(t) or pa.types.is_large_string(t)) and \
-            not pc.any(pc.match_substring_regex(col, _CONTROL)).as_py():
+    elif pa.types.is_string(t) and not pc.any(pc.match_substring_regex(col, _CONTROL)).as_py():
         escaped = col
         if pc.any(pc.match_substring(col, "\\")).as_py():
             escaped = pc.replace_substring(escaped, "\\", "\\\\")
@@ -89,8 +98,8 @@ def json_literals(col: pa.ChunkedArray | pa.Array) -> pa.Array:
         out = pc.binary_join_element_wise('"', pc.cast(escaped, pa.string()), '"', "")
     if out is None:  # the general case, in Python
         return pa.array([json.dumps(v, default=_json_default, ensure_ascii=False) for v in col.to_pylist()],
-                        pa.string())
-    return pc.fill_null(out, "null")
+                        pa.string()), False
+    return pc.fill_null(out, "null"), False
 
 
 def _may_need_escapes(col: pa.ChunkedArray | pa.Array) -> bool:
@@ -123,9 +132,13 @@ def _objects(table: pa.Table, columns: Sequence[str], prefix: str = "", suffix: 
     if not columns:
         return pa.array([prefix + "{}" + suffix] * table.num_rows, pa.string())
     pieces: list = []
+    text = prefix + "{"
     for i, c in enumerate(columns):
-        pieces += [pa.scalar((prefix + "{" if i == 0 else ",") + json.dumps(c) + ":"), json_literals(table[c])]
-    pieces.append(pa.scalar("}" + suffix))
+        literals, quote = _literals(table[c])
+        text += ("," if i else "") + json.dumps(c) + ":" + ('"' if quote else "")
+        pieces += [pa.scalar(text), literals]
+        text = '"' if quote else ""
+    pieces.append(pa.scalar(text + "}" + suffix))
     return pc.binary_join_element_wise(*pieces, "")
 
 
