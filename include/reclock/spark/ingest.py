@@ -173,20 +173,33 @@ def reclock_ts_sql(ranges: Sequence[OffsetRange], bindings: Sequence[BindingRang
     whether records no binding holds must still be dropped (their ts is NULL).
 
     A description's ranges are exactly what its bindings cover (:func:`reclock.batch.ranges_for`), so the
-    usual answer needs no filter and few comparisons: a slice bound at one ts is that ts as a literal; a
-    partition whose range lies in one binding is one ``CASE partition`` arm; only a partition that several
-    bindings share compares offsets, against each binding's end. Ranges the bindings do not cover (never
+    usual answer needs no filter and no comparisons: where each partition's range lies in one binding, the
+    ts is an array's entry for the partition; otherwise a partition whose range lies in one binding is one
+    ``CASE partition`` arm, and only a partition that several bindings share compares offsets, against each
+    binding's end. Ranges the bindings do not cover (never
     from a description) get the general :func:`reclock_case_sql` and the filter."""
     return _ts_sql(ranges, _intersecting(ranges, bindings))
 
 
+BY_PARTITION_LIMIT = 4096
+"""Partitions below this number get their ts from an array indexed by partition (see :func:`_ts_sql`)."""
+
+
 def _ts_sql(ranges: Sequence[OffsetRange], hits: Sequence[BindingRange]) -> tuple[str, bool]:
-    """:func:`reclock_ts_sql` over ``hits``, the bindings already known to intersect ``ranges``."""
+    """:func:`reclock_ts_sql` over ``hits``, the bindings already known to intersect ``ranges``.
+
+    Where each partition's range lies in one binding (a cycle's usual slice), the ts comes from an array
+    with one entry per partition, indexed by ``partition``: Spark passes an array literal to its generated
+    code by reference, where it writes a number literal into the code itself, so the next cycle's new
+    timestamps would miss Spark's code cache and its branches be compiled again."""
     by_partition = _by_partition(hits)
     if not ranges or not all(_covers(r, by_partition.get(r.partition, ())) for r in ranges):
         return reclock_case_sql(hits), True
-    if len({b.ts for b in hits}) == 1:
-        return f"CAST({hits[0].ts} AS BIGINT)", False
+    if all(len(bs) == 1 for bs in by_partition.values()) and max(by_partition) < BY_PARTITION_LIMIT:
+        entries = ["NULL"] * (max(by_partition) + 1)
+        for p, (b,) in by_partition.items():
+            entries[p] = str(int(b.ts))
+        return f"CAST(element_at(array({', '.join(entries)}), partition + 1) AS BIGINT)", False
     arms = []
     for p, bs in sorted(by_partition.items()):
         if len(bs) == 1:
@@ -204,7 +217,7 @@ def _reclocked(spark, spec: SourceSpec, bootstrap: str, ranges: Sequence[OffsetR
     binding covers is dropped, as by an inner join: the read ranges are the bindings' ranges, so none is).
 
     Vectorised either way, never a per-record Python function: a SQL expression
-    (:func:`reclock_ts_sql`: usually a literal or one arm per partition) when the slice intersects at most
+    (:func:`reclock_ts_sql`: usually an array's entry per partition) when the slice intersects at most
     :data:`CASE_LIMIT` binding ranges (the usual cycle: one or a few bindings per partition), else a
     broadcast range join against those bindings. ``read_metrics`` (an ``Observation``) counts the
     records read, as ``records``, right above the scan."""
