@@ -176,8 +176,8 @@ def reclock_ts_sql(ranges: Sequence[OffsetRange], bindings: Sequence[BindingRang
     usual answer needs no filter and no comparisons: where each partition's range lies in one binding, the
     ts is an array's entry for the partition; otherwise a partition whose range lies in one binding is one
     ``CASE partition`` arm, and only a partition that several bindings share compares offsets, against each
-    binding's end. Ranges the bindings do not cover (never
-    from a description) get the general :func:`reclock_case_sql` and the filter."""
+    binding's end. Ranges the bindings do not cover (never from a description) get the general
+    :func:`reclock_case_sql` and the filter."""
     return _ts_sql(ranges, _intersecting(ranges, bindings))
 
 
@@ -195,8 +195,9 @@ def _ts_sql(ranges: Sequence[OffsetRange], hits: Sequence[BindingRange]) -> tupl
     by_partition = _by_partition(hits)
     if not ranges or not all(_covers(r, by_partition.get(r.partition, ())) for r in ranges):
         return reclock_case_sql(hits), True
-    if all(len(bs) == 1 for bs in by_partition.values()) and max(by_partition) < BY_PARTITION_LIMIT:
-        entries = ["NULL"] * (max(by_partition) + 1)
+    top = max(by_partition)
+    if all(len(bs) == 1 for bs in by_partition.values()) and top < BY_PARTITION_LIMIT:
+        entries = ["NULL"] * (top + 1)
         for p, (b,) in by_partition.items():
             entries[p] = str(int(b.ts))
         return f"CAST(element_at(array({', '.join(entries)}), partition + 1) AS BIGINT)", False
