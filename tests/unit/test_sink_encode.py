@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reclock.config import KafkaSpec, SinkSpec
-from reclock.sinks.encode import KeyNotUnique, encode_updates, json_objects
+from reclock.sinks.encode import VALUE_SLICE, KeyNotUnique, encode_runs, encode_updates, json_objects
 
 
 def spec(fmt: str = "debezium", key: tuple[str, ...] = ()) -> SinkSpec:
@@ -55,6 +55,18 @@ def test_debezium_unkeyed_one_message_per_unit_of_diff_in_ts_order():
         (1, None, {"before": None, "after": {"k": 2, "v": "b"}}),
         (2, None, {"before": None, "after": {"k": 1, "v": "a"}}),
         (2, None, {"before": {"k": 2, "v": "b"}, "after": None})]
+
+
+def test_a_long_run_comes_out_in_order_a_slice_at_a_time():
+    n = 2 * VALUE_SLICE + 7  # three slices of one timestamp, then a second timestamp
+    rows = [(1, i, f"v{i}", 1) for i in range(n)] + [(2, n, "last", 1)]
+    runs = encode_runs(spec(), updates(*rows))
+    assert [(r.ts, len(r.values)) for r in runs] == [(1, n), (2, 1)]
+    lists = list(runs[0].value_lists())
+    assert [len(values) for values in lists] == [VALUE_SLICE, VALUE_SLICE, 7]
+    got = [json.loads(v)["after"]["k"] for values in lists for v in values]
+    assert got == list(range(n)) and runs[0].value_list() == [v for values in lists for v in values]
+    assert runs[0].nbytes == sum(len(v) for v in runs[0].value_list())
 
 
 def test_debezium_keyed_pairs_a_retraction_with_an_insertion():

@@ -389,11 +389,13 @@ def _write_on(ctx: SinkContext, producer, begin: _Begin, conn) -> SinkResult:
                     producer.begin_transaction()
                     open_txn = True
                 headers = [(TS_HEADER, str(run.ts).encode())]
-                for k, v in zip(repeat(None) if run.keys is None else run.keys, run.values):
-                    try:  # the hot loop: as bare as a plain producer's
-                        produce(topic, v, k, headers=headers)
-                    except BufferError:  # the local queue is full: let it drain
-                        _produce_when_room(producer, topic, v, k, headers)
+                keys = repeat(None) if run.keys is None else iter(run.keys)
+                for values in run.value_lists():
+                    for v, k in zip(values, keys):  # values first: zip stops there, taking no key
+                        try:  # the hot loop: as bare as a plain producer's
+                            produce(topic, v, k, headers=headers)
+                        except BufferError:  # the local queue is full: let it drain
+                            _produce_when_room(producer, topic, v, k, headers)
                 count += len(run.values)
                 size += run.nbytes
                 last_ts = run.ts
