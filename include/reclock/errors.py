@@ -188,6 +188,16 @@ class PartAlreadyReferenced(ReclockError):
                          "and belong to one batch (write the data again under a fresh path)")
 
 
+class PartDamaged(ReclockError):
+    """A part's file no longer holds the rows the shard recorded when the part was appended."""
+
+    def __init__(self, shard: str, path: str, recorded: int, found: int) -> None:
+        self.shard, self.path, self.recorded, self.found = shard, path, recorded, found
+        super().__init__(f"shard {shard}: part {path} holds {found} rows by its footer, but {recorded} were "
+                         "recorded when it was appended: the file was replaced or damaged since; nothing was read "
+                         "from it (restore the file from a backup, or rebuild the collection from upstream)")
+
+
 class MigrationError(ReclockError):
     """The ``reclock`` schema cannot be migrated safely (an applied migration changed, or the database is
     newer than this code)."""

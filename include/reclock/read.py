@@ -20,22 +20,25 @@ from reclock.compaction import contents_as_of, sorted_by_ts
 from reclock.errors import BeyondUpper, NothingComplete, SinceViolation
 from reclock.part_layout import own_columns
 from reclock.persist.blob import BlobStore
-from reclock.persist.parquet import column_stats, conform, may_retract
+from reclock.persist.parquet import check_rows, column_stats, conform, may_retract
 from reclock.persist.shards import BatchRow, batches, shard_info
 
 
-def _read_part(blob: BlobStore, path: str, kind: str, row_groups: Sequence[int] | None = None) -> pa.Table:
+def _read_part(blob: BlobStore, path: str, kind: str, row_groups: Sequence[int] | None = None,
+               row: BatchRow | None = None) -> pa.Table:
     """The columns of a shard of ``kind`` in the part at ``path``, named as the shard names them (only the
-    row groups ``row_groups`` if given)."""
+    row groups ``row_groups`` if given); with ``row`` (the part's batch row), checked to hold its rows."""
     with blob.open(path) as f:
         pf = pq.ParquetFile(f)
+        if row is not None:
+            check_rows(pf.metadata, row.shard, path, row.rows)
         own, renames = own_columns(kind, pf.schema_arrow.names)
         t = pf.read(columns=own) if row_groups is None else pf.read_row_groups(row_groups, columns=own)
     return t.rename_columns([renames.get(n, n) for n in t.column_names]) if renames else t
 
 
-def _read_parts(blob: BlobStore, paths: Sequence[str], kind: str) -> pa.Table | None:
-    tables = [_read_part(blob, path, kind) for path in paths]
+def _read_parts(blob: BlobStore, rows: Sequence[BatchRow], kind: str) -> pa.Table | None:
+    tables = [_read_part(blob, row.path, kind, row=row) for row in rows]
     return pa.concat_tables(tables, promote_options="default") if tables else None
 
 
@@ -91,6 +94,7 @@ class UpdateReader:
             with blob.open(row.path) as f:
                 pf = pq.ParquetFile(f)
                 md, arrow = pf.metadata, pf.schema_arrow
+            check_rows(md, row.shard, row.path, row.rows)
             own, renames = own_columns(kind, arrow.names)
             schemas.append(pa.schema([arrow.field(n).with_name(renames.get(n, n)) for n in own]))
             self.retractions = self.retractions or may_retract(md)
@@ -146,4 +150,4 @@ def read_as_of(conn, blob: BlobStore, shard: str, t: int | None = None) -> pa.Ta
         raise SinceViolation(shard, t, info.since)
     if t >= info.upper:
         raise BeyondUpper(shard, t, info.upper)
-    return contents_as_of(_read_parts(blob, [b.path for b in batches(conn, shard, as_of=t)], info.kind), t)
+    return contents_as_of(_read_parts(blob, batches(conn, shard, as_of=t), info.kind), t)

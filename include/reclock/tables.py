@@ -43,7 +43,7 @@ from reclock.errors import BeyondUpper, NothingComplete, ReclockError, SinceViol
 from reclock.part_layout import own_columns
 from reclock.persist import connect
 from reclock.persist.blob import BlobStore, FsspecBlobStore
-from reclock.persist.parquet import column_stats, may_retract
+from reclock.persist.parquet import check_rows, column_stats, may_retract
 from reclock.persist.shards import (BatchRow, acquire_read_hold, batches, release_read_hold, renew_read_hold,
                                     shard_info)
 
@@ -76,12 +76,13 @@ class PartList:
     uniform: bool = True  # every part has the same columns and types (no schema merging needed)
 
 
-def _footer(blob: BlobStore, path: str) -> tuple[bool, bool, Any]:
+def _footer(blob: BlobStore, row: BatchRow) -> tuple[bool, bool, Any]:
     """(may retract, may hold a diff above 1, the Arrow schema) from a part's footer (unknown bounds count as
-    both)."""
-    with blob.open(path) as f:
+    both), checked to hold the part's rows."""
+    with blob.open(row.path) as f:
         pf = pq.ParquetFile(f)
         md, schema = pf.metadata, pf.schema_arrow
+    check_rows(md, row.shard, row.path, row.rows)
     stats = column_stats(md, "diff") or [None]
     multiples = any(st is None or not st.has_min_max or st.max > 1 for st in stats)
     return may_retract(md), multiples, schema.remove_metadata()
@@ -94,7 +95,7 @@ def list_parts(conn, blob: BlobStore, shard: str, as_of: int, lower: int = 0) ->
     retractions = multiples = False
     schemas = []
     for b in rows:
-        r, m, schema = _footer(blob, b.path)
+        r, m, schema = _footer(blob, b)
         retractions, multiples = retractions or r, multiples or m
         schemas.append(schema)
     schema_path = None

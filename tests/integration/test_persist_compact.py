@@ -327,6 +327,32 @@ def test_a_crash_before_the_swap_changes_nothing(orders):
     assert batches(conn, DATA) == before
 
 
+def test_a_part_whose_file_lost_rows_fails_every_read_and_is_never_merged(orders):
+    """A part's file replaced by one with fewer rows (a truncated rewrite, a stale copy): reads AS OF, reads
+    of the updates, the table reads' part list and compaction all raise ``PartDamaged`` naming the part,
+    instead of going on without its rows; compaction changes nothing."""
+    from reclock.errors import PartDamaged
+    from reclock.tables import list_parts
+
+    conn, store = orders
+    run_cycles(conn, store, 6)
+    advance_since(conn, DATA, 39)
+    before = batches(conn, DATA)
+    victim = next(b for b in before if b.rows >= 2 and b.upper <= 40)  # a candidate for compaction
+    table = pq.read_table(store.root / victim.path)
+    buf = io.BytesIO()
+    pq.write_table(table.slice(0, table.num_rows - 1), buf, use_deprecated_int96_timestamps=True)
+    store.put_bytes(victim.path, buf.getvalue())
+    want = f"part {victim.path} holds {victim.rows - 1} rows by its footer, but {victim.rows} were recorded"
+    for read in (lambda: read_as_of(conn, store, DATA, shard_info(conn, DATA).upper - 1),
+                 lambda: read_updates(conn, store, DATA, 0),
+                 lambda: list_parts(conn, store, DATA, shard_info(conn, DATA).upper - 1),
+                 lambda: compact_parts(conn, store, DATA, min_parts=2)):
+        with pytest.raises(PartDamaged, match=want):
+            read()
+    assert batches(conn, DATA) == before
+
+
 def test_a_read_hold_keeps_since_and_so_compaction_back(orders):
     conn, store = orders
     run_cycles(conn, store, 8)

@@ -49,7 +49,8 @@ from reclock.failpoints import failpoint
 from reclock.persist.blob import BlobStore, new_part_path
 from reclock.persist.shards import CONFLICT, MERGED, BatchRow, Merge, batches, merge_batches, shard_info
 from reclock.part_layout import own_columns
-from reclock.persist.parquet import check_reads_back, conform, may_retract, parquet_bytes, uses_int96
+from reclock.persist.parquet import (check_reads_back, check_rows, conform, may_retract, parquet_bytes,
+                                     uses_int96)
 
 __all__ = ["CompactReport", "compact_parts", "DEFAULT_TARGET_BYTES", "DEFAULT_SMALL_BYTES", "DEFAULT_MIN_PARTS",
            "MERGED", "NOTHING_TO_DO", "CONFLICT"]
@@ -126,6 +127,7 @@ def _footer(blob: BlobStore, kind: str, row: BatchRow) -> _Footer:
         pf = pq.ParquetFile(f)
         own, _ = own_columns(kind, pf.schema_arrow.names)  # no rename: keep the on-file names
         md = pf.metadata
+        check_rows(md, row.shard, row.path, row.rows)  # a damaged part is never merged into a new one
         return _Footer(pa.schema([pf.schema_arrow.field(n) for n in own]), uses_int96(pf), may_retract(md),
                        sum(md.row_group(i).total_byte_size for i in range(md.num_row_groups)))
 

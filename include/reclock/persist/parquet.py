@@ -13,6 +13,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from reclock.batch import Part
+from reclock.errors import PartDamaged
+
+
+def check_rows(md: pq.FileMetaData, shard: str, path: str, rows: int) -> None:
+    """``PartDamaged`` unless the footer of the part at ``path`` holds the ``rows`` its shard recorded (a
+    part's rows are its file's, from the footer, when it is appended): every reader of parts checks, so a
+    replaced or truncated file fails the read instead of going on with other data."""
+    if md.num_rows != rows:
+        raise PartDamaged(shard, path, rows, md.num_rows)
 
 
 def column_stats(md: pq.FileMetaData, column: str) -> list | None:
