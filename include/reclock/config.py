@@ -29,6 +29,8 @@ A config file holds ``sources:`` and ``sinks:``. Example::
           connection: shop_db              # an Airflow connection id (or `dsn_env: SHOP_DSN`, an environment
           publication: shop_pub            # variable holding the DSN); credentials never sit in this file
         tables: [public.orders, public.items]   # optional: default every table of the publication
+        schedule: upstream                 # interval (`interval: 60s`) | upstream: when a published table
+                                           # changes or idle WAL is to release (`poll: 1s`)
         budget: {max_records: 100000}      # changes per Parquet part (memory of write_batches)
 
     sinks:
@@ -366,9 +368,24 @@ def parse_source(name: str, raw: Any, base: Path | None = None) -> SourceSpec:
     rebuild = d.get("rebuild", "task")
     if rebuild not in REBUILDS:
         raise ConfigError(f"{what}: rebuild {rebuild!r} is not one of {', '.join(REBUILDS)}")
+    sched = _parse_schedule(d, what, SCHEDULES)
+    return SourceSpec(name=name, kafka=kafka, format=fmt, envelope=envelope, include=include, budget=budget,
+                      on_decode_error=on_err, rebuild=rebuild, **sched)
+
+
+SCHEDULES = ("interval", "upstream", "continuous")
+
+PG_SCHEDULES = ("interval", "upstream")
+"""A Postgres source's schedules: not ``continuous``, since its upper (the flush LSN) moves with any WAL the
+server writes, so cycles back to back would mint a binding every ``poll``."""
+
+
+def _parse_schedule(d: dict, what: str, allowed: tuple[str, ...]) -> dict[str, Any]:
+    """A source's ``schedule:`` and the keys that go with it (``interval``; ``poll``; ``lease``, ``resume``,
+    ``group``), as :class:`SourceSpec` fields; a key that does not belong to the schedule is an error."""
     schedule = d.get("schedule", "interval")
-    if schedule not in SCHEDULES:
-        raise ConfigError(f"{what}: schedule {schedule!r} is not one of {', '.join(SCHEDULES)}")
+    if schedule not in allowed:
+        raise ConfigError(f"{what}: schedule {schedule!r} is not one of {', '.join(allowed)}")
     if "interval" in d and schedule != "interval":
         raise ConfigError(f"{what}: `interval:` is for `schedule: interval`; with `schedule: {schedule}` the "
                           "source runs when upstream moves (`poll:` sets how often it is probed)")
@@ -381,16 +398,11 @@ def parse_source(name: str, raw: Any, base: Path | None = None) -> SourceSpec:
     if group is not None and (not isinstance(group, str) or not NAME_RE.match(group)):
         raise ConfigError(f"{what}: `group` must match {NAME_RE.pattern} (it names the DAG ingest_group__<group>), "
                           f"got {group!r}")
-    poll_s = parse_duration(d.get("poll", "1s" if schedule == "upstream" else "200ms"), f"{what}.poll")
-    lease_s = parse_duration(d.get("lease", "10m"), f"{what}.lease")
-    resume_s = parse_duration(d.get("resume", "1s"), f"{what}.resume")
-    return SourceSpec(name=name, kafka=kafka, format=fmt, envelope=envelope, include=include,
-                      interval_s=parse_duration(d.get("interval", "60s"), f"{what}.interval"),
-                      budget=budget, on_decode_error=on_err, rebuild=rebuild, schedule=schedule, poll_s=poll_s,
-                      lease_s=lease_s, resume_s=resume_s, group=group)
-
-
-SCHEDULES = ("interval", "upstream", "continuous")
+    return {"schedule": schedule, "group": group,
+            "interval_s": parse_duration(d.get("interval", "60s"), f"{what}.interval"),
+            "poll_s": parse_duration(d.get("poll", "1s" if schedule == "upstream" else "200ms"), f"{what}.poll"),
+            "lease_s": parse_duration(d.get("lease", "10m"), f"{what}.lease"),
+            "resume_s": parse_duration(d.get("resume", "1s"), f"{what}.resume")}
 """When ``ingest__<source>`` runs: every ``interval``; when the topic holds records beyond the newest
 binding (``reclock.orchestration.triggers``); or continuously, one run cycling back to back for ``lease``
 and the next run taking over (``reclock.continuous``; with ``group:``, one run of ``ingest_group__<group>``
@@ -416,19 +428,23 @@ def _check_groups(sources: dict[str, SourceSpec]) -> None:
 
 
 def _parse_postgres_source(name: str, d: dict) -> SourceSpec:
-    """A source with a ``postgres:`` section: ``tables``, ``interval`` and ``budget`` besides it."""
+    """A source with a ``postgres:`` section: ``tables``, ``budget`` and the schedule's keys besides it."""
     what = f"source {name}"
     if "kafka" in d:
         raise ConfigError(f"{what}: a source is either `kafka:` or `postgres:`, not both")
-    _unknown(d, {"postgres", "tables", "interval", "budget"}, what)
+    _unknown(d, {"postgres", "tables", "budget", "schedule", "interval", "poll"}, what)
+    if d.get("schedule") == "continuous":
+        raise ConfigError(f"{what}: a Postgres source cannot be `schedule: continuous` (its upper, the flush LSN, "
+                          "moves with any WAL the server writes, so cycles back to back would mint a binding every "
+                          "`poll`); use `schedule: upstream`, which runs a cycle when the publication has changes")
+    sched = _parse_schedule(d, what, PG_SCHEDULES)
     pg = _parse_postgres(name, d["postgres"], d.get("tables"))
     b = _require(d.get("budget", {}) or {}, f"{what}.budget")
     _unknown(b, {"max_records"}, f"{what}.budget")
     budget = BudgetSpec(max_records=int(b.get("max_records", 100_000)))
     if budget.max_records <= 0:
         raise ConfigError(f"{what}.budget: max_records must be positive, got {budget.max_records}")
-    return SourceSpec(name=name, postgres=pg, interval_s=parse_duration(d.get("interval", "60s"), f"{what}.interval"),
-                      budget=budget)
+    return SourceSpec(name=name, postgres=pg, budget=budget, **sched)
 
 
 SINK_FORMATS = ("debezium", "upsert")

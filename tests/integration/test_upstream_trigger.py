@@ -1,11 +1,14 @@
-"""The event-driven schedule's trigger (issue 19): ``UpstreamMoved`` fires when the topic holds records beyond
+"""The event-driven schedule's triggers (issue 19): ``UpstreamMoved`` fires when the topic holds records beyond
 the source's newest binding and stays quiet otherwise; the triggers of one cluster share one probe; the probe
-never touches a consumer group. Real Kafka and Postgres, the trigger's own poll loop (``run``)."""
+never touches a consumer group. ``PublicationChanged`` fires for a Postgres source's published changes, idle
+WAL and errors, never for other tables' changes. Real Kafka and Postgres, the triggers' own poll loops
+(``run``)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 from dataclasses import replace
 
 import pytest
@@ -78,3 +81,121 @@ def test_schedule_config_errors(raw, message):
     spec = parse_source("s", {"kafka": {"topic": "t"}, "format": {"type": "bytes"}, "schedule": "upstream",
                               "poll": "250ms"})
     assert (spec.schedule, spec.poll_s) == ("upstream", 0.25)
+
+
+# -- Postgres: PublicationChanged --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def upstream(postgres):
+    from pg_support import upstream_database
+
+    with upstream_database(postgres) as dsn:
+        yield dsn
+
+
+def _slots(dsn: str) -> dict[str, str]:
+    """Every replication slot of the upstream database: name -> confirmed_flush_lsn."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return dict(conn.execute("SELECT slot_name, confirmed_flush_lsn::text FROM pg_replication_slots "
+                                 "WHERE database = current_database()").fetchall())
+
+
+def test_a_postgres_source_fires_on_published_changes_idle_wal_and_errors_only(db, upstream, tmp_path, monkeypatch):
+    """The Postgres trigger fires for the first cycle (the snapshot), for a change to a published table, for WAL
+    an idle source should release, and once for an error a run would report; it stays quiet on changes to an
+    unpublished table, never moves the slot, leaves no copy of it behind, and works while a replication
+    connection holds the slot."""
+    import time
+
+    import psycopg
+    from pg_support import make_ctx as pg_ctx
+    from pg_support import slot_confirmed, source_name, writer
+
+    from reclock.orchestration.triggers import PublicationChanged
+    from reclock.sources.postgres import slot_name
+
+    with writer(upstream) as conn:
+        conn.execute("CREATE TABLE orders (id int8 PRIMARY KEY, v text)")
+        conn.execute("ALTER TABLE orders REPLICA IDENTITY FULL")
+        conn.execute("CREATE TABLE other (id int8)")  # not published
+        conn.execute("CREATE PUBLICATION pub FOR TABLE orders")
+        conn.execute("INSERT INTO orders VALUES (1, 'a')")
+    monkeypatch.setenv("RECLOCK_DSN", db)
+    monkeypatch.setenv("UP_DSN", upstream)
+    name = source_name("trg")
+    ctx = replace(pg_ctx(db, upstream, tmp_path, name, ["orders"]), clock=lambda: int(time.time() * 1000))
+
+    def trigger(idle: float = 3600) -> PublicationChanged:
+        return PublicationChanged(source=name, publication="pub", dsn_env="UP_DSN", poll=0.2, idle=idle)
+
+    def reasons(seconds: float = 2.0, idle: float = 3600) -> list[str]:
+        return [e["reason"] for e in asyncio.run(_events(trigger(idle), seconds))]
+
+    (first,) = reasons()  # fired once, not at every probe
+    assert first.startswith("no binding yet")
+    cycle.run_cycle(ctx)  # the snapshot: the slot at the first binding
+    assert reasons() == [], "nothing committed since: no run"
+    with writer(upstream) as conn:
+        conn.execute("INSERT INTO other SELECT generate_series(1, 1000)")
+    assert reasons() == [], "a change to an unpublished table is no reason to run"
+    with writer(upstream) as conn:
+        conn.execute("INSERT INTO orders VALUES (2, 'b')")
+    before = _slots(upstream)
+    assert reasons() == ["the publication has changes"]
+    assert _slots(upstream) == before, "the probe moved no slot and left no copy behind"
+
+    # the probe reads a copy of the slot, so it works while something else holds the slot itself
+    rep = psycopg.connect(upstream, autocommit=True, replication="database")
+    try:
+        rep.pgconn.send_query(f"START_REPLICATION SLOT {slot_name(name)} LOGICAL 0/0 "
+                              "(proto_version '1', publication_names 'pub')".encode())
+        deadline = time.monotonic() + 10
+        while not any(a for (a,) in psycopg.connect(upstream, autocommit=True).execute(
+                "SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot_name(name),))):
+            assert time.monotonic() < deadline, "the replication connection never took the slot"
+            time.sleep(0.1)
+        assert reasons() == ["the publication has changes"]
+    finally:
+        rep.close()
+    cycle.run_cycle(ctx)
+    assert reasons() == []
+
+    # no replication slot left for the probe's copy: the source still runs, every REFIRE_S
+    fillers = [f"fill_{os.getpid()}_{i}" for i in range(1000)]
+    with writer(upstream) as conn:
+        try:
+            with pytest.raises(psycopg.errors.ConfigurationLimitExceeded):
+                for slot in fillers:  # physical slots reserving no WAL, until the server has none left
+                    conn.execute("SELECT pg_create_physical_replication_slot(%s)", (slot,))
+            conn.execute("INSERT INTO orders VALUES (10, 'x')")
+            assert reasons() == ["no replication slot free for the probe's copy of the slot"]
+        finally:
+            conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                         "WHERE slot_name = ANY(%s)", (fillers,))
+    cycle.run_cycle(ctx)
+    assert reasons() == []
+
+    # idle: WAL was written (no published change) and the newest binding is older than `idle`
+    with writer(upstream) as conn:
+        conn.execute("INSERT INTO other SELECT generate_series(1, 1000)")
+    time.sleep(1.0)
+    (idle,) = reasons(idle=0.5)
+    assert idle.startswith("idle: ") and "bytes of WAL behind the slot" in idle
+    confirmed = slot_confirmed(upstream, name)
+    cycle.run_cycle(ctx)
+    assert slot_confirmed(upstream, name) > confirmed, "the idle cycle moved the slot: the WAL is released"
+    assert reasons(idle=3600) == []
+
+    # an error a run would report fires once (then every REFIRE_S), not at every probe
+    with writer(upstream) as conn:
+        conn.execute("DROP PUBLICATION pub")
+        conn.execute("INSERT INTO orders VALUES (3, 'c')")
+    (err,) = reasons()
+    assert err.startswith("error: ") and "pub" in err
+    with writer(upstream) as conn:
+        conn.execute(f"SELECT pg_drop_replication_slot('{slot_name(name)}')")
+    (err,) = reasons()
+    assert err.startswith("error: ") and "was dropped" in err

@@ -58,6 +58,11 @@ sources:
     format: {type: json, schema: "id BIGINT"}
     schedule: upstream
     poll: 500ms
+  it_shop:
+    postgres: {connection: reclock_demo_shop, publication: it_shop_pub}
+    tables: [public.orders]
+    schedule: upstream
+    poll: 500ms
 sinks:
   it_out:
     from: it_orders
@@ -181,6 +186,57 @@ def _event_driven(stack) -> None:
             assert len(runs()) == len(before), runs()
 
 
+def _event_driven_postgres(stack) -> None:
+    """``schedule: upstream`` for a Postgres source: ingest__it_shop runs (through the triggerer's
+    PublicationChanged watcher) for its first cycle and when a published table changes, and not for a change
+    to a table outside the publication."""
+    import psycopg
+
+    from reclock.dev.demo import shop_upstream
+    from reclock.persist import connect
+    from reclock.persist.blob import LocalBlobStore
+    from reclock.read import read_as_of
+
+    dsn = shop_upstream(stack, "it_shop_pub", ["orders"])  # demo_shop's orders and items; only orders published
+    with psycopg.connect(dsn, autocommit=True, options="-c synchronous_commit=on") as conn:
+        conn.execute("INSERT INTO orders SELECT g, 'c', 'open', 1, now() FROM generate_series(1, 30) g")
+    stack.airflow.wait_for_dag("ingest__it_shop")
+    stack.airflow.unpause("ingest__it_shop")
+
+    def runs() -> list[dict]:
+        return stack.airflow.api("GET", "dags/ingest__it_shop/dagRuns?limit=100")["dag_runs"]
+
+    def orders() -> set[int]:
+        with connect(stack.postgres.dsn()) as conn:
+            info = conn.execute("SELECT upper FROM reclock.shards WHERE id = 'it_shop__orders'").fetchone()
+            if info is None or info[0] == 0:
+                return set()
+            return {r["order_id"] for r in read_as_of(conn, LocalBlobStore(stack.state.root / "blobs"),
+                                                        "it_shop__orders", info[0] - 1).to_pylist()}
+
+    def wait_for(ids: set[int]) -> None:
+        deadline = time.monotonic() + 240
+        while orders() != ids or any(r["state"] in ("queued", "running") for r in runs()):
+            assert time.monotonic() < deadline, (sorted(orders()), runs())
+            time.sleep(1)
+
+    wait_for(set(range(1, 31)))  # the first cycle: the snapshot
+    before = runs()
+    assert before and {r["run_type"] for r in before} == {"asset_triggered"}, before
+    assert all(r["state"] == "success" for r in before), before
+    with psycopg.connect(dsn, autocommit=True, options="-c synchronous_commit=on") as conn:
+        conn.execute("INSERT INTO items SELECT g, 1, 'sku', 1 FROM generate_series(1, 500) g")
+    time.sleep(10)  # only an unpublished table changed (and Airflow writes WAL beside it): no run
+    assert len(runs()) == len(before), runs()
+    with psycopg.connect(dsn, autocommit=True, options="-c synchronous_commit=on") as conn:
+        conn.execute("INSERT INTO orders SELECT g, 'c', 'open', 1, now() FROM generate_series(31, 40) g")
+    wait_for(set(range(1, 41)))
+    after = runs()
+    assert len(after) > len(before) and all(r["state"] == "success" for r in after), after
+    tis = stack.airflow.api("GET", "dags/ingest__it_shop/dagRuns/~/taskInstances?limit=100")["task_instances"]
+    assert {t["task_id"] for t in tis} == {"cycle"}, tis
+
+
 SESSION_SCRIPT = """
 import sys
 from reclock.spark.connect import shared_session
@@ -260,6 +316,7 @@ def test_up_smoke_health_dag_down(stack_home: Path):
         # an ingest DAG under the real scheduler: two waves, two triggered runs, everything lands once
         _ingest_under_scheduler(stack)
         _event_driven(stack)
+        _event_driven_postgres(stack)
         _shared_spark_sessions(stack)
 
         # `reclock dev env` hands the stack's settings to the other commands (what the demo tells a user)

@@ -20,6 +20,13 @@ def test_tables_become_collections_named_after_the_source():
     assert env.postgres.dsn_env == "SHOP_DSN" and env.postgres.connection is None
 
 
+def test_a_postgres_source_runs_on_an_interval_or_when_upstream_has_news():
+    assert (parse_source("shop", PG).schedule, parse_source("shop", PG).interval_s) == ("interval", 60)
+    spec = parse_source("shop", {**PG, "schedule": "upstream", "poll": "500ms"})
+    assert (spec.schedule, spec.poll_s) == ("upstream", 0.5)
+    assert parse_source("shop", {**PG, "schedule": "upstream"}).poll_s == 1
+
+
 @pytest.mark.parametrize("raw,match", [
     ({"postgres": {"publication": "p"}}, "exactly one of `connection:`"),
     ({"postgres": {"connection": "c", "dsn_env": "E", "publication": "p"}}, "exactly one of"),
@@ -34,6 +41,11 @@ def test_tables_become_collections_named_after_the_source():
     ({**PG, "envelope": "upsert"}, "unknown key"),
     ({"kafka": {"topic": "t"}, "tables": ["a"]}, "belongs to a Postgres source"),
     ({**PG, "budget": {"max_records": 0}}, "positive"),
+    ({**PG, "schedule": "continuous"}, "cannot be `schedule: continuous`.*flush LSN"),
+    ({**PG, "schedule": "hourly"}, "not one of interval, upstream"),
+    ({**PG, "schedule": "upstream", "interval": "1s"}, "`interval:` is for `schedule: interval`"),
+    ({**PG, "poll": "1s"}, "`poll:` is for"),
+    ({**PG, "schedule": "upstream", "lease": "1m"}, "unknown key"),
 ])
 def test_bad_postgres_config_is_refused_saying_why(raw, match):
     with pytest.raises(ConfigError, match=match):

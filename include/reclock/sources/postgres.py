@@ -264,6 +264,37 @@ class PostgresUpstream:
             except psycopg.errors.ObjectInUse as e:
                 raise SlotBusy(self.source, self.slot, str(e).strip()) from e
 
+    @contextlib.contextmanager
+    def temporary_copy(self, conn) -> Iterator[str]:
+        """A temporary copy of the slot, at the slot's position, named ``<slot>_<8 hex>``: it can be read
+        while a cycle holds the slot itself, never moves the slot, and is dropped on leaving (or with the
+        session, if the process dies first). ``SlotLost`` if the slot is gone or invalidated."""
+        self.healthy_slot(conn)
+        copy = f"{self.slot[:50]}_{uuid.uuid4().hex[:8]}"
+        try:
+            conn.execute("SELECT pg_copy_logical_replication_slot(%s, %s, true)", (self.slot, copy))
+        except psycopg.errors.UndefinedObject as e:  # dropped since the check
+            raise SlotLost(self.source, self.slot, f"could not be copied: {e}") from e
+        try:
+            yield copy
+        finally:
+            with contextlib.suppress(psycopg.Error):
+                conn.execute("SELECT pg_drop_replication_slot(%s)", (copy,))
+
+    def pending_changes(self, conn) -> bool:
+        """Whether a transaction that changed a published table committed at or after the slot's position:
+        one transaction peeked from a :meth:`temporary_copy` (pgoutput sends no empty transactions from
+        Postgres 15 on; before, any transaction of the database counts). ``PublicationMissing`` if the
+        publication is gone."""
+        with self.temporary_copy(conn) as copy:
+            try:
+                return conn.execute("SELECT count(*) FROM pg_logical_slot_peek_binary_changes(%s, NULL, 1, "
+                                    "'proto_version', '1', 'publication_names', %s)",
+                                    (copy, self.publication)).fetchone()[0] > 0
+            except psycopg.errors.UndefinedObject as e:
+                raise PublicationMissing(self.source, "(all)", str(e).strip(), "create the publication again "
+                                         "and re-snapshot") from e
+
     def commit(self, _group: str, frontier: PartitionedFrontier) -> None:
         """Advance the slot to the frontier's LSN (never backwards; a slot already there is left alone)."""
         lsn = frontier.get(LSN_PARTITION)
