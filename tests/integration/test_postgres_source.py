@@ -376,6 +376,44 @@ def test_a_stall_early_in_a_long_read_stops_the_read_ahead_and_the_source_goes_o
     assert set(contents(ctx, f"{name}__b", bindings(ctx)[-1][0])) == set(range(1, 5001))
 
 
+def test_a_read_left_early_closes_its_cursor_and_cancels_a_fetch_still_running(upstream, monkeypatch):
+    """``read_blocks``: the caller leaving after a block leaves the session usable, with no helper thread;
+    a server call still running on it (a slow fetch) is cancelled, not waited for."""
+    from reclock.sources.postgres import PostgresUpstream
+
+    _setup(upstream)
+    with writer(upstream) as conn:
+        conn.execute("SELECT pg_create_logical_replication_slot('reclock_early', 'pgoutput')")
+        conn.execute("INSERT INTO a SELECT g, 'a', 1, 0 FROM generate_series(1, 3000) g")
+        upto = po.lsn_to_int(conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0])
+    up = PostgresUpstream("early", upstream, "pub")
+    with up.session() as conn:
+        with conn.transaction(force_rollback=True):
+            blocks = up.read_blocks(conn, upto, batch=10, ahead=1)
+            first = next(blocks)
+            assert len(first) == 10 and first[0][:1] == b"B"
+            blocks.close()
+        assert not [t for t in threading.enumerate() if t.name == "reclock-peek-early"]
+        assert conn.execute("SELECT count(*) FROM pg_cursors").fetchone()[0] == 0
+        with conn.transaction(force_rollback=True):  # the session reads the whole slot again
+            assert sum(len(b) for b in up.read_blocks(conn, upto, batch=100)) == 3003  # Relation, B, 3000, C
+
+    def slow(self, conn, upto, batch):
+        yield [b"first"]
+        conn.execute("SELECT pg_sleep(60)")  # what a fetch that runs long looks like from here
+        yield [b"second"]
+
+    monkeypatch.setattr(PostgresUpstream, "peek_blocks", slow)
+    with up.session() as conn:
+        blocks = up.read_blocks(conn, upto)
+        assert next(blocks) == [b"first"]
+        time.sleep(0.2)  # the helper is in pg_sleep now
+        t0 = time.monotonic()
+        blocks.close()
+        assert time.monotonic() - t0 < 10, "cancelled, not waited for"
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
 def test_a_cycle_opens_one_upstream_session_and_one_consensus_connection(db, upstream, tmp_path, monkeypatch):
     """A connection costs ~6 ms (SCRAM): a cycle that ingests holds one of each for its four steps; a step
     run on its own (an Airflow task) holds its own."""
