@@ -205,9 +205,12 @@ class PostgresUpstream:
             conn = psycopg.connect(self.dsn, autocommit=True, connect_timeout=int(self.timeout))
         except psycopg.OperationalError as e:
             raise UpstreamUnavailable(f"source {self.source}: the upstream Postgres is unreachable: {e}") from e
-        for s in SESSION:
-            conn.execute(s)
-        conn.autocommit = autocommit
+        try:
+            conn.execute("; ".join(SESSION))  # one round trip (the simple query protocol: no parameters)
+            conn.autocommit = autocommit
+        except BaseException:
+            conn.close()
+            raise
         return conn
 
     # -- checks -----------------------------------------------------------------------------------------
