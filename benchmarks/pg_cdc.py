@@ -395,9 +395,10 @@ def main() -> None:
         for name, f in figures.items():
             extra = f" ({f['seconds']:.2f} s)" if "seconds" in f else ""
             print(f"{name:<64} {f['value']:>12,.2f}{extra}")
+        reps = zip(bare, peek_streamed, server, streamed, e2es)
         print("per rep, bare peek on a cursor / streamed / on the server alone / bare START_REPLICATION stream / "
-              "end to end (s): " + ", ".join(f"{b:.2f} / {p:.2f} / {v:.2f} / {s:.2f} / {e:.2f}" for (b, _), (p, _), (v, _),
-                                              (s, _), e in zip(bare, peek_streamed, server, streamed, e2es)))
+              "end to end (s): " + ", ".join(f"{b:.2f} / {p:.2f} / {v:.2f} / {s:.2f} / {e:.2f}"
+                                             for (b, _), (p, _), (v, _), (s, _), e in reps))
         for st in steps:
             print("an ingesting cycle's steps (s): " + ", ".join(f"{k} {v}" for k, v in st))
         if args.out:
