@@ -162,11 +162,23 @@ class WrittenBatch:
 
 
 @contextlib.contextmanager
+def _holding(ctx: CycleContext) -> Iterator[None]:
+    """One consensus connection, and for a Postgres source one upstream session, for every step run inside
+    (``reclock.persist.lending``, :meth:`~reclock.sources.postgres.PostgresUpstream.holding`): a step holds
+    them, and so do :func:`mint_and_append` and :func:`run_cycle` for the steps they run."""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(ctx.connections.holding())
+        if ctx.spec.postgres is not None:
+            stack.enter_context(ctx.upstream().holding())
+        yield
+
+
+@contextlib.contextmanager
 def _step(ctx: CycleContext, step: str) -> Iterator[dict]:
     """Record ``running`` and statistics around a step; on failure record ``stalled`` with the cause."""
     metrics: dict = {}
     t0 = time.monotonic()
-    with ctx.connections.holding():
+    with _holding(ctx):
         try:
             yield metrics
         except Exception as e:
@@ -202,7 +214,7 @@ def _register_postgres(ctx: CycleContext) -> None:
         register_source(conn, name, kind="postgres")
         tables = registered_tables(conn, name)
         bound = bool(load_remap(conn, name).bindings)
-    with up.connect() as uconn:
+    with up.session() as uconn:
         if tables is None:
             infos = _describe_tables(ctx, uconn)
             with ctx.connect() as conn:
@@ -254,7 +266,7 @@ def resnapshot(ctx: CycleContext) -> dict:
         if len(set(uppers.values())) != 1:
             raise ShardsDisagree(name, uppers)
         upper = min(uppers.values())
-        with up.connect() as uconn:
+        with up.session() as uconn:
             infos = _describe_tables(ctx, uconn)
             up.drop_slot(uconn)
             up.ensure_slot(uconn)
@@ -440,7 +452,7 @@ def _write_postgres(ctx: CycleContext, rc: RemapCollection, desc: BatchDescripti
         failpoint("write_batches:before_job")
         writer = cdc.PartWriter(ctx.blob, prefix, outputs, chunk)
         rewind, snapshot_rows, upto, spark_done = None, 0, end, set()
-        with up.connect(autocommit=False) as uconn:
+        with up.session() as uconn:
             if snapshot:
                 t1, l1 = next((ts, lsn) for ts, lsn in bindings if ts == snap_ts)
                 start = l1
@@ -469,8 +481,11 @@ def _write_postgres(ctx: CycleContext, rc: RemapCollection, desc: BatchDescripti
                 up.check_retained(uconn, start)
             decoder = cdc.ChangeDecoder(ctx.spec.name, outputs, writer, bindings, start, end, rewind,
                                         strict_tables=not ctx.spec.postgres.tables)
-            stats = decoder.feed_blocks(up.peek_blocks(uconn, upto, batch=max(1, min(chunk, 10_000))))
-            uconn.rollback()
+            # the peek's cursor lives in a transaction; the blocks are closed (the helper thread joined) before
+            # it ends, also when the decoder stops early
+            with uconn.transaction(force_rollback=True), contextlib.closing(
+                    up.read_blocks(uconn, upto, batch=max(1, min(chunk, 10_000)))) as blocks:
+                stats = decoder.feed_blocks(blocks)
         failpoint("write_batches:after_slice")
         emitted = writer.close()
         parts = cdc.collect(ctx.blob, ctx.spec.name, prefix, emitted, sorted(spark_done))
@@ -634,14 +649,16 @@ def resume(ctx: CycleContext) -> ResumeResult:
 def mint_and_append(ctx: CycleContext) -> tuple[int | None, int]:
     """mint, then write_batches and append for every description: the binding minted (or None) and how
     many descriptions were appended."""
-    minted = mint(ctx)
-    for desc in minted.descriptions:
-        append(ctx, write_batches(ctx, desc))
+    with _holding(ctx):
+        minted = mint(ctx)
+        for desc in minted.descriptions:
+            append(ctx, write_batches(ctx, desc))
     return (minted.binding.ts if minted.binding else None), len(minted.descriptions)
 
 
 def run_cycle(ctx: CycleContext) -> dict:
     """All four steps in one process (what ``dag.test()`` and the benchmarks run)."""
-    minted, appended = mint_and_append(ctx)
-    res = resume(ctx)
+    with _holding(ctx):
+        minted, appended = mint_and_append(ctx)
+        res = resume(ctx)
     return {"minted": minted, "descriptions": appended, "resumption": res.resumption, "offsets": res.offsets}

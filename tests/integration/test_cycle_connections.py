@@ -112,3 +112,39 @@ def test_threads_sharing_a_context_never_share_a_connection(ctx):
     for t in threads:
         t.join(30)
     assert set(pids) == {"first", "second"} and pids["first"] != pids["second"]
+
+
+def test_an_upstream_session_is_held_in_a_block_and_replaced_when_it_cannot_be_trusted(db, monkeypatch):
+    """A Postgres source's upstream session (``PostgresUpstream.session``): one per ``holding`` block
+    (``cycle._holding``: a step, or a whole cycle), dropped after an error inside it, replaced when idle or
+    left in a transaction; outside a block, or inside another session, a connection of its own."""
+    from reclock.sources import postgres as pgsrc
+
+    up = pgsrc.PostgresUpstream("x", db, "unused")
+    with up.session() as a:
+        assert a.execute("SHOW DateStyle").fetchone()[0].startswith("ISO")
+    assert a.closed
+    with up.holding():
+        with up.session() as a:
+            first = _pid(a)
+        with up.session() as b:
+            assert b is a and _pid(b) == first
+            with up.session() as nested:
+                assert nested is not a
+            assert nested.closed and not a.closed
+        with pytest.raises(RuntimeError, match="a stall"), up.session() as c:
+            assert c is a
+            raise RuntimeError("a stall")
+        assert a.closed, "dropped after an error: the next session starts clean"
+        with up.session() as d:
+            assert d is not a
+        monkeypatch.setattr(pgsrc, "REUSE_IDLE_S", 0.0)
+        with up.session() as e:  # idle longer than allowed
+            assert e is not d and d.closed
+        monkeypatch.setattr(pgsrc, "REUSE_IDLE_S", 3600.0)
+        with up.session() as f:
+            assert f is e
+            f.execute("BEGIN")  # left in a transaction
+        with up.session() as g:
+            assert g is not f and f.closed
+    assert g.closed

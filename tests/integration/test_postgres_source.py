@@ -354,6 +354,103 @@ def test_bad_changes_stall_the_source_naming_the_table(db, upstream, tmp_path, c
     assert issubclass(SlotLost, UpstreamDataLost)
 
 
+def test_a_stall_early_in_a_long_read_stops_the_read_ahead_and_the_source_goes_on_after_resnapshot(db, upstream,
+                                                                                                   tmp_path):
+    """The slot's blocks are fetched on a helper thread ahead of the decoding: a stall in the first block
+    leaves no helper thread, no active slot and nothing appended, with a hundred blocks still to read."""
+    _setup(upstream)
+    ctx = make_ctx(db, upstream, tmp_path, source_name(), list(TABLES), max_records=50)  # blocks of 50 messages
+    name = ctx.spec.name
+    cycle.run_cycle(ctx)
+    with writer(upstream) as conn:
+        conn.execute("TRUNCATE a")
+        conn.execute("INSERT INTO b SELECT g, 'b' || g, 1, 0 FROM generate_series(1, 5000) g")
+    _stalls(ctx, TableTruncated, r"table public\.a: TRUNCATE")
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("reclock-peek-")]
+    with writer(upstream) as conn:
+        active = conn.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s",
+                              (slot_name(name),)).fetchone()[0]
+    assert active is False
+    cycle.resnapshot(ctx)
+    cycle.run_cycle(ctx)
+    assert set(contents(ctx, f"{name}__b", bindings(ctx)[-1][0])) == set(range(1, 5001))
+
+
+def test_a_read_left_early_closes_its_cursor_and_cancels_a_fetch_still_running(upstream, monkeypatch):
+    """``read_blocks``: the caller leaving after a block leaves the session usable, with no helper thread;
+    a server call still running on it (a slow fetch) is cancelled, not waited for."""
+    from reclock.sources.postgres import PostgresUpstream
+
+    _setup(upstream)
+    with writer(upstream) as conn:
+        conn.execute("SELECT pg_create_logical_replication_slot('reclock_early', 'pgoutput')")
+        conn.execute("INSERT INTO a SELECT g, 'a', 1, 0 FROM generate_series(1, 3000) g")
+        upto = po.lsn_to_int(conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0])
+    up = PostgresUpstream("early", upstream, "pub")
+    with up.session() as conn:
+        with conn.transaction(force_rollback=True):
+            blocks = up.read_blocks(conn, upto, batch=10, ahead=1)
+            first = next(blocks)
+            assert len(first) == 10 and first[0][:1] == b"B"
+            blocks.close()
+        assert not [t for t in threading.enumerate() if t.name == "reclock-peek-early"]
+        assert conn.execute("SELECT count(*) FROM pg_cursors").fetchone()[0] == 0
+        with conn.transaction(force_rollback=True):  # the session reads the whole slot again
+            assert sum(len(b) for b in up.read_blocks(conn, upto, batch=100)) == 3003  # Relation, B, 3000, C
+
+    def slow(self, conn, upto, batch):
+        yield [b"first"]
+        conn.execute("SELECT pg_sleep(60)")  # what a fetch that runs long looks like from here
+        yield [b"second"]
+
+    monkeypatch.setattr(PostgresUpstream, "peek_blocks", slow)
+    with up.session() as conn:
+        blocks = up.read_blocks(conn, upto)
+        assert next(blocks) == [b"first"]
+        time.sleep(0.2)  # the helper is in pg_sleep now
+        t0 = time.monotonic()
+        blocks.close()
+        assert time.monotonic() - t0 < 10, "cancelled, not waited for"
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_a_cycle_opens_one_upstream_session_and_one_consensus_connection(db, upstream, tmp_path, monkeypatch):
+    """A connection costs ~6 ms (SCRAM): a cycle that ingests holds one of each for its four steps; a step
+    run on its own (an Airflow task) holds its own."""
+    import reclock.persist.lending as lending
+    from reclock.sources.postgres import PostgresUpstream
+
+    _setup(upstream)
+    ctx = make_ctx(db, upstream, tmp_path, source_name(), list(TABLES))
+    cycle.run_cycle(ctx)  # the snapshot's cycle
+    opened = {"upstream": 0, "consensus": 0}
+    up_connect, cons_connect = PostgresUpstream.connect, lending.connect
+
+    def count_up(self, *a, **k):
+        opened["upstream"] += 1
+        return up_connect(self, *a, **k)
+
+    def count_cons(*a, **k):
+        opened["consensus"] += 1
+        return cons_connect(*a, **k)
+
+    monkeypatch.setattr(PostgresUpstream, "connect", count_up)
+    monkeypatch.setattr(lending, "connect", count_cons)
+    with writer(upstream) as conn:
+        conn.execute("INSERT INTO a VALUES (1, 'one', 1, 0)")
+    assert cycle.run_cycle(ctx)["descriptions"] == 1
+    assert opened == {"upstream": 1, "consensus": 1}
+    with writer(upstream) as conn:
+        conn.execute("INSERT INTO a VALUES (2, 'two', 2, 0)")
+    opened.update(upstream=0, consensus=0)
+    minted = cycle.mint(ctx)  # as the mint_write task runs it: mint, then its write
+    cycle.append(ctx, cycle.write_batches(ctx, minted.descriptions[0]))
+    cycle.resume(ctx)
+    assert opened == {"upstream": 3, "consensus": 4}  # one per step; append reads nothing upstream
+    assert set(contents(ctx, f"{ctx.spec.name}__a", bindings(ctx)[-1][0])) == {1, 2}
+    assert slot_confirmed(upstream, ctx.spec.name) == bindings(ctx)[-1][1]
+
+
 def test_an_idle_source_follows_the_wal_and_pins_none(db, upstream, postgres, tmp_path):
     _setup(upstream)
     ctx = make_ctx(db, upstream, tmp_path, source_name(), list(TABLES))

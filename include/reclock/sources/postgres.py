@@ -11,10 +11,10 @@ step                what this module does
 mint                :meth:`PostgresUpstream.probe_upper`: check the publication, the tables and their replica
                     identity, make sure the slot ``reclock_<source>`` exists and is healthy, and return the
                     flush LSN (``pg_current_wal_flush_lsn()``)
-write_batches       :meth:`~PostgresUpstream.peek_blocks`: the slot's messages up to an LSN, through
+write_batches       :meth:`~PostgresUpstream.read_blocks`: the slot's messages up to an LSN, through
                     ``pg_logical_slot_peek_binary_changes`` on a server-side cursor (peek does not consume,
-                    so a retried write reads the same); :meth:`~PostgresUpstream.export_snapshot`: the
-                    initial snapshot
+                    so a retried write reads the same), fetched on a helper thread ahead of the decoding;
+                    :meth:`~PostgresUpstream.export_snapshot`: the initial snapshot
 resume              :meth:`~PostgresUpstream.commit`: ``pg_replication_slot_advance`` to the offset resumption
                     frontier (idle cycles too: any WAL moves the flush LSN, so a binding follows and the slot
                     with it; the slot never pins WAL Reclock no longer needs)
@@ -43,6 +43,8 @@ FULL`` is :class:`~reclock.errors.ReplicaIdentityNotFull` naming the ``ALTER TAB
 from __future__ import annotations
 
 import contextlib
+import threading
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Iterator, Sequence
@@ -51,6 +53,7 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import scalar_row
 
+from reclock.ahead import read_ahead
 from reclock.errors import PublicationMissing, ReclockError, ReplicaIdentityNotFull, SlotBusy, SlotLost
 from reclock.sources.pgoutput import BPCHAR, lsn_to_int, lsn_to_str
 from reclock.time import PartitionedFrontier
@@ -122,6 +125,25 @@ class Snapshot:
     lsn: int
 
 
+REUSE_IDLE_S = 10.0
+"""How long a held upstream session may sit idle and still be lent again (:meth:`PostgresUpstream.session`)."""
+
+
+class _Held:
+    """The connection a :meth:`PostgresUpstream.holding` block lends."""
+
+    def __init__(self) -> None:
+        self.conn: psycopg.Connection | None = None
+        self.used = 0.0
+        self.lent = False
+
+    def drop(self) -> None:
+        if self.conn is not None:
+            with contextlib.suppress(Exception):
+                self.conn.close()
+            self.conn = None
+
+
 class PostgresUpstream:
     """One source's upstream Postgres: its publication, its slot, its tables."""
 
@@ -131,8 +153,51 @@ class PostgresUpstream:
         self.publication = publication
         self.slot = slot_name(source)
         self.timeout = timeout
+        self._local = threading.local()  # this thread's holding() block, if one runs
 
     # -- connections ----------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def holding(self) -> Iterator[None]:
+        """Lend one upstream session to every :meth:`session` of this thread until the block ends, then
+        close it (a connection costs ~6 ms: a cycle used to open four). A block inside a block uses the
+        outer one's."""
+        if getattr(self._local, "held", None) is not None:
+            yield
+            return
+        held = self._local.held = _Held()
+        try:
+            yield
+        finally:
+            self._local.held = None
+            held.drop()
+
+    @contextlib.contextmanager
+    def session(self) -> Iterator[psycopg.Connection]:
+        """An autocommit session (:meth:`connect`). Inside a :meth:`holding` block of this thread, the block's
+        connection: opened at its first use; replaced when it broke, was left in a transaction, or sat
+        idle over :data:`REUSE_IDLE_S` (a server or a proxy may have cut it); dropped when an error leaves
+        the session, so that the next one starts clean. Else (or in a session inside a session) a new
+        connection, closed at the end."""
+        held = getattr(self._local, "held", None)
+        if held is None or held.lent:
+            with self.connect() as conn:
+                yield conn
+            return
+        conn = held.conn
+        if (conn is None or conn.closed or conn.broken or time.monotonic() - held.used > REUSE_IDLE_S
+                or conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE):
+            held.drop()
+            conn = held.conn = self.connect()
+        held.lent = True
+        try:
+            yield conn
+        except BaseException:
+            held.drop()
+            raise
+        finally:
+            held.lent = False
+            held.used = time.monotonic()
 
     def connect(self, autocommit: bool = True) -> psycopg.Connection:
         """A session on the upstream database with the text styles the decoder reads."""
@@ -140,9 +205,12 @@ class PostgresUpstream:
             conn = psycopg.connect(self.dsn, autocommit=True, connect_timeout=int(self.timeout))
         except psycopg.OperationalError as e:
             raise UpstreamUnavailable(f"source {self.source}: the upstream Postgres is unreachable: {e}") from e
-        for s in SESSION:
-            conn.execute(s)
-        conn.autocommit = autocommit
+        try:
+            conn.execute("; ".join(SESSION))  # one round trip (the simple query protocol: no parameters)
+            conn.autocommit = autocommit
+        except BaseException:
+            conn.close()
+            raise
         return conn
 
     # -- checks -----------------------------------------------------------------------------------------
@@ -227,7 +295,7 @@ class PostgresUpstream:
 
     def probe_upper(self) -> PartitionedFrontier:
         """The flush LSN as a frontier (the slot must exist and be healthy; ``SlotLost`` otherwise)."""
-        with self.connect() as conn:
+        with self.session() as conn:
             self.healthy_slot(conn)
             return lsn_frontier(self.flush_lsn(conn))
 
@@ -295,12 +363,19 @@ class PostgresUpstream:
                 raise PublicationMissing(self.source, "(all)", str(e).strip(), "create the publication again "
                                          "and re-snapshot") from e
 
+    def read_blocks(self, conn, upto: int, batch: int = 10_000, ahead: int = 2) -> Iterator[list[bytes]]:
+        """:meth:`peek_blocks` on a helper thread, up to ``ahead`` blocks ahead of the caller
+        (``reclock.ahead.read_ahead``): the next blocks cross the network while the caller decodes this one.
+        The peek's errors are raised here; a caller that stops early cancels a peek still running."""
+        cancel = getattr(conn, "cancel_safe", None) or conn.cancel
+        return read_ahead(self.peek_blocks(conn, upto, batch), ahead, f"reclock-peek-{self.source}", cancel)
+
     def commit(self, _group: str, frontier: PartitionedFrontier) -> None:
         """Advance the slot to the frontier's LSN (never backwards; a slot already there is left alone)."""
         lsn = frontier.get(LSN_PARTITION)
         if lsn == 0:
             return
-        with self.connect() as conn:
+        with self.session() as conn:
             state = self.healthy_slot(conn)
             if lsn > state.confirmed_flush:
                 try:
