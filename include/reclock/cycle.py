@@ -50,11 +50,12 @@ from reclock.batch import BatchDescription, Part, SliceWritten, mint_description
 from reclock.config import SourceSpec, parse_pg_table, pg_table_shard
 from reclock.errors import ConfigError, DecodeError, RemapUpperMismatch, ShardsDisagree, UpperMismatch
 from reclock.failpoints import failpoint
+from reclock.lending import ConnectionLender
 from reclock.part_layout import DATA_KIND, DATA_OUTPUT, ERRORS_KIND, ERRORS_OUTPUT, INTERNAL_PREFIX
 from reclock.persist import blob as blobs
+from reclock.persist import connect
 from reclock.persist.compact import compact_parts
 from reclock.persist.gc import claim_gc, collect_garbage, lease_write, release_write
-from reclock.persist.lending import ConnectionLender
 from reclock.persist.remap_store import append_binding, compact_remap, load_remap, register_source
 from reclock.persist.shards import (Append, advance_since, compare_and_append, drop_lapsed_holds, read_holds,
                                     register_shard, replace_batches, shard_info)
@@ -99,7 +100,7 @@ class CycleContext:
     connections: ConnectionLender = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        self.connections = ConnectionLender(self.dsn)
+        self.connections = ConnectionLender(lambda: connect(self.dsn))
 
     def upstream(self):
         """The source's upstream (``KafkaUpstream`` or ``PostgresUpstream``); one per context, so a cycle's
@@ -141,7 +142,7 @@ class CycleContext:
 
     def connect(self):
         """A consensus connection (autocommit): while a step is under way in this thread, the one the step
-        holds (``reclock.persist.lending``); else a new one."""
+        holds (``reclock.lending``); else a new one."""
         return self.connections.connect()
 
 
@@ -164,7 +165,7 @@ class WrittenBatch:
 @contextlib.contextmanager
 def _holding(ctx: CycleContext) -> Iterator[None]:
     """One consensus connection, and for a Postgres source one upstream session, for every step run inside
-    (``reclock.persist.lending``, :meth:`~reclock.sources.postgres.PostgresUpstream.holding`): a step holds
+    (``reclock.lending``, :meth:`~reclock.sources.postgres.PostgresUpstream.holding`): a step holds
     them, and so do :func:`mint_and_append` and :func:`run_cycle` for the steps they run."""
     with contextlib.ExitStack() as stack:
         stack.enter_context(ctx.connections.holding())

@@ -9,7 +9,8 @@ import pytest
 
 from reclock import cycle
 from reclock.config import parse_source
-from reclock.persist import connect, lending
+from reclock import lending
+from reclock.persist import connect
 from reclock.persist.blob import LocalBlobStore
 from reclock.persist.status import latest_statistics, latest_status
 
@@ -114,10 +115,11 @@ def test_threads_sharing_a_context_never_share_a_connection(ctx):
     assert set(pids) == {"first", "second"} and pids["first"] != pids["second"]
 
 
-def test_an_upstream_session_is_held_in_a_block_and_replaced_when_it_cannot_be_trusted(db, monkeypatch):
-    """A Postgres source's upstream session (``PostgresUpstream.session``): one per ``holding`` block
-    (``cycle._holding``: a step, or a whole cycle), dropped after an error inside it, replaced when idle or
-    left in a transaction; outside a block, or inside another session, a connection of its own."""
+def test_an_upstream_session_is_lent_like_a_consensus_connection(db, monkeypatch):
+    """A Postgres source's upstream session (``PostgresUpstream.session``) is lent by the same
+    ``reclock.lending`` as the consensus connections: one per ``holding`` block (``cycle._holding``: a step,
+    or a whole cycle), shared by a session inside a session, never joining a caller's transaction, dropped
+    after an error, replaced when idle or left in a transaction; outside a block, a connection of its own."""
     from reclock.sources import postgres as pgsrc
 
     up = pgsrc.PostgresUpstream("x", db, "unused")
@@ -130,18 +132,20 @@ def test_an_upstream_session_is_held_in_a_block_and_replaced_when_it_cannot_be_t
         with up.session() as b:
             assert b is a and _pid(b) == first
             with up.session() as nested:
-                assert nested is not a
-            assert nested.closed and not a.closed
+                assert nested is a
+            with b.transaction(), up.session() as own:
+                assert own is not a
+            assert own.closed and not a.closed
         with pytest.raises(RuntimeError, match="a stall"), up.session() as c:
             assert c is a
             raise RuntimeError("a stall")
         assert a.closed, "dropped after an error: the next session starts clean"
         with up.session() as d:
             assert d is not a
-        monkeypatch.setattr(pgsrc, "REUSE_IDLE_S", 0.0)
+        monkeypatch.setattr(lending, "REUSE_IDLE_S", 0.0)
         with up.session() as e:  # idle longer than allowed
             assert e is not d and d.closed
-        monkeypatch.setattr(pgsrc, "REUSE_IDLE_S", 3600.0)
+        monkeypatch.setattr(lending, "REUSE_IDLE_S", 3600.0)
         with up.session() as f:
             assert f is e
             f.execute("BEGIN")  # left in a transaction

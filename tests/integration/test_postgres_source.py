@@ -417,14 +417,13 @@ def test_a_read_left_early_closes_its_cursor_and_cancels_a_fetch_still_running(u
 def test_a_cycle_opens_one_upstream_session_and_one_consensus_connection(db, upstream, tmp_path, monkeypatch):
     """A connection costs ~6 ms (SCRAM): a cycle that ingests holds one of each for its four steps; a step
     run on its own (an Airflow task) holds its own."""
-    import reclock.persist.lending as lending
     from reclock.sources.postgres import PostgresUpstream
 
     _setup(upstream)
     ctx = make_ctx(db, upstream, tmp_path, source_name(), list(TABLES))
     cycle.run_cycle(ctx)  # the snapshot's cycle
     opened = {"upstream": 0, "consensus": 0}
-    up_connect, cons_connect = PostgresUpstream.connect, lending.connect
+    up_connect, cons_connect = PostgresUpstream.connect, cycle.connect
 
     def count_up(self, *a, **k):
         opened["upstream"] += 1
@@ -435,7 +434,7 @@ def test_a_cycle_opens_one_upstream_session_and_one_consensus_connection(db, ups
         return cons_connect(*a, **k)
 
     monkeypatch.setattr(PostgresUpstream, "connect", count_up)
-    monkeypatch.setattr(lending, "connect", count_cons)
+    monkeypatch.setattr(cycle, "connect", count_cons)
     with writer(upstream) as conn:
         conn.execute("INSERT INTO a VALUES (1, 'one', 1, 0)")
     assert cycle.run_cycle(ctx)["descriptions"] == 1

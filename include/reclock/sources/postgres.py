@@ -43,8 +43,6 @@ FULL`` is :class:`~reclock.errors.ReplicaIdentityNotFull` naming the ``ALTER TAB
 from __future__ import annotations
 
 import contextlib
-import threading
-import time
 import uuid
 from dataclasses import dataclass
 from typing import Iterator, Sequence
@@ -55,6 +53,7 @@ from psycopg.rows import scalar_row
 
 from reclock.ahead import read_ahead
 from reclock.errors import PublicationMissing, ReclockError, ReplicaIdentityNotFull, SlotBusy, SlotLost
+from reclock.lending import ConnectionLender
 from reclock.sources.pgoutput import BPCHAR, lsn_to_int, lsn_to_str
 from reclock.time import PartitionedFrontier
 
@@ -125,25 +124,6 @@ class Snapshot:
     lsn: int
 
 
-REUSE_IDLE_S = 10.0
-"""How long a held upstream session may sit idle and still be lent again (:meth:`PostgresUpstream.session`)."""
-
-
-class _Held:
-    """The connection a :meth:`PostgresUpstream.holding` block lends."""
-
-    def __init__(self) -> None:
-        self.conn: psycopg.Connection | None = None
-        self.used = 0.0
-        self.lent = False
-
-    def drop(self) -> None:
-        if self.conn is not None:
-            with contextlib.suppress(Exception):
-                self.conn.close()
-            self.conn = None
-
-
 class PostgresUpstream:
     """One source's upstream Postgres: its publication, its slot, its tables."""
 
@@ -153,51 +133,20 @@ class PostgresUpstream:
         self.publication = publication
         self.slot = slot_name(source)
         self.timeout = timeout
-        self._local = threading.local()  # this thread's holding() block, if one runs
+        self._sessions = ConnectionLender(lambda: self.connect())  # resolved at each call (tests wrap it)
 
     # -- connections ----------------------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def holding(self) -> Iterator[None]:
+    def holding(self):
         """Lend one upstream session to every :meth:`session` of this thread until the block ends, then
-        close it (a connection costs ~6 ms: a cycle used to open four). A block inside a block uses the
-        outer one's."""
-        if getattr(self._local, "held", None) is not None:
-            yield
-            return
-        held = self._local.held = _Held()
-        try:
-            yield
-        finally:
-            self._local.held = None
-            held.drop()
+        close it (``reclock.lending``; a connection costs ~6 ms: a cycle used to open four)."""
+        return self._sessions.holding()
 
-    @contextlib.contextmanager
-    def session(self) -> Iterator[psycopg.Connection]:
-        """An autocommit session (:meth:`connect`). Inside a :meth:`holding` block of this thread, the block's
-        connection: opened at its first use; replaced when it broke, was left in a transaction, or sat
-        idle over :data:`REUSE_IDLE_S` (a server or a proxy may have cut it); dropped when an error leaves
-        the session, so that the next one starts clean. Else (or in a session inside a session) a new
-        connection, closed at the end."""
-        held = getattr(self._local, "held", None)
-        if held is None or held.lent:
-            with self.connect() as conn:
-                yield conn
-            return
-        conn = held.conn
-        if (conn is None or conn.closed or conn.broken or time.monotonic() - held.used > REUSE_IDLE_S
-                or conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE):
-            held.drop()
-            conn = held.conn = self.connect()
-        held.lent = True
-        try:
-            yield conn
-        except BaseException:
-            held.drop()
-            raise
-        finally:
-            held.lent = False
-            held.used = time.monotonic()
+    def session(self):
+        """An autocommit session (:meth:`connect`): inside a :meth:`holding` block of this thread, the
+        block's (``reclock.lending``: replaced when it broke, was left in a transaction, an error left it,
+        or it sat idle); else a new connection, closed at the end."""
+        return self._sessions.connect()
 
     def connect(self, autocommit: bool = True) -> psycopg.Connection:
         """A session on the upstream database with the text styles the decoder reads."""

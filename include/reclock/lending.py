@@ -1,11 +1,13 @@
-"""One consensus connection per step: a :class:`ConnectionLender` lends the same Postgres connection to
-every ``connect()`` made inside a ``holding()`` block of the same thread (a connection costs ~6 ms; a cycle
-used to open a dozen), and a fresh one outside such a block.
+"""One connection per block: a :class:`ConnectionLender` lends the same connection to every ``connect()`` made
+inside a ``holding()`` block of the same thread (a Postgres connection costs ~6 ms; a cycle used to open a
+dozen), and a fresh one outside such a block. The cycle lends its consensus connections this way, and a
+Postgres source its upstream sessions.
 
 The lent connection is opened at the first loan and closed when the block ends. It is replaced when it
-broke, or when it sat idle over :data:`REUSE_IDLE_S` with nobody holding it (a proxy or a server timeout
-may have cut it during a long Spark job). A loan asked while a caller's transaction is open on it gets a
-connection of its own: it never joins that transaction. Threads never share one.
+broke, when a loan that ended left it inside a transaction, when an error left the outermost loan (the next
+loan starts clean), or when it sat idle over :data:`REUSE_IDLE_S` with nobody holding it (a proxy or a
+server timeout may have cut it during a long Spark job). A loan asked while a caller's transaction is open
+on it gets a connection of its own: it never joins that transaction. Threads never share one.
 """
 
 from __future__ import annotations
@@ -13,33 +15,32 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from typing import Iterator
+from typing import Callable, Iterator
 
+from psycopg import Connection
 from psycopg.pq import TransactionStatus
-
-from reclock.persist import connect
 
 REUSE_IDLE_S = 10.0
 """How long a held connection may sit idle and still be lent again."""
 
 
 class ConnectionLender:
-    """Connections to ``dsn`` (autocommit, as :func:`reclock.persist.connect` makes them), one held per
-    thread while a :meth:`holding` block runs."""
+    """Connections made by ``opener`` (autocommit ones), one held per thread while a :meth:`holding` block
+    runs."""
 
-    def __init__(self, dsn: str) -> None:
-        self.dsn = dsn
+    def __init__(self, opener: Callable[[], Connection]) -> None:
+        self.opener = opener
         self._local = threading.local()
 
     @contextlib.contextmanager
-    def connect(self) -> Iterator:
+    def connect(self) -> Iterator[Connection]:
         """The held connection of this thread's :meth:`holding` block, if one is running; else a new one."""
         held = getattr(self._local, "held", None)
         if held is not None:
             with held.lend() as conn:
                 yield conn
             return
-        with connect(self.dsn) as conn:
+        with self.opener() as conn:
             yield conn
 
     @contextlib.contextmanager
@@ -49,7 +50,7 @@ class ConnectionLender:
         if getattr(self._local, "held", None) is not None:
             yield
             return
-        held = self._local.held = _HeldConnection(self.dsn)
+        held = self._local.held = _HeldConnection(self.opener)
         try:
             yield
         finally:
@@ -60,31 +61,38 @@ class ConnectionLender:
 class _HeldConnection:
     """The connection one :meth:`ConnectionLender.holding` block lends (see the module)."""
 
-    def __init__(self, dsn: str) -> None:
-        self.dsn = dsn
-        self.conn = None
+    def __init__(self, opener: Callable[[], Connection]) -> None:
+        self.opener = opener
+        self.conn: Connection | None = None
         self.used = 0.0
         self.lent = 0
 
     @contextlib.contextmanager
-    def lend(self) -> Iterator:
+    def lend(self) -> Iterator[Connection]:
         conn = self.conn
         usable = conn is not None and not conn.closed and not conn.broken
         if usable and conn.info.transaction_status != TransactionStatus.IDLE:
-            with connect(self.dsn) as own:
-                yield own
-            return
+            if self.lent:  # a caller's transaction is open on it: never join it
+                with self.opener() as own:
+                    yield own
+                return
+            usable = False  # left inside a transaction by a loan that ended: not to be trusted
         if not usable or (not self.lent and time.monotonic() - self.used > REUSE_IDLE_S):
             self.close()
-            self.conn = conn = connect(self.dsn)
+            self.conn = conn = self.opener()
         self.lent += 1
         try:
             yield conn
+        except BaseException:
+            if self.lent == 1:
+                self.close()
+            raise
         finally:
             self.lent -= 1
             self.used = time.monotonic()
 
     def close(self) -> None:
         if self.conn is not None:
-            self.conn.close()
+            with contextlib.suppress(Exception):
+                self.conn.close()
             self.conn = None
