@@ -47,11 +47,20 @@ Every timestamp's updates are consolidated (summed by row, zeros dropped) before
 sink first writes the collection AS OF its since, at ``_reclock_ts = since``, streamed a cluster of parts
 at a time (so in a changelog table that first timestamp may hold pairs of rows that cancel out).
 
-**Memory.** The parts are read a cluster of row groups at a time (:class:`reclock.read.UpdateReader`), two
-clusters ahead on a helper thread, and a commit's data files are written one file's worth (the table's
-``write.target-file-size-bytes`` of Arrow data) at a time with pyiceberg's own writer
-(``pyiceberg.io.pyarrow._dataframe_to_data_files``, private: pinned with pyiceberg 0.12.0), so memory is
-bounded by a file and two clusters, also in a new sink's snapshot commit, whatever its size.
+**Reading and writing.** The parts are read a cluster of row groups at a time
+(:class:`reclock.read.UpdateReader`), two clusters ahead on a helper thread; a string column that the
+parts keep as a small dictionary (nearly every value an index into it, as Parquet writers keep repeated
+strings) is read as a dictionary array and written from it, so neither the read nor the write copies or
+hashes each value. A commit's rows are cut into chunks of a data file's worth (the table's
+``write.target-file-size-bytes``, counting dictionary columns as decoded, as pyiceberg counts an
+append's rows) and each chunk is written on a writer thread by the sink's own copy of pyiceberg's file
+writer (:func:`write_data_file`: field ids, the table's Parquet settings and the footer's statistics, but
+no Arrow schema in the file, so a dictionary-written column reads back as the table's type). The next
+commit is gathered and written while the files of the one before are still being written, so every core
+writes even when a commit is one file. Memory is bounded by two files' worth of chunks being written and
+the clusters read ahead, also in a new sink's snapshot commit, whatever its size. Private pyiceberg
+functions (pinned with pyiceberg 0.12.0) do the projection, the statistics and, for a partitioned table
+(the sink only creates unpartitioned ones), the whole write.
 
 The table is created by the sink (unpartitioned, format version 2) when it does not exist; a table that
 already holds data written by anyone but this sink is refused unless the sink starts ``fresh``, which
@@ -538,7 +547,7 @@ class IcebergSink:
         props = {SINK: self.ctx.spec.name, COLLECTION: self.ctx.spec.collection}
         counts = [0, 0]
         files = [writer.submit(chunk) for chunk in
-                 _chunks(self._batches(items, props, counts, upper, schema), schema, writer.chunk_bytes)]
+                 _chunks(self._shaped(items, props, counts, upper, schema), schema, writer.chunk_bytes)]
         return _Staged(props, int(props[FRONTIER]), files, counts[0], counts[1], replace)
 
     def _commit(self, conn, table, staged: "_Staged") -> None:
@@ -570,11 +579,12 @@ class IcebergSink:
         downgrade_read_hold(conn, spec.collection, spec.holder, staged.frontier - 1)
         self.begin = _Begin(staged.frontier, table.metadata.current_snapshot_id)
 
-    def _batches(self, items: _Peek, props: dict, counts: list[int], upper: int,
-                 schema: pa.Schema) -> Iterator[pa.RecordBatch]:
-        """One commit's record batches: tables from ``items`` until the budget is reached at a point where a
-        commit may end; sets ``props[FRONTIER]`` to where the commit ends (the next table's first ts, or
-        ``upper``) before it stops (``_commit`` checks the staged summary carries it before committing)."""
+    def _shaped(self, items: _Peek, props: dict, counts: list[int], upper: int,
+                schema: pa.Schema) -> Iterator[tuple[pa.Table, int]]:
+        """One commit's rows, shaped, each table with its :func:`decoded_bytes`: tables from ``items`` until
+        the budget is reached at a point where a commit may end; sets ``props[FRONTIER]`` to where the
+        commit ends (the next table's first ts, or ``upper``) before it stops (``_commit`` checks the
+        staged summary carries it before committing)."""
         budget = self.ctx.spec.budget
         last_ts = None  # the last ts written in this commit
         while True:
@@ -593,10 +603,11 @@ class IcebergSink:
                 return
             items.take()
             shaped = shape(updates, schema, self.ctx.spec)
+            size = decoded_bytes(shaped)
             counts[0] += shaped.num_rows
-            counts[1] += decoded_bytes(shaped)
+            counts[1] += size
             last_ts = int(updates["ts"][-1].as_py())
-            yield from shaped.to_batches()
+            yield shaped, size
 
 
 def decoded_bytes(data: pa.Table | pa.RecordBatch) -> int:
@@ -619,28 +630,27 @@ def _chunk_bytes(table) -> int:
     return int(table.metadata.properties.get("write.target-file-size-bytes", 512 * 1024 * 1024))
 
 
-def _chunks(batches: Iterator[pa.RecordBatch], schema: pa.Schema, size: int) -> Iterator[pa.Table]:
-    """``batches`` gathered into tables of at most ``size`` bytes (:func:`decoded_bytes`; a larger batch is a
-    chunk of its own), as pyiceberg bins an append's rows into files. A chunk's dictionary columns share
-    one dictionary (so the Parquet writer writes its indices as they are); where its batches disagree on a
-    column's encoding, the chunk is decoded to ``schema``."""
-    buf: list[pa.RecordBatch] = []
+def _chunks(tables: Iterator[tuple[pa.Table, int]], schema: pa.Schema, size: int) -> Iterator[pa.Table]:
+    """``tables`` (with their :func:`decoded_bytes`) gathered into chunks of at most ``size`` bytes (a larger
+    table is a chunk of its own), as pyiceberg bins an append's rows into files. A chunk's dictionary
+    columns share one dictionary (so the Parquet writer writes its indices as they are); a column read as
+    a dictionary in some of a chunk's tables only is decoded to ``schema``'s type."""
+    buf: list[pa.Table] = []
     n = 0
-    for b in batches:
-        k = decoded_bytes(b)
+    for t, k in tables:
         if buf and n + k > size:
             yield _chunk(buf, schema)
             buf, n = [], 0
-        buf.append(b)
+        buf.append(t)
         n += k
     if buf:
         yield _chunk(buf, schema)
 
 
-def _chunk(batches: list[pa.RecordBatch], schema: pa.Schema) -> pa.Table:
-    if all(b.schema == batches[0].schema for b in batches):
-        return pa.Table.from_batches(batches).unify_dictionaries()
-    return pa.Table.from_batches([b.cast(schema) for b in batches], schema)
+def _chunk(tables: list[pa.Table], schema: pa.Schema) -> pa.Table:
+    if any(t.schema != tables[0].schema for t in tables):
+        tables = [t.cast(schema) for t in tables]
+    return pa.concat_tables(tables).unify_dictionaries()
 
 
 @dataclass(frozen=True)
