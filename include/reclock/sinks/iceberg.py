@@ -306,24 +306,22 @@ class _Begin:
 
 
 class _Peek:
-    """An iterator one can look one item ahead in."""
+    """An iterator one can look one item ahead in (the next item is fetched when looked at, not when the
+    one before is taken, so a consumer may act on an item before the next one is ready)."""
+
+    _EMPTY = object()
 
     def __init__(self, items: Iterator) -> None:
-        self._it, self._next, self._done = items, None, False
-        self._fill()
-
-    def _fill(self) -> None:
-        try:
-            self._next = next(self._it)
-        except StopIteration:
-            self._next, self._done = None, True
+        self._it, self._next = items, self._EMPTY
 
     def peek(self):
-        return None if self._done else self._next
+        if self._next is self._EMPTY:
+            self._next = next(self._it, None)
+        return self._next
 
     def take(self):
-        item = self._next
-        self._fill()
+        item = self.peek()
+        self._next = self._EMPTY
         return item
 
 
@@ -632,9 +630,11 @@ def _chunk_bytes(table) -> int:
 
 def _chunks(tables: Iterator[tuple[pa.Table, int]], schema: pa.Schema, size: int) -> Iterator[pa.Table]:
     """``tables`` (with their :func:`decoded_bytes`) gathered into chunks of at most ``size`` bytes (a larger
-    table is a chunk of its own), as pyiceberg bins an append's rows into files. A chunk's dictionary
-    columns share one dictionary (so the Parquet writer writes its indices as they are); a column read as
-    a dictionary in some of a chunk's tables only is decoded to ``schema``'s type."""
+    table is a chunk of its own), as pyiceberg bins an append's rows into files; a chunk is handed on as
+    soon as another table like its last would not fit (so its file is written without waiting for the
+    next table to be read). A chunk's dictionary columns share one dictionary (so the Parquet writer
+    writes its indices as they are); a column read as a dictionary in some of a chunk's tables only is
+    decoded to ``schema``'s type."""
     buf: list[pa.Table] = []
     n = 0
     for t, k in tables:
@@ -643,6 +643,9 @@ def _chunks(tables: Iterator[tuple[pa.Table, int]], schema: pa.Schema, size: int
             buf, n = [], 0
         buf.append(t)
         n += k
+        if n + k > size:
+            yield _chunk(buf, schema)
+            buf, n = [], 0
     if buf:
         yield _chunk(buf, schema)
 
