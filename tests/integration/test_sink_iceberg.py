@@ -394,6 +394,29 @@ def test_columns_read_as_dictionaries_are_written_as_the_tables_types(db, spark,
     assert check_table(ctx, spark) == 4 * n
 
 
+def test_a_partitioned_table_made_beforehand_is_written_through_pyiceberg(db, tmp_path):
+    """An empty table someone created partitioned (the sink creates unpartitioned ones) gets its files from
+    pyiceberg's own writer, split by partition, and still equals the collection."""
+    from pyiceberg.partitioning import PartitionField, PartitionSpec
+    from pyiceberg.schema import Schema
+    from pyiceberg.transforms import IdentityTransform
+    from pyiceberg.types import LongType, NestedField
+
+    blob = hand_made(db, tmp_path, "parted", [[(i, 1 + i % 3, 1) for i in range(30)], [(30, 4, 1), (31, 5, 1)]])
+    spec = IcebergSinkSpec(name="parted_lake", collection="parted", table="lake.parted")
+    ctx = IcebergSinkContext(spec=spec, dsn=db, blob=blob, catalog=default_catalog(db, blob))
+    catalog = load_catalog(ctx.catalog, spec.catalog)
+    catalog.create_namespace_if_not_exists("lake")
+    catalog.create_table("lake.parted", schema=Schema(
+        NestedField(1, "id", LongType(), required=False), NestedField(2, TS_COLUMN, LongType(), required=True)),
+        partition_spec=PartitionSpec(PartitionField(2, 1000, IdentityTransform(), "ts")))
+    r = run_once(ctx)
+    assert (r.frontier, r.rows) == (6, 32)
+    table = load_table(ctx)
+    assert sorted(task.file.partition[0] for task in table.scan().plan_files()) == [1, 2, 3, 4, 5]
+    assert check_table(ctx) == 32
+
+
 def test_retraction_in_an_append_layout_fails_and_commits_nothing(db, tmp_path):
     blob = hand_made(db, tmp_path, "retr", [[(1, 1, 1)], [(1, 2, -1)]])
     spec = IcebergSinkSpec(name="retr_lake", collection="retr", table="lake.retr", budget=IcebergBudget(max_rows=1))

@@ -619,7 +619,8 @@ def decoded_bytes(data: pa.Table | pa.RecordBatch) -> int:
             continue
         for chunk in col.chunks if isinstance(col, pa.ChunkedArray) else [col]:
             lengths = pc.binary_length(chunk.dictionary)
-            n += (pc.sum(pc.take(lengths, chunk.indices)).as_py() or 0) + 4 * len(chunk) + len(chunk) // 8
+            n += ((pc.sum(pc.take(lengths, chunk.indices)).as_py() or 0) + 4 * (len(chunk) + 1)
+                  + ((len(chunk) + 7) // 8 if chunk.null_count else 0))
     return n
 
 
