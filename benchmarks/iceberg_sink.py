@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -115,6 +116,7 @@ def main() -> None:
         print(f"iceberg sink vs plain pyiceberg append: {r['value']:.2f}x (target >= {r['target']}x)")
     finally:
         pg.stop()
+        shutil.rmtree(root, ignore_errors=True)  # the shard, the warehouse and Postgres: ~250 MB a run
 
 
 if __name__ == "__main__":
