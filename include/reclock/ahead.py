@@ -1,72 +1,84 @@
 """Computing an iterator's items ahead of its consumer, on a helper thread (the sinks read and prepare the
-next updates while the current ones are written: Arrow's readers and kernels release the GIL)."""
+next updates while the current ones are written, a Postgres source fetches the slot's next blocks while it
+decodes one: Arrow's readers and kernels, and the network, release the GIL)."""
 
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Iterator, TypeVar
+import queue
+import threading
+from typing import Callable, Generic, Iterator, TypeVar
 
 T = TypeVar("T")
 
+_END = object()
 
-def read_ahead(items: Iterator[T], depth: int, name: str, cancel: Callable[[], None] | None = None) -> Iterator[T]:
-    """``items``, computed on a helper thread at most ``depth`` ahead of the caller; an error there is
-    raised here, and closing this iterator (or leaving the loop over it) stops the thread. ``items`` is then
-    closed on that thread (a generator's ``finally`` runs there: e.g. a server-side cursor is closed), after
-    ``cancel``, if given, was called while the thread was still waiting for ``items``' next one (e.g. to
-    cancel a query that would otherwise run to its end before the thread can stop)."""
-    import queue
-    import threading
 
-    items = iter(items)
-    q: queue.Queue = queue.Queue(depth)
-    stop = threading.Event()
-    busy = threading.Event()  # fill is inside next(items)
-    end = object()
+class read_ahead(Generic[T]):  # noqa: N801 - used like the function it was
+    """``items``, computed on a helper thread at most ``depth`` ahead of the caller. The thread starts at
+    once, so the first items are computed while the caller still prepares (and before it asks for them);
+    an error there is raised here. :meth:`close` (call it when done, as with a file) stops the thread:
+    ``items`` is then closed on that thread (a generator's ``finally`` runs there: e.g. a server-side cursor
+    is closed), after ``cancel``, if given, was called while the thread was still waiting for ``items``'
+    next one (e.g. to cancel a query that would otherwise run to its end before the thread can stop)."""
 
-    def put(entry: tuple) -> bool:
-        while not stop.is_set():
+    def __init__(self, items: Iterator[T], depth: int, name: str, cancel: Callable[[], None] | None = None) -> None:
+        self._q: queue.Queue = queue.Queue(depth)
+        self._stop = threading.Event()
+        self._busy = threading.Event()  # the thread is inside next(items)
+        self._cancel = cancel
+        self._done = False
+        self._thread = threading.Thread(target=self._fill, args=(iter(items),), name=name, daemon=True)
+        self._thread.start()
+
+    def _put(self, entry: tuple) -> bool:
+        while not self._stop.is_set():
             try:
-                q.put(entry, timeout=0.1)
+                self._q.put(entry, timeout=0.1)
                 return True
             except queue.Full:
                 continue
         return False
 
-    def fill() -> None:
+    def _fill(self, items: Iterator[T]) -> None:
         try:
             while True:
-                busy.set()
+                self._busy.set()
                 try:
                     item = next(items)
                 except StopIteration:
                     break
                 finally:
-                    busy.clear()
-                if not put((item, None)):
+                    self._busy.clear()
+                if not self._put((item, None)):
                     return
-            put((end, None))
+            self._put((_END, None))
         except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
-            put((end, e))
+            self._put((_END, e))
         finally:
             close = getattr(items, "close", None)
             if close is not None:
                 with contextlib.suppress(Exception):
                     close()
 
-    thread = threading.Thread(target=fill, name=name, daemon=True)
-    thread.start()
-    try:
-        while True:
-            item, error = q.get()
-            if item is end:
-                if error is not None:
-                    raise error
-                return
-            yield item
-    finally:
-        stop.set()
-        if cancel is not None and busy.is_set():
+    def __iter__(self) -> read_ahead[T]:
+        return self
+
+    def __next__(self) -> T:
+        if self._done:
+            raise StopIteration
+        item, error = self._q.get()
+        if item is _END:
+            self._done = True
+            if error is not None:
+                raise error
+            raise StopIteration
+        return item
+
+    def close(self) -> None:
+        self._done = True
+        self._stop.set()
+        if self._cancel is not None and self._busy.is_set():
             with contextlib.suppress(Exception):
-                cancel()
-        thread.join()
+                self._cancel()
+        self._thread.join()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Collection, Iterator, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -20,16 +20,17 @@ from reclock.compaction import contents_as_of, sorted_by_ts
 from reclock.errors import BeyondUpper, NothingComplete, SinceViolation
 from reclock.part_layout import own_columns
 from reclock.persist.blob import BlobStore
-from reclock.persist.parquet import check_rows, column_stats, conform, may_retract
+from reclock.persist.parquet import check_rows, column_stats, conform, dictionary_columns, may_retract
 from reclock.persist.shards import BatchRow, batches, shard_info
 
 
 def _read_part(blob: BlobStore, path: str, kind: str, row_groups: Sequence[int] | None = None,
-               row: BatchRow | None = None) -> pa.Table:
+               row: BatchRow | None = None, dictionaries: Collection[str] = ()) -> pa.Table:
     """The columns of a shard of ``kind`` in the part at ``path``, named as the shard names them (only the
-    row groups ``row_groups`` if given); with ``row`` (the part's batch row), checked to hold its rows."""
+    row groups ``row_groups`` if given); with ``row`` (the part's batch row), checked to hold its rows; the
+    file's columns ``dictionaries`` read as dictionary arrays."""
     with blob.open(path) as f:
-        pf = pq.ParquetFile(f)
+        pf = pq.ParquetFile(f, read_dictionary=list(dictionaries) or None)
         if row is not None:
             check_rows(pf.metadata, row.shard, path, row.rows)
         own, renames = own_columns(kind, pf.schema_arrow.names)
@@ -80,13 +81,18 @@ class UpdateReader:
     in ts order. Two clusters may share their boundary ts only with ``split_ts`` and when no part may hold
     a retraction (consolidation and keyed encoding need a ts's updates together); otherwise every ts lies in
     one table. Every table has :attr:`schema`: the parts' columns of this shard (both outputs of a source
-    share files), unified; a column a part lacks is null there.
+    share files), unified; a column a part lacks is null there. With ``dictionaries``, and when no part may
+    hold a retraction (nothing is grouped by row), a string column that every row group of a cluster keeps
+    as a small dictionary (:func:`reclock.persist.parquet.dictionary_columns`) comes as a dictionary array
+    of its type, not decoded.
     """
 
     def __init__(self, blob: BlobStore, shard: str, rows: Sequence[BatchRow], lower: int, upper: int,
-                 kind: str) -> None:
+                 kind: str, dictionaries: bool = False) -> None:
         self.blob, self.shard, self.lower, self.upper, self.kind = blob, shard, lower, upper, kind
+        self.dictionaries = dictionaries
         self.parts: list[str] = []  # paths
+        self.footers: list[pq.FileMetaData] = []
         self.groups: list[_RowGroup] = []
         self.retractions = False
         schemas = []
@@ -106,6 +112,7 @@ class UpdateReader:
                 if hi >= lower and lo < upper and md.row_group(i).num_rows:
                     self.groups.append(_RowGroup(lo, hi, len(self.parts), i))
             self.parts.append(row.path)
+            self.footers.append(md)
         self.schema = pa.unify_schemas(schemas, promote_options="default") if schemas else pa.schema([])
 
     def tables(self, split_ts: bool = False) -> Iterator[pa.Table]:
@@ -123,14 +130,34 @@ class UpdateReader:
             yield from self._read(cluster, top)
 
     def conform(self, table: pa.Table) -> pa.Table:
-        """``table`` with :attr:`schema`'s columns, in its order (a missing one null)."""
-        return pa.Table.from_batches([conform(b, self.schema) for b in table.to_batches()], self.schema)
+        """``table`` with :attr:`schema`'s columns, in its order (a missing one null; a dictionary of a
+        column's type kept)."""
+        if table.schema == self.schema:
+            return table
+        batches = [conform(b, self.schema) for b in table.to_batches()]
+        return pa.Table.from_batches(batches) if batches else self.schema.empty_table()
+
+    def _dictionaries(self, groups: dict[int, list[int]]) -> dict[int, set[str]]:
+        """Per part of a cluster (its row groups ``groups``), the file columns to read as dictionaries: those
+        whose shard column every part of the cluster keeps as a small dictionary (so the cluster's tables
+        agree on its type)."""
+        if not self.dictionaries or self.retractions:
+            return {}
+        per_part = {}
+        for part, indexes in groups.items():
+            names = dictionary_columns(self.footers[part], indexes)
+            own, renames = own_columns(self.kind, list(names))
+            per_part[part] = {renames.get(n, n): n for n in own if n in names}
+        common = set.intersection(*(set(m) for m in per_part.values()))
+        return {part: {m[n] for n in common} for part, m in per_part.items()}
 
     def _read(self, cluster: list[_RowGroup], top: float) -> Iterator[pa.Table]:
+        groups = {part: [g.index for g in cluster if g.part == part] for part in sorted({g.part for g in cluster})}
+        dictionaries = self._dictionaries(groups)
         table = pa.concat_tables([
-            self.conform(_read_part(self.blob, self.parts[part], self.kind,
-                                    [g.index for g in cluster if g.part == part]))
-            for part in sorted({g.part for g in cluster})])
+            self.conform(_read_part(self.blob, self.parts[part], self.kind, indexes,
+                                    dictionaries=dictionaries.get(part, ())))
+            for part, indexes in groups.items()])
         if cluster[0].lo < self.lower or top >= self.upper:
             table = table.filter(pc.and_(pc.greater_equal(table["ts"], self.lower),
                                          pc.less(table["ts"], self.upper)))

@@ -31,6 +31,7 @@ from reclock.config import IcebergBudget, IcebergSinkSpec, parse_config
 from reclock.errors import SinkRefused
 from reclock.persist import connect
 from reclock.persist.blob import LocalBlobStore
+from reclock.persist.parquet import dictionary_columns
 from reclock.persist.remap_store import load_remap
 from reclock.persist.shards import (Append, advance_since, compare_and_append, read_holds, register_shard,
                                     shard_info)
@@ -354,6 +355,66 @@ def test_a_new_sink_starts_with_the_snapshot_as_of_since_and_keeps_a_ts_whole(db
     assert [int(s.summary[FRONTIER]) for s in table.snapshots()] == [5, 7, 8, 10]
     assert table.current_snapshot().summary.get("added-data-files") is None
     check_table(ctx)
+
+
+def test_columns_read_as_dictionaries_are_written_as_the_tables_types(db, spark, tmp_path):
+    """A part whose string column is a small dictionary's indices is exported from dictionary arrays (not
+    decoded): beside parts that keep the column plain (in the same and in other timestamps) and a part
+    that lacks it, over several commits, the table read by pyiceberg and by Spark still equals the
+    collection, with the table's string type in every file."""
+    blob = LocalBlobStore(tmp_path / "blobs")
+    (blob.root / "dict").mkdir(parents=True)
+    n = 3000
+
+    def part(name: str, ts0: int, tags: list | None) -> Part:
+        cols = {"id": pa.array([f"{name}-{i}" for i in range(n)])}
+        if tags is not None:
+            cols["tag"] = pa.array(tags, pa.string())
+        ts = [ts0 + i // 1000 for i in range(n)]
+        pq.write_table(pa.table({**cols, "ts": pa.array(ts, pa.int64()), "diff": pa.array([1] * n, pa.int64())}),
+                       blob.url(f"dict/{name}.parquet"), row_group_size=1000)
+        return Part(f"dict/{name}.parquet", n, (blob.root / f"dict/{name}.parquet").stat().st_size, ts[0], ts[-1])
+
+    repeated = ["x" * 200 if i % 7 else None for i in range(n)]
+    with connect(db) as conn:
+        register_shard(conn, "dict")
+        compare_and_append(conn, [Append("dict", BatchDescription(0, 5), (
+            part("small", 1, repeated), part("unique", 2, [f"t{i}" for i in range(n)]), part("bare", 1, None)))])
+        compare_and_append(conn, [Append("dict", BatchDescription(5, 9), (part("later", 5, repeated),))])
+    md = pq.read_metadata(blob.url("dict/small.parquet"))
+    assert dictionary_columns(md, range(md.num_row_groups)) == {"tag"}  # not the unique ids
+    spec = IcebergSinkSpec(name="dict_lake", collection="dict", table="lake.dict",
+                           budget=IcebergBudget(max_rows=2500))
+    ctx = IcebergSinkContext(spec=spec, dsn=db, blob=blob, catalog=default_catalog(db, blob))
+    r = run_once(ctx)
+    assert (r.frontier, r.rows) == (9, 4 * n) and r.commits > 1
+    table = load_table(ctx)
+    for task in table.scan().plan_files():
+        assert pq.read_schema(task.file.file_path.removeprefix("file://")).field("tag").type == pa.string()
+    assert check_table(ctx, spark) == 4 * n
+
+
+def test_a_partitioned_table_made_beforehand_is_written_through_pyiceberg(db, tmp_path):
+    """An empty table someone created partitioned (the sink creates unpartitioned ones) gets its files from
+    pyiceberg's own writer, split by partition, and still equals the collection."""
+    from pyiceberg.partitioning import PartitionField, PartitionSpec
+    from pyiceberg.schema import Schema
+    from pyiceberg.transforms import IdentityTransform
+    from pyiceberg.types import LongType, NestedField
+
+    blob = hand_made(db, tmp_path, "parted", [[(i, 1 + i % 3, 1) for i in range(30)], [(30, 4, 1), (31, 5, 1)]])
+    spec = IcebergSinkSpec(name="parted_lake", collection="parted", table="lake.parted")
+    ctx = IcebergSinkContext(spec=spec, dsn=db, blob=blob, catalog=default_catalog(db, blob))
+    catalog = load_catalog(ctx.catalog, spec.catalog)
+    catalog.create_namespace_if_not_exists("lake")
+    catalog.create_table("lake.parted", schema=Schema(
+        NestedField(1, "id", LongType(), required=False), NestedField(2, TS_COLUMN, LongType(), required=True)),
+        partition_spec=PartitionSpec(PartitionField(2, 1000, IdentityTransform(), "ts")))
+    r = run_once(ctx)
+    assert (r.frontier, r.rows) == (6, 32)
+    table = load_table(ctx)
+    assert sorted(task.file.partition[0] for task in table.scan().plan_files()) == [1, 2, 3, 4, 5]
+    assert check_table(ctx) == 32
 
 
 def test_retraction_in_an_append_layout_fails_and_commits_nothing(db, tmp_path):

@@ -3,6 +3,7 @@ the slot's blocks on a helper thread through it: a stall found mid-stream stops 
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -47,9 +48,10 @@ def test_an_error_in_the_caller_stops_the_helper_waiting_for_a_slow_item_through
 
     t0 = time.monotonic()
     with pytest.raises(ValueError, match="a stall"):
-        for x in read_ahead(items(), 1, "t-cancel", cancel=cancel):
-            time.sleep(0.05)  # the helper is inside next(items) by now
-            raise ValueError("a stall")
+        with contextlib.closing(read_ahead(items(), 1, "t-cancel", cancel=cancel)) as it:
+            for x in it:
+                time.sleep(0.05)  # the helper is inside next(items) by now
+                raise ValueError("a stall")
     assert cancelled == [True]
     assert time.monotonic() - t0 < 10
     assert not any(t.name == "t-cancel" for t in threading.enumerate())

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reclock.persist.blob import LocalBlobStore
+from reclock.persist.parquet import dictionary_columns, holds_type
 from reclock.persist.shards import BatchRow
 from reclock.read import UpdateReader
 
@@ -23,8 +24,8 @@ parts = st.lists(st.tuples(part_rows, st.integers(1, 9), st.booleans(), st.boole
 
 
 @settings(max_examples=300, deadline=None)
-@given(parts, st.integers(0, 13), st.integers(0, 14), st.booleans())
-def test_tables_are_the_range_in_ts_order_in_clusters(spec, lower, width, split_ts):
+@given(parts, st.integers(0, 13), st.integers(0, 14), st.booleans(), st.booleans())
+def test_tables_are_the_range_in_ts_order_in_clusters(spec, lower, width, split_ts, dictionaries):
     upper = lower + width
     with tempfile.TemporaryDirectory() as root:
         blob = LocalBlobStore(root)
@@ -37,6 +38,7 @@ def test_tables_are_the_range_in_ts_order_in_clusters(spec, lower, width, split_
             cols = {"id": pa.array(ids, pa.int64())}
             if has_extra:
                 cols["extra"] = pa.array([f"e{j}" for j in ids])
+            cols["tag"] = pa.array(["t" * 40] * len(ids))
             cols.update(ts=pa.array([u[0] for u in updates], pa.int64()),
                         diff=pa.array([u[1] for u in updates], pa.int64()))
             path = f"s/part-{i}.parquet"
@@ -47,13 +49,19 @@ def test_tables_are_the_range_in_ts_order_in_clusters(spec, lower, width, split_
             expected.update((j, f"e{j}" if has_extra else None, ts, d)
                             for j, (ts, d) in zip(ids, updates) if lower <= ts < upper)
 
-        reader = UpdateReader(blob, "s", rows, lower, upper, "data")
+        reader = UpdateReader(blob, "s", rows, lower, upper, "data", dictionaries=dictionaries)
         tables = list(reader.tables(split_ts=split_ts))
 
-        assert set(reader.schema.names) == {"id", "ts", "diff"} | ({"extra"} if any(p[4] for p in spec) else set())
+        names = {"id", "tag", "ts", "diff"} | ({"extra"} if any(p[4] for p in spec) else set())
+        assert set(reader.schema.names) == names
         got = Counter()
         for t in tables:
-            assert t.schema == reader.schema and t.num_rows > 0
+            assert t.schema.names == reader.schema.names and t.num_rows > 0
+            assert all(holds_type(a, b) for a, b in zip(t.schema.types, reader.schema.types))
+            if not dictionaries or reader.retractions:
+                assert t.schema == reader.schema
+            t = t.cast(reader.schema)
+            assert t["tag"].to_pylist() == ["t" * 40] * t.num_rows
             ts = t["ts"].to_pylist()
             assert ts == sorted(ts)
             d = t.to_pydict()
@@ -76,3 +84,40 @@ def test_a_part_beyond_the_range_is_not_read(tmp_path):
     reader = UpdateReader(blob, "s", [BatchRow("s", 0, 10, "s/a.parquet", 2, 0, 5, 6)], 6, 10, "data")
     assert [(g.lo, g.hi) for g in reader.groups] == [(6, 6)]
     assert [t.to_pydict() for t in reader.tables()] == [{"ts": [6], "diff": [1]}]
+
+
+def test_a_small_dictionary_comes_as_a_dictionary_where_every_part_of_a_cluster_keeps_one(tmp_path):
+    """With ``dictionaries``, a string column whose row groups are a small dictionary's indices comes as a
+    dictionary array (the same values); not where a part of the same cluster keeps it plain, nor for a
+    column of unique values, nor when a part may retract."""
+    blob = LocalBlobStore(tmp_path)
+    (tmp_path / "s").mkdir()
+    n = 2000
+
+    def part(name: str, ts0: int, tags: list[str], diff: int = 1) -> BatchRow:
+        ts = [ts0 + i // 500 for i in range(n)]
+        pq.write_table(pa.table({"key": pa.array([f"{name}-{i}" for i in range(n)]), "tag": pa.array(tags),
+                                 "ts": pa.array(ts, pa.int64()), "diff": pa.array([diff] * n, pa.int64())}),
+                       blob.url(f"s/{name}.parquet"), row_group_size=1000)
+        return BatchRow("s", 0, 100, f"s/{name}.parquet", n, 0, ts[0], ts[-1])
+
+    repeated = ["a" * 100 if i % 3 else "b" * 100 for i in range(n)]
+    a = part("a", 0, repeated)
+    md = pq.read_metadata(blob.url("s/a.parquet"))
+    assert dictionary_columns(md, range(md.num_row_groups)) == {"tag"}
+
+    def read(*rows, dictionaries=True):
+        return list(UpdateReader(blob, "s", rows, 0, 100, "data", dictionaries=dictionaries).tables(split_ts=True))
+
+    plain = read(a, dictionaries=False)
+    tables = read(a)
+    assert [t["tag"].type for t in tables] == [pa.dictionary(pa.int32(), pa.string())] * len(tables)
+    assert [t["key"].type for t in tables] == [pa.string()] * len(tables)
+    assert [t.cast(plain[0].schema) for t in tables] == plain
+
+    unique = part("u", 0, [f"tag-{i}" for i in range(n)])  # the same ts: one cluster with a
+    later = part("l", 50, repeated)  # its own cluster
+    tables = read(a, unique, later)
+    assert [pa.types.is_dictionary(t["tag"].type) for t in tables] == [False] * (len(tables) - 2) + [True, True]
+    retracting = part("r", 50, repeated, diff=-1)
+    assert not any(pa.types.is_dictionary(t["tag"].type) for t in read(a, retracting))

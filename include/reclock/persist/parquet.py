@@ -8,6 +8,7 @@ the readers (``reclock.read``) share these; none of them imports another for the
 from __future__ import annotations
 
 import io
+from typing import Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -68,13 +69,49 @@ def may_retract(md: pq.FileMetaData) -> bool:
 
 
 def conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
-    """``batch`` with ``schema``'s columns in its order: missing ones null, others cast where they differ."""
+    """``batch`` with ``schema``'s columns in its order: missing ones null, others cast where they differ; a
+    dictionary-encoded column of ``schema``'s type stays encoded (its field then has the dictionary type)."""
     cols = []
     for field in schema:
         i = batch.schema.get_field_index(field.name)
         col = batch.column(i) if i >= 0 else pa.nulls(batch.num_rows, field.type)
-        cols.append(col if col.type == field.type else col.cast(field.type))
-    return pa.RecordBatch.from_arrays(cols, schema=schema)
+        cols.append(col if holds_type(col.type, field.type) else col.cast(field.type))
+    return pa.RecordBatch.from_arrays(cols, schema=pa.schema(
+        [f if c.type == f.type else f.with_type(c.type) for f, c in zip(schema, cols)], schema.metadata))
+
+
+def holds_type(actual: pa.DataType, wanted: pa.DataType) -> bool:
+    """Whether a column of type ``actual`` holds values of type ``wanted``: the same type, or a dictionary of
+    it (for strings and binaries, of either offset width: Parquet stores them alike)."""
+    return actual == wanted or (pa.types.is_dictionary(actual) and _wide(actual.value_type) == _wide(wanted))
+
+
+def _wide(t: pa.DataType) -> pa.DataType:
+    return pa.large_string() if t == pa.string() else pa.large_binary() if t == pa.binary() else t
+
+
+DICTIONARY_BYTES_PER_VALUE = 2
+"""A string column chunk read as a dictionary stores fewer bytes a value than this (see :func:`dictionary_columns`)."""
+
+
+def dictionary_columns(md: pq.FileMetaData, row_groups: Sequence[int]) -> set[str]:
+    """The top-level string and binary columns whose chunks in ``row_groups`` are worth reading as
+    dictionary arrays: each has a dictionary page and stores fewer than :data:`DICTIONARY_BYTES_PER_VALUE`
+    bytes a value before compression, so nearly every value is an index into a small dictionary (a value
+    written plain takes 4 bytes for its length alone). Decoding them dense would copy each value out of
+    the dictionary (a long repeated string costs its length in every row), and a writer would hash each
+    copy back into a dictionary; read as dictionaries, neither happens."""
+    found = set()
+    for i in range(md.num_columns):
+        col = md.schema.column(i)
+        if ("." in col.path or col.max_repetition_level or col.physical_type != "BYTE_ARRAY"
+                or col.logical_type.type not in ("STRING", "NONE")):
+            continue
+        chunks = [md.row_group(rg).column(i) for rg in row_groups]
+        if chunks and all(c.has_dictionary_page and c.total_uncompressed_size < DICTIONARY_BYTES_PER_VALUE
+                          * max(c.num_values, 1) for c in chunks):
+            found.add(col.path)
+    return found
 
 
 def uses_int96(pf: pq.ParquetFile) -> bool:

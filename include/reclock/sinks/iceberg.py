@@ -47,11 +47,20 @@ Every timestamp's updates are consolidated (summed by row, zeros dropped) before
 sink first writes the collection AS OF its since, at ``_reclock_ts = since``, streamed a cluster of parts
 at a time (so in a changelog table that first timestamp may hold pairs of rows that cancel out).
 
-**Memory.** The parts are read a cluster of row groups at a time (:class:`reclock.read.UpdateReader`), two
-clusters ahead on a helper thread, and a commit's data files are written one file's worth (the table's
-``write.target-file-size-bytes`` of Arrow data) at a time with pyiceberg's own writer
-(``pyiceberg.io.pyarrow._dataframe_to_data_files``, private: pinned with pyiceberg 0.12.0), so memory is
-bounded by a file and two clusters, also in a new sink's snapshot commit, whatever its size.
+**Reading and writing.** The parts are read a cluster of row groups at a time
+(:class:`reclock.read.UpdateReader`), two clusters ahead on a helper thread; a string column that the
+parts keep as a small dictionary (nearly every value an index into it, as Parquet writers keep repeated
+strings) is read as a dictionary array and written from it, so neither the read nor the write copies or
+hashes each value. A commit's rows are cut into chunks of a data file's worth (the table's
+``write.target-file-size-bytes``, counting dictionary columns as decoded, as pyiceberg counts an
+append's rows) and each chunk is written on a writer thread by the sink's own copy of pyiceberg's file
+writer (:func:`write_data_file`: field ids, the table's Parquet settings and the footer's statistics, but
+no Arrow schema in the file, so a dictionary-written column reads back as the table's type). The next
+commit is gathered and written while the files of the one before are still being written, so every core
+writes even when a commit is one file. Memory is bounded by two files' worth of chunks being written and
+the clusters read ahead, also in a new sink's snapshot commit, whatever its size. Private pyiceberg
+functions (pinned with pyiceberg 0.12.0) do the projection, the statistics and, for a partitioned table
+(the sink only creates unpartitioned ones), the whole write.
 
 The table is created by the sink (unpartitioned, format version 2) when it does not exist; a table that
 already holds data written by anyone but this sink is refused unless the sink starts ``fresh``, which
@@ -61,9 +70,12 @@ shard at ``frontier - 1``, like the Kafka sink, so compaction never passes what 
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import time
+import uuid
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -79,6 +91,7 @@ from reclock.failpoints import failpoint
 from reclock.persist import blob as blobs
 from reclock.persist import connect
 from reclock.persist.objectstore import S3Settings, pyiceberg_options
+from reclock.persist.parquet import holds_type
 from reclock.persist.shards import acquire_read_hold, downgrade_read_hold, release_read_hold, shard_info
 from reclock.persist.status import record_statistics, record_status
 from reclock.read import UpdateReader, updates_parts
@@ -99,6 +112,12 @@ a commit's first files are written while its later updates are still read."""
 CONFLICT_RETRIES = 5
 READ_AHEAD = 2
 """Tables of updates read (and consolidated) ahead on a helper thread while pyiceberg writes (bounds memory)."""
+WRITERS = 4
+"""Threads writing data files (more than the cores, so that none idles while a commit's last file is
+written); what they hold at once is bounded by :data:`WRITING_FILES`."""
+WRITING_FILES = 2
+"""At most this many data files' worth (``write.target-file-size-bytes``) of Arrow data is being written
+at once (bounds memory; a chunk read as dictionaries takes less than its worth, so more of them fit)."""
 
 
 class RetractionInAppendTable(ReclockError):
@@ -239,7 +258,7 @@ def shape(updates: pa.Table, schema: pa.Schema, spec: IcebergSinkSpec) -> pa.Tab
     """Consolidated ``updates`` (data, ts, diff) as rows of the table with ``schema``: a changelog keeps
     ``diff``; an append layout repeats each row ``diff`` times (``RetractionInAppendTable`` for a
     retraction). A data column the table lacks is a ``SchemaMismatch``; one it has but the updates lack
-    is null."""
+    is null; one read as a dictionary of the table's type stays one (the data files are written from it)."""
     missing = [n for n in updates.column_names if n not in ("ts", "diff") and schema.get_field_index(n) < 0]
     if missing:
         raise SchemaMismatch(spec.name, spec.table, missing)
@@ -254,8 +273,9 @@ def shape(updates: pa.Table, schema: pa.Schema, spec: IcebergSinkSpec) -> pa.Tab
     for f in schema:
         name = {TS_COLUMN: "ts", DIFF_COLUMN: "diff"}.get(f.name, f.name)
         col = updates[name] if name in updates.column_names else pa.nulls(updates.num_rows, f.type)
-        cols.append(col.cast(f.type) if col.type != f.type else col)
-    return pa.Table.from_arrays(cols, schema=schema)
+        cols.append(col if holds_type(col.type, f.type) else col.cast(f.type))
+    return pa.Table.from_arrays(cols, schema=pa.schema(
+        [f if c.type == f.type else f.with_type(c.type) for f, c in zip(schema, cols)], schema.metadata))
 
 
 def consolidate(updates: pa.Table, advance_to: int | None = None) -> pa.Table:
@@ -286,24 +306,22 @@ class _Begin:
 
 
 class _Peek:
-    """An iterator one can look one item ahead in."""
+    """An iterator one can look one item ahead in (the next item is fetched when looked at, not when the
+    one before is taken, so a consumer may act on an item before the next one is ready)."""
+
+    _EMPTY = object()
 
     def __init__(self, items: Iterator) -> None:
-        self._it, self._next, self._done = items, None, False
-        self._fill()
-
-    def _fill(self) -> None:
-        try:
-            self._next = next(self._it)
-        except StopIteration:
-            self._next, self._done = None, True
+        self._it, self._next = items, self._EMPTY
 
     def peek(self):
-        return None if self._done else self._next
+        if self._next is self._EMPTY:
+            self._next = next(self._it, None)
+        return self._next
 
     def take(self):
-        item = self._next
-        self._fill()
+        item = self.peek()
+        self._next = self._EMPTY
         return item
 
 
@@ -403,23 +421,23 @@ class IcebergSink:
             raise RuntimeError("start() the sink first")
 
         def go() -> SinkResult:
-            total = SinkResult(self.begin.frontier, 0, 0, 0)
-            for _ in range(CONFLICT_RETRIES):
-                try:
-                    r = self._write()
-                    return SinkResult(r.frontier, total.commits + r.commits, total.rows + r.rows,
-                                      total.bytes + r.bytes)
-                except (CommitFailedException, TableAlreadyExistsError):
-                    self._resume_after_conflict()
-            raise SinkRefused(self.ctx.spec.name, f"table {self.ctx.spec.table}: {CONFLICT_RETRIES} commits in a row "
-                              "lost to another writer; is a second instance of the sink running?")
+            with self.ctx.connect() as conn:  # one connection a step
+                for _ in range(CONFLICT_RETRIES):
+                    try:
+                        r = self._write_on(conn)
+                        break
+                    except (CommitFailedException, TableAlreadyExistsError):
+                        self._resume_after_conflict()
+                else:
+                    raise SinkRefused(self.ctx.spec.name, f"table {self.ctx.spec.table}: {CONFLICT_RETRIES} "
+                                      "commits in a row lost to another writer; is a second instance of the sink "
+                                      "running?")
+                if r.commits or not self.reported:
+                    record_status(conn, self.ctx.spec.name, "running")
+                    self.reported = True
+            return r
 
-        result = self._guard(go)
-        if result.commits or not self.reported:
-            with self.ctx.connect() as conn:
-                record_status(conn, self.ctx.spec.name, "running")
-            self.reported = True
-        return result
+        return self._guard(go)
 
     # -- reading -----------------------------------------------------------------------------------------
 
@@ -435,10 +453,10 @@ class IcebergSink:
         kind = shard_info(conn, spec.collection).kind
         if begin.snapshot_at is not None:
             rows, _ = updates_parts(conn, spec.collection, 0, begin.snapshot_at + 1)
-            snap = UpdateReader(blob, spec.collection, rows, 0, begin.snapshot_at + 1, kind)
+            snap = UpdateReader(blob, spec.collection, rows, 0, begin.snapshot_at + 1, kind, dictionaries=True)
             lower = begin.snapshot_at + 1
         rows, upper = updates_parts(conn, spec.collection, lower, upper) if lower < upper else ([], upper)
-        rest = UpdateReader(blob, spec.collection, rows, lower, upper, kind)
+        rest = UpdateReader(blob, spec.collection, rows, lower, upper, kind, dictionaries=True)
         schemas = [r.schema for r in (snap, rest) if r is not None and len(r.schema)]
         schema = pa.unify_schemas(schemas, promote_options="default") if schemas else pa.schema([])
 
@@ -464,10 +482,6 @@ class IcebergSink:
                 properties=TABLE_PROPERTIES)
         return self.table
 
-    def _write(self) -> SinkResult:
-        with self.ctx.connect() as conn:
-            return self._write_on(conn)
-
     def _write_on(self, conn) -> SinkResult:
         spec = self.ctx.spec
         begin = self.begin
@@ -479,69 +493,96 @@ class IcebergSink:
         columns, stream = self._updates(conn, begin, upper)
         if self.table is None and not len(columns):
             return SinkResult(begin.frontier, 0, 0, 0)  # no part yet: no schema to create the table with
-        table = self._ensure_table(columns)
-        schema = table.schema().as_arrow()
-        ahead = read_ahead(stream, READ_AHEAD, "iceberg-read")
+        ahead = read_ahead(stream, READ_AHEAD, "iceberg-read")  # reading starts while the table is loaded
         try:
-            return self._commit_all(conn, table, schema, _Peek(ahead), upper, t0)
+            table = self._ensure_table(columns)
+            return self._commit_all(conn, table, table.schema().as_arrow(), _Peek(ahead), upper, t0)
         finally:
             ahead.close()
 
     def _commit_all(self, conn, table, schema: pa.Schema, items: _Peek, upper: int, t0: float) -> SinkResult:
-        """Commit ``items`` in budget-sized commits, each with its frontier, up to ``upper``. A commit's data
-        files are written a chunk (a file's worth) at a time with pyiceberg's own writer (what
-        ``Transaction.append`` calls), so memory holds one chunk and the updates read ahead, however large
-        the commit: a new sink's snapshot is one commit whatever its size."""
-        from pyiceberg.expressions import AlwaysTrue
-        from pyiceberg.io.pyarrow import _dataframe_to_data_files
+        """Commit ``items`` in budget-sized commits, each with its frontier, up to ``upper``.
 
+        A commit's data files are written a chunk (a file's worth) at a time on :data:`WRITERS` threads,
+        :data:`WRITING_FILES` files' worth at most at once, so memory holds that and the updates read ahead,
+        however large the commit (a new sink's snapshot is one commit whatever its size). The next commit's
+        chunks are gathered and written while the files of the one before are still being written: each
+        commit is staged (its files handed to the writers, its frontier known), then committed once the
+        next is staged (or the run ends or fails), so every core writes even when a commit is one file."""
         spec = self.ctx.spec
         commits = rows = nbytes = 0
         frontier = self.begin.frontier
-        while True:
-            props = {SINK: spec.name, COLLECTION: spec.collection}
-            counts = [0, 0]
-            if table.metadata.properties.get("commit.retry.num-retries") != "0":
-                raise SinkRefused(spec.name, f"table {spec.table}: commit.retry.num-retries is not 0, so a "
-                                  "conflicting commit would be re-applied (a duplicate); nothing was committed")
-            parent = table.metadata.current_snapshot_id
-            tx = table.transaction()
-            if self.begin.replace:
-                tx.delete(AlwaysTrue())
-            chunks = _chunks(self._batches(items, props, counts, upper, schema), schema, _chunk_bytes(table))
-            with tx.update_snapshot(snapshot_properties=props).fast_append() as append:
-                files = itertools.count(0)
-                for chunk in chunks:  # written (its files in parallel) before the next chunk is taken
-                    for data_file in _dataframe_to_data_files(tx.table_metadata, chunk, table.io,
-                                                              write_uuid=append.commit_uuid, counter=files):
-                        append.append_data_file(data_file)
-            new_frontier = int(props[FRONTIER])
-            staged = tx.table_metadata.current_snapshot()
-            if staged is None or staged.summary.get(FRONTIER) != str(new_frontier) or (
-                    not self.begin.replace and staged.parent_snapshot_id != parent):
-                raise ReclockError(f"sink {spec.name}: the staged snapshot does not carry frontier {new_frontier} "
-                                   "on the snapshot the frontier was read from; nothing was committed")
-            failpoint("iceberg:before_commit")
-            tx.commit_transaction()  # CommitFailedException: another writer committed first
-            failpoint("iceberg:after_commit")
-            downgrade_read_hold(conn, spec.collection, spec.holder, new_frontier - 1)
-            frontier = new_frontier
-            self.begin = _Begin(frontier, table.metadata.current_snapshot_id)
-            commits, rows, nbytes = commits + 1, rows + counts[0], nbytes + counts[1]
-            if frontier >= upper:
-                break
+        replace = self.begin.replace
+        with _DataFileWriter(table, WRITERS, WRITING_FILES * _chunk_bytes(table)) as writer:
+            pending: _Staged | None = None
+            while True:
+                try:
+                    staged = self._stage(items, upper, schema, writer, replace)
+                except Exception:
+                    if pending is not None:  # what was staged before the failure is whole: commit it
+                        self._commit(conn, table, pending)
+                    raise
+                replace = False
+                if pending is not None:
+                    self._commit(conn, table, pending)
+                    commits, rows, nbytes = commits + 1, rows + pending.rows, nbytes + pending.bytes
+                pending = staged
+                if staged.frontier >= upper:
+                    break
+            self._commit(conn, table, pending)
+            commits, rows, nbytes = commits + 1, rows + pending.rows, nbytes + pending.bytes
+            frontier = pending.frontier
         upper_now = shard_info(conn, spec.collection).upper
         record_statistics(conn, spec.name, "sink", {
             "commits": commits, "messages": rows, "bytes": nbytes, "frontier": frontier,
             "lag_ms": max(0, upper_now - frontier), "seconds": round(time.monotonic() - t0, 3)})
         return SinkResult(frontier, commits, rows, nbytes)
 
-    def _batches(self, items: _Peek, props: dict, counts: list[int], upper: int,
-                 schema: pa.Schema) -> Iterator[pa.RecordBatch]:
-        """One commit's record batches: tables from ``items`` until the budget is reached at a point where a
-        commit may end; sets ``props[FRONTIER]`` to where the commit ends (the next table's first ts, or
-        ``upper``) before it stops, i.e. before pyiceberg builds the snapshot summary from ``props`` (and
-        ``_commit_all`` checks the staged summary before committing)."""
+    def _stage(self, items: _Peek, upper: int, schema: pa.Schema, writer: "_DataFileWriter",
+               replace: bool) -> "_Staged":
+        """The next commit's updates from ``items``, handed to ``writer`` a chunk at a time, up to where the
+        budget lets the commit end (its frontier)."""
+        props = {SINK: self.ctx.spec.name, COLLECTION: self.ctx.spec.collection}
+        counts = [0, 0]
+        files = [writer.submit(chunk) for chunk in
+                 _chunks(self._shaped(items, props, counts, upper, schema), schema, writer.chunk_bytes)]
+        return _Staged(props, int(props[FRONTIER]), files, counts[0], counts[1], replace)
+
+    def _commit(self, conn, table, staged: "_Staged") -> None:
+        """One catalog transaction: ``staged``'s data files (waited for) and its frontier in the snapshot
+        summary, on the snapshot the sink's frontier was read from (else nothing is committed); then the
+        read hold moves to the new frontier."""
+        from pyiceberg.expressions import AlwaysTrue
+
+        spec = self.ctx.spec
+        data_files = [f for written in staged.files for f in written.result()]
+        if table.metadata.properties.get("commit.retry.num-retries") != "0":
+            raise SinkRefused(spec.name, f"table {spec.table}: commit.retry.num-retries is not 0, so a "
+                              "conflicting commit would be re-applied (a duplicate); nothing was committed")
+        parent = table.metadata.current_snapshot_id
+        tx = table.transaction()
+        if staged.replace:
+            tx.delete(AlwaysTrue())
+        with tx.update_snapshot(snapshot_properties=staged.props).fast_append() as append:
+            for data_file in data_files:
+                append.append_data_file(data_file)
+        snapshot = tx.table_metadata.current_snapshot()
+        if snapshot is None or snapshot.summary.get(FRONTIER) != str(staged.frontier) or (
+                not staged.replace and snapshot.parent_snapshot_id != parent):
+            raise ReclockError(f"sink {spec.name}: the staged snapshot does not carry frontier {staged.frontier} "
+                               "on the snapshot the frontier was read from; nothing was committed")
+        failpoint("iceberg:before_commit")
+        tx.commit_transaction()  # CommitFailedException: another writer committed first
+        failpoint("iceberg:after_commit")
+        downgrade_read_hold(conn, spec.collection, spec.holder, staged.frontier - 1)
+        self.begin = _Begin(staged.frontier, table.metadata.current_snapshot_id)
+
+    def _shaped(self, items: _Peek, props: dict, counts: list[int], upper: int,
+                schema: pa.Schema) -> Iterator[tuple[pa.Table, int]]:
+        """One commit's rows, shaped, each table with its :func:`decoded_bytes`: tables from ``items`` until
+        the budget is reached at a point where a commit may end; sets ``props[FRONTIER]`` to where the
+        commit ends (the next table's first ts, or ``upper``) before it stops (``_commit`` checks the
+        staged summary carries it before committing)."""
         budget = self.ctx.spec.budget
         last_ts = None  # the last ts written in this commit
         while True:
@@ -560,10 +601,27 @@ class IcebergSink:
                 return
             items.take()
             shaped = shape(updates, schema, self.ctx.spec)
+            size = decoded_bytes(shaped)
             counts[0] += shaped.num_rows
-            counts[1] += shaped.nbytes
+            counts[1] += size
             last_ts = int(updates["ts"][-1].as_py())
-            yield from shaped.to_batches()
+            yield shaped, size
+
+
+def decoded_bytes(data: pa.Table | pa.RecordBatch) -> int:
+    """``data``'s Arrow bytes, its dictionary columns counted as if decoded (values and offsets): what the
+    same rows take handed to pyiceberg as plain columns, whose target file size counts them so; a data
+    file's worth of rows is then the same however they were read."""
+    n = 0
+    for col in data.columns:
+        if not pa.types.is_dictionary(col.type):
+            n += col.nbytes
+            continue
+        for chunk in col.chunks if isinstance(col, pa.ChunkedArray) else [col]:
+            lengths = pc.binary_length(chunk.dictionary)
+            n += ((pc.sum(pc.take(lengths, chunk.indices)).as_py() or 0) + 4 * (len(chunk) + 1)
+                  + ((len(chunk) + 7) // 8 if chunk.null_count else 0))
+    return n
 
 
 def _chunk_bytes(table) -> int:
@@ -571,18 +629,129 @@ def _chunk_bytes(table) -> int:
     return int(table.metadata.properties.get("write.target-file-size-bytes", 512 * 1024 * 1024))
 
 
-def _chunks(batches: Iterator[pa.RecordBatch], schema: pa.Schema, size: int) -> Iterator[pa.Table]:
-    """``batches`` gathered into tables of about ``size`` bytes (the last one smaller)."""
-    buf: list[pa.RecordBatch] = []
+def _chunks(tables: Iterator[tuple[pa.Table, int]], schema: pa.Schema, size: int) -> Iterator[pa.Table]:
+    """``tables`` (with their :func:`decoded_bytes`) gathered into chunks of at most ``size`` bytes (a larger
+    table is a chunk of its own), as pyiceberg bins an append's rows into files; a chunk is handed on as
+    soon as another table like its last would not fit (so its file is written without waiting for the
+    next table to be read). A chunk's dictionary columns share one dictionary (so the Parquet writer
+    writes its indices as they are); a column read as a dictionary in some of a chunk's tables only is
+    decoded to ``schema``'s type."""
+    buf: list[pa.Table] = []
     n = 0
-    for b in batches:
-        buf.append(b)
-        n += b.nbytes
-        if n >= size:
-            yield pa.Table.from_batches(buf, schema)
+    for t, k in tables:
+        if buf and n + k > size:
+            yield _chunk(buf, schema)
+            buf, n = [], 0
+        buf.append(t)
+        n += k
+        if n + k > size:
+            yield _chunk(buf, schema)
             buf, n = [], 0
     if buf:
-        yield pa.Table.from_batches(buf, schema)
+        yield _chunk(buf, schema)
+
+
+def _chunk(tables: list[pa.Table], schema: pa.Schema) -> pa.Table:
+    if any(t.schema != tables[0].schema for t in tables):
+        tables = [t.cast(schema) for t in tables]
+    return pa.concat_tables(tables).unify_dictionaries()
+
+
+@dataclass(frozen=True)
+class _Staged:
+    """A commit ready to be made: its snapshot summary ``props`` (with the ``frontier`` it ends at), its data
+    files being written (futures of lists of ``DataFile``), its rows and Arrow bytes, and whether it
+    replaces the table's old contents (a fresh sink's first commit)."""
+
+    props: dict[str, str]
+    frontier: int
+    files: list[Future]
+    rows: int
+    bytes: int
+    replace: bool
+
+
+class _DataFileWriter:
+    """Writes chunks of a table's rows into data files on ``threads`` threads, with at most ``max_bytes`` of
+    chunks (their Arrow bytes in memory) being written at once: :meth:`submit` waits for the oldest writes
+    beyond that (one chunk is always let through). Leaving the ``with`` block waits for every write (an
+    abandoned commit's files stay unreferenced)."""
+
+    def __init__(self, table, threads: int, max_bytes: int) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.table, self.max_bytes = table, max_bytes
+        self.chunk_bytes = _chunk_bytes(table)
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="iceberg-write")
+        self._in_flight: collections.deque[tuple[Future, int]] = collections.deque()
+        self._counter = itertools.count(0)
+        self._uuid = uuid.uuid4()
+
+    def submit(self, chunk: pa.Table) -> Future:
+        """A future of ``chunk``'s data files."""
+        while self._in_flight and sum(n for _, n in self._in_flight) + chunk.nbytes > self.max_bytes:
+            self._in_flight.popleft()[0].result()
+        future = self._pool.submit(self._write, self.table.metadata, self.table.io, chunk)
+        self._in_flight.append((future, chunk.nbytes))
+        return future
+
+    def _write(self, metadata, io, chunk: pa.Table) -> list:
+        from pyiceberg.io.pyarrow import _dataframe_to_data_files
+
+        if not metadata.spec().is_unpartitioned():  # pyiceberg's own writer, which splits by partition
+            return list(_dataframe_to_data_files(metadata, chunk.cast(metadata.schema().as_arrow()), io,
+                                                 write_uuid=self._uuid, counter=self._counter))
+        return [write_data_file(metadata, io, chunk, f"00000-{next(self._counter)}-{self._uuid}.parquet")]
+
+    def __enter__(self) -> "_DataFileWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def write_data_file(metadata, io, rows: pa.Table, name: str):
+    """``rows`` (the table's columns, some maybe dictionary-encoded) as one data file ``name`` of the
+    unpartitioned table with ``metadata``: what pyiceberg's writer does for one file of an append
+    (``pyiceberg.io.pyarrow.write_file``: field ids, the table's Parquet properties, row groups, the
+    footer's statistics), except that the file keeps no Arrow schema, so a column written from a dictionary
+    array reads back as the table's type (pyiceberg 0.12's scan would otherwise read it as a dictionary and
+    fail to join it with other files' columns). Private pyiceberg functions: pinned with pyiceberg 0.12.0."""
+    import pyarrow.parquet as pq
+    from pyiceberg.io.fileformat import FileFormatFactory
+    from pyiceberg.io.pyarrow import (_get_parquet_writer_kwargs, _to_requested_schema, compute_statistics_plan,
+                                      data_file_statistics_from_parquet_metadata, parquet_path_to_id_mapping)
+    from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+    from pyiceberg.schema import sanitize_column_names
+    from pyiceberg.table import TableProperties
+    from pyiceberg.table.locations import load_location_provider
+    from pyiceberg.typedef import Record
+    from pyiceberg.utils.properties import property_as_int
+
+    schema = metadata.schema()
+    file_schema = sanitize_column_names(schema)
+    model = FileFormatFactory.get(FileFormat.PARQUET)
+    batches = [_to_requested_schema(file_schema, schema, b, include_field_ids=True, format_model=model)
+               for b in rows.to_batches()]
+    table = pa.Table.from_batches(batches) if batches else pa.Table.from_batches([], file_schema.as_arrow())
+    path = load_location_provider(table_location=metadata.location,
+                                  table_properties=metadata.properties).new_data_location(data_file_name=name)
+    output = io.new_output(path)
+    row_group = property_as_int(metadata.properties, TableProperties.PARQUET_ROW_GROUP_LIMIT,
+                                TableProperties.PARQUET_ROW_GROUP_LIMIT_DEFAULT)
+    with output.create(overwrite=True) as out:
+        writer = pq.ParquetWriter(out, table.schema, store_schema=False, store_decimal_as_integer=True,
+                                  **_get_parquet_writer_kwargs(metadata.properties))
+        with writer:
+            writer.write_table(table, row_group_size=row_group)
+    statistics = data_file_statistics_from_parquet_metadata(
+        parquet_metadata=writer.writer.metadata,
+        stats_columns=compute_statistics_plan(file_schema, metadata.properties),
+        parquet_column_mapping=parquet_path_to_id_mapping(file_schema))
+    return DataFile.from_args(
+        content=DataFileContent.DATA, file_path=path, file_format=FileFormat.PARQUET, partition=Record(),
+        file_size_in_bytes=len(output), sort_order_id=None, spec_id=metadata.default_spec_id,
+        equality_ids=None, key_metadata=None, **statistics.to_serialized_dict())
 
 
 def run_once(ctx: IcebergSinkContext, fresh: bool = False) -> SinkResult:
