@@ -31,11 +31,11 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
-from benchmarks.sink_bench import build_collection
+from benchmarks.sink_bench import DATA_SHAPES, build_collection
 
 
 def run_iceberg_benchmark(dsn: str, workdir: Path, n: int, reps: int, max_rows: int = 1_000_000,
-                          echo: Callable[[str], None] = print) -> dict:
+                          echo: Callable[[str], None] = print, data: str = "uniform") -> dict:
     """Figures ``{name: {unit, values}}`` for the sink and the plain append (rows/s), and the ratio."""
     from reclock.config import IcebergBudget, IcebergSinkSpec
     from reclock.persist import connect
@@ -46,7 +46,7 @@ def run_iceberg_benchmark(dsn: str, workdir: Path, n: int, reps: int, max_rows: 
 
     blob_root = workdir / "iceberg-blobs"
     shard = f"icebench_{uuid.uuid4().hex[:8]}"
-    build_collection(dsn, blob_root, shard, n, timestamps=50)
+    build_collection(dsn, blob_root, shard, n, timestamps=50, data=data)
     blob = LocalBlobStore(blob_root)
     settings = CatalogSettings(uri=catalog_uri(dsn), warehouse=str(blob_root / "_iceberg"))
     catalog = load_catalog(settings, "bench")
@@ -95,6 +95,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--max-rows", type=int, default=1_000_000, help="the sink's budget per commit")
+    ap.add_argument("--data", choices=DATA_SHAPES, default="uniform", help="the rows' shape (see sink_bench)")
     args = ap.parse_args()
     from reclock.dev.postgres import LocalPostgres
     from reclock.dev.state import StackState
@@ -107,7 +108,7 @@ def main() -> None:
         pg.start()
         dsn = pg.dsn("postgres")
         migrate(dsn)
-        out = run_iceberg_benchmark(dsn, root, args.rows, args.reps, args.max_rows)
+        out = run_iceberg_benchmark(dsn, root, args.rows, args.reps, args.max_rows, data=args.data)
         for name, fig in out.items():
             if "values" in fig:
                 print(f"{name}: median {statistics.median(fig['values']):,.2f} {fig['unit']} "

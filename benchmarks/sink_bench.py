@@ -34,8 +34,17 @@ SINK_TARGET = 0.9
 """The sink's throughput over the plain producer's (issue 19; 0.7 before)."""
 
 
-def build_collection(dsn: str, blob_root: Path, shard: str, n: int, timestamps: int) -> None:
-    """A shard holding ``n`` insertions spread over ``timestamps`` times, as a handful of Parquet parts."""
+DATA_SHAPES = ("uniform", "varied")
+"""``uniform``: 997 customers and one 120-byte note repeated (what earlier figures used: strings a Parquet
+writer keeps as tiny dictionaries); ``varied``: 200,000 customers and notes of 5-25 random words (60-250
+bytes, nearly all distinct), as free text is."""
+
+
+def build_collection(dsn: str, blob_root: Path, shard: str, n: int, timestamps: int, data: str = "uniform") -> None:
+    """A shard holding ``n`` insertions spread over ``timestamps`` times, as a handful of Parquet parts, of
+    the ``data`` shape (:data:`DATA_SHAPES`)."""
+    import numpy as np
+
     from reclock.batch import BatchDescription, Part
     from reclock.persist import connect
     from reclock.persist.shards import Append, compare_and_append, register_shard
@@ -43,9 +52,20 @@ def build_collection(dsn: str, blob_root: Path, shard: str, n: int, timestamps: 
     per_ts = max(1, n // timestamps)
     ids = pa.array(range(n), pa.int64())
     ts = pa.array([1_000 + i // per_ts for i in range(n)], pa.int64())
-    table = pa.table({"id": ids, "customer": pa.array([f"customer-{i % 997:04d}" for i in range(n)]),
+    if data == "uniform":
+        customer = pa.array([f"customer-{i % 997:04d}" for i in range(n)])
+        note = pa.array(["x" * 120] * n)
+    else:
+        rng = np.random.default_rng(7)
+        words = np.array([f"w{k:x}" for k in rng.integers(0, 1 << 20, 4096)] + ["order", "late", "gift", "rush"])
+        customer = pa.array([f"customer-{k:06d}" for k in rng.integers(0, 200_000, n)])
+        counts = rng.integers(5, 26, n)
+        picks = words[rng.integers(0, len(words), int(counts.sum()))].tolist()
+        ends = np.cumsum(counts).tolist()
+        note = pa.array([" ".join(picks[e - c:e]) for e, c in zip(ends, counts.tolist())])
+    table = pa.table({"id": ids, "customer": customer,
                       "amount": pa.array([round((i * 7919 % 100_000) / 100, 2) for i in range(n)]),
-                      "note": pa.array(["x" * 120] * n), "ts": ts, "diff": pa.array([1] * n, pa.int64())})
+                      "note": note, "ts": ts, "diff": pa.array([1] * n, pa.int64())})
     lo, hi = 1_000, 1_000 + (n - 1) // per_ts + 1
     rel = f"{shard}/part-0.parquet"
     (blob_root / shard).mkdir(parents=True, exist_ok=True)
