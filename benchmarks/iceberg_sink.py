@@ -6,17 +6,19 @@ appended with ``compare_and_append``, no Spark): ``n`` rows of ~200 bytes over 5
 each into a table of its own per repetition:
 
 - ``sink``: a fresh ``IcebergSink``: ``start`` (the catalog, the table's lineage, the read hold; timed
-  apart), then ``step``, the throughput: read the parts a cluster at a time (string columns the parts keep
-  as small dictionaries as dictionaries), consolidate, shape to the append layout, write the data files on
-  writer threads, one commit per budget (``max_rows``) with the frontier in the snapshot summary, the read
-  hold moved after each;
+  apart), then ``step``, the throughput: the part (one of 2M rows here, over 8 MiB) copied into the table
+  with a new footer, as the sink does by default with parts whose rows are exactly the table's; with
+  ``--no-copies`` read a cluster at a time (string columns the parts keep as small dictionaries as
+  dictionaries), consolidated, shaped to the append layout, written on writer threads, one commit per
+  budget (``max_rows``) with the frontier in the snapshot summary, the read hold moved after each;
 - ``plain append``: the same rows (the user columns and ``_reclock_ts``, read and shaped before the clock
   starts) through one ``table.append`` into a table it creates (timed, as the sink's first step creates its
   table) with the same schema and properties.
 
 Each contender runs once untimed first.
 
-Run alone: ``.venv/bin/python -m benchmarks.iceberg_sink --rows 2000000 --reps 5``.
+Run alone: ``.venv/bin/python -m benchmarks.iceberg_sink --rows 2000000 --reps 5 [--data varied] [--no-copies]``
+(``--data``: :data:`benchmarks.sink_bench.DATA_SHAPES`).
 """
 
 from __future__ import annotations
@@ -32,10 +34,12 @@ from pathlib import Path
 from typing import Callable
 
 from benchmarks.sink_bench import DATA_SHAPES, build_collection
+from reclock.config import COPY_MIN_BYTES
 
 
 def run_iceberg_benchmark(dsn: str, workdir: Path, n: int, reps: int, max_rows: int = 1_000_000,
-                          echo: Callable[[str], None] = print, data: str = "uniform") -> dict:
+                          echo: Callable[[str], None] = print, data: str = "uniform",
+                          copy_min_bytes: int | None = COPY_MIN_BYTES) -> dict:
     """Figures ``{name: {unit, values}}`` for the sink and the plain append (rows/s), and the ratio."""
     from reclock.config import IcebergBudget, IcebergSinkSpec
     from reclock.persist import connect
@@ -60,7 +64,8 @@ def run_iceberg_benchmark(dsn: str, workdir: Path, n: int, reps: int, max_rows: 
     sink_rates, plain_rates, starts, commits = [], [], [], []
     for rep in range(-1, reps):  # rep -1: untimed, warms both (imports, the catalog's tables, page cache)
         spec = IcebergSinkSpec(name=f"{shard}_{rep + 1}", collection=shard, table=f"bench.{shard}_sink_{rep + 1}",
-                               catalog="bench", budget=IcebergBudget(max_rows=max_rows))
+                               catalog="bench", budget=IcebergBudget(max_rows=max_rows),
+                               copy_min_bytes=copy_min_bytes)
         sink = IcebergSink(IcebergSinkContext(spec=spec, dsn=dsn, blob=blob, catalog=settings))
         t0 = time.perf_counter()
         sink.start()
@@ -96,6 +101,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--max-rows", type=int, default=1_000_000, help="the sink's budget per commit")
     ap.add_argument("--data", choices=DATA_SHAPES, default="uniform", help="the rows' shape (see sink_bench)")
+    ap.add_argument("--no-copies", action="store_true", help="the sink rewrites every part (copy_min_bytes: null)")
     args = ap.parse_args()
     from reclock.dev.postgres import LocalPostgres
     from reclock.dev.state import StackState
@@ -108,7 +114,8 @@ def main() -> None:
         pg.start()
         dsn = pg.dsn("postgres")
         migrate(dsn)
-        out = run_iceberg_benchmark(dsn, root, args.rows, args.reps, args.max_rows, data=args.data)
+        out = run_iceberg_benchmark(dsn, root, args.rows, args.reps, args.max_rows, data=args.data,
+                                    copy_min_bytes=None if args.no_copies else COPY_MIN_BYTES)
         for name, fig in out.items():
             if "values" in fig:
                 print(f"{name}: median {statistics.median(fig['values']):,.2f} {fig['unit']} "

@@ -497,6 +497,13 @@ class IcebergBudget:
     max_bytes: int = 256 * 1024 * 1024
 
 
+COPY_MIN_BYTES = 8 << 20
+"""An Iceberg export's default ``copy_min_bytes``: a part at least this large whose rows are exactly what the
+table gets is copied into it (its pages as they are, a new footer after them) instead of read and written
+again; smaller ones are written anew together, so the table does not get small files one for one
+(Reclock's compaction merges parts below the same size)."""
+
+
 @dataclass(frozen=True)
 class IcebergSinkSpec:
     """An exactly-once export of one collection into an Iceberg table (see ``reclock.sinks.iceberg``).
@@ -513,6 +520,7 @@ class IcebergSinkSpec:
     layout: str = "append"
     start: int | None = None
     budget: IcebergBudget = field(default_factory=IcebergBudget)
+    copy_min_bytes: int | None = COPY_MIN_BYTES  # parts this large are copied into the table (None: never)
 
     @property
     def holder(self) -> str:
@@ -532,7 +540,7 @@ def _parse_start(d: dict, what: str) -> int | None:
 
 
 def _parse_iceberg_sink(name: str, d: dict, coll: str, source: SourceSpec, what: str) -> IcebergSinkSpec:
-    _unknown(d, {"from", "iceberg", "layout", "start", "budget"}, what)
+    _unknown(d, {"from", "iceberg", "layout", "start", "budget", "copy_min_bytes"}, what)
     ice = _require(d["iceberg"], f"{what}.iceberg")
     _unknown(ice, {"table", "catalog"}, f"{what}.iceberg")
     table = ice.get("table")
@@ -554,8 +562,12 @@ def _parse_iceberg_sink(name: str, d: dict, coll: str, source: SourceSpec, what:
                            int(b.get("max_bytes", IcebergBudget.max_bytes)))
     if budget.max_rows <= 0 or budget.max_bytes <= 0:
         raise ConfigError(f"{what}.budget: max_rows and max_bytes must be positive")
+    copy_min = d.get("copy_min_bytes", COPY_MIN_BYTES)
+    if copy_min is not None and (isinstance(copy_min, bool) or not isinstance(copy_min, int) or copy_min < 0):
+        raise ConfigError(f"{what}: `copy_min_bytes` is a size in bytes >= 0 (parts this large are copied into the "
+                          f"table instead of rewritten), or null to rewrite every part (got {copy_min!r})")
     return IcebergSinkSpec(name=name, collection=coll, table=table, catalog=catalog, layout=layout,
-                           start=_parse_start(d, what), budget=budget)
+                           start=_parse_start(d, what), budget=budget, copy_min_bytes=copy_min)
 
 
 def parse_sink(name: str, raw: Any, sources: dict[str, SourceSpec]) -> SinkSpec | IcebergSinkSpec:

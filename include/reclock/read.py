@@ -8,6 +8,7 @@ part paths directly).
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 from typing import Collection, Iterator, Sequence
@@ -91,6 +92,7 @@ class UpdateReader:
                  kind: str, dictionaries: bool = False) -> None:
         self.blob, self.shard, self.lower, self.upper, self.kind = blob, shard, lower, upper, kind
         self.dictionaries = dictionaries
+        self.rows: list[BatchRow] = list(rows)
         self.parts: list[str] = []  # paths
         self.footers: list[pq.FileMetaData] = []
         self.groups: list[_RowGroup] = []
@@ -114,6 +116,13 @@ class UpdateReader:
             self.parts.append(row.path)
             self.footers.append(md)
         self.schema = pa.unify_schemas(schemas, promote_options="default") if schemas else pa.schema([])
+
+    def without(self, parts: Collection[int]) -> UpdateReader:
+        """This reader less the parts at indexes ``parts`` (of :attr:`rows`): their updates are not read.
+        :attr:`rows`, :attr:`footers` and :attr:`schema` stay those of every part."""
+        other = copy.copy(self)
+        other.groups = [g for g in self.groups if g.part not in parts]
+        return other
 
     def tables(self, split_ts: bool = False) -> Iterator[pa.Table]:
         """The clusters' updates, each a table sorted by ts, in ts order (see the class)."""

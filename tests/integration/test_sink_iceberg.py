@@ -181,13 +181,22 @@ def check_table(ctx: IcebergSinkContext, spark=None) -> int:
 # -- tests -----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("upsert", [False, True], ids=["append_only", "upsert"])
+def copied_files(table) -> list[str]:
+    """The table's data files that are copies of Spark-written parts (their footer still names parquet-mr as
+    the writer; the files the sink writes itself are written by Arrow)."""
+    files = [task.file.file_path for task in table.scan().plan_files()]
+    return [f for f in files if pq.read_metadata(f.removeprefix("file://")).created_by.startswith("parquet-mr")]
+
+
+@pytest.mark.parametrize("upsert,copies", [(False, False), (False, True), (True, False)],
+                         ids=["append_only", "append_only_copies", "upsert"])
 def test_table_equals_the_collection_as_of_the_frontier_after_cycles_and_exports(db, kafka, topic, spark,
-                                                                                 tmp_path, upsert):
-    name = "ups" if upsert else "app"
+                                                                                 tmp_path, upsert, copies):
+    name = "ups" if upsert else "apc" if copies else "app"
     source = Source(db, kafka, topic, spark, tmp_path, name, upsert, retain_ms=3000)
     source.cycles(2)
-    config = sink_config(tmp_path, source, f"{name}_lake", budget={"max_rows": 10})
+    extra = {"copy_min_bytes": 0} if copies else {}  # every part whose rows are the table's is copied
+    config = sink_config(tmp_path, source, f"{name}_lake", budget={"max_rows": 10}, **extra)
     ctx = sink_ctx(source, config, f"{name}_lake")
     assert ctx.spec.layout == ("changelog" if upsert else "append")
     assert run_once(ctx).commits >= 1  # a new sink: the snapshot AS OF since first, then what follows it
@@ -195,13 +204,17 @@ def test_table_equals_the_collection_as_of_the_frontier_after_cycles_and_exports
     for _ in range(3):
         source.cycles(2)
         r = run_once(ctx)
-        assert r.commits == 2, "two cycles, each over the budget (10 rows): one commit per cycle"
+        if copies:  # a copied part is never split by the budget: both cycles' parts in one commit
+            assert r.commits == 1
+        else:
+            assert r.commits == 2, "two cycles, each over the budget (10 rows): one commit per cycle"
         with connect(db) as conn:
             assert {h.holder: h.ts for h in read_holds(conn, name)}["sink:" + ctx.spec.name] == r.frontier - 1
         check_table(ctx, spark)
     idle = run_once(ctx)
     assert (idle.commits, idle.rows) == (0, 0), "nothing new: no commit"
     table = load_table(ctx)
+    assert bool(copied_files(table)) == copies
     assert [f.name for f in table.schema().fields][-2 if upsert else -1:] == \
         ([TS_COLUMN, DIFF_COLUMN] if upsert else [TS_COLUMN])
     assert table.metadata.properties["commit.retry.num-retries"] == "0"
@@ -226,12 +239,15 @@ def output(p: subprocess.Popen) -> str:
     return p.log.read_text()
 
 
-@pytest.mark.parametrize("upsert", [False, True], ids=["append_only", "upsert"])
-def test_sigkill_at_random_moments_and_around_the_commit_is_exactly_once(db, kafka, topic, spark, tmp_path, upsert):
-    name = "kup" if upsert else "kap"
+@pytest.mark.parametrize("upsert,copies", [(False, False), (False, True), (True, False)],
+                         ids=["append_only", "append_only_copies", "upsert"])
+def test_sigkill_at_random_moments_and_around_the_commit_is_exactly_once(db, kafka, topic, spark, tmp_path, upsert,
+                                                                         copies):
+    name = "kup" if upsert else "kac" if copies else "kap"
     source = Source(db, kafka, topic, spark, tmp_path, name, upsert)
     source.cycles(6)
-    config = sink_config(tmp_path, source, "out", budget={"max_rows": 25})
+    extra = {"copy_min_bytes": 0} if copies else {}
+    config = sink_config(tmp_path, source, "out", budget={"max_rows": 25}, **extra)
     ctx = sink_ctx(source, config, "out")
     rng = random.Random(11)
     points = ["iceberg:before_commit=exit", "iceberg:after_commit=exit"]
@@ -256,6 +272,7 @@ def test_sigkill_at_random_moments_and_around_the_commit_is_exactly_once(db, kaf
     check_table(ctx, spark)
     table = load_table(ctx)
     assert len([s for s in table.snapshots() if s.summary.get(SINK) == "out"]) >= 2
+    assert bool(copied_files(table)) == copies
 
 
 def hand_made(db: str, tmp_path: Path, shard: str, waves: list[list[tuple[int, int, int]]]) -> LocalBlobStore:
@@ -281,6 +298,50 @@ def hand_made(db: str, tmp_path: Path, shard: str, waves: list[list[tuple[int, i
             compare_and_append(conn, [Append(shard, BatchDescription(lower, upper), tuple(parts))])
             lower = upper
     return blob
+
+
+def copied_parts(table, blob: LocalBlobStore, shard: str) -> set[str]:
+    """The parts of ``shard`` that some data file of ``table`` is a copy of (it begins with the part's bytes
+    up to the part's footer)."""
+    from reclock.parquet_footer import read_footer
+
+    out = set()
+    files = []
+    for task in table.scan().plan_files():
+        with table.io.new_input(task.file.file_path).open() as f:
+            files.append(f.read())
+    for part in (blob.root / shard).glob("*.parquet"):
+        raw = part.read_bytes()
+        start = read_footer(raw, len(raw)).start
+        if any(f[:start] == raw[:start] for f in files):
+            out.add(part.name)
+    return out
+
+
+def test_parts_whose_rows_are_the_tables_are_copied_and_no_commit_cuts_one(db, tmp_path):
+    """With ``copy_min_bytes: 0``, a part whose footer proves its rows are exactly the table's (ts in range,
+    every diff 1) is copied; one with a diff of 2 is written anew (its row twice); a commit never ends
+    inside a copied part's ts range, though the budget would end it there."""
+    blob = hand_made(db, tmp_path, "cp", [
+        [(i, 5, 1) for i in range(20)],
+        [[(100 + i, 7 + i % 3, 1) for i in range(30)],  # a part over ts 7..9: copied whole
+         [(200 + i, 7, 2) for i in range(6)], [(300 + i, 8, 2) for i in range(6)],  # rewritten, 12 rows a ts
+         [(400 + i, 9, 2) for i in range(6)]],
+        [(700 + i, 12, 2) for i in range(3)],  # rewritten: where the budget may end the commit before
+        [[(500 + i, 14, 1) for i in range(8)], [(600 + i, 14, 1) for i in range(8)]],
+    ])
+    spec = IcebergSinkSpec(name="cp", collection="cp", table="lake.cp", budget=IcebergBudget(max_rows=10),
+                           copy_min_bytes=0)
+    ctx = IcebergSinkContext(spec=spec, dsn=db, blob=blob, catalog=default_catalog(db, blob))
+    run_once(ctx)
+    check_table(ctx)
+    table = load_table(ctx)
+    assert copied_parts(table, blob, "cp") == {"p0_0.parquet", "p1_0.parquet", "p3_0.parquet", "p3_1.parquet"}
+    frontiers = {int(snap.summary[FRONTIER]) for snap in table.snapshots() if snap.summary.get(SINK) == "cp"}
+    assert frontiers == {12, 15}, ("the budget (10 rows) would end a commit at 8 and 9, inside the copied part's "
+                                   f"range 7..9, and ends one at 12 where it cuts none: {sorted(frontiers)}")
+    rows = table.scan().to_arrow()
+    assert rows.num_rows == 20 + 30 + 36 + 6 + 16 and rows["id"].to_pylist().count(200) == 2
 
 
 def test_two_instances_race_the_loser_rereads_the_frontier_and_nothing_is_written_twice(db, tmp_path):
@@ -468,9 +529,11 @@ def test_read_hold_stops_compaction_and_drop_releases_it(db, kafka, topic, spark
         run_once(ctx)
 
 
-def test_warehouse_on_s3(db, s3, tmp_path):
+@pytest.mark.parametrize("copies", [False, True], ids=["rewritten", "copied"])
+def test_warehouse_on_s3(db, s3, tmp_path, copies):
     blob = hand_made(db, tmp_path, "ons3", [[(i, 2, 1) for i in range(5)], [(i, 4, 1) for i in range(5, 8)]])
-    spec = IcebergSinkSpec(name="s3_lake", collection="ons3", table="lake.ons3", budget=IcebergBudget(max_rows=4))
+    spec = IcebergSinkSpec(name="s3_lake", collection="ons3", table=f"lake.ons3_{int(copies)}",
+                           budget=IcebergBudget(max_rows=4), copy_min_bytes=0 if copies else None)
     catalog = CatalogSettings(uri=catalog_uri(db), warehouse=s3.url("warehouse"), s3=s3.settings())
     ctx = IcebergSinkContext(spec=spec, dsn=db, blob=blob, catalog=catalog)
     assert run_once(ctx).frontier == 5
@@ -478,6 +541,7 @@ def test_warehouse_on_s3(db, s3, tmp_path):
     assert table.location().startswith(f"s3://{s3.bucket}/warehouse")
     assert all(t.file.file_path.startswith("s3://") for t in table.scan().plan_files())
     check_table(ctx)
+    assert copied_parts(table, blob, "ons3") == ({"p0_0.parquet", "p1_0.parquet"} if copies else set())
 
 
 def test_reclock_sink_run_status_and_drop_commands(db, tmp_path, monkeypatch):

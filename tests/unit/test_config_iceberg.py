@@ -30,6 +30,9 @@ def test_an_iceberg_sink_and_its_layout_defaults():
     assert sink(**{"from": "users_errors", "iceberg": {"table": "lake.e"}}).layout == "append"
     assert sink(**{"from": "orders", "iceberg": {"table": "a.b.c", "catalog": "lakehouse"}, "layout": "changelog",
                    "budget": {"max_rows": 5}, "start": 7}).budget.max_rows == 5
+    assert s.copy_min_bytes == 8 << 20
+    assert sink(**{"from": "orders", "iceberg": {"table": "l.o"}, "copy_min_bytes": 0}).copy_min_bytes == 0
+    assert sink(**{"from": "orders", "iceberg": {"table": "l.o"}, "copy_min_bytes": None}).copy_min_bytes is None
     kafka = sink(**{"from": "orders", "kafka": {"topic": "out", "bootstrap": "x:1"}})
     assert isinstance(kafka, SinkSpec) and kafka.kafka.topic == "out"
 
@@ -46,6 +49,8 @@ def test_an_iceberg_sink_and_its_layout_defaults():
     ({"from": "orders", "iceberg": {"table": "lake.o"}, "kafka": {"topic": "t"}}, r"either `kafka:`.*or `iceberg:`"),
     ({"from": "nope", "iceberg": {"table": "lake.o"}}, r"`from` must name a collection"),
     ({"from": "orders", "iceberg": "lake.o"}, r"sink lake\.iceberg: expected a mapping"),
+    ({"from": "orders", "iceberg": {"table": "lake.o"}, "copy_min_bytes": -1}, r"`copy_min_bytes` is a size"),
+    ({"from": "orders", "iceberg": {"table": "lake.o"}, "copy_min_bytes": "8MB"}, r"`copy_min_bytes` is a size"),
 ])
 def test_config_errors_say_what_to_fix(raw, message):
     with pytest.raises(ConfigError, match=message):

@@ -62,6 +62,13 @@ the clusters read ahead, also in a new sink's snapshot commit, whatever its size
 functions (pinned with pyiceberg 0.12.0) do the projection, the statistics and, for a partitioned table
 (the sink only creates unpartitioned ones), the whole write.
 
+**Copies.** In an append layout, a part of at least the sink's ``copy_min_bytes`` whose footer proves its
+rows are exactly the table's (:func:`copy_plan`: every row group's ts in the range, every diff 1, the
+internal columns empty, the columns of the table's types) is not read at all: its bytes are copied into a
+data file, up to its footer, and a new footer follows them (:mod:`reclock.parquet_footer`: the table's
+names and field ids, ``diff`` and the internal columns dropped), so the export costs a file copy. A commit
+never ends inside a copied part's ts range; the budget cuts only what is written anew.
+
 The table is created by the sink (unpartitioned, format version 2) when it does not exist; a table that
 already holds data written by anyone but this sink is refused unless the sink starts ``fresh``, which
 replaces the table's contents with the snapshot in its first commit. The sink holds a read hold on the
@@ -82,17 +89,21 @@ from typing import Iterator
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from reclock import compaction
+from reclock import parquet_footer as pf
 from reclock.ahead import read_ahead
 from reclock.config import IcebergSinkSpec
 from reclock.errors import ReclockError, SinceViolation, SinkRefused
 from reclock.failpoints import failpoint
+from reclock.part_layout import DATA_KIND, INTERNAL_PREFIX
 from reclock.persist import blob as blobs
 from reclock.persist import connect
 from reclock.persist.objectstore import S3Settings, pyiceberg_options
-from reclock.persist.parquet import holds_type
-from reclock.persist.shards import acquire_read_hold, downgrade_read_hold, release_read_hold, shard_info
+from reclock.persist.parquet import column_stats, holds_type
+from reclock.persist.shards import (BatchRow, acquire_read_hold, downgrade_read_hold, release_read_hold,
+                                    shard_info)
 from reclock.persist.status import record_statistics, record_status
 from reclock.read import UpdateReader, updates_parts
 
@@ -112,6 +123,8 @@ a commit's first files are written while its later updates are still read."""
 CONFLICT_RETRIES = 5
 READ_AHEAD = 2
 """Tables of updates read (and consolidated) ahead on a helper thread while pyiceberg writes (bounds memory)."""
+COPY_BLOCK_BYTES = 8 << 20
+"""A copy is read and written this much at a time."""
 WRITERS = 4
 """Threads writing data files (more than the cores, so that none idles while a commit's last file is
 written); what they hold at once is bounded by :data:`WRITING_FILES`."""
@@ -248,7 +261,7 @@ def table_schema(columns: pa.Schema, layout: str) -> pa.Schema:
     """The Iceberg table's Arrow schema for a collection whose parts have ``columns`` (data, ts, diff):
     the data columns (all nullable), then ``_reclock_ts`` and, for a changelog, ``_reclock_diff``."""
     data = [f.with_nullable(True) for f in columns if f.name not in ("ts", "diff")]
-    extra = [pa.field(TS_COLUMN, pa.int64(), nullable=False)]
+    extra = [pa.field(TS_COLUMN, pa.int64())]  # optional, as the parts' ts is: so parts can be copied
     if layout == "changelog":
         extra.append(pa.field(DIFF_COLUMN, pa.int64(), nullable=False))
     return pa.schema(data + extra)
@@ -441,12 +454,9 @@ class IcebergSink:
 
     # -- reading -----------------------------------------------------------------------------------------
 
-    def _updates(self, conn, begin: _Begin, upper: int) -> tuple[pa.Schema, Iterator[tuple[pa.Table, bool]]]:
-        """The parts' schema and the consolidated updates to export, in ts order: ``(table, cut)`` pairs,
-        ``cut`` false inside the snapshot (a new sink's first commit holds all of it: the updates at
-        ``ts <= snapshot_at`` advanced to it). An append layout reads a ts in two tables where the parts hold
-        no retraction (nothing to consolidate across them), so reading and writing overlap; a commit still
-        ends only where the next table's first ts is past the last one written."""
+    def _readers(self, conn, begin: _Begin, upper: int) -> tuple[UpdateReader | None, UpdateReader]:
+        """The readers of what to export: a new sink's snapshot (the updates at ``ts <= snapshot_at``, None
+        for a sink that has a frontier) and the rest, up to ``upper``."""
         spec, blob = self.ctx.spec, self.ctx.blob
         lower = begin.frontier
         snap = None
@@ -456,22 +466,23 @@ class IcebergSink:
             snap = UpdateReader(blob, spec.collection, rows, 0, begin.snapshot_at + 1, kind, dictionaries=True)
             lower = begin.snapshot_at + 1
         rows, upper = updates_parts(conn, spec.collection, lower, upper) if lower < upper else ([], upper)
-        rest = UpdateReader(blob, spec.collection, rows, lower, upper, kind, dictionaries=True)
-        schemas = [r.schema for r in (snap, rest) if r is not None and len(r.schema)]
-        schema = pa.unify_schemas(schemas, promote_options="default") if schemas else pa.schema([])
+        return snap, UpdateReader(blob, spec.collection, rows, lower, upper, kind, dictionaries=True)
 
-        def stream() -> Iterator[tuple[pa.Table, bool]]:
-            if snap is not None:
-                for i, t in enumerate(snap.tables()):
-                    yield consolidate(t, advance_to=begin.snapshot_at), i == 0
-            for t in rest.tables(split_ts=spec.layout == "append"):
-                yield consolidate(t), True
-
-        return schema, stream()
+    def _stream(self, snap: UpdateReader | None, rest: UpdateReader) -> Iterator[tuple[pa.Table, bool]]:
+        """The consolidated updates to export, in ts order: ``(table, cut)`` pairs, ``cut`` false inside the
+        snapshot (a new sink's first commit holds all of it: the updates at ``ts <= snapshot_at`` advanced
+        to it). An append layout reads a ts in two tables where the parts hold no retraction (nothing to
+        consolidate across them), so reading and writing overlap; a commit still ends only where the next
+        table's first ts is past the last one written."""
+        if snap is not None:
+            for i, t in enumerate(snap.tables()):
+                yield consolidate(t, advance_to=snap.upper - 1), i == 0
+        for t in rest.tables(split_ts=self.ctx.spec.layout == "append"):
+            yield consolidate(t), True
 
     # -- writing -----------------------------------------------------------------------------------------
 
-    def _ensure_table(self, columns: pa.Schema):
+    def _ensure_table(self, columns: pa.Schema | None):
         """The table, created from the collection's ``columns`` (and the layout) if it does not exist."""
         from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC
 
@@ -490,17 +501,21 @@ class IcebergSink:
         if upper <= first:
             return SinkResult(begin.frontier, 0, 0, 0)  # nothing complete beyond the frontier
         t0 = time.monotonic()
-        columns, stream = self._updates(conn, begin, upper)
-        if self.table is None and not len(columns):
+        snap, rest = self._readers(conn, begin, upper)
+        schemas = [r.schema for r in (snap, rest) if r is not None and len(r.schema)]
+        if self.table is None and not schemas:
             return SinkResult(begin.frontier, 0, 0, 0)  # no part yet: no schema to create the table with
-        ahead = read_ahead(stream, READ_AHEAD, "iceberg-read")  # reading starts while the table is loaded
+        table = self._ensure_table(pa.unify_schemas(schemas, promote_options="default") if schemas else None)
+        copies = _Copies(copy_plan(self.ctx.blob, table, rest, spec.copy_min_bytes)
+                         if spec.layout == "append" and spec.copy_min_bytes is not None else [])
+        ahead = read_ahead(self._stream(snap, rest.without(copies.indexes)), READ_AHEAD, "iceberg-read")
         try:
-            table = self._ensure_table(columns)
-            return self._commit_all(conn, table, table.schema().as_arrow(), _Peek(ahead), upper, t0)
+            return self._commit_all(conn, table, table.schema().as_arrow(), _Peek(ahead), copies, upper, t0)
         finally:
             ahead.close()
 
-    def _commit_all(self, conn, table, schema: pa.Schema, items: _Peek, upper: int, t0: float) -> SinkResult:
+    def _commit_all(self, conn, table, schema: pa.Schema, items: _Peek, copies: "_Copies", upper: int,
+                    t0: float) -> SinkResult:
         """Commit ``items`` in budget-sized commits, each with its frontier, up to ``upper``.
 
         A commit's data files are written a chunk (a file's worth) at a time on :data:`WRITERS` threads,
@@ -508,16 +523,18 @@ class IcebergSink:
         however large the commit (a new sink's snapshot is one commit whatever its size). The next commit's
         chunks are gathered and written while the files of the one before are still being written: each
         commit is staged (its files handed to the writers, its frontier known), then committed once the
-        next is staged (or the run ends or fails), so every core writes even when a commit is one file."""
+        next is staged (or the run ends or fails), so every core writes even when a commit is one file.
+        ``copies`` (parts exported as copies of their bytes) go into the commit whose range holds them: a
+        commit never ends inside one's range."""
         spec = self.ctx.spec
         commits = rows = nbytes = 0
         frontier = self.begin.frontier
         replace = self.begin.replace
-        with _DataFileWriter(table, WRITERS, WRITING_FILES * _chunk_bytes(table)) as writer:
+        with _DataFileWriter(table, self.ctx.blob, WRITERS, WRITING_FILES * _chunk_bytes(table)) as writer:
             pending: _Staged | None = None
             while True:
                 try:
-                    staged = self._stage(items, upper, schema, writer, replace)
+                    staged = self._stage(items, copies, upper, schema, writer, replace)
                 except Exception:
                     if pending is not None:  # what was staged before the failure is whole: commit it
                         self._commit(conn, table, pending)
@@ -538,15 +555,20 @@ class IcebergSink:
             "lag_ms": max(0, upper_now - frontier), "seconds": round(time.monotonic() - t0, 3)})
         return SinkResult(frontier, commits, rows, nbytes)
 
-    def _stage(self, items: _Peek, upper: int, schema: pa.Schema, writer: "_DataFileWriter",
+    def _stage(self, items: _Peek, copies: "_Copies", upper: int, schema: pa.Schema, writer: "_DataFileWriter",
                replace: bool) -> "_Staged":
         """The next commit's updates from ``items``, handed to ``writer`` a chunk at a time, up to where the
-        budget lets the commit end (its frontier)."""
+        budget lets the commit end (its frontier), and the ``copies`` below that frontier."""
         props = {SINK: self.ctx.spec.name, COLLECTION: self.ctx.spec.collection}
         counts = [0, 0]
         files = [writer.submit(chunk) for chunk in
-                 _chunks(self._shaped(items, props, counts, upper, schema), schema, writer.chunk_bytes)]
-        return _Staged(props, int(props[FRONTIER]), files, counts[0], counts[1], replace)
+                 _chunks(self._shaped(items, copies, props, counts, upper, schema), schema, writer.chunk_bytes)]
+        frontier = int(props[FRONTIER])
+        for c in copies.take_below(frontier):
+            files.append(writer.submit_copy(c))
+            counts[0] += c.row.rows
+            counts[1] += c.row.bytes
+        return _Staged(props, frontier, files, counts[0], counts[1], replace)
 
     def _commit(self, conn, table, staged: "_Staged") -> None:
         """One catalog transaction: ``staged``'s data files (waited for) and its frontier in the snapshot
@@ -577,12 +599,12 @@ class IcebergSink:
         downgrade_read_hold(conn, spec.collection, spec.holder, staged.frontier - 1)
         self.begin = _Begin(staged.frontier, table.metadata.current_snapshot_id)
 
-    def _shaped(self, items: _Peek, props: dict, counts: list[int], upper: int,
+    def _shaped(self, items: _Peek, copies: "_Copies", props: dict, counts: list[int], upper: int,
                 schema: pa.Schema) -> Iterator[tuple[pa.Table, int]]:
         """One commit's rows, shaped, each table with its :func:`decoded_bytes`: tables from ``items`` until
-        the budget is reached at a point where a commit may end; sets ``props[FRONTIER]`` to where the
-        commit ends (the next table's first ts, or ``upper``) before it stops (``_commit`` checks the
-        staged summary carries it before committing)."""
+        the budget is reached at a point where a commit may end (not inside the range of one of ``copies``);
+        sets ``props[FRONTIER]`` to where the commit ends (the next table's first ts, or ``upper``) before it
+        stops (``_commit`` checks the staged summary carries it before committing)."""
         budget = self.ctx.spec.budget
         last_ts = None  # the last ts written in this commit
         while True:
@@ -595,7 +617,7 @@ class IcebergSink:
                 items.take()
                 continue
             first_ts = int(updates["ts"][0].as_py())
-            if counts[0] and cut and first_ts > last_ts and (
+            if counts[0] and cut and first_ts > last_ts and not copies.straddle(first_ts) and (
                     counts[0] >= budget.max_rows or counts[1] >= budget.max_bytes):
                 props[FRONTIER] = str(first_ts)
                 return
@@ -677,10 +699,10 @@ class _DataFileWriter:
     beyond that (one chunk is always let through). Leaving the ``with`` block waits for every write (an
     abandoned commit's files stay unreferenced)."""
 
-    def __init__(self, table, threads: int, max_bytes: int) -> None:
+    def __init__(self, table, blob: blobs.BlobStore, threads: int, max_bytes: int) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
-        self.table, self.max_bytes = table, max_bytes
+        self.table, self.blob, self.max_bytes = table, blob, max_bytes
         self.chunk_bytes = _chunk_bytes(table)
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="iceberg-write")
         self._in_flight: collections.deque[tuple[Future, int]] = collections.deque()
@@ -695,13 +717,21 @@ class _DataFileWriter:
         self._in_flight.append((future, chunk.nbytes))
         return future
 
+    def submit_copy(self, part: "_Copy") -> Future:
+        """A future of the data file copied from ``part`` (read and written a block at a time)."""
+        return self._pool.submit(lambda: [copy_data_file(self.table.metadata, self.table.io, self.blob, part,
+                                                         self._name())])
+
+    def _name(self) -> str:
+        return f"00000-{next(self._counter)}-{self._uuid}.parquet"
+
     def _write(self, metadata, io, chunk: pa.Table) -> list:
         from pyiceberg.io.pyarrow import _dataframe_to_data_files
 
         if not metadata.spec().is_unpartitioned():  # pyiceberg's own writer, which splits by partition
             return list(_dataframe_to_data_files(metadata, chunk.cast(metadata.schema().as_arrow()), io,
                                                  write_uuid=self._uuid, counter=self._counter))
-        return [write_data_file(metadata, io, chunk, f"00000-{next(self._counter)}-{self._uuid}.parquet")]
+        return [write_data_file(metadata, io, chunk, self._name())]
 
     def __enter__(self) -> "_DataFileWriter":
         return self
@@ -717,15 +747,11 @@ def write_data_file(metadata, io, rows: pa.Table, name: str):
     footer's statistics), except that the file keeps no Arrow schema, so a column written from a dictionary
     array reads back as the table's type (pyiceberg 0.12's scan would otherwise read it as a dictionary and
     fail to join it with other files' columns). Private pyiceberg functions: pinned with pyiceberg 0.12.0."""
-    import pyarrow.parquet as pq
     from pyiceberg.io.fileformat import FileFormatFactory
-    from pyiceberg.io.pyarrow import (_get_parquet_writer_kwargs, _to_requested_schema, compute_statistics_plan,
-                                      data_file_statistics_from_parquet_metadata, parquet_path_to_id_mapping)
-    from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+    from pyiceberg.io.pyarrow import _get_parquet_writer_kwargs, _to_requested_schema
+    from pyiceberg.manifest import FileFormat
     from pyiceberg.schema import sanitize_column_names
     from pyiceberg.table import TableProperties
-    from pyiceberg.table.locations import load_location_provider
-    from pyiceberg.typedef import Record
     from pyiceberg.utils.properties import property_as_int
 
     schema = metadata.schema()
@@ -734,8 +760,7 @@ def write_data_file(metadata, io, rows: pa.Table, name: str):
     batches = [_to_requested_schema(file_schema, schema, b, include_field_ids=True, format_model=model)
                for b in rows.to_batches()]
     table = pa.Table.from_batches(batches) if batches else pa.Table.from_batches([], file_schema.as_arrow())
-    path = load_location_provider(table_location=metadata.location,
-                                  table_properties=metadata.properties).new_data_location(data_file_name=name)
+    path = _data_location(metadata, name)
     output = io.new_output(path)
     row_group = property_as_int(metadata.properties, TableProperties.PARQUET_ROW_GROUP_LIMIT,
                                 TableProperties.PARQUET_ROW_GROUP_LIMIT_DEFAULT)
@@ -744,14 +769,174 @@ def write_data_file(metadata, io, rows: pa.Table, name: str):
                                   **_get_parquet_writer_kwargs(metadata.properties))
         with writer:
             writer.write_table(table, row_group_size=row_group)
+    return _data_file(metadata, path, len(output), writer.writer.metadata)
+
+
+def _data_location(metadata, name: str) -> str:
+    from pyiceberg.table.locations import load_location_provider
+
+    return load_location_provider(table_location=metadata.location,
+                                  table_properties=metadata.properties).new_data_location(data_file_name=name)
+
+
+def _data_file(metadata, path: str, size: int, parquet_metadata: pq.FileMetaData):
+    """The ``DataFile`` entry of the Parquet file at ``path`` of ``size`` bytes with footer
+    ``parquet_metadata``, in the unpartitioned table with ``metadata``: its column statistics as pyiceberg
+    takes them from a footer (by the field ids the file's columns carry)."""
+    from pyiceberg.io.pyarrow import (compute_statistics_plan, data_file_statistics_from_parquet_metadata,
+                                      parquet_path_to_id_mapping)
+    from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+    from pyiceberg.schema import sanitize_column_names
+    from pyiceberg.typedef import Record
+
+    file_schema = sanitize_column_names(metadata.schema())
     statistics = data_file_statistics_from_parquet_metadata(
-        parquet_metadata=writer.writer.metadata,
+        parquet_metadata=parquet_metadata,
         stats_columns=compute_statistics_plan(file_schema, metadata.properties),
         parquet_column_mapping=parquet_path_to_id_mapping(file_schema))
     return DataFile.from_args(
         content=DataFileContent.DATA, file_path=path, file_format=FileFormat.PARQUET, partition=Record(),
-        file_size_in_bytes=len(output), sort_order_id=None, spec_id=metadata.default_spec_id,
+        file_size_in_bytes=size, sort_order_id=None, spec_id=metadata.default_spec_id,
         equality_ids=None, key_metadata=None, **statistics.to_serialized_dict())
+
+
+# -- parts exported as copies ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Copy:
+    """A part exported by copying it: its index among the reader's parts, its batch row, its ts bounds,
+    the bytes before its footer (copied as they are) and the new end of the file (:func:`rewrite`), with
+    the footer that end holds."""
+
+    index: int
+    row: BatchRow
+    lo: int
+    hi: int
+    start: int
+    tail: bytes
+    footer: pq.FileMetaData
+
+
+class _Copies:
+    """The copies of a run, handed out to the commits whose ranges hold them."""
+
+    def __init__(self, copies: list[_Copy]) -> None:
+        self._left = sorted(copies, key=lambda c: (c.lo, c.hi))
+        self.indexes = {c.index for c in copies}
+
+    def straddle(self, ts: int) -> bool:
+        """Whether a commit ending at ``ts`` (every update below it in) would cut a copy's range."""
+        return any(c.lo < ts <= c.hi for c in self._left)
+
+    def take_below(self, frontier: int) -> list[_Copy]:
+        """The copies not handed out yet whose updates all lie below ``frontier``."""
+        out = [c for c in self._left if c.hi < frontier]
+        self._left = [c for c in self._left if c.hi >= frontier]
+        return out
+
+
+def _stat_bounds(md: pq.FileMetaData, column: str) -> list[tuple[object, object, int | None]] | None:
+    """Each row group's (min, max, null count) of ``column`` from the footer; None if the column is missing
+    or a row group kept no bounds."""
+    stats = column_stats(md, column)
+    if stats is None or any(st is None or not st.has_min_max for st in stats):
+        return None
+    return [(st.min, st.max, st.null_count if st.has_null_count else None) for st in stats]
+
+
+def _all_null(md: pq.FileMetaData, column: str) -> bool:
+    stats = column_stats(md, column)
+    return stats is not None and all(st is not None and st.has_null_count and st.null_count == md.row_group(i).num_rows
+                                     for i, st in enumerate(stats))
+
+
+def _read_footer(blob: blobs.BlobStore, path: str) -> pf.Footer:
+    """The footer of the part at ``path``, read from its end."""
+    with blob.open(path) as f:
+        size = f.seek(0, 2)
+        want = min(size, 64 << 10)
+        while True:
+            f.seek(size - want)
+            tail = f.read(want)
+            try:
+                return pf.read_footer(tail, size)
+            except pf.FooterError:
+                n = int.from_bytes(tail[-8:-4], "little") + 8 if len(tail) >= 8 else 0
+                if want >= size or n <= want:
+                    raise
+                want = min(size, n)
+
+
+def copy_plan(blob: blobs.BlobStore, table, reader: UpdateReader, min_bytes: int) -> list[_Copy]:
+    """The parts of ``reader`` (a data collection's updates at ``reader.lower <= ts < reader.upper``, for an
+    append layout) that become data files of ``table`` as copies of their bytes with a new footer
+    (:mod:`reclock.parquet_footer`) instead of being read and written again: parts of at least
+    ``min_bytes`` (the sink's ``copy_min_bytes``) whose rows are exactly what the table gets, as the footer proves it: every row
+    group's ``ts`` inside the range and ``diff`` 1, the internal columns all null; whose other columns
+    are the table's (``ts`` becomes ``_reclock_ts``; ``diff`` and the internal columns are dropped from the
+    footer), each of exactly the type, and nullable where the table's is, that the table has. Everything
+    else is read and written as rows. An unpartitioned table only."""
+    from pyiceberg.io.pyarrow import pyarrow_to_schema
+    from pyiceberg.schema import sanitize_column_names
+
+    if not table.metadata.spec().is_unpartitioned() or reader.kind != DATA_KIND:
+        return []
+    schema = table.schema()
+    file_names = {f.field_id: f.name for f in sanitize_column_names(schema).fields}
+    names = {f.name: file_names[f.field_id] for f in schema.fields}  # the table's name -> the files' name
+    ids = {file_names[f.field_id]: f.field_id for f in schema.fields}
+    plan = []
+    for i, (row, md) in enumerate(zip(reader.rows, reader.footers)):
+        if row.bytes < min_bytes:
+            continue
+        ts, diff = _stat_bounds(md, "ts"), _stat_bounds(md, "diff")
+        if ts is None or diff is None or any(lo < reader.lower or hi >= reader.upper for lo, hi, _ in ts) \
+                or any((lo, hi) != (1, 1) for lo, hi, _ in diff):
+            continue
+        keep: dict[str, str] = {}
+        columns = md.schema.to_arrow_schema().names
+        if any(c.startswith(INTERNAL_PREFIX) and not _all_null(md, c) for c in columns):
+            continue
+        for c in columns:
+            if c == "ts":
+                keep[c] = names[TS_COLUMN]
+            elif c != "diff" and not c.startswith(INTERNAL_PREFIX):
+                keep[c] = names.get(c, "")
+        if "" in keep.values():
+            continue  # a column the table lacks: the rows' path says so (SchemaMismatch)
+        try:
+            footer = _read_footer(blob, row.path)
+            tail = pf.rewrite(footer, keep, ids)
+            new = pq.read_metadata(pa.BufferReader(pf.MAGIC + tail))
+            found = pyarrow_to_schema(new.schema.to_arrow_schema())
+        except (pf.FooterError, ValueError, TypeError, NotImplementedError):
+            continue  # a footer of a shape not rewritten, or a type Iceberg reads otherwise
+        if footer.num_rows != row.rows or any(
+                f.field_type != schema.find_field(f.field_id).field_type
+                or (schema.find_field(f.field_id).required and not f.required) for f in found.fields):
+            continue
+        plan.append(_Copy(i, row, min(lo for lo, _, _ in ts), max(hi for _, hi, _ in ts), footer.start, tail, new))
+    return plan
+
+
+def copy_data_file(metadata, io, blob: blobs.BlobStore, part: _Copy, name: str):
+    """``part`` copied into the table with ``metadata`` as data file ``name``: its bytes before the footer as
+    they are, then its new footer; the data file's entry (its statistics from the new footer).
+    A part shorter than its footer said fails the run."""
+    path = _data_location(metadata, name)
+    with blob.open(part.row.path) as src, io.new_output(path).create(overwrite=True) as out:
+        left = part.start
+        while left:
+            block = src.read(min(left, COPY_BLOCK_BYTES))
+            if not block:
+                raise ReclockError(f"shard {part.row.shard}: part {part.row.path} ended {left} bytes before its "
+                                   "footer: the file was replaced or truncated since it was read; nothing was "
+                                   "committed (restore the file, or rebuild the collection from upstream)")
+            out.write(block)
+            left -= len(block)
+        out.write(part.tail)
+    return _data_file(metadata, path, part.start + len(part.tail), part.footer)
 
 
 def run_once(ctx: IcebergSinkContext, fresh: bool = False) -> SinkResult:
