@@ -15,7 +15,7 @@ from __future__ import annotations
 import struct
 import tempfile
 
-import pyarrow.parquet as pq
+from blob_support import files_rows
 from hypothesis import given, settings, strategies as st
 from pgoutput_encode import encode
 
@@ -132,10 +132,7 @@ def _run(stream, chunk: int, strict: bool, blocks: list[int] | None):
             emitted = writer.close()
         except ReclockError as e:
             return ("error", type(e).__name__, str(e))
-        files = {}
-        for info in blob.list("w"):
-            with blob.open(info.path) as f:
-                files[info.path] = pq.read_table(f).to_pylist()
+        files = files_rows(blob, "w")
         return stats, emitted, files
 
 

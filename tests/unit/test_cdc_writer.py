@@ -9,8 +9,8 @@ import tempfile
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
+from blob_support import files_rows
 from hypothesis import given, settings, strategies as st
 
 from reclock import cdc
@@ -52,10 +52,7 @@ def _write(rows: list[tuple], cuts: list[int] | None, chunk: int):
             emitted = w.close()
         except ReclockError as e:
             return ("error", type(e).__name__, str(e))
-        files = {}
-        for info in blob.list("w"):
-            with blob.open(info.path) as f:
-                files[info.path] = pq.read_table(f).to_pylist()
+        files = files_rows(blob, "w")
         return emitted, files
 
 
