@@ -43,9 +43,11 @@ layout         table columns                            reading the collection A
 =============  =======================================  ==============================================
 
 An append layout refuses a retraction (it cannot express one) and fails the run before committing.
-Every timestamp's updates are consolidated (summed by row, zeros dropped) before they are written; a new
-sink first writes the collection AS OF its since, at ``_reclock_ts = since``, streamed a cluster of parts
-at a time (so in a changelog table that first timestamp may hold pairs of rows that cancel out).
+Every timestamp's updates are consolidated (summed by row, zeros dropped) before they are written (a
+copied part, below, keeps its rows as they are: in an append layout a row of multiplicity n is n rows
+either way); a new sink first writes the collection AS OF its since, at ``_reclock_ts = since``, streamed a
+cluster of parts at a time (so in a changelog table that first timestamp may hold pairs of rows that
+cancel out).
 
 **Reading and writing.** The parts are read a cluster of row groups at a time
 (:class:`reclock.read.UpdateReader`), two clusters ahead on a helper thread; a string column that the
