@@ -4,6 +4,7 @@ at the end. Every server listens on 127.0.0.1 and lives under a temporary state 
 from __future__ import annotations
 
 import itertools
+import logging
 import shutil
 import tempfile
 from pathlib import Path
@@ -17,6 +18,9 @@ from reclock.dev.postgres import LocalPostgres
 from reclock.dev.state import StackState
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+# py4j logs "Closing down clientserver connection" at INFO from a __del__ at interpreter exit, after
+# pytest closed the stream a logging handler writes to: a "--- Logging error ---" trace after every run.
+logging.getLogger("py4j").setLevel(logging.WARNING)
 
 _db_counter = itertools.count()
 

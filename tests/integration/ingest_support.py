@@ -50,7 +50,7 @@ def produce(kafka, topic: str, records: list[tuple[int, bytes | None, bytes | No
         p.begin_transaction()
     for part, key, value in records:
         p.produce(topic, value=value, key=key, partition=part)
-    p.flush(30)
+    assert p.flush(30) == 0, "records left unsent: the broker did not acknowledge them in time"
     if transactional:
         (p.abort_transaction if abort else p.commit_transaction)(30)
         wait_stable(kafka, topic, {part for part, _, _ in records})

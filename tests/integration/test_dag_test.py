@@ -44,7 +44,7 @@ def test_ingest_and_sink_dags_under_dag_test(db, postgres, kafka, topic, stack_s
     producer = Producer({"bootstrap.servers": kafka.bootstrap})
     for i in range(400):
         producer.produce(name, value=json.dumps({"id": i}).encode(), partition=i % 2)
-    producer.flush(30)
+    assert producer.flush(30) == 0, "records left unsent: the broker did not acknowledge them in time"
     config = tmp_path / "reclock.yaml"
     config.write_text(yaml.safe_dump({
         "sources": {"dt_orders": {"kafka": {"topic": name, "bootstrap": kafka.bootstrap},

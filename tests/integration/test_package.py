@@ -102,7 +102,7 @@ print(json.dumps({"file": reclock.__file__, "dev": sorted(m for m in sys.modules
     producer = Producer({"bootstrap.servers": kafka.bootstrap})
     for i in range(RECORDS):
         producer.produce(name, value=json.dumps({"id": i}).encode(), partition=i % 2)
-    producer.flush(30)
+    assert producer.flush(30) == 0, "records left unsent: the broker did not acknowledge them in time"
     config = tmp_path / "reclock.yaml"
     source = {"kafka": {"topic": name, "connection": "reclock_kafka"}, "format": {"type": "json", "schema": "id BIGINT"}}
     config.write_text(yaml.safe_dump({"sources": {"pk_orders": source, "pk_nojars": source}}))

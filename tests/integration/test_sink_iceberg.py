@@ -72,7 +72,7 @@ class Source:
                 else:  # repeated records: the collection holds rows of multiplicity above 1
                     value = json.dumps({"id": i % 9, "name": "same"}).encode()
                 self.producer.produce(self.topic, key=key, value=value, partition=zlib.crc32(key) % 3)
-            self.producer.flush(30)
+            assert self.producer.flush(30) == 0, "records left unsent: the broker did not acknowledge them in time"
             cycle.run_cycle(self.ctx)
 
     def raw_config(self) -> dict:

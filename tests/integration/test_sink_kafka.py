@@ -58,7 +58,7 @@ class Source:
                 key = f"k{(i * 7) % KEYS}".encode()
                 value = None if i % 11 == 5 else json.dumps({"id": i, "name": f"v{i}"}).encode()
                 self.producer.produce(self.topic, key=key, value=value, partition=zlib.crc32(key) % 3)
-            self.producer.flush(30)
+            assert self.producer.flush(30) == 0, "records left unsent: the broker did not acknowledge them in time"
             cycle.run_cycle(self.ctx)
 
 

@@ -50,7 +50,7 @@ def test_spark_submit_rebuilds_what_a_cycle_wrote(db, kafka, topic, spark, stack
     for wave in range(2):
         for i in range(wave * 200, wave * 200 + 200):
             producer.produce(name, value=json.dumps({"id": i}).encode(), partition=i % 2)
-        producer.flush(30)
+        assert producer.flush(30) == 0, "records left unsent: the broker did not acknowledge them in time"
         cycle.run_cycle(ctx)
     before, parts_before = contents(db, blob, "sj_orders")
     assert sorted(r["id"] for r in before) == list(range(400))

@@ -36,7 +36,7 @@ def test_transactions_commit_and_abort_on_one_node(kafka, topic):
         producer.begin_transaction()
         for j in range(5):
             producer.produce(name, f"{i}-{j}".encode(), partition=j % 2)
-        producer.flush(30)  # the aborted records must reach the broker, not just be purged locally
+        assert producer.flush(30) == 0, "records left unsent: the broker did not acknowledge them in time"  # the aborted records must reach the broker, not just be purged locally
         if commit:
             producer.commit_transaction(30)
         else:
@@ -60,7 +60,7 @@ def test_spark_reads_kafka_offset_ranges(kafka, topic, spark):
     producer = Producer({"bootstrap.servers": kafka.bootstrap})
     for i in range(90):
         producer.produce(name, str(i).encode(), partition=i % 3)
-    producer.flush(30)
+    assert producer.flush(30) == 0, "records left unsent: the broker did not acknowledge them in time"
     df = (spark.read.format("kafka")
           .option("kafka.bootstrap.servers", kafka.bootstrap)
           .option("subscribe", name)

@@ -91,7 +91,7 @@ def _ingest_under_scheduler(stack) -> None:
     for wave in range(2):
         for i in range(wave * 500, wave * 500 + 500):
             producer.produce("it_orders", value=b'{"id": %d}' % i, partition=i % 3)
-        producer.flush(30)
+        assert producer.flush(30) == 0, "records left unsent: the broker did not acknowledge them in time"
         run_id = stack.airflow.trigger("ingest__it_orders", conf={"max_records": 200})
         assert stack.airflow.wait_run("ingest__it_orders", run_id, timeout=300)["state"] == "success"
     with connect(stack.postgres.dsn()) as conn:
@@ -106,7 +106,7 @@ def _ingest_under_scheduler(stack) -> None:
     # wall clock (never a binding in the past), so the backlog lands once at a current time
     for i in range(1000, 1300):
         producer.produce("it_orders", value=b'{"id": %d}' % i, partition=i % 3)
-    producer.flush(30)
+    assert producer.flush(30) == 0, "records left unsent: the broker did not acknowledge them in time"
     started_ms = int(time.time() * 1000)
     now = datetime.now(timezone.utc).replace(minute=0, second=0, microsecond=0)
     stack.airflow.airflow("backfill", "create", "--dag-id", "ingest__it_orders", "--max-active-runs", "1",
@@ -173,7 +173,7 @@ def _event_driven(stack) -> None:
     for wave, (lo, hi) in enumerate(((0, 40), (40, 60))):
         for i in range(lo, hi):
             producer.produce("it_events", value=b'{"id": %d}' % i, partition=i % 2)
-        producer.flush(30)
+        assert producer.flush(30) == 0, "records left unsent: the broker did not acknowledge them in time"
         wait_for(hi)
         assert landed() == hi
         before = runs()

@@ -69,14 +69,14 @@ def _run_cycles(stack) -> None:
         for i in range(wave * 300, wave * 300 + 300):
             producer.produce("ui_orders", value=b'{"id": %d}' % i, partition=i % 2)
         producer.produce("ui_orders", value=b"not json", partition=0)  # collected in ui_orders_errors
-        producer.flush(30)
+        assert producer.flush(30) == 0, "records left unsent: the broker did not acknowledge them in time"
         run_id = stack.airflow.trigger("ingest__ui_orders")
         stack.airflow.wait_run("ingest__ui_orders", run_id, timeout=300)
     wait_sink_caught_up(stack, "ui_out", "ui_orders")
     for i in range(50):
         producer.produce("ui_payments", value=b'{"id": %d}' % i, partition=i % 2)
     producer.produce("ui_payments", value=b"{broken", partition=1)  # stalls the source
-    producer.flush(30)
+    assert producer.flush(30) == 0, "records left unsent: the broker did not acknowledge them in time"
     run_id = stack.airflow.trigger("ingest__ui_payments")
     with pytest.raises(StackError, match="failed"):
         stack.airflow.wait_run("ingest__ui_payments", run_id, timeout=300)

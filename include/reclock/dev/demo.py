@@ -36,7 +36,9 @@ def fill(bootstrap: str, topic: str, start: int, count: int, partitions: int = 4
         producer.produce(topic, key=str(order["customer"]).encode(), value=json.dumps(order).encode())
         if i % 10_000 == 0:
             producer.poll(0)
-    producer.flush(60)
+    unsent = producer.flush(60)
+    if unsent:
+        raise RuntimeError(f"{unsent} demo records were not acknowledged by Kafka at {bootstrap} within 60 s")
 
 
 def topic_size(bootstrap: str, topic: str) -> int:
