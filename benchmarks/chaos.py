@@ -57,13 +57,16 @@ to the shard's upper, and the ORACLE checks, from a ``read_committed`` reading o
 - sink: the target topic (read_committed) equals the shard's updates exactly once, in timestamp order.
 
 It prints faults by kind, records checked, lost, duplicated, wrong timestamps, the seed and the wall time,
-and exits 1 on any discrepancy. :func:`campaign` is what ``tests/chaos/test_chaos_short.py`` runs.
+and exits 1 on any discrepancy, or when Airflow stalled: no run of ``ingest__afl`` succeeded for more than
+``AIRFLOW_STALL_S`` while the faults ran (the catch-up lands ``afl`` without Airflow, so the oracle alone would
+not see it). :func:`campaign` is what ``tests/chaos/test_chaos_short.py`` runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import datetime
 import faulthandler
 import json
 import os
@@ -93,6 +96,9 @@ UPSTREAM_DB = "chaos_up"
 OBSERVER_SLOT = "chaos_observer"  # the oracle's own slot: every commit's LSN, read from the WAL
 RUNNERS = ("app", "ups", "txn", PG_SOURCE)  # the sources whose cycles run in runner processes; afl's under Airflow
 AIRFLOW_SOURCE = "afl"
+AIRFLOW_STALL_S = 600
+"""The longest the faults may keep ``ingest__afl`` from succeeding: twice Airflow's own recovery of a task whose
+process died (``task_instance_heartbeat_timeout``, 300 s) or that a dead scheduler left queued (300 s)."""
 BIG_EVERY = 150  # every this many writer transactions, a large one (700 rows of items: above the budget)
 UPSERT_KEYS = 12
 REPO = Path(__file__).resolve().parents[1]
@@ -726,11 +732,14 @@ class AirflowSide:
         self.echo = echo
         self.revived = 0
         self.lock = threading.Lock()
+        self.unpaused_at: datetime.datetime | None = None  # the window report() measures stalls in
+        self.faults_done_at: datetime.datetime | None = None
 
     def start(self) -> None:
         t = self.af.start(timeout=600)
         self.af.wait_for_dag(self.DAG_ID, timeout=300)
         self.af.unpause(self.DAG_ID)
+        self.unpaused_at = datetime.datetime.now(datetime.timezone.utc)
         self.echo(f"airflow up in {t:.0f}s, {self.DAG_ID} unpaused")
 
     @staticmethod
@@ -783,18 +792,28 @@ class AirflowSide:
         self.af.stop()
 
     def report(self) -> dict:
-        """Runs by state, task tries that failed, and task instances that succeeded after a retry, from the
-        metadata database."""
+        """Runs by state, task tries that failed, task instances that succeeded after a retry, and the
+        longest stall: the longest stretch from the unpause to the end of the faults in which no run of
+        ``ingest__afl`` succeeded (the catch-up lands ``afl`` without Airflow, so the oracle alone cannot
+        tell an Airflow that stopped driving cycles from one that drove them), from the metadata database."""
         import psycopg
 
         with psycopg.connect(self.dsn) as conn:
+            ends = [e for (e,) in conn.execute("SELECT end_date FROM dag_run WHERE dag_id = %s AND state = 'success' "
+                                                "ORDER BY end_date", (self.DAG_ID,))]
             runs = dict(conn.execute("SELECT state, count(*) FROM dag_run WHERE dag_id = %s GROUP BY state",
                                      (self.DAG_ID,)).fetchall())
             failed = conn.execute("SELECT count(*) FROM task_instance_history WHERE dag_id = %s AND state = 'failed'",
                                   (self.DAG_ID,)).fetchone()[0]
             retried = conn.execute("SELECT count(*) FROM task_instance WHERE dag_id = %s AND try_number > 1 "
                                    "AND state = 'success'", (self.DAG_ID,)).fetchone()[0]
-        return {"runs": runs, "failed_tries": failed, "retried_to_success": retried, "revived": self.revived}
+        stall = None
+        if self.unpaused_at is not None and self.faults_done_at is not None:
+            marks = [self.unpaused_at, *(e for e in ends if self.unpaused_at < e < self.faults_done_at),
+                     self.faults_done_at]
+            stall = round(max((b - a).total_seconds() for a, b in zip(marks, marks[1:])))
+        return {"runs": runs, "failed_tries": failed, "retried_to_success": retried, "revived": self.revived,
+                "longest_stall_s": stall}
 
 
 class _Delayed:
@@ -1003,7 +1022,20 @@ class Result:
                f"wrong timestamps {sum(v.wrong_ts.values())}",
                f"produced: {dict(self.produced)}; {json.dumps(self.extra)}"]
         out += [f"  discrepancy: {e}" for e in v.examples]
+        if self.airflow_stalled:
+            out.append(f"  airflow stalled: no run of ingest__{AIRFLOW_SOURCE} succeeded for "
+                       f"{self.extra['airflow']['longest_stall_s']} s (more than {AIRFLOW_STALL_S} s)")
         return out
+
+    @property
+    def airflow_stalled(self) -> bool:
+        stall = self.extra.get("airflow", {}).get("longest_stall_s")
+        return stall is not None and stall > AIRFLOW_STALL_S
+
+    @property
+    def ok(self) -> bool:
+        """Nothing lost, duplicated or at a wrong timestamp, and Airflow kept driving its source's cycles."""
+        return self.verdict.ok and not self.airflow_stalled
 
 
 def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float] = (2.0, 7.0),
@@ -1119,6 +1151,7 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
             elif not injected[kind] and kind not in first:
                 first.append(kind)  # missed (its process was between runs): every kind still comes once
         echo(f"faults done: {dict(injected)}; catching up")
+        airflow.faults_done_at = datetime.datetime.now(datetime.timezone.utc)
         producers.stop()
         stop_pg.set()
         for t in pg_threads:
@@ -1255,7 +1288,7 @@ def main(argv: list[str] | None = None) -> int:
     result = campaign(args.faults, seed, rate=args.rate, gap=tuple(args.gap), max_seconds=args.max_seconds, keep=args.keep)
     for line in result.lines():
         print(line, flush=True)
-    return 0 if result.verdict.ok else 1
+    return 0 if result.ok else 1
 
 
 if __name__ == "__main__":
