@@ -34,7 +34,12 @@ STOP, TRUE, FALSE, I8, I16, I32, I64, DOUBLE, BINARY, LIST, SET, MAP, STRUCT, UU
 
 class FooterError(ValueError):
     """The footer cannot be read or is of a shape :func:`rewrite` does not handle (an encrypted footer, a
-    nested column): the caller writes the rows anew instead."""
+    nested column): the caller writes the rows anew instead. ``need``: when only the tail given was too
+    short, how many bytes from the file's end hold the footer whole (read those and try again)."""
+
+    def __init__(self, message: str, need: int | None = None) -> None:
+        super().__init__(message)
+        self.need = need
 
 
 # -- the compact protocol --------------------------------------------------------------------------------
@@ -273,8 +278,10 @@ def read_footer(tail: bytes, size: int) -> Footer:
     if size < 12 or len(tail) < 8 or tail[-4:] != MAGIC:
         raise FooterError("not a Parquet file (an encrypted footer ends in PARE)")
     n = struct.unpack("<I", tail[-8:-4])[0]
-    if n + 8 > len(tail) or n + 12 > size:
-        raise FooterError(f"the footer ({n} bytes) is not in the last {len(tail)} bytes read")
+    if n + 12 > size:
+        raise FooterError(f"the footer says it is {n} bytes long, in a file of {size}")
+    if n + 8 > len(tail):
+        raise FooterError(f"the footer ({n} bytes) is not in the last {len(tail)} bytes read", need=n + 8)
     meta = decode(bytes(tail[-8 - n:-8]))
     if _get(meta, FMD_ENCRYPTION) is not None:
         raise FooterError("the file's columns are encrypted")

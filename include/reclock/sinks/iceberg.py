@@ -863,11 +863,10 @@ def _read_footer(blob: blobs.BlobStore, path: str) -> pf.Footer:
             tail = f.read(want)
             try:
                 return pf.read_footer(tail, size)
-            except pf.FooterError:
-                n = int.from_bytes(tail[-8:-4], "little") + 8 if len(tail) >= 8 else 0
-                if want >= size or n <= want:
+            except pf.FooterError as e:
+                if e.need is None or e.need <= want:
                     raise
-                want = min(size, n)
+                want = e.need
 
 
 def copy_plan(blob: blobs.BlobStore, table, reader: UpdateReader, min_bytes: int) -> list[_Copy]:
