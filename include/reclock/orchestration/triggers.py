@@ -93,7 +93,17 @@ def bound_frontier(dsn: str, source: str) -> dict[int, int]:
     return {} if newest is None else newest[1]
 
 
-class UpstreamMoved(BaseEventTrigger):
+class _SharedProbe(BaseEventTrigger):
+    """A trigger fed by a probe that the triggers of one upstream share (``shared_stream_key``,
+    ``open_shared_stream``); ``filter_shared_stream`` picks its own source's events."""
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        """The same events, with a probe of its own (when the triggerer does not share streams)."""
+        async for event in self.filter_shared_stream(type(self).open_shared_stream(self.serialize()[1])):
+            yield event
+
+
+class UpstreamMoved(_SharedProbe):
     """Fires when ``topic`` on ``bootstrap`` holds records beyond ``source``'s newest binding.
 
     If upstream is ahead of the newest binding and stays so (a run failed for good, and upstream is quiet
@@ -172,11 +182,6 @@ class UpstreamMoved(BaseEventTrigger):
                 yield TriggerEvent({"source": self.source, "upper": {str(p): o for p, o in upper.items()},
                                     "bound": {str(p): o for p, o in bound.items()}})
 
-    async def run(self) -> AsyncIterator[TriggerEvent]:
-        """The same, with a poll loop of its own (when the triggerer does not share streams)."""
-        async for event in self.filter_shared_stream(type(self).open_shared_stream(self.serialize()[1])):
-            yield event
-
 
 @dataclass(frozen=True)
 class RunReason:
@@ -216,7 +221,7 @@ def why_run(upstream, consensus_dsn: str, now_ms: int, idle_s: float = IDLE_S) -
     return None
 
 
-class PublicationChanged(BaseEventTrigger):
+class PublicationChanged(_SharedProbe):
     """Fires when Postgres source ``source`` has a cycle to run (:func:`why_run`): changes to its publication
     committed at or after its slot's position, WAL to release while idle, or no binding yet.
 
@@ -318,11 +323,6 @@ class PublicationChanged(BaseEventTrigger):
                 continue
             fired_at, fired_slot = loop.time(), why.slot
             yield TriggerEvent({"source": self.source, "reason": why.reason, "flush_lsn": flush, "slot": why.slot})
-
-    async def run(self) -> AsyncIterator[TriggerEvent]:
-        """The same, with a poll loop of its own (when the triggerer does not share streams)."""
-        async for event in self.filter_shared_stream(type(self).open_shared_stream(self.serialize()[1])):
-            yield event
 
 
 def upstream_asset(spec) -> Any:
