@@ -86,7 +86,9 @@ def avro_decoded(df, plan: AvroPlan, out: str = "_d", reason: str = "_reason"):
     if decoded is None:  # no writer the reader can read: a typed null of the reader's struct
         decoded = F.when(F.lit(False), from_avro(payload, reader, {"mode": "PERMISSIVE"}))
     df = df.withColumn(out, decoded)
-    arms = ["WHEN value IS NULL THEN NULL",
+    # the first arm settles every record that decodes with one null check; the header is looked at again
+    # only for the records that do not
+    arms = [f"WHEN {out}.`{OK_FIELD}` IS NOT NULL OR value IS NULL THEN NULL",
             f"WHEN NOT {has_header_sql()} THEN {_sql_string(NO_HEADER)}",
             f"WHEN NOT {known_sql([w.schema_id for w in plan.writers])} THEN concat('schema id ', {_id_text()}, "
             f"{_sql_string(' is not known to the schema registry')})"]
@@ -95,8 +97,7 @@ def avro_decoded(df, plan: AvroPlan, out: str = "_d", reason: str = "_reason"):
             arms.append(f"WHEN substring(value, 1, 5) = {_hex(header_literal(w.schema_id))} THEN "
                         + _sql_string(f"writer schema {w.schema_id} cannot be read as the collection's schema: "
                                       f"{w.unreadable}"))
-    arms.append(f"WHEN {out}.`{OK_FIELD}` IS NULL THEN concat('value does not decode as Avro of writer schema ', "
-                f"{_id_text()})")
+    arms.append(f"ELSE concat('value does not decode as Avro of writer schema ', {_id_text()})")
     return df.withColumn(reason, F.expr(f"CAST(CASE {' '.join(arms)} END AS STRING)"))
 
 
