@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Callable
 import os
 
+import hypothesis
 import psycopg
 import pytest
 
@@ -18,9 +19,18 @@ from reclock.dev.postgres import LocalPostgres
 from reclock.dev.state import StackState
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+# boto3 (the Kinesis source's client, in this process and in Spark's Python workers, which inherit the
+# environment of the JVMs started from here) signs with the standard chain; the local Kinesis endpoint
+# checks no keys, but a client needs some
+os.environ.setdefault("AWS_ACCESS_KEY_ID", "reclock-test")
+os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "reclock-test")
 # py4j logs "Closing down clientserver connection" at INFO from a __del__ at interpreter exit, after
 # pytest closed the stream a logging handler writes to: a "--- Logging error ---" trace after every run.
 logging.getLogger("py4j").setLevel(logging.WARNING)
+# hypothesis's per-example deadline is a timing assertion: on a shared 2-core machine a law's example may
+# take longer than 200 ms without anything being wrong
+hypothesis.settings.register_profile("reclock", deadline=None)
+hypothesis.settings.load_profile("reclock")
 
 _db_counter = itertools.count()
 
@@ -92,6 +102,47 @@ def s3(stack_state: StackState):
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def kinesis(stack_state: StackState):
+    """A real Kinesis API endpoint (kinesalite) on a free loopback port; ``kinesis.create_stream(name, n)``.
+    Its clock is never moved (a test that moves time starts a server of its own: ``kinesis_server``)."""
+    from reclock.dev.kinesis import LocalKinesis
+
+    server = LocalKinesis(stack_state)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def kinesis_server(stack_state: StackState):
+    """Start a Kinesis endpoint of the test's own: ``kinesis_server(name)`` (its clock may be moved)."""
+    from reclock.dev.kinesis import LocalKinesis
+
+    started = []
+
+    def start(name: str):
+        server = LocalKinesis(stack_state, name=name)
+        server.start()
+        started.append(server)
+        return server
+    yield start
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture
+def stream(kinesis) -> "Callable[..., str]":
+    """Create a fresh stream on ``kinesis``: ``stream(shards=2)`` returns its name."""
+    names = (f"s{next(_db_counter)}-{os.getpid()}" for _ in itertools.count())
+
+    def make(shards: int = 2) -> str:
+        name = next(names)
+        kinesis.create_stream(name, shards)
+        return name
+    return make
 
 
 @pytest.fixture
