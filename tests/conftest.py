@@ -167,3 +167,15 @@ def topic(kafka) -> "Callable[..., str]":
                 fut.result(30)
             except Exception:  # noqa: BLE001 - best effort cleanup
                 pass
+
+
+@pytest.fixture(scope="session")
+def registry(stack_state: StackState):
+    """A real Schema Registry (Apicurio, Confluent-compatible API; HTTP and HTTPS, basic auth) on free
+    loopback ports, its schemas in memory."""
+    from reclock.dev.registry import LocalRegistry
+
+    server = LocalRegistry(stack_state)
+    server.start()
+    yield server
+    server.stop()

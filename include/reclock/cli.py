@@ -39,7 +39,7 @@ def install() -> None:
     click.echo(f"postgres server: {ensure_installed()}")
     for profile in PROFILES:
         folder = ensure_jars(stack.state, profile)
-        click.echo(f"{profile} jars: {folder} ({len(list(folder.glob('*.jar')))} jars)")
+        click.echo(f"{profile} jars: {folder} ({len(list(folder.rglob('*.jar')))} jars)")
     click.echo(f"kinesalite: {ensure_kinesalite()}")
     click.echo(f"installed in {time.monotonic() - t0:.1f}s")
 
