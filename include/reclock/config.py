@@ -49,10 +49,11 @@ A config file holds ``sources:`` and ``sinks:``. Example::
         layout: changelog                  # append | changelog (default: changelog for an upsert source)
         budget: {max_rows: 1000000, max_bytes: 268435456}  # per Iceberg commit
 
-A Postgres source's tables become the collections ``<source>__<table>`` (``shop__orders``; a table outside
-the ``public`` schema: ``<source>__<schema>__<table>``), beside its error collection ``<source>_errors``
-(:func:`pg_table_shard`). Without ``tables:``, the first cycle takes the publication's tables then and
-keeps them (``reclock.sources.postgres.upstream``).
+A source's kind is the one whose section it has (``kafka:``, ``postgres:``; ``reclock.sources.registry``); the
+kind parses the source (``reclock.sources.<kind>.spec``) into a ``reclock.specs.SourceSpec``. A Postgres
+source's tables become the collections ``<source>__<table>`` (``shop__orders``; a table outside the
+``public`` schema: ``<source>__<schema>__<table>``), beside its error collection ``<source>_errors``
+(``reclock.sources.postgres.spec``).
 
 The file is the path a caller gives, else ``$RECLOCK_CONFIG``, else the caller's default (the DAG file
 passes ``include/reclock.yaml`` beside the DAGs folder); none of them is a ``SettingError``.
@@ -69,344 +70,25 @@ from typing import Any
 import yaml
 
 from reclock.errors import ConfigError, SettingError
-
-NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
-NAME_RE_SHARD = re.compile(r"^[a-z][a-z0-9_]{0,60}$")  # reclock.persist.names.SHARD_RE
-FORMATS = ("json", "avro", "csv", "text", "bytes")
-WIRES = ("plain", "confluent")
-ENVELOPES = ("none", "upsert")
-METADATA = ("partition", "offset", "key", "timestamp", "headers")
-REBUILDS = ("task", "spark_submit")
-ERRORS_SUFFIX = "_errors"
-"""A source's error collection is the shard ``<source>_errors``."""
-_DURATION = re.compile(r"^(\d+)(ms|s|m|h)$")
-
-
-def parse_duration(value: Any, what: str) -> float:
-    """``30s`` / ``500ms`` / ``5m`` / ``1h`` / a number of seconds -> seconds."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
-        return float(value)
-    m = _DURATION.match(str(value).strip())
-    if not m or int(m.group(1)) <= 0:
-        raise ConfigError(f"{what}: {value!r} is not a duration like 500ms, 30s, 5m or 1h")
-    return int(m.group(1)) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[m.group(2)]
-
-
-@dataclass(frozen=True)
-class KafkaSpec:
-    topic: str
-    connection: str = "reclock_kafka"
-    bootstrap: str | None = None  # overrides the connection (tests, scripts)
-    options: tuple[tuple[str, str], ...] = ()  # extra librdkafka / Spark kafka.* options
-
-
-SPARK_SNAPSHOT_MIN_BYTES = 1 << 30
-"""A table at least this large (``pg_table_size``) has its initial snapshot read by Spark
-(``reclock.sources.postgres.spark_snapshot``); a smaller one is read in the task
-(``reclock.sources.postgres.cdc.read_snapshot``), which on one host is the faster of the two (``benchmarks/pg_cdc.py``):
-Spark pays off with executors on several hosts."""
-
-
-@dataclass(frozen=True)
-class PostgresSpec:
-    """A Postgres source's upstream: a publication in the database an Airflow connection (or the DSN in an
-    environment variable) reaches; ``tables`` (``schema.table``) are its outputs, in order (empty: every
-    table of the publication, fixed at the first cycle)."""
-
-    publication: str
-    connection: str | None = None  # an Airflow connection id
-    dsn_env: str | None = None  # or the name of an environment variable holding the DSN
-    tables: tuple[str, ...] = ()
-    spark_snapshot_min_bytes: int | None = SPARK_SNAPSHOT_MIN_BYTES  # None: every snapshot in the task
-
-
-PG_IDENT_RE = re.compile(r"^[a-z_][a-z0-9_$]{0,62}$")
-"""A Postgres identifier Reclock accepts in config: lower case, unquoted (what ``CREATE TABLE t`` makes)."""
-
-
-def pg_table_shard(source: str, table: str) -> str:
-    """The collection (shard id) of table ``schema.table`` of a Postgres source: ``<source>__<table>`` for the
-    ``public`` schema, ``<source>__<schema>__<table>`` otherwise."""
-    schema, _, name = table.partition(".")
-    return f"{source}__{name}" if schema == "public" else f"{source}__{schema}__{name}"
-
-
-def parse_pg_table(source: str, raw: Any) -> str:
-    """``schema.table`` (a bare ``table`` is in ``public``), validated so its collection name is valid."""
-    what = f"source {source}.tables"
-    if not isinstance(raw, str) or not raw:
-        raise ConfigError(f"{what}: {raw!r} is not a table name (schema.table)")
-    schema, dot, name = raw.partition(".")
-    if not dot:
-        schema, name = "public", raw
-    for part in (schema, name):
-        if not PG_IDENT_RE.match(part):
-            raise ConfigError(f"{what}: {raw!r}: {part!r} is not a lower-case unquoted identifier")
-    table = f"{schema}.{name}"
-    shard = pg_table_shard(source, table)
-    if not NAME_RE_SHARD.match(shard):
-        raise ConfigError(f"{what}: {raw!r} gives the collection name {shard!r}, which is not valid (at most 61 "
-                          "characters of a-z, 0-9, _); rename the source or the table")
-    return table
-
-
-
-def _parse_postgres(source: str, raw: Any, tables_raw: Any) -> PostgresSpec:
-    what = f"source {source}.postgres"
-    p = _require(raw, what)
-    _unknown(p, {"connection", "dsn_env", "dsn", "publication", "spark_snapshot_min_bytes"}, what)
-    if "dsn" in p:
-        raise ConfigError(f"{what}: `dsn:` would put credentials in the config; give `dsn_env:` (the name of an "
-                          "environment variable holding the DSN) or `connection:` (an Airflow connection id)")
-    if ("connection" in p) == ("dsn_env" in p):
-        raise ConfigError(f"{what}: give exactly one of `connection:` (an Airflow connection id) or `dsn_env:` "
-                          "(an environment variable holding the DSN)")
-    for key in ("connection", "dsn_env"):
-        if key in p and (not isinstance(p[key], str) or not p[key]):
-            raise ConfigError(f"{what}: `{key}` must be a non-empty string")
-    pub = p.get("publication")
-    if not isinstance(pub, str) or not PG_IDENT_RE.match(pub):
-        raise ConfigError(f"{what}: `publication` is required, a lower-case unquoted identifier (got {pub!r})")
-    if tables_raw is None:
-        tables: tuple[str, ...] = ()
-    elif isinstance(tables_raw, list) and tables_raw:
-        tables = tuple(parse_pg_table(source, t) for t in tables_raw)
-    else:
-        raise ConfigError(f"source {source}.tables: a non-empty list of schema.table (or leave it out: every "
-                          "table of the publication)")
-    shards = [pg_table_shard(source, t) for t in tables]
-    dup = sorted({s for s in shards if shards.count(s) > 1})
-    if dup:
-        raise ConfigError(f"source {source}.tables: listed twice: {', '.join(dup)}")
-    spark_min = p.get("spark_snapshot_min_bytes", SPARK_SNAPSHOT_MIN_BYTES)
-    if spark_min is not None and (isinstance(spark_min, bool) or not isinstance(spark_min, int) or spark_min < 0):
-        raise ConfigError(f"{what}.spark_snapshot_min_bytes: a size in bytes >= 0 (tables at least this large are "
-                          f"snapshotted on Spark), or null to read every snapshot in the task (got {spark_min!r})")
-    return PostgresSpec(publication=pub, connection=p.get("connection"), dsn_env=p.get("dsn_env"), tables=tables,
-                        spark_snapshot_min_bytes=spark_min)
-
-
-@dataclass(frozen=True)
-class FormatSpec:
-    type: str = "json"
-    schema: str | None = None  # Spark DDL (json, csv) or the Avro schema's JSON text (avro)
-    csv_header: bool = False
-    wire: str = "plain"  # avro: plain binary, or confluent (magic byte + 4-byte schema id first)
-
-    @property
-    def avro_fields(self) -> list[str]:
-        """The top-level field names of an Avro record schema."""
-        import json
-
-        return [f["name"] for f in json.loads(self.schema)["fields"]]
-
-
-@dataclass(frozen=True)
-class BudgetSpec:
-    """How much one Spark job (a slice of a cycle) may read: ``max_records`` upstream records."""
-
-    max_records: int = 1_000_000
-
-
-@dataclass(frozen=True)
-class SourceSpec:
-    """One source: a Kafka topic (``kafka``) or a Postgres publication (``postgres``), exactly one of them."""
-
-    name: str
-    kafka: KafkaSpec | None = None
-    format: FormatSpec = field(default_factory=FormatSpec)
-    envelope: str = "none"
-    include: tuple[str, ...] = ()
-    interval_s: float = 60.0
-    budget: BudgetSpec = field(default_factory=BudgetSpec)
-    on_decode_error: str = "collect"
-    rebuild: str = "task"  # how rebuild__<source> runs: in its Airflow task, or as a spark-submit job
-    schedule: str = "interval"  # ingest__<source> runs every interval_s, when upstream moves ("upstream"), or
-    #                             runs cycles back to back for lease_s a run ("continuous")
-    poll_s: float = 1.0  # upstream: how often the cluster's offsets are probed; continuous: the idle pause
-    lease_s: float = 600.0  # continuous: how long one run keeps cycling before the next run takes over
-    resume_s: float = 1.0  # continuous: resume at most this often (and when the lease ends)
-    group: str | None = None  # continuous: the group whose one task runs this source's cycles
-    postgres: PostgresSpec | None = None
-
-    @property
-    def ingest_dag(self) -> str:
-        """The DAG that runs this source's cycles: ``ingest__<source>``, or ``ingest_group__<group>``."""
-        return f"ingest_group__{self.group}" if self.group else f"ingest__{self.name}"
-
-    @property
-    def kind(self) -> str:
-        """``kafka`` or ``postgres``: the kind the source is registered as."""
-        return "postgres" if self.postgres is not None else "kafka"
-
-    @property
-    def consumer_group(self) -> str:
-        """The Kafka consumer group whose committed offsets show this source's progress (lag tools)."""
-        return f"reclock-{self.name}"
-
-    @property
-    def data_shard(self) -> str:
-        """Output 0: the source's collection."""
-        return self.name
-
-    @property
-    def errors_shard(self) -> str:
-        """The source's error collection: undecodable records with partition, offset, raw bytes, reason."""
-        return f"{self.name}{ERRORS_SUFFIX}"
-
-    @property
-    def table_shards(self) -> tuple[str, ...]:
-        """A Postgres source's collections, one per table listed in the config, in order."""
-        return tuple(pg_table_shard(self.name, t) for t in self.postgres.tables) if self.postgres else ()
-
-    @property
-    def shards(self) -> tuple[str, ...]:
-        """Every collection of the source known from its config (a Postgres source without ``tables:``
-        learns its tables' collections at its first cycle)."""
-        if self.postgres is not None:
-            return (*self.table_shards, self.errors_shard)
-        return (self.data_shard, self.errors_shard)
-
-
-def _require(mapping: Any, what: str) -> dict:
-    if not isinstance(mapping, dict):
-        raise ConfigError(f"{what}: expected a mapping, got {type(mapping).__name__}")
-    return mapping
-
-
-def _unknown(d: dict, allowed: set[str], what: str) -> None:
-    extra = sorted(set(d) - allowed)
-    if extra:
-        raise ConfigError(f"{what}: unknown key(s) {', '.join(extra)}; allowed: {', '.join(sorted(allowed))}")
-
-
-def _parse_kafka(raw: Any, what: str) -> KafkaSpec:
-    """A ``kafka:`` section (a source's or a sink's): topic, connection or bootstrap, extra options."""
-    k = _require(raw, what)
-    _unknown(k, {"topic", "connection", "bootstrap", "options"}, what)
-    if not k.get("topic") or not isinstance(k["topic"], str):
-        raise ConfigError(f"{what}: `topic` is required")
-    opts = _require(k.get("options", {}) or {}, f"{what}.options")
-    return KafkaSpec(topic=k["topic"], connection=str(k.get("connection", "reclock_kafka")),
-                     bootstrap=k.get("bootstrap"), options=tuple(sorted((str(a), str(b)) for a, b in opts.items())))
-
-
-def _avro_schema(f: dict, what: str, base: Path | None) -> str:
-    """Load and check the Avro schema of ``format: avro`` (a record with fields), as JSON text."""
-    import json
-
-    if "schema_file" not in f:
-        raise ConfigError(f"{what}: type avro needs `schema_file:` (an .avsc file, relative to the config file)")
-    path = Path(str(f["schema_file"]))
-    if not path.is_absolute():
-        path = (base or Path.cwd()) / path
-    try:
-        schema = json.loads(path.read_text())
-    except OSError as e:
-        raise ConfigError(f"{what}: cannot read the Avro schema file {path}: {e.strerror}") from e
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{what}: the Avro schema file {path} is not valid JSON: {e}") from e
-    if not isinstance(schema, dict) or schema.get("type") != "record" or not isinstance(schema.get("fields"), list) \
-            or not all(isinstance(x, dict) and x.get("name") for x in schema["fields"]):
-        raise ConfigError(f"{what}: the Avro schema in {path} must be a record with named fields")
-    return json.dumps(schema)
-
+from reclock.sources.registry import KINDS
+from reclock.specs import NAME_RE, KafkaSpec, SourceSpec, parse_duration, parse_kafka, refuse_unknown, require
 
 def parse_source(name: str, raw: Any, base: Path | None = None) -> SourceSpec:
-    """Validate one source's config; ``base`` is the folder relative schema files are found in."""
+    """Validate one source's config: its kind is the one whose section it has (``kafka:``, ``postgres:``, ...;
+    ``reclock.sources.registry``), which parses the rest (``SourceKind.parse``); ``base`` is the folder
+    relative files (schemas) are found in."""
     what = f"source {name}"
     if not NAME_RE.match(name):
         raise ConfigError(f"{what}: a source name must match {NAME_RE.pattern} (it becomes a SQL name)")
-    d = _require(raw, what)
-    if "postgres" in d:
-        return _parse_postgres_source(name, d)
-    if "tables" in d:
-        raise ConfigError(f"{what}: `tables` belongs to a Postgres source (a `postgres:` section)")
-    _unknown(d, {"kafka", "format", "envelope", "include", "interval", "budget", "on_decode_error", "rebuild",
-                 "schedule", "poll", "lease", "resume", "group"}, what)
-    if "kafka" not in d:
-        raise ConfigError(f"{what}: needs a `kafka:` section with at least `topic:`")
-    kafka = _parse_kafka(d["kafka"], f"{what}.kafka")
-    f = d.get("format", {"type": "json"})
-    if isinstance(f, str):
-        f = {"type": f}
-    f = _require(f, f"{what}.format")
-    _unknown(f, {"type", "schema", "header", "schema_file", "wire"}, f"{what}.format")
-    ftype = f.get("type", "json")
-    if ftype not in FORMATS:
-        raise ConfigError(f"{what}.format: type {ftype!r} is not one of {', '.join(FORMATS)}")
-    schema = f.get("schema")
-    if ftype in ("json", "csv") and not schema:
-        raise ConfigError(f"{what}.format: type {ftype} needs a `schema` (Spark DDL, e.g. \"id BIGINT, name STRING\")")
-    if ftype == "avro":
-        schema = _avro_schema(f, f"{what}.format", base)
-    wire = f.get("wire", "plain")
-    if wire not in WIRES:
-        raise ConfigError(f"{what}.format: wire {wire!r} is not one of {', '.join(WIRES)}")
-    fmt = FormatSpec(type=ftype, schema=schema, csv_header=bool(f.get("header", False)), wire=wire)
-    envelope = d.get("envelope", "none")
-    if envelope not in ENVELOPES:
-        raise ConfigError(f"{what}: envelope {envelope!r} is not one of {', '.join(ENVELOPES)}")
-    include = tuple(d.get("include", ()) or ())
-    bad = [c for c in include if c not in METADATA]
-    if bad:
-        raise ConfigError(f"{what}: include {bad} not among {', '.join(METADATA)}")
-    if envelope == "upsert" and "headers" in include:
-        raise ConfigError(f"{what}: envelope upsert cannot include headers (the upsert state keeps key, value, "
-                          "partition, offset and timestamp of each key's current record)")
-    b = _require(d.get("budget", {}) or {}, f"{what}.budget")
-    if "max_bytes" in b:
-        raise ConfigError(f"{what}.budget: max_bytes is not supported for a source (Kafka does not tell a range's "
-                          "size before it is read); size a cycle's Spark jobs with max_records")
-    _unknown(b, {"max_records"}, f"{what}.budget")
-    budget = BudgetSpec(max_records=int(b.get("max_records", 1_000_000)))
-    if budget.max_records <= 0:
-        raise ConfigError(f"{what}.budget: max_records must be positive, got {budget.max_records}")
-    on_err = d.get("on_decode_error", "collect")
-    if on_err not in ("collect", "stall"):
-        raise ConfigError(f"{what}: on_decode_error {on_err!r} is not collect or stall")
-    rebuild = d.get("rebuild", "task")
-    if rebuild not in REBUILDS:
-        raise ConfigError(f"{what}: rebuild {rebuild!r} is not one of {', '.join(REBUILDS)}")
-    sched = _parse_schedule(d, what, SCHEDULES)
-    return SourceSpec(name=name, kafka=kafka, format=fmt, envelope=envelope, include=include, budget=budget,
-                      on_decode_error=on_err, rebuild=rebuild, **sched)
-
-
-SCHEDULES = ("interval", "upstream", "continuous")
-
-PG_SCHEDULES = ("interval", "upstream")
-"""A Postgres source's schedules: not ``continuous``, since its upper (the flush LSN) moves with any WAL the
-server writes, so cycles back to back would mint a binding every ``poll``."""
-
-
-def _parse_schedule(d: dict, what: str, allowed: tuple[str, ...]) -> dict[str, Any]:
-    """A source's ``schedule:`` and the keys that go with it (``interval``; ``poll``; ``lease``, ``resume``,
-    ``group``), as :class:`SourceSpec` fields; a key that does not belong to the schedule is an error."""
-    schedule = d.get("schedule", "interval")
-    if schedule not in allowed:
-        raise ConfigError(f"{what}: schedule {schedule!r} is not one of {', '.join(allowed)}")
-    if "interval" in d and schedule != "interval":
-        raise ConfigError(f"{what}: `interval:` is for `schedule: interval`; with `schedule: {schedule}` the "
-                          "source runs when upstream moves (`poll:` sets how often it is probed)")
-    if "poll" in d and schedule == "interval":
-        raise ConfigError(f"{what}: `poll:` is for `schedule: upstream` or `continuous`")
-    for key in ("lease", "resume", "group"):
-        if key in d and schedule != "continuous":
-            raise ConfigError(f"{what}: `{key}:` is for `schedule: continuous`")
-    group = d.get("group")
-    if group is not None and (not isinstance(group, str) or not NAME_RE.match(group)):
-        raise ConfigError(f"{what}: `group` must match {NAME_RE.pattern} (it names the DAG ingest_group__<group>), "
-                          f"got {group!r}")
-    return {"schedule": schedule, "group": group,
-            "interval_s": parse_duration(d.get("interval", "60s"), f"{what}.interval"),
-            "poll_s": parse_duration(d.get("poll", "1s" if schedule == "upstream" else "200ms"), f"{what}.poll"),
-            "lease_s": parse_duration(d.get("lease", "10m"), f"{what}.lease"),
-            "resume_s": parse_duration(d.get("resume", "1s"), f"{what}.resume")}
-"""When ``ingest__<source>`` runs: every ``interval``; when the topic holds records beyond the newest
-binding (``reclock.orchestration.triggers``); or continuously, one run cycling back to back for ``lease``
-and the next run taking over (``reclock.continuous``; with ``group:``, one run of ``ingest_group__<group>``
-cycles every source of the group, each in its own thread)."""
+    d = require(raw, what)
+    sections = [k for k in KINDS if k in d]
+    if not sections:
+        raise ConfigError(f"{what}: needs a section naming its kind and its upstream: one of "
+                          + ", ".join(f"`{k}:`" for k in KINDS) + " (e.g. `kafka: {topic: orders}`)")
+    if len(sections) > 1:
+        raise ConfigError(f"{what}: a source is of one kind; it has " + " and ".join(f"`{k}:`" for k in sections)
+                          + " (give one, not both)")
+    return KINDS[sections[0]].parse(name, d, base)
 
 
 def groups(sources: dict[str, SourceSpec]) -> dict[str, list[SourceSpec]]:
@@ -425,26 +107,6 @@ def _check_groups(sources: dict[str, SourceSpec]) -> None:
         if len(leases) > 1:
             raise ConfigError(f"group {g}: its sources run in one task and need one `lease:`; got "
                               + ", ".join(f"{m.name}: {m.lease_s:g}s" for m in members))
-
-
-def _parse_postgres_source(name: str, d: dict) -> SourceSpec:
-    """A source with a ``postgres:`` section: ``tables``, ``budget`` and the schedule's keys besides it."""
-    what = f"source {name}"
-    if "kafka" in d:
-        raise ConfigError(f"{what}: a source is either `kafka:` or `postgres:`, not both")
-    _unknown(d, {"postgres", "tables", "budget", "schedule", "interval", "poll"}, what)
-    if d.get("schedule") == "continuous":
-        raise ConfigError(f"{what}: a Postgres source cannot be `schedule: continuous` (its upper, the flush LSN, "
-                          "moves with any WAL the server writes, so cycles back to back would mint a binding every "
-                          "`poll`); use `schedule: upstream`, which runs a cycle when the publication has changes")
-    sched = _parse_schedule(d, what, PG_SCHEDULES)
-    pg = _parse_postgres(name, d["postgres"], d.get("tables"))
-    b = _require(d.get("budget", {}) or {}, f"{what}.budget")
-    _unknown(b, {"max_records"}, f"{what}.budget")
-    budget = BudgetSpec(max_records=int(b.get("max_records", 100_000)))
-    if budget.max_records <= 0:
-        raise ConfigError(f"{what}.budget: max_records must be positive, got {budget.max_records}")
-    return SourceSpec(name=name, postgres=pg, budget=budget, **sched)
 
 
 SINK_FORMATS = ("debezium", "upsert")
@@ -540,9 +202,9 @@ def _parse_start(d: dict, what: str) -> int | None:
 
 
 def _parse_iceberg_sink(name: str, d: dict, coll: str, source: SourceSpec, what: str) -> IcebergSinkSpec:
-    _unknown(d, {"from", "iceberg", "layout", "start", "budget", "copy_min_bytes"}, what)
-    ice = _require(d["iceberg"], f"{what}.iceberg")
-    _unknown(ice, {"table", "catalog"}, f"{what}.iceberg")
+    refuse_unknown(d, {"from", "iceberg", "layout", "start", "budget", "copy_min_bytes"}, what)
+    ice = require(d["iceberg"], f"{what}.iceberg")
+    refuse_unknown(ice, {"table", "catalog"}, f"{what}.iceberg")
     table = ice.get("table")
     if not isinstance(table, str) or not ICEBERG_TABLE_RE.match(table):
         raise ConfigError(f"{what}.iceberg: `table` must be namespace.table (letters, digits, _), got {table!r}")
@@ -556,8 +218,8 @@ def _parse_iceberg_sink(name: str, d: dict, coll: str, source: SourceSpec, what:
     if layout == "append" and retracts:
         raise ConfigError(f"{what}: {coll} is an upsert collection (its updates retract rows), which an append "
                           "layout cannot hold; use `layout: changelog`")
-    b = _require(d.get("budget", {}) or {}, f"{what}.budget")
-    _unknown(b, {"max_rows", "max_bytes"}, f"{what}.budget")
+    b = require(d.get("budget", {}) or {}, f"{what}.budget")
+    refuse_unknown(b, {"max_rows", "max_bytes"}, f"{what}.budget")
     budget = IcebergBudget(int(b.get("max_rows", IcebergBudget.max_rows)),
                            int(b.get("max_bytes", IcebergBudget.max_bytes)))
     if budget.max_rows <= 0 or budget.max_bytes <= 0:
@@ -575,7 +237,7 @@ def parse_sink(name: str, raw: Any, sources: dict[str, SourceSpec]) -> SinkSpec 
     what = f"sink {name}"
     if not NAME_RE.match(name):
         raise ConfigError(f"{what}: a sink name must match {NAME_RE.pattern}")
-    d = _require(raw, what)
+    d = require(raw, what)
     collections = {c: s for s in sources.values() for c in s.shards}
     coll = d.get("from")
     if coll not in collections:
@@ -585,11 +247,11 @@ def parse_sink(name: str, raw: Any, sources: dict[str, SourceSpec]) -> SinkSpec 
         raise ConfigError(f"{what}: give either `kafka:` (a Kafka sink) or `iceberg:` (an Iceberg export), not both")
     if "iceberg" in d:
         return _parse_iceberg_sink(name, d, coll, collections[coll], what)
-    _unknown(d, {"from", "kafka", "format", "key", "progress_topic", "start", "partitions", "budget",
+    refuse_unknown(d, {"from", "kafka", "format", "key", "progress_topic", "start", "partitions", "budget",
                  "transaction_timeout"}, what)
-    kafka = _parse_kafka(d.get("kafka"), f"{what}.kafka")
-    source_kafka = collections[coll].kafka
-    if source_kafka is not None and kafka.topic == source_kafka.topic:
+    kafka = parse_kafka(d.get("kafka"), f"{what}.kafka")
+    source_kafka = collections[coll].upstream
+    if isinstance(source_kafka, KafkaSpec) and kafka.topic == source_kafka.topic:
         raise ConfigError(f"{what}.kafka: topic {kafka.topic!r} is the source topic of {coll}")
     fmt = d.get("format", "debezium")
     if fmt not in SINK_FORMATS:
@@ -602,8 +264,8 @@ def parse_sink(name: str, raw: Any, sources: dict[str, SourceSpec]) -> SinkSpec 
     if fmt == "upsert" and not key:
         raise ConfigError(f"{what}: format upsert needs `key:` (the columns that identify a row)")
     start = _parse_start(d, what)
-    b = _require(d.get("budget", {}) or {}, f"{what}.budget")
-    _unknown(b, {"max_messages", "max_bytes"}, f"{what}.budget")
+    b = require(d.get("budget", {}) or {}, f"{what}.budget")
+    refuse_unknown(b, {"max_messages", "max_bytes"}, f"{what}.budget")
     budget = SinkBudget(int(b.get("max_messages", SinkBudget.max_messages)),
                         int(b.get("max_bytes", SinkBudget.max_bytes)))
     if budget.max_messages <= 0 or budget.max_bytes <= 0:
@@ -639,12 +301,12 @@ class Config:
 
 
 def parse_config(raw: Any, base: Path | None = None) -> Config:
-    d = _require(raw or {}, "config")
-    _unknown(d, {"sources", "sinks"}, "config")
-    raw_sources = _require(d.get("sources", {}) or {}, "sources")
+    d = require(raw or {}, "config")
+    refuse_unknown(d, {"sources", "sinks"}, "config")
+    raw_sources = require(d.get("sources", {}) or {}, "sources")
     sources = {name: parse_source(name, spec, base) for name, spec in raw_sources.items()}
     _check_groups(sources)
-    raw_sinks = _require(d.get("sinks", {}) or {}, "sinks")
+    raw_sinks = require(d.get("sinks", {}) or {}, "sinks")
     sinks = {name: parse_sink(name, spec, sources) for name, spec in raw_sinks.items()}
     clash = sorted(set(sinks) & set(sources))
     if clash:

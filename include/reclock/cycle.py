@@ -46,7 +46,7 @@ from typing import Any, Callable, Iterator
 
 from reclock import remap
 from reclock.batch import BatchDescription, SliceWritten
-from reclock.config import SourceSpec
+from reclock.specs import SourceSpec
 from reclock.errors import ConfigError, RemapUpperMismatch, ShardsDisagree, UpperMismatch
 from reclock.failpoints import failpoint
 from reclock.lending import ConnectionLender

@@ -15,7 +15,8 @@ S3 endpoint and keys  --                  ``AWS_*`` (see objectstore)  connectio
 Kafka brokers         ``--bootstrap``     ``RECLOCK_BOOTSTRAP``        the config's ``bootstrap:``, else its
                                                                        ``connection:`` (``reclock_kafka``)
 upstream Postgres     --                  the config's ``dsn_env:``    the config's ``connection:`` (a
-                                          variable                     postgres connection)
+                                          variable                     postgres connection; the kind's
+                                                                       ``find_upstream_dsn``)
 Spark in-process      ``--spark-master``  ``RECLOCK_SPARK_MASTER``     (checked first)
 Spark Connect         ``--spark-remote``  ``RECLOCK_SPARK_REMOTE``     connection ``reclock_spark``
 Spark's Kafka jars    --                  ``RECLOCK_SPARK_JARS``       Spark's own ``spark.jars``/packages
@@ -35,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from reclock import connections
-from reclock.config import KafkaSpec, PostgresSpec
+from reclock.specs import KafkaSpec
 from reclock.errors import SettingError
 from reclock.persist import objectstore
 from reclock.persist.blob import BlobStore, blob_store_from_url
@@ -61,7 +62,7 @@ def _not_found() -> type[Exception]:
     return AirflowNotFoundException
 
 
-def _from_connection(lookup: Callable[[], Any], missing: str) -> Any:
+def from_connection(lookup: Callable[[], Any], missing: str) -> Any:
     """``lookup()`` (an Airflow connection's setting), or ``SettingError(missing)`` if it is not defined."""
     try:
         return lookup()
@@ -71,7 +72,7 @@ def _from_connection(lookup: Callable[[], Any], missing: str) -> Any:
 
 def find_dsn(given: str | None = None) -> str:
     """The consensus Postgres: ``given``, else ``RECLOCK_DSN``, else the ``reclock_postgres`` connection."""
-    return given or os.environ.get("RECLOCK_DSN") or _from_connection(connections.postgres_dsn, NO_DSN)
+    return given or os.environ.get("RECLOCK_DSN") or from_connection(connections.postgres_dsn, NO_DSN)
 
 
 def find_blob_url(given: str | None = None) -> str:
@@ -93,7 +94,7 @@ def find_s3_settings() -> objectstore.S3Settings:
     ``reclock_s3`` connection (type aws)."""
     if os.environ.get("AWS_ACCESS_KEY_ID") or os.environ.get("AWS_SECRET_ACCESS_KEY"):
         return objectstore.s3_settings_from_env()
-    return _from_connection(connections.s3_settings, NO_S3)
+    return from_connection(connections.s3_settings, NO_S3)
 
 
 def find_bootstrap(kafka: KafkaSpec, what: str, given: str | None = None) -> str:
@@ -102,26 +103,11 @@ def find_bootstrap(kafka: KafkaSpec, what: str, given: str | None = None) -> str
     found = given or os.environ.get("RECLOCK_BOOTSTRAP") or kafka.bootstrap
     if found:
         return found
-    return _from_connection(
+    return from_connection(
         lambda: connections.kafka_bootstrap(kafka.connection),
         f"{what}: no Kafka brokers: set RECLOCK_BOOTSTRAP (host:port,...; reclock commands: --bootstrap), or "
         f"give it `bootstrap:` in the config, or define the Airflow connection {kafka.connection} "
         f"(e.g. AIRFLOW_CONN_{kafka.connection.upper()})")
-
-
-def find_upstream_dsn(pg: PostgresSpec, what: str) -> str:
-    """A Postgres source's upstream DSN: the environment variable its ``dsn_env:`` names, else its Airflow
-    connection (``connection:``)."""
-    if pg.dsn_env:
-        dsn = os.environ.get(pg.dsn_env)
-        if not dsn:
-            raise SettingError(f"{what}: the environment variable {pg.dsn_env} (its `dsn_env:`) is not set; set it "
-                               "to the upstream's DSN (postgresql://user:password@host:5432/db)")
-        return dsn
-    return _from_connection(
-        lambda: connections.postgres_dsn(pg.connection),
-        f"{what}: the Airflow connection {pg.connection} (its `connection:`) is not defined (e.g. "
-        f"AIRFLOW_CONN_{str(pg.connection).upper()}=postgresql://user:password@host:5432/db)")
 
 
 def seconds_setting(var: str, default: float) -> float:
@@ -175,4 +161,4 @@ def find_spark(master: str | None = None, remote: str | None = None) -> SparkTar
     remote = remote or os.environ.get("RECLOCK_SPARK_REMOTE")
     if remote:
         return SparkTarget(remote=remote)
-    return SparkTarget(remote=_from_connection(connections.spark_connect_url, NO_SPARK))
+    return SparkTarget(remote=from_connection(connections.spark_connect_url, NO_SPARK))

@@ -5,7 +5,7 @@
     shards, shard_batches, read_holds ──┤
     statistics (a cycle's steps) ───────┼──> overview() ──> Overview(sources, sinks)
     status_history ─────────────────────┤    source_detail() ──> SourceDetail(bindings, history, series)
-    Kafka group reclock-<source> ───────┘    (the lag probe; "unknown" when the brokers do not answer)
+    the kind's lag probe ───────────────┘    (Kafka: group reclock-<source>; "unknown" when it does not answer)
 
 A cycle is read back from its statistics rows: a ``mint`` row opens it, ``write_batches`` rows (one per
 description) and ``append`` rows follow, a ``resume`` row closes it. Each row's ``seconds`` is the step's own
@@ -13,7 +13,7 @@ time and ``at`` its end, so the cycle's wall time (first step's start to resume'
 seconds is the *scheduler gap*: task start-up and the scheduler between the two tasks.
 
 Never blocks a cycle: it only reads, on a read-only connection with a statement timeout and a lock timeout,
-with queries bounded by the index on ``(name, id DESC)``; the Kafka probe has a short timeout and degrades to
+with queries bounded by the index on ``(name, id DESC)``; the lag probe has a short timeout and degrades to
 an unknown lag with the reason, never an exception.
 """
 
@@ -32,24 +32,17 @@ from reclock.persist import connect
 from reclock.persist.shards import ReadHold
 from reclock.persist.status import Status
 from reclock.read import read_updates
-from reclock.sources.kafka.upstream import KafkaUpstream
+from reclock.sources.base import Lag
+from reclock.sources.registry import kind_of
 
 STATEMENT_TIMEOUT_MS = 2000
 RECENT_ROWS = 60  # statistics rows per source read for the overview: the last cycle and a half, at least
-LAG_DEADLINE_S = 3.0  # the page waits no longer for the Kafka lag probes
+LAG_DEADLINE_S = 3.0  # the page waits no longer for the lag probes
 SERIES_ROWS = 2000  # statistics rows per source read for its plots
 STEPS = ("mint", "write_batches", "append", "resume")
 
 
 # -- values ----------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Lag:
-    """Records the source's consumer group has not committed yet (None: unknown, ``detail`` says why)."""
-
-    records: int | None
-    detail: str = ""
 
 
 @dataclass(frozen=True)
@@ -256,22 +249,17 @@ LagProbe = Callable[[str], Lag]
 """A source's name -> its lag."""
 
 
-def kafka_lag_probe(config: Config | None, bootstrap: Callable[[Any, str], str],
-                    timeout: float = 2.0) -> LagProbe:
-    """The lag of a source's consumer group ``reclock-<source>`` at its brokers (``bootstrap(kafka_spec,
-    what)`` finds them): the sum over partitions of the last stable offset minus the committed offset.
-    Any failure (no config, unreachable brokers, a missing topic) is an unknown lag with the reason."""
+def lag_probe(config: Config | None, given: str | None = None, timeout: float = 2.0) -> LagProbe:
+    """A source's lag as its kind probes it (``SourceKind.lag``: Kafka, the consumer group ``reclock-<source>``
+    at its brokers, the sum over partitions of the last stable offset minus the committed offset), its
+    upstream found as its cycles find it (``given``: a command's option, e.g. ``--bootstrap``). Any failure
+    (no config, an unreachable upstream, a missing topic) is an unknown lag with the reason."""
     def probe(name: str) -> Lag:
         spec = config.sources.get(name) if config else None
         if spec is None:
             return Lag(None, "not in the config")
-        if spec.kafka is None:
-            return Lag(None, "a Postgres source: its slot's lag is not probed here")
         try:
-            up = KafkaUpstream(name, bootstrap(spec.kafka, f"source {name}"), spec.kafka.topic, timeout=timeout)
-            end = up.probe_upper()
-            committed = up.committed(spec.consumer_group)
-            return Lag(sum(max(0, o - committed.get(p)) for p, o in end), f"group {spec.consumer_group}")
+            return kind_of(spec).lag(spec, given, timeout)
         except Exception as e:  # a status page degrades, it never fails on a probe
             first = str(e).splitlines()[0][:160] if str(e) else ""
             return Lag(None, redact(f"unknown: {type(e).__name__}: {first}"))
@@ -336,8 +324,8 @@ def overview(conn, config: Config | None = None, lag: LagProbe = no_lag,
     read too. ``only``: just that source."""
     now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
     kinds = dict(conn.execute("SELECT name, kind FROM reclock.sources").fetchall())
-    for name in (config.sources if config else {}):
-        kinds.setdefault(name, "kafka")
+    for name, spec in (config.sources if config else {}).items():
+        kinds.setdefault(name, spec.kind)
     names = sorted(n for n in kinds if only is None or n == only)
     remaps = {r[0]: r[1:] for r in conn.execute(
         "SELECT source, upper, since FROM reclock.remap_collections WHERE source = ANY(%s)", (names,))}

@@ -84,7 +84,7 @@ def test_snapshot_then_stream(db, upstream, tmp_path):
     assert f"shard {name}__a: upper {bs[-1][0] + 1}, since " in out
     cfg = Config(sources={name: ctx.spec})
     with connect(db) as conn:  # the status report degrades to "not probed" for a Postgres source's lag
-        detail = sr.source_detail(conn, name, cfg, sr.kafka_lag_probe(cfg, lambda kafka, what: "unused"))
+        detail = sr.source_detail(conn, name, cfg, sr.lag_probe(cfg))
     text = "\n".join(sr.detail_lines(detail))
     assert name in text and "a Postgres source" in text
 

@@ -73,10 +73,10 @@ def run_demo(stack: Stack, waves: int = 2, per_wave: int = 20_000, echo: Callabl
     if sink is not None:
         stack.airflow.wait_for_dag(f"sink__{DEMO_SINK}")
         stack.airflow.unpause(f"sink__{DEMO_SINK}")  # runs on the asset events of the ingest appends
-    start = topic_size(stack.kafka.bootstrap, spec.kafka.topic)  # a rerun of the demo adds to the topic
+    start = topic_size(stack.kafka.bootstrap, spec.upstream.topic)  # a rerun of the demo adds to the topic
 
     def wave(i: int) -> str:
-        fill(stack.kafka.bootstrap, spec.kafka.topic, start + i * per_wave, per_wave)
+        fill(stack.kafka.bootstrap, spec.upstream.topic, start + i * per_wave, per_wave)
         return f"produced {per_wave} records"
 
     _run_waves(stack, dag_id, waves, wave, echo)
@@ -90,13 +90,13 @@ def run_demo(stack: Stack, waves: int = 2, per_wave: int = 20_000, echo: Callabl
         ).fetchall()
         upper, since = conn.execute("SELECT upper, since FROM reclock.shards WHERE id = %s",
                                     (spec.data_shard,)).fetchone()
-    total = topic_size(stack.kafka.bootstrap, spec.kafka.topic)
+    total = topic_size(stack.kafka.bootstrap, spec.upstream.topic)
     echo(f"\n{spec.data_shard}: {rows} rows; the topic holds {total} records ({produced} produced by this run); "
          f"upper {upper}, since {since}")
     echo(f"SELECT * FROM reclock.{DEMO_SOURCE}_progress  -- the bindings (ts, partition, offset):")
     for ts, p, o in progress[-12:]:
         echo(f"  {ts}  {p}  {o}")
-    lag = consumer_lag(stack.kafka.bootstrap, spec.kafka.topic, spec.consumer_group)
+    lag = consumer_lag(stack.kafka.bootstrap, spec.upstream.topic, spec.consumer_group)
     echo(f"consumer group {spec.consumer_group} lag per partition: {lag} (total {sum(lag.values())})")
     if sink is not None:
         _show_sink(stack, sink, upper, echo)
@@ -200,11 +200,11 @@ def _run_postgres_demo(stack: Stack, spec, waves: int, per_wave: int, echo: Call
     from reclock.persist.blob import blob_store_from_url
     from reclock.sources.postgres.upstream import slot_name
 
-    tables = list(spec.postgres.tables) or ["public.orders", "public.items"]
-    dsn = shop_upstream(stack, spec.postgres.publication, tables)
+    tables = list(spec.upstream.tables) or ["public.orders", "public.items"]
+    dsn = shop_upstream(stack, spec.upstream.publication, tables)
     dag_id = f"ingest__{DEMO_PG_SOURCE}"
     stack.airflow.wait_for_dag(dag_id)
-    echo(f"\n{DEMO_PG_SOURCE}: a Postgres source over publication {spec.postgres.publication} "
+    echo(f"\n{DEMO_PG_SOURCE}: a Postgres source over publication {spec.upstream.publication} "
          f"({', '.join(tables)}) in the database {DEMO_PG_DB}")
     seed = int(time.time())
     _run_waves(stack, dag_id, waves,

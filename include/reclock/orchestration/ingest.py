@@ -34,9 +34,10 @@ from typing import Sequence
 
 from reclock import continuous, cycle
 from reclock.batch import BatchDescription, Part
-from reclock.config import SourceSpec
+from reclock.specs import SourceSpec
 from reclock.orchestration.assets import shard_assets
 from reclock.orchestration.contexts import cycle_context
+from reclock.sources.registry import kind_of
 
 
 def _part_to_x(p) -> list:
@@ -72,9 +73,7 @@ def build_ingest_dag(spec: SourceSpec):
         return _continuous_dag(spec)
     with DAG(
         dag_id=f"ingest__{spec.name}",
-        description=(f"Ingest Kafka topic {spec.kafka.topic} into {spec.name}" if spec.kafka is not None else
-                     f"Ingest Postgres publication {spec.postgres.publication} into {spec.name}__<table>")
-        + " exactly once (one run = one cycle)",
+        description=f"Ingest {kind_of(spec).describe(spec)} exactly once (one run = one cycle)",
         schedule=(timedelta(seconds=spec.interval_s) if spec.schedule == "interval" else [upstream_asset(spec)]),
         start_date=datetime(2024, 1, 1, tzinfo=timezone.utc),
         catchup=False,
@@ -117,7 +116,7 @@ def _continuous_dag(spec: SourceSpec):
 
     with DAG(
         dag_id=f"ingest__{spec.name}",
-        description=f"Ingest Kafka topic {spec.kafka.topic} into {spec.name} exactly once, continuously "
+        description=f"Ingest {kind_of(spec).describe(spec)} exactly once, continuously "
                     f"(one run = cycles back to back for {spec.lease_s:.0f}s)",
         schedule=timedelta(seconds=spec.lease_s),
         start_date=datetime(2024, 1, 1, tzinfo=timezone.utc),
@@ -146,9 +145,10 @@ def build_group_dag(group: str, specs: Sequence[SourceSpec]):
 
     lease_s = specs[0].lease_s
     names = ", ".join(s.name for s in specs)
+    titles = " or ".join(dict.fromkeys(kind_of(s).title for s in specs))
     with DAG(
         dag_id=f"ingest_group__{group}",
-        description=f"Ingest {len(specs)} Kafka sources ({names}) exactly once, continuously, in one task "
+        description=f"Ingest {len(specs)} {titles} sources ({names}) exactly once, continuously, in one task "
                     f"(one run = each source's cycles back to back for {lease_s:.0f}s)",
         schedule=timedelta(seconds=lease_s),
         start_date=datetime(2024, 1, 1, tzinfo=timezone.utc),

@@ -73,10 +73,10 @@ from reclock.batch import BatchDescription, OffsetRange, Part, SliceWritten, min
 from reclock.errors import ConfigError
 from reclock.persist.remap_store import OFFSETS_PROGRESS
 from reclock.remap import RemapCollection
+from reclock.specs import SourceSpec
 from reclock.time import PartitionedFrontier
 
 if TYPE_CHECKING:
-    from reclock.config import SourceSpec
     from reclock.persist.blob import BlobStore
 
 Schedule = Literal["interval", "upstream", "continuous"]
@@ -267,14 +267,10 @@ class SourceKind(ABC):
     @abstractmethod
     def parse(self, name: str, raw: dict, base: Path | None) -> SourceSpec:
         """The source ``name``'s whole mapping (``raw`` holds the kind's section, ``raw[self.name]``),
-        validated: its section and the top-level keys the kind allows (schedule, budget, format, ...);
-        an unknown or misplaced key is a ``ConfigError`` naming it. ``base``: the folder relative files in
-        the config are found in."""
-
-    def shards(self, spec: SourceSpec) -> tuple[str, ...]:
-        """The collections the config alone tells (sinks name them in ``from:``): by default the main
-        collection and the error collection."""
-        return (spec.data_shard, spec.errors_shard)
+        validated: its section (into the kind's ``reclock.specs.UpstreamSpec``, ``SourceSpec.upstream``,
+        which also tells the collections the config names) and the top-level keys the kind allows
+        (schedule, budget, format, ...; the helpers of ``reclock.specs``); an unknown or misplaced key is a
+        ``ConfigError`` naming it. ``base``: the folder relative files in the config are found in."""
 
     def describe(self, spec: SourceSpec) -> str:
         """The source in words for its DAG's description: ``Kafka topic orders into orders``."""
@@ -323,7 +319,8 @@ class SourceKind(ABC):
         retention. Imports Airflow only when called."""
 
     @abstractmethod
-    def lag(self, spec: SourceSpec, upstream: Any, timeout: float) -> Lag:
+    def lag(self, spec: SourceSpec, given: str | None, timeout: float) -> Lag:
         """How far upstream is ahead of what the source committed, for ``reclock status`` and the UI page,
-        probed within ``timeout`` seconds; ``Lag(None, why)`` where it is not probed. May raise (the status
-        report turns a failure into an unknown lag with the reason)."""
+        probed within ``timeout`` seconds (upstream found by :meth:`find_upstream` with ``given``);
+        ``Lag(None, why)`` where it is not probed. May raise (the status report turns a failure into an
+        unknown lag with the reason)."""

@@ -23,7 +23,7 @@ import json
 from typing import Sequence
 
 from reclock.batch import OffsetRange, SliceWritten
-from reclock.config import SourceSpec
+from reclock.specs import SourceSpec
 from reclock.part_layout import (DATA_OUTPUT, ERR_PREFIX, ERROR_COLUMNS, ERRORS_OUTPUT, MEMBER_COLUMN, PACKED_BASE64,
                                  REJECTED_COLUMN, STATE_COLUMNS, STATE_OUTPUT, STATE_PREFIX)
 from reclock.sources.base import JointSlice
@@ -52,13 +52,13 @@ def kafka_read_options(spec: SourceSpec, bootstrap: str, ranges: Sequence[Offset
         "kafka.group.id": read_group(spec),
         "kafka.isolation.level": "read_committed",
         "kafka.fetch.max.wait.ms": "10",
-        "assign": json.dumps({spec.kafka.topic: parts}),
-        "startingOffsets": json.dumps({spec.kafka.topic: {str(r.partition): r.start for r in ranges}}),
-        "endingOffsets": json.dumps({spec.kafka.topic: {str(r.partition): r.end for r in ranges}}),
+        "assign": json.dumps({spec.upstream.topic: parts}),
+        "startingOffsets": json.dumps({spec.upstream.topic: {str(r.partition): r.start for r in ranges}}),
+        "endingOffsets": json.dumps({spec.upstream.topic: {str(r.partition): r.end for r in ranges}}),
         "failOnDataLoss": "true",
         "includeHeaders": "true" if "headers" in spec.include else "false",
     }
-    for k, v in spec.kafka.options:
+    for k, v in spec.upstream.options:
         opts[k if k.startswith("kafka.") or not _is_librdkafka(k) else f"kafka.{k}"] = v
     return opts
 
