@@ -361,7 +361,8 @@ def overview(conn, config: Config | None = None, lag: LagProbe = no_lag,
         count = int(errors.get(err_shard, 0)) if err_shard else 0
         latest = _errors_latest(conn, blob, err_shard) if blob is not None and count else ()
         spec = config.sources.get(n) if config else None
-        dags = (spec.ingest_dag if spec else f"ingest__{n}", f"rebuild__{n}")
+        replays = spec is None or kind_of(spec).rebuild_refused(spec) is None  # else it has no rebuild DAG
+        dags = (spec.ingest_dag if spec else f"ingest__{n}", *((f"rebuild__{n}",) if replays else ()))
         sources.append(SourceStatus(
             name=n, kind=kinds[n], status=st[0], error=st[1], status_at=st[2], paused=paused.get(dags[0]),
             upper=upper, since=since, now_ms=now_ms, last_cycle=cycles[-1] if cycles else None, lag=lags[n],

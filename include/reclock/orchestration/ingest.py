@@ -17,8 +17,8 @@ task of its own, the one place that makes a cycle's parts visible.
 ``append`` has the source's shards as outlets (Assets ``reclock://<shard>``), so sinks can be scheduled
 on the appends. ``max_active_runs=1`` and ``catchup=False``; a backfill or a manual run is safe anyway:
 minting never goes back in time and an append whose range is in the shards is a no-op. A source with
-``schedule: upstream`` runs when its topic moves (``reclock.orchestration.triggers``) instead of every
-``interval``, its four steps in one task ``cycle`` (a run exists because upstream moved, and the second
+``schedule: upstream`` runs when its upstream moves (its kind's trigger, ``reclock.orchestration.triggers``)
+instead of every ``interval``, its four steps in one task ``cycle`` (a run exists because upstream moved, and the second
 task's scheduling and start-up would be most of the data's wait: the event-driven mode is chosen for
 freshness); one with ``schedule: continuous`` runs cycles back to back in one task a run
 (``reclock.continuous``), and a continuous ``group:`` shares that task with its other sources (one running

@@ -56,9 +56,18 @@ Kinesis     (shard_id, sequence_number)  a partition per shard (the shard id's n
 :meth:`SourceRuntime.descriptions`. Spark jobs that read ``(partition, offset)`` records reclock them with
 ``reclock.spark.reclocking``; a reader in the task uses ``reclock.remap.reclock`` or its own mapping.
 
-**Layering.** A kind imports the pure core, ``persist``, ``spark`` and this module; never another kind,
-``reclock.cycle``, ``reclock.orchestration`` or ``reclock.dev`` (``tests/unit/test_imports.py``). What the
-cycle hands a kind is a :class:`CycleServices` (``reclock.cycle.CycleContext`` is one).
+**A new kind** is a folder ``reclock/sources/<kind>/`` and one line of ``reclock.sources.registry``; by the
+two kinds' example: ``spec.py`` parses its config section into its ``reclock.specs.UpstreamSpec`` (the
+helpers of ``reclock.specs``), ``upstream.py`` is its upstream's client, ``kind.py`` holds its
+:class:`SourceKind` and :class:`SourceRuntime` (a module constant the registry imports), ``trigger.py`` its
+``schedule: upstream`` trigger (on ``reclock.sources.trigger``), and whatever its reading needs (Kafka's Spark
+job, Postgres's decoder and snapshot). Its own consensus tables come as migrations of ``reclock.persist``;
+its own progress relation is :meth:`SourceKind.progress_view`.
+
+**Layering.** A kind imports the pure core, ``persist``, ``spark``, ``reclock.settings``, ``reclock.specs``
+and this module; never another kind, the registry, ``reclock.cycle``, ``reclock.orchestration`` or
+``reclock.dev`` (``tests/unit/test_imports.py``). What the cycle hands a kind is a :class:`CycleServices`
+(``reclock.cycle.CycleContext`` is one).
 """
 
 from __future__ import annotations
