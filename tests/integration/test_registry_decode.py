@@ -106,7 +106,7 @@ def test_avro_of_old_and_new_writers_decodes_into_one_reader(registry, client, k
     produce(kafka, name, [(0, None, v) for v in values])
     plan = avro_plan(client, json.dumps(V2), subject)
     assert {w.schema_id: w.unreadable is None for w in plan.writers} == {i1: True, i2: True, i3: False}
-    from reclock.spark.ingest import _observation
+    from reclock.spark.jobs import observation as _observation
 
     seen = _observation(spark)
     df = avro_decoded(_kafka_values(spark, kafka, name), plan).observe(
