@@ -248,7 +248,7 @@ def sql_ident(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
-def _decoded(spec: SourceSpec, df):
+def _decoded(spec: SourceSpec, df, problem: str | None = None):
     """``df`` (Kafka columns plus ``ts``) decoded: the collection's columns (fields, then metadata), ``ts``,
     the raw record as ``_k, _v, _p, _o, _t``, ``_reason`` (why the value does not decode, else null) and
     ``_raw``: the value of a record that does not decode. For JSON and CSV that is the parser's
@@ -256,6 +256,9 @@ def _decoded(spec: SourceSpec, df):
     outside Spark's generated code, in a projection that copies every column it passes on, so an
     append-only slice, which needs the value only for its rejected records, does not pass the value
     (~200 bytes a record) through it.
+
+    ``problem``: the name of a column saying why a record is an error before any decoding (a reader's
+    finding: a damaged object, an overlong line); where it is set, it is the ``_reason``.
 
     Built as SQL expression text, one ``selectExpr`` (a plan of a few JVM calls, not hundreds)."""
     ftype = spec.format.type
@@ -308,6 +311,8 @@ def _decoded(spec: SourceSpec, df):
         reason = "NULL"
         cols = ["value AS data"]
 
+    if problem is not None:
+        reason = f"coalesce({sql_ident(problem)}, {reason})"
     names = {"key": "_key", "timestamp": "_kafka_timestamp"}
     meta = [f"{sql_ident(m)} AS {sql_ident(names.get(m, f'_{m}'))}" for m in spec.include]
     return df.selectExpr(*cols, *meta, "ts", "key AS _k", "value AS _v", "partition AS _p", "offset AS _o",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import glob
 import os
+import sys
 from pathlib import Path
 
 from reclock.errors import SettingError
@@ -51,6 +52,9 @@ def driver_session(master: str | None = None, app: str = "reclock", conf: dict[s
     builder = SparkSession.builder.appName(app)
     settings = dict(SPARK_CONF)
     if master is not None:
+        # this process's Python runs the session's Python tasks (an S3 source's readers), not whatever
+        # `python3` is on the PATH
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         builder = builder.master(master)
         settings.update(LOCAL_CONF)
     jars = spark_jars()

@@ -1,0 +1,32 @@
+-- The S3 source kind's catalog (reclock.sources.s3.catalog): per S3 source, the object versions it
+-- discovered and still needs to know (dense id -> key, identity, size; ids are the "partitions" of its
+-- remap frontier), and where its listing resumes. Keys compare as S3 orders them (bytes: COLLATE "C").
+CREATE TABLE reclock.s3_objects (
+    source         text NOT NULL REFERENCES reclock.sources(name) ON DELETE CASCADE,
+    id             integer NOT NULL CHECK (id >= 0),
+    key            text COLLATE "C" NOT NULL,
+    etag           text NOT NULL,
+    version        text,
+    size           bigint NOT NULL CHECK (size >= 0),
+    complete       bigint NOT NULL DEFAULT 0 CHECK (complete >= 0),
+    modified_ms    bigint NOT NULL,
+    seen_ms        bigint NOT NULL,
+    state          text NOT NULL CHECK (state IN ('open', 'sealed', 'overwrite')),
+    previous_etag  text,
+    PRIMARY KEY (source, id)
+);
+CREATE INDEX s3_objects_by_key ON reclock.s3_objects (source, key);
+
+-- one row per S3 source: the next id, the key its listing starts after (keys: increasing), and what it has
+-- forgotten (objects dropped from the catalog once no description reads them and no listing or
+-- notification can name them again): how many, their bytes, and a digest of their (key, ETag, size)
+CREATE TABLE reclock.s3_sources (
+    source            text PRIMARY KEY REFERENCES reclock.sources(name) ON DELETE CASCADE,
+    next_id           integer NOT NULL DEFAULT 0,
+    start_after       text COLLATE "C",
+    backfilled        boolean NOT NULL DEFAULT false,
+    forgotten         bigint NOT NULL DEFAULT 0,
+    forgotten_bytes   bigint NOT NULL DEFAULT 0,
+    forgotten_digest  bigint NOT NULL DEFAULT 0,
+    forgotten_upto    text COLLATE "C"
+);
