@@ -15,7 +15,7 @@ from reclock.errors import ObjectChanged, ObjectLost
 from reclock.part_layout import REJECTED_COLUMN
 from reclock.sources.s3.client import open_store
 from reclock.sources.s3.discovery import Known, OnOverwrite, State
-from reclock.sources.s3.frontier import BoundRange
+from reclock.sources.s3.log import BoundRange
 from reclock.sources.s3.read import ReaderConf, units_for, write_slice
 
 SPEC = SourceSpec(name="ev", format=FormatSpec("json", schema="n BIGINT, s STRING"))

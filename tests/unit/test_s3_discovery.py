@@ -28,7 +28,8 @@ class Sim:
         self.rules, self.mode = rules, mode
         self.catalog: dict[int, Known] = {}
         self.start_after: str | None = None
-        self.next_id = 0
+        self.next_id = 1
+        self.next_base = 0
         self.ids_of: dict[tuple[str, str], list[int]] = {}
         self.max_catalog = 0
         self.gap = 0
@@ -41,13 +42,13 @@ class Sim:
         self.gap, self.last = max(self.gap, now - self.last), now
         listed = [o for k, o in sorted(self.objects.items()) if self.start_after is None or k > self.start_after]
         plan = reconcile("src", url, list(self.catalog.values()), listed, now, self.next_id, self.start_after,
-                         self.rules, lambda o, f: o.size)
+                         self.rules, lambda o, f: o.size, next_base=self.next_base)
         for row in (*plan.added, *plan.changed):
             self.catalog[row.id] = row
         for row in plan.added:
             self.ids_of.setdefault((row.key, row.etag), []).append(row.id)
-        self.start_after, self.next_id = plan.start_after, plan.next_id
-        compacted = frontier_of(self.catalog.values())  # as if every binding were appended and compacted
+        self.start_after, self.next_id, self.next_base = plan.start_after, plan.next_id, plan.next_base
+        compacted = frontier_of(self.catalog.values(), self.next_base)  # as if all were bound and compacted
         for row in forgettable(self.catalog.values(), compacted, self.start_after, self.mode,
                                self.rules.lookback_ms is not None, None):
             del self.catalog[row.id]
@@ -92,7 +93,7 @@ def test_increasing_keys_with_lookback_each_object_once_and_bounded(writes, gaps
     assert sorted(k for k, _ in sim.ids_of) == sorted(k for _, k in writes)  # nothing skipped
     assert all(len(ids) == 1 for ids in sim.ids_of.values())  # nothing twice
     ids = [i for v in sim.ids_of.values() for i in v]
-    assert sorted(ids) == list(range(len(ids)))  # dense
+    assert sorted(ids) == list(range(1, len(ids) + 1))  # dense, from 1
     assert len(sim.catalog) == 0  # after the lookback everything is forgotten
 
 
@@ -135,27 +136,32 @@ def test_overwrites_follow_the_policy():
         assert rows_of(sim) == [("a", State.SEALED), ("a", want)]
         new = max(sim.catalog.values(), key=lambda r: r.id)
         assert new.previous_etag == "e-a-one" and new.etag == "e-a-two"
-        assert frontier_of(sim.catalog.values()).is_sealed(new.id)
+        old = min(sim.catalog.values(), key=lambda r: r.id)
+        assert (old.base, new.base) == (0, 4)  # "one" takes positions 0..3 of the log, then the new version
+        assert frontier_of(sim.catalog.values(), sim.next_base).get(0) == (5 if policy == OnOverwrite.COLLECT else 8)
 
 
 def test_local_files_grow_settle_and_are_sealed():
     rules = Rules(mutable=True, settle_ms=100)
     known = []
-    plan = reconcile("src", url, known, [ObjectInfo("f", 10, "i1", 0)], 50, 0, None, rules, lambda o, f: 8)
+    plan = reconcile("src", url, known, [ObjectInfo("f", 10, "i1", 0)], 50, 1, None, rules, lambda o, f: 8)
     (row,) = plan.added
-    assert row.state == State.OPEN and row.complete == 8
-    plan = reconcile("src", url, [row], [ObjectInfo("f", 30, "i1", 60)], 70, 1, None, rules, lambda o, f: 25)
+    assert row.state == State.OPEN and row.complete == 8 and row.own and row.partition == 1
+    plan = reconcile("src", url, [row], [ObjectInfo("f", 30, "i1", 60)], 70, 2, None, rules, lambda o, f: 25)
     (row,) = plan.changed
     assert row.state == State.OPEN and row.complete == 25 and row.size == 30
-    assert frontier_of([row]).get(0) == 25
-    plan = reconcile("src", url, [row], [ObjectInfo("f", 31, "i1", 60)], 200, 1, None, rules, lambda o, f: 25)
+    assert frontier_of([row], 0).as_dict() == {1: 25}
+    plan = reconcile("src", url, [row], [ObjectInfo("f", 31, "i1", 60)], 200, 2, None, rules, lambda o, f: 25)
     (row,) = plan.changed
     assert row.state == State.SEALED and row.size == 31  # settled: the last line needs no line end
+    assert frontier_of([row], 0).as_dict() == {1: 31} and plan.next_base == 0  # it stays in its partition
+    plan = reconcile("src", url, [], [ObjectInfo("g", 5, "i9", 0)], 500, 2, None, rules, lambda o, f: 5)
+    assert plan.added[0].base == 0 and not plan.added[0].own and plan.next_base == 6  # settled on sight: the log
     # a sealed file that changes afterwards is an overwrite
     with pytest.raises(ObjectChanged):
         reconcile("src", url, [row], [ObjectInfo("f", 40, "i1", 300)], 400, 1, None, rules, lambda o, f: 40)
     # replaced (new inode) while open: an overwrite too
-    open_row = Known(0, "g", "i1", 10, 0, 0, State.OPEN, 5)
+    open_row = Known(1, "g", "i1", 10, 0, 0, State.OPEN, 5, own=True)
     with pytest.raises(ObjectChanged):
         reconcile("src", url, [open_row], [ObjectInfo("g", 10, "i2", 10)], 20, 1, None, rules, lambda o, f: 5)
     # gone while open, with bytes past its complete lines: lost, loudly
@@ -165,16 +171,16 @@ def test_local_files_grow_settle_and_are_sealed():
 
 def test_whole_object_formats_wait_until_sealed():
     rules = Rules(mutable=True, settle_ms=100, whole=lambda k: k.endswith(".gz"))
-    plan = reconcile("src", url, [], [ObjectInfo("f.gz", 10, "i1", 0)], 50, 0, None, rules, lambda o, f: 8)
-    assert plan.added[0].complete == 0 and frontier_of(plan.added).is_minimum()
+    plan = reconcile("src", url, [], [ObjectInfo("f.gz", 10, "i1", 0)], 50, 1, None, rules, lambda o, f: 8)
+    assert plan.added[0].complete == 0 and frontier_of(plan.added, plan.next_base).is_minimum()
 
 
 def test_notifications_dedupe_by_key_and_etag():
     rules = Rules(on_overwrite=OnOverwrite.COLLECT)
     a = ObjectInfo("a", 3, "e1", 0)
-    plan = reconcile("src", url, [], [a, a], 10, 0, None, rules, lambda o, f: 0, complete_listing=False)
+    plan = reconcile("src", url, [], [a, a], 10, 1, None, rules, lambda o, f: 0, complete_listing=False)
     assert len(plan.added) == 1
-    again = reconcile("src", url, list(plan.added), [a], 20, 1, None, rules, lambda o, f: 0, complete_listing=False)
+    again = reconcile("src", url, list(plan.added), [a], 20, 2, None, rules, lambda o, f: 0, complete_listing=False)
     assert not again.added and not again.changed
 
 

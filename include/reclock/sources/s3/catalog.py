@@ -21,12 +21,13 @@ from typing import Iterable, Sequence
 
 from reclock.sources.s3.discovery import Known, Plan, State
 
-_COLS = "id, key, etag, size, modified_ms, seen_ms, state, complete, version, previous_etag"
+_COLS = "id, key, etag, size, modified_ms, seen_ms, state, complete, version, previous_etag, base, own"
 
 
 @dataclass(frozen=True)
 class SourceRow:
-    next_id: int = 0
+    next_id: int = 1
+    next_base: int = 0
     start_after: str | None = None
     backfilled: bool = False
     forgotten: int = 0
@@ -36,8 +37,8 @@ class SourceRow:
 
 
 def _known(row) -> Known:
-    i, key, etag, size, modified, seen, state, complete, version, previous = row
-    return Known(i, key, etag, size, modified, seen, State(state), complete, version, previous)
+    i, key, etag, size, modified, seen, state, complete, version, previous, base, own = row
+    return Known(i, key, etag, size, modified, seen, State(state), complete, version, previous, base, own)
 
 
 def ensure(conn, source: str) -> None:
@@ -45,7 +46,7 @@ def ensure(conn, source: str) -> None:
 
 
 def source_row(conn, source: str, lock: bool = False) -> SourceRow:
-    row = conn.execute("SELECT next_id, start_after, backfilled, forgotten, forgotten_bytes, forgotten_digest, "
+    row = conn.execute("SELECT next_id, next_base, start_after, backfilled, forgotten, forgotten_bytes, forgotten_digest, "
                        "forgotten_upto FROM reclock.s3_sources WHERE source = %s" + (" FOR UPDATE" if lock else ""),
                        (source,)).fetchone()
     return SourceRow() if row is None else SourceRow(*row)
@@ -58,6 +59,15 @@ def rows(conn, source: str, after: str | None = None) -> list[Known]:
     else:
         cur = conn.execute(f"SELECT {_COLS} FROM reclock.s3_objects WHERE source = %s AND key > %s ORDER BY id",
                            (source, after))
+    return [_known(r) for r in cur.fetchall()]
+
+
+def in_log(conn, source: str, lo: int, hi: int) -> list[Known]:
+    """The rows placed in the log at positions that meet ``[lo, hi)`` (what a description's log range
+    reads), in log order."""
+    cur = conn.execute(f"SELECT {_COLS} FROM reclock.s3_objects WHERE source = %s AND base < %s AND base >= "
+                       "coalesce((SELECT max(base) FROM reclock.s3_objects WHERE source = %s AND base <= %s), 0) "
+                       "ORDER BY base", (source, hi, source, lo))
     return [_known(r) for r in cur.fetchall()]
 
 
@@ -76,17 +86,18 @@ def apply(conn, source: str, plan: Plan, backfilled: bool | None = None) -> None
     if plan.added:
         with conn.cursor() as cur:
             cur.executemany(f"INSERT INTO reclock.s3_objects (source, {_COLS}) VALUES "
-                            "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                            "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
                             [(source, r.id, r.key, r.etag, r.size, r.modified_ms, r.seen_ms, r.state.value,
-                              r.complete, r.version, r.previous_etag) for r in plan.added])
+                              r.complete, r.version, r.previous_etag, r.base, r.own) for r in plan.added])
     if plan.changed:
         with conn.cursor() as cur:
-            cur.executemany("UPDATE reclock.s3_objects SET size = %s, modified_ms = %s, state = %s, complete = %s "
-                            "WHERE source = %s AND id = %s AND state = 'open'",
-                            [(r.size, r.modified_ms, r.state.value, r.complete, source, r.id) for r in plan.changed])
-    conn.execute("UPDATE reclock.s3_sources SET next_id = %s, start_after = %s, "
+            cur.executemany("UPDATE reclock.s3_objects SET size = %s, modified_ms = %s, state = %s, complete = %s, "
+                            "base = %s, own = %s WHERE source = %s AND id = %s AND state = 'open'",
+                            [(r.size, r.modified_ms, r.state.value, r.complete, r.base, r.own, source, r.id)
+                             for r in plan.changed])
+    conn.execute("UPDATE reclock.s3_sources SET next_id = %s, next_base = %s, start_after = %s, "
                  "backfilled = coalesce(%s, backfilled) WHERE source = %s",
-                 (plan.next_id, plan.start_after, backfilled, source))
+                 (plan.next_id, plan.next_base, plan.start_after, backfilled, source))
 
 
 def digest(objects: Iterable[tuple[str, str, int]]) -> int:

@@ -4,8 +4,9 @@ The source's catalog (``reclock.sources.s3.catalog``) holds one :class:`Known` r
 discovered and still needs to know. Each cycle's mint reconciles it with upstream
 (:func:`reconcile`): a new key gets the next dense id; a local file that grew moves its complete-lines
 offset; an object that settled is sealed; an object whose identity changed is an *overwrite*, handled as
-the source's ``on_overwrite`` says (:class:`OnOverwrite`). The frontier the mint binds is then
-:func:`frontier_of` the catalog.
+the source's ``on_overwrite`` says (:class:`OnOverwrite`). A sealed object is placed in the source's log
+(``reclock.sources.s3.log``) at the next free position, in id order; an open file with complete lines is
+bound in a partition of its own. The frontier the mint binds is then :func:`frontier_of` the catalog.
 
 Discovery modes (:class:`Discovery`)::
 
@@ -32,7 +33,9 @@ from typing import Callable, Iterable, Sequence
 
 from reclock.errors import ObjectChanged, ObjectLost
 from reclock.sources.s3.client import ObjectInfo
-from reclock.sources.s3.frontier import ObjectFrontier
+from reclock.sources.s3.log import LOG, Placed
+from reclock.sources.s3.log import frontier_of as log_frontier
+from reclock.time import PartitionedFrontier
 
 
 class Discovery(str, Enum):
@@ -69,9 +72,23 @@ class Known:
     complete: int = 0
     version: str | None = None
     previous_etag: str | None = None  # an overwrite row: the ETag of the version it replaced
+    base: int | None = None  # its first position in the log, once placed there
+    own: bool = False  # bound in a partition of its own (its id): a file bound while it grew
 
     def info(self) -> ObjectInfo:
         return ObjectInfo(self.key, self.size, self.etag, self.modified_ms, self.version)
+
+    @property
+    def partition(self) -> int:
+        return self.id if self.own else LOG
+
+    def placed(self) -> Placed | None:
+        """Where its bytes are bound (None: nowhere yet)."""
+        if self.own:
+            return Placed(self.id, None, self.size, own=True)
+        if self.base is None:
+            return None
+        return Placed(self.id, self.base, self.bound_size)
 
     @property
     def bound_size(self) -> int:
@@ -102,7 +119,8 @@ class Plan:
     added: tuple[Known, ...] = ()
     changed: tuple[Known, ...] = ()
     start_after: str | None = None
-    next_id: int = 0
+    next_id: int = 1
+    next_base: int = 0
     overwrites: int = 0
 
 
@@ -122,7 +140,8 @@ def _describe(k: Known | ObjectInfo) -> str:
 
 def reconcile(source: str, url_of: Callable[[str], str], known: Sequence[Known], listed: Iterable[ObjectInfo],
               now_ms: int, next_id: int, start_after: str | None, rules: Rules,
-              complete_of: Callable[[ObjectInfo, int], int], complete_listing: bool = True) -> Plan:
+              complete_of: Callable[[ObjectInfo, int], int], complete_listing: bool = True,
+              next_base: int = 0) -> Plan:
     """The catalog changes that bring ``known`` (the catalog's rows) up to ``listed`` (what upstream holds
     after ``start_after``, or the objects an event named), at ``now_ms`` (the listing's start).
 
@@ -131,6 +150,7 @@ def reconcile(source: str, url_of: Callable[[str], str], known: Sequence[Known],
     is everything after ``start_after`` (a listing), so a known key missing from it is gone upstream (an
     open file gone before it settled is :class:`ObjectLost` if bytes past its complete lines are lost);
     False for notifications. Raises :class:`ObjectChanged` for an overwrite under ``on_overwrite: stall``.
+    ``next_id``, ``next_base``: the next object id (from 1) and the next free log position.
     """
     latest = latest_by_key(known)
     added: list[Known] = []
@@ -180,10 +200,22 @@ def reconcile(source: str, url_of: Callable[[str], str], known: Sequence[Known],
             row = _settle_or_grow(row, obj, now_ms, rules, complete_of)
         added.append(row)
         next_id += 1
+    # place what is sealed now in the log (in id order), and give a file with complete lines its partition
+    placed: list[Known] = []
+    for row in sorted([*changed.values(), *added], key=lambda r: r.id):
+        if row.state != State.OPEN and not row.own and row.base is None:
+            row = replace(row, base=next_base)
+            next_base += row.bound_size + 1
+        elif row.state == State.OPEN and row.complete > 0 and not row.own:
+            row = replace(row, own=True)
+        placed.append(row)
+    new_ids = {r.id for r in added}
+    added = [r for r in placed if r.id in new_ids]
+    changed = {r.id: r for r in placed if r.id not in new_ids}
     new_after = start_after
     if rules.lookback_ms is not None:
         new_after = advance_start_after(start_after, [*known, *added], changed, now_ms - rules.lookback_ms)
-    return Plan(tuple(added), tuple(changed.values()), new_after, next_id, overwrites)
+    return Plan(tuple(added), tuple(changed.values()), new_after, next_id, next_base, overwrites)
 
 
 def _settle_or_grow(k: Known, obj: ObjectInfo, now_ms: int, rules: Rules,
@@ -221,28 +253,24 @@ def advance_start_after(start_after: str | None, rows: Iterable[Known], changed:
     return out
 
 
-def frontier_of(rows: Iterable[Known]) -> ObjectFrontier:
-    """The frontier the catalog's rows say is complete: sealed and overwrite rows whole, open rows up to
-    their complete lines."""
-    sealed, opened = [], {}
-    for r in rows:
-        if r.state == State.OPEN:
-            if r.complete:
-                opened[r.id] = r.complete
-        else:
-            sealed.append(r.id)
-    return ObjectFrontier().seal(sealed).advance(opened)
+def frontier_of(rows: Iterable[Known], next_base: int) -> PartitionedFrontier:
+    """The frontier the catalog says is complete: the log up to ``next_base`` (every sealed object placed)
+    and each own partition up to its complete lines (its size once sealed)."""
+    own = [(r.id, r.size if r.state != State.OPEN else r.complete) for r in rows if r.own]
+    return log_frontier(next_base, [(i, o) for i, o in own if o > 0])
 
 
-def forgettable(rows: Iterable[Known], compacted: ObjectFrontier, start_after: str | None, mode: Discovery,
-                keys_increasing: bool, dedupe_before_ms: int | None) -> list[Known]:
-    """The rows the catalog may drop: sealed in ``compacted`` (the remap collection's frontier at its
-    since: no description reads them again), and never needed to recognise a key again: at or before
-    ``start_after`` (listing, keys increasing), or first seen before ``dedupe_before_ms``
-    (notifications). With keys in any order a listing needs every key: nothing is dropped."""
+def forgettable(rows: Iterable[Known], compacted: PartitionedFrontier, start_after: str | None,
+                mode: Discovery, keys_increasing: bool, dedupe_before_ms: int | None) -> list[Known]:
+    """The rows the catalog may drop: placed in the log wholly below ``compacted`` (the remap collection's
+    frontier at its since: no description reads them again), and never needed to recognise a key again:
+    at or before ``start_after`` (listing, keys increasing), or first seen before ``dedupe_before_ms``
+    (notifications). With keys in any order a listing needs every key: nothing is dropped. An
+    own-partition object stays (its partition stays in the bindings)."""
     out = []
     for r in rows:
-        if not compacted.is_sealed(r.id) or r.state == State.OPEN:
+        p = r.placed()
+        if p is None or p.own or p.span[1] > compacted.get(LOG):
             continue
         if mode == Discovery.LISTING and keys_increasing and start_after is not None and r.key <= start_after:
             out.append(r)

@@ -41,7 +41,7 @@ from reclock.errors import ObjectChanged, ObjectLost
 from reclock.persist.objectstore import S3Settings
 from reclock.sources.s3.client import READ_CHUNK, ObjectInfo, open_store
 from reclock.sources.s3.discovery import Known, OnOverwrite, State
-from reclock.sources.s3.frontier import BoundRange
+from reclock.sources.s3.log import BoundRange
 from reclock.sources.s3.lines import Lines, ReadProblem, read_gzip_lines, read_lines
 
 LINE_FORMATS = ("json", "csv", "text")
@@ -115,9 +115,10 @@ class ReadUnit:
 def units_for(bound: Sequence[BoundRange], rows: dict[int, Known], conf: ReaderConf,
               split_bytes: int = SPLIT_BYTES) -> list[ReadUnit]:
     """The read units of ``bound`` (a description's ranges with their ts). An id missing from ``rows`` is
-    a ``ValueError``: the catalog must know every object a description reads. A zero-byte range of a line
-    format reads nothing and has no unit; of a whole-object format it is a unit (an empty file is not a
-    valid Parquet or Avro file: an error row); an overwrite row's unit yields its error row."""
+    a ``ValueError``: the catalog must know every object a description reads. A plain line range is cut
+    into splits of ``split_bytes``; a gzip'd or whole-object format object is one unit, in the range that
+    binds its end (an empty file is not a valid Parquet or Avro file: its unit yields an error row); an
+    overwrite row's unit yields its error row; an empty range of a line format reads nothing."""
     out = []
     for r in bound:
         row = rows.get(r.id)
@@ -126,8 +127,11 @@ def units_for(bound: Sequence[BoundRange], rows: dict[int, Known], conf: ReaderC
         base = ReadUnit(r.id, row.key, row.etag, row.version, row.size, row.modified_ms, row.state.value,
                         row.previous_etag, r.start, r.end, r.start, r.end, r.ts)
         if row.state == State.OVERWRITE or conf.whole(row.key):
-            if r.end > r.start or row.state == State.OVERWRITE or conf.format in WHOLE_FORMATS:
-                out.append(base)
+            if r.ends:
+                out.append(replace(base, start=0, a=0))
+            elif r.start != r.end:
+                raise ValueError(f"source {conf.source}: object {row.key} is read whole, but a binding covers only "
+                                 f"its bytes [{r.start}, {r.end})")
             continue
         for a in range(r.start, r.end, split_bytes):
             out.append(replace(base, a=a, b=min(r.end, a + split_bytes)))
