@@ -55,6 +55,7 @@ from reclock.part_layout import DATA_KIND, DATA_OUTPUT, ERRORS_KIND, ERRORS_OUTP
 from reclock.persist import blob as blobs
 from reclock.persist import connect
 from reclock.persist.compact import compact_parts
+from reclock.persist.objectstore import S3Settings
 from reclock.persist.gc import claim_gc, collect_garbage, lease_write, release_write
 from reclock.persist.remap_store import append_binding, compact_remap, load_remap, register_source
 from reclock.persist.shards import (Append, advance_since, compare_and_append, drop_lapsed_holds, read_holds,
@@ -90,6 +91,7 @@ class CycleContext:
     gc_interval_s: float = 300.0  # resume collects the source's garbage at most this often
     stats_keep_s: float = 7 * 86400.0  # statistics and status rows older than this go with that collection
     upstream_dsn: str | None = None  # a Postgres source's upstream database
+    s3_settings: S3Settings | None = field(default=None, repr=False)  # an S3 source's endpoint and keys
     # writes a description's one append-only slice in a Spark job shared with other sources (a continuous
     # group's ``reclock.continuous.JointWriter``): (ctx, ranges, bindings, folder) -> (SliceWritten, how
     # many sources the job wrote), or None when this one must run its own job
@@ -106,7 +108,11 @@ class CycleContext:
         """The source's upstream (``KafkaUpstream`` or ``PostgresUpstream``); one per context, so a cycle's
         probes share one connected admin client."""
         if self._upstream is None:
-            if self.spec.postgres is not None:
+            if self.spec.s3 is not None:
+                from reclock.sources.s3.kind import S3Source
+
+                self._upstream = S3Source(self, self.s3_settings)
+            elif self.spec.postgres is not None:
                 if not self.upstream_dsn:
                     raise ConfigError(f"source {self.spec.name}: this cycle context has no upstream_dsn")
                 self._upstream = PostgresUpstream(self.spec.name, self.upstream_dsn, self.spec.postgres.publication)
@@ -197,6 +203,9 @@ def ensure_registered(ctx: CycleContext) -> None:
     """Create the source's remap collection, progress view and output shards if they do not exist."""
     if ctx.spec.postgres is not None:
         _register_postgres(ctx)
+        return
+    if ctx.spec.s3 is not None:
+        ctx.upstream().register()
         return
     with ctx.connect() as conn:
         register_source(conn, ctx.spec.name, kind="kafka")
@@ -296,8 +305,8 @@ def mint(ctx: CycleContext) -> MintResult:
     ``max(now, last + 1)``, never in the past; two concurrent minters cannot both succeed.
     """
     with _step(ctx, "mint") as m, ThreadPoolExecutor(1, "reclock-probe") as pool:
-        if ctx.spec.postgres is not None:
-            ensure_registered(ctx)  # the slot first: the flush LSN probed after it is covered by it
+        if ctx.spec.postgres is not None or ctx.spec.s3 is not None:
+            ensure_registered(ctx)  # the slot (the catalog) first: the probe needs it
             upper = ctx.upstream().probe_upper()
         else:
             probe = pool.submit(ctx.upstream().probe_upper)  # Kafka's round trips beside Postgres's
@@ -318,11 +327,15 @@ def mint(ctx: CycleContext) -> MintResult:
             descs = _descriptions(conn, ctx, rc)
         m.update(upstream_upper=upper.as_dict(), minted_ts=minted.ts if minted else None,
                  descriptions=len(descs), offsets_known=sum(o for _, o in upper))
+        if ctx.spec.s3 is not None:
+            m.update(discovered=vars(ctx.upstream().last))
         return MintResult(minted, tuple(descs))
 
 
 def _descriptions(conn, ctx: CycleContext, rc: RemapCollection) -> list[BatchDescription]:
     lower = min(shard_info(conn, s).upper for s in ctx.shards())
+    if ctx.spec.s3 is not None:
+        return ctx.upstream().descriptions(rc, lower)
     if ctx.spec.postgres is not None:
         # LSN distances are WAL bytes, not changes: one description, its memory bounded by the part size
         return mint_descriptions(lower, rc, 2**62)
@@ -346,6 +359,8 @@ def write_batches(ctx: CycleContext, desc: BatchDescription) -> WrittenBatch:
                 return WrittenBatch(desc)  # a replay: the state has moved on, and append is a no-op
         if ctx.spec.postgres is not None:
             return _write_postgres(ctx, rc, desc, m)
+        if ctx.spec.s3 is not None:
+            return ctx.upstream().write(rc, desc, m)
         written = _write(ctx, rc, desc, m)
         if ctx.spec.on_decode_error == "stall" and written.parts.get(ctx.spec.errors_shard):
             # refuse the whole description (nothing is appended) naming the first record that failed; the
@@ -618,7 +633,10 @@ def resume(ctx: CycleContext) -> ResumeResult:
             infos = [shard_info(conn, s) for s in ctx.shards()]
         resumption = min([rc.upper, *(i.upper for i in infos)])
         offsets = remap.source_upper_at(rc, resumption)
-        ctx.upstream().commit(ctx.spec.consumer_group, offsets)
+        if ctx.spec.s3 is not None:
+            ctx.upstream().commit(offsets)
+        else:
+            ctx.upstream().commit(ctx.spec.consumer_group, offsets)
         failpoint("resume:after_commit")
         # the last complete time stays readable: since may reach resumption - 1, never the upper itself
         target = max(0, resumption - 1)

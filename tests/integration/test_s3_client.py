@@ -75,17 +75,6 @@ def test_a_missing_bucket_and_a_missing_folder_are_named(s3, tmp_path):
         list(open_store("src", str(tmp_path / "nowhere"), None).list())
 
 
-@pytest.fixture(scope="module")
-def s3_auth(stack_state):
-    """A second moto server that checks keys as AWS does (IAM), for wrong credentials."""
-    from reclock.dev.s3 import LocalS3
-
-    server = LocalS3(stack_state, name="s3auth", auth=True)
-    server.start()
-    yield server
-    server.stop()
-
-
 def test_wrong_credentials_are_refused_and_named(s3_auth):
     from dataclasses import replace
 

@@ -50,10 +50,10 @@ def test_ranges_of_objects_split_over_tasks_land_once_with_their_ts(spark, s3, b
     c.put_object(Bucket=bucket, Key="in/empty.json", Body=b"")
     conf = ReaderConf("ev", f"s3://{bucket}/in/", s3.settings(), "json")
     store = open_store("ev", conf.url, conf.settings)
-    rows = {0: known(store, 0, "in/a b ü.json"), 1: known(store, 1, "in/z.json.gz"), 2: known(store, 2, "in/empty.json")}
+    rows = {1: known(store, 1, "in/a b ü.json"), 2: known(store, 2, "in/z.json.gz"), 3: known(store, 3, "in/empty.json")}
     cut = body.index(b"\n", 40_000) + 1  # a binding boundary at a line end
-    bound = [BoundRange(0, 0, cut, 100), BoundRange(0, cut, len(body), 200), BoundRange(1, 0, rows[1].size, 200),
-             BoundRange(2, 0, 0, 200)]
+    bound = [BoundRange(1, 0, cut, 100), BoundRange(1, cut, len(body), 200, True),
+             BoundRange(2, 0, rows[2].size, 200, True), BoundRange(3, 0, 0, 200, True)]
     units = units_for(bound, rows, conf, split_bytes=7_777)
     assert len(units) > 10 and all(u.key != "in/empty.json" for u in units)
     w = write_slice(spark, SPEC, conf, units, ("key", "offset"), str(tmp_path / "out"))
@@ -75,9 +75,10 @@ def test_problems_are_error_rows_and_gone_objects_fail_naming_them(spark, tmp_pa
     (src / "cut.json.gz").write_bytes(gzip.compress(lines(100))[:-30])
     conf = ReaderConf("ev", str(src), None, "json", on_overwrite=OnOverwrite.COLLECT)
     store = open_store("ev", conf.url, None)
-    rows = {0: known(store, 0, "bad.json"), 1: known(store, 1, "cut.json.gz")}
-    rows[2] = Known(2, "bad.json", "newetag", 5, 0, 0, State.OVERWRITE, 0, previous_etag=rows[0].etag)
-    bound = [BoundRange(0, 0, rows[0].size, 7), BoundRange(1, 0, rows[1].size, 7), BoundRange(2, 0, 0, 7)]
+    rows = {1: known(store, 1, "bad.json"), 2: known(store, 2, "cut.json.gz")}
+    rows[3] = Known(3, "bad.json", "newetag", 5, 0, 0, State.OVERWRITE, 0, previous_etag=rows[1].etag)
+    bound = [BoundRange(1, 0, rows[1].size, 7, True), BoundRange(2, 0, rows[2].size, 7, True),
+             BoundRange(3, 0, 0, 7, True)]
     w = write_slice(spark, SPEC, conf, units_for(bound, rows, conf), ("key",), str(tmp_path / "out"))
     got = read_back(tmp_path / "out")
     errors = [r for r in got if r[REJECTED_COLUMN] is not None]

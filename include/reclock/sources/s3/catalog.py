@@ -62,6 +62,29 @@ def rows(conn, source: str, after: str | None = None) -> list[Known]:
     return [_known(r) for r in cur.fetchall()]
 
 
+def rows_upto(conn, source: str, upto: str) -> list[Known]:
+    """The rows with a key at or before ``upto`` (what a key frontier has passed)."""
+    cur = conn.execute(f"SELECT {_COLS} FROM reclock.s3_objects WHERE source = %s AND key <= %s ORDER BY id",
+                       (source, upto))
+    return [_known(r) for r in cur.fetchall()]
+
+
+def for_keys(conn, source: str, keys: Iterable[str]) -> list[Known]:
+    """The rows of ``keys`` (every version kept)."""
+    wanted = sorted(set(keys))
+    if not wanted:
+        return []
+    cur = conn.execute(f"SELECT {_COLS} FROM reclock.s3_objects WHERE source = %s AND key = ANY(%s) ORDER BY id",
+                       (source, wanted))
+    return [_known(r) for r in cur.fetchall()]
+
+
+def own_rows(conn, source: str) -> list[Known]:
+    """The rows bound in partitions of their own (files bound while they grew)."""
+    cur = conn.execute(f"SELECT {_COLS} FROM reclock.s3_objects WHERE source = %s AND own ORDER BY id", (source,))
+    return [_known(r) for r in cur.fetchall()]
+
+
 def in_log(conn, source: str, lo: int, hi: int) -> list[Known]:
     """The rows placed in the log at positions that meet ``[lo, hi)`` (what a description's log range
     reads), in log order."""
