@@ -213,3 +213,59 @@ def test_a_missing_bucket_and_wrong_credentials_fail_the_cycle_naming_them(db, s
     ok = make_ctx(db, spark, tmp_path, "s3://reclock/ev/", s3_auth.settings(), name="ev_allowed")
     cycle.run_cycle(ok)
     assert ns_of(collection(ok)) == [0, 1, 2]
+
+
+def _parquet(path_or_buf, table):
+    import pyarrow.parquet as pq
+
+    pq.write_table(table, path_or_buf, row_group_size=40)
+
+
+def test_parquet_files_one_increment_each_and_a_schema_that_differs_is_named(db, spark, tmp_path):
+    import pyarrow as pa
+
+    folder = tmp_path / "pq"
+    folder.mkdir()
+    good = pa.table({"n": pa.array(range(100), pa.int32()), "s": [f"v{i}" for i in range(100)]})  # int -> bigint
+    _parquet(folder / "a.parquet", good)
+    _parquet(folder / "b.parquet", pa.table({"n": pa.array([1.5]), "s": ["x"]}))  # double does not fit bigint
+    _parquet(folder / "c.parquet", pa.table({"n": pa.array([1], pa.int64()), "s": ["x"], "extra": [1]}))
+    (folder / "d.parquet").write_bytes(b"")
+    (folder / "e.parquet").write_bytes(b"PAR1 not really")
+    for p in folder.iterdir():
+        os.utime(p, (1_600_000_000, 1_600_000_000))  # settled long ago
+    ctx = make_ctx(db, spark, tmp_path, str(folder), format={"type": "parquet", "schema": "n BIGINT, s STRING"})
+    cycle.run_cycle(ctx)
+    rows = collection(ctx)
+    assert sorted(r["n"] for r in rows) == list(range(100)) and {r["_key"] for r in rows} == {"a.parquet"}
+    assert sorted(r["_offset"] for r in rows) == list(range(100))  # a row's offset: its index in the file
+    errors = {e["key"].decode(): e["reason"] for e in collection(ctx, ctx.spec.errors_shard)}
+    assert set(errors) == {"b.parquet", "c.parquet", "d.parquet", "e.parquet"}
+    assert "column n: double does not convert exactly to int64" in errors["b.parquet"]
+    assert "column(s) extra are not in the declared schema" in errors["c.parquet"]
+    assert "zero-byte" in errors["d.parquet"] and "not a readable Parquet file" in errors["e.parquet"]
+
+
+def test_avro_container_files_resolve_to_the_declared_schema(db, spark, s3, tmp_path):
+    import io
+    import json
+
+    import fastavro
+
+    bucket = new_bucket(s3)
+    writer = {"type": "record", "name": "E", "fields": [{"name": "n", "type": "int"}, {"name": "s", "type": "string"}]}
+    reader = {"type": "record", "name": "E", "fields": [{"name": "n", "type": "long"}, {"name": "s", "type": "string"},
+                                                        {"name": "note", "type": ["null", "string"], "default": None}]}
+    buf = io.BytesIO()
+    fastavro.writer(buf, writer, [{"n": i, "s": f"v{i}"} for i in range(30)])
+    s3.client().put_object(Bucket=bucket, Key="av/one.avro", Body=buf.getvalue())
+    s3.client().put_object(Bucket=bucket, Key="av/cut.avro", Body=buf.getvalue()[:-20])
+    (tmp_path / "e.avsc").write_text(json.dumps(reader))
+    ctx = make_ctx(db, spark, tmp_path, f"s3://{bucket}/av/", s3.settings(),
+                   format={"type": "avro", "schema_file": str(tmp_path / "e.avsc")})
+    cycle.run_cycle(ctx)
+    rows = [r for r in collection(ctx) if r["_key"] == "av/one.avro"]
+    assert sorted(r["n"] for r in rows) == list(range(30)) and all(r["note"] is None for r in rows)
+    errors = collection(ctx, ctx.spec.errors_shard)
+    assert [e["key"] for e in errors] == [b"av/cut.avro"]
+    assert "do not read" in errors[0]["reason"] or "not a readable Avro" in errors[0]["reason"]

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from reclock import remap
@@ -43,7 +43,8 @@ from reclock.sources.s3.client import EventQueue, ObjectInfo, ObjectStore, open_
 from reclock.sources.s3.discovery import Discovery, Known, OnOverwrite, Rules, forgettable, frontier_of, reconcile
 from reclock.sources.s3.lines import complete_upto
 from reclock.sources.s3.log import LOG, Layout, bound_ranges
-from reclock.sources.s3.read import ReaderConf, is_gzip, slices_of, units_for, write_slice
+from reclock.sources.s3.read import (WHOLE_FORMATS, ReaderConf, is_gzip, slices_of, units_for, whole_schema,
+                                     write_slice)
 from reclock.time import PartitionedFrontier
 
 TAIL_STEP = 1 << 16
@@ -298,6 +299,8 @@ class S3Source:
             return WrittenBatch(desc)
         prefix = f"{spec.name}/{desc.lower}-{desc.upper}/{uuid.uuid4().hex}"
         spark = ctx.spark()
+        if spec.format.type in WHOLE_FORMATS:
+            conf = replace(conf, schema_json=whole_schema(spark, spec), avro_schema=spec.format.schema)
         with ctx.connect() as conn:
             lease_write(conn, spec.name, prefix)
         try:

@@ -75,6 +75,8 @@ class ReaderConf:
     on_overwrite: OnOverwrite = OnOverwrite.STALL
     chunk: int = READ_CHUNK
     max_line: int = 256 << 20
+    schema_json: str | None = None  # whole-object formats: the collection's Spark schema (StructType JSON)
+    avro_schema: str | None = None  # avro: the reader schema (.avsc JSON)
 
     @property
     def skip_empty(self) -> bool:
@@ -226,24 +228,113 @@ def read_unit(conf: ReaderConf, store, u: ReadUnit) -> Iterator[pa.RecordBatch]:
                                            f"{u.a} on are not read)")
 
 
+def _data_schema(conf: ReaderConf) -> pa.Schema:
+    import json
+
+    from pyspark.sql import types as T
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    declared = T.StructType([T.StructField(f.name, f.dataType, True)
+                             for f in T.StructType.fromJson(json.loads(conf.schema_json)).fields])
+    return to_arrow_schema(declared, timezone="UTC", prefers_large_types=False)
+
+
+def read_whole_unit(conf: ReaderConf, store, u: ReadUnit, want: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """The rows of one whole object (Parquet, Avro): the declared columns, then the raw columns."""
+    import json
+
+    from reclock.sources.s3 import whole
+
+    url = store.url(u.key)
+    meta = _raw_schema()
+    out = pa.schema(list(want) + list(meta))
+
+    def rows(table: pa.Table, first: int) -> pa.RecordBatch:
+        n = table.num_rows
+        raw = _batch(u, pa.nulls(n, pa.binary()), np.arange(first, first + n))
+        return pa.RecordBatch.from_arrays([table.column(i).combine_chunks() for i in range(table.num_columns)]
+                                          + raw.columns, schema=out)
+
+    def problem(at: int, reason: str) -> pa.RecordBatch:
+        raw = _problem_batch(u, at, None, f"object {url}: {reason}")
+        return pa.RecordBatch.from_arrays([pa.nulls(1, f.type) for f in want] + raw.columns, schema=out)
+
+    if u.state == State.OVERWRITE.value:
+        raw = next(read_unit(conf, store, u))
+        yield pa.RecordBatch.from_arrays([pa.nulls(1, f.type) for f in want] + raw.columns, schema=out)
+        return
+    if u.size == 0:
+        yield problem(0, f"a zero-byte object is not a {conf.format.capitalize()} file")
+        return
+    done = 0
+    try:
+        with whole.open_object(store, u.info()) as f:
+            items = (whole.read_parquet(f, want) if conf.format == "parquet"
+                     else whole.read_avro(f, json.loads(conf.avro_schema), want))
+            for item in items:
+                if isinstance(item, str):
+                    yield problem(done, item)
+                    return
+                for batch in item.to_batches(max_chunksize=whole.BATCH_ROWS):
+                    yield rows(pa.Table.from_batches([batch], schema=want), done)
+                    done += batch.num_rows
+    except (ObjectChanged, ObjectLost) as e:
+        if conf.on_overwrite == OnOverwrite.STALL or isinstance(e, ObjectLost) or done:
+            raise
+        yield problem(0, f"{e} (on_overwrite: {conf.on_overwrite.value}: not read)")
+
+
 def read_units(conf: ReaderConf, tasks: Sequence[Sequence[ReadUnit]],
                batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """``mapInArrow``'s function: for each task number in ``batches`` (a ``spark.range``), its units' rows."""
     store = open_store(conf.source, conf.url, conf.settings)
+    want = _data_schema(conf) if conf.format in WHOLE_FORMATS else None
     for b in batches:
         for k in b.column(0).to_pylist():
             for u in tasks[k]:
-                yield from read_unit(conf, store, u)
+                if want is not None:
+                    yield from read_whole_unit(conf, store, u, want)
+                else:
+                    yield from read_unit(conf, store, u)
 
 
 # -- on the driver ---------------------------------------------------------------------------------------
 
 
 def raw_rows(spark, conf: ReaderConf, units: Sequence[ReadUnit], task_bytes: int = TASK_BYTES):
-    """The DataFrame of the units' raw rows (:data:`RAW_SCHEMA`), one Spark task per group of units."""
+    """The DataFrame of the units' raw rows (:data:`RAW_SCHEMA`; a whole-object format's declared columns
+    first), one Spark task per group of units."""
     tasks = assign_tasks(units, task_bytes)
     fn = functools.partial(read_units, conf, tasks)
-    return spark.range(0, len(tasks), 1, len(tasks)).mapInArrow(fn, RAW_SCHEMA)
+    schema: object = RAW_SCHEMA
+    if conf.format in WHOLE_FORMATS:
+        import json
+
+        from pyspark.sql import types as T
+
+        raw = [T.StructField("key", T.BinaryType()), T.StructField("value", T.BinaryType()),
+               T.StructField("partition", T.IntegerType()), T.StructField("offset", T.LongType()),
+               T.StructField("timestamp", T.TimestampType()), T.StructField("ts", T.LongType()),
+               T.StructField("_problem", T.StringType())]
+        # nullable: an error row has no values (Avro's mapping marks required fields not null)
+        declared = [T.StructField(f.name, f.dataType, True) for f in
+                    T.StructType.fromJson(json.loads(conf.schema_json)).fields]
+        schema = T.StructType(declared + raw)
+    return spark.range(0, len(tasks), 1, len(tasks)).mapInArrow(fn, schema)
+
+
+def whole_schema(spark, spec) -> str:
+    """The collection's Spark schema (StructType JSON) of a whole-object format: the DDL of a Parquet
+    source; the Spark schema Avro's reader schema maps to (Spark's own mapping, ``from_avro``)."""
+    if spec.format.type == "avro":
+        from pyspark.sql import functions as F
+        from pyspark.sql.avro.functions import from_avro
+
+        return spark.range(0).select(from_avro(F.lit(b"").cast("binary"), spec.format.schema).alias("r")) \
+            .schema["r"].dataType.json()
+    from reclock.spark.ingest import data_schema
+
+    return data_schema(spec).json()
 
 
 def s3_output_meta(include: Sequence[str]) -> list[str]:
@@ -274,7 +365,11 @@ def decoded(spark, spec, conf: ReaderConf, units: Sequence[ReadUnit], include: S
     raw = raw_rows(spark, conf, units)
     if read_metrics is not None:
         raw = raw.observe(read_metrics, F.count(F.lit(1)).alias("records"))
-    dec = _decoded(replace(spec, include=()), raw, problem="_problem")
+    if conf.format in WHOLE_FORMATS:  # decoded in the task already: the raw columns under decode's names
+        dec = raw.selectExpr("*", "key AS _k", "value AS _v", "partition AS _p", "offset AS _o", "timestamp AS _t",
+                             "_problem AS _reason")
+    else:
+        dec = _decoded(replace(spec, include=()), raw, problem="_problem")
     packed = ", ".join(f"{sql_string(c)}, {_PACKED.get(c, src)}" for c, src in _ERROR_SOURCES)
     return dec.selectExpr(*map(sql_ident, field_names(spec)), *s3_output_meta(include), "ts",
                           "CAST(1 AS BIGINT) AS diff",
