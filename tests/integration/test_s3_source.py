@@ -269,3 +269,24 @@ def test_avro_container_files_resolve_to_the_declared_schema(db, spark, s3, tmp_
     errors = collection(ctx, ctx.spec.errors_shard)
     assert [e["key"] for e in errors] == [b"av/cut.avro"]
     assert "do not read" in errors[0]["reason"] or "not a readable Avro" in errors[0]["reason"]
+
+
+def test_a_large_object_is_read_in_budget_sized_ranges(db, spark, s3, tmp_path):
+    """The suite's version of the 5 GB object (benchmarks/s3_big_object.py streams 5 GB with flat memory):
+    one object several times the budget is read by several jobs, each a budget's bytes, every line once."""
+    bucket = new_bucket(s3)
+    line = b'{"n": %d, "s": "' + b"x" * 200 + b'"}\n'
+    n = 120_000  # ~26 MB
+    data = b"".join(line % i for i in range(n))
+    s3.client().put_object(Bucket=bucket, Key="big/one.json", Body=data)
+    ctx = make_ctx(db, spark, tmp_path, f"s3://{bucket}/big/", s3.settings(), budget={"max_bytes": "8MB"})
+    minted = cycle.mint(ctx)
+    assert len(minted.descriptions) == 1  # one binding, one object
+    written = cycle.write_batches(ctx, minted.descriptions[0])
+    cycle.append(ctx, written)
+    with connect(db) as conn:
+        stats = conn.execute("SELECT metrics FROM reclock.statistics WHERE name = 'ev' AND step = 'write_batches' "
+                             "ORDER BY id DESC LIMIT 1").fetchone()[0]
+    assert stats["slices"] == 4 and stats["bytes_read"] == len(data) and stats["records_read"] == n
+    rows = collection(ctx)
+    assert len(rows) == n and ns_of(rows) == list(range(n))

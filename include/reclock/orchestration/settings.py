@@ -99,6 +99,21 @@ def find_s3_settings() -> objectstore.S3Settings:
     return _from_connection(connections.s3_settings, NO_S3)
 
 
+def find_source_s3_settings(connection: str, what: str) -> objectstore.S3Settings:
+    """An S3 source's endpoint and keys: its ``connection:`` when given as ``AIRFLOW_CONN_<ID>``, else the AWS
+    environment variables when a key is set there, else the connection in Airflow."""
+    if not os.environ.get(f"AIRFLOW_CONN_{connection.upper()}") and (
+            os.environ.get("AWS_ACCESS_KEY_ID") or os.environ.get("AWS_SECRET_ACCESS_KEY")):
+        return objectstore.s3_settings_from_env()
+    try:
+        return connections.s3_settings(connection)
+    except _not_found():
+        raise SettingError(f"{what}: no S3 keys: define the Airflow connection {connection} (its `connection:`; "
+                           f"type aws, login/password the keys, extra endpoint_url and region_name; e.g. "
+                           f"AIRFLOW_CONN_{connection.upper()}), or set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
+                           "(with AWS_ENDPOINT_URL for an S3-compatible store)") from None
+
+
 def find_bootstrap(kafka: KafkaSpec, what: str, given: str | None = None) -> str:
     """``what``'s (a source's or a sink's) brokers: ``given``, else ``RECLOCK_BOOTSTRAP``, else its
     ``bootstrap:``, else its Airflow connection."""
@@ -203,10 +218,14 @@ def cycle_context(spec: SourceSpec, conf: dict[str, Any] | None = None, *, dsn: 
     needs it, unless ``spark`` is given. Run conf may override the budget: ``{"max_records": 1000}``."""
     spec = with_run_conf(spec, conf)
     pg = spec.postgres
+    s3 = spec.s3
     return CycleContext(
         spec=spec,
         dsn=find_dsn(dsn),
-        bootstrap="" if pg is not None else find_bootstrap(spec.kafka, f"source {spec.name}", bootstrap),
+        bootstrap="" if pg is not None or s3 is not None else find_bootstrap(spec.kafka, f"source {spec.name}",
+                                                                            bootstrap),
+        s3_settings=None if s3 is None or s3.is_folder else find_source_s3_settings(s3.connection,
+                                                                                   f"source {spec.name}"),
         upstream_dsn=None if pg is None else find_upstream_dsn(pg, f"source {spec.name}"),
         blob=find_blob_store(blob_url),
         spark_factory=lambda: (spark or find_spark()).session(spec.name),

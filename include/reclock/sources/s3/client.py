@@ -389,6 +389,11 @@ def parse_events(body: str) -> tuple[ObjectEvent, ...]:
     return tuple(out)
 
 
+VISIBILITY_S = 30
+"""How long a received message stays hidden from other receivers: longer than a discovery takes from receiving
+to deleting (a cycle that died in between leaves its messages to the next one after this long)."""
+
+
 @dataclass
 class EventQueue:
     """The SQS queue S3 sends a bucket's event notifications to (``queue_url``)."""
@@ -414,7 +419,7 @@ class EventQueue:
                                  f"({code or status})")
         return S3Unavailable(f"source {self.source}: SQS queue {self.queue_url}: {e}")
 
-    def receive(self, max_messages: int = 10, wait_s: int = 0, visibility_s: int = 120) -> list[QueueMessage]:
+    def receive(self, max_messages: int = 10, wait_s: int = 0, visibility_s: int = VISIBILITY_S) -> list[QueueMessage]:
         """Up to ``max_messages`` (at most 10, SQS's limit) messages, hidden from other receivers for
         ``visibility_s``; ``wait_s`` > 0 long-polls. A body that is not an S3 event is a ``ValueError``."""
         from botocore.exceptions import BotoCoreError, ClientError

@@ -34,7 +34,7 @@ from reclock.failpoints import failpoint
 from reclock.part_layout import DATA_KIND, DATA_OUTPUT, ERRORS_KIND, ERRORS_OUTPUT
 from reclock.persist.gc import lease_write, release_write
 from reclock.persist.objectstore import S3Settings
-from reclock.persist.remap_store import register_source
+from reclock.persist.remap_store import load_remap, register_source
 from reclock.persist.shards import register_shard
 from reclock.persist.staged import collect_parts, first_rejected, slice_folder
 from reclock.remap import RemapCollection
@@ -43,7 +43,7 @@ from reclock.sources.s3.client import EventQueue, ObjectInfo, ObjectStore, open_
 from reclock.sources.s3.discovery import Discovery, Known, OnOverwrite, Rules, forgettable, frontier_of, reconcile
 from reclock.sources.s3.lines import complete_upto
 from reclock.sources.s3.log import LOG, Layout, bound_ranges
-from reclock.sources.s3.read import (WHOLE_FORMATS, ReaderConf, is_gzip, slices_of, units_for, whole_schema,
+from reclock.sources.s3.read import (SPLIT_BYTES, WHOLE_FORMATS, ReaderConf, is_gzip, slices_of, units_for, whole_schema,
                                      write_slice)
 from reclock.time import PartitionedFrontier
 
@@ -291,7 +291,7 @@ class S3Source:
         ctx, spec = self.ctx, self.spec
         bound, rows = self.bound(rc, desc)
         conf = reader_conf(spec, self.settings)
-        units = units_for(bound, rows, conf)
+        units = units_for(bound, rows, conf, split_bytes=min(SPLIT_BYTES, spec.s3.max_bytes))
         slices = slices_of(units, spec.s3.max_bytes, spec.s3.max_objects)
         objects = len({r.id for r in bound})
         if not slices:
@@ -333,11 +333,17 @@ class S3Source:
     # -- resume ---------------------------------------------------------------------------------------
 
     def commit(self, frontier: PartitionedFrontier) -> None:
-        """Nothing upstream keeps a reader's position. The catalog forgets what is below ``frontier`` (the
-        offset resumption frontier: no cycle reads it again) and can never be named again."""
+        """Nothing upstream keeps a reader's position. The catalog forgets the objects below ``frontier`` (the
+        offset resumption frontier: no cycle reads them again) and below the remap collection's since (a
+        rebuild gives them ts since) that no listing or notification can name again."""
         s3 = self.spec.s3
         now = self.ctx.clock()
         with self.ctx.connect() as conn, conn.transaction():
+            # only what is bound at or below the remap collection's since: a rebuild gives it ts since
+            # without knowing where each object was, while every later binding stays exact
+            rc = load_remap(conn, self.name)
+            at_since = remap.source_upper_at(rc, rc.since + 1) if rc.bindings else PartitionedFrontier()
+            frontier = PartitionedFrontier.of({LOG: min(frontier.get(LOG), at_since.get(LOG))})
             row = catalog.source_row(conn, self.name, lock=True)
             if s3.discovery == Discovery.NOTIFICATIONS.value:
                 horizon_s = s3.dedupe_s if s3.dedupe_s is not None else self.queue().retention_s()
