@@ -533,9 +533,10 @@ def _parse_s3_source(name: str, d: dict, base: Path | None) -> SourceSpec:
     if discovery == "notifications":
         if not is_s3:
             raise ConfigError(f"{what}.s3: `discovery: notifications` needs an s3:// url (a folder is listed)")
-        if not isinstance(s.get("queue"), str) or not s["queue"].startswith(("https://", "http://")):
-            raise ConfigError(f"{what}.s3: `discovery: notifications` needs `queue:`, the URL of the SQS queue the "
-                              "bucket's event notifications go to (https://sqs.<region>.amazonaws.com/<account>/<name>)")
+        if not isinstance(s.get("queue"), str) or not s["queue"]:
+            raise ConfigError(f"{what}.s3: `discovery: notifications` needs `queue:`, the SQS queue the bucket's event "
+                              "notifications go to: its URL (https://sqs.<region>.amazonaws.com/<account>/<name>) or "
+                              "its name (in the connection's region)")
         for key in ("keys", "lookback"):
             if key in s:
                 raise ConfigError(f"{what}.s3: `{key}:` is for `discovery: listing`")

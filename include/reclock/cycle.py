@@ -360,7 +360,7 @@ def write_batches(ctx: CycleContext, desc: BatchDescription) -> WrittenBatch:
         if ctx.spec.postgres is not None:
             return _write_postgres(ctx, rc, desc, m)
         if ctx.spec.s3 is not None:
-            return ctx.upstream().write(rc, desc, m)
+            return ctx.upstream().write(rc, desc, m, WrittenBatch)
         written = _write(ctx, rc, desc, m)
         if ctx.spec.on_decode_error == "stall" and written.parts.get(ctx.spec.errors_shard):
             # refuse the whole description (nothing is appended) naming the first record that failed; the

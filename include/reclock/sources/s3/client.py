@@ -396,7 +396,8 @@ to deleting (a cycle that died in between leaves its messages to the next one af
 
 @dataclass
 class EventQueue:
-    """The SQS queue S3 sends a bucket's event notifications to (``queue_url``)."""
+    """The SQS queue S3 sends a bucket's event notifications to (``queue_url``: its URL, or its name on the
+    settings' endpoint and region)."""
 
     source: str
     queue_url: str
@@ -407,6 +408,13 @@ class EventQueue:
     def client(self):
         if self._client is None:
             self._client = boto_client("sqs", self.settings)
+            if not self.queue_url.startswith(("https://", "http://")):  # a queue's name: its URL on the endpoint
+                from botocore.exceptions import ClientError
+
+                try:
+                    self.queue_url = self._client.get_queue_url(QueueName=self.queue_url)["QueueUrl"]
+                except ClientError as e:
+                    raise self._unavailable(e) from None
         return self._client
 
     def _unavailable(self, e) -> Exception:

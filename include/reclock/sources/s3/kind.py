@@ -285,9 +285,7 @@ class S3Source:
         placed = [p for p in (r.placed() for r in rows_by_id.values()) if p is not None]
         return bound_ranges(bindings, before, Layout(placed)), rows_by_id
 
-    def write(self, rc: RemapCollection, desc: BatchDescription, m: dict):
-        from reclock.cycle import WrittenBatch
-
+    def write(self, rc: RemapCollection, desc: BatchDescription, m: dict, WrittenBatch):
         ctx, spec = self.ctx, self.spec
         bound, rows = self.bound(rc, desc)
         conf = reader_conf(spec, self.settings)

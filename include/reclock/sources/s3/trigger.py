@@ -57,7 +57,7 @@ class ObjectsArrived(BaseEventTrigger):
     :param source: the Reclock source.
     :param url: its ``s3://bucket/prefix/`` (or folder).
     :param connection: its S3 connection (None: a folder), found in the triggerer.
-    :param queue: the SQS queue URL of a notification source (None: listing).
+    :param queue: the SQS queue (URL or name) of a notification source (None: listing).
     :param poll: seconds between looks (a long poll waits up to 20 s for a message instead).
     """
 
@@ -83,13 +83,15 @@ class ObjectsArrived(BaseEventTrigger):
         settings = await asyncio.to_thread(self._settings)
         fired_at: float | None = None
         if self.queue:
-            from reclock.sources.s3.client import boto_client
+            from reclock.sources.s3.client import EventQueue
 
-            sqs = await asyncio.to_thread(boto_client, "sqs", settings)
+            queue = EventQueue(self.source, self.queue, settings)
+            sqs = await asyncio.to_thread(lambda: queue.client)  # a queue's name is resolved to its URL here
+            url = queue.queue_url
             seen: collections.OrderedDict[str, None] = collections.OrderedDict()
             while True:
                 try:
-                    r = await asyncio.to_thread(sqs.receive_message, QueueUrl=self.queue, MaxNumberOfMessages=10,
+                    r = await asyncio.to_thread(sqs.receive_message, QueueUrl=url, MaxNumberOfMessages=10,
                                                 VisibilityTimeout=0, WaitTimeSeconds=20)
                 except Exception as e:  # noqa: BLE001 - the endpoint away for a moment must not end the watch
                     self.log.warning("reclock: looking at %s for %s failed: %s", self.queue, self.source, e)
