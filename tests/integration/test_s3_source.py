@@ -290,3 +290,25 @@ def test_a_large_object_is_read_in_budget_sized_ranges(db, spark, s3, tmp_path):
     assert stats["slices"] == 4 and stats["bytes_read"] == len(data) and stats["records_read"] == n
     rows = collection(ctx)
     assert len(rows) == n and ns_of(rows) == list(range(n))
+
+
+def test_status_shows_the_lag_in_objects_and_bytes(db, spark, s3, tmp_path):
+    from reclock import status_report as sr
+    from reclock.config import Config
+
+    bucket = new_bucket(s3)
+    c = s3.client()
+    c.put_object(Bucket=bucket, Key="ev/a.json", Body=body(range(5)))
+    ctx = make_ctx(db, spark, tmp_path, f"s3://{bucket}/ev/", s3.settings())
+    cycle.run_cycle(ctx)
+    late = body(range(5, 9))
+    c.put_object(Bucket=bucket, Key="ev/b.json", Body=late)
+    lag = sr.kafka_lag_probe(Config({"ev": ctx.spec}), lambda k, w: "", s3_lag=sr.s3_lag_probe(db, lambda spec: s3.settings()))
+    with sr.open_readonly(db) as conn:
+        ov = sr.overview(conn, Config({"ev": ctx.spec}), lag)
+    (src,) = ov.sources
+    assert src.kind == "s3" and src.lag.records == 1 and src.lag.unit == "objects"
+    assert f"1 object(s), {len(late)} byte(s) not yet ingested" in src.lag.detail
+    assert f"lag: 1 objects ({src.lag.detail})" in "\n".join(sr.report_lines(ov))
+    cycle.run_cycle(ctx)
+    assert lag("ev").records == 0

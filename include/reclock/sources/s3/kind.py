@@ -358,13 +358,20 @@ class S3Source:
 
     # -- lag ------------------------------------------------------------------------------------------
 
-    def lag(self, committed: PartitionedFrontier) -> tuple[int, int, str]:
-        """Objects and bytes upstream not yet in the collection: known objects beyond ``committed`` (the
-        offset resumption frontier) and objects upstream has that discovery has not recorded yet (a
-        listing's new keys; a queue's waiting messages, each at least one object)."""
+    def lag(self) -> tuple[int, int, str]:
+        """Objects and bytes upstream not yet in the collection: objects the catalog knows beyond the
+        offset resumption frontier (bound or not yet), and objects upstream has that discovery has not
+        recorded yet (a listing's new keys after the key frontier; a queue's messages, each at least one
+        object)."""
+        from reclock.persist.shards import shard_info
+
         with self.ctx.connect() as conn:
+            rc = load_remap(conn, self.name)
+            uppers = [shard_info(conn, s).upper for s in self.shards()]
+            committed = remap.source_upper_at(rc, min([rc.upper, *uppers]))
             row = catalog.source_row(conn, self.name)
-            rows = catalog.rows(conn, self.name, None if self.spec.s3.discovery != "listing" else row.start_after)
+            listing = self.spec.s3.discovery == Discovery.LISTING.value
+            rows = catalog.rows(conn, self.name, row.start_after if listing else None)
         objects = bytes_ = 0
         for r in rows:
             p = r.placed()
@@ -377,19 +384,34 @@ class S3Source:
             elif p.span[1] > committed.get(LOG):
                 objects, bytes_ = objects + 1, bytes_ + r.bound_size
         detail = ""
-        if self.spec.s3.discovery == "listing":
-            known = {r.key: r for r in rows}
+        if listing:
+            known = {r.key for r in rows}
             for obj in self.store().list(row.start_after):
-                k = known.get(obj.key)
-                if k is None:
+                if obj.key not in known:
                     objects, bytes_ = objects + 1, bytes_ + obj.size
-                elif k.own or k.placed() is None:
-                    continue
         else:
             waiting = self.queue().depth()
             objects += waiting
-            detail = f" (and {waiting} notification(s) waiting in the queue)" if waiting else ""
+            detail = f"; {waiting} notification(s) in the queue" if waiting else ""
         return objects, bytes_, f"{objects} object(s), {bytes_} byte(s) not yet ingested{detail}"
+
+
+@dataclass
+class _Probing:
+    """The little of a cycle context a probe outside a cycle needs."""
+
+    spec: SourceSpec
+    dsn: str
+
+    def connect(self):
+        from reclock.persist import connect
+
+        return connect(self.dsn)
+
+
+def probe_lag(spec: SourceSpec, settings: S3Settings | None, dsn: str) -> tuple[int, int, str]:
+    """:meth:`S3Source.lag` outside a cycle (``reclock status``, the UI page)."""
+    return S3Source(_Probing(spec, dsn), settings).lag()
 
 
 def _progress_view(conn, name: str) -> None:
