@@ -160,14 +160,23 @@ def read_avro(f, reader_schema: dict, want: pa.Schema) -> Iterator[pa.Table | st
         return
     batch: list[dict] = []
     done = 0
+    failure = None
     try:
         for rec in records:
             batch.append(rec)
             if len(batch) >= BATCH_ROWS:
-                yield pa.Table.from_pylist(batch, schema=want)
-                done += len(batch)
-                batch = []
-        if batch:
-            yield pa.Table.from_pylist(batch, schema=want)
-    except Exception as e:  # noqa: BLE001
-        yield f"records from {done} on do not read or convert ({type(e).__name__}: {e})"
+                table = pa.Table.from_pylist(batch, schema=want)
+                done, batch = done + len(batch), []
+                yield table
+    except Exception as e:  # noqa: BLE001 - a cut or damaged file: the records before it land
+        failure = e
+    if batch:
+        try:
+            table = pa.Table.from_pylist(batch, schema=want)
+        except Exception as e:  # noqa: BLE001
+            failure = failure or e
+        else:
+            done += len(batch)
+            yield table
+    if failure is not None:
+        yield f"records from {done} on do not read or convert ({type(failure).__name__}: {failure})"
