@@ -563,7 +563,10 @@ def rebuild(ctx: CycleContext, on_slice: Callable[[int, int], None] | None = Non
             raise ShardsDisagree(ctx.spec.name, uppers)
         if upper == 0:
             return {"upper": 0, "parts": 0}
-        written = _write(ctx, rc, BatchDescription(0, upper), m, on_slice, rebuilding=True)
+        if ctx.spec.s3 is not None:
+            written = ctx.upstream().rewrite(rc, BatchDescription(0, upper), m, WrittenBatch, on_slice)
+        else:
+            written = _write(ctx, rc, BatchDescription(0, upper), m, on_slice, rebuilding=True)
         with ctx.connect() as conn:
             try:
                 replace_batches(conn, [Append(s, written.desc, written.parts.get(s, ())) for s in ctx.spec.shards])

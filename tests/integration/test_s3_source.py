@@ -23,6 +23,15 @@ def ns_of(rows) -> list[int]:
     return sorted(r["n"] for r in rows)
 
 
+def as_of_rows(ctx, shard=None) -> list[tuple]:
+    """The collection AS OF its last complete time, consolidated, as sorted tuples."""
+    from reclock.read import read_as_of
+
+    with connect(ctx.dsn) as conn:
+        t = read_as_of(conn, ctx.blob, shard or ctx.spec.data_shard, upper(ctx) - 1)
+    return sorted(tuple(sorted(r.items())) for r in t.to_pylist())
+
+
 def test_objects_land_exactly_once_with_the_progress_relation(db, spark, s3, tmp_path):
     bucket = new_bucket(s3)
     c = s3.client()
@@ -74,6 +83,13 @@ def test_increasing_keys_stay_bounded_and_late_keys_within_the_lookback_land(db,
         row = catalog.source_row(conn, "ev")
         left = catalog.rows(conn, "ev")
     assert row.start_after == "ev/0034.json" and row.forgotten == len(expected) and not left
+    before = as_of_rows(ctx)
+    cycle.rebuild(ctx)  # the forgotten objects found again by listing, checked against what was forgotten
+    assert as_of_rows(ctx) == before
+    c.delete_object(Bucket=bucket, Key="ev/0003.json")
+    with pytest.raises(ObjectLost, match="not what the bucket holds there now"):
+        cycle.rebuild(ctx)
+    assert as_of_rows(ctx) == before  # nothing swapped
 
 
 def test_a_growing_file_is_read_on_and_only_complete_lines_are_bound(db, spark, tmp_path):
@@ -101,6 +117,9 @@ def test_a_growing_file_is_read_on_and_only_complete_lines_are_bound(db, spark, 
     with connect(db) as conn:
         progress = conn.execute('SELECT key, byte_offset FROM reclock."ev_progress" ORDER BY ts').fetchall()
     assert progress[-1] == ("2025/app.log.json", log.stat().st_size)
+    before = as_of_rows(ctx)
+    cycle.rebuild(ctx)  # the same lines at the same timestamps, from the file's own partition
+    assert as_of_rows(ctx) == before
     with open(log, "ab") as f:  # appended after it was sealed: an overwrite, loudly (on_overwrite: stall)
         f.write(b"\n")
     t[0] += 1000
@@ -160,6 +179,10 @@ def test_bad_input_each_lands_is_collected_or_fails_naming_the_object(db, spark,
     over = [e for e in errors if "overwritten" in e["reason"]]
     assert len(over) == 1 and over[0]["key"] == b"ev/ok.json" and "on_overwrite: collect" in over[0]["reason"]
     assert 50 not in ns_of(collection(ctx))
+    before = as_of_rows(ctx), as_of_rows(ctx, ctx.spec.errors_shard)
+    c.put_object(Bucket=bucket, Key="ev/ok.json", Body=body(range(5)))  # the bytes that were ingested, again
+    cycle.rebuild(ctx)  # error rows too: the same rows (an error row names its object by key, not by id)
+    assert (as_of_rows(ctx), as_of_rows(ctx, ctx.spec.errors_shard)) == before
 
     stall = make_ctx(db, spark, tmp_path, f"s3://{bucket}/ev/", s3.settings(), name="ev2",
                      on_decode_error="stall")

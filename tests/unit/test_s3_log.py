@@ -86,3 +86,16 @@ def test_a_position_no_object_takes_is_an_error():
         Layout([Placed(1, 0, 4), Placed(2, 3, 1)])
     with pytest.raises(ValueError, match="partition 7 is bound"):
         bound_ranges([(1, PartitionedFrontier.of({7: 3}))], PartitionedFrontier(), Layout([]))
+
+
+@given(histories(), st.data())
+def test_forgotten_objects_below_a_position_are_skipped_and_the_rest_exact(h, data):
+    placed, own, bindings, before = h
+    if not placed or not bindings:
+        return
+    cut = data.draw(st.integers(min_value=0, max_value=placed[-1].span[1]))
+    kept = [p for p in placed if p.span[1] > cut or data.draw(st.booleans())]  # forget some below the cut
+    full = bound_ranges(bindings, before, Layout(placed + own))
+    got = bound_ranges(bindings, before, Layout(kept + own), forgotten_below=cut)
+    forgotten = {p.id for p in placed} - {p.id for p in kept}
+    assert got == [r for r in full if r.id not in forgotten]

@@ -21,6 +21,6 @@ def build_all(project: Path) -> dict[str, Any]:
     dags.update({f"ingest_group__{g}": build_group_dag(g, members) for g, members in groups(cfg.sources).items()})
     # a Postgres upstream keeps no history to replay: its rebuild is a fresh snapshot, not a DAG of its own
     dags.update({f"rebuild__{name}": build_rebuild_dag(spec, path, Path(project) / "spark_jobs")
-                 for name, spec in cfg.sources.items() if spec.kafka is not None})
+                 for name, spec in cfg.sources.items() if spec.kafka is not None or spec.s3 is not None})
     dags.update({f"sink__{name}": build_sink_dag(spec) for name, spec in cfg.sinks.items()})
     return dags

@@ -36,13 +36,14 @@ from reclock.persist.gc import lease_write, release_write
 from reclock.persist.objectstore import S3Settings
 from reclock.persist.remap_store import load_remap, register_source
 from reclock.persist.shards import register_shard
-from reclock.persist.staged import collect_parts, first_rejected, slice_folder
+from reclock.persist.staged import collect_parts, slice_folder
 from reclock.remap import RemapCollection
 from reclock.sources.s3 import catalog
 from reclock.sources.s3.client import EventQueue, ObjectInfo, ObjectStore, open_store
-from reclock.sources.s3.discovery import Discovery, Known, OnOverwrite, Rules, forgettable, frontier_of, reconcile
+from reclock.sources.s3.discovery import (Discovery, Known, OnOverwrite, Rules, State, forgettable, frontier_of,
+                                          reconcile)
 from reclock.sources.s3.lines import complete_upto
-from reclock.sources.s3.log import LOG, Layout, bound_ranges
+from reclock.sources.s3.log import LOG, BoundRange, Layout, bound_ranges
 from reclock.sources.s3.read import (SPLIT_BYTES, WHOLE_FORMATS, ReaderConf, is_gzip, slices_of, units_for, whole_schema,
                                      write_slice)
 from reclock.time import PartitionedFrontier
@@ -270,7 +271,7 @@ class S3Source:
         """A backlog cut by ``budget.max_bytes``: a log position is a byte (plus one per object)."""
         return mint_descriptions(lower, rc, self.spec.s3.max_bytes)
 
-    def bound(self, rc: RemapCollection, desc: BatchDescription):
+    def bound(self, rc: RemapCollection, desc: BatchDescription, forgotten_below: int = 0):
         """The byte ranges the bindings in ``desc`` bind, per object with its ts, and the catalog rows."""
         before = remap.source_upper_at(rc, desc.lower)
         bindings = [(b.ts, b.frontier) for b in rc.bindings if desc.lower <= b.ts < desc.upper]
@@ -283,11 +284,62 @@ class S3Source:
             rows_by_id = {r.id: r for r in rows}
             rows_by_id.update(catalog.by_ids(conn, self.name, own))
         placed = [p for p in (r.placed() for r in rows_by_id.values()) if p is not None]
-        return bound_ranges(bindings, before, Layout(placed)), rows_by_id
+        return bound_ranges(bindings, before, Layout(placed), forgotten_below), rows_by_id
 
     def write(self, rc: RemapCollection, desc: BatchDescription, m: dict, WrittenBatch):
+        return self._write(rc, desc, m, WrittenBatch)
+
+    def rewrite(self, rc: RemapCollection, desc: BatchDescription, m: dict, WrittenBatch, on_slice=None):
+        """A rebuild's write from 0: the catalog's objects as the bindings place them, and the objects it
+        forgot (all bound at or below since, so at since now) found again by listing. With keys increasing
+        those are the objects before the key frontier that the catalog no longer holds; their count, bytes
+        and digest of ``(key, ETag, size)`` must be what was forgotten, else the rebuild cannot give the
+        same data and raises ``ObjectLost`` (an object deleted or overwritten since, or a key that arrived
+        later than the lookback allows). A notification source that forgot objects cannot find them again
+        by key order: its rebuild is refused."""
+        from reclock.errors import ConfigError, ObjectLost
+        from reclock.sources.s3.catalog import digest
+
+        with self.ctx.connect() as conn:
+            row = catalog.source_row(conn, self.name)
+        if not row.forgotten:
+            return self._write(rc, desc, m, WrittenBatch, on_slice=on_slice)
+        s3 = self.spec.s3
+        if s3.discovery != Discovery.LISTING.value or s3.keys != "increasing":
+            raise ConfigError(f"source {self.name}: the catalog forgot {row.forgotten} objects bound before since "
+                              "(notifications: past the dedupe horizon), which only a listing in key order finds "
+                              "again; this source cannot be rebuilt from upstream (drop its collections and remap "
+                              "collection to ingest everything anew)")
+        with self.ctx.connect() as conn:
+            known = {r.key for r in catalog.rows_upto(conn, self.name, row.forgotten_upto)}
+        found = []
+        for obj in self.store().list():
+            if obj.key > row.forgotten_upto:
+                break
+            if obj.key not in known:
+                found.append(obj)
+        got = (len(found), sum(o.size for o in found), digest((o.key, o.etag, o.size) for o in found))
+        want = (row.forgotten, row.forgotten_bytes, row.forgotten_digest)
+        if got != want:
+            raise ObjectLost(self.name, self.store().url(row.forgotten_upto), 0, row.forgotten_bytes,
+                             f"the {row.forgotten} objects ({row.forgotten_bytes} bytes) ingested before the key "
+                             f"frontier are not what the bucket holds there now ({got[0]} objects, {got[1]} bytes, "
+                             "another digest: an object deleted or overwritten since, or a key that landed later "
+                             "than the lookback); a rebuild could not give the same data")
+        ts = rc.bindings[0].ts
+        forgotten = [Known(-(k + 1), o.key, o.etag, o.size, o.modified_ms, 0, State.SEALED, o.size, o.version)
+                     for k, o in enumerate(found)]
+        bound = [BoundRange(r.id, 0, r.size, ts, ends=True) for r in forgotten]
+        first = rc.bindings[0].frontier.get(LOG)
+        return self._write(rc, desc, m, WrittenBatch, on_slice=on_slice, extra=(bound, forgotten),
+                           forgotten_below=first)
+
+    def _write(self, rc: RemapCollection, desc: BatchDescription, m: dict, WrittenBatch, on_slice=None,
+               extra=((), ()), forgotten_below: int = 0):
         ctx, spec = self.ctx, self.spec
-        bound, rows = self.bound(rc, desc)
+        bound, rows = self.bound(rc, desc, forgotten_below)
+        bound = list(extra[0]) + bound
+        rows = {**{r.id: r for r in extra[1]}, **rows}
         conf = reader_conf(spec, self.settings)
         units = units_for(bound, rows, conf, split_bytes=min(SPLIT_BYTES, spec.s3.max_bytes))
         slices = slices_of(units, spec.s3.max_bytes, spec.s3.max_objects)
@@ -309,6 +361,8 @@ class S3Source:
                                            index=i))
                 with ctx.connect() as conn:
                     lease_write(conn, spec.name, prefix)
+                if on_slice is not None:
+                    on_slice(i + 1, len(slices))
                 failpoint("write_batches:after_slice")
             shards = {DATA_OUTPUT: spec.data_shard, ERRORS_OUTPUT: spec.errors_shard}
             parts, _ = collect_parts(ctx.blob, spec.name, shards, prefix, written, False)
@@ -317,11 +371,11 @@ class S3Source:
                 release_write(conn, prefix)
             raise
         if spec.on_decode_error == "stall" and parts.get(spec.errors_shard):
-            first = first_rejected(ctx.blob, parts[spec.errors_shard])
+            first = first_rejected_object(ctx.blob, parts[spec.errors_shard])
             if first is not None:
-                object_id, offset, reason = first
-                key = rows[object_id].key if object_id in rows else f"object {object_id}"
-                raise DecodeError(spec.name, object_id, offset, f"{key}: {reason} (on_decode_error: stall)")
+                key, offset, reason = first
+                raise DecodeError(spec.name, 0, offset, f"object {self.store().url(key)}: {reason} "
+                                                        "(on_decode_error: stall)")
         m.update(lower=desc.lower, upper=desc.upper, slices=len(slices), objects=objects,
                  bytes_read=sum(u.bytes for u in units), records_read=sum(w.records_read for w in written),
                  records={s: sum(p.rows for p in ps) for s, ps in parts.items()},
@@ -412,6 +466,23 @@ class _Probing:
 def probe_lag(spec: SourceSpec, settings: S3Settings | None, dsn: str) -> tuple[int, int, str]:
     """:meth:`S3Source.lag` outside a cycle (``reclock status``, the UI page)."""
     return S3Source(_Probing(spec, dsn), settings).lag()
+
+
+def first_rejected_object(blob, error_parts) -> tuple[str, int, str] | None:
+    """``(key, offset, reason)`` of the first error row (by key, offset) of a write's error parts."""
+    import pyarrow.parquet as pq
+
+    from reclock.part_layout import ERR_PREFIX
+
+    cols = [ERR_PREFIX + c for c in ("key", "offset", "reason")]
+    first = None
+    for part in error_parts:
+        with blob.open(part.path) as f:
+            for row in pq.read_table(f, columns=cols).to_pylist():
+                item = (bytes(row[cols[0]] or b"").decode("utf-8", "replace"), row[cols[1]] or 0, row[cols[2]])
+                if first is None or item[:2] < first[:2]:
+                    first = item
+    return first
 
 
 def _progress_view(conn, name: str) -> None:

@@ -84,35 +84,41 @@ class Layout:
             if a.span[1] > b.base:
                 raise ValueError(f"objects {a.id} and {b.id} overlap in the log ({a.span}, {b.span})")
 
-    def log_ranges(self, lo: int, hi: int, ts: int) -> list[BoundRange]:
+    def log_ranges(self, lo: int, hi: int, ts: int, forgotten_below: int = 0) -> list[BoundRange]:
         """The objects' bytes at log positions ``[lo, hi)``; a position no object takes is a
-        ``ValueError`` (the catalog must know every object a binding placed)."""
+        ``ValueError`` (the catalog must know every object a binding placed), except below
+        ``forgotten_below``, where the catalog may have forgotten objects (a rebuild finds them again)."""
         out: list[BoundRange] = []
         at = lo
-        k = bisect.bisect_right(self.bases, lo) - 1  # the object whose span may hold lo
         while at < hi:
-            if k < 0 or k >= len(self.log) or not self.log[k].base <= at < self.log[k].span[1]:
-                raise ValueError(f"log position {at} is bound but no object in the catalog takes it")
-            p = self.log[k]
-            b0, b1 = p.span
-            upto = min(hi, b1)
-            out.append(BoundRange(p.id, at - b0, min(upto, b0 + p.size) - b0, ts, ends=upto == b1))
-            at = upto
-            k += 1
+            k = bisect.bisect_right(self.bases, at) - 1  # the last object starting at or before `at`
+            if k >= 0 and at < self.log[k].span[1]:
+                p = self.log[k]
+                b0, b1 = p.span
+                upto = min(hi, b1)
+                out.append(BoundRange(p.id, at - b0, min(upto, b0 + p.size) - b0, ts, ends=upto == b1))
+                at = upto
+                continue
+            if at < forgotten_below:  # forgotten objects, up to the next known one
+                nxt = self.log[k + 1].base if k + 1 < len(self.log) else hi
+                at = min(hi, forgotten_below, nxt)
+                continue
+            raise ValueError(f"log position {at} is bound but no object in the catalog takes it")
         return out
 
 
 def bound_ranges(bindings: Sequence[tuple[int, PartitionedFrontier]], before: PartitionedFrontier,
-                 layout: Layout) -> list[BoundRange]:
+                 layout: Layout, forgotten_below: int = 0) -> list[BoundRange]:
     """The byte ranges each of ``bindings`` (``(ts, frontier)`` in ts order) binds after ``before``, per
     object, with its binding's ts: a description's reads, already reclocked. Own partitions not in
-    ``layout`` are a ``ValueError``."""
+    ``layout`` are a ``ValueError``; so are log positions no object takes, except below
+    ``forgotten_below`` (objects the catalog forgot, which the caller reads itself)."""
     out: list[BoundRange] = []
     prev = before
     for ts, f in bindings:
         lo, hi = prev.get(LOG), f.get(LOG)
         if hi > lo:
-            out += layout.log_ranges(lo, hi, ts)
+            out += layout.log_ranges(lo, hi, ts, forgotten_below)
         for p, o in f:
             if p == LOG:
                 continue

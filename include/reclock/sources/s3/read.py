@@ -185,8 +185,10 @@ def _batch(u: ReadUnit, values: pa.Array, offsets: np.ndarray, problem: str | No
     if pa.types.is_large_binary(values.type):
         values = values.cast(pa.binary()) if len(values) and values.nbytes < 2**31 else values
     problems = pa.nulls(n, pa.string()) if problem is None else pa.array([problem] * n, pa.string())
+    # `partition` stays null: an error row names the object by its key (an object's id is the catalog's, which
+    # forgets it; a rebuild must give the same rows)
     return pa.RecordBatch.from_arrays(
-        [key, values, pa.array(np.full(n, u.id, np.int32)), pa.array(np.asarray(offsets, np.int64)),
+        [key, values, pa.nulls(n, pa.int32()), pa.array(np.asarray(offsets, np.int64)),
          pa.array(np.full(n, u.modified_ms * 1000, np.int64)).cast(pa.timestamp("us", tz="UTC")),
          pa.array(np.full(n, u.ts, np.int64)), problems], schema=_raw_schema())
 
