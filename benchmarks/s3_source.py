@@ -99,9 +99,9 @@ def _ctx(env: dict, name: str, url: str, settings, fmt: dict | None = None, **ex
     from reclock.persist.blob import LocalBlobStore
 
     raw = {"s3": {"url": url, **extra.pop("s3", {})}, "format": fmt or {"type": "json", "schema": SCHEMA}, **extra}
-    return cycle.CycleContext(spec=parse_source(name, raw), dsn=env["pg"].dsn(), bootstrap="",
+    return cycle.CycleContext(spec=parse_source(name, raw), dsn=env["pg"].dsn(),
                               blob=LocalBlobStore(env["root"] / "blobs"), spark_factory=lambda: env["spark"],
-                              s3_settings=settings)
+                              upstream=settings)
 
 
 def _records(i0: int, n: int) -> bytes:

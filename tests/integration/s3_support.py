@@ -24,8 +24,8 @@ def make_ctx(db: str, spark, tmp_path: Path, url: str, settings=None, name: str 
              clock=None, **extra) -> cycle.CycleContext:
     raw = {"s3": {"url": url, **(s3 or {})}, "format": {"type": "json", "schema": SCHEMA},
            "include": ["key", "offset"], **extra}
-    return cycle.CycleContext(spec=parse_source(name, raw), dsn=db, bootstrap="", blob=LocalBlobStore(tmp_path / "blobs"),
-                              spark_factory=lambda: spark, clock=clock or Clock(), s3_settings=settings)
+    return cycle.CycleContext(spec=parse_source(name, raw), dsn=db, blob=LocalBlobStore(tmp_path / "blobs"),
+                              spark_factory=lambda: spark, clock=clock or Clock(), upstream=settings)
 
 
 def new_bucket(s3) -> str:

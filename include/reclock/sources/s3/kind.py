@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, Callable
 
 from reclock import remap
 from reclock.batch import BatchDescription, SliceWritten, mint_descriptions
@@ -36,8 +36,10 @@ from reclock.persist.gc import lease_write, release_write
 from reclock.persist.objectstore import S3Settings
 from reclock.persist.remap_store import load_remap, register_source
 from reclock.persist.shards import register_shard
+from reclock.persist.status import record_statistics
 from reclock.persist.staged import collect_parts, slice_folder
 from reclock.remap import RemapCollection
+from reclock.sources.base import CycleServices, Lag, SourceKind, SourceRuntime, WrittenBatch
 from reclock.sources.s3 import catalog
 from reclock.sources.s3.client import EventQueue, ObjectInfo, ObjectStore, open_store
 from reclock.sources.s3.discovery import (Discovery, Known, OnOverwrite, Rules, State, forgettable, frontier_of,
@@ -51,18 +53,18 @@ from reclock.time import PartitionedFrontier
 TAIL_STEP = 1 << 16
 """A growing file's complete lines are found by reading back from its end in steps of this many bytes."""
 
-PROGRESS_VIEW = """
-SELECT o.ts, s.key, (o."offset" - s.base - 1)::bigint AS byte_offset
+PROGRESS_VIEW = """WITH s(name) AS (SELECT {}::text)
+SELECT o.ts, x.key, x.size AS byte_offset
 FROM reclock.remap_offsets o
 LEFT JOIN LATERAL (
-    SELECT x.key, x.base FROM reclock.s3_objects x
-    WHERE x.source = o.source AND x.base < o."offset" ORDER BY x.base DESC LIMIT 1
-) s ON s.base IS NOT NULL
-WHERE o.source = {} AND o.partition = 0
+    SELECT y.key, y.base, CASE WHEN y.state = 'overwrite' THEN 0 ELSE y.size END AS size
+    FROM reclock.s3_objects y WHERE y.source = o.source AND y.base < o."offset" ORDER BY y.base DESC LIMIT 1
+) x ON x.base + x.size + 1 = o."offset"
+WHERE o.source = (SELECT name FROM s) AND o.partition = 0
 UNION ALL
-SELECT o.ts, x.key, o."offset"::bigint FROM reclock.remap_offsets o
-JOIN reclock.s3_objects x ON x.source = o.source AND x.id = o.partition
-WHERE o.source = {} AND o.partition > 0
+SELECT o.ts, y.key, o."offset"::bigint FROM reclock.remap_offsets o
+JOIN reclock.s3_objects y ON y.source = o.source AND y.id = o.partition
+WHERE o.source = (SELECT name FROM s) AND o.partition > 0
 """
 """The ``<source>_progress`` relation ``(ts, key, byte_offset)``: per binding, the last object placed in the
 log and how many of its bytes are in (all: it is sealed), and each growing file's complete bytes. A key
@@ -95,21 +97,16 @@ class Discovered:
     seconds: float = 0.0
 
 
-@dataclass
-class S3Source:
+class S3Source(SourceRuntime):
     """An S3 source's half of a cycle context: its object store, its queue, and its catalog's rows.
-    ``ctx``: the cycle's services (``spec``, ``connect()``, ``blob``, ``spark()``, ``clock``); ``settings``:
-    the S3 endpoint and keys its ``connection:`` gives (None for a folder)."""
+    ``ctx.upstream``: the S3 endpoint and keys its ``connection:`` gives (None for a folder)."""
 
-    ctx: Any
-    settings: S3Settings | None = field(default=None, repr=False)
-    last: Discovered = field(default_factory=Discovered)
-    _store: ObjectStore | None = None
-    _queue: EventQueue | None = None
-
-    @property
-    def name(self) -> str:
-        return self.ctx.spec.name
+    def __init__(self, kind: SourceKind, ctx: CycleServices) -> None:
+        super().__init__(kind, ctx)
+        self.settings: S3Settings | None = ctx.upstream
+        self.last = Discovered()
+        self._store: ObjectStore | None = None
+        self._queue: EventQueue | None = None
 
     @property
     def spec(self) -> SourceSpec:
@@ -130,8 +127,7 @@ class S3Source:
     def register(self) -> None:
         spec = self.spec
         with self.ctx.connect() as conn:
-            register_source(conn, spec.name, kind="s3")
-            _progress_view(conn, spec.name)
+            register_source(conn, spec.name, kind=self.kind.name, progress=self.kind.progress_view())
             register_shard(conn, spec.data_shard, source=spec.name, output=DATA_OUTPUT, kind=DATA_KIND)
             register_shard(conn, spec.errors_shard, source=spec.name, output=ERRORS_OUTPUT, kind=ERRORS_KIND)
             catalog.ensure(conn, spec.name)
@@ -153,6 +149,8 @@ class S3Source:
         else:
             frontier = self._listed()
         self.last.seconds = round(time.monotonic() - t0, 3)
+        with self.ctx.connect() as conn:  # what discovery did, beside mint's own statistics
+            record_statistics(conn, self.name, "discover", vars(self.last))
         return frontier
 
     def _listed(self) -> PartitionedFrontier:
@@ -286,10 +284,11 @@ class S3Source:
         placed = [p for p in (r.placed() for r in rows_by_id.values()) if p is not None]
         return bound_ranges(bindings, before, Layout(placed), forgotten_below), rows_by_id
 
-    def write(self, rc: RemapCollection, desc: BatchDescription, m: dict, WrittenBatch):
-        return self._write(rc, desc, m, WrittenBatch)
+    def write(self, rc: RemapCollection, desc: BatchDescription, metrics: dict) -> WrittenBatch:
+        return self._write(rc, desc, metrics)
 
-    def rewrite(self, rc: RemapCollection, desc: BatchDescription, m: dict, WrittenBatch, on_slice=None):
+    def rewrite(self, rc: RemapCollection, desc: BatchDescription, metrics: dict,
+                on_slice: Callable[[int, int], None] | None) -> WrittenBatch:
         """A rebuild's write from 0: the catalog's objects as the bindings place them, and the objects it
         forgot (all bound at or below since, so at since now) found again by listing. With keys increasing
         those are the objects before the key frontier that the catalog no longer holds; their count, bytes
@@ -303,7 +302,7 @@ class S3Source:
         with self.ctx.connect() as conn:
             row = catalog.source_row(conn, self.name)
         if not row.forgotten:
-            return self._write(rc, desc, m, WrittenBatch, on_slice=on_slice)
+            return self._write(rc, desc, metrics, on_slice=on_slice)
         s3 = self.spec.s3
         if s3.discovery != Discovery.LISTING.value or s3.keys != "increasing":
             raise ConfigError(f"source {self.name}: the catalog forgot {row.forgotten} objects bound before since "
@@ -331,11 +330,10 @@ class S3Source:
                      for k, o in enumerate(found)]
         bound = [BoundRange(r.id, 0, r.size, ts, ends=True) for r in forgotten]
         first = rc.bindings[0].frontier.get(LOG)
-        return self._write(rc, desc, m, WrittenBatch, on_slice=on_slice, extra=(bound, forgotten),
-                           forgotten_below=first)
+        return self._write(rc, desc, metrics, on_slice=on_slice, extra=(bound, forgotten), forgotten_below=first)
 
-    def _write(self, rc: RemapCollection, desc: BatchDescription, m: dict, WrittenBatch, on_slice=None,
-               extra=((), ()), forgotten_below: int = 0):
+    def _write(self, rc: RemapCollection, desc: BatchDescription, m: dict, on_slice=None, extra=((), ()),
+               forgotten_below: int = 0) -> WrittenBatch:
         ctx, spec = self.ctx, self.spec
         bound, rows = self.bound(rc, desc, forgotten_below)
         bound = list(extra[0]) + bound
@@ -385,30 +383,28 @@ class S3Source:
     # -- resume ---------------------------------------------------------------------------------------
 
     def commit(self, frontier: PartitionedFrontier) -> None:
-        """Nothing upstream keeps a reader's position. The catalog forgets the objects below ``frontier`` (the
-        offset resumption frontier: no cycle reads them again) and below the remap collection's since (a
-        rebuild gives them ts since) that no listing or notification can name again."""
+        """Nothing: S3 keeps no reader's position (objects stay until their owner deletes them)."""
+
+    def compact(self, conn: Any, since: int) -> None:
+        """The catalog forgets the objects bound at or below ``since`` (placed below the frontier of the
+        remap collection's binding at since: no cycle reads them again, a rebuild gives them ts since) that
+        no listing or notification can name again: before the key frontier (listing, keys increasing), or
+        older than the dedupe horizon (notifications). With keys in any order every key stays known."""
         s3 = self.spec.s3
-        now = self.ctx.clock()
-        with self.ctx.connect() as conn, conn.transaction():
-            # only what is bound at or below the remap collection's since: a rebuild gives it ts since
-            # without knowing where each object was, while every later binding stays exact
-            rc = load_remap(conn, self.name)
-            at_since = remap.source_upper_at(rc, rc.since + 1) if rc.bindings else PartitionedFrontier()
-            frontier = PartitionedFrontier.of({LOG: min(frontier.get(LOG), at_since.get(LOG))})
+        rc = load_remap(conn, self.name)
+        at_since = remap.source_upper_at(rc, since + 1) if rc.bindings else PartitionedFrontier()
+        with conn.transaction():
             row = catalog.source_row(conn, self.name, lock=True)
             if s3.discovery == Discovery.NOTIFICATIONS.value:
                 horizon_s = s3.dedupe_s if s3.dedupe_s is not None else self.queue().retention_s()
-                candidates = catalog.rows(conn, self.name)
-                gone = forgettable(candidates, frontier, None, Discovery.NOTIFICATIONS, False,
-                                   now - int(horizon_s * 1000))
+                gone = forgettable(catalog.rows(conn, self.name), at_since, None, Discovery.NOTIFICATIONS, False,
+                                   self.ctx.clock() - int(horizon_s * 1000))
             elif s3.keys == "increasing" and row.start_after is not None:
-                candidates = catalog.rows_upto(conn, self.name, row.start_after)
-                gone = forgettable(candidates, frontier, row.start_after, Discovery.LISTING, True, None)
+                gone = forgettable(catalog.rows_upto(conn, self.name, row.start_after), at_since, row.start_after,
+                                   Discovery.LISTING, True, None)
             else:
                 gone = []
             catalog.forget(conn, self.name, gone)
-        self.forgotten = len(gone)
 
     # -- lag ------------------------------------------------------------------------------------------
 
@@ -456,6 +452,7 @@ class _Probing:
 
     spec: SourceSpec
     dsn: str
+    upstream: S3Settings | None = None
 
     def connect(self):
         from reclock.persist import connect
@@ -465,7 +462,7 @@ class _Probing:
 
 def probe_lag(spec: SourceSpec, settings: S3Settings | None, dsn: str) -> tuple[int, int, str]:
     """:meth:`S3Source.lag` outside a cycle (``reclock status``, the UI page)."""
-    return S3Source(_Probing(spec, dsn), settings).lag()
+    return S3Source(S3, _Probing(spec, dsn, settings)).lag()
 
 
 def first_rejected_object(blob, error_parts) -> tuple[str, int, str] | None:
@@ -485,22 +482,57 @@ def first_rejected_object(blob, error_parts) -> tuple[str, int, str] | None:
     return first
 
 
-def _progress_view(conn, name: str) -> None:
-    """Replace the default progress view of the source by ``(ts, key, byte_offset)`` (once)."""
-    from psycopg import sql
+class S3Kind(SourceKind):
+    name = "s3"
+    title = "S3"
+    from_time = "(key, byte_offset)"
+    progress_columns = ("ts", "key", "byte_offset")
+    schedules = ("interval", "upstream")
 
-    from reclock.persist.remap_store import progress_view
+    def parse(self, name, raw, base):
+        from reclock.config import parse_source
 
-    cols = conn.execute("SELECT array_agg(attname::text ORDER BY attnum) FROM pg_attribute WHERE attrelid = "
-                        "to_regclass(%s) AND attnum > 0", (progress_view(name).as_string(conn),)).fetchone()[0]
-    if cols == ["ts", "key", "byte_offset"]:
-        return
-    with conn.transaction():
-        conn.execute(sql.SQL("DROP VIEW IF EXISTS {}").format(progress_view(name)))
-        conn.execute(sql.SQL("CREATE VIEW {} AS " + PROGRESS_VIEW).format(progress_view(name), sql.Literal(name),
-                                                                          sql.Literal(name)))
+        return parse_source(name, raw, base)
+
+    def describe(self, spec) -> str:
+        return f"the objects of {spec.s3.url} into {spec.name}"
+
+    def find_upstream(self, spec, given: str | None = None) -> S3Settings | None:
+        """The S3 endpoint and keys of the source's ``connection:`` (None for a folder)."""
+        if spec.s3.is_folder:
+            return None
+        from reclock.settings import find_source_s3_settings
+
+        return find_source_s3_settings(spec.s3.connection, f"source {spec.name}")
+
+    def job_environment(self, spec) -> dict[str, str]:
+        settings = self.find_upstream(spec)
+        if settings is None:
+            return {}
+        from reclock.persist.objectstore import ENV_PATH_STYLE
+
+        env = {"AWS_ACCESS_KEY_ID": settings.access_key, "AWS_SECRET_ACCESS_KEY": settings.secret_key,
+               "AWS_REGION": settings.region, ENV_PATH_STYLE: str(settings.path_style).lower()}
+        if settings.endpoint_url:
+            env["AWS_ENDPOINT_URL"] = settings.endpoint_url
+        return env
+
+    def open(self, ctx: CycleServices) -> S3Source:
+        return S3Source(self, ctx)
+
+    def progress_view(self) -> str:
+        return PROGRESS_VIEW
+
+    def upstream_trigger(self, spec) -> Any:
+        from reclock.sources.s3.trigger import upstream_trigger
+
+        return upstream_trigger(spec)
+
+    def lag(self, spec, upstream: Any, timeout: float) -> Lag:
+        from reclock.settings import find_dsn
+
+        objects, _, detail = probe_lag(spec, upstream, find_dsn())
+        return Lag(objects, detail)
 
 
-def check_config(spec: SourceSpec) -> None:
-    if spec.s3 is None:
-        raise ConfigError(f"source {spec.name}: not an S3 source")
+S3 = S3Kind()

@@ -15,7 +15,7 @@ reclocked, decode, write Parquet parts.
               raw rows: key (object key), value (the line), partition (object id), offset (byte
               offset of the line), timestamp (the object's last modification), ts, _problem
                      |
-              decoded as a Kafka record's value is (``reclock.spark.ingest``): json | csv | text;
+              decoded as a Kafka record's value is (``reclock.spark.decode``): json | csv | text;
               a row with a ``_problem`` (an overwritten object under `on_overwrite: collect`, a damaged
               gzip stream, an overlong line, a whole object that does not read) is an error row
                      |
@@ -53,7 +53,7 @@ TASK_BYTES = 64 << 20
 
 RAW_SCHEMA = ("key BINARY, value BINARY, partition INT, offset BIGINT, timestamp TIMESTAMP, ts BIGINT, "
               "_problem STRING")
-"""The rows a read task yields: shaped like a Kafka record (``reclock.spark.ingest`` decodes ``value``)."""
+"""The rows a read task yields: shaped like a Kafka record (``reclock.spark.decode`` decodes ``value``)."""
 
 
 def is_gzip(key: str, compression: str) -> bool:
@@ -334,7 +334,7 @@ def whole_schema(spark, spec) -> str:
 
         return spark.range(0).select(from_avro(F.lit(b"").cast("binary"), spec.format.schema).alias("r")) \
             .schema["r"].dataType.json()
-    from reclock.spark.ingest import data_schema
+    from reclock.spark.decode import data_schema
 
     return data_schema(spec).json()
 
@@ -351,7 +351,7 @@ S3_METADATA = ("key", "offset", "last_modified")
 
 
 def output_names(spec, include: Sequence[str]) -> list[str]:
-    from reclock.spark.ingest import field_names
+    from reclock.spark.decode import field_names
 
     return field_names(spec) + [f"_{m}" for m in include] + ["ts", "diff"]
 
@@ -362,7 +362,8 @@ def decoded(spark, spec, conf: ReaderConf, units: Sequence[ReadUnit], include: S
     from pyspark.sql import functions as F
 
     from reclock.part_layout import REJECTED_COLUMN
-    from reclock.spark.ingest import _ERROR_SOURCES, _PACKED, _decoded, field_names, sql_ident, sql_string
+    from reclock.spark.decode import decoded as decode, field_names, packed_error_sql
+    from reclock.spark.jobs import sql_ident
 
     raw = raw_rows(spark, conf, units)
     if read_metrics is not None:
@@ -371,22 +372,22 @@ def decoded(spark, spec, conf: ReaderConf, units: Sequence[ReadUnit], include: S
         dec = raw.selectExpr("*", "key AS _k", "value AS _v", "partition AS _p", "offset AS _o", "timestamp AS _t",
                              "_problem AS _reason")
     else:
-        dec = _decoded(replace(spec, include=()), raw, problem="_problem")
-    packed = ", ".join(f"{sql_string(c)}, {_PACKED.get(c, src)}" for c, src in _ERROR_SOURCES)
+        dec = decode(spec, raw, problem="_problem")
     return dec.selectExpr(*map(sql_ident, field_names(spec)), *s3_output_meta(include), "ts",
                           "CAST(1 AS BIGINT) AS diff",
-                          f"CASE WHEN _reason IS NOT NULL THEN to_json(named_struct({packed})) END AS {REJECTED_COLUMN}")
+                          f"CASE WHEN _reason IS NOT NULL THEN {packed_error_sql()} END AS {REJECTED_COLUMN}")
 
 
 def write_slice(spark, spec, conf: ReaderConf, units: Sequence[ReadUnit], include: Sequence[str], url: str,
                 index: int = 0) -> SliceWritten:
     """One Spark job writing the slice's rows as Parquet under ``url``; what it read and wrote, counted by
-    the job's own metrics (as ``reclock.spark.ingest.write_slice``). A task that finds an object gone or
+    the job's own metrics (as a Kafka slice's job is). A task that finds an object gone or
     changed fails the job; :func:`explain_failure` then names the object on the driver."""
     from pyspark.sql import functions as F
 
     from reclock.part_layout import DATA_OUTPUT, ERRORS_OUTPUT, REJECTED_COLUMN
-    from reclock.spark.ingest import _observation, _observed
+    from reclock.spark.jobs import observation as _observation
+    from reclock.spark.jobs import observed as _observed
 
     read, written = _observation(spark), _observation(spark)
     df = decoded(spark, spec, conf, units, include, read_metrics=read)
@@ -396,8 +397,8 @@ def write_slice(spark, spec, conf: ReaderConf, units: Sequence[ReadUnit], includ
     except Exception as e:
         explain_failure(conf, units, e)
         raise
-    w = _observed(written, spec, url, ("rows", "rejected"))
-    records = _observed(read, spec, url, ("records",))["records"]
+    w = _observed(written, spec.name, url, ("rows", "rejected"))
+    records = _observed(read, spec.name, url, ("records",))["records"]
     rows = {DATA_OUTPUT: w["rows"] - w["rejected"], ERRORS_OUTPUT: w["rejected"]}
     return SliceWritten(index, url, record_bound(conf, units, records), records, rows)
 

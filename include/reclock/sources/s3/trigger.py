@@ -74,7 +74,7 @@ class ObjectsArrived(BaseEventTrigger):
     def _settings(self):
         if self.connection is None:
             return None
-        from reclock.orchestration.settings import find_source_s3_settings
+        from reclock.settings import find_source_s3_settings
 
         return find_source_s3_settings(self.connection, f"source {self.source}")
 
@@ -111,7 +111,7 @@ class ObjectsArrived(BaseEventTrigger):
                 if ids:
                     await asyncio.sleep(self.poll)  # they stay visible until the cycle takes them
             return
-        from reclock.orchestration.settings import find_dsn
+        from reclock.settings import find_dsn
 
         dsn = await asyncio.to_thread(find_dsn, None)
         last: list[str] = []
