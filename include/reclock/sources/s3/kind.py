@@ -101,6 +101,8 @@ class S3Source(SourceRuntime):
     """An S3 source's half of a cycle context: its object store, its queue, and its catalog's rows.
     ``ctx.upstream``: the S3 endpoint and keys its ``connection:`` gives (None for a folder)."""
 
+    probe_after_register = True  # discovery writes the kind's catalog, which the registration creates
+
     def __init__(self, kind: SourceKind, ctx: CycleServices) -> None:
         super().__init__(kind, ctx)
         self.settings: S3Settings | None = ctx.upstream
