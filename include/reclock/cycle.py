@@ -67,6 +67,7 @@ from reclock.read import read_as_of
 from reclock.remap import RemapCollection
 from reclock.sources.kafka import KafkaUpstream
 from reclock.sources.postgres import LSN_PARTITION, PostgresUpstream, lsn_frontier
+from reclock.spark import connect as spark_connect
 from reclock.spark import snapshot as spark_snapshot
 from reclock.spark.ingest import BindingRange, upsert_keys, write_slice
 
@@ -133,7 +134,10 @@ class CycleContext:
 
     def spark(self):
         """The context's Spark session, made by ``spark_factory`` once: a task writing several descriptions
-        attaches to Spark Connect (a probe and a setting, two round trips) once, not per description."""
+        attaches to Spark Connect (a probe and a setting, two round trips) once, not per description. A
+        session a failed step found gone (:meth:`drop_spark`), or stopped meanwhile, is made anew."""
+        if self._spark is not None and getattr(self._spark, "is_stopped", False):
+            self._spark = None
         if self._spark is None:
             if self.spark_factory is None:
                 raise ValueError(f"source {self.spec.name}: this cycle context has no spark_factory")
@@ -144,6 +148,23 @@ class CycleContext:
         """A consensus connection (autocommit): while a step is under way in this thread, the one the step
         holds (``reclock.lending``); else a new one."""
         return self.connections.connect()
+
+    def drop_spark(self, error: BaseException | None = None) -> bool:
+        """Close the context's Spark Connect session if ``error`` says it is gone (a restarted server forgets
+        its sessions, and a client still bound to one fails every later call; ``None``: close it anyway), so
+        the next step attaches anew. True if it was closed."""
+        if self._spark is None or (error is not None and not spark_connect.session_lost(error)):
+            return False
+        spark, self._spark = self._spark, None
+        with contextlib.suppress(Exception):
+            spark_connect.close(spark)
+        return True
+
+    def close(self) -> None:
+        """End what the context opened for its steps that would outlive it: the Spark Connect client (the
+        server-side session stays for the source's next task). A task calls it when it ends, so its process
+        exits at once instead of sending PySpark's exit-time call to a server that may be gone."""
+        self.drop_spark()
 
 
 @dataclass(frozen=True)
@@ -183,6 +204,7 @@ def _step(ctx: CycleContext, step: str) -> Iterator[dict]:
         try:
             yield metrics
         except Exception as e:
+            ctx.drop_spark(e)
             with ctx.connect() as conn:
                 record_status(conn, ctx.spec.name, "stalled", error=f"{step}: {e}")
             raise
@@ -645,6 +667,27 @@ def resume(ctx: CycleContext) -> ResumeResult:
                          history_pruned=sum(pruned), lapsed_holds=lapsed)
         m.update(resumption=resumption, offsets_committed=offsets.as_dict(), since=since, compacted=compacted)
         return ResumeResult(resumption, offsets.as_dict(), since)
+
+
+def mint_and_write(ctx: CycleContext, run_s: float | None = None) -> list[WrittenBatch]:
+    """mint, then write_batches of the pending descriptions oldest first, starting no further one once
+    ``run_s`` seconds have passed (the first is always written): the first task of a two-task run, whose
+    parts become visible only when the run's ``append`` task appends them. The descriptions left over are
+    minted again by the next run, which writes them first.
+
+    Why a run stops early: a retried run mints again and writes everything from the shards' upper, and a
+    failed try leaves a bigger backlog (one more binding) for the next. Without a bound, a try's work grows
+    with every try that failed, and once a try takes longer than the time between the faults that kill it,
+    no try ever finishes (issue 37: 44 failed tries, 3 runs in 56 minutes of a fault campaign). Bounded, a
+    try's work stays about ``run_s`` (or one description), whatever came before it."""
+    t0 = time.monotonic()
+    with _holding(ctx):
+        written: list[WrittenBatch] = []
+        for desc in mint(ctx).descriptions:
+            if written and run_s is not None and time.monotonic() - t0 >= run_s:
+                break
+            written.append(write_batches(ctx, desc))
+    return written
 
 
 def mint_and_append(ctx: CycleContext) -> tuple[int | None, int]:
