@@ -56,6 +56,7 @@ from reclock.persist import blob as blobs
 from reclock.persist import connect
 from reclock.persist.compact import compact_parts
 from reclock.persist.gc import claim_gc, collect_garbage, lease_write, release_write
+from reclock.persist.migrate import check_schema
 from reclock.persist.remap_store import append_binding, compact_remap, load_remap, register_source
 from reclock.persist.shards import (Append, advance_since, compare_and_append, drop_lapsed_holds, read_holds,
                                     register_shard, replace_batches, shard_info)
@@ -216,7 +217,10 @@ def _step(ctx: CycleContext, step: str) -> Iterator[dict]:
 
 
 def ensure_registered(ctx: CycleContext) -> None:
-    """Create the source's remap collection, progress view and output shards if they do not exist."""
+    """Create the source's remap collection, progress view and output shards if they do not exist (after
+    checking, once per process, that the database's schema is this release's: ``check_schema``)."""
+    with ctx.connect() as conn:
+        check_schema(conn, ctx.dsn)
     if ctx.spec.postgres is not None:
         _register_postgres(ctx)
         return

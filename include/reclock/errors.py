@@ -203,6 +203,24 @@ class MigrationError(ReclockError):
     newer than this code)."""
 
 
+class SchemaVersionMismatch(MigrationError):
+    """The consensus database's ``reclock`` schema is not the one this release ships: older (run ``reclock
+    migrate``) or newer (a newer release migrated it; this one must not run on it)."""
+
+    def __init__(self, missing: list[str], unknown: list[str]) -> None:
+        self.missing, self.unknown = missing, unknown
+        if unknown:
+            msg = (f"the consensus database's reclock schema is newer than this release: it has migration(s) "
+                   f"{', '.join(unknown)}, which this release does not ship. A newer release migrated it, and this "
+                   "one would misread its state: run that release (a rollback is only safe by restoring the "
+                   "backup taken before `reclock migrate`, and only if no cycle or sink of the newer release ran "
+                   "since; see docs/operations.md, Upgrades)")
+        else:
+            msg = (f"the consensus database's reclock schema is older than this release: migration(s) "
+                   f"{', '.join(missing)} are not applied; run `reclock migrate` (with this release) first")
+        super().__init__(msg)
+
+
 class SlotLost(UpstreamDataLost):
     """A Postgres source's replication slot is gone, invalidated (``wal_status = lost``), or already past
     changes a shard still needs: the changes are gone upstream and will not be skipped silently."""

@@ -102,6 +102,7 @@ from reclock.failpoints import failpoint
 from reclock.part_layout import DATA_KIND, INTERNAL_PREFIX
 from reclock.persist import blob as blobs
 from reclock.persist import connect
+from reclock.persist.migrate import check_schema
 from reclock.persist.objectstore import S3Settings, pyiceberg_options
 from reclock.persist.parquet import column_stats, holds_type
 from reclock.persist.shards import (BatchRow, acquire_read_hold, downgrade_read_hold, release_read_hold,
@@ -371,6 +372,8 @@ class IcebergSink:
         from pyiceberg.exceptions import NoSuchTableError
 
         spec = self.ctx.spec
+        with self.ctx.connect() as conn:
+            check_schema(conn, self.ctx.dsn)
         self.catalog = load_catalog(self.ctx.catalog, spec.catalog)
         self.catalog.create_namespace_if_not_exists(spec.namespace)
         try:

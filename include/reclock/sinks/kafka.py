@@ -39,6 +39,7 @@ from reclock.ahead import read_ahead as _ahead
 from reclock.failpoints import failpoint
 from reclock.persist import blob as blobs
 from reclock.persist import connect
+from reclock.persist.migrate import check_schema
 from reclock.persist.shards import acquire_read_hold, downgrade_read_hold, release_read_hold, shard_info
 from reclock.persist.status import record_statistics, record_status
 from reclock.read import UpdateReader, read_as_of, updates_parts
@@ -267,6 +268,8 @@ class KafkaSink:
 
     def start(self, fresh: bool = False) -> None:
         def go() -> None:
+            with self.ctx.connect() as conn:
+                check_schema(conn, self.ctx.dsn)
             ensure_topics(self.ctx)
             self.producer = _producer(self.ctx)
             self.producer.init_transactions(60)  # fences older instances; their open transaction is aborted
