@@ -48,7 +48,8 @@ from typing import Callable, Iterator, Sequence
 from reclock import cdc, remap
 from reclock.batch import BatchDescription, Part, SliceWritten, mint_descriptions, ranges_for, split_ranges
 from reclock.config import SourceSpec, parse_pg_table, pg_table_shard
-from reclock.errors import ConfigError, DecodeError, RemapUpperMismatch, ShardsDisagree, UpperMismatch
+from reclock.errors import (AcknowledgedStateLost, ConfigError, DecodeError, RemapUpperMismatch, ShardsDisagree,
+                            UpperMismatch)
 from reclock.failpoints import failpoint
 from reclock.lending import ConnectionLender
 from reclock.part_layout import DATA_KIND, DATA_OUTPUT, ERRORS_KIND, ERRORS_OUTPUT, INTERNAL_PREFIX
@@ -322,16 +323,19 @@ def mint(ctx: CycleContext) -> MintResult:
     ``max(now, last + 1)``, never in the past; two concurrent minters cannot both succeed.
     """
     with _step(ctx, "mint") as m, ThreadPoolExecutor(1, "reclock-probe") as pool:
+        up, group = ctx.upstream(), ctx.spec.consumer_group
         if ctx.spec.postgres is not None:
             ensure_registered(ctx)  # the slot first: the flush LSN probed after it is covered by it
-            upper = ctx.upstream().probe_upper()
-        else:
-            probe = pool.submit(ctx.upstream().probe_upper)  # Kafka's round trips beside Postgres's
+            acked = up.acknowledged(group)
+            upper = up.probe_upper()
+        else:  # Kafka's round trips beside Postgres's
+            probe = pool.submit(lambda: (up.acknowledged(group), up.probe_upper()))
             ensure_registered(ctx)
-            upper = probe.result()
+            acked, upper = probe.result()
         minted = None
         with ctx.connect() as conn:
             rc = load_remap(conn, ctx.spec.name)
+            check_acknowledged(ctx, conn, rc, acked)
             binding = remap.mint(rc, ctx.clock(), upper)
             if binding is not None:
                 try:
@@ -345,6 +349,27 @@ def mint(ctx: CycleContext) -> MintResult:
         m.update(upstream_upper=upper.as_dict(), minted_ts=minted.ts if minted else None,
                  descriptions=len(descs), offsets_known=sum(o for _, o in upper))
         return MintResult(minted, tuple(descs))
+
+
+def check_acknowledged(ctx: CycleContext, conn, rc: RemapCollection, acked) -> None:
+    """``AcknowledgedStateLost`` if what resume acknowledged upstream (``acked``, read before ``rc`` and the
+    shards' uppers: those only grow) is beyond the offset resumption frontier the database holds now: the
+    database went back, and minting would stamp records again at new timestamps.
+
+    A Postgres slot starts at its creation, at or below the first binding's LSN, before anything is
+    acknowledged: that much is never taken for an acknowledgement (nor is anything before the first binding)."""
+    if not rc.bindings:
+        return
+    resumption = min([rc.upper, *(shard_info(conn, s).upper for s in ctx.shards())])
+    ours = remap.source_upper_at(rc, resumption)
+    if ctx.spec.postgres is not None:
+        ours = ours.join(rc.bindings[0].frontier)
+    if not acked.less_equal(ours):
+        where = (f"replication slot {ctx.upstream().slot} is confirmed at {acked.as_dict()}"
+                 if ctx.spec.postgres is not None else
+                 f"consumer group {ctx.spec.consumer_group} has committed offsets {acked.as_dict()}")
+        raise AcknowledgedStateLost(f"source {ctx.spec.name}", where,
+                                    f"{ours.as_dict()} (the bindings at its shards' upper {resumption})")
 
 
 def _descriptions(conn, ctx: CycleContext, rc: RemapCollection) -> list[BatchDescription]:

@@ -28,8 +28,11 @@ CONNECT_RETRY_S = 20.0
 failover's promotion): a step started meanwhile waits it out instead of failing after its other work."""
 
 TRANSIENT = ("starting up", "not yet accepting connections", "shutting down", "in recovery mode",
-             "Connection refused", "server closed the connection unexpectedly", "timeout expired")
-"""What libpq says when the server is (re)starting, stopping or unreachable for now."""
+             "Connection refused", "server closed the connection unexpectedly", "timeout expired",
+             "session is read-only", "hot standby mode")
+"""What libpq says when the server is (re)starting, stopping or unreachable for now, or (a DSN naming a
+primary and its standby, ``target_session_attrs=read-write``) no server accepts writes yet: a failover's
+promotion under way."""
 
 NETWORK_DEFAULTS = {"connect_timeout": "10", "keepalives": "1", "keepalives_idle": "30",
                     "keepalives_interval": "10", "keepalives_count": "3", "tcp_user_timeout": "60000"}

@@ -34,7 +34,7 @@ import pyarrow as pa
 
 from reclock import compaction
 from reclock.config import SinkSpec
-from reclock.errors import ReclockError, SinceViolation, SinkRefused
+from reclock.errors import AcknowledgedStateLost, ReclockError, SinceViolation, SinkRefused
 from reclock.ahead import read_ahead as _ahead
 from reclock.failpoints import failpoint
 from reclock.persist import blob as blobs
@@ -373,6 +373,9 @@ def _write_on(ctx: SinkContext, producer, begin: _Begin, conn) -> SinkResult:
     frontier, version = begin.frontier, begin.version
     txns = messages = nbytes = 0
     upper = shard_info(conn, spec.collection).upper
+    if upper < frontier:
+        raise AcknowledgedStateLost(f"sink {spec.name}", f"its progress record says frontier {frontier}",
+                                    f"{spec.collection} up to {upper}")
     t0 = time.monotonic()
     topic, produce = spec.kafka.topic, producer.produce
     max_messages, max_bytes = spec.budget.max_messages, spec.budget.max_bytes
