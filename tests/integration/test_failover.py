@@ -165,7 +165,7 @@ def test_asynchronous_standby_that_lacks_acknowledged_commits_stops_every_source
             w.execute("CREATE PUBLICATION pub FOR TABLE t")
             w.execute("INSERT INTO t SELECT g, 'a' FROM generate_series(1, 20) g")
         pg = cycle.CycleContext(spec=parse_source("fo_pg", {"postgres": {"dsn_env": "UNUSED", "publication": "pub"}}),
-                                dsn=dsn, bootstrap="", blob=ctx.blob, upstream_dsn=up_dsn, retain_history_ms=10**12)
+                                dsn=dsn, blob=ctx.blob, upstream=up_dsn, retain_history_ms=10**12)
         sink = KafkaSink(sink_ctx)
 
         def everything() -> None:
