@@ -185,26 +185,21 @@ def progress(source: str, dsn: str | None) -> None:
     from reclock.persist import connect
     from reclock.persist.remap_store import load_remap
     from reclock.persist.status import latest_status
+    from reclock.sources.registry import kind_named
 
     with connect(_settings().find_dsn(dsn)) as conn:
         load_remap(conn, source)  # a bad or unregistered name: ConfigError / UnknownSource, not a SQL error
         (kind,) = conn.execute("SELECT kind FROM reclock.sources WHERE name = %s", (source,)).fetchone()
-        if kind == "postgres":
-            rows = conn.execute(f'SELECT ts, lsn::text FROM reclock."{source}_progress" ORDER BY ts').fetchall()
-        else:
-            rows = conn.execute(f'SELECT ts, partition, "offset" FROM reclock."{source}_progress" '
-                                "ORDER BY ts, partition").fetchall()
+        columns = kind_named(kind).progress_columns  # (ts, the kind's FromTime...)
+        cells = ", ".join(f'p."{c}"::text' for c in columns[1:])
+        rows = conn.execute(f'SELECT p.ts, {cells} FROM reclock."{source}_progress" p '
+                            f'ORDER BY p.ts, p."{columns[1]}"').fetchall()
         shards = conn.execute("SELECT id, upper, since FROM reclock.shards WHERE source = %s ORDER BY id",
                               (source,)).fetchall()
         status = latest_status(conn, source)
-    if kind == "postgres":
-        click.echo("ts               lsn")
-        for ts, lsn in rows:
-            click.echo(f"{ts:<16d} {lsn}")
-    else:
-        click.echo("ts               partition  offset")
-        for ts, p, o in rows:
-            click.echo(f"{ts:<16d} {p:<10d} {o}")
+    click.echo(f"{'ts':<16} " + " ".join(f"{c:<10}" for c in columns[1:]).rstrip())
+    for ts, *cells in rows:
+        click.echo(f"{ts:<16d} " + " ".join(f"{'-' if c is None else c:<10}" for c in cells).rstrip())
     for sid, upper, since in shards:
         click.echo(f"shard {sid}: upper {upper}, since {since}")
     _echo_status(status)
@@ -231,7 +226,9 @@ def status_command(source: str | None, as_json: bool, probe_timeout: float, conf
     s = _settings()
     cfg = load_config(config)
     blob = s.find_blob_store(blob_url) if blob_url or os.environ.get("RECLOCK_BLOB_URL") else None
-    lag = sr.lag_probe(cfg, bootstrap, probe_timeout)
+    # --bootstrap is a Kafka source's brokers (a kind finds its upstream as its cycles do: given, else ...)
+    lag = sr.lag_probe(cfg, s.find_dsn(dsn), probe_timeout,
+                       given=bootstrap)
     with sr.open_readonly(s.find_dsn(dsn)) as conn:
         if source is None:
             ov = sr.overview(conn, cfg, lag, blob=blob)

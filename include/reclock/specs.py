@@ -48,6 +48,13 @@ def require(mapping: Any, what: str) -> dict:
     return mapping
 
 
+def choice(value: Any, allowed: tuple[str, ...], what: str) -> str:
+    """``value`` if it is one of ``allowed``, else a ``ConfigError`` naming ``what`` and the choices."""
+    if value not in allowed:
+        raise ConfigError(f"{what}: {value!r} is not one of {', '.join(allowed)}")
+    return value
+
+
 def refuse_unknown(d: dict, allowed: set[str], what: str) -> None:
     """A ``ConfigError`` naming the keys of ``d`` outside ``allowed`` (and the allowed ones)."""
     extra = sorted(set(d) - allowed)
@@ -104,7 +111,7 @@ class FormatSpec:
         return [f["name"] for f in json.loads(self.schema)["fields"]]
 
 
-def _avro_schema(f: dict, what: str, base: Path | None) -> str:
+def avro_schema(f: dict, what: str, base: Path | None) -> str:
     """Load and check the Avro schema of ``format: avro`` (a record with fields), as JSON text."""
     if "schema_file" not in f:
         raise ConfigError(f"{what}: type avro needs `schema_file:` (an .avsc file, relative to the config file)")
@@ -136,7 +143,7 @@ def parse_format(raw: Any, what: str, base: Path | None) -> FormatSpec:
     if ftype in ("json", "csv") and not schema:
         raise ConfigError(f"{what}: type {ftype} needs a `schema` (Spark DDL, e.g. \"id BIGINT, name STRING\")")
     if ftype == "avro":
-        schema = _avro_schema(f, what, base)
+        schema = avro_schema(f, what, base)
     wire = f.get("wire", "plain")
     if wire not in WIRES:
         raise ConfigError(f"{what}: wire {wire!r} is not one of {', '.join(WIRES)}")

@@ -249,20 +249,23 @@ LagProbe = Callable[[str], Lag]
 """A source's name -> its lag."""
 
 
-def lag_probe(config: Config | None, given: str | None = None, timeout: float = 2.0) -> LagProbe:
+def lag_probe(config: Config | None, dsn: str, timeout: float = 2.0,
+              given: str | None = None) -> LagProbe:
     """A source's lag as its kind probes it (``SourceKind.lag``: Kafka, the consumer group ``reclock-<source>``
-    at its brokers, the sum over partitions of the last stable offset minus the committed offset), its
-    upstream found as its cycles find it (``given``: a command's option, e.g. ``--bootstrap``). Any failure
-    (no config, an unreachable upstream, a missing topic) is an unknown lag with the reason."""
+    at its brokers, the sum over partitions of the last stable offset minus the committed offset; S3, objects
+    and bytes not yet ingested, from its catalog in the consensus database ``dsn``), its upstream found as
+    its cycles find it (``given``: a command's option, e.g. ``--bootstrap``: ``SourceKind.find_upstream``). Any failure (no
+    config, an unreachable upstream, a missing topic) is an unknown lag with the reason."""
     def probe(name: str) -> Lag:
         spec = config.sources.get(name) if config else None
         if spec is None:
             return Lag(None, "not in the config")
+        kind = kind_of(spec)
         try:
-            return kind_of(spec).lag(spec, given, timeout)
+            return kind.lag(spec, kind.find_upstream(spec, given), timeout, dsn)
         except Exception as e:  # a status page degrades, it never fails on a probe
             first = str(e).splitlines()[0][:160] if str(e) else ""
-            return Lag(None, redact(f"unknown: {type(e).__name__}: {first}"))
+            return Lag(None, redact(f"unknown: {type(e).__name__}: {first}"), kind.lag_unit)
 
     return probe
 
@@ -463,7 +466,7 @@ def _source_lines(s: SourceStatus) -> list[str]:
                      f"{c.bytes} bytes")
     else:
         lines.append("  last cycle: none complete")
-    lines.append(f"  lag: {s.lag.records if s.lag.records is not None else 'unknown'} records ({s.lag.detail})")
+    lines.append(f"  lag: {s.lag.records if s.lag.records is not None else 'unknown'} {s.lag.unit} ({s.lag.detail})")
     holds = ", ".join(f"{h.holder} on {h.shard} at {h.ts}" for h in s.read_holds) or "none"
     lines.append(f"  read holds: {holds}")
     lines.append(f"  errors: {s.errors_count}")

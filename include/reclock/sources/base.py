@@ -106,11 +106,12 @@ class WrittenBatch:
 
 @dataclass(frozen=True)
 class Lag:
-    """How far a source's upstream is ahead of what it committed (None: unknown, ``detail`` says why):
-    what ``reclock status`` and the UI page show."""
+    """How far a source's upstream is ahead of what it committed, in ``unit`` (Kafka: records; S3: objects),
+    None when unknown (``detail`` says why): what ``reclock status`` and the UI page show."""
 
     records: int | None
     detail: str = ""
+    unit: str = "records"
 
 
 class CycleServices(Protocol):
@@ -155,6 +156,15 @@ class JointJobs(ABC):
     def write(self, spark: Any, slices: Sequence[JointSlice], url: str) -> list[SliceWritten]:
         """Run one job writing ``slices`` under ``url``; what it read and wrote, per slice (each accounted
         for on its own, as a job of its own would be)."""
+
+
+@dataclass(frozen=True)
+class Acknowledged:
+    """What resume has told upstream it may drop (:meth:`SourceRuntime.acknowledged`), and where it is, for a
+    message: ``where`` names the place (``consumer group reclock-orders has committed offsets``)."""
+
+    frontier: PartitionedFrontier
+    where: str
 
 
 class SourceRuntime(ABC):
@@ -236,6 +246,12 @@ class SourceRuntime(ABC):
         """Tell upstream it may drop everything below ``frontier`` (the offset resumption frontier): commit
         it to a consumer group, advance a replication slot; or nothing, where upstream has no such notion.
         Never backwards; on idle cycles too."""
+
+    def acknowledged(self) -> Acknowledged | None:
+        """What :meth:`commit` has told upstream so far (read upstream, not from consensus): mint checks it
+        is not beyond what consensus holds (``cycle.check_acknowledged``: a database that went back). None
+        where upstream keeps nothing of ours."""
+        return None
 
     def compact(self, conn: Any, since: int) -> None:
         """In resume, in the connection ``conn``, after the remap collection was compacted to ``since``:
@@ -327,9 +343,12 @@ class SourceKind(ABC):
         ``schedule: upstream``: upstream moved past the newest binding, or it must run to release upstream
         retention. Imports Airflow only when called."""
 
+    lag_unit: ClassVar[str] = "records"
+    """The unit of :meth:`lag` (``Lag.unit``)."""
+
     @abstractmethod
-    def lag(self, spec: SourceSpec, given: str | None, timeout: float) -> Lag:
+    def lag(self, spec: SourceSpec, upstream: Any, timeout: float, dsn: str) -> Lag:
         """How far upstream is ahead of what the source committed, for ``reclock status`` and the UI page,
-        probed within ``timeout`` seconds (upstream found by :meth:`find_upstream` with ``given``);
-        ``Lag(None, why)`` where it is not probed. May raise (the status report turns a failure into an
-        unknown lag with the reason)."""
+        probed within ``timeout`` seconds (``upstream``: what :meth:`find_upstream` found; ``dsn``: the
+        consensus database, where a kind keeps its own tables); ``Lag(None, why)`` where it is not probed.
+        May raise (the status report turns a failure into an unknown lag with the reason)."""

@@ -33,7 +33,7 @@ from reclock.persist.remap_store import append_binding, load_remap, register_sou
 from reclock.persist.shards import Append, compare_and_append, register_shard, shard_info
 from reclock.read import read_as_of
 from reclock.remap import RemapCollection
-from reclock.sources.base import CycleServices, Lag, SourceKind, SourceRuntime, WrittenBatch
+from reclock.sources.base import Acknowledged, CycleServices, Lag, SourceKind, SourceRuntime, WrittenBatch
 from reclock.sources.postgres import cdc
 from reclock.sources.postgres import spark_snapshot
 from reclock.sources.postgres.registration import register_tables, registered_tables, replace_tables, snapshot_ts
@@ -93,6 +93,10 @@ class PostgresSource(SourceRuntime):
 
     def commit(self, frontier: PartitionedFrontier) -> None:
         self.upstream().commit(frontier)
+
+    def acknowledged(self) -> Acknowledged:
+        up = self.upstream()
+        return Acknowledged(up.acknowledged(), f"replication slot {up.slot} is confirmed at")
 
     def register(self) -> None:
         """Register the source: its tables (oids and columns, once; ``reclock.sources.postgres.registration``),
@@ -318,7 +322,7 @@ class PostgresKind(SourceKind):
                                   connection=spec.upstream.connection, dsn_env=spec.upstream.dsn_env,
                                   poll=spec.poll_s)
 
-    def lag(self, spec, given: str | None, timeout: float) -> Lag:
+    def lag(self, spec, upstream: Any, timeout: float, dsn: str) -> Lag:
         return Lag(None, "a Postgres source: its slot's lag is not probed here")
 
 
