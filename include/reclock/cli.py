@@ -227,8 +227,7 @@ def status_command(source: str | None, as_json: bool, probe_timeout: float, conf
     cfg = load_config(config)
     blob = s.find_blob_store(blob_url) if blob_url or os.environ.get("RECLOCK_BLOB_URL") else None
     # --bootstrap is a Kafka source's brokers (a kind finds its upstream as its cycles do: given, else ...)
-    lag = sr.lag_probe(cfg, s.find_dsn(dsn), probe_timeout,
-                       given=bootstrap)
+    lag = sr.lag_probe(cfg, probe_timeout, given=bootstrap, dsn=s.find_dsn(dsn))
     with sr.open_readonly(s.find_dsn(dsn)) as conn:
         if source is None:
             ov = sr.overview(conn, cfg, lag, blob=blob)

@@ -249,11 +249,11 @@ LagProbe = Callable[[str], Lag]
 """A source's name -> its lag."""
 
 
-def lag_probe(config: Config | None, dsn: str, timeout: float = 2.0,
-              given: str | None = None) -> LagProbe:
+def lag_probe(config: Config | None, timeout: float = 2.0, given: str | None = None,
+              dsn: str | None = None) -> LagProbe:
     """A source's lag as its kind probes it (``SourceKind.lag``: Kafka, the consumer group ``reclock-<source>``
     at its brokers, the sum over partitions of the last stable offset minus the committed offset; S3, objects
-    and bytes not yet ingested, from its catalog in the consensus database ``dsn``), its upstream found as
+    and bytes not yet ingested, from its catalog in the consensus database ``dsn``, else the one the settings name), its upstream found as
     its cycles find it (``given``: a command's option, e.g. ``--bootstrap``: ``SourceKind.find_upstream``). Any failure (no
     config, an unreachable upstream, a missing topic) is an unknown lag with the reason."""
     def probe(name: str) -> Lag:

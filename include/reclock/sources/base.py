@@ -57,11 +57,11 @@ Kinesis     (shard_id, sequence_number)  a partition per shard (the shard id's n
 ``reclock.spark.reclocking``; a reader in the task uses ``reclock.remap.reclock`` or its own mapping.
 
 **A new kind** is a folder ``reclock/sources/<kind>/`` and one line of ``reclock.sources.registry``; by the
-two kinds' example: ``spec.py`` parses its config section into its ``reclock.specs.UpstreamSpec`` (the
-helpers of ``reclock.specs``), ``upstream.py`` is its upstream's client, ``kind.py`` holds its
+kinds' example: ``spec.py`` parses its config section into its ``reclock.specs.UpstreamSpec`` (the
+helpers of ``reclock.specs``), ``upstream.py`` (S3: ``client.py``) is its upstream's client, ``kind.py`` holds its
 :class:`SourceKind` and :class:`SourceRuntime` (a module constant the registry imports), ``trigger.py`` its
 ``schedule: upstream`` trigger (on ``reclock.sources.trigger``), and whatever its reading needs (Kafka's Spark
-job, Postgres's decoder and snapshot). Its own consensus tables come as migrations of ``reclock.persist``;
+job, Postgres's decoder and snapshot, S3's discovery, catalog and reader). Its own consensus tables come as migrations of ``reclock.persist``;
 its own progress relation is :meth:`SourceKind.progress_view`.
 
 **Layering.** A kind imports the pure core, ``persist``, ``spark``, ``reclock.settings``, ``reclock.specs``
@@ -347,8 +347,9 @@ class SourceKind(ABC):
     """The unit of :meth:`lag` (``Lag.unit``)."""
 
     @abstractmethod
-    def lag(self, spec: SourceSpec, upstream: Any, timeout: float, dsn: str) -> Lag:
+    def lag(self, spec: SourceSpec, upstream: Any, timeout: float, dsn: str | None = None) -> Lag:
         """How far upstream is ahead of what the source committed, for ``reclock status`` and the UI page,
         probed within ``timeout`` seconds (``upstream``: what :meth:`find_upstream` found; ``dsn``: the
-        consensus database, where a kind keeps its own tables); ``Lag(None, why)`` where it is not probed.
+        consensus database, where a kind keeps its own tables; None: the one the settings name,
+        ``reclock.settings.find_dsn``); ``Lag(None, why)`` where it is not probed.
         May raise (the status report turns a failure into an unknown lag with the reason)."""

@@ -221,7 +221,7 @@ class KafkaKind(SourceKind):
         return UpstreamMoved(source=spec.name, topic=spec.upstream.topic, connection=spec.upstream.connection,
                              bootstrap=spec.upstream.bootstrap, poll=spec.poll_s)
 
-    def lag(self, spec, upstream: Any, timeout: float, dsn: str) -> Lag:
+    def lag(self, spec, upstream: Any, timeout: float, dsn: str | None = None) -> Lag:
         up = KafkaUpstream(spec.name, upstream, spec.upstream.topic, timeout=timeout)
         end = up.probe_upper()
         committed = up.committed(spec.consumer_group)

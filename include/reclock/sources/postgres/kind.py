@@ -322,7 +322,7 @@ class PostgresKind(SourceKind):
                                   connection=spec.upstream.connection, dsn_env=spec.upstream.dsn_env,
                                   poll=spec.poll_s)
 
-    def lag(self, spec, upstream: Any, timeout: float, dsn: str) -> Lag:
+    def lag(self, spec, upstream: Any, timeout: float, dsn: str | None = None) -> Lag:
         return Lag(None, "a Postgres source: its slot's lag is not probed here")
 
 

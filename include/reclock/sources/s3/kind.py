@@ -530,8 +530,10 @@ class S3Kind(SourceKind):
 
         return upstream_trigger(spec)
 
-    def lag(self, spec, upstream: Any, timeout: float, dsn: str) -> Lag:
-        objects, _, detail = probe_lag(spec, upstream, dsn)
+    def lag(self, spec, upstream: Any, timeout: float, dsn: str | None = None) -> Lag:
+        from reclock.settings import find_dsn
+
+        objects, _, detail = probe_lag(spec, upstream, find_dsn(dsn))
         return Lag(objects, detail, self.lag_unit)
 
 
