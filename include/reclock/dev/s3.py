@@ -2,7 +2,9 @@
 package) on a free 127.0.0.1 port with one bucket, its objects in memory, gone when it stops.
 
 It is a real HTTP endpoint: Spark's S3A and Python's s3fs reach it exactly as they reach S3 or MinIO
-(path-style addressing, any keys: moto checks none).
+(path-style addressing, any keys: moto checks none). With ``tls``, moto serves HTTPS itself
+(``--ssl-cert``/``--ssl-key``) with a certificate of the stack's CA (``reclock.dev.tls``), and the
+settings name that CA as the bundle clients trust.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 from reclock.dev import procs
 from reclock.dev.procs import LOOPBACK
 from reclock.dev.state import StackState
+from reclock.dev.tls import LocalCA
 from reclock.errors import StackError
 from reclock.persist.objectstore import S3Settings, fsspec_options
 
@@ -26,18 +29,20 @@ class LocalS3:
 
     state: StackState
     bucket: str = "reclock"
+    tls: bool = False
+    name: str = "s3"  # the state folder and port name
 
     @property
     def home(self) -> Path:
-        return self.state.dir("s3")
+        return self.state.dir(self.name)
 
     @property
     def port(self) -> int:
-        return self.state.port("s3")
+        return self.state.port(self.name)
 
     @property
     def endpoint_url(self) -> str:
-        return f"http://{LOOPBACK}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{LOOPBACK}:{self.port}"
 
     @property
     def pidfile(self) -> Path:
@@ -50,7 +55,8 @@ class LocalS3:
     def settings(self) -> S3Settings:
         """Settings for this endpoint (keys generated once per state folder; moto accepts any)."""
         return S3Settings(self.endpoint_url, "us-east-1", "reclock-" + self.state.secret("s3_access_key", 6),
-                          self.state.secret("s3_secret_key"), path_style=True)
+                          self.state.secret("s3_secret_key"), path_style=True,
+                          ca_bundle=str(LocalCA(self.state).cert) if self.tls else None)
 
     def running(self) -> bool:
         return procs.read_pid(self.pidfile) is not None
@@ -61,7 +67,11 @@ class LocalS3:
             server = shutil.which("moto_server", path=str(Path(sys.executable).parent)) or shutil.which("moto_server")
             if server is None:
                 raise StackError("moto's server is not installed: pip install 'moto[server]' (the test extra)")
-            procs.spawn("moto", [server, "-H", LOOPBACK, "-p", str(self.port)], log=self.log,
+            tls: list[str] = []
+            if self.tls:
+                issued = LocalCA(self.state).issue(f"{self.name}-server", "s3")
+                tls = ["--ssl-cert", str(issued.cert), "--ssl-key", str(issued.key)]
+            procs.spawn("moto", [server, "-H", LOOPBACK, "-p", str(self.port), *tls], log=self.log,
                         pidfile=self.pidfile, cwd=self.home)
         try:
             procs.wait_until("moto S3 server", lambda: procs.port_open(self.port), timeout, log=self.log,
