@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Callable
 import os
 
+import hypothesis
 import psycopg
 import pytest
 
@@ -21,6 +22,10 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 # py4j logs "Closing down clientserver connection" at INFO from a __del__ at interpreter exit, after
 # pytest closed the stream a logging handler writes to: a "--- Logging error ---" trace after every run.
 logging.getLogger("py4j").setLevel(logging.WARNING)
+# hypothesis's per-example deadline is a timing assertion: on a shared 2-core machine a law's example may
+# take longer than 200 ms without anything being wrong
+hypothesis.settings.register_profile("reclock", deadline=None)
+hypothesis.settings.load_profile("reclock")
 
 _db_counter = itertools.count()
 
