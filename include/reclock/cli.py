@@ -422,6 +422,40 @@ def migrate(dsn: str | None) -> None:
     click.echo(f"applied {applied}" if applied else "schema is up to date")
 
 
+@main.command()
+@click.option("--kafka-principal", default="User:reclock", show_default=True,
+              help="The principal of the Kafka connection(s) the ACLs are for.")
+@click.option("--consensus-role", default="reclock_app", show_default=True, help="The consensus database's role.")
+@click.option("--consensus-database", default="reclock", show_default=True)
+@click.option("--cdc-role", default="reclock_cdc", show_default=True, help="The Postgres sources' upstream role.")
+@_config
+def grants(kafka_principal: str, consensus_role: str, consensus_database: str, cdc_role: str,
+           config: str | None) -> None:
+    """Print exactly what Reclock's principals need for the config: the Kafka ACLs (kafka-acls.sh commands), the
+    consensus role's SQL, and each Postgres source's CDC role SQL (published tables as the config names them).
+    Run them as an administrator; Reclock needs nothing more."""
+    from reclock.config import load_config
+    from reclock.grants import cdc_grants, consensus_grants, kafka_acls
+
+    cfg = load_config(config)
+    acls = kafka_acls(cfg)
+    if acls:
+        click.echo(f"# Kafka: the ACLs of {kafka_principal}")
+        for acl in acls:
+            click.echo(f"{acl.command(kafka_principal)}    # {acl.why}")
+    click.echo(f"\n-- the consensus database {consensus_database}: role {consensus_role}")
+    click.echo(";\n".join(consensus_grants(consensus_role, consensus_database)) + ";")
+    for name, spec in cfg.sources.items():
+        if spec.postgres is None:
+            continue
+        tables = list(spec.postgres.tables)
+        click.echo(f"\n-- source {name}: role {cdc_role} in its upstream database (the publication "
+                   f"{spec.postgres.publication} is created by the tables' owner)")
+        if not tables:
+            click.echo("-- (the config names no tables: grant SELECT on every table of the publication)")
+        click.echo(";\n".join(cdc_grants(cdc_role, tables, "<upstream database>")) + ";")
+
+
 def _print_login(stack) -> None:
     shown = stack.state.root / "airflow" / ".login-shown"
     if not shown.exists():

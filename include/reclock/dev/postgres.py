@@ -198,6 +198,18 @@ class LocalPostgres:
             if not exists:
                 conn.execute(f'CREATE DATABASE "{name}"')
 
+    def create_role(self, role: str, password: str) -> None:
+        """A login role ``role`` (no other right) with ``password``, or its password reset. libpq computes the
+        SCRAM verifier here, so the password itself never reaches the server or its log."""
+        from psycopg import sql
+
+        with psycopg.connect(self.dsn("postgres"), autocommit=True) as conn:
+            verifier = conn.pgconn.encrypt_password(password.encode(), role.encode(), b"scram-sha-256").decode()
+            exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone()
+            conn.execute(sql.SQL("{} ROLE {} {} PASSWORD {}").format(
+                sql.SQL("ALTER" if exists else "CREATE"), sql.Identifier(role),
+                sql.SQL("" if exists else "LOGIN"), sql.Literal(verifier)))
+
     def stop(self) -> bool:
         if not (self.data / "postmaster.pid").exists():
             return False

@@ -49,15 +49,20 @@ class LocalCA:
 
     @property
     def cert(self) -> Path:
+        """The CA's certificate (made on first use)."""
+        self._ensure()
+        return self._cert
+
+    @property
+    def _cert(self) -> Path:
         return self.home / "ca.pem"
 
     @property
     def pem(self) -> str:
-        self._ensure()
         return self.cert.read_text()
 
     def _ensure(self) -> None:
-        if self.cert.exists():
+        if self._cert.exists():
             return
         from cryptography import x509
         from cryptography.hazmat.primitives import hashes
@@ -78,8 +83,8 @@ class LocalCA:
                 .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
                 .sign(key, hashes.SHA256()))
         _write_key(self.home / "ca.key", key)
-        self.cert.write_bytes(_pem(cert))
-        self.cert.chmod(0o644)
+        self._cert.write_bytes(_pem(cert))
+        self._cert.chmod(0o644)
 
     def java_truststore(self) -> Path:
         """``truststore.p12``: the CA as a PKCS#12 trust store without a password (nothing in it is secret),
