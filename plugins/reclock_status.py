@@ -67,7 +67,7 @@ def _paused(dag_ids: list[str]) -> dict[str, bool]:
 def _inputs():
     config = load_config(default=PROJECT / "include" / "reclock.yaml")
     blob = settings.find_blob_store() if os.environ.get("RECLOCK_BLOB_URL") else None
-    lag = status_report.kafka_lag_probe(config, lambda kafka, what: settings.find_bootstrap(kafka, what))
+    lag = status_report.kafka_lag_probe(config, lambda kafka, what: settings.find_kafka(kafka, what))
     dags = [d for n, spec in config.sources.items() for d in (spec.ingest_dag, f"rebuild__{n}")]
     dags += [f"sink__{n}" for n in config.sinks]
     return config, blob, lag, _paused(dags)

@@ -222,7 +222,7 @@ def status_command(source: str | None, as_json: bool, probe_timeout: float, conf
     s = _settings()
     cfg = load_config(config)
     blob = s.find_blob_store(blob_url) if blob_url or os.environ.get("RECLOCK_BLOB_URL") else None
-    lag = sr.kafka_lag_probe(cfg, lambda kafka, what: s.find_bootstrap(kafka, what, bootstrap), probe_timeout)
+    lag = sr.kafka_lag_probe(cfg, lambda kafka, what: s.find_kafka(kafka, what, bootstrap), probe_timeout)
     with sr.open_readonly(s.find_dsn(dsn)) as conn:
         if source is None:
             ov = sr.overview(conn, cfg, lag, blob=blob)
@@ -380,7 +380,7 @@ def sink_status(name: str, config: str | None, dsn: str | None, blob_url: str | 
         progress = ("table not created yet" if tf is None else "none yet" if frontier is None
                     else f"frontier {frontier} (snapshot {tf.snapshot_id})")
     else:
-        brokers = s.find_bootstrap(spec.kafka, f"sink {name}", bootstrap)
+        brokers = s.find_kafka(spec.kafka, f"sink {name}", bootstrap)
         p = read_progress(brokers, spec.progress_topic, name)
         frontier = p.frontier if p else None
         target = f"{spec.kafka.topic} ({spec.format})"

@@ -182,9 +182,33 @@ class KafkaClientConfig:
                     opts["kafka.ssl.key.password"] = self.key_password
         return opts
 
+    def connection_json(self) -> str:
+        """This config as an Airflow connection (``AIRFLOW_CONN_<ID>``: :func:`from_connection` reads it
+        back), certificates as PEM text: what a spark-submit job gets in its environment."""
+        import json
+
+        extra: dict[str, str] = {"bootstrap.servers": self.bootstrap, "security.protocol": self.protocol}
+        if self.mechanism:
+            extra["sasl.mechanism"] = self.mechanism
+        if self.tls and not self.verify_hostname:
+            extra["ssl.endpoint.identification.algorithm"] = "none"
+        for key, value in (("ssl.ca.pem", self.ca_pem), ("ssl.certificate.pem", self.cert_pem),
+                           ("ssl.key.pem", self.key_pem), ("ssl.key.password", self.key_password)):
+            if value:
+                extra[key] = value
+        conn = {"conn_type": "kafka", "extra": extra}
+        if self.sasl:
+            conn.update({"login": self.username, "password": self.password})
+        return json.dumps(conn)
+
     def secrets(self) -> tuple[str, ...]:
         """The secret values in this config (tests grep for them)."""
         return tuple(s for s in (self.password, self.key_pem, self.key_password) if s)
+
+
+def client_config(kafka: "KafkaClientConfig | str") -> KafkaClientConfig:
+    """``kafka`` as a config: a string is the address of an unsecured cluster (tests, scripts)."""
+    return kafka if isinstance(kafka, KafkaClientConfig) else KafkaClientConfig.plaintext(kafka)
 
 
 def _jaas_quote(value: str) -> str:

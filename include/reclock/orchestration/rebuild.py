@@ -28,7 +28,7 @@ from reclock.config import SourceSpec
 from reclock.errors import ConfigError
 from reclock.orchestration.assets import shard_assets
 from reclock.orchestration.connections import DEFAULT_SPARK_SUBMIT
-from reclock.orchestration.settings import cycle_context, find_blob_url, find_bootstrap, find_dsn
+from reclock.orchestration.settings import cycle_context, find_blob_url, find_dsn, find_kafka
 from reclock.spark.session import spark_jars
 
 JOB = "rebuild.py"
@@ -36,12 +36,18 @@ JOB = "rebuild.py"
 
 
 def job_environment(spec: SourceSpec, config_file: Path) -> dict[str, str]:
-    """What ``spark_jobs/rebuild.py`` reads: the settings as this process finds them, resolved."""
+    """What ``spark_jobs/rebuild.py`` reads: the settings as this process finds them, resolved (a secured
+    Kafka cluster as the source's connection, ``AIRFLOW_CONN_<ID>``, with its security settings)."""
+    kafka = find_kafka(spec.kafka, f"source {spec.name}")
+    if kafka.protocol == "PLAINTEXT":
+        cluster = {"RECLOCK_BOOTSTRAP": kafka.bootstrap}
+    else:
+        cluster = {f"AIRFLOW_CONN_{spec.kafka.connection.upper()}": kafka.connection_json()}
     return {
         "RECLOCK_CONFIG": str(config_file),
         "RECLOCK_DSN": find_dsn(),
         "RECLOCK_BLOB_URL": find_blob_url(),
-        "RECLOCK_BOOTSTRAP": find_bootstrap(spec.kafka, f"source {spec.name}"),
+        **cluster,
         # the driver runs beside the task, in the task's interpreter (where reclock is installed)
         "PYSPARK_DRIVER_PYTHON": os.environ.get("PYSPARK_DRIVER_PYTHON") or sys.executable,
     }

@@ -12,8 +12,10 @@ config file           ``--config``        ``RECLOCK_CONFIG``           the DAG f
 consensus Postgres    ``--dsn``           ``RECLOCK_DSN``              connection ``reclock_postgres``
 blob store            ``--blob-url``      ``RECLOCK_BLOB_URL``         --
 S3 endpoint and keys  --                  ``AWS_*`` (see objectstore)  connection ``reclock_s3`` (aws)
-Kafka brokers         ``--bootstrap``     ``RECLOCK_BOOTSTRAP``        the config's ``bootstrap:``, else its
-                                                                       ``connection:`` (``reclock_kafka``)
+Kafka cluster         ``--bootstrap``     ``RECLOCK_BOOTSTRAP``        the config's ``bootstrap:`` (these
+                                                                       three: unsecured), else its
+                                                                       ``connection:`` (``reclock_kafka``),
+                                                                       security settings included
 upstream Postgres     --                  the config's ``dsn_env:``    the config's ``connection:`` (a
                                           variable                     postgres connection)
 Spark in-process      ``--spark-master``  ``RECLOCK_SPARK_MASTER``     (checked first)
@@ -37,6 +39,7 @@ from typing import Any, Callable
 from reclock.config import BudgetSpec, IcebergSinkSpec, KafkaSpec, PostgresSpec, SinkSpec, SourceSpec
 from reclock.cycle import CycleContext
 from reclock.errors import ConfigError, SettingError
+from reclock.kafka_client import KafkaClientConfig
 from reclock.orchestration import connections
 from reclock.persist import objectstore
 from reclock.persist.blob import BlobStore, blob_store_from_url
@@ -99,17 +102,21 @@ def find_s3_settings() -> objectstore.S3Settings:
     return _from_connection(connections.s3_settings, NO_S3)
 
 
-def find_bootstrap(kafka: KafkaSpec, what: str, given: str | None = None) -> str:
-    """``what``'s (a source's or a sink's) brokers: ``given``, else ``RECLOCK_BOOTSTRAP``, else its
-    ``bootstrap:``, else its Airflow connection."""
+def find_kafka(kafka: KafkaSpec, what: str, given: str | None = None) -> KafkaClientConfig:
+    """``what``'s (a source's or a sink's) Kafka cluster: the address ``given``, else ``RECLOCK_BOOTSTRAP``,
+    else its ``bootstrap:`` (each an unsecured cluster: tests, scripts), else its Airflow connection, with
+    the connection's security settings (``reclock.kafka_client``)."""
     found = given or os.environ.get("RECLOCK_BOOTSTRAP") or kafka.bootstrap
     if found:
-        return found
+        origin = ("--bootstrap" if given else "RECLOCK_BOOTSTRAP" if os.environ.get("RECLOCK_BOOTSTRAP")
+                  else f"{what}'s bootstrap:")
+        return KafkaClientConfig.plaintext(found, origin)
     return _from_connection(
-        lambda: connections.kafka_bootstrap(kafka.connection),
-        f"{what}: no Kafka brokers: set RECLOCK_BOOTSTRAP (host:port,...; reclock commands: --bootstrap), or "
-        f"give it `bootstrap:` in the config, or define the Airflow connection {kafka.connection} "
-        f"(e.g. AIRFLOW_CONN_{kafka.connection.upper()})")
+        lambda: connections.kafka_client_config(kafka.connection),
+        f"{what}: no Kafka brokers: define the Airflow connection {kafka.connection} (its extra gives "
+        "bootstrap.servers and the security settings, e.g. AIRFLOW_CONN_"
+        f"{kafka.connection.upper()}), or, for an unsecured cluster, set RECLOCK_BOOTSTRAP (host:port,...; "
+        "reclock commands: --bootstrap) or give it `bootstrap:` in the config")
 
 
 def find_upstream_dsn(pg: PostgresSpec, what: str) -> str:
@@ -206,7 +213,7 @@ def cycle_context(spec: SourceSpec, conf: dict[str, Any] | None = None, *, dsn: 
     return CycleContext(
         spec=spec,
         dsn=find_dsn(dsn),
-        bootstrap="" if pg is not None else find_bootstrap(spec.kafka, f"source {spec.name}", bootstrap),
+        bootstrap="" if pg is not None else find_kafka(spec.kafka, f"source {spec.name}", bootstrap),
         upstream_dsn=None if pg is None else find_upstream_dsn(pg, f"source {spec.name}"),
         blob=find_blob_store(blob_url),
         spark_factory=lambda: (spark or find_spark()).session(spec.name),
@@ -221,7 +228,7 @@ def sink_context(spec: SinkSpec, *, dsn: str | None = None, blob_url: str | None
                  bootstrap: str | None = None) -> SinkContext:
     """A sink's context for ``spec`` from the settings (arguments first)."""
     return SinkContext(spec=spec, dsn=find_dsn(dsn), blob=find_blob_store(blob_url),
-                       bootstrap=find_bootstrap(spec.kafka, f"sink {spec.name}", bootstrap))
+                       kafka=find_kafka(spec.kafka, f"sink {spec.name}", bootstrap))
 
 
 def find_catalog_settings(dsn: str, blob_url: str) -> CatalogSettings:

@@ -25,6 +25,7 @@ from typing import Sequence
 
 from reclock.batch import OffsetRange, SliceWritten
 from reclock.config import SourceSpec
+from reclock.kafka_client import KafkaClientConfig, client_config
 from reclock.part_layout import (DATA_OUTPUT, ERR_PREFIX, ERROR_COLUMNS, ERRORS_OUTPUT, PACKED_BASE64, REJECTED_COLUMN,
                                  STATE_COLUMNS, STATE_OUTPUT, STATE_PREFIX)
 
@@ -57,8 +58,10 @@ class BindingRange:
     ts: int
 
 
-def kafka_read_options(spec: SourceSpec, bootstrap: str, ranges: Sequence[OffsetRange]) -> dict[str, str]:
-    """Spark Kafka batch-source options that read exactly ``ranges`` (and nothing else).
+def kafka_read_options(spec: SourceSpec, kafka: KafkaClientConfig | str,
+                       ranges: Sequence[OffsetRange]) -> dict[str, str]:
+    """Spark Kafka batch-source options that read exactly ``ranges`` (and nothing else), on the cluster
+    ``kafka`` (its connection's ``kafka.*`` options: brokers and security settings).
 
     The consumers get a stable group id per source (:func:`read_group`). Spark's default, a new one per
     query, never finds the consumers its executors pool by group and partition, so every cycle would open
@@ -67,7 +70,7 @@ def kafka_read_options(spec: SourceSpec, bootstrap: str, ranges: Sequence[Offset
     partitions and never commit."""
     parts = sorted({r.partition for r in ranges})
     opts = {
-        "kafka.bootstrap.servers": bootstrap,
+        **client_config(kafka).spark_options(),
         "kafka.group.id": read_group(spec),
         "kafka.isolation.level": "read_committed",
         "kafka.fetch.max.wait.ms": "10",
