@@ -52,12 +52,16 @@ def source_acls(spec: SourceSpec) -> tuple[KafkaAcl, ...]:
 
 
 def sink_acls(spec: SinkSpec) -> tuple[KafkaAcl, ...]:
-    """A Kafka sink's: its topic and its progress topic (WRITE in its transactions; READ at start; DESCRIBE)
-    and its transactional id (WRITE)."""
+    """A Kafka sink's: its topic and its progress topic (WRITE in its transactions; READ at start; DESCRIBE),
+    its transactional id (WRITE), and DESCRIBE on the groups of the two consumers that read the topics at
+    start (assigned, they commit nothing, but a consumer of a group finds its coordinator)."""
+    from reclock.sinks.kafka import check_group, progress_group
+
     why = f"sink {spec.name}"
     out = [KafkaAcl("TOPIC", topic, op, why) for topic in (spec.kafka.topic, spec.progress_topic)
            for op in ("DESCRIBE", "READ", "WRITE")]
     out.append(KafkaAcl("TRANSACTIONAL_ID", spec.transactional_id, "WRITE", why))
+    out += [KafkaAcl("GROUP", g, "DESCRIBE", why) for g in (progress_group(spec.name), check_group(spec.name))]
     return tuple(out)
 
 

@@ -38,6 +38,7 @@ wait for its timeout fails with the reason at once.
 
 from __future__ import annotations
 
+import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -278,12 +279,37 @@ class ClientErrors:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.last: Any = None
+        self.last: Any = None  # a refused login or TLS handshake
+        self.denied: Any = None  # an authorization error (a group's coordinator refused, say)
+
+    def logger(self):
+        """A logger for the client's ``logger`` setting: its lines go on to ``reclock.kafka`` (so to wherever
+        logging goes), and an authorization failure it reports only in a log line (a transaction's added
+        partition: ``Failed to add partition "orders" [0] to transaction: ... authorization failed``) is
+        kept."""
+        import logging
+
+        errors = self
+
+        class Keep(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                text = record.getMessage()
+                if "authorization failed" in text.lower():
+                    with errors._lock:
+                        errors.denied = text
+
+        log = logging.getLogger(f"reclock.kafka.client{id(self)}")
+        log.addHandler(Keep())
+        log.setLevel(logging.WARNING)
+        log.propagate = True
+        return log
 
     def __call__(self, err: Any) -> None:
         with self._lock:
             if _name(err) in _AUTHN or "authentication" in str(err).lower() or "handshake" in str(err).lower():
                 self.last = err
+            elif denied_resource(err) is not None:
+                self.denied = err
 
     def raise_if_refused(self, config: KafkaClientConfig, what: str) -> None:
         """Raise :class:`KafkaAuthenticationFailed` if the brokers refused this client's login."""
@@ -325,8 +351,26 @@ class Client:
 
     def refused(self, err: BaseException | Any, doing: str,
                 needs: Mapping[ResourceType, tuple[Operation, str]]) -> ReclockError | None:
-        """:func:`check` for this client (``doing``: what it was doing, for the message)."""
-        return check(err, self.config, f"{self.what}: {doing}", needs, self.errors)
+        """:func:`check` for this client (``doing``: what it was doing, for the message); an authorization
+        error the client reported only to its error callback (a group coordinator's) counts too."""
+        try:
+            if not (hasattr(self.handle, "assignment") and self.handle.assignment()):
+                for _ in range(10):  # serves the error callback; a consumer hears its group's errors as events
+                    event = self.handle.poll(0)
+                    if event is None:
+                        break
+                    if hasattr(event, "error") and event.error() is not None:
+                        self.errors(event.error())
+        except Exception:  # noqa: BLE001 - a closed client: nothing more to hear
+            pass
+        found = check(err, self.config, f"{self.what}: {doing}", needs, self.errors)
+        denied = self.errors.denied
+        if found is None and denied is not None:
+            named = re.search(r'partition "([^"]+)"', str(denied))  # the topic a log line names
+            if named and "topic" in needs:
+                needs = {**needs, "topic": (needs["topic"][0], named.group(1))}
+            found = check(denied, self.config, f"{self.what}: {doing}", needs)
+        return found
 
 
 def admin(config: KafkaClientConfig, what: str, settings: Mapping[str, Any] | None = None) -> Client:
@@ -352,7 +396,8 @@ def producer(config: KafkaClientConfig, what: str, settings: Mapping[str, Any]) 
     from confluent_kafka import Producer
 
     errors = ClientErrors()
-    return Client(config, what, Producer(config.librdkafka({**settings, "error_cb": errors})), errors)
+    return Client(config, what, Producer(config.librdkafka({**settings, "error_cb": errors,
+                                                            "logger": errors.logger()})), errors)
 
 
 def _name(err: Any) -> str:
@@ -398,6 +443,11 @@ def check(err: BaseException | Any, config: KafkaClientConfig, what: str,
             errors.raise_if_refused(config, what)
         except KafkaAuthenticationFailed as e:
             return e
+    text = str(err)
+    for java in ("SaslAuthenticationException", "SSLHandshakeException", "SslAuthenticationException"):
+        if java in text:  # the Java client's (Spark's reader)
+            line = next((ln.strip() for ln in text.splitlines() if java in ln), java)
+            return KafkaAuthenticationFailed(what, config.describe(), line[:300])
     denied = denied_resource(err)
     if denied is None:
         return None

@@ -20,7 +20,8 @@ def test_kafka_acls_are_exactly_what_sources_and_sinks_need():
         ("TOPIC", "orders", "DESCRIBE"), ("TOPIC", "orders", "READ"), ("GROUP", "reclock-orders", "READ"),
         *{("TOPIC", t, op) for t in ("orders_out", "orders_out2", "_reclock_progress")
           for op in ("DESCRIBE", "READ", "WRITE")},
-        ("TRANSACTIONAL_ID", "reclock-sink-out", "WRITE"), ("TRANSACTIONAL_ID", "reclock-sink-out2", "WRITE")}
+        ("TRANSACTIONAL_ID", "reclock-sink-out", "WRITE"), ("TRANSACTIONAL_ID", "reclock-sink-out2", "WRITE"),
+        *{("GROUP", f"reclock-sink-{s}-{g}", "DESCRIBE") for s in ("out", "out2") for g in ("progress", "check")}}
     progress = [a for a in kafka_acls(CONFIG, "k") if a.name == "_reclock_progress" and a.operation == "WRITE"]
     assert len(progress) == 1 and progress[0].why == "sink out, sink out2"  # one ACL, both reasons
     assert {a.name for a in kafka_acls(CONFIG, "other")} == {"clicks", "reclock-clicks"}

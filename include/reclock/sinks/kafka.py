@@ -135,7 +135,7 @@ def read_all(kafka: KafkaClientConfig | str, topic: str, group: str, stop: Calla
         "group.id": group, "isolation.level": "read_committed", "enable.auto.commit": False,
         "enable.partition.eof": True, "auto.offset.reset": "earliest", "fetch.wait.max.ms": 10})
     c = client.handle
-    needs = {"topic": ("READ", topic)}
+    needs = {"topic": ("READ", topic), "group": ("DESCRIBE", group)}  # a consumer of a group: its coordinator
     try:
         meta = client.metadata(topic).topics.get(topic)
         if meta is not None and meta.error is not None and meta.error.code() not in (
@@ -166,10 +166,21 @@ def read_all(kafka: KafkaClientConfig | str, topic: str, group: str, stop: Calla
         c.close()
 
 
+def progress_group(sink: str) -> str:
+    """The group of the consumer that reads ``sink``'s progress at start (assigned, it commits nothing; the
+    broker still checks DESCRIBE on it)."""
+    return f"reclock-sink-{sink}-progress"
+
+
+def check_group(sink: str) -> str:
+    """The group of the consumer that looks whether ``sink``'s topic already holds data."""
+    return f"reclock-sink-{sink}-check"
+
+
 def read_progress(kafka: KafkaClientConfig | str, progress_topic: str, sink: str) -> Progress | None:
     """The latest committed progress record of ``sink`` (None if it never committed one)."""
     latest = None
-    for m in read_all(kafka, progress_topic, f"reclock-sink-{sink}-progress", what=f"sink {sink}"):
+    for m in read_all(kafka, progress_topic, progress_group(sink), what=f"sink {sink}"):
         if m.key() == sink.encode():
             latest = None if m.value() is None else json.loads(m.value())
     if latest is None:
@@ -177,9 +188,10 @@ def read_progress(kafka: KafkaClientConfig | str, progress_topic: str, sink: str
     return Progress(frontier=int(latest["frontier"][0]), version=int(latest.get(PROGRESS_VERSION_KEY, 0)))
 
 
-def topic_holds_data(kafka: KafkaClientConfig | str, topic: str, what: str = "reading") -> bool:
-    """Whether ``topic`` holds any committed record (aborted transactions do not count)."""
-    return any(True for _ in read_all(kafka, topic, "reclock-sink-check", stop=lambda m: True, what=what))
+def topic_holds_data(kafka: KafkaClientConfig | str, topic: str, group: str, what: str = "reading") -> bool:
+    """Whether ``topic`` holds any committed record (aborted transactions do not count), read by a consumer
+    of ``group`` (it commits nothing there)."""
+    return any(True for _ in read_all(kafka, topic, group, stop=lambda m: True, what=what))
 
 
 # -- encoding -------------------------------------------------------------------------------------------------
@@ -243,7 +255,8 @@ def _start(ctx: SinkContext, fresh: bool) -> _Begin:
             except SinceViolation:
                 raise lost from None
         return _Begin(progress.frontier, progress.version)
-    if progress is None and not fresh and topic_holds_data(ctx.kafka, spec.kafka.topic, f"sink {spec.name}"):
+    if progress is None and not fresh and topic_holds_data(ctx.kafka, spec.kafka.topic, check_group(spec.name),
+                                                         f"sink {spec.name}"):
         raise SinkRefused(spec.name, f"topic {spec.kafka.topic} already holds data but the progress topic "
                           f"{spec.progress_topic} has no record for this sink: writing would duplicate; "
                           "start fresh (`--fresh`) to write a new snapshot anyway")

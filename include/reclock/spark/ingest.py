@@ -18,14 +18,16 @@ description touches are read (``prior``), so a cycle costs what its data costs, 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from reclock.batch import OffsetRange, SliceWritten
 from reclock.config import SourceSpec
 from reclock.kafka_client import KafkaClientConfig, client_config
+from reclock.kafka_client import check as kafka_check
 from reclock.part_layout import (DATA_OUTPUT, ERR_PREFIX, ERROR_COLUMNS, ERRORS_OUTPUT, PACKED_BASE64, REJECTED_COLUMN,
                                  STATE_COLUMNS, STATE_OUTPUT, STATE_PREFIX)
 
@@ -386,12 +388,28 @@ def reclock_and_decode(spark, spec: SourceSpec, bootstrap: str, ranges: Sequence
             .select(F.explode(F.filter(F.array(*kinds), lambda x: x.isNotNull())).alias("_e")).select("_e.*"))
 
 
+@contextlib.contextmanager
+def kafka_job(what: str, kafka: KafkaClientConfig | str, topics: Sequence[str], groups: Sequence[str]) -> Iterator[None]:
+    """Around a Spark job that reads Kafka: a job failed because the brokers refused the principal an ACL
+    (or its login) raises :class:`~reclock.errors.KafkaAccessDenied` (or
+    :class:`~reclock.errors.KafkaAuthenticationFailed`) naming it, instead of the JVM's stack trace."""
+    try:
+        yield
+    except Exception as e:
+        refused = kafka_check(e, client_config(kafka), f"{what}: Spark reading Kafka",
+                              {"topic": ("READ", ", ".join(topics)), "group": ("READ", ", ".join(groups))})
+        if refused is None:
+            raise
+        raise refused from e
+
+
 def upsert_keys(spark, spec: SourceSpec, bootstrap: str, ranges: Sequence[OffsetRange]) -> list[bytes]:
     """The distinct non-null Kafka keys in ``ranges`` (whose upsert state a description needs)."""
     from pyspark.sql import functions as F
 
     df = _read_kafka(spark, spec, bootstrap, ranges)
-    return [bytes(r[0]) for r in df.filter(F.col("key").isNotNull()).select("key").distinct().collect()]
+    with kafka_job(f"source {spec.name}", bootstrap, [spec.kafka.topic], [read_group(spec)]):
+        return [bytes(r[0]) for r in df.filter(F.col("key").isNotNull()).select("key").distinct().collect()]
 
 
 def output_columns(spec: SourceSpec) -> tuple[list[str], list[str]]:
@@ -426,7 +444,8 @@ def write_slice(spark, spec: SourceSpec, bootstrap: str, ranges: Sequence[Offset
     df = reclock_and_decode(spark, spec, bootstrap, ranges, bindings, prior, read_metrics=read)
     if spec.envelope != "upsert":
         df = df.observe(written, F.count(F.lit(1)).alias("rows"), F.count(REJECTED_COLUMN).alias("rejected"))
-        df.write.mode("error").parquet(url)
+        with kafka_job(f"source {spec.name}", bootstrap, [spec.kafka.topic], [read_group(spec)]):
+            df.write.mode("error").parquet(url)
         w = _observed(written, spec, url, ("rows", "rejected"))
         rows = {DATA_OUTPUT: w["rows"] - w["rejected"], ERRORS_OUTPUT: w["rejected"]}
     else:
@@ -438,7 +457,8 @@ def write_slice(spark, spec: SourceSpec, bootstrap: str, ranges: Sequence[Offset
         outputs = (DATA_OUTPUT, ERRORS_OUTPUT, STATE_OUTPUT)
         counts = [F.count(F.when(F.col("_output") == o, F.lit(1))).alias(f"output{o}") for o in outputs]
         df = df.selectExpr(*map(sql_ident, keep), "_output").observe(written, *counts)
-        df.write.mode("error").partitionBy("_output").parquet(url)
+        with kafka_job(f"source {spec.name}", bootstrap, [spec.kafka.topic], [read_group(spec)]):
+            df.write.mode("error").partitionBy("_output").parquet(url)
         w = _observed(written, spec, url, [f"output{o}" for o in outputs])
         rows = {o: w[f"output{o}"] for o in outputs}
     records = _observed(read, spec, url, ("records",))["records"]
@@ -503,7 +523,9 @@ def write_joint(spark, slices: Sequence[JointSlice], url: str) -> list[SliceWrit
     counts = [c for i in range(len(slices))
               for c in (F.count(F.when(member == i, F.lit(1))).alias(f"rows{i}"),
                         F.count(F.when(member == i, F.col(REJECTED_COLUMN))).alias(f"rejected{i}"))]
-    df.observe(written, *counts).write.mode("error").partitionBy(MEMBER_COLUMN).parquet(url)
+    with kafka_job("sources " + ", ".join(s.spec.name for s in slices), slices[0].bootstrap,
+                   [s.spec.kafka.topic for s in slices], [read_group(s.spec) for s in slices]):
+        df.observe(written, *counts).write.mode("error").partitionBy(MEMBER_COLUMN).parquet(url)
     w = _observed(written, slices[0].spec, url, [f"{k}{i}" for i in range(len(slices)) for k in ("rows", "rejected")])
     out = []
     for i, (s, read) in enumerate(zip(slices, reads)):
