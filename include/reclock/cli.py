@@ -29,8 +29,9 @@ def dev() -> None:
 @dev.command()
 def install() -> None:
     """Install what the stack needs but the machine lacks (Postgres server, Maven jars: the Kafka broker,
-    Spark's Kafka connector, S3A)."""
+    Spark's Kafka connector, S3A; the local Kinesis endpoint, kinesalite, from npm)."""
     from reclock.dev.jars import PROFILES, ensure_jars
+    from reclock.dev.kinesis import ensure_kinesalite
     from reclock.dev.postgres import ensure_installed
 
     stack = _stack()
@@ -38,7 +39,8 @@ def install() -> None:
     click.echo(f"postgres server: {ensure_installed()}")
     for profile in PROFILES:
         folder = ensure_jars(stack.state, profile)
-        click.echo(f"{profile} jars: {folder} ({len(list(folder.glob('*.jar')))} jars)")
+        click.echo(f"{profile} jars: {folder} ({len(list(folder.rglob('*.jar')))} jars)")
+    click.echo(f"kinesalite: {ensure_kinesalite()}")
     click.echo(f"installed in {time.monotonic() - t0:.1f}s")
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import glob
 import os
+import sys
 from pathlib import Path
 
 from reclock.errors import SettingError
@@ -50,6 +51,10 @@ def driver_session(master: str | None = None, app: str = "reclock", conf: dict[s
 
     builder = SparkSession.builder.appName(app)
     settings = dict(SPARK_CONF)
+    if master is not None and master.startswith("local"):
+        # a local master's Python workers (a Kinesis source's reads run in them) are this interpreter, which
+        # has reclock; pyspark's default is whatever `python3` the PATH finds
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     if master is not None:
         builder = builder.master(master)
         settings.update(LOCAL_CONF)
