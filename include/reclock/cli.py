@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -10,10 +11,10 @@ import click
 from reclock.errors import ReclockError
 
 
-def _stack():
+def _stack(secure: bool | None = None):
     from reclock.dev.stack import Stack
 
-    return Stack()
+    return Stack(secure=secure)
 
 
 @click.group()
@@ -49,11 +50,15 @@ def install() -> None:
               type=click.Choice(["postgres", "kafka", "spark", "airflow"]),
               help="Start only these (default: all).")
 @click.option("--smoke/--no-smoke", default=True, help="Run the smoke checks after start.")
-def up(services: tuple[str, ...], smoke: bool) -> None:
+@click.option("--secure", is_flag=True, default=None,
+              help="The first time: every service authenticated and encrypted (TLS with the stack's own CA, "
+                   "SCRAM, Kafka ACLs, least-privilege roles, a Spark Connect token, parts on S3 over TLS); "
+                   "the state folder remembers it.")
+def up(services: tuple[str, ...], smoke: bool, secure: bool | None) -> None:
     """Start the stack (idempotent) and wait until every service is healthy."""
     from reclock.dev.stack import SERVICES
 
-    stack = _stack()
+    stack = _stack(secure)
     t0 = time.monotonic()
     stack.up(services or SERVICES, echo=click.echo)
     click.echo(f"stack up in {time.monotonic() - t0:.1f}s (state: {stack.state.root})")
@@ -430,17 +435,46 @@ def migrate(dsn: str | None) -> None:
 @click.option("--consensus-role", default="reclock_app", show_default=True, help="The consensus database's role.")
 @click.option("--consensus-database", default="reclock", show_default=True)
 @click.option("--cdc-role", default="reclock_cdc", show_default=True, help="The Postgres sources' upstream role.")
+@click.option("--apply-kafka", "admin_connection", metavar="CONNECTION", default=None,
+              help="Instead of printing them, create the Kafka ACLs as the administrator of this Airflow "
+                   "connection (a super user, e.g. a client certificate).")
+@click.option("--scram-password-env", metavar="VAR", default=None,
+              help="With --apply-kafka: also set the principal's SCRAM-SHA-512 password from this environment "
+                   "variable (never an argument).")
+@click.option("--create-topics", is_flag=True,
+              help="With --apply-kafka: also create the sinks' topics and progress topics that are missing (else the "
+                   "principal would need CREATE on them).")
 @_config
 def grants(kafka_principal: str, consensus_role: str, consensus_database: str, cdc_role: str,
+           admin_connection: str | None, scram_password_env: str | None, create_topics: bool,
            config: str | None) -> None:
     """Print exactly what Reclock's principals need for the config: the Kafka ACLs (kafka-acls.sh commands), the
     consensus role's SQL, and each Postgres source's CDC role SQL (published tables as the config names them).
-    Run them as an administrator; Reclock needs nothing more."""
+    Run them as an administrator; Reclock needs nothing more. --apply-kafka creates the ACLs itself."""
     from reclock.config import load_config
-    from reclock.grants import cdc_grants, consensus_grants, kafka_acls
+    from reclock.grants import apply_acls, cdc_grants, consensus_grants, kafka_acls, set_scram_password
 
     cfg = load_config(config)
     acls = kafka_acls(cfg)
+    if admin_connection is not None:
+        from reclock.errors import SettingError
+        from reclock.orchestration.connections import kafka_client_config
+
+        admin = kafka_client_config(admin_connection)
+        if scram_password_env:
+            password = os.environ.get(scram_password_env)
+            if not password:
+                raise SettingError(f"--scram-password-env {scram_password_env}: the variable is not set")
+            set_scram_password(admin, kafka_principal.removeprefix("User:"), password)
+            click.echo(f"SCRAM-SHA-512 credentials of {kafka_principal} set")
+        apply_acls(admin, kafka_principal, acls)
+        click.echo(f"{len(acls)} ACLs of {kafka_principal} created as the administrator of {admin_connection}")
+        if create_topics:
+            from reclock.grants import create_sink_topics
+
+            made = create_sink_topics(admin, cfg)
+            click.echo(f"topics created: {', '.join(made) or 'none (all there)'}")
+        return
     if acls:
         click.echo(f"# Kafka: the ACLs of {kafka_principal}")
         for acl in acls:

@@ -20,9 +20,10 @@ from dataclasses import dataclass
 from typing import Iterable, Literal
 
 from reclock.config import Config, SinkSpec, SourceSpec
+from reclock.kafka_client import KafkaClientConfig
 
-AclOperation = Literal["READ", "WRITE", "DESCRIBE", "CREATE"]
-AclResource = Literal["TOPIC", "GROUP", "TRANSACTIONAL_ID"]
+AclOperation = Literal["READ", "WRITE", "DESCRIBE", "CREATE", "IDEMPOTENT_WRITE"]
+AclResource = Literal["TOPIC", "GROUP", "TRANSACTIONAL_ID", "BROKER"]
 
 
 @dataclass(frozen=True, order=True)
@@ -36,9 +37,11 @@ class KafkaAcl:
 
     def command(self, principal: str) -> str:
         """The ``kafka-acls.sh`` line that grants it to ``principal`` (``User:reclock``)."""
-        flag = {"TOPIC": "--topic", "GROUP": "--group", "TRANSACTIONAL_ID": "--transactional-id"}[self.resource_type]
+        flag = {"TOPIC": f"--topic {self.name}", "GROUP": f"--group {self.name}",
+                "TRANSACTIONAL_ID": f"--transactional-id {self.name}", "BROKER": "--cluster"}[self.resource_type]
+        op = self.operation.title().replace("_", "")
         return (f"kafka-acls.sh --bootstrap-server $BROKERS --command-config admin.properties --add "
-                f"--allow-principal {principal} --operation {self.operation.title()} {flag} {self.name}")
+                f"--allow-principal {principal} --operation {op} {flag}")
 
 
 def source_acls(spec: SourceSpec) -> tuple[KafkaAcl, ...]:
@@ -79,6 +82,56 @@ def kafka_acls(config: Config, connection: str | None = None) -> tuple[KafkaAcl,
     for a in acls:
         found.setdefault((a.resource_type, a.name, a.operation), set()).add(a.why)
     return tuple(sorted(KafkaAcl(t, n, o, ", ".join(sorted(w))) for (t, n, o), w in found.items()))  # type: ignore[arg-type]
+
+
+def set_scram_password(admin: KafkaClientConfig, user: str, password: str) -> None:
+    """Create (or reset) ``user``'s SCRAM-SHA-512 credentials, as the administrator ``admin`` (a super
+    user's client config): through the admin API, so the password is on no command line."""
+    from confluent_kafka.admin import AdminClient, ScramCredentialInfo, ScramMechanism, UserScramCredentialUpsertion
+
+    client = AdminClient(admin.librdkafka({"log_level": 2}))
+    info = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 4096)
+    for fut in client.alter_user_scram_credentials([UserScramCredentialUpsertion(user, info, password.encode())]
+                                                   ).values():
+        fut.result(30)
+
+
+def apply_acls(admin: KafkaClientConfig, principal: str, acls: Iterable[KafkaAcl], delete: bool = False,
+               prefixed: bool = False) -> None:
+    """Allow (or, ``delete``, stop allowing) ``principal`` (``User:reclock``) ``acls`` from any host, as the
+    administrator ``admin``."""
+    from confluent_kafka.admin import (AclBinding, AclBindingFilter, AclOperation, AclPermissionType, AdminClient,
+                                       ResourcePatternType, ResourceType)
+
+    client = AdminClient(admin.librdkafka({"log_level": 2}))
+    pattern = ResourcePatternType.PREFIXED if prefixed else ResourcePatternType.LITERAL
+    bindings = [(ResourceType[a.resource_type], a.name, pattern, principal, "*", AclOperation[a.operation],
+                 AclPermissionType.ALLOW) for a in acls]
+    if not bindings:
+        return
+    futures = (client.delete_acls([AclBindingFilter(*b) for b in bindings]) if delete
+               else client.create_acls([AclBinding(*b) for b in bindings]))
+    for fut in futures.values():
+        fut.result(30)
+
+
+def create_sink_topics(admin: KafkaClientConfig, config: Config) -> list[str]:
+    """Create, as the administrator ``admin``, the Kafka sinks' topics (``partitions:``) and progress topics
+    (compacted, one partition) that are missing; the topics made. A sink given these needs no CREATE."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    client = AdminClient(admin.librdkafka({"log_level": 2}))
+    existing = set(client.list_topics(timeout=30).topics)
+    wanted: dict[str, NewTopic] = {}
+    for sink in config.sinks.values():
+        if isinstance(sink, SinkSpec):
+            wanted.setdefault(sink.progress_topic, NewTopic(sink.progress_topic, 1, -1,
+                                                            config={"cleanup.policy": "compact"}))
+            wanted.setdefault(sink.kafka.topic, NewTopic(sink.kafka.topic, sink.partitions, -1))
+    missing = [t for name, t in wanted.items() if name not in existing]
+    for fut in (client.create_topics(missing).values() if missing else ()):
+        fut.result(30)
+    return sorted(t.topic for t in missing)
 
 
 def _ident(name: str) -> str:

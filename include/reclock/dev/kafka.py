@@ -105,36 +105,25 @@ class LocalKafka:
 
     def add_user(self, user: str, password: str) -> None:
         """Create (or reset) the SCRAM-SHA-512 credentials of ``user`` (as ``admin``)."""
-        from confluent_kafka.admin import (AdminClient, ScramCredentialInfo, ScramMechanism,
-                                           UserScramCredentialUpsertion)
+        from reclock.grants import set_scram_password
 
-        admin = AdminClient(self.admin_config().librdkafka({"log_level": 2}))
-        info = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 4096)
-        for fut in admin.alter_user_scram_credentials(
-                [UserScramCredentialUpsertion(user, info, password.encode())]).values():
-            fut.result(30)
+        set_scram_password(self.admin_config(), user, password)
 
     def grant(self, principal: str, operation: str, resource_type: str, name: str, prefixed: bool = False) -> None:
         """Allow ``User:<principal>`` ``operation`` (``READ``, ``WRITE``, ``DESCRIBE``, ``CREATE``, ...) on
         the ``resource_type`` (``TOPIC``, ``GROUP``, ``TRANSACTIONAL_ID``, ``BROKER`` for the cluster) named
         ``name`` (or every one whose name starts with it, ``prefixed``), from any host."""
-        self._acls("create", principal, operation, resource_type, name, prefixed)
+        from reclock.grants import KafkaAcl, apply_acls
+
+        apply_acls(self.admin_config(), f"User:{principal}", [KafkaAcl(resource_type.upper(), name,  # type: ignore[arg-type]
+                                                                        operation.upper())], prefixed=prefixed)
 
     def revoke(self, principal: str, operation: str, resource_type: str, name: str, prefixed: bool = False) -> None:
-        self._acls("delete", principal, operation, resource_type, name, prefixed)
+        from reclock.grants import KafkaAcl, apply_acls
 
-    def _acls(self, verb: str, principal: str, operation: str, resource_type: str, name: str, prefixed: bool) -> None:
-        from confluent_kafka.admin import (AclBinding, AclBindingFilter, AclOperation, AclPermissionType,
-                                           AdminClient, ResourcePatternType, ResourceType)
-
-        admin = AdminClient(self.admin_config().librdkafka({"log_level": 2}))
-        args = (ResourceType[resource_type.upper()], name,
-                ResourcePatternType.PREFIXED if prefixed else ResourcePatternType.LITERAL, f"User:{principal}", "*",
-                AclOperation[operation.upper()], AclPermissionType.ALLOW)
-        futures = (admin.create_acls([AclBinding(*args)]) if verb == "create"
-                   else admin.delete_acls([AclBindingFilter(*args)]))
-        for fut in futures.values():
-            fut.result(30)
+        apply_acls(self.admin_config(), f"User:{principal}", [KafkaAcl(resource_type.upper(), name,  # type: ignore[arg-type]
+                                                                        operation.upper())], delete=True,
+                   prefixed=prefixed)
 
     @property
     def log(self) -> Path:

@@ -153,13 +153,13 @@ class LocalSparkConnect:
     def session(self, scope: str | None = None):
         """A Spark Connect client session to this server; on the server-side session ``scope``'s processes
         share when given (``reclock.spark.connect``)."""
-        from pyspark.sql import SparkSession
-
         if scope is not None:
             from reclock.spark.connect import shared_session
 
             return shared_session(self.url, scope)
-        return SparkSession.builder.remote(self.url).getOrCreate()
+        from reclock.spark.connect import remote_session
+
+        return remote_session(self.url)
 
     def stop(self) -> bool:
         if self.tls:

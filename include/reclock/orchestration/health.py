@@ -64,9 +64,9 @@ def check_kafka(kafka, timeout: float = 30) -> str:
 
 def check_spark_connect(url: str) -> str:
     """A query runs over Spark Connect."""
-    from pyspark.sql import SparkSession
+    from reclock.spark.connect import remote_session
 
-    spark = SparkSession.builder.remote(url).getOrCreate()
+    spark = remote_session(url)
     try:
         n = spark.range(1000).selectExpr("sum(id) AS s").collect()[0]["s"]
     finally:

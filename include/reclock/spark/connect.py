@@ -18,12 +18,19 @@ derived from the source's name and a :data:`WINDOW_S` time window:
   rebuild beside a cycle) are supported by Spark Connect.
 
 A URL that names a ``session_id`` itself is used as it is.
+
+TLS: a URL with ``use_ssl=true`` (the Spark provider's connection extra) reaches a TLS endpoint (a proxy in
+front of the server, which has none of its own) and its ``token`` authenticates. The CAs trusted are the
+system's, or those of the file ``GRPC_DEFAULT_SSL_ROOTS_FILE_PATH`` names (gRPC's own variable), read when
+the session is made (:func:`connection`), not only when the process started as gRPC itself reads it.
 """
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
+from pathlib import Path
 
 WINDOW_S = 1800
 """How long one shared session id is asked for (less than the server's idle timeout, an hour)."""
@@ -52,18 +59,49 @@ def names_session(url: str) -> bool:
     return any(p.split("=", 1)[0] == "session_id" for p in params.split(";"))
 
 
+ROOTS = "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH"
+
+
+def connection(url: str):
+    """What a Spark Connect client is made with: ``url``, or, for a TLS URL while :data:`ROOTS` names a file,
+    a channel builder that trusts the CAs in it (and sends the URL's token)."""
+    roots = os.environ.get(ROOTS)
+    if not roots or "use_ssl=true" not in url.lower():
+        return url
+    import grpc
+    from pyspark.sql.connect.client import DefaultChannelBuilder
+
+    pem = Path(roots).read_bytes()
+
+    class TrustingChannelBuilder(DefaultChannelBuilder):
+        def toChannel(self):  # noqa: N802 - pyspark's name
+            creds = grpc.ssl_channel_credentials(root_certificates=pem)
+            if self.token is not None:
+                creds = grpc.composite_channel_credentials(creds, grpc.access_token_call_credentials(self.token))
+            return self._secure_channel(self.endpoint, creds)
+
+    return TrustingChannelBuilder(url)
+
+
+def remote_session(url: str):
+    """A Spark Connect session to ``url`` (see :func:`connection`)."""
+    from pyspark.sql import SparkSession
+
+    target = connection(url)
+    builder = SparkSession.builder
+    return (builder.remote(target) if isinstance(target, str) else builder.channelBuilder(target)).getOrCreate()
+
+
 def shared_session(url: str, scope: str):
     """A Spark Connect session for ``url`` on the server-side session ``scope``'s tasks share (see the
     module doc), or a new one of its own when the server refuses the shared id; with
     :data:`~reclock.spark.ingest.SESSION_CONF` set."""
-    from pyspark.sql import SparkSession
-
     from reclock.spark.ingest import SESSION_CONF
 
     if not names_session(url):
         shared = with_session_id(url, shared_session_id(scope))
         url = shared if _accepted(shared) else url
-    session = SparkSession.builder.remote(url).getOrCreate()
+    session = remote_session(url)
     for key, value in SESSION_CONF.items():
         session.conf.set(key, value)
     return session
@@ -75,7 +113,7 @@ def _accepted(url: str) -> bool:
     channel.)"""
     from pyspark.sql.connect.client import SparkConnectClient
 
-    client = SparkConnectClient(url)
+    client = SparkConnectClient(connection(url))
     try:
         client._analyze(method="spark_version")
         return True

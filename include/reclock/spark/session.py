@@ -19,10 +19,17 @@ from pathlib import Path
 from reclock.errors import SettingError
 from reclock.spark.ingest import SESSION_CONF
 
+REDACTION = r'(?i)key: "[^"]*(password|secret|token|jaas|keystore[.]key)[^"]*"\s*value: "(\\.|[^"\\])*"'
+"""Spark's ``spark.sql.redaction.string.regex`` for Reclock's reads: in a plan's text (Spark Connect's
+statement text, the SQL tab's plans) the value of every option whose key names a secret (a Kafka
+connection's JAAS config and private key, a JDBC password) becomes ``*********(redacted)``. Spark's own
+``spark.redaction.regex`` already redacts such settings and option maps by key."""
+
 SPARK_CONF = {
     **SESSION_CONF,
     "spark.sql.session.timeZone": "UTC",
     "spark.ui.showConsoleProgress": "false",
+    "spark.sql.redaction.string.regex": REDACTION,
 }
 """What every Spark driver Reclock starts gets: local sessions, spark-submit jobs, the Spark Connect servers
 of the dev stack and of ``docker-compose.yaml``."""
