@@ -167,3 +167,66 @@ def problem(reader: str | Any, writer: str | Any) -> str | None:
     r = json.loads(reader) if isinstance(reader, str) else reader
     w = json.loads(writer) if isinstance(writer, str) else writer
     return _Resolver(r, w).problem(r, w, "")
+
+
+def spark_type(schema: Any, names: dict[str, dict] | None = None) -> tuple[str, bool]:
+    """The Spark SQL type string of an Avro type, as ``from_avro`` decodes it (Spark's ``SchemaConverters``),
+    and whether it may be null: ``["null", T]`` is T, nullable; other unions of several types are structs
+    ``member0, member1, ...``; enums are strings; ``fixed`` is binary; logical types ``date``,
+    ``timestamp-millis``/``-micros`` (timestamp), ``local-timestamp-*`` (timestamp_ntz) and ``decimal``."""
+    if names is None:
+        names = {}
+        _named(schema, names, None)
+    if isinstance(schema, str) and schema not in PRIMITIVES:
+        schema = names.get(schema) or names[_short(schema)]
+    if isinstance(schema, list):
+        branches = [b for b in schema if b != "null"]
+        nullable = len(branches) < len(schema)
+        if len(branches) == 1:
+            return spark_type(branches[0], names)[0], nullable
+        if set(map(lambda b: b if isinstance(b, str) else "", branches)) <= {"int", "long"}:
+            return "bigint", nullable
+        if set(map(lambda b: b if isinstance(b, str) else "", branches)) <= {"float", "double"}:
+            return "double", nullable
+        members = ",".join(f"member{i}:{spark_type(b, names)[0]}" for i, b in enumerate(branches))
+        return f"struct<{members}>", True
+    if isinstance(schema, dict):
+        logical = schema.get("logicalType")
+        t = schema.get("type")
+        if logical == "date" and t == "int":
+            return "date", False
+        if logical in ("timestamp-millis", "timestamp-micros") and t == "long":
+            return "timestamp", False
+        if logical in ("local-timestamp-millis", "local-timestamp-micros") and t == "long":
+            return "timestamp_ntz", False
+        if logical == "decimal" and t in ("bytes", "fixed"):
+            return f"decimal({schema['precision']},{schema.get('scale', 0)})", False
+        if t in ("record", "error"):
+            fields = [(f["name"], spark_type(f["type"], names)[0]) for f in schema["fields"]]
+            return "struct<" + ",".join(f"{n}:{ft}" for n, ft in fields) + ">", False
+        if t == "enum":
+            return "string", False
+        if t == "fixed":
+            return "binary", False
+        if t == "array":
+            return f"array<{spark_type(schema['items'], names)[0]}>", False
+        if t == "map":
+            return f"map<string,{spark_type(schema['values'], names)[0]}>", False
+        return spark_type(t, names)
+    return {"null": "void", "boolean": "boolean", "int": "int", "long": "bigint", "float": "float",
+            "double": "double", "bytes": "binary", "string": "string"}[schema], schema == "null"
+
+
+def collection_schema(schema: str | Any):
+    """An Avro record schema as the :class:`~reclock.schema_evolution.CollectionSchema` of the columns
+    ``from_avro`` gives it (one column per field)."""
+    from reclock.schema_evolution import CollectionSchema, Column
+
+    s = json.loads(schema) if isinstance(schema, str) else schema
+    names: dict[str, dict] = {}
+    _named(s, names, None)
+    cols = []
+    for f in s["fields"]:
+        t, nullable = spark_type(f["type"], names)
+        cols.append(Column(f["name"], t, nullable))
+    return CollectionSchema(tuple(cols))

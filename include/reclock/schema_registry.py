@@ -8,7 +8,7 @@ asked again whenever :meth:`RegistryClient.subject_versions` is called.
 
 Any server speaking that API works: Confluent Schema Registry, Apicurio Registry (``/apis/ccompat/v7``),
 Karapace, Redpanda. Credentials and TLS come from :class:`RegistrySettings` (an Airflow connection:
-``reclock.orchestration.connections.registry_settings``), never from the config file.
+``reclock.connections.registry_settings``), never from the config file.
 
 Failures are typed: :class:`~reclock.errors.SchemaNotFound` (the registry answered that the id or subject
 does not exist) and :class:`~reclock.errors.RegistryUnavailable` (no answer, a refused login, a server

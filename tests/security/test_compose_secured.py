@@ -89,7 +89,7 @@ def test_compose_kafka_config_certificates_and_kafka_init(stack_state, tmp_path,
         AdminClient(admin.librdkafka()).create_topics([NewTopic("c_orders", 2, 1)])["c_orders"].result(30)
         monkeypatch.setenv("AIRFLOW_CONN_RECLOCK_KAFKA", reclock_conn)
         monkeypatch.delenv("RECLOCK_BOOTSTRAP", raising=False)
-        from reclock.orchestration.settings import find_kafka
+        from reclock.settings import find_kafka
 
         spec = parse_config(yaml.safe_load(config.read_text())).source("c_orders")
         kafka = find_kafka(spec.kafka, "source c_orders")

@@ -21,7 +21,8 @@ from reclock.config import parse_config
 from reclock.cycle import run_cycle
 from reclock.errors import KafkaAccessDenied, KafkaAuthenticationFailed
 from reclock.grants import kafka_acls
-from reclock.orchestration import settings
+from reclock import settings
+from reclock.orchestration import contexts
 from reclock.persist import connect
 from reclock.persist.migrate import migrate
 from reclock.read import read_as_of
@@ -57,13 +58,13 @@ class World:
         self.produced += count
 
     def ctx(self):
-        ctx = settings.cycle_context(self.config.source(self.source), dsn=self.dsn, blob_url=self.blob,
+        ctx = contexts.cycle_context(self.config.source(self.source), dsn=self.dsn, blob_url=self.blob,
                                      spark=settings.SparkTarget(master="local[2]"))
         ctx.spark_factory = lambda: self.spark
         return ctx
 
     def sink_ctx(self):
-        return settings.sink_context(self.config.sink(self.sink), dsn=self.dsn, blob_url=self.blob)
+        return contexts.sink_context(self.config.sink(self.sink), dsn=self.dsn, blob_url=self.blob)
 
     def rows(self) -> int:
         with connect(self.dsn) as conn:

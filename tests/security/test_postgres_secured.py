@@ -17,7 +17,8 @@ from reclock.config import parse_source
 from reclock.cycle import run_cycle
 from reclock.dev.state import StackState
 from reclock.dev.tls import LocalCA
-from reclock.orchestration import settings
+from reclock import settings
+from reclock.orchestration import contexts
 from reclock.persist import connect
 from reclock.persist.migrate import migrate
 from reclock.read import read_as_of
@@ -78,7 +79,7 @@ def test_postgres_source_with_the_cdc_role_over_tls(secured, spark, tmp_path, mo
     spec = parse_source("shop", {"postgres": {"connection": "shop_db", "publication": "pub",
                                               "spark_snapshot_min_bytes": 0}})
     assert "sslmode=verify-full" in settings.find_upstream_dsn(spec.postgres, "source shop")
-    ctx = settings.cycle_context(spec, dsn=consensus, blob_url=str(tmp_path / "blobs"),
+    ctx = contexts.cycle_context(spec, dsn=consensus, blob_url=str(tmp_path / "blobs"),
                                  spark=settings.SparkTarget(master="local[2]"))
     ctx.spark_factory = lambda: spark
     run_cycle(ctx)  # the snapshot: 500 rows read by Spark's JDBC reader under TLS

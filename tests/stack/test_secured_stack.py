@@ -142,11 +142,11 @@ def _run(stack) -> dict:
 
 def _iceberg_rows(stack) -> int:
     from reclock.config import load_config
-    from reclock.orchestration import settings
+    from reclock.orchestration import contexts
     from reclock.sinks.iceberg import load_catalog
 
     spec = load_config().sink("sec_ice")
-    ctx = settings.iceberg_sink_context(spec, dsn=stack.dsn, blob_url=stack.blob_url)
+    ctx = contexts.iceberg_sink_context(spec, dsn=stack.dsn, blob_url=stack.blob_url)
     return load_catalog(ctx.catalog, spec.catalog).load_table("lake.sec_orders").scan().to_arrow().num_rows
 
 

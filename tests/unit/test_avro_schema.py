@@ -107,3 +107,23 @@ types = st.recursive(prims | st.lists(prims, min_size=1, max_size=3, unique=True
 def test_a_schema_reads_itself(field_types) -> None:
     s = rec(*[f(f"c{i}", t) for i, t in enumerate(field_types)])
     assert problem(s, s) is None
+
+
+def test_collection_schema_of_an_avro_record() -> None:
+    """The columns ``from_avro`` gives a record (their Spark types and nullability), which schema evolution
+    compares; V2 adds an optional field to V1: a compatible change adding one nullable column."""
+    from reclock.avro_schema import collection_schema
+    from reclock.schema_evolution import evolve
+
+    v1 = rec(f("id", "long"), f("when", {"type": "long", "logicalType": "timestamp-micros"}),
+             f("price", {"type": "bytes", "logicalType": "decimal", "precision": 10, "scale": 2}),
+             f("tags", {"type": "array", "items": "string"}), f("kind", {"type": "enum", "name": "K", "symbols": ["a"]}))
+    v2 = dict(v1, fields=v1["fields"] + [f("note", ["null", "string"], default=None)])
+    c1 = collection_schema(v1)
+    assert [(c.name, c.type, c.nullable) for c in c1.columns] == [
+        ("id", "bigint", False), ("when", "timestamp", False), ("price", "decimal(10,2)", False),
+        ("tags", "array<string>", False), ("kind", "string", False)]
+    e = evolve(c1, collection_schema(v2))
+    assert e.added == ("note",) and e.incompatible is None
+    narrowed = dict(v1, fields=[f("id", "int")] + v1["fields"][1:])
+    assert evolve(c1, collection_schema(narrowed), previous=c1).incompatible.change == "type narrowed"

@@ -25,10 +25,12 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 
 from reclock import cycle
 from reclock.config import SourceSpec
+from reclock.connections import DEFAULT_SPARK_SUBMIT
 from reclock.errors import ConfigError
 from reclock.orchestration.assets import shard_assets
-from reclock.orchestration.connections import DEFAULT_SPARK_SUBMIT
-from reclock.orchestration.settings import cycle_context, find_blob_url, find_dsn, find_kafka
+from reclock.orchestration.contexts import cycle_context
+from reclock.settings import find_blob_url, find_dsn
+from reclock.sources.registry import kind_of
 from reclock.spark.session import spark_jars
 
 JOB = "rebuild.py"
@@ -36,18 +38,12 @@ JOB = "rebuild.py"
 
 
 def job_environment(spec: SourceSpec, config_file: Path) -> dict[str, str]:
-    """What ``spark_jobs/rebuild.py`` reads: the settings as this process finds them, resolved (a secured
-    Kafka cluster as the source's connection, ``AIRFLOW_CONN_<ID>``, with its security settings)."""
-    kafka = find_kafka(spec.kafka, f"source {spec.name}")
-    if kafka.protocol == "PLAINTEXT":
-        cluster = {"RECLOCK_BOOTSTRAP": kafka.bootstrap}
-    else:
-        cluster = {f"AIRFLOW_CONN_{spec.kafka.connection.upper()}": kafka.connection_json()}
+    """What ``spark_jobs/rebuild.py`` reads: the settings as this process finds them, resolved."""
     return {
         "RECLOCK_CONFIG": str(config_file),
         "RECLOCK_DSN": find_dsn(),
         "RECLOCK_BLOB_URL": find_blob_url(),
-        **cluster,
+        **kind_of(spec).job_environment(spec),  # where the upstream is (Kafka: RECLOCK_BOOTSTRAP)
         # the driver runs beside the task, in the task's interpreter (where reclock is installed)
         "PYSPARK_DRIVER_PYTHON": os.environ.get("PYSPARK_DRIVER_PYTHON") or sys.executable,
     }
