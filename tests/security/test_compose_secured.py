@@ -23,7 +23,7 @@ from reclock.config import parse_config
 from reclock.dev import procs
 from reclock.dev.jars import ensure_jars
 from reclock.errors import KafkaAuthenticationFailed
-from reclock.sources.kafka import KafkaUpstream
+from reclock.sources.kafka.upstream import KafkaUpstream
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((REPO / "docker-compose.yaml").read_text())
@@ -86,7 +86,8 @@ def test_compose_kafka_config_certificates_and_kafka_init(stack_state, tmp_path,
 
         c = json.loads(admin_conn)
         admin = from_connection("admin", None, None, None, None, c["extra"])
-        AdminClient(admin.librdkafka()).create_topics([NewTopic("c_orders", 2, 1)])["c_orders"].result(30)
+        client = AdminClient(admin.librdkafka())  # kept: its futures fail when it is collected
+        client.create_topics([NewTopic("c_orders", 2, 1)])["c_orders"].result(30)
         monkeypatch.setenv("AIRFLOW_CONN_RECLOCK_KAFKA", reclock_conn)
         monkeypatch.delenv("RECLOCK_BOOTSTRAP", raising=False)
         from reclock.settings import find_kafka

@@ -27,7 +27,7 @@ from reclock.persist import connect
 from reclock.persist.migrate import migrate
 from reclock.read import read_as_of
 from reclock.sinks.kafka import read_all, run_once
-from reclock.sources.kafka import KafkaUpstream, UpstreamUnavailable
+from reclock.sources.kafka.upstream import KafkaUpstream, UpstreamUnavailable
 from reclock.status_report import kafka_lag_probe
 
 _n = itertools.count()
@@ -159,7 +159,7 @@ def test_mutual_tls_principal_with_the_same_acls(secured, spark):
 def test_wrong_password_is_refused_with_the_reason(world, secured, monkeypatch):
     monkeypatch.setenv("AIRFLOW_CONN_RECLOCK_KAFKA", secured.kafka_connection(password="not-the-password"))
     with pytest.raises(KafkaAuthenticationFailed, match="invalid credentials") as e:
-        world.ctx().upstream().probe_upper()
+        world.ctx().source().probe_upper()
     assert "not-the-password" not in str(e.value)
 
 
@@ -173,7 +173,7 @@ def test_unknown_ca_is_refused_with_the_reason(world, secured, monkeypatch):
         ca = LocalCA(StackState(Path(other))).cert
         monkeypatch.setenv("AIRFLOW_CONN_RECLOCK_KAFKA", secured.kafka_connection(**{"ssl.ca.location": str(ca)}))
         with pytest.raises(KafkaAuthenticationFailed, match="certificate verify failed"):
-            world.ctx().upstream().probe_upper()
+            world.ctx().source().probe_upper()
     finally:
         shutil.rmtree(other, ignore_errors=True)
 
