@@ -110,6 +110,29 @@ def test_detail_has_bindings_history_and_series(recorded, db):
     assert json.loads(json.dumps(sr.to_json(d)))["source"]["last_cycle"]["scheduler_gap"] == pytest.approx(1.5)
 
 
+def test_a_viewer_sees_only_the_sources_and_sinks_of_dags_they_may_read(recorded, db):
+    """Airflow's per-DAG permissions (``readable``: the DAG ids the viewer may read): a hidden source is not
+    listed, not probed, and its page is as absent as one that does not exist; a sink likewise."""
+    cfg = parse_config(CONFIG)
+    probed = []
+
+    def lag(name):
+        probed.append(name)
+        return sr.Lag(0, "stub")
+
+    with sr.open_readonly(db) as ro:
+        none = sr.overview(ro, cfg, lag, readable=frozenset())
+        sink_only = sr.overview(ro, cfg, lag, readable=frozenset({"sink__orders_out"}))
+        source_only = sr.overview(ro, cfg, lag, readable=frozenset({"ingest__orders", "rebuild__orders"}))
+        assert sr.source_detail(ro, "orders", cfg, readable=frozenset({"sink__orders_out"})) is None
+        assert sr.source_detail(ro, "orders", cfg, readable=frozenset({"ingest__orders"})) is not None
+    assert (none.sources, none.sinks) == ((), ())
+    assert sink_only.sources == () and [k.name for k in sink_only.sinks] == ["orders_out"]
+    assert sink_only.sinks[0].read_hold == MS0 + 2000  # its own hold on the collection it reads
+    assert [s.name for s in source_only.sources] == ["orders"] and source_only.sinks == ()
+    assert probed == ["orders"]  # only the readable source's lag was probed
+
+
 def test_the_reading_connection_cannot_write_nor_wait(db):
     with sr.open_readonly(db) as ro:
         assert ro.execute("SHOW statement_timeout").fetchone()[0] == "2s"
