@@ -1,7 +1,8 @@
 """The whole local stack: ``up`` starts what is not running, ``down`` stops what ``up`` started.
 
-Start order: Postgres (migrated) -> Kafka -> Spark Connect -> Airflow (metadata DB in Postgres, with the
-connections ``reclock_postgres``, ``reclock_kafka``, ``reclock_spark`` and ``reclock_spark_submit``, and the
+Start order: Postgres (migrated) -> Kafka -> S3 (moto's S3 + SQS server) -> Spark Connect -> Airflow (metadata
+DB in Postgres, with the connections ``reclock_postgres``, ``reclock_kafka``, ``reclock_s3``, ``reclock_spark``
+and ``reclock_spark_submit``, and the
 settings no connection carries in its processes' environment: ``RECLOCK_CONFIG``, ``RECLOCK_BLOB_URL``,
 ``RECLOCK_SPARK_JARS``). :meth:`Stack.settings` gives every setting to the ``reclock`` commands
 (``reclock dev env``); the library never looks for the stack itself.
@@ -39,7 +40,7 @@ from reclock.dev.spark import LocalSparkConnect
 from reclock.dev.state import REPO_ROOT, StackState, default_state_dir
 from reclock.dev.tls import LocalCA
 
-SERVICES = ("postgres", "kafka", "spark", "airflow")
+SERVICES = ("postgres", "kafka", "s3", "spark", "airflow")
 CONSENSUS_ROLE, AIRFLOW_ROLE, CDC_ROLE, KAFKA_USER = "reclock_app", "airflow", "reclock_cdc", "reclock"
 
 
@@ -62,8 +63,8 @@ class Stack:
             self.state.save(data)
         self.postgres = LocalPostgres(self.state, tls=self.secure)
         self.kafka = LocalKafka(self.state, secure=self.secure)
-        self.s3 = LocalS3(self.state, tls=True) if self.secure else None
-        self.spark = LocalSparkConnect(self.state, s3=self.s3.settings() if self.s3 else None,
+        self.s3 = LocalS3(self.state, bucket="landing", tls=self.secure)
+        self.spark = LocalSparkConnect(self.state, s3=self.s3.settings() if self.secure else None,
                                        token=self.state.secret("spark_connect_token") if self.secure else None,
                                        tls=self.secure)
         self.airflow = LocalAirflow(self.state, self.airflow_dsn, self.airflow_settings())
@@ -99,7 +100,7 @@ class Stack:
 
     @property
     def blob_url(self) -> str:
-        return self.s3.url("parts") if self.s3 else str(self.state.root / "blobs")
+        return self.s3.url("parts") if self.secure else str(self.state.root / "blobs")
 
     def spark_jars(self) -> str:
         """Spark's Kafka connector jars (resolved by ``reclock dev install``), comma-separated."""
@@ -124,13 +125,21 @@ class Stack:
                "RECLOCK_BLOB_URL": self.blob_url, "RECLOCK_SPARK_REMOTE": self.spark.url,
                "RECLOCK_SPARK_JARS": self.spark_jars()}
         if not self.secure:
-            return {**out, "RECLOCK_BOOTSTRAP": self.kafka.bootstrap}
+            return {**out, "RECLOCK_BOOTSTRAP": self.kafka.bootstrap, "AIRFLOW_CONN_RECLOCK_S3": self.s3_connection_uri()}
         conns = self.connections()
         for conn_id in ("reclock_kafka", "reclock_s3"):
             out[f"AIRFLOW_CONN_{conn_id.upper()}"] = json.dumps(
                 {k: v for k, v in conns[conn_id].items() if k != "description"})
         out["GRPC_DEFAULT_SSL_ROOTS_FILE_PATH"] = str(self.ca.cert)
         return out
+
+    def s3_connection_uri(self) -> str:
+        """The ``reclock_s3`` connection as an Airflow connection URI (what the commands find it by)."""
+        from urllib.parse import quote
+
+        st = self.s3.settings()
+        return (f"aws://{quote(st.access_key, safe='')}:{quote(st.secret_key, safe='')}@/?endpoint_url="
+                f"{quote(self.s3.endpoint_url, safe='')}&region_name={st.region}")
 
     def connections(self) -> dict[str, dict]:
         """Airflow connections for the stack's services (the credentials come from ``stack.json``)."""
@@ -146,6 +155,11 @@ class Stack:
                 "conn_type": "generic", "host": LOOPBACK, "port": self.kafka.port,
                 "extra": '{"bootstrap.servers": "%s"}' % self.kafka.bootstrap,
                 "description": "Kafka broker (local stack)",
+            },
+            "reclock_s3": {
+                "conn_type": "aws", "login": self.s3.settings().access_key, "password": self.s3.settings().secret_key,
+                "extra": '{"endpoint_url": "%s", "region_name": "us-east-1"}' % self.s3.endpoint_url,
+                "description": "S3 API and SQS of the S3 sources (local stack: moto's server)",
             },
             "reclock_spark": {
                 "conn_type": "spark_connect", "host": LOOPBACK, "port": self.spark.port,
@@ -243,9 +257,9 @@ class Stack:
                 self._secure_kafka()
             echo(f"kafka      up on {self.kafka.bootstrap} ({timings['kafka']:.1f}s)"
                  + (" SASL_SSL; mutual TLS on " + self.kafka.mtls_bootstrap if self.secure else ""))
-        if "s3" in wanted and self.s3 is not None:
+        if "s3" in wanted:
             timings["s3"] = self.s3.start()
-            echo(f"s3         up on {self.s3.endpoint_url} ({timings['s3']:.1f}s)")
+            echo(f"s3         S3 and SQS (moto) on {self.s3.endpoint_url} ({timings['s3']:.1f}s)")
         if "spark" in wanted:
             timings["spark"] = self.spark.start()
             where = self.spark.url.split(";token=")[0]  # never the token
@@ -262,7 +276,7 @@ class Stack:
             echo(f"stopped airflow {name}")
         if self.spark.stop():
             echo("stopped spark connect")
-        if self.s3 is not None and self.s3.stop():
+        if self.s3.stop():
             echo("stopped s3")
         if self.kafka.stop():
             echo("stopped kafka")
@@ -273,10 +287,9 @@ class Stack:
         out = {
             "postgres": f"up {LOOPBACK}:{self.postgres.port}" if self.postgres.running() else "down",
             "kafka": f"up {self.kafka.bootstrap}" if self.kafka.running() else "down",
+            "s3": f"up {self.s3.endpoint_url}" if self.s3.running() else "down",
             "spark": f"up {self.spark.url.split(';token=')[0]}" if self.spark.running() else "down",
         }
-        if self.s3 is not None:
-            out["s3"] = f"up {self.s3.endpoint_url}" if self.s3.running() else "down"
         for c in COMPONENTS:
             out[f"airflow {c}"] = "up" + (f" {self.airflow.url}" if c == "api-server" else "") \
                 if self.airflow.running(c) else "down"
@@ -284,6 +297,7 @@ class Stack:
 
     def logs(self) -> dict[str, Path]:
         files = {"postgres": self.postgres.log, "kafka": self.kafka.log, "kafka-server": self.kafka.home / "server.log",
+                 "s3": self.s3.log,
                  "spark": self.spark.log}
         files.update({f"airflow-{c}": self.airflow.logfile(c) for c in COMPONENTS})
         return files
@@ -296,6 +310,7 @@ class Stack:
         for name, check in (
             ("postgres", lambda: smoke.check_postgres(self.dsn)),
             ("kafka", lambda: smoke.check_kafka(self.kafka.admin_config())),
+            ("s3", lambda: smoke.check_s3(self.s3)),
             ("spark", lambda: smoke.check_spark_connect(self.spark.url)),
             ("airflow", lambda: smoke.check_airflow(self.airflow)),
         ):

@@ -113,6 +113,10 @@ class KafkaUpstream:
         finally:
             client.handle.close()
 
+    def acknowledged(self, group: str) -> PartitionedFrontier:
+        """What resume has acknowledged upstream: ``group``'s committed offsets."""
+        return self.committed(group)
+
     def committed(self, group: str) -> PartitionedFrontier:
         """The offsets ``group`` has committed (absent partitions at 0)."""
         client = kafka_client.consumer(self.config, f"source {self.source}",
