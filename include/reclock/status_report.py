@@ -19,7 +19,6 @@ an unknown lag with the reason, never an exception.
 
 from __future__ import annotations
 
-import re
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from typing import Any, Callable, Collection, Mapping, Sequence
 
 from reclock.config import Config
 from reclock.part_layout import ERRORS_KIND
+from reclock.redaction import redact
 from reclock.persist import connect
 from reclock.persist.shards import ReadHold
 from reclock.persist.status import Status
@@ -177,19 +177,6 @@ def to_json(value: Any) -> Any:
     if isinstance(value, bytes):
         return value.hex()
     return value
-
-
-_SECRETS = (re.compile(r"(\w+://[^:/@\s]*:)[^@\s]*@"), re.compile(r"(?i)((?:password|token|secret)\s*[=:]\s*)\S+"))
-
-
-def redact(text: str | None) -> str | None:
-    """``text`` with what looks like a credential (a URL's password, ``password=...``) replaced by ``***``:
-    an error recorded by a step may quote a DSN, and nothing shown may carry a credential."""
-    if text is None:
-        return None
-    for pattern in _SECRETS:
-        text = pattern.sub(r"\1***@" if pattern is _SECRETS[0] else r"\1***", text)
-    return text
 
 
 # -- cycles from statistics rows (pure) -------------------------------------------------------------------

@@ -169,3 +169,17 @@ def test_reclock_status_prints_the_figures(recorded, db, tmp_path):
     detail = CliRunner().invoke(main, ["status", "orders", *args], catch_exceptions=False).output
     assert f"  {MS0 + 3000} (2026-01-02 03:04:08.000Z)  0  40" in detail
     assert "status history (newest first):" in detail
+
+
+def test_a_recorded_error_keeps_no_credential(db):
+    """An error may quote a DSN, a token or a password: status_history keeps it masked, so neither the page,
+    the JSON nor ``reclock status`` can show it."""
+    from reclock.persist.status import latest_status
+
+    with psycopg.connect(db, autocommit=True) as conn:
+        record_status(conn, "leaky", "stalled", "connect postgresql://app:Pa55w0rd@db:5432/r failed; "
+                                                "sc://spark:15002/;token=T0k3n; sasl.password=S3cr3t")
+        kept = conn.execute("SELECT error FROM reclock.status_history WHERE name = 'leaky'").fetchone()[0]
+        assert latest_status(conn, "leaky").error == kept
+    assert not [w for w in ("Pa55w0rd", "T0k3n", "S3cr3t") if w in kept], kept
+    assert "postgresql://app:***@db:5432/r" in kept

@@ -266,3 +266,64 @@ def test_sink_without_an_acl_is_refused(world, operation, resource_type, which):
     _denied(e.value, operation, "transactional id" if which == "txn" else "topic", name)
     assert run_once(world.sink_ctx()).frontier > 0
     assert sorted(m["after"]["id"] for m in _sink_messages(world) if m.get("after")) == list(range(world.produced))
+
+
+def _everything_kept(w: World) -> dict[str, str]:
+    """Every row of every table of the consensus database's ``reclock`` schema, every file of the blob store,
+    every message of the sink's and progress topics: what a run leaves behind, as text by where it is."""
+    out = {}
+    with connect(w.dsn) as conn:
+        for (t,) in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'reclock'").fetchall():
+            out[f"table reclock.{t}"] = "\n".join(r[0] for r in conn.execute(f'SELECT t::text FROM reclock."{t}" t'))
+    for p in Path(w.blob).rglob("*"):
+        if p.is_file():
+            out[f"blob {p.relative_to(w.blob)}"] = p.read_bytes().decode(errors="replace")
+    for topic in (w.out, w.progress):
+        out[f"topic {topic}"] = "\n".join(m.value().decode(errors="replace") for m in read_all(
+            w.secured.kafka.admin_config(), topic, "oracle") if m.value() is not None)
+    return out
+
+
+@pytest.mark.timeout(600)
+def test_no_secret_in_logs_errors_status_or_anything_a_run_leaves(world, secured, monkeypatch, caplog, capfd,
+                                                                   tmp_path):
+    """A cycle, a sink step and a refused login (a wrong password) with every logger at DEBUG; then
+    ``reclock status`` (text, JSON, a source's detail). Nothing of it (log records, the process's output,
+    the errors, the status, the consensus tables, the parts, the topics) holds a password, key or token."""
+    import logging
+
+    import yaml
+    from click.testing import CliRunner
+
+    from reclock.cli import main
+
+    wrong = "wrong-" + secured.kafka_password[::-1]
+    secrets = {**secured.secrets(), "the wrong password tried": wrong}
+    places: dict[str, str] = {}
+    with caplog.at_level(logging.DEBUG):
+        world.produce(20)
+        run_cycle(world.ctx())
+        run_once(world.sink_ctx())
+        monkeypatch.setenv("AIRFLOW_CONN_RECLOCK_KAFKA", secured.kafka_connection(password=wrong))
+        with pytest.raises(KafkaAuthenticationFailed) as refused:
+            run_cycle(world.ctx())
+        places["the refusal"] = f"{refused.value!r} {refused.value}"
+        monkeypatch.setenv("AIRFLOW_CONN_RECLOCK_KAFKA", secured.kafka_connection())
+        config = tmp_path / "reclock.yaml"
+        config.write_text(yaml.safe_dump({
+            "sources": {world.source: {"kafka": {"topic": world.topic, "connection": "reclock_kafka"},
+                                       "format": {"type": "json", "schema": "id BIGINT, name STRING"}}},
+            "sinks": {world.sink: {"from": world.source, "kafka": {"topic": world.out, "connection": "reclock_kafka"},
+                                   "progress_topic": world.progress, "format": "debezium"}}}))
+        args = ["--dsn", world.dsn, "--config", str(config), "--probe-timeout", "10"]
+        for extra in ([], ["--json"], [world.source]):
+            res = CliRunner().invoke(main, ["status", *extra, *args], catch_exceptions=False)
+            assert res.exit_code == 0, res.output
+            places[f"reclock status {' '.join(extra)}"] = res.output
+    assert world.source in places["reclock status "] and "stalled" in places["reclock status "]
+    places["log records"] = caplog.text + "\n".join(repr(r.args) for r in caplog.records)
+    captured = capfd.readouterr()
+    places["stdout and stderr"] = captured.out + captured.err
+    places.update(_everything_kept(world))
+    leaks = [f"{what} in {where}" for where, text in places.items() for what, s in secrets.items() if s in text]
+    assert not leaks, leaks

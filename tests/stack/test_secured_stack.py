@@ -244,6 +244,19 @@ def _tables(dsn: str, schema: str, names: list[str] | None = None) -> str:
     return "\n".join(out)
 
 
+def _reclock_status(stack) -> str:
+    """``reclock status`` (text, JSON, each source's detail) with the stack's settings, as an operator runs it."""
+    env = {**os.environ, **stack.settings()}
+    out = []
+    for extra in ([], ["--json"], ["sec_orders"], ["sec_shop"]):
+        res = subprocess.run([sys.executable, "-m", "reclock.cli", "status", *extra], capture_output=True, text=True,
+                             env=env, timeout=300)
+        assert res.returncode == 0, res.stdout + res.stderr[-2000:]
+        out.append(res.stdout + res.stderr)
+    assert "source sec_orders (kafka)" in out[0]
+    return "\n".join(out)
+
+
 def _command_lines() -> str:
     lines = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
@@ -294,6 +307,7 @@ def test_everything_secured_end_to_end(stack_home: Path, monkeypatch):
         places["process command lines"] = _command_lines()
         places["Spark UI"] = _spark_ui(stack)
         places["Reclock pages and JSON"] = served
+        places["reclock status"] = _reclock_status(stack)
         places["reclock schema"] = _tables(stack.dsn, "reclock")
         places["Airflow metadata"] = _tables(stack.airflow_dsn, "public", [
             "xcom", "rendered_task_instance_fields", "log", "dag_run", "task_instance", "trigger", "asset_event",
