@@ -288,6 +288,18 @@ class PublicationMissing(SourceStalled):
     """The source's publication does not exist, or a table of the source is missing from it or dropped."""
 
 
+class PublicationUnsupported(SourceStalled):
+    """The publication is defined in a way whose changes Reclock cannot land exactly (a ``publish`` list
+    without ``update``, ``delete`` or ``truncate``: the collections would keep rows the tables no longer
+    hold). Refused at the first cycle (and at every cycle after), naming what to change."""
+
+
+class PublicationRedefined(SourceStalled):
+    """A table's row filter or column list in the publication changed after the source registered it: the
+    rows already landed were filtered the old way, the changes from now on the new way. Refused until
+    ``reclock resnapshot``, which takes the new definition from a fresh snapshot."""
+
+
 class SlotBusy(ReclockError):
     """Another process reads or advances the source's replication slot (another cycle of the same source):
     this cycle fails loudly and changes nothing; the next one carries on."""

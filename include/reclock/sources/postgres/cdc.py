@@ -691,8 +691,8 @@ SNAPSHOT_BLOCK = 8 << 20
 
 def read_snapshot(conn, outputs: Sequence[Output], writer: PartWriter, ts: int, chunk: int) -> int:
     """Every row of every table, in the snapshot ``conn``'s transaction holds, as +1 at ``ts``; returns the
-    rows read. Each table is read with ``COPY (SELECT col::text, ...) TO STDOUT (FORMAT csv)`` (each
-    column's text form as pgoutput sends it: :func:`reclock.sources.postgres.upstream.text_form`) in the
+    rows read. Each table is read with ``COPY (SELECT col::text, ... FROM ONLY t WHERE <row filter>) TO STDOUT
+    (FORMAT csv)`` (the columns and rows its publication publishes: ``TableInfo``; each column's text form as pgoutput sends it: :func:`reclock.sources.postgres.upstream.text_form`) in the
     session styles the stream is decoded in, parsed by Arrow's streaming CSV reader a block at a time (every
     value a string; an unquoted empty field is NULL, a quoted one the empty string), and converted as the
     stream's values are, so both give equal values."""
@@ -700,11 +700,10 @@ def read_snapshot(conn, outputs: Sequence[Output], writer: PartWriter, ts: int, 
 
     total = 0
     for out in outputs:
-        schema, _, name = out.info.table.partition(".")
         names = [n for n, _, _ in out.info.columns]
         cols = sql.SQL(", ").join(sql.SQL(text_form(n, o)) for n, o, _ in out.info.columns)
-        query = sql.SQL("COPY (SELECT {} FROM {}.{}) TO STDOUT (FORMAT csv)").format(
-            cols, sql.Identifier(schema), sql.Identifier(name))
+        query = sql.SQL("COPY (SELECT {} FROM {}{}) TO STDOUT (FORMAT csv)").format(
+            cols, out.info.relation_sql(), out.info.where_sql())
         keys = [f"c{i}" for i in range(len(names))]  # column names of our own: a table's may repeat in CSV terms
         with conn.cursor() as cur, cur.copy(query) as copy:
             raw = _CopyReader(copy)

@@ -235,6 +235,10 @@ class PostgresSource(SourceRuntime):
                              snapshot_on_spark=sorted(spark_done))
                 else:
                     up.check_retained(uconn, start)
+                # the publication as registered (a row filter or column list changed since would land rows
+                # filtered another way): checked after the binding was minted, so a change committed below
+                # the LSN read up to is seen
+                up.check_definitions(uconn, [o.info for o in outputs])
                 decoder = cdc.ChangeDecoder(self.ctx.spec.name, outputs, writer, bindings, start, end, rewind,
                                             strict_tables=not self.ctx.spec.postgres.tables)
                 # the peek's cursor lives in a transaction; the blocks are closed (the helper thread joined) before
@@ -265,6 +269,8 @@ class PostgresSource(SourceRuntime):
             return []
         chosen = []
         for out in outputs:
+            if out.info.partitioned:  # its rows are in its partitions' heaps: no page ranges of its own
+                continue
             size, pages, block = PostgresUpstream.table_size(sconn, out.info.relid)
             if size >= least and spark_snapshot.convertible(out.info):
                 chosen.append((out, spark_snapshot.partition_predicates(pages, spark_snapshot.SPLIT_BYTES // block)))
@@ -276,7 +282,7 @@ class PostgresSource(SourceRuntime):
         """One table's snapshot written by Spark into the write's folder (``reclock.sources.postgres.spark_snapshot``),
         while ``sconn`` holds the exported ``snapshot`` open; its rows (``count(*)`` under the same snapshot) counted
         into ``writer``, so that ``reclock.sources.postgres.cdc.collect`` proves the parts hold exactly them."""
-        rows = PostgresUpstream.count_rows(sconn, out.info.table)
+        rows = PostgresUpstream.count_rows(sconn, out.info)
         spark_snapshot.write_table_snapshot(self.ctx.spark(), spark_snapshot.jdbc_target(self.ctx.upstream), snapshot,
                                             out.info, ts, self.ctx.blob.url(f"{prefix}/{out.shard}/{cdc.SPARK_SNAPSHOT}"),
                                             predicates)
