@@ -295,9 +295,10 @@ class PublicationUnsupported(SourceStalled):
 
 
 class PublicationRedefined(SourceStalled):
-    """A table's row filter or column list in the publication changed after the source registered it: the
-    rows already landed were filtered the old way, the changes from now on the new way. Refused until
-    ``reclock resnapshot``, which takes the new definition from a fresh snapshot."""
+    """A table's row filter or column list in the publication changed after the source registered it (the
+    rows already landed were filtered the old way, the changes from now on the new way), or a partition was
+    attached to or detached from a root published through it (its rows came or went without a change to
+    read). Refused until ``reclock resnapshot``, which takes the new definition from a fresh snapshot."""
 
 
 class SlotBusy(ReclockError):

@@ -253,6 +253,31 @@ def test_a_partitioned_table_lands_as_its_partitions_or_through_its_root(db, ups
         assert landed(ctx, shard) == published(upstream, view), shard
 
 
+@pytest.mark.parametrize("ddl", ["ALTER TABLE m ATTACH PARTITION m3 FOR VALUES FROM (200) TO (300)",
+                                 "ALTER TABLE m DETACH PARTITION m1"])
+def test_a_partition_attached_or_detached_under_a_root_stalls_until_resnapshot(db, upstream, tmp_path, ddl):
+    """Attaching a table with rows as a partition (or detaching one) moves rows into (out of) the root with
+    no change in the WAL: landing on would silently differ from the table, so the source stalls, and the
+    re-snapshot lands the tree as it is."""
+    run(upstream, "CREATE TABLE m (id int, v text) PARTITION BY RANGE (id)",
+        "CREATE TABLE m1 PARTITION OF m FOR VALUES FROM (0) TO (100)", "CREATE TABLE m3 (id int, v text)",
+        "ALTER TABLE m REPLICA IDENTITY FULL", "ALTER TABLE m1 REPLICA IDENTITY FULL",
+        "ALTER TABLE m3 REPLICA IDENTITY FULL", "INSERT INTO m VALUES (1, 'one')", "INSERT INTO m3 VALUES (201, 'x')",
+        "CREATE PUBLICATION pub FOR TABLE m WITH (publish_via_partition_root = true)")
+    ctx = make_ctx(db, upstream, tmp_path, source_name(), ["m"])
+    shard = f"{ctx.spec.name}__m"
+    cycle.run_cycle(ctx)
+    assert set(landed(ctx, shard)) == {1}
+    run(upstream, ddl)
+    for _ in range(2):
+        with pytest.raises(PublicationRedefined, match=r"table public\.m: in publication pub, its partitions changed "
+                           r"\(1 (attached|detached): their rows came or went"):
+            cycle.run_cycle(ctx)
+    cycle.resnapshot(ctx)
+    cycle.run_cycle(ctx)
+    assert landed(ctx, shard) == published(upstream, "SELECT * FROM m")
+
+
 @pytest.mark.parametrize("how", ["FOR TABLES IN SCHEMA s", "FOR ALL TABLES"])
 def test_schema_and_all_tables_publications_land_every_table(db, upstream, tmp_path, how):
     run(upstream, "CREATE SCHEMA s", "CREATE TABLE s.a (id int PRIMARY KEY, v text)",
@@ -283,3 +308,21 @@ def test_an_inheritance_child_is_a_table_of_its_own_not_in_its_parents_snapshot(
     cycle.run_cycle(ctx)
     assert landed(ctx, f"{name}__p") == published(upstream, "SELECT * FROM ONLY p")
     assert landed(ctx, f"{name}__c") == published(upstream, "SELECT * FROM c")
+
+
+def test_a_row_filter_holds_for_a_snapshot_taken_on_spark(db, upstream, tmp_path, spark):
+    """A table snapshotted by Spark in page ranges reads the rows the filter passes, and proves its parts
+    against ``count(*)`` under the same filter; a child's rows stay out of its parent's snapshot."""
+    run(upstream, "CREATE TABLE t (id int PRIMARY KEY, v text)", "ALTER TABLE t REPLICA IDENTITY FULL",
+        "CREATE TABLE tc () INHERITS (t)", "ALTER TABLE tc REPLICA IDENTITY FULL",
+        "INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 3000) g", "INSERT INTO tc VALUES (4000, 'child')",
+        "CREATE PUBLICATION pub FOR TABLE ONLY t WHERE (id % 3 = 0)")
+    ctx = make_ctx(db, upstream, tmp_path, source_name(), ["t"], spark=spark, spark_snapshot_min_bytes=0)
+    cycle.run_cycle(ctx)
+    with connect(db) as conn:
+        stats = conn.execute("SELECT metrics FROM reclock.statistics WHERE name = %s AND step = 'write_batches'",
+                             (ctx.spec.name,)).fetchone()[0]
+    assert stats["snapshot_on_spark"] == [f"{ctx.spec.name}__t"] and stats["snapshot_rows"] == 1000
+    run(upstream, "UPDATE t SET id = id + 10000 WHERE id < 10")
+    cycle.run_cycle(ctx)
+    assert landed(ctx, f"{ctx.spec.name}__t") == published(upstream, "SELECT * FROM ONLY t WHERE id % 3 = 0")

@@ -92,5 +92,5 @@ def test_a_table_info_keeps_its_publication_definition_through_json():
     plain = TableInfo("public.t", 1, (("id", po.INT8, -1),))
     assert plain.to_json() == {"table": "public.t", "relid": 1, "columns": [["id", po.INT8, -1]]}  # as before
     assert TableInfo.from_json(plain.to_json()) == plain
-    full = TableInfo("public.t", 1, (("id", po.INT8, -1),), "(id > 5)", ("id",), True)
+    full = TableInfo("public.t", 1, (("id", po.INT8, -1),), "(id > 5)", ("id",), (7, 9))
     assert TableInfo.from_json(full.to_json()) == full

@@ -116,15 +116,21 @@ class TableInfo:
     (``pg_publication_tables.rowfilter``; None: every row): the snapshot reads only the rows it passes, as
     ``pgoutput`` sends only their changes (an update moving a row into the filter comes as an insert, out
     of it as a delete). ``column_list`` is the publication's column list (None: every column, also the
-    columns added later). ``partitioned``: a partitioned table published through its root
-    (``publish_via_partition_root``): its snapshot reads every partition, its changes come as the root's."""
+    columns added later). ``partitions``: of a partitioned table published through its root
+    (``publish_via_partition_root``), the oids of its partitions (its snapshot reads every one, its changes
+    come as the root's; attaching or detaching one moves rows without a change to see, so it stalls the
+    source); None for a table."""
 
     table: str  # schema.table
     relid: int
     columns: tuple[tuple[str, int, int], ...]
     row_filter: str | None = None
     column_list: tuple[str, ...] | None = None
-    partitioned: bool = False
+    partitions: tuple[int, ...] | None = None
+
+    @property
+    def partitioned(self) -> bool:
+        return self.partitions is not None
 
     def to_json(self) -> dict:
         out = {"table": self.table, "relid": self.relid, "columns": [list(c) for c in self.columns]}
@@ -132,15 +138,16 @@ class TableInfo:
             out["row_filter"] = self.row_filter
         if self.column_list is not None:
             out["column_list"] = list(self.column_list)
-        if self.partitioned:
-            out["partitioned"] = True
+        if self.partitions is not None:
+            out["partitions"] = list(self.partitions)
         return out
 
     @staticmethod
     def from_json(d: dict) -> "TableInfo":
-        columns = d.get("column_list")
+        columns, partitions = d.get("column_list"), d.get("partitions")
         return TableInfo(d["table"], int(d["relid"]), tuple((str(n), int(o), int(m)) for n, o, m in d["columns"]),
-                         d.get("row_filter"), None if columns is None else tuple(columns), bool(d.get("partitioned")))
+                         d.get("row_filter"), None if columns is None else tuple(columns),
+                         None if partitions is None else tuple(int(p) for p in partitions))
 
     def relation_sql(self) -> sql.Composable:
         """The table as a snapshot reads it: ``ONLY schema.table`` (a publication takes a table's
@@ -262,16 +269,18 @@ class PostgresUpstream:
             relid, ident, relkind = row
             if ident != "f":
                 raise ReplicaIdentityNotFull(self.source, table, IDENTITY.get(ident, ident))
-            partitioned = relkind == "p"
-            if partitioned:  # published via its root: each partition's WAL must carry the whole old row too
-                for member, member_ident in conn.execute(
-                        "SELECT n.nspname || '.' || c.relname, c.relreplident FROM pg_partition_tree(%s::oid) p "
-                        "JOIN pg_class c ON c.oid = p.relid JOIN pg_namespace n ON n.oid = c.relnamespace "
-                        "WHERE p.level > 0 ORDER BY p.level, 1", (relid,)).fetchall():
+            partitions = None
+            if relkind == "p":  # published via its root: each partition's WAL must carry the whole old row too
+                members = conn.execute(
+                    "SELECT c.oid::int8, n.nspname || '.' || c.relname, c.relreplident FROM pg_partition_tree(%s::oid) "
+                    "p JOIN pg_class c ON c.oid = p.relid JOIN pg_namespace n ON n.oid = c.relnamespace "
+                    "WHERE p.level > 0 ORDER BY p.level, 2", (relid,)).fetchall()
+                for _, member, member_ident in members:
                     if member_ident != "f":
                         raise ReplicaIdentityNotFull(self.source, member, IDENTITY.get(member_ident, member_ident)
                                                      + f" (a partition of {table}, which the publication publishes "
                                                      "through its root)")
+                partitions = tuple(sorted(int(oid) for oid, _, _ in members))
             cols = conn.execute("SELECT attname, atttypid::int8, atttypmod FROM pg_attribute WHERE attrelid = %s "
                                 "AND attnum > 0 AND NOT attisdropped ORDER BY attnum", (relid,)).fetchall()
             listed = conn.execute("SELECT pr.prattrs IS NOT NULL FROM pg_publication_rel pr JOIN pg_publication p "
@@ -281,7 +290,7 @@ class PostgresUpstream:
             if column_list is not None:
                 cols = [c for c in cols if c[0] in column_list]
             out.append(TableInfo(table, relid, tuple((n, o, m) for n, o, m in cols), row_filter, column_list,
-                                 partitioned))
+                                 partitions))
         return out
 
     def check_tables(self, conn, registered: Sequence[TableInfo]) -> None:
@@ -291,27 +300,41 @@ class PostgresUpstream:
             if now.relid != info.relid:
                 raise PublicationMissing(self.source, info.table, f"was dropped and created again (oid {info.relid} "
                                          f"is now {now.relid})", "re-snapshot the source")
-            self._compare(info, now.row_filter, now.column_list)
+            self._compare(info, now.row_filter, now.column_list, now.partitions)
 
     def check_definitions(self, conn, registered: Sequence[TableInfo]) -> None:
         """The publication still publishes every operation, and every registered table with the row filter
-        and column list it was registered with: ``PublicationUnsupported``, ``PublicationMissing`` or
-        ``PublicationRedefined`` otherwise. Three queries whatever the number of tables: a write runs it
+        and column list it was registered with, a partitioned root with the same partitions:
+        ``PublicationUnsupported``, ``PublicationMissing`` or ``PublicationRedefined`` otherwise. At most four
+        queries whatever the number of tables: a write runs it
         after its binding was minted, so a redefinition committed below the LSN it reads up to is seen."""
         published = self._publication(conn)
         listed = {int(r): bool(a) for r, a in conn.execute(
             "SELECT pr.prrelid::int8, pr.prattrs IS NOT NULL FROM pg_publication_rel pr JOIN pg_publication p "
             "ON p.oid = pr.prpubid WHERE p.pubname = %s", (self.publication,)).fetchall()}
+        roots = [t.relid for t in registered if t.partitions is not None]
+        trees: dict[int, list[int]] = {r: [] for r in roots}
+        if roots:
+            for root, member in conn.execute("SELECT r.root::int8, p.relid::int8 FROM unnest(%s::oid[]) r(root), "
+                                             "pg_partition_tree(r.root) p WHERE p.level > 0", (roots,)).fetchall():
+                trees[int(root)].append(int(member))
         for info in registered:
             if info.table not in published:
                 raise PublicationMissing(self.source, info.table, f"not in publication {self.publication} (dropped, "
                                          "or removed from the publication)",
                                          f"ALTER PUBLICATION {self.publication} ADD TABLE {info.table}, or re-snapshot")
             names, row_filter = published[info.table]
-            self._compare(info, row_filter, tuple(names) if listed.get(info.relid) else None)
+            self._compare(info, row_filter, tuple(names) if listed.get(info.relid) else None,
+                          None if info.partitions is None else tuple(sorted(trees[info.relid])))
 
-    def _compare(self, info: TableInfo, row_filter: str | None, column_list: tuple[str, ...] | None) -> None:
+    def _compare(self, info: TableInfo, row_filter: str | None, column_list: tuple[str, ...] | None,
+                 partitions: tuple[int, ...] | None) -> None:
         changed = []
+        if partitions != info.partitions:
+            was, now = set(info.partitions or ()), set(partitions or ())
+            moved = [f"{len(now - was)} attached" if now - was else "", f"{len(was - now)} detached" if was - now else ""]
+            changed.append(f"its partitions changed ({', '.join(m for m in moved if m)}: their rows came or went "
+                           "without a change Reclock can read)")
         if row_filter != info.row_filter:
             changed.append(f"its row filter changed from {info.row_filter or '(none)'} to {row_filter or '(none)'}")
         if column_list != info.column_list:
