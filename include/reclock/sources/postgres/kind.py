@@ -23,10 +23,13 @@ import contextlib
 import uuid
 from typing import Any, ContextManager, Sequence
 
+import pyarrow as pa
+
 from reclock import remap
 from reclock.batch import BatchDescription, mint_descriptions
+from reclock.compaction import contents_as_of
 from reclock.config import parse_pg_table, pg_table_shard
-from reclock.errors import ConfigError, ShardsDisagree
+from reclock.errors import ConfigError, ShardsDisagree, TableTruncated
 from reclock.failpoints import failpoint
 from reclock.part_layout import DATA_KIND, ERRORS_KIND, ERRORS_OUTPUT, INTERNAL_PREFIX
 from reclock.persist.gc import lease_write, release_write
@@ -240,7 +243,9 @@ class PostgresSource(SourceRuntime):
                 # the LSN read up to is seen
                 up.check_definitions(uconn, [o.info for o in outputs])
                 decoder = cdc.ChangeDecoder(self.ctx.spec.name, outputs, writer, bindings, start, end, rewind,
-                                            strict_tables=not self.ctx.spec.postgres.tables)
+                                            strict_tables=not self.ctx.spec.postgres.tables,
+                                            truncated=lambda out, ts: self._truncated(writer, desc, out, ts,
+                                                                                      spark_done))
                 # the peek's cursor lives in a transaction; the blocks are closed (the helper thread joined) before
                 # it ends, also when the decoder stops early
                 with uconn.transaction(force_rollback=True), contextlib.closing(
@@ -259,6 +264,34 @@ class PostgresSource(SourceRuntime):
                  records={s: sum(p.rows for p in ps) for s, ps in parts.items()},
                  bytes={s: sum(p.bytes for p in ps) for s, ps in parts.items()})
         return WrittenBatch(desc, parts, (), prefix)
+
+
+    def _truncated(self, writer: cdc.PartWriter, desc: BatchDescription, out: cdc.Output, ts: int,
+                   on_spark: set) -> int:
+        """A ``TRUNCATE`` of ``out``'s table at ``ts``: every row its collection holds at that point retracted at
+        ``ts`` (the contents before the description, AS OF its lower - 1, plus this write's updates of the
+        table so far, read back; in memory, as a re-snapshot's retraction is); the rows retracted. A table
+        Spark snapshotted in this write stalls instead (``TableTruncated``: its parts are Spark's)."""
+        if out.shard in on_spark:
+            raise TableTruncated(self.ctx.spec.name, out.info.table, "TRUNCATE in the cycle that took its snapshot "
+                                 "on Spark", "run the cycle again after `reclock resnapshot`")
+        writer.flush(out.info.relid)
+        updates = [writer.written(out.info.relid)]
+        with self.ctx.connect() as conn:
+            if desc.lower > 0 and shard_info(conn, out.shard).upper > 0:
+                held = read_as_of(conn, self.ctx.blob, out.shard, desc.lower - 1)
+                names = [n for n, _, _ in out.info.columns]
+                if held.num_rows and sorted(held.column_names) == sorted([*names, "diff"]):
+                    updates.append(held.select(names).append_column("ts", pa.array([0] * held.num_rows, pa.int64()))
+                                   .append_column("diff", held["diff"]).cast(out.schema))
+                elif held.num_rows:
+                    raise TableTruncated(self.ctx.spec.name, out.info.table, "TRUNCATE of a collection whose columns "
+                                         "changed in this write", "re-snapshot the source")
+        parts = [u for u in updates if u is not None]
+        contents = contents_as_of(pa.concat_tables(parts) if parts else None, ts)
+        if "diff" in contents.column_names and contents.num_rows and len(contents.column_names) > 1:
+            writer.retract(out.info.relid, contents, ts)
+        return contents.num_rows
 
 
     def _snapshot_on_spark(self, sconn, outputs: Sequence[cdc.Output]) -> list[tuple[cdc.Output, list]]:
