@@ -262,3 +262,13 @@ class SlotBusy(ReclockError):
         self.slot = slot
         super().__init__(f"source {source}: replication slot {slot} is in use by another process ({detail}); "
                          "another cycle of this source runs, this one changed nothing")
+
+
+class ValueNotCarried(ReclockError):
+    """A reader or sink would change values on their way (a type its engine or format cannot hold bit for
+    bit), so it refuses instead."""
+
+    def __init__(self, where: str, column: str, what: str, remedy: str) -> None:
+        self.where = where
+        self.column = column
+        super().__init__(f"{where}: column {column}: {what}; nothing was read or written ({remedy})")
