@@ -37,7 +37,7 @@ from hypothesis import strategies as st
 
 from reclock import cycle
 from reclock.batch import BatchDescription
-from reclock.cdc import DICTIONARY_PAGE_BYTES
+from reclock.sources.postgres.cdc import DICTIONARY_PAGE_BYTES
 from reclock.compaction import consolidate
 from reclock.errors import ValueNotCarried
 from reclock.persist import connect
