@@ -92,7 +92,7 @@ def _changes(env, blob, n: int, echo: Callable[[str], None]) -> str:
     spec = parse_source("read_changes", {"kafka": {"topic": backlog.topic, "bootstrap": env.bootstrap},
                                          "format": {"type": "json", "schema": SCHEMA}, "envelope": "upsert",
                                          "budget": {"max_records": n}})
-    ctx = CycleContext(spec=spec, dsn=env.dsn, bootstrap=env.bootstrap, blob=blob,
+    ctx = CycleContext(spec=spec, dsn=env.dsn, upstream=env.bootstrap, blob=blob,
                        spark_factory=lambda: env.spark, retain_history_ms=10**12)
     run_cycle(ctx)
     with connect(env.dsn) as conn:
