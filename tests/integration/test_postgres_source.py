@@ -145,11 +145,11 @@ class Writer(threading.Thread):
 TABLES = ("a", "b", "c")
 
 
-def _commit_lsns(dsn: str, slot: str) -> dict[int, int]:
+def _commit_lsns(dsn: str, slot: str, publication: str = "pub") -> dict[int, int]:
     """xid -> commit LSN, from the Begin messages of an observer slot made before any write."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         rows = conn.execute("SELECT data FROM pg_logical_slot_peek_binary_changes(%s, NULL, NULL, 'proto_version', "
-                            "'1', 'publication_names', 'pub') WHERE get_byte(data, 0) = 66", (slot,)).fetchall()
+                            "'1', 'publication_names', %s) WHERE get_byte(data, 0) = 66", (slot, publication)).fetchall()
     out = {}
     for (data,) in rows:
         m = po.decode(data)
@@ -219,6 +219,46 @@ def test_concurrent_writers_every_binding_and_one_timestamp_per_transaction(db, 
     assert big in stamped or lsns[big] < l1
     assert max(b.rows for b in parts_b) <= 400, "parts are bounded by the budget, whatever a transaction's size"
     assert slot_confirmed(upstream, name) == bs[-1][1]
+
+
+def test_a_row_filter_every_binding_equals_the_filtered_tables_while_writers_write(db, upstream, tmp_path):
+    """``FOR TABLE a WHERE (v LIKE 'u%')``: the writers insert rows outside the filter (``v...``) and update
+    them into it (``u...``: an insert for the collection), delete rows in and out of it, while the first
+    cycle takes its snapshot and the next ones stream. AS OF every binding, ``a``'s collection is exactly
+    the rows of ``a`` the filter passes at that binding's LSN (the writers' own logs, the commit LSNs from
+    an observer slot of an unfiltered publication); ``b`` and ``c`` are whole."""
+    with writer(upstream) as conn:
+        for t in TABLES:
+            conn.execute(f"CREATE TABLE {t} (id int8 PRIMARY KEY, v text, n numeric(10,2), txid int8)")
+            conn.execute(f"ALTER TABLE {t} REPLICA IDENTITY FULL")
+        conn.execute("CREATE PUBLICATION pub FOR TABLE a WHERE (v LIKE 'u%'), b, c")
+        conn.execute("CREATE PUBLICATION everything FOR TABLE a, b, c")
+    name = source_name()
+    observer = _observer(upstream, name)
+    ctx = make_ctx(db, upstream, tmp_path, name, list(TABLES), max_records=50)
+    stop = threading.Event()
+    writers = [Writer(upstream, i, stop) for i in range(2)]
+    for w in writers:
+        w.start()
+    time.sleep(0.3)
+    for _ in range(4):
+        cycle.run_cycle(ctx)
+        time.sleep(0.2)
+    stop.set()
+    for w in writers:
+        w.join(60)
+        assert w.error is None, w.error
+    cycle.run_cycle(ctx)
+    lsns = _commit_lsns(upstream, observer, "everything")
+    moved = 0
+    for ts, lsn in bindings(ctx):
+        want = _expected(writers, lsns, lsn)
+        want["a"] = {k: r for k, r in want["a"].items() if r[0].startswith("u")}
+        moved = max(moved, len(want["a"]))
+        for table in TABLES:
+            got = {k: (r["v"], r["n"], r["txid"]) for k, r in contents(ctx, f"{name}__{table}", ts).items()}
+            assert got == want[table], f"{table} AS OF {ts} (LSN {lsn:X})"
+    assert moved > 0, "rows moved into the filter"
 
 
 def _check(ctx, writers, lsns) -> list[tuple[int, int]]:
