@@ -288,7 +288,8 @@ def test_schema_and_all_tables_publications_land_every_table(db, upstream, tmp_p
     name = ctx.spec.name
     cycle.run_cycle(ctx)
     assert ctx.shards() == (f"{name}__s__a", f"{name}__s__b", f"{name}_errors")
-    run(upstream, "UPDATE s.a SET v = 'x' WHERE id = 1", "DELETE FROM s.a WHERE id = 2", "INSERT INTO s.b VALUES (9, 'b')")
+    run(upstream, "UPDATE s.a SET v = 'x' WHERE id = 1", "DELETE FROM s.a WHERE id = 2",
+        "INSERT INTO s.b VALUES (9, 'b')")
     cycle.run_cycle(ctx)
     for t in ("a", "b"):
         assert landed(ctx, f"{name}__s__{t}") == published(upstream, f"SELECT * FROM s.{t}")

@@ -149,7 +149,8 @@ def _commit_lsns(dsn: str, slot: str, publication: str = "pub") -> dict[int, int
     """xid -> commit LSN, from the Begin messages of an observer slot made before any write."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         rows = conn.execute("SELECT data FROM pg_logical_slot_peek_binary_changes(%s, NULL, NULL, 'proto_version', "
-                            "'1', 'publication_names', %s) WHERE get_byte(data, 0) = 66", (slot, publication)).fetchall()
+                            "'1', 'publication_names', %s) WHERE get_byte(data, 0) = 66",
+                            (slot, publication)).fetchall()
     out = {}
     for (data,) in rows:
         m = po.decode(data)

@@ -730,7 +730,8 @@ SNAPSHOT_BLOCK = 8 << 20
 def read_snapshot(conn, outputs: Sequence[Output], writer: PartWriter, ts: int, chunk: int) -> int:
     """Every row of every table, in the snapshot ``conn``'s transaction holds, as +1 at ``ts``; returns the
     rows read. Each table is read with ``COPY (SELECT col::text, ... FROM ONLY t WHERE <row filter>) TO STDOUT
-    (FORMAT csv)`` (the columns and rows its publication publishes: ``TableInfo``; each column's text form as pgoutput sends it: :func:`reclock.sources.postgres.upstream.text_form`) in the
+    (FORMAT csv)`` (the columns and rows its publication publishes: ``TableInfo``; each column's text form as
+    pgoutput sends it: :func:`reclock.sources.postgres.upstream.text_form`) in the
     session styles the stream is decoded in, parsed by Arrow's streaming CSV reader a block at a time (every
     value a string; an unquoted empty field is NULL, a quoted one the empty string), and converted as the
     stream's values are, so both give equal values."""

@@ -332,7 +332,8 @@ class PostgresUpstream:
         changed = []
         if partitions != info.partitions:
             was, now = set(info.partitions or ()), set(partitions or ())
-            moved = [f"{len(now - was)} attached" if now - was else "", f"{len(was - now)} detached" if was - now else ""]
+            moved = [f"{len(now - was)} attached" if now - was else "",
+                     f"{len(was - now)} detached" if was - now else ""]
             changed.append(f"its partitions changed ({', '.join(m for m in moved if m)}: their rows came or went "
                            "without a change Reclock can read)")
         if row_filter != info.row_filter:
