@@ -12,7 +12,7 @@ write               the slot's transactions below the bound LSN decoded in the t
                     (``reclock.sources.postgres.cdc``), the first description's snapshot too (large tables on
                     Spark: ``reclock.sources.postgres.spark_snapshot``)
 commit              the replication slot advanced to the LSN
-resnapshot          a fresh snapshot at a new binding (TRUNCATE, DDL, a lost slot); no rebuild (no history)
+resnapshot          a fresh snapshot at a new binding (DDL, a redefined publication, a lost slot); no rebuild (no history)
 trigger, lag        ``PublicationChanged``; the slot's lag is not probed
 ==================  ========================================================================================
 """
@@ -144,7 +144,7 @@ class PostgresSource(SourceRuntime):
         return infos
 
     def resnapshot(self, metrics: dict) -> dict:
-        """Start a Postgres source over from a fresh snapshot at a new binding, after a stall (TRUNCATE, DDL,
+        """Start a Postgres source over from a fresh snapshot at a new binding, after a stall (DDL, a publication,
         a lost slot): the tables are described again (their new columns), the slot is dropped and created
         anew, and a binding at a new timestamp (never in the past) is appended with the new registration in
         one transaction. The next cycle's write retracts what each collection held and writes the snapshot,
