@@ -454,11 +454,11 @@ class ChangeDecoder:
     def _stretch(self, rows, buf, start, end, kind, first: int) -> None:
         """Messages ``first ...`` of the block (changes, Begins and Commits only), read column by column;
         message by message if that meets anything else (see :meth:`feed_blocks`)."""
-        saved = (self.in_txn, self.last_commit, self.targets, replace(self.stats))
+        saved = (self.in_txn, self.last_commit, self.targets, self.rewinding, replace(self.stats))
         try:
             emit = self._read_stretch(rows, buf, start, end, kind, first)
         except (po.Irregular, ReclockError):
-            self.in_txn, self.last_commit, self.targets, self.stats = saved
+            self.in_txn, self.last_commit, self.targets, self.rewinding, self.stats = saved
             self._messages(map(po.decode, rows[first:first + len(kind)]))
             return
         self.stats.messages += len(kind)
