@@ -14,7 +14,7 @@ import pytest
 from pg_support import bindings, contents, make_ctx, source_name, upstream_database, writer
 
 from reclock import cycle, failpoints
-from reclock.errors import (PublicationRedefined, PublicationUnsupported, ReplicaIdentityNotFull,
+from reclock.errors import (PublicationMissing, PublicationRedefined, PublicationUnsupported, ReplicaIdentityNotFull,
                             TableSchemaChanged)
 from reclock.persist import connect
 from reclock.persist.shards import shard_info
@@ -251,6 +251,16 @@ def test_a_partitioned_table_lands_as_its_partitions_or_through_its_root(db, ups
     cycle.run_cycle(ctx)
     for shard, view in views.items():
         assert landed(ctx, shard) == published(upstream, view), shard
+
+
+def test_a_partitioned_table_listed_while_its_partitions_are_published_says_what_to_choose(db, upstream, tmp_path):
+    run(upstream, "CREATE TABLE m (id int, v text) PARTITION BY RANGE (id)",
+        "CREATE TABLE m1 PARTITION OF m FOR VALUES FROM (0) TO (100)", "ALTER TABLE m1 REPLICA IDENTITY FULL",
+        "CREATE PUBLICATION pub FOR TABLE m")
+    ctx = make_ctx(db, upstream, tmp_path, source_name(), ["m"])
+    with pytest.raises(PublicationMissing, match=r"table public\.m: is partitioned, and publication pub publishes "
+                       r"its partitions as tables of their own \(public\.m1\).*publish_via_partition_root = true"):
+        cycle.run_cycle(ctx)
 
 
 @pytest.mark.parametrize("ddl", ["ALTER TABLE m ATTACH PARTITION m3 FOR VALUES FROM (200) TO (300)",

@@ -256,9 +256,7 @@ class PostgresUpstream:
         out = []
         for table in tables:
             if table not in published:
-                raise PublicationMissing(self.source, table, f"not in publication {self.publication} (dropped, "
-                                         "or removed from the publication)",
-                                         f"ALTER PUBLICATION {self.publication} ADD TABLE {table}, or re-snapshot")
+                self._not_published(conn, table, published)
             names, row_filter = published[table]
             schema, _, name = table.partition(".")
             row = conn.execute("SELECT c.oid::int8, c.relreplident, c.relkind FROM pg_class c JOIN pg_namespace n "
@@ -292,6 +290,25 @@ class PostgresUpstream:
             out.append(TableInfo(table, relid, tuple((n, o, m) for n, o, m in cols), row_filter, column_list,
                                  partitions))
         return out
+
+    def _not_published(self, conn, table: str, published: dict) -> None:
+        """``PublicationMissing`` for a table the publication does not publish; for a partitioned table whose
+        partitions it publishes as tables of their own, saying so and what to choose."""
+        schema, _, name = table.partition(".")
+        parts = conn.execute("SELECT n.nspname || '.' || c.relname FROM pg_class r JOIN pg_namespace rn ON rn.oid = "
+                             "r.relnamespace, pg_partition_tree(r.oid) p JOIN pg_class c ON c.oid = p.relid JOIN "
+                             "pg_namespace n ON n.oid = c.relnamespace WHERE rn.nspname = %s AND r.relname = %s "
+                             "AND r.relkind = 'p' AND p.isleaf ORDER BY 1", (schema, name)).fetchall()
+        leaves = [p for (p,) in parts if p in published]
+        if leaves:
+            raise PublicationMissing(self.source, table, f"is partitioned, and publication {self.publication} "
+                                     f"publishes its partitions as tables of their own ({', '.join(leaves)})",
+                                     f"list the partitions under `tables:`, or run ALTER PUBLICATION "
+                                     f"{pg_ident(self.publication)} SET (publish_via_partition_root = true); to take "
+                                     "the whole tree as one collection")
+        raise PublicationMissing(self.source, table, f"not in publication {self.publication} (dropped, "
+                                 "or removed from the publication)",
+                                 f"ALTER PUBLICATION {self.publication} ADD TABLE {table}, or re-snapshot")
 
     def check_tables(self, conn, registered: Sequence[TableInfo]) -> None:
         """Every registered table is still there (same oid), published as it was registered
