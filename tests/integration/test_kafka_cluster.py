@@ -156,7 +156,10 @@ def _exactly_once_while_killed(kafka_cluster, db, spark, tmp_path, tag: str, pla
     steps.start()
     killed = []
     try:
-        time.sleep(5)
+        deadline = time.monotonic() + STEP_BOUND_S  # under way: a cycle and a sink transaction (its coordinator) done
+        while (not steps.done["cycle"] or not steps.done["sink"]) and time.monotonic() < deadline and not steps.hung:
+            time.sleep(0.5)
+        assert steps.done["cycle"] and steps.done["sink"], f"no cycle and sink step before the kills: {steps.failed[-5:]}"
         for role, node_of in plan(spec, src):
             before = dict(steps.done)
             node = node_of()
