@@ -10,7 +10,7 @@ waits and then finds nothing left to do. It refuses to run when an applied migra
 The role that migrates needs to own the ``reclock`` schema, nothing more: when the schema exists (an
 administrator created it, ``CREATE SCHEMA reclock AUTHORIZATION <role>``), no ``CREATE SCHEMA`` is run, since
 Postgres checks the database's CREATE privilege even for ``CREATE SCHEMA IF NOT EXISTS`` of an existing
-schema (docs/deployment.md lists the grants).
+schema (docs/security.md lists the grants).
 """
 
 from __future__ import annotations
