@@ -123,7 +123,7 @@ def test_only_the_dev_commands_reach_the_dev_stack():
 
 # -- the layering (STYLE.md, issue 31): arrows point from adapters to the core, from wiring to the library --
 
-PURE_CORE = ("reclock.time", "reclock.remap", "reclock.batch", "reclock.compaction")
+PURE_CORE = ("reclock.time", "reclock.remap", "reclock.batch", "reclock.compaction", "reclock.bitexact")
 READERS = ("reclock.tables", "reclock.read")
 SOURCES = PACKAGE / "sources"
 KINDS = sorted(p.name for p in SOURCES.iterdir() if (p / "__init__.py").is_file())

@@ -26,10 +26,12 @@ log = logging.getLogger(__name__)
 CLASSPATH = "reclock.sources.kafka.trigger.UpstreamMoved"
 
 
-def admin_client(bootstrap: str):
-    from confluent_kafka.admin import AdminClient
+def admin_client(kafka, what: str = "trigger"):
+    """An admin client for the cluster ``kafka`` (a ``KafkaClientConfig``, or an unsecured cluster's
+    address)."""
+    from reclock import kafka_client
 
-    return AdminClient({"bootstrap.servers": bootstrap, "log_level": 2})
+    return kafka_client.admin(kafka_client.client_config(kafka), what).handle
 
 
 def cluster_offsets(admin, timeout: float = 10.0) -> dict[str, dict[int, int]]:
@@ -82,18 +84,18 @@ class UpstreamMoved(SharedProbeTrigger):
     async def open_shared_stream(cls, kwargs: dict[str, Any]) -> AsyncIterator[Any]:
         """One probe loop per cluster: every topic's last stable offsets, every ``poll`` seconds. A probe that
         fails (the broker away) is logged and retried; the loop never ends by itself."""
-        from reclock.settings import find_bootstrap
+        from reclock.settings import find_kafka
         from reclock.specs import KafkaSpec
 
         spec = KafkaSpec(topic=kwargs["topic"], connection=kwargs["connection"], bootstrap=kwargs["bootstrap"])
-        bootstrap = await asyncio.to_thread(find_bootstrap, spec, f"source {kwargs['source']}")
+        kafka = await asyncio.to_thread(find_kafka, spec, f"source {kwargs['source']}")
         poll = float(kwargs["poll"])
-        admin = admin_client(bootstrap)  # one client for the loop's life: it reconnects by itself
+        admin = admin_client(kafka, f"the upstream trigger of {kafka.describe()}")  # reconnects by itself
         while True:
             try:
                 yield await asyncio.to_thread(cluster_offsets, admin)
             except Exception as e:  # noqa: BLE001 - a broker restart must not end the watch
-                log.warning("reclock: probing %s failed: %s; retrying in %ss", bootstrap, e, poll)
+                log.warning("reclock: probing %s failed: %s; retrying in %ss", kafka.describe(), e, poll)
             await asyncio.sleep(poll)
 
     async def filter_shared_stream(self, shared_stream: AsyncIterator[Any]) -> AsyncIterator[TriggerEvent]:
@@ -110,8 +112,9 @@ class UpstreamMoved(SharedProbeTrigger):
             upper = snapshot.get(self.topic)
             if upper is None:
                 if not missing_logged:
-                    self.log.warning("reclock: topic %s of source %s is not on %s", self.topic, self.source,
-                                     self.bootstrap)
+                    self.log.warning("reclock: topic %s of source %s is not on %s, or its principal may not "
+                                     "DESCRIBE it (an ACL is missing)", self.topic, self.source,
+                                     self.bootstrap or f"connection {self.connection}")
                     missing_logged = True
                 continue
             missing_logged = False
