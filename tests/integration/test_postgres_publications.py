@@ -119,7 +119,8 @@ def test_publications_hold_across_the_seam_while_writers_write_and_cycles_crash(
                                 conn.execute("UPDATE t SET p = (p + 1) %% 3 WHERE id = %s", (k,))
                             elif op == "insert":
                                 fresh += 1
-                                conn.execute("INSERT INTO t VALUES (%s, %s, %s)", (fresh, rng.randint(0, 99), fresh % 3))
+                                conn.execute("INSERT INTO t VALUES (%s, %s, %s)",
+                                             (fresh, rng.randint(0, 99), fresh % 3))
                             else:
                                 conn.execute("DELETE FROM t WHERE id = %s", (k,))
                     committed.append(seed)
