@@ -130,24 +130,49 @@ def avro_schema(f: dict, what: str, base: Path | None) -> str:
     return json.dumps(schema)
 
 
-def parse_format(raw: Any, what: str, base: Path | None) -> FormatSpec:
-    """A source's ``format:`` (a type name, or a mapping with ``type``, ``schema``, ``header``, ``schema_file``,
-    ``wire``); ``base`` is the folder a relative ``schema_file`` is found in."""
+SCHEMA_FORMATS = ("json", "csv", "parquet")
+"""Formats whose columns the config declares as Spark DDL (``schema:``); avro's come from ``schema_file:``."""
+
+
+def parse_format(raw: Any, what: str, base: Path | None, formats: tuple[str, ...] = FORMATS,
+                 wires: tuple[str, ...] = WIRES) -> FormatSpec:
+    """A source's ``format:`` (a type name, or a mapping with ``type``, ``schema``, ``header`` (csv),
+    ``schema_file`` (avro), ``wire`` (when the kind has ``wires``)), a type among the kind's ``formats``;
+    ``base`` is the folder a relative ``schema_file`` is found in."""
     f = {"type": raw} if isinstance(raw, str) else raw
     f = require(f, what)
-    refuse_unknown(f, {"type", "schema", "header", "schema_file", "wire"}, what)
+    refuse_unknown(f, {"type", "schema", "header", "schema_file", *(("wire",) if wires else ())}, what)
     ftype = f.get("type", "json")
-    if ftype not in FORMATS:
-        raise ConfigError(f"{what}: type {ftype!r} is not one of {', '.join(FORMATS)}")
+    if ftype not in formats:
+        raise ConfigError(f"{what}: type {ftype!r} is not one of {', '.join(formats)}")
     schema = f.get("schema")
-    if ftype in ("json", "csv") and not schema:
+    if ftype in SCHEMA_FORMATS and not schema:
         raise ConfigError(f"{what}: type {ftype} needs a `schema` (Spark DDL, e.g. \"id BIGINT, name STRING\")")
     if ftype == "avro":
         schema = avro_schema(f, what, base)
+    if "header" in f and ftype != "csv":
+        raise ConfigError(f"{what}: `header:` is for csv")
     wire = f.get("wire", "plain")
-    if wire not in WIRES:
-        raise ConfigError(f"{what}: wire {wire!r} is not one of {', '.join(WIRES)}")
+    if wires and wire not in wires:
+        raise ConfigError(f"{what}: wire {wire!r} is not one of {', '.join(wires)}")
     return FormatSpec(type=ftype, schema=schema, csv_header=bool(f.get("header", False)), wire=wire)
+
+
+def parse_include(d: dict, metadata: tuple[str, ...], what: str) -> tuple[str, ...]:
+    """A source's ``include:``: metadata columns among the kind's ``metadata``."""
+    include = tuple(d.get("include", ()) or ())
+    bad = [c for c in include if c not in metadata]
+    if bad:
+        raise ConfigError(f"{what}: include {bad} not among {', '.join(metadata)}")
+    return include
+
+
+ON_DECODE_ERRORS = ("collect", "stall")
+
+
+def parse_on_decode_error(d: dict, what: str) -> str:
+    """A source's ``on_decode_error:``: collect (to ``<source>_errors``) or stall."""
+    return choice(d.get("on_decode_error", "collect"), ON_DECODE_ERRORS, f"{what}.on_decode_error")
 
 
 @dataclass(frozen=True)

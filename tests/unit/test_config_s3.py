@@ -58,7 +58,7 @@ def test_defaults_and_a_local_folder():
     (s3(compression="zstd"), r"compression: 'zstd' is not one of auto, gzip, none"),
     (s3(max_objects_per_cycle=0), "max_objects_per_cycle: a positive number"),
     (s3(max_objects_per_cycle=True), "max_objects_per_cycle: a positive number"),
-    ({**S3, "format": {"type": "orc"}}, r"format\.type: 'orc' is not one of json, csv, text, parquet, avro"),
+    ({**S3, "format": {"type": "orc"}}, r"source ev\.format: type 'orc' is not one of json, csv, text, parquet, avro"),
     ({**S3, "format": {"type": "json"}}, "type json needs a `schema`"),
     ({**S3, "format": {"type": "parquet"}}, "type parquet needs a `schema`"),
     ({**S3, "format": {"type": "json", "schema": "n BIGINT", "header": True}}, "`header:` is for csv"),

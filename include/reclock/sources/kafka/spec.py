@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from reclock.errors import ConfigError
-from reclock.specs import (ENVELOPES, REBUILDS, SourceSpec, parse_budget, parse_format, parse_kafka, parse_schedule,
-                           refuse_unknown, require)
+from reclock.specs import (ENVELOPES, REBUILDS, SourceSpec, parse_budget, parse_format, parse_include, parse_kafka,
+                           parse_on_decode_error, parse_schedule, refuse_unknown, require)
 
 METADATA = ("partition", "offset", "key", "timestamp", "headers")
 """The metadata columns a Kafka source may include (like Materialize's ``INCLUDE``)."""
@@ -27,10 +27,7 @@ def parse_kafka_source(name: str, d: dict, base: Path | None) -> SourceSpec:
     envelope = d.get("envelope", "none")
     if envelope not in ENVELOPES:
         raise ConfigError(f"{what}: envelope {envelope!r} is not one of {', '.join(ENVELOPES)}")
-    include = tuple(d.get("include", ()) or ())
-    bad = [c for c in include if c not in METADATA]
-    if bad:
-        raise ConfigError(f"{what}: include {bad} not among {', '.join(METADATA)}")
+    include = parse_include(d, METADATA, what)
     if envelope == "upsert" and "headers" in include:
         raise ConfigError(f"{what}: envelope upsert cannot include headers (the upsert state keeps key, value, "
                           "partition, offset and timestamp of each key's current record)")
@@ -39,9 +36,7 @@ def parse_kafka_source(name: str, d: dict, base: Path | None) -> SourceSpec:
         raise ConfigError(f"{what}.budget: max_bytes is not supported for a source (Kafka does not tell a range's "
                           "size before it is read); size a cycle's Spark jobs with max_records")
     budget = parse_budget(b, f"{what}.budget", 1_000_000)
-    on_err = d.get("on_decode_error", "collect")
-    if on_err not in ("collect", "stall"):
-        raise ConfigError(f"{what}: on_decode_error {on_err!r} is not collect or stall")
+    on_err = parse_on_decode_error(d, what)
     rebuild = d.get("rebuild", "task")
     if rebuild not in REBUILDS:
         raise ConfigError(f"{what}: rebuild {rebuild!r} is not one of {', '.join(REBUILDS)}")

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from reclock.errors import ConfigError
-from reclock.specs import (FormatSpec, SourceSpec, avro_schema, choice, parse_duration, parse_schedule, refuse_unknown,
-                           require)
+from reclock.specs import (SourceSpec, choice, parse_duration, parse_format, parse_include, parse_on_decode_error,
+                           parse_schedule, refuse_unknown, require)
 
 FORMATS = ("json", "csv", "text", "parquet", "avro")
 """An S3 source's formats: lines (JSON lines, CSV, text; also gzip'd) or whole objects (Parquet, Avro files)."""
@@ -118,29 +118,16 @@ def parse_s3_source(name: str, d: dict, base: Path | None) -> SourceSpec:
     if not isinstance(backfill, bool):
         raise ConfigError(f"{what}.s3.backfill: true or false")
     max_new = _positive_count(s.get("max_objects_per_cycle", 100_000), f"{what}.s3.max_objects_per_cycle")
-    f = d.get("format", {"type": "json"})
-    f = require({"type": f} if isinstance(f, str) else f, f"{what}.format")
-    refuse_unknown(f, {"type", "schema", "header", "schema_file"}, f"{what}.format")
-    ftype = choice(f.get("type", "json"), FORMATS, f"{what}.format.type")
-    schema = f.get("schema")
-    if ftype in ("json", "csv", "parquet") and not schema:
-        raise ConfigError(f"{what}.format: type {ftype} needs a `schema` (Spark DDL, e.g. \"id BIGINT, name STRING\")")
-    if ftype == "avro":
-        schema = avro_schema(f, f"{what}.format", base)
-    if "header" in f and ftype != "csv":
-        raise ConfigError(f"{what}.format: `header:` is for csv")
+    fmt = parse_format(d.get("format", {"type": "json"}), f"{what}.format", base, FORMATS, wires=())
     compression = choice(s.get("compression", "auto"), COMPRESSIONS, f"{what}.s3.compression")
-    if ftype in ("parquet", "avro") and compression == "gzip":
-        raise ConfigError(f"{what}.s3: {ftype} files compress inside; `compression: gzip` is for line formats")
-    include = tuple(d.get("include", ()) or ())
-    bad = [c for c in include if c not in METADATA]
-    if bad:
-        raise ConfigError(f"{what}: include {bad} not among {', '.join(METADATA)} (an S3 source's metadata)")
+    if fmt.type in ("parquet", "avro") and compression == "gzip":
+        raise ConfigError(f"{what}.s3: {fmt.type} files compress inside; `compression: gzip` is for line formats")
+    include = parse_include(d, METADATA, what)
     b = require(d.get("budget", {}) or {}, f"{what}.budget")
     refuse_unknown(b, {"max_bytes", "max_objects"}, f"{what}.budget")
     max_bytes = parse_size(b.get("max_bytes", S3Spec.max_bytes), f"{what}.budget.max_bytes")
     max_objects = _positive_count(b.get("max_objects", S3Spec.max_objects), f"{what}.budget.max_objects")
-    on_err = choice(d.get("on_decode_error", "collect"), ("collect", "stall"), f"{what}.on_decode_error")
+    on_err = parse_on_decode_error(d, what)
     dedupe = s.get("dedupe")
     spec = S3Spec(url=url, connection=connection, discovery=discovery, keys=keys,
                   lookback_s=parse_duration(s.get("lookback", "1h"), f"{what}.s3.lookback"),
@@ -149,5 +136,4 @@ def parse_s3_source(name: str, d: dict, base: Path | None) -> SourceSpec:
                   on_overwrite=choice(s.get("on_overwrite", "stall"), OVERWRITES, f"{what}.s3.on_overwrite"),
                   compression=compression, max_objects_per_cycle=max_new, max_bytes=max_bytes, max_objects=max_objects)
     sched = parse_schedule(d, what, SCHEDULES)
-    fmt = FormatSpec(type=ftype, schema=schema, csv_header=bool(f.get("header", False)))
     return SourceSpec(name=name, upstream=spec, format=fmt, include=include, on_decode_error=on_err, **sched)

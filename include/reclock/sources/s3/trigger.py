@@ -25,10 +25,11 @@ from typing import Any, AsyncIterator
 
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
+from reclock.sources.trigger import REFIRE_S
+
 log = logging.getLogger(__name__)
 
 CLASSPATH = "reclock.sources.s3.trigger.ObjectsArrived"
-REFIRE_S = 60.0
 SEEN_IDS = 10_000
 """Message ids remembered (a look returns up to 10 of the queue's messages, not necessarily new ones)."""
 
