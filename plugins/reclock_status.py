@@ -26,7 +26,7 @@ from airflow.plugins_manager import AirflowPlugin
 
 from reclock import status_page, status_report
 from reclock.config import load_config
-from reclock.orchestration import settings
+from reclock import settings
 
 PREFIX = "/reclock"
 PROJECT = Path(__file__).resolve().parent.parent

@@ -20,7 +20,8 @@ import sys
 from reclock import cycle
 from reclock.config import load_config
 from reclock.errors import ReclockError
-from reclock.orchestration.settings import SUBMITTED, cycle_context
+from reclock.orchestration.contexts import cycle_context
+from reclock.settings import SUBMITTED
 
 
 def main(argv: list[str]) -> int:

@@ -36,7 +36,7 @@ from reclock import continuous, cycle
 from reclock.batch import BatchDescription, Part
 from reclock.config import SourceSpec
 from reclock.orchestration.assets import shard_assets
-from reclock.orchestration.settings import cycle_context
+from reclock.orchestration.contexts import cycle_context
 
 
 def _part_to_x(p) -> list:

@@ -25,10 +25,12 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 
 from reclock import cycle
 from reclock.config import SourceSpec
+from reclock.connections import DEFAULT_SPARK_SUBMIT
 from reclock.errors import ConfigError
 from reclock.orchestration.assets import shard_assets
-from reclock.orchestration.connections import DEFAULT_SPARK_SUBMIT
-from reclock.orchestration.settings import cycle_context, find_blob_url, find_bootstrap, find_dsn
+from reclock.orchestration.contexts import cycle_context
+from reclock.settings import find_blob_url, find_dsn
+from reclock.sources.registry import kind_of
 from reclock.spark.session import spark_jars
 
 JOB = "rebuild.py"
@@ -41,7 +43,7 @@ def job_environment(spec: SourceSpec, config_file: Path) -> dict[str, str]:
         "RECLOCK_CONFIG": str(config_file),
         "RECLOCK_DSN": find_dsn(),
         "RECLOCK_BLOB_URL": find_blob_url(),
-        "RECLOCK_BOOTSTRAP": find_bootstrap(spec.kafka, f"source {spec.name}"),
+        **kind_of(spec).job_environment(spec),  # where the upstream is (Kafka: RECLOCK_BOOTSTRAP)
         # the driver runs beside the task, in the task's interpreter (where reclock is installed)
         "PYSPARK_DRIVER_PYTHON": os.environ.get("PYSPARK_DRIVER_PYTHON") or sys.executable,
     }

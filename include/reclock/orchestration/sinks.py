@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 
 from reclock.config import IcebergSinkSpec, SinkSpec
 from reclock.orchestration.assets import shard_assets
-from reclock.orchestration.settings import iceberg_sink_context, sink_context
+from reclock.orchestration.contexts import iceberg_sink_context, sink_context
 from reclock.sinks import iceberg, kafka
 
 

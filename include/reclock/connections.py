@@ -3,7 +3,7 @@
 
 Each function raises Airflow's ``AirflowNotFoundException`` when the connection is not defined (neither in
 Airflow's metadata database, nor as ``AIRFLOW_CONN_<ID>`` in the environment, nor in a secrets backend);
-``reclock.orchestration.settings`` turns that into a ``SettingError`` naming every way to give the setting.
+``reclock.settings`` turns that into a ``SettingError`` naming every way to give the setting.
 """
 
 from __future__ import annotations
