@@ -228,6 +228,7 @@ class SourceSpec:
     resume_s: float = 1.0  # continuous: resume at most this often (and when the lease ends)
     group: str | None = None  # continuous: the group whose one task runs this source's cycles
     postgres: PostgresSpec | None = None
+    kinesis: Any = None  # reclock.sources.kinesis.config.KinesisSpec: a Kinesis stream
 
     @property
     def ingest_dag(self) -> str:
@@ -236,8 +237,8 @@ class SourceSpec:
 
     @property
     def kind(self) -> str:
-        """``kafka`` or ``postgres``: the kind the source is registered as."""
-        return "postgres" if self.postgres is not None else "kafka"
+        """``kafka``, ``postgres`` or ``kinesis``: the kind the source is registered as."""
+        return "postgres" if self.postgres is not None else "kinesis" if self.kinesis is not None else "kafka"
 
     @property
     def consumer_group(self) -> str:
@@ -322,11 +323,19 @@ def parse_source(name: str, raw: Any, base: Path | None = None) -> SourceSpec:
         return _parse_postgres_source(name, d)
     if "tables" in d:
         raise ConfigError(f"{what}: `tables` belongs to a Postgres source (a `postgres:` section)")
-    _unknown(d, {"kafka", "format", "envelope", "include", "interval", "budget", "on_decode_error", "rebuild",
-                 "schedule", "poll", "lease", "resume", "group"}, what)
-    if "kafka" not in d:
-        raise ConfigError(f"{what}: needs a `kafka:` section with at least `topic:`")
-    kafka = _parse_kafka(d["kafka"], f"{what}.kafka")
+    _unknown(d, {"kafka", "kinesis", "format", "envelope", "include", "interval", "budget", "on_decode_error",
+                 "rebuild", "schedule", "poll", "lease", "resume", "group"}, what)
+    if "kafka" in d and "kinesis" in d:
+        raise ConfigError(f"{what}: has both a `kafka:` and a `kinesis:` section; a source reads one upstream")
+    if "kafka" not in d and "kinesis" not in d:
+        raise ConfigError(f"{what}: needs a `kafka:` section with at least `topic:` (or `kinesis:` with `stream:`, "
+                          "or `postgres:`)")
+    kafka = _parse_kafka(d["kafka"], f"{what}.kafka") if "kafka" in d else None
+    kinesis = None
+    if "kinesis" in d:
+        from reclock.sources.kinesis.config import parse_kinesis
+
+        kinesis = parse_kinesis(d["kinesis"], f"{what}.kinesis")
     f = d.get("format", {"type": "json"})
     if isinstance(f, str):
         f = {"type": f}
@@ -348,9 +357,13 @@ def parse_source(name: str, raw: Any, base: Path | None = None) -> SourceSpec:
     if envelope not in ENVELOPES:
         raise ConfigError(f"{what}: envelope {envelope!r} is not one of {', '.join(ENVELOPES)}")
     include = tuple(d.get("include", ()) or ())
-    bad = [c for c in include if c not in METADATA]
+    if kinesis is not None:
+        from reclock.sources.kinesis.config import METADATA as allowed
+    else:
+        allowed = METADATA
+    bad = [c for c in include if c not in allowed]
     if bad:
-        raise ConfigError(f"{what}: include {bad} not among {', '.join(METADATA)}")
+        raise ConfigError(f"{what}: include {bad} not among {', '.join(allowed)}")
     if envelope == "upsert" and "headers" in include:
         raise ConfigError(f"{what}: envelope upsert cannot include headers (the upsert state keeps key, value, "
                           "partition, offset and timestamp of each key's current record)")
@@ -369,7 +382,8 @@ def parse_source(name: str, raw: Any, base: Path | None = None) -> SourceSpec:
     if rebuild not in REBUILDS:
         raise ConfigError(f"{what}: rebuild {rebuild!r} is not one of {', '.join(REBUILDS)}")
     sched = _parse_schedule(d, what, SCHEDULES)
-    return SourceSpec(name=name, kafka=kafka, format=fmt, envelope=envelope, include=include, budget=budget,
+    return SourceSpec(name=name, kafka=kafka, kinesis=kinesis, format=fmt, envelope=envelope, include=include,
+                      budget=budget,
                       on_decode_error=on_err, rebuild=rebuild, **sched)
 
 

@@ -69,12 +69,13 @@ class UpstreamDataLost(ReclockError):
 class DecodeError(ReclockError):
     """A record could not be decoded with the source's declared format."""
 
-    def __init__(self, source: str, partition: int, offset: int, reason: str) -> None:
+    def __init__(self, source: str, partition, offset, reason: str, where: str | None = None) -> None:
         self.source = source
         self.partition = partition
         self.offset = offset
         self.reason = reason
-        super().__init__(f"source {source}: record at partition {partition} offset {offset}: {reason}")
+        where = where or f"partition {partition} offset {offset}"
+        super().__init__(f"source {source}: record at {where}: {reason}")
 
 
 class UnaccountedWrite(ReclockError):

@@ -9,9 +9,10 @@ from __future__ import annotations
 from reclock.errors import ConfigError
 from reclock.sources.base import SourceKind
 from reclock.sources.kafka.kind import KAFKA
+from reclock.sources.kinesis.kind import KINESIS
 from reclock.sources.postgres.kind import POSTGRES
 
-KINDS: dict[str, SourceKind] = {k.name: k for k in (KAFKA, POSTGRES)}
+KINDS: dict[str, SourceKind] = {k.name: k for k in (KAFKA, POSTGRES, KINESIS)}
 """Every kind by name (its config section's key)."""
 
 

@@ -29,27 +29,26 @@ exact ints, kept as ``numeric`` in the remap store.
 from __future__ import annotations
 
 import contextlib
-import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from reclock import remap
 from reclock.batch import BatchDescription, SliceWritten, check_servable
-from reclock.errors import ConfigError, DecodeError, KinesisDataLost, ReclockError
+from reclock.errors import DecodeError, KinesisDataLost, ReclockError
 from reclock.failpoints import failpoint
-from reclock.part_layout import DATA_KIND, DATA_OUTPUT, ERRORS_KIND, ERRORS_OUTPUT
+from reclock.part_layout import DATA_KIND, DATA_OUTPUT, ERRORS_KIND, ERRORS_OUTPUT, RecordShape
 from reclock.persist.gc import lease_write, release_write
 from reclock.persist.remap_store import drop_partitions, load_remap, register_source
 from reclock.persist.shards import register_shard, shard_info
-from reclock.persist.staged import collect_parts, first_rejected, slice_folder
+from reclock.persist.staged import collect_parts, first_rejected, read_state_changes, slice_folder
+from reclock.persist.upsert_state import apply_changes, load_prior
 from reclock.remap import RemapCollection
 from reclock.sources.base import CycleServices, Lag, SourceKind, SourceRuntime, WrittenBatch
 from reclock.sources.kinesis import store
 from reclock.sources.kinesis.client import KinesisUpstream, StreamAddress
 from reclock.sources.kinesis.lineage import (FINISHED, ShardInfo, ShardScan, done_shards, droppable, entry_position,
-                                             lost_shards, plan_bindings, readable)
+                                             lost_shards, plan_bindings, readable, scan_segments)
 from reclock.sources.kinesis.reader import (CountsMissing, ReadTask, parse_lost, plan_tasks, read_frame, slices,
                                             units_for)
 from reclock.sources.kinesis.sequence import shard_id
@@ -60,6 +59,18 @@ PROGRESS = ("SELECT ts, 'shardId-' || lpad(partition::text, 12, '0') AS shard_id
             "FROM reclock.remap_offsets WHERE source = {}")
 """The progress view's body: ``(ts, shard_id, sequence_number)``, the sequence number a position (the least
 not yet in), NULL for a shard read to its end (``SHARD_END``)."""
+
+SHAPE = RecordShape((("shard_id", "string"), ("sequence_number", "string")),
+                    order_sql="lpad(_o, 130, '0')",
+                    derived=(("partition_key", "CAST(key AS STRING)"), ("arrival", "timestamp")))
+"""A Kinesis record to the shared decode path: where it is, ``(shard_id, sequence_number)`` (the decimal as
+a string, ordered as the number it is), its partition key as the upsert key; included metadata columns
+``_shard_id``, ``_sequence_number``, ``_partition_key``, ``_arrival``."""
+
+RAW_COLUMNS = ("concat('shardId-', lpad(CAST(shard AS STRING), 12, '0')) AS shard_id", "sequence_number",
+               "partition_key", "CAST(partition_key AS BINARY) AS key", "data AS value", "arrival AS timestamp",
+               "arrival", "ts")
+"""The reader's columns (``reclock.sources.kinesis.reader.READ_SCHEMA``) as ``SHAPE`` wants them."""
 
 RETENTION_MARGIN_MS = 3_600_000
 """A scan is taken as safe from retention if it began less than the retention period minus this ago."""
@@ -92,9 +103,10 @@ def bound_ranges(bindings: Sequence[tuple[int, Mapping[int, int]]], lower: int, 
     return out
 
 
-@dataclass
 class KinesisSource(SourceRuntime):
     """A Kinesis source's half of a cycle context: its upstream client (one per context)."""
+
+    probe_after_register = True  # the stream's identity is recorded against the registered source
 
     def __init__(self, kind: SourceKind, ctx: CycleServices) -> None:
         super().__init__(kind, ctx)
@@ -209,7 +221,8 @@ class KinesisSource(SourceRuntime):
 
     def _binding_counts(self, rc: RemapCollection, stamps: Sequence[int]) -> dict[int, int]:
         """Records each binding at ``stamps`` adds (from the counted segments)."""
-        bindings = [(b.ts, dict(b.frontier)) for b in rc.bindings]
+        listing = self.upstream().shards()
+        bindings = [(b.ts, effective(listing, dict(b.frontier))) for b in rc.bindings]
         ranges = bound_ranges(bindings, min(stamps), max(stamps) + 1)
         with self.ctx.connect() as conn:
             segs = store.load_segments(conn, self.name, list(ranges))
@@ -233,10 +246,11 @@ class KinesisSource(SourceRuntime):
                     return WrittenBatch(desc)  # a replay: the state has moved on, and append is a no-op
         written = self._write(rc, desc, metrics)
         if spec.on_decode_error == "stall" and written.parts.get(spec.errors_shard):
-            first = first_rejected(ctx.blob, written.parts[spec.errors_shard])
+            first = first_rejected(ctx.blob, written.parts[spec.errors_shard], SHAPE)
             if first is not None:
                 shard, seq, reason = first
-                raise DecodeError(spec.name, shard, seq, f"{reason} (on_decode_error: stall)")
+                raise DecodeError(spec.name, shard, seq, f"{reason} (on_decode_error: stall)",
+                                  where=f"shard {shard} sequence number {seq}")
         return written
 
     def rewrite(self, rc: RemapCollection, desc: BatchDescription, metrics: dict,
@@ -269,8 +283,6 @@ class KinesisSource(SourceRuntime):
         units = units_for(counted, segs)
         rest = {n: r for n, r in ranges.items() if n not in segs}
         if rest:
-            from reclock.sources.kinesis.lineage import scan_segments
-
             found = 0
             fresh = {}
             for n, rs in rest.items():
@@ -304,7 +316,10 @@ class KinesisSource(SourceRuntime):
             lease_write(conn, spec.name, prefix)
         try:
             if upsert and not rebuilding:
-                prior = decode.load_prior_for(spark, ctx, SHAPE, self._frame(spark, tasks))
+                keys = [bytes(r[0]) for r in self._frame(spark, tasks).select("key").distinct().collect()]
+                with ctx.connect() as conn:
+                    prior = load_prior(conn, spec.name, spec.data_shard, desc.lower, keys, SHAPE)
+                m.update(keys=len(keys), prior_keys=len(prior))
             failpoint("write_batches:before_job")
             written: list[SliceWritten] = []
             for i, group in enumerate(groups):
@@ -328,7 +343,7 @@ class KinesisSource(SourceRuntime):
                 failpoint("write_batches:after_slice")
             parts, state = collect_parts(ctx.blob, spec.name, {DATA_OUTPUT: spec.data_shard,
                                                                 ERRORS_OUTPUT: spec.errors_shard},
-                                         prefix, written, upsert)
+                                         prefix, written, upsert, SHAPE)
         except BaseException:
             with contextlib.suppress(Exception), ctx.connect() as conn:
                 release_write(conn, prefix)
@@ -341,13 +356,14 @@ class KinesisSource(SourceRuntime):
 
     def _frame(self, spark, tasks: Sequence[ReadTask], read_metrics=None):
         """The records of ``tasks`` with the columns the shared decode path takes (``SHAPE``)."""
-        df = read_frame(spark, self.name, self.ctx.upstream, tasks, read_metrics)
-        return SHAPE.raw(df)
+        return read_frame(spark, self.name, self.ctx.upstream, tasks, read_metrics).selectExpr(*RAW_COLUMNS)
 
     def append_effects(self, written: WrittenBatch, metrics: dict) -> Callable[[Any], None] | None:
-        from reclock.spark import decode
-
-        return decode.state_effects(self.ctx, written, metrics)
+        if self.ctx.spec.envelope != "upsert":
+            return None
+        changes = read_state_changes(self.ctx.blob, written.state, SHAPE)
+        metrics.update(state_changes=changes.num_rows)
+        return lambda conn: apply_changes(conn, self.name, changes, SHAPE)
 
     # -- resume -----------------------------------------------------------------------------------------
 
@@ -391,9 +407,9 @@ class KinesisKind(SourceKind):
         return f"Kinesis stream {spec.kinesis.stream} into {spec.name}"
 
     def find_upstream(self, spec, given: str | None = None) -> StreamAddress:
-        from reclock.settings import find_kinesis
+        from reclock.sources.kinesis.config import find_stream
 
-        return find_kinesis(spec.kinesis, f"source {spec.name}", given)
+        return find_stream(spec.kinesis, f"source {spec.name}", given)
 
     def job_environment(self, spec) -> dict[str, str]:
         addr = self.find_upstream(spec)
@@ -409,15 +425,14 @@ class KinesisKind(SourceKind):
         return PROGRESS
 
     def upstream_trigger(self, spec) -> Any:
-        from reclock.sources.kinesis.trigger import KinesisMoved
+        from reclock.orchestration.triggers import KinesisMoved
 
         return KinesisMoved(source=spec.name, stream=spec.kinesis.stream, region=spec.kinesis.region,
                             endpoint_url=spec.kinesis.endpoint_url, poll=spec.poll_s)
 
     def lag(self, spec, upstream: Any, timeout: float) -> Lag:
-        from reclock.sources.kinesis.lag import probe_lag
-
-        return probe_lag(spec, upstream, timeout)
+        raise NotImplementedError("the Kinesis lag needs the source's frontier: reclock.status_report asks "
+                                  "reclock.sources.kinesis.probe.stream_lag")
 
 
 KINESIS = KinesisKind()

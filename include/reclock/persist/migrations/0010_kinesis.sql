@@ -20,3 +20,9 @@ CREATE TABLE reclock.kinesis_segments (
     PRIMARY KEY (source, shard, start, stop),
     CHECK (start < stop)
 );
+
+-- The upsert state keeps where each key's current record is as the kind's record shape says (Kafka:
+-- partition and offset, Kinesis: shard id and a sequence number of up to 129 digits): as text, typed back
+-- by the shape (reclock.persist.upsert_state).
+ALTER TABLE reclock.upsert_state ALTER COLUMN partition TYPE text USING partition::text,
+                                 ALTER COLUMN "offset" TYPE text USING "offset"::text;
