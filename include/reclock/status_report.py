@@ -267,9 +267,14 @@ def kafka_lag_probe(config: Config | None, bootstrap: Callable[[Any, str], str],
         spec = config.sources.get(name) if config else None
         if spec is None:
             return Lag(None, "not in the config")
-        if spec.kafka is None:
+        if spec.kafka is None and spec.kinesis is None:
             return Lag(None, "a Postgres source: its slot's lag is not probed here")
         try:
+            if spec.kinesis is not None:
+                from reclock.sources.registry import kind_of
+
+                kind = kind_of(spec)
+                return kind.lag(spec, kind.find_upstream(spec), timeout)
             up = KafkaUpstream(name, bootstrap(spec.kafka, f"source {name}"), spec.kafka.topic, timeout=timeout)
             end = up.probe_upper()
             committed = up.committed(spec.consumer_group)

@@ -74,7 +74,7 @@ def build_ingest_dag(spec: SourceSpec):
     with DAG(
         dag_id=f"ingest__{spec.name}",
         description=f"Ingest {kind_of(spec).describe(spec)} exactly once (one run = one cycle)",
-        schedule=(timedelta(seconds=spec.interval_s) if spec.schedule == "interval" else [upstream_asset(spec)]),
+        schedule=(timedelta(seconds=spec.interval_s) if spec.schedule == "interval" else [upstream_asset(spec, kind_of(spec).upstream_trigger(spec))]),
         start_date=datetime(2024, 1, 1, tzinfo=timezone.utc),
         catchup=False,
         max_active_runs=1,

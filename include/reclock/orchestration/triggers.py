@@ -388,12 +388,10 @@ class KinesisMoved(_SharedProbe):
             yield TriggerEvent({"source": self.source, "reason": why})
 
 
-def upstream_asset(spec) -> Any:
-    """The Asset ``ingest__<source>`` is scheduled on when the source's schedule is ``upstream``."""
+def upstream_asset(spec, trigger: BaseEventTrigger) -> Any:
+    """The Asset ``ingest__<source>`` is scheduled on when the source's schedule is ``upstream``, watched by
+    ``trigger`` (its kind's: ``SourceKind.upstream_trigger``)."""
     from airflow.sdk import Asset, AssetWatcher
 
-    from reclock.sources.registry import kind_of
-
-    trigger: BaseEventTrigger = kind_of(spec).upstream_trigger(spec)
     return Asset(name=f"upstream__{spec.name}", uri=upstream_asset_uri(spec.name),
                  watchers=[AssetWatcher(name=f"upstream__{spec.name}", trigger=trigger)])

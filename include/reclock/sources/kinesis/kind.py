@@ -111,6 +111,7 @@ class KinesisSource(SourceRuntime):
     def __init__(self, kind: SourceKind, ctx: CycleServices) -> None:
         super().__init__(kind, ctx)
         self._upstream: KinesisUpstream | None = None
+        self._probed: dict = {}
 
     # -- upstream ---------------------------------------------------------------------------------------
 
@@ -168,6 +169,11 @@ class KinesisSource(SourceRuntime):
                     budget -= scan.records
                     capped = capped or (not scan.ended and scan.records >= settings.scan_max_records)
         plan = plan_bindings(listing, positions, scans, spec.budget.max_records)
+        arrivals = [s.first_arrival_ms for s in scans.values() if s.first_arrival_ms is not None]
+        self._probed = {"offsets_known": None, "lag_records": sum(s.records for s in scans.values()),
+                        "lag_ms": max(0, began - min(arrivals)) if arrivals else 0,
+                        "lag_capped": capped, "shards_scanned": len(scans), "bindings_planned": len(plan.frontiers),
+                        "throttled": up.throttled, "iterators_renewed": up.expired}
         with self.ctx.connect() as conn:
             store.add_segments(conn, self.name, plan.segments)  # facts first: the bindings' counts
             if not capped and budget > 0:
@@ -200,6 +206,9 @@ class KinesisSource(SourceRuntime):
                 f"the source last scanned the stream at {record.scanned_ms} and the stream keeps records "
                 f"{retention_ms // 3_600_000} hours; records after position {p} may have been trimmed before "
                 "they were bound" + ("" if first is None else f" (the shard now starts at {first})"))
+
+    def probe_metrics(self) -> dict:
+        return dict(self._probed)
 
     def descriptions(self, rc: RemapCollection, lower: int) -> list[BatchDescription]:
         """Bindings grouped while their counted records stay within the budget (a binding is never split:
@@ -431,8 +440,20 @@ class KinesisKind(SourceKind):
                             endpoint_url=spec.kinesis.endpoint_url, poll=spec.poll_s)
 
     def lag(self, spec, upstream: Any, timeout: float) -> Lag:
-        raise NotImplementedError("the Kinesis lag needs the source's frontier: reclock.status_report asks "
-                                  "reclock.sources.kinesis.probe.stream_lag")
+        """Records and milliseconds the stream's tip is beyond the source's offset resumption frontier (read
+        from the consensus Postgres, ``RECLOCK_DSN``): a count up to ``probe.LAG_CAP`` records per shard."""
+        from reclock.persist import connect
+        from reclock.persist.shards import shard_info
+        from reclock.settings import find_dsn
+        from reclock.sources.kinesis.probe import stream_lag
+
+        with connect(find_dsn(None)) as conn:
+            rc = load_remap(conn, spec.name)
+            resumption = min([rc.upper, *(shard_info(conn, s).upper for s in spec.shards)])
+        positions = dict(remap.source_upper_at(rc, resumption))
+        up = KinesisUpstream(spec.name, upstream, throttle_patience_s=timeout)
+        lag = stream_lag(up, positions)
+        return Lag(lag.records, lag.describe())
 
 
 KINESIS = KinesisKind()
