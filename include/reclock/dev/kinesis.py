@@ -151,6 +151,17 @@ class LocalKinesis:
         c.create_stream(StreamName=name, ShardCount=shards)
         self.wait_active(name, timeout)
 
+    def wait_deleted(self, name: str, timeout: float = 30) -> None:
+        c = self.client()
+
+        def gone() -> bool:
+            try:
+                c.describe_stream_summary(StreamName=name)
+                return False
+            except c.exceptions.ResourceNotFoundException:
+                return True
+        procs.wait_until(f"stream {name} deleted", gone, timeout, log=self.log)
+
     def wait_active(self, name: str, timeout: float = 30) -> None:
         c = self.client()
         procs.wait_until(f"stream {name} ACTIVE", lambda: c.describe_stream_summary(StreamName=name)
