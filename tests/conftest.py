@@ -84,6 +84,21 @@ def kafka(stack_state: StackState):
 
 
 @pytest.fixture(scope="session")
+def kafka_cluster(stack_state: StackState):
+    """Three KRaft nodes from the Maven jars (each a broker and a controller), replication factor 3 and
+    ``min.insync.replicas`` 2 for every topic and for the offsets and transaction state logs: the faults of a
+    cluster (``reclock.dev.kafka.LocalKafkaCluster``)."""
+    from reclock.dev.kafka import LocalKafkaCluster
+
+    cluster = LocalKafkaCluster(stack_state, heap="384m")
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
 def spark(stack_state: StackState):
     """One in-process local Spark session (with the Kafka connector) for the whole test session."""
     from reclock.dev.spark import local_session
@@ -167,3 +182,15 @@ def topic(kafka) -> "Callable[..., str]":
                 fut.result(30)
             except Exception:  # noqa: BLE001 - best effort cleanup
                 pass
+
+
+@pytest.fixture(scope="session")
+def registry(stack_state: StackState):
+    """A real Schema Registry (Apicurio, Confluent-compatible API; HTTP and HTTPS, basic auth) on free
+    loopback ports, its schemas in memory."""
+    from reclock.dev.registry import LocalRegistry
+
+    server = LocalRegistry(stack_state)
+    server.start()
+    yield server
+    server.stop()

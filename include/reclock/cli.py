@@ -39,7 +39,7 @@ def install() -> None:
     click.echo(f"postgres server: {ensure_installed()}")
     for profile in PROFILES:
         folder = ensure_jars(stack.state, profile)
-        click.echo(f"{profile} jars: {folder} ({len(list(folder.glob('*.jar')))} jars)")
+        click.echo(f"{profile} jars: {folder} ({len(list(folder.rglob('*.jar')))} jars)")
     click.echo(f"kinesalite: {ensure_kinesalite()}")
     click.echo(f"installed in {time.monotonic() - t0:.1f}s")
 
@@ -231,7 +231,10 @@ def status_command(source: str | None, as_json: bool, probe_timeout: float, conf
     s = _settings()
     cfg = load_config(config)
     blob = s.find_blob_store(blob_url) if blob_url or os.environ.get("RECLOCK_BLOB_URL") else None
-    lag = sr.kafka_lag_probe(cfg, lambda kafka, what: s.find_bootstrap(kafka, what, bootstrap), probe_timeout)
+    s3_lag = sr.s3_lag_probe(s.find_dsn(dsn), lambda spec: s.find_source_s3_settings(spec.s3.connection,
+                                                                                      f"source {spec.name}"))
+    lag = sr.kafka_lag_probe(cfg, lambda kafka, what: s.find_bootstrap(kafka, what, bootstrap), probe_timeout,
+                             s3_lag=s3_lag)
     with sr.open_readonly(s.find_dsn(dsn)) as conn:
         if source is None:
             ov = sr.overview(conn, cfg, lag, blob=blob)

@@ -204,6 +204,41 @@ class MigrationError(ReclockError):
     newer than this code)."""
 
 
+class SchemaVersionMismatch(MigrationError):
+    """The consensus database's ``reclock`` schema is not the one this release ships: older (run ``reclock
+    migrate``) or newer (a newer release migrated it; this one must not run on it)."""
+
+    def __init__(self, missing: list[str], unknown: list[str]) -> None:
+        self.missing, self.unknown = missing, unknown
+        if unknown:
+            msg = (f"the consensus database's reclock schema is newer than this release: it has migration(s) "
+                   f"{', '.join(unknown)}, which this release does not ship. A newer release migrated it, and this "
+                   "one would misread its state: run that release (a rollback is only safe by restoring the "
+                   "backup taken before `reclock migrate`, and only if no cycle or sink of the newer release ran "
+                   "since; see docs/operations.md, Upgrades)")
+        else:
+            msg = (f"the consensus database's reclock schema is older than this release: migration(s) "
+                   f"{', '.join(missing)} are not applied; run `reclock migrate` (with this release) first")
+        super().__init__(msg)
+
+
+class AcknowledgedStateLost(ReclockError):
+    """Progress Reclock acknowledged outside its consensus database (a consumer group's committed offsets, a
+    replication slot's confirmed position, a sink's progress) is beyond what the database now holds: the
+    database went back (a failover to a standby that lacked the last commits, a restored backup). Going on
+    would give records already stamped, and perhaps exported, new timestamps; nothing is minted or written."""
+
+    def __init__(self, what: str, acknowledged: str, holds: str) -> None:
+        self.what = what
+        super().__init__(
+            f"{what}: acknowledged state went back: {acknowledged}, but the consensus database holds only "
+            f"{holds}. The database lost commits it had acknowledged (a failover to an asynchronous standby, or a "
+            "restored backup); continuing would stamp records again at new timestamps, so nothing was minted or "
+            "written. Promote the node that has the lost commits if it still exists; otherwise the state is gone: "
+            "rebuild the source and its sinks under new names (see docs/operations.md, Consensus failover). "
+            "Reclock's Postgres needs synchronous replication to fail over without this")
+
+
 class SlotLost(UpstreamDataLost):
     """A Postgres source's replication slot is gone, invalidated (``wal_status = lost``), or already past
     changes a shard still needs: the changes are gone upstream and will not be skipped silently."""
@@ -298,3 +333,75 @@ class StreamReplaced(ReclockError):
             f"of that name created at {when(bound_ms)}: it was deleted and created again. Its shards and sequence "
             "numbers start over, and Reclock will not restart from zero silently: ingest the new stream as a new "
             "source (another name), and drop this one when its collections are no longer needed")
+
+
+class ObjectLost(UpstreamDataLost):
+    """An object of an S3 source (or a file of a folder source) that is bound, and not read in full yet, is
+    gone upstream (deleted, or its folder removed): its bytes are gone and will not be skipped silently."""
+
+    def __init__(self, source: str, url: str, start: int, end: int, detail: str = "it no longer exists") -> None:
+        self.source = source
+        self.url = url
+        self.start = start
+        self.end = end
+        ReclockError.__init__(
+            self, f"source {source}: object {url}: bytes [{start}, {end}) are bound and must be read, but {detail}; "
+                  "the data is gone and will not be skipped silently (restore the object as it was, or drop the "
+                  "source's collections and remap collection and ingest it anew)")
+
+
+class ObjectChanged(ReclockError):
+    """An object of an S3 source changed after Reclock recorded it: its ETag (or version, or for a local
+    file its identity or length) is not the one bound, so the bytes a binding covers can no longer be read
+    as they were."""
+
+    def __init__(self, source: str, url: str, bound: str, found: str, remedy: str) -> None:
+        self.source = source
+        self.url = url
+        self.bound = bound
+        self.found = found
+        super().__init__(f"source {source}: object {url} was overwritten: it was recorded as {bound}, it is now "
+                         f"{found}; {remedy}")
+
+
+class S3Unavailable(ReclockError):
+    """An S3 source's bucket, folder or queue cannot be reached: it does not exist, the credentials are
+    refused, or the endpoint does not answer."""
+
+
+class RegistryUnavailable(ReclockError):
+    """A Schema Registry did not answer as one (unreachable, refused the login, a server error, TLS that does
+    not verify). The records are not at fault: a cycle that needs the registry stalls, whatever
+    ``on_decode_error`` says, and the next cycle reads the same records again."""
+
+    def __init__(self, url: str, detail: str) -> None:
+        self.url = url
+        self.detail = detail
+        super().__init__(f"schema registry {url}: {detail}")
+
+
+class SchemaNotFound(ReclockError, LookupError):
+    """The registry answered that a schema id, subject or version does not exist."""
+
+    def __init__(self, url: str, what: str, detail: str) -> None:
+        self.url = url
+        self.what = what
+        super().__init__(f"schema registry {url}: {what} does not exist ({detail})")
+
+
+class SchemaIncompatible(ReclockError):
+    """A collection's schema cannot take a change (a type narrowed, a required field removed, a column's
+    type changed to another): the source stalls naming the field, the schemas, and what to do; nothing past
+    the change is appended."""
+
+    def __init__(self, source: str, collection: str, field: str, change: str, old: str, new: str,
+                 remedy: str) -> None:
+        self.source = source
+        self.collection = collection
+        self.field = field
+        self.change = change
+        self.old = old
+        self.new = new
+        self.remedy = remedy
+        super().__init__(f"source {source}: collection {collection}: field {field!r} {change} (from {old} to "
+                         f"{new}); the source is stalled and nothing past the change is appended ({remedy})")

@@ -6,7 +6,8 @@ of an accounted write, ``reclock.persist.staged``). Nothing is visible until ``a
 the shards.
 
 A kind reads its records its own way (Kafka: Spark's Kafka source, reclocked by
-``reclock.spark.reclocking``; Kinesis: its reader in the tasks) and hands over a DataFrame with the columns
+``reclock.spark.reclocking``; Kinesis: its reader in the tasks; S3: its lines, shaped as Kafka shapes a
+record, decoded by :func:`decoded` and written by its own job) and hands over a DataFrame with the columns
 of its :class:`~reclock.part_layout.RecordShape`: ``key`` and ``value`` (binary), ``timestamp``, ``ts``,
 its two position columns, and each metadata column the source includes, by its include name.
 
@@ -25,13 +26,25 @@ from typing import Callable, Sequence
 
 from reclock.batch import SliceWritten
 from reclock.config import SourceSpec
-from reclock.part_layout import (DATA_OUTPUT, ERR_PREFIX, ERRORS_OUTPUT, PACKED_BASE64, REJECTED_COLUMN,
-                                 STATE_OUTPUT, STATE_PREFIX, RecordShape)
+from reclock.part_layout import (DATA_OUTPUT, ERR_PREFIX, ERRORS_OUTPUT, KAFKA_SHAPE, PACKED_BASE64,
+                                 REJECTED_COLUMN, STATE_OUTPUT, STATE_PREFIX, RecordShape)
 from reclock.spark.jobs import observation, observed, sql_ident, sql_string
 
 CORRUPT = "_reclock_corrupt"
 AVRO_OK = "_reclock_ok"
 _RAW = ("_p", "_o", "_k", "_v", "_reason")  # where each error column comes from among the decoded rows
+
+# Kafka-shaped records (Kafka, S3 lines): where each error column comes from among the decoded rows
+ERROR_SOURCES = tuple(zip(KAFKA_SHAPE.error_columns, _RAW))
+PACKED = {c: f"base64({raw})" for c, raw in ERROR_SOURCES if c in PACKED_BASE64}
+
+
+def packed_error_sql(shape: RecordShape = KAFKA_SHAPE) -> str:
+    """The SQL of an error row packed as one JSON text (``reclock.part_layout.REJECTED_COLUMN``), over decoded
+    rows (:func:`decoded`'s ``_p, _o, _k, _v, _reason``)."""
+    packed = {c: f"base64({raw})" for c, raw in _error_sources(shape) if c in PACKED_BASE64}
+    return "to_json(named_struct(" + ", ".join(f"{sql_string(c)}, {packed.get(c, raw)}"
+                                                for c, raw in _error_sources(shape)) + "))"
 
 
 def _error_sources(shape: RecordShape) -> tuple[tuple[str, str], ...]:
@@ -77,14 +90,19 @@ def _parsed_schema(ddl: str):
     return T._parse_datatype_string(ddl)
 
 
-def decoded(spec: SourceSpec, shape: RecordShape, df):
-    """``df`` (the shape's columns) decoded: the collection's columns (fields, then metadata), ``ts``,
+def decoded(spec: SourceSpec, df, meta: Sequence[str] = (), problem: str | None = None,
+            positions: tuple[str, str] = ("partition", "offset")):
+    """``df`` (a kind's records: ``key``, ``value``, ``timestamp``, ``ts`` and the two ``positions``) decoded: the collection's columns (fields, then metadata), ``ts``,
     the raw record as ``_k, _v, _p, _o, _t``, ``_reason`` (why the value does not decode, else null) and
     ``_raw``: the value of a record that does not decode. For JSON and CSV that is the parser's
     corrupt-record column (the same bytes) rather than ``value``: ``from_json`` and ``from_csv`` run
     outside Spark's generated code, in a projection that copies every column it passes on, so an
     append-only slice, which needs the value only for its rejected records, does not pass the value
     (~200 bytes a record) through it.
+
+    ``meta``: the metadata columns the collection carries, as SQL over ``df`` (:func:`shape_meta`).
+    ``problem``: the name of a column saying why a record is an error before any decoding (a reader's
+    finding: a damaged object, an overlong line); where it is set, it is the ``_reason``.
 
     Built as SQL expression text, one ``selectExpr`` (a plan of a few JVM calls, not hundreds)."""
     ftype = spec.format.type
@@ -137,18 +155,22 @@ def decoded(spec: SourceSpec, shape: RecordShape, df):
         reason = "NULL"
         cols = ["value AS data"]
 
-    meta = [f"{sql_ident(m)} AS {sql_ident(shape.meta_column(m))}" for m in spec.include]
-    (p, _), (o, _) = shape.positions
+    if problem is not None:
+        reason = f"coalesce({sql_ident(problem)}, {reason})"
+    p, o = positions
     return df.selectExpr(*cols, *meta, "ts", "key AS _k", "value AS _v", f"{sql_ident(p)} AS _p",
                          f"{sql_ident(o)} AS _o", "timestamp AS _t", f"CAST({reason} AS STRING) AS _reason",
                          f"{raw} AS _raw")
 
 
-def _typed_null(col: str):
-    """A null of ``col``'s type."""
-    from pyspark.sql import functions as F
+def shape_meta(spec: SourceSpec, shape: RecordShape) -> list[str]:
+    """The metadata columns a source's collection carries (``include:``), as SQL over records of ``shape``."""
+    return [f"{sql_ident(m)} AS {sql_ident(shape.meta_column(m))}" for m in spec.include]
 
-    return F.when(F.lit(False), F.col(col))
+
+def _shape_decoded(spec: SourceSpec, shape: RecordShape, df):
+    (p, _), (o, _) = shape.positions
+    return decoded(spec, df, shape_meta(spec, shape), positions=(p, o))
 
 
 def typed_null(col: str):
@@ -171,15 +193,13 @@ def envelope(spark, spec: SourceSpec, shape: RecordShape, records, prior: Sequen
     """
     from pyspark.sql import functions as F
 
-    dec = decoded(spec, shape, records)
+    dec = _shape_decoded(spec, shape, records)
     data_cols = output_columns(spec, shape)[0][:-2]
     errors, states = _error_sources(shape), _state_sources(shape)
-    packed_cols = {c: f"base64({raw})" for c, raw in errors if c in PACKED_BASE64}
     if spec.envelope != "upsert":
-        packed = ", ".join(f"{sql_string(c)}, {packed_cols.get(c, raw)}" for c, raw in errors)
         return dec.selectExpr(
             *map(sql_ident, data_cols), "ts", "CAST(1 AS BIGINT) AS diff",
-            f"CASE WHEN _reason IS NOT NULL THEN to_json(named_struct({packed})) END AS {REJECTED_COLUMN}")
+            f"CASE WHEN _reason IS NOT NULL THEN {packed_error_sql(shape)} END AS {REJECTED_COLUMN}")
 
     from pyspark.sql import Window
 
@@ -190,7 +210,7 @@ def envelope(spark, spec: SourceSpec, shape: RecordShape, records, prior: Sequen
         F.lit(-1).cast("long").alias("ts"))
     before = before.select("*", *[F.expr(sql).alias(m) for m, sql in shape.derived if m in spec.include])
     records = (dec.withColumn("_reason", reason).withColumn("_prior", F.lit(False))
-               .unionByName(decoded(spec, shape, before).withColumn("_prior", F.lit(True))))
+               .unionByName(_shape_decoded(spec, shape, before).withColumn("_prior", F.lit(True))))
     bad = F.col("_reason").isNotNull()
     # per key (good records only: bad ones sit in their own window partitions and pass through), the last
     # record at each ts wins; then each row's predecessor is the value it replaces
