@@ -2,7 +2,7 @@
 reads are throttled, and cycles are SIGKILLed at random moments (and at fail points inside their steps),
 checked by an oracle that reads every shard of the stream itself from ``TRIM_HORIZON``.
 
-    python -m benchmarks.kinesis_chaos [--seconds 600] [--seed 7] [--gap 3 12] [--reshard 6 14]
+    python -m benchmarks.kinesis_chaos [--seconds 600] [--seed 7] [--gap 4 16] [--reshard 6 14]
 
 Services of its own in a temporary folder, all on 127.0.0.1, stopped at the end however the run ends:
 Postgres, the local Kinesis endpoint (kinesalite, ``reclock.dev.kinesis``) behind the throttling proxy
@@ -75,8 +75,9 @@ def runner(source: str, until_idle: bool = False) -> int:
     print("ready", flush=True)
     idle = 0
     for _ in range(300 if until_idle else sys.maxsize):
+        t0 = time.monotonic()
         out = run_cycle(ctx)
-        print(json.dumps(out, default=str), flush=True)
+        print(json.dumps({**out, "s": round(time.monotonic() - t0, 2)}, default=str), flush=True)
         idle = idle + 1 if out["minted"] is None and out["descriptions"] == 0 else 0
         if until_idle and idle >= 2:
             return 0
@@ -265,7 +266,7 @@ def campaign(seconds: float, seed: int, gap: tuple[float, float], reshard: tuple
         while time.monotonic() < end:
             driver.tick()
             if time.monotonic() >= next_kill and driver.ready():
-                if rng.random() < 0.35:
+                if rng.random() < 0.4:
                     point = rng.choice(FAILPOINTS)
                     driver.arm({"RECLOCK_FAILPOINTS": f"{point}=exit"})
                     armed[point] += 1
@@ -275,9 +276,10 @@ def campaign(seconds: float, seed: int, gap: tuple[float, float], reshard: tuple
             time.sleep(0.1)
         resharder.stop.set()
         resharder.join(90)
-        done = sum(1 for f in logs.glob(f"{SOURCE}-*.log") for line in f.read_text().splitlines()
-                   if line.startswith("{"))
-        _echo(f"cycles completed under faults: {done} in {driver.launches} launches")
+        done = [json.loads(line)["s"] for f in logs.glob(f"{SOURCE}-*.log") for line in f.read_text().splitlines()
+                if line.startswith("{")]
+        _echo(f"cycles completed under faults: {len(done)} in {driver.launches} launches"
+              + (f" ({sum(done) / len(done):.1f} s each)" if done else ""))
         acked = producer.stop()
         driver.stop()
         _echo(f"producer: {len(acked)} records acknowledged ({len(producer.errors)} errors); resharder: "
@@ -291,7 +293,8 @@ def campaign(seconds: float, seed: int, gap: tuple[float, float], reshard: tuple
             return 1
         cycles = [json.loads(line) for line in (logs / "catch-up.log").read_text().splitlines()
                   if line.startswith("{")]
-        _echo(f"caught up in {len(cycles)} cycles ({sum(c['descriptions'] for c in cycles)} descriptions)")
+        _echo(f"caught up in {len(cycles)} cycles ({sum(c['descriptions'] for c in cycles)} descriptions; "
+              f"{', '.join(str(c['s']) for c in cycles)} s)")
         verdict = check(pg.dsn(), LocalBlobStore(root / "blobs"), StreamAddress(STREAM, "us-east-1", kin.endpoint_url),
                         kin.client(), acked)
         _echo(f"{SOURCE}: {verdict}")
@@ -328,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.kinesis_chaos", description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=float, default=600.0)
     p.add_argument("--seed", type=int, default=7)
-    p.add_argument("--gap", type=float, nargs=2, default=(3.0, 12.0), help="seconds between faults (a range)")
+    p.add_argument("--gap", type=float, nargs=2, default=(4.0, 16.0), help="seconds between faults (a range)")
     p.add_argument("--reshard", type=float, nargs=2, default=(6.0, 14.0), help="seconds between reshardings")
     p.add_argument("--runner", help=argparse.SUPPRESS)
     p.add_argument("--until-idle", action="store_true", help=argparse.SUPPRESS)

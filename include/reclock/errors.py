@@ -318,6 +318,15 @@ class KinesisDataLost(UpstreamDataLost):
         self.detail = detail
 
 
+class KinesisUnavailable(ReclockError):
+    """A Kinesis source's stream cannot be reached, or does not exist."""
+
+
+class UpstreamThrottled(ReclockError):
+    """A Kinesis shard kept answering ``ProvisionedThroughputExceededException`` for longer than the read's
+    patience; nothing was skipped."""
+
+
 class StreamReplaced(ReclockError):
     """The Kinesis stream a source reads was deleted and created again under the same name: its shards and
     sequence numbers start over, so the source's frontier means nothing there."""

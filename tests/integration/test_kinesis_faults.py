@@ -11,10 +11,9 @@ import pytest
 from reclock import cycle
 from reclock.dev.kinesis import BackgroundProducer
 from reclock.dev.kinesis_proxy import KinesisProxy
-from reclock.errors import KinesisDataLost, StreamReplaced
+from reclock.errors import KinesisDataLost, KinesisUnavailable, StreamReplaced
 from reclock.persist import connect
 from reclock.read import read_as_of
-from reclock.sources.kinesis.client import KinesisUnavailable
 from reclock.sources.kinesis.sequence import shard_id
 
 from kinesis_support import check_exactly_once, kinesis_ctx

@@ -26,20 +26,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Iterator
 
-from reclock.errors import ReclockError
+from reclock.errors import KinesisUnavailable, UpstreamThrottled
 from reclock.sources.kinesis.lineage import FINISHED, ShardInfo, ShardScan, iterator_for
 from reclock.sources.kinesis.sequence import shard_id, shard_number
 
 PAGE_LIMIT = 10_000
 """Records a ``GetRecords`` call asks for (Kinesis's maximum)."""
-
-
-class KinesisUnavailable(ReclockError):
-    """The stream cannot be reached, or does not exist."""
-
-
-class UpstreamThrottled(ReclockError):
-    """A shard kept answering ``ProvisionedThroughputExceededException`` for longer than the read's patience."""
 
 
 @dataclass(frozen=True)
