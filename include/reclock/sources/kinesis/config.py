@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from reclock.errors import ConfigError, SettingError
 from reclock.sources.kinesis.checkpoints import CheckpointTable
@@ -32,6 +32,9 @@ decimal, a string), ``_partition_key``, ``_arrival`` (``ApproximateArrivalTimest
 
 @dataclass(frozen=True)
 class KinesisSpec:
+    """A Kinesis source's ``kinesis:`` section, validated (:func:`parse_kinesis`)."""
+
+    kind: ClassVar[str] = "kinesis"
     stream: str
     region: str | None = None
     endpoint_url: str | None = None
@@ -43,6 +46,10 @@ class KinesisSpec:
     @property
     def stride(self) -> int:
         return self.count_every
+
+    def shards(self, source) -> tuple[str, ...]:
+        """The source's collection (output 0) and its error collection."""
+        return (source.data_shard, source.errors_shard)
 
 
 def _positive(k: dict, key: str, default: int, what: str) -> int:
