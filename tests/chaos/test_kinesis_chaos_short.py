@@ -20,8 +20,8 @@ from benchmarks.chaos import REPO
 @pytest.mark.timeout(1200)
 def test_a_kinesis_source_loses_and_duplicates_nothing_across_reshards_while_cycles_are_killed():
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
-    p = subprocess.Popen([sys.executable, "-m", "benchmarks.kinesis_chaos", "--seconds", "90", "--seed", "11",
-                          "--gap", "4", "14", "--reshard", "8", "14"], cwd=REPO, env=env, stdout=subprocess.PIPE,
+    p = subprocess.Popen([sys.executable, "-m", "benchmarks.kinesis_chaos", "--seconds", "60", "--seed", "11",
+                          "--gap", "3", "10", "--reshard", "8", "12"], cwd=REPO, env=env, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
     try:
         out, err = p.communicate(timeout=1100)
@@ -35,4 +35,4 @@ def test_a_kinesis_source_loses_and_duplicates_nothing_across_reshards_while_cyc
     bound = int(re.search(r"'bound': (\d+)", out).group(1))
     splits, merges = (int(x) for x in re.search(r"(\d+) splits, (\d+) merges", out).groups())
     completed = int(re.search(r"cycles completed under faults: (\d+)", out).group(1))
-    assert kills >= 4 and completed >= 2 and splits >= 1 and merges >= 1 and bound > 1000, out[-3000:]
+    assert kills >= 3 and completed >= 2 and splits >= 1 and merges >= 1 and bound > 1000, out[-3000:]
