@@ -279,8 +279,9 @@ def cycle(source: str, max_records: int | None, **settings: str | None) -> None:
 @click.argument("source")
 @_cycle_settings
 def resnapshot(source: str, **settings: str | None) -> None:
-    """Start Postgres source SOURCE over from a fresh snapshot at a new timestamp (after a TRUNCATE, DDL or a
-    lost slot stalled it): its next cycle retracts what its collections hold and writes the snapshot."""
+    """Start Postgres source SOURCE over from a fresh snapshot at a new timestamp (after DDL, a redefined
+    publication or a lost slot stalled it): its next cycle retracts what its collections hold and writes the
+    snapshot."""
     from reclock.cycle import resnapshot as run_resnapshot
 
     out = run_resnapshot(_cycle_context(source, **settings))

@@ -289,6 +289,19 @@ class PublicationMissing(SourceStalled):
     """The source's publication does not exist, or a table of the source is missing from it or dropped."""
 
 
+class PublicationUnsupported(SourceStalled):
+    """The publication is defined in a way whose changes Reclock cannot land exactly (a ``publish`` list
+    without ``update``, ``delete`` or ``truncate``: the collections would keep rows the tables no longer
+    hold). Refused at the first cycle (and at every cycle after), naming what to change."""
+
+
+class PublicationRedefined(SourceStalled):
+    """A table's row filter or column list in the publication changed after the source registered it (the
+    rows already landed were filtered the old way, the changes from now on the new way), or a partition was
+    attached to or detached from a root published through it (its rows came or went without a change to
+    read). Refused until ``reclock resnapshot``, which takes the new definition from a fresh snapshot."""
+
+
 class SlotBusy(ReclockError):
     """Another process reads or advances the source's replication slot (another cycle of the same source):
     this cycle fails loudly and changes nothing; the next one carries on."""
@@ -342,6 +355,16 @@ class StreamReplaced(ReclockError):
             f"of that name created at {when(bound_ms)}: it was deleted and created again. Its shards and sequence "
             "numbers start over, and Reclock will not restart from zero silently: ingest the new stream as a new "
             "source (another name), and drop this one when its collections are no longer needed")
+
+
+class ValueNotCarried(ReclockError):
+    """A reader or sink would change values on their way (a type its engine or format cannot hold bit for
+    bit), so it refuses instead."""
+
+    def __init__(self, where: str, column: str, what: str, remedy: str) -> None:
+        self.where = where
+        self.column = column
+        super().__init__(f"{where}: column {column}: {what}; nothing was read or written ({remedy})")
 
 
 class ObjectLost(UpstreamDataLost):

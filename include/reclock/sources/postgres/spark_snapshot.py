@@ -143,12 +143,14 @@ def _column_sql(c: str, type_oid: int, typmod: int, name: str) -> str | None:
 
 
 def snapshot_query(info: TableInfo) -> str:
-    """The JDBC subquery: the row's ``ctid`` and every column's text form (as pgoutput sends it:
-    :func:`reclock.sources.postgres.upstream.text_form`) as ``c<i>``."""
+    """The JDBC subquery: the row's ``ctid`` and every published column's text form (as pgoutput sends it:
+    :func:`reclock.sources.postgres.upstream.text_form`) as ``c<i>``, of the rows the publication's row filter
+    passes (``ONLY``: a table's inheritance children are tables of their own)."""
     schema, _, name = info.table.partition(".")
     cols = ", ".join(f"{text_form(n, o)} AS c{i}" for i, (n, o, _) in enumerate(info.columns))
-    return (f"(SELECT ctid AS {CTID}{', ' if cols else ''}{cols} FROM {pg_ident(schema)}.{pg_ident(name)}) "
-            "reclock_snapshot")
+    where = "" if info.row_filter is None else f" WHERE ({info.row_filter})"
+    return (f"(SELECT ctid AS {CTID}{', ' if cols else ''}{cols} FROM ONLY {pg_ident(schema)}.{pg_ident(name)}"
+            f"{where}) reclock_snapshot")
 
 
 def write_table_snapshot(spark, target: JdbcTarget, snapshot: str, info: TableInfo, ts: int, url: str,
