@@ -357,6 +357,38 @@ class StreamReplaced(ReclockError):
             "source (another name), and drop this one when its collections are no longer needed")
 
 
+class KafkaAccessDenied(ReclockError):
+    """A Kafka broker refused an operation: the client's principal has no ACL for it."""
+
+    def __init__(self, what: str, cluster: str, principal: str, operation: str, resource_type: str,
+                 resource: str) -> None:
+        self.what = what
+        self.cluster = cluster
+        self.principal = principal
+        self.operation = operation
+        self.resource_type = resource_type
+        self.resource = resource
+        flag = {"topic": f"--topic {resource}", "group": f"--group {resource}",
+                "transactional id": f"--transactional-id {resource}", "cluster": "--cluster"}[resource_type]
+        named = "the cluster" if resource_type == "cluster" else f"{resource_type} {resource!r}"
+        super().__init__(
+            f"{what}: Kafka at {cluster} denied {operation} on {named}: grant {principal} that ACL "
+            f"(kafka-acls.sh --add --allow-principal {principal} --operation {operation.title().replace('_', '')} "
+            f"{flag}; docs/security.md lists every ACL Reclock needs)")
+
+
+class KafkaAuthenticationFailed(ReclockError):
+    """A Kafka broker refused the client's login or TLS handshake (wrong password, unknown user, an
+    untrusted certificate)."""
+
+    def __init__(self, what: str, cluster: str, reason: str) -> None:
+        self.what = what
+        self.cluster = cluster
+        self.reason = reason
+        super().__init__(f"{what}: Kafka at {cluster} refused the connection: {reason} (check the connection's "
+                         "user, password and certificates)")
+
+
 class ValueNotCarried(ReclockError):
     """A reader or sink would change values on their way (a type its engine or format cannot hold bit for
     bit), so it refuses instead."""

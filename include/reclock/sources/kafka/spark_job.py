@@ -10,11 +10,14 @@ record budget); a continuous group's append-only slices of several sources may s
 
 from __future__ import annotations
 
+import contextlib
 import json
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from reclock.batch import OffsetRange, SliceWritten
 from reclock.config import SourceSpec
+from reclock.kafka_client import KafkaClientConfig, client_config
+from reclock.kafka_client import check as kafka_check
 from reclock.part_layout import DATA_OUTPUT, ERRORS_OUTPUT, KAFKA_SHAPE, MEMBER_COLUMN, REJECTED_COLUMN
 from reclock.sources.base import JointSlice
 from reclock.spark import decode
@@ -23,8 +26,10 @@ from reclock.spark.jobs import observation, observed
 from reclock.spark.reclocking import BindingRange, reclocked
 
 
-def kafka_read_options(spec: SourceSpec, bootstrap: str, ranges: Sequence[OffsetRange]) -> dict[str, str]:
-    """Spark Kafka batch-source options that read exactly ``ranges`` (and nothing else).
+def kafka_read_options(spec: SourceSpec, kafka: KafkaClientConfig | str,
+                       ranges: Sequence[OffsetRange]) -> dict[str, str]:
+    """Spark Kafka batch-source options that read exactly ``ranges`` (and nothing else), on the cluster
+    ``kafka`` (its connection's ``kafka.*`` options: brokers and security settings).
 
     The consumers get a stable group id per source (:func:`read_group`). Spark's default, a new one per
     query, never finds the consumers its executors pool by group and partition, so every cycle would open
@@ -33,7 +38,7 @@ def kafka_read_options(spec: SourceSpec, bootstrap: str, ranges: Sequence[Offset
     partitions and never commit."""
     parts = sorted({r.partition for r in ranges})
     opts = {
-        "kafka.bootstrap.servers": bootstrap,
+        **client_config(kafka).spark_options(),
         "kafka.group.id": read_group(spec),
         "kafka.isolation.level": "read_committed",
         "kafka.fetch.max.wait.ms": "10",
@@ -57,11 +62,11 @@ def _is_librdkafka(key: str) -> bool:
     return "." in key and not key.startswith(("spark.", "kafka."))
 
 
-def _read_kafka(spark, spec: SourceSpec, bootstrap: str, ranges: Sequence[OffsetRange]):
+def _read_kafka(spark, spec: SourceSpec, bootstrap: KafkaClientConfig | str, ranges: Sequence[OffsetRange]):
     return spark.read.format("kafka").options(**kafka_read_options(spec, bootstrap, ranges)).load()
 
 
-def _reclocked(spark, spec: SourceSpec, bootstrap: str, ranges: Sequence[OffsetRange],
+def _reclocked(spark, spec: SourceSpec, bootstrap: KafkaClientConfig | str, ranges: Sequence[OffsetRange],
                bindings: Sequence[BindingRange], read_metrics=None):
     """The records of ``ranges`` read from Kafka, each with the ``ts`` of the binding that covers its offset
     (``reclock.spark.reclocking.reclocked``). ``read_metrics`` (an ``Observation``) counts the records read,
@@ -74,7 +79,7 @@ def _reclocked(spark, spec: SourceSpec, bootstrap: str, ranges: Sequence[OffsetR
     return reclocked(spark, raw, ranges, bindings)
 
 
-def reclock_and_decode(spark, spec: SourceSpec, bootstrap: str, ranges: Sequence[OffsetRange],
+def reclock_and_decode(spark, spec: SourceSpec, bootstrap: KafkaClientConfig | str, ranges: Sequence[OffsetRange],
                        bindings: Sequence[BindingRange], prior: Sequence[tuple] = (), read_metrics=None):
     """The DataFrame of one slice: every record of ``ranges`` read from Kafka, reclocked and put through the
     shared decode path (``reclock.spark.decode.envelope``)."""
@@ -82,22 +87,40 @@ def reclock_and_decode(spark, spec: SourceSpec, bootstrap: str, ranges: Sequence
                                                                   read_metrics), prior)
 
 
-def upsert_keys(spark, spec: SourceSpec, bootstrap: str, ranges: Sequence[OffsetRange]) -> list[bytes]:
+@contextlib.contextmanager
+def kafka_job(what: str, kafka: KafkaClientConfig | str, topics: Sequence[str], groups: Sequence[str]) -> Iterator[None]:
+    """Around a Spark job that reads Kafka: a job failed because the brokers refused the principal an ACL
+    (or its login) raises :class:`~reclock.errors.KafkaAccessDenied` (or
+    :class:`~reclock.errors.KafkaAuthenticationFailed`) naming it, instead of the JVM's stack trace."""
+    try:
+        yield
+    except Exception as e:
+        refused = kafka_check(e, client_config(kafka), f"{what}: Spark reading Kafka",
+                              {"topic": ("READ", ", ".join(topics)), "group": ("READ", ", ".join(groups))})
+        if refused is None:
+            raise
+        raise refused from e
+
+
+def upsert_keys(spark, spec: SourceSpec, bootstrap: KafkaClientConfig | str, ranges: Sequence[OffsetRange]) -> list[bytes]:
     """The distinct non-null Kafka keys in ``ranges`` (whose upsert state a description needs)."""
     from pyspark.sql import functions as F
 
     df = _read_kafka(spark, spec, bootstrap, ranges)
-    return [bytes(r[0]) for r in df.filter(F.col("key").isNotNull()).select("key").distinct().collect()]
+    with kafka_job(f"source {spec.name}", bootstrap, [spec.kafka.topic], [read_group(spec)]):
+        return [bytes(r[0]) for r in df.filter(F.col("key").isNotNull()).select("key").distinct().collect()]
 
 
-def write_slice(spark, spec: SourceSpec, bootstrap: str, ranges: Sequence[OffsetRange],
+def write_slice(spark, spec: SourceSpec, bootstrap: KafkaClientConfig | str, ranges: Sequence[OffsetRange],
                 bindings: Sequence[BindingRange], url: str, prior: Sequence[tuple] = (),
                 index: int = 0) -> SliceWritten:
     """One Spark job writing the slice's updates under ``url`` (``reclock.spark.decode.write_slice``): the
-    Kafka records of ``ranges``, counted right above the Kafka scan, reclocked by ``bindings``."""
-    return decode.write_slice(spark, spec, KAFKA_SHAPE,
-                              lambda read: _reclocked(spark, spec, bootstrap, ranges, bindings, read), url, prior,
-                              index, offsets=sum(r.end - r.start for r in ranges))
+    Kafka records of ``ranges``, counted right above the Kafka scan, reclocked by ``bindings``; a refused ACL
+    or login is named (:func:`kafka_job`)."""
+    with kafka_job(f"source {spec.name}", bootstrap, [spec.kafka.topic], [read_group(spec)]):
+        return decode.write_slice(spark, spec, KAFKA_SHAPE,
+                                  lambda read: _reclocked(spark, spec, bootstrap, ranges, bindings, read), url,
+                                  prior, index, offsets=sum(r.end - r.start for r in ranges))
 
 
 JOINT_RECORDS_PER_TASK = 200_000
@@ -146,7 +169,9 @@ def write_joint(spark, slices: Sequence[JointSlice], url: str) -> list[SliceWrit
     counts = [c for i in range(len(slices))
               for c in (F.count(F.when(member == i, F.lit(1))).alias(f"rows{i}"),
                         F.count(F.when(member == i, F.col(REJECTED_COLUMN))).alias(f"rejected{i}"))]
-    df.observe(written, *counts).write.mode("error").partitionBy(MEMBER_COLUMN).parquet(url)
+    with kafka_job("sources " + ", ".join(s.spec.name for s in slices), slices[0].upstream,
+                   [s.spec.kafka.topic for s in slices], [read_group(s.spec) for s in slices]):
+        df.observe(written, *counts).write.mode("error").partitionBy(MEMBER_COLUMN).parquet(url)
     w = observed(written, slices[0].spec.name, url,
                  [f"{k}{i}" for i in range(len(slices)) for k in ("rows", "rejected")])
     out = []
