@@ -6,6 +6,7 @@ offset*, so an open or aborted transaction never lets a binding pass data that i
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
@@ -13,6 +14,10 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from reclock.errors import ReclockError, UpstreamDataLost
 from reclock.time import PartitionedFrontier
+
+
+_COORDINATOR_SETTLING = frozenset({KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+                                   KafkaError.COORDINATOR_NOT_AVAILABLE})
 
 
 class UpstreamUnavailable(ReclockError):
@@ -97,12 +102,27 @@ class KafkaUpstream:
         return self.committed(group)
 
     def committed(self, group: str) -> PartitionedFrontier:
-        """The offsets ``group`` has committed (absent partitions at 0)."""
+        """The offsets ``group`` has committed (absent partitions at 0).
+
+        A group's coordinator moves (a new group, a broker restarting, a leader election): the broker answers
+        ``NOT_COORDINATOR`` or ``COORDINATOR_LOAD_IN_PROGRESS`` until it settles, so retriable errors are
+        retried until ``timeout``; then ``UpstreamUnavailable`` names the group and the last error."""
+        parts = [TopicPartition(self.topic, p) for p in self.partitions()]
+        deadline = time.monotonic() + self.timeout
         consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": group,
                              "enable.auto.commit": False, "log_level": 2})
         try:
-            tps = consumer.committed([TopicPartition(self.topic, p) for p in self.partitions()],
-                                     timeout=self.timeout)
+            while True:
+                try:
+                    tps = consumer.committed(parts, timeout=max(1.0, deadline - time.monotonic()))
+                    break
+                except KafkaException as e:
+                    err = e.args[0] if e.args and isinstance(e.args[0], KafkaError) else None
+                    settling = err is not None and (err.retriable() or err.code() in _COORDINATOR_SETTLING)
+                    if not settling or time.monotonic() >= deadline:
+                        raise UpstreamUnavailable(f"source {self.source}: reading the offsets group {group} "
+                                                  f"committed failed: {e}") from e
+                    time.sleep(0.5)
         finally:
             consumer.close()
         return PartitionedFrontier.of((tp.partition, tp.offset) for tp in tps if tp.offset >= 0)
