@@ -28,7 +28,7 @@ from reclock.part_layout import (DATA_OUTPUT, ERR_PREFIX, ERROR_COLUMNS, ERRORS_
                                  REJECTED_COLUMN, STATE_COLUMNS, STATE_OUTPUT, STATE_PREFIX)
 from reclock.sources.base import JointSlice
 from reclock.spark.decode import AVRO_OK, CORRUPT, ERROR_SOURCES, PACKED, data_schema, decoded, field_names
-from reclock.spark.jobs import observation, observed, sql_ident, sql_string
+from reclock.spark.jobs import observation, observed, parts_writer, sql_ident, sql_string
 from reclock.spark.reclocking import BindingRange, reclocked
 
 _STATE_SOURCES = tuple(zip(STATE_COLUMNS, ("_k", "_v", "_p", "_o", "_t_us")))
@@ -197,7 +197,7 @@ def write_slice(spark, spec: SourceSpec, bootstrap: str, ranges: Sequence[Offset
     df = reclock_and_decode(spark, spec, bootstrap, ranges, bindings, prior, read_metrics=read)
     if spec.envelope != "upsert":
         df = df.observe(written, F.count(F.lit(1)).alias("rows"), F.count(REJECTED_COLUMN).alias("rejected"))
-        df.write.mode("error").parquet(url)
+        parts_writer(df, url).parquet(url)
         w = observed(written, spec.name, url, ("rows", "rejected"))
         rows = {DATA_OUTPUT: w["rows"] - w["rejected"], ERRORS_OUTPUT: w["rejected"]}
     else:
@@ -209,7 +209,7 @@ def write_slice(spark, spec: SourceSpec, bootstrap: str, ranges: Sequence[Offset
         outputs = (DATA_OUTPUT, ERRORS_OUTPUT, STATE_OUTPUT)
         counts = [F.count(F.when(F.col("_output") == o, F.lit(1))).alias(f"output{o}") for o in outputs]
         df = df.selectExpr(*map(sql_ident, keep), "_output").observe(written, *counts)
-        df.write.mode("error").partitionBy("_output").parquet(url)
+        parts_writer(df, url).partitionBy("_output").parquet(url)
         w = observed(written, spec.name, url, [f"output{o}" for o in outputs])
         rows = {o: w[f"output{o}"] for o in outputs}
     records = observed(read, spec.name, url, ("records",))["records"]
@@ -262,7 +262,7 @@ def write_joint(spark, slices: Sequence[JointSlice], url: str) -> list[SliceWrit
     counts = [c for i in range(len(slices))
               for c in (F.count(F.when(member == i, F.lit(1))).alias(f"rows{i}"),
                         F.count(F.when(member == i, F.col(REJECTED_COLUMN))).alias(f"rejected{i}"))]
-    df.observe(written, *counts).write.mode("error").partitionBy(MEMBER_COLUMN).parquet(url)
+    parts_writer(df.observe(written, *counts), url).partitionBy(MEMBER_COLUMN).parquet(url)
     w = observed(written, slices[0].spec.name, url,
                  [f"{k}{i}" for i in range(len(slices)) for k in ("rows", "rejected")])
     out = []
