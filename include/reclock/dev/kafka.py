@@ -54,6 +54,11 @@ class LocalKafka:
     node_id: int = 1
     voters: dict[int, int] | None = None
     cluster_id: str | None = None  # a cluster's nodes share one; a single node makes its own
+    proxied: bool = False
+    """Also a listener for clients behind a proxy (``reclock.dev.toxiproxy``): ``EXTERNAL`` on
+    :attr:`external_port`, advertised at :attr:`proxy_port`, where the proxy listens and forwards to it; a
+    client bootstrapped at :attr:`proxied_bootstrap` reaches every broker through proxies, while the brokers
+    and the controllers (and clients of :attr:`bootstrap`) talk directly."""
 
     @property
     def home(self) -> Path:
@@ -70,6 +75,21 @@ class LocalKafka:
     @property
     def bootstrap(self) -> str:
         return f"{LOOPBACK}:{self.port}"
+
+    @property
+    def external_port(self) -> int:
+        return self.state.port(f"{self.name}_external")
+
+    @property
+    def proxy_port(self) -> int:
+        return self.state.port(f"{self.name}_proxy")
+
+    @property
+    def proxied_bootstrap(self) -> str:
+        """Where a client behind the proxy bootstraps (``proxied`` nodes only)."""
+        if not self.proxied:
+            raise StackError(f"{self.name} has no proxied listener (LocalKafka(proxied=True))")
+        return f"{LOOPBACK}:{self.proxy_port}"
 
     @property
     def log(self) -> Path:
@@ -95,14 +115,19 @@ class LocalKafka:
 
     def _write_config(self) -> Path:
         cfg = self.home / "server.properties"
+        listeners = [f"PLAINTEXT://{LOOPBACK}:{self.port}", f"CONTROLLER://{LOOPBACK}:{self.controller_port}"]
+        advertised = list(listeners)
+        if self.proxied:
+            listeners.append(f"EXTERNAL://{LOOPBACK}:{self.external_port}")
+            advertised.append(f"EXTERNAL://{LOOPBACK}:{self.proxy_port}")
         props = {
             "process.roles": "broker,controller",
             "node.id": str(self.node_id),
-            "listeners": f"PLAINTEXT://{LOOPBACK}:{self.port},CONTROLLER://{LOOPBACK}:{self.controller_port}",
-            "advertised.listeners": f"PLAINTEXT://{LOOPBACK}:{self.port},CONTROLLER://{LOOPBACK}:{self.controller_port}",
+            "listeners": ",".join(listeners),
+            "advertised.listeners": ",".join(advertised),
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
-            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,EXTERNAL:PLAINTEXT",
             "log.dirs": str(self.home / "data"),
             "num.partitions": "1",
             "offsets.topic.num.partitions": "4",
@@ -141,7 +166,7 @@ class LocalKafka:
         it was started now."""
         if self.running():
             return False
-        for port in (self.port, self.controller_port):
+        for port in (self.port, self.controller_port, *([self.external_port] if self.proxied else [])):
             if procs.port_open(port):
                 raise StackError(f"kafka: port {port} on {LOOPBACK} is taken by another process "
                                  f"(set RECLOCK_{self.name.upper()}_PORT / RECLOCK_{self.name.upper()}_CONTROLLER_PORT "
@@ -196,22 +221,29 @@ class LocalKafkaCluster:
     state: StackState
     size: int = 3
     heap: str = "384m"
+    proxied: bool = False  # each node also behind a proxy (LocalKafka.proxied)
     nodes: dict[int, LocalKafka] = field(init=False)
 
     def __post_init__(self) -> None:
         cid = self.state.secret("kafka_cluster_id", 16)  # token_urlsafe(16): 16 random bytes, base64url (22 chars)
         names = {n: f"kafka-{n}" for n in range(1, self.size + 1)}
         voters = {n: self.state.port(f"{name}_controller") for n, name in names.items()}
-        self.nodes = {n: LocalKafka(self.state, heap=self.heap, name=name, node_id=n, voters=voters, cluster_id=cid)
+        self.nodes = {n: LocalKafka(self.state, heap=self.heap, name=name, node_id=n, voters=voters, cluster_id=cid,
+                                    proxied=self.proxied)
                       for n, name in names.items()}
 
     @property
     def bootstrap(self) -> str:
         return ",".join(node.bootstrap for node in self.nodes.values())
 
+    @property
+    def proxied_bootstrap(self) -> str:
+        return ",".join(node.proxied_bootstrap for node in self.nodes.values())
+
     def start(self, timeout: float = 180) -> float:
         """Start every node that is not running (together: a static quorum needs a majority to elect) and
-        wait until every broker is registered and the offsets and transaction state logs exist."""
+        wait until every broker is registered (the offsets and transaction state logs are made by Kafka at
+        their first use)."""
         t0 = time.monotonic()
         for node in self.nodes.values():
             node.spawn()
@@ -278,6 +310,9 @@ class LocalKafkaCluster:
         ``__transaction_state`` (Kafka's ``abs(id.hashCode()) % partitions``, the Java string hash)."""
         md = self._admin().list_topics("__transaction_state", timeout=5)
         parts = md.topics["__transaction_state"].partitions
+        if not parts:  # Kafka makes the log at the first transactional producer's FindCoordinator
+            raise StackError(f"kafka cluster: no transaction state log yet (no transactional producer has started): "
+                             f"{transactional_id!r} has no coordinator")
         return parts[java_string_hash_partition(transactional_id, len(parts))].leader
 
     def active_controller(self) -> int:
