@@ -106,7 +106,8 @@ class LocalToxiproxy:
             if procs.port_open(self.api_port):
                 raise StackError(f"toxiproxy: port {self.api_port} on {LOOPBACK} is taken by another process")
             procs.spawn("toxiproxy", [str(ensure_toxiproxy()), "-host", LOOPBACK, "-port", str(self.api_port)],
-                        log=self.log, pidfile=self.pidfile, cwd=self.home)
+                        log=self.log, pidfile=self.pidfile, cwd=self.home,
+                        env={**os.environ, "LOG_LEVEL": "info"})  # its default traces every connection
         procs.wait_until("toxiproxy", lambda: self.api("GET", "/version") is not None, timeout, log=self.log,
                          alive=self.running)
         return time.monotonic() - t0
