@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 
 CLASSPATH = "reclock.orchestration.triggers.UpstreamMoved"
 PG_CLASSPATH = "reclock.orchestration.triggers.PublicationChanged"
+KINESIS_CLASSPATH = "reclock.orchestration.triggers.KinesisMoved"
 REFIRE_S = 60.0
 """A source still behind its upstream this long after the trigger fired is fired for again."""
 IDLE_S = 60.0
@@ -50,10 +51,12 @@ def upstream_asset_uri(source: str) -> str:
     return f"reclock-upstream://{source}"
 
 
-def admin_client(bootstrap: str):
-    from confluent_kafka.admin import AdminClient
+def admin_client(kafka, what: str = "trigger"):
+    """An admin client for the cluster ``kafka`` (a ``KafkaClientConfig``, or an unsecured cluster's
+    address)."""
+    from reclock import kafka_client
 
-    return AdminClient({"bootstrap.servers": bootstrap, "log_level": 2})
+    return kafka_client.admin(kafka_client.client_config(kafka), what).handle
 
 
 def cluster_offsets(admin, timeout: float = 10.0) -> dict[str, dict[int, int]]:
@@ -136,17 +139,17 @@ class UpstreamMoved(_SharedProbe):
         """One probe loop per cluster: every topic's last stable offsets, every ``poll`` seconds. A probe that
         fails (the broker away) is logged and retried; the loop never ends by itself."""
         from reclock.config import KafkaSpec
-        from reclock.settings import find_bootstrap
+        from reclock.settings import find_kafka
 
         spec = KafkaSpec(topic=kwargs["topic"], connection=kwargs["connection"], bootstrap=kwargs["bootstrap"])
-        bootstrap = await asyncio.to_thread(find_bootstrap, spec, f"source {kwargs['source']}")
+        kafka = await asyncio.to_thread(find_kafka, spec, f"source {kwargs['source']}")
         poll = float(kwargs["poll"])
-        admin = admin_client(bootstrap)  # one client for the loop's life: it reconnects by itself
+        admin = admin_client(kafka, f"the upstream trigger of {kafka.describe()}")  # reconnects by itself
         while True:
             try:
                 yield await asyncio.to_thread(cluster_offsets, admin)
             except Exception as e:  # noqa: BLE001 - a broker restart must not end the watch
-                log.warning("reclock: probing %s failed: %s; retrying in %ss", bootstrap, e, poll)
+                log.warning("reclock: probing %s failed: %s; retrying in %ss", kafka.describe(), e, poll)
             await asyncio.sleep(poll)
 
     async def filter_shared_stream(self, shared_stream: AsyncIterator[Any]) -> AsyncIterator[TriggerEvent]:
@@ -163,8 +166,9 @@ class UpstreamMoved(_SharedProbe):
             upper = snapshot.get(self.topic)
             if upper is None:
                 if not missing_logged:
-                    self.log.warning("reclock: topic %s of source %s is not on %s", self.topic, self.source,
-                                     self.bootstrap)
+                    self.log.warning("reclock: topic %s of source %s is not on %s, or its principal may not "
+                                     "DESCRIBE it (an ACL is missing)", self.topic, self.source,
+                                     self.bootstrap or f"connection {self.connection}")
                     missing_logged = True
                 continue
             missing_logged = False
@@ -326,20 +330,71 @@ class PublicationChanged(_SharedProbe):
             yield TriggerEvent({"source": self.source, "reason": why.reason, "flush_lsn": flush, "slot": why.slot})
 
 
-def upstream_asset(spec) -> Any:
-    """The Asset ``ingest__<source>`` is scheduled on when the source's schedule is ``upstream``."""
+class KinesisMoved(_SharedProbe):
+    """Fires when Kinesis source ``source``'s stream holds something its next mint would bind: a record at or
+    after the newest binding's position in a readable shard, or a closed shard's end still to be read
+    (``reclock.sources.kinesis.probe.moved``: one small ``GetRecords`` per readable shard, every ``poll``;
+    Kinesis tells no tip without a read). Fired for again every :data:`REFIRE_S` while it stays so.
+
+    :param source: the Reclock source.
+    :param stream: its stream, in ``region``, at ``endpoint_url`` (None: AWS's), found in the triggerer as a
+        task finds them (``RECLOCK_KINESIS_ENDPOINT`` ...); credentials from the triggerer's AWS chain.
+    :param poll: seconds between probes.
+    """
+
+    def __init__(self, *, source: str, stream: str, region: str | None = None, endpoint_url: str | None = None,
+                 poll: float = 1.0) -> None:
+        super().__init__()
+        self.source, self.stream, self.region, self.endpoint_url = source, stream, region, endpoint_url
+        self.poll = float(poll)
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return KINESIS_CLASSPATH, {"source": self.source, "stream": self.stream, "region": self.region,
+                                   "endpoint_url": self.endpoint_url, "poll": self.poll}
+
+    def shared_stream_key(self) -> Hashable | None:
+        return None  # each source probes its stream from its own frontier
+
+    @classmethod
+    async def open_shared_stream(cls, kwargs: dict[str, Any]) -> AsyncIterator[Any]:
+        """One probe of the stream from the source's newest binding every ``poll``: ``(moved, why)``. A probe
+        that fails (the endpoint away, Postgres away) is logged and retried."""
+        from reclock.settings import find_dsn
+        from reclock.sources.kinesis.client import KinesisUpstream
+        from reclock.sources.kinesis.config import KinesisSpec, find_stream
+        from reclock.sources.kinesis.probe import moved
+
+        spec = KinesisSpec(stream=kwargs["stream"], region=kwargs["region"], endpoint_url=kwargs["endpoint_url"])
+        address = await asyncio.to_thread(find_stream, spec, f"source {kwargs['source']}")
+        dsn = await asyncio.to_thread(find_dsn, None)
+        upstream = KinesisUpstream(kwargs["source"], address, throttle_patience_s=5.0)
+        poll = float(kwargs["poll"])
+        while True:
+            try:
+                bound = await asyncio.to_thread(bound_frontier, dsn, kwargs["source"])
+                yield await asyncio.to_thread(moved, upstream, bound)
+            except Exception as e:  # noqa: BLE001 - the endpoint or Postgres away for a moment
+                log.warning("reclock: probing Kinesis stream %s failed: %s; retrying in %ss", kwargs["stream"], e,
+                            poll)
+            await asyncio.sleep(poll)
+
+    async def filter_shared_stream(self, shared_stream: AsyncIterator[Any]) -> AsyncIterator[TriggerEvent]:
+        loop = asyncio.get_running_loop()
+        fired = 0.0
+        async for ahead, why in shared_stream:
+            if not ahead:
+                fired = 0.0
+                continue
+            if fired and loop.time() - fired < REFIRE_S:
+                continue
+            fired = loop.time()
+            yield TriggerEvent({"source": self.source, "reason": why})
+
+
+def upstream_asset(spec, trigger: BaseEventTrigger) -> Any:
+    """The Asset ``ingest__<source>`` is scheduled on when the source's schedule is ``upstream``, watched by
+    ``trigger`` (its kind's: ``SourceKind.upstream_trigger``)."""
     from airflow.sdk import Asset, AssetWatcher
 
-    if spec.s3 is not None:
-        from reclock.sources.s3.trigger import upstream_trigger
-
-        trigger: BaseEventTrigger = upstream_trigger(spec)
-    elif spec.postgres is not None:
-        trigger: BaseEventTrigger = PublicationChanged(
-            source=spec.name, publication=spec.postgres.publication, connection=spec.postgres.connection,
-            dsn_env=spec.postgres.dsn_env, poll=spec.poll_s)
-    else:
-        trigger = UpstreamMoved(source=spec.name, topic=spec.kafka.topic, connection=spec.kafka.connection,
-                                bootstrap=spec.kafka.bootstrap, poll=spec.poll_s)
     return Asset(name=f"upstream__{spec.name}", uri=upstream_asset_uri(spec.name),
                  watchers=[AssetWatcher(name=f"upstream__{spec.name}", trigger=trigger)])
