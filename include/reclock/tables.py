@@ -13,6 +13,11 @@ a rebuild replaced, internal columns, and updates with ``diff`` rather than rows
    dropped. When the parts' footers show that no update retracts (every ``diff`` is 1, as in an append-only
    collection) the rows are taken as they are, without an aggregation.
 
+A collection whose schema evolved (a recorded history, ``reclock.persist.schemas``) is read AS OF ``t`` with
+the schema in force at ``t``: the parts are scanned in groups of one schema each, every group projected to
+that schema (``reclock.schema_projection``: a column a part lacks is null, a widened one cast), and the
+groups' rows unioned before they are consolidated.
+
 ::
 
     with read_table("orders", as_of=t) as r:            # the hold lasts for the block
@@ -37,6 +42,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from reclock.errors import BeyondUpper, NothingComplete, ReclockError, SinceViolation, UnknownReadHold
@@ -44,8 +50,11 @@ from reclock.part_layout import own_columns
 from reclock.persist import connect
 from reclock.persist.blob import BlobStore, FsspecBlobStore
 from reclock.persist.parquet import check_rows, column_stats, may_retract
+from reclock.persist.schemas import load_history
 from reclock.persist.shards import (BatchRow, acquire_read_hold, batches, release_read_hold, renew_read_hold,
                                     shard_info)
+from reclock.schema_evolution import CollectionSchema
+from reclock.schema_projection import duckdb_sql, duckdb_type, part_schema, spark_sql
 
 READ_LEASE_S = 600.0
 """How long a reader's hold lasts without renewal. :class:`TableRead` renews it every third of this while
@@ -74,6 +83,8 @@ class PartList:
     multiples: bool  # some part may hold a diff above 1 (identical rows consolidated by compaction)
     schema_path: str | None  # a part of the shard to take the columns from when ``paths`` is empty
     uniform: bool = True  # every part has the same columns and types (no schema merging needed)
+    target: CollectionSchema | None = None  # the schema read (the one in force at as_of), if recorded
+    part_schemas: tuple[CollectionSchema, ...] = ()  # with a target: each part's own user columns
 
 
 def _footer(blob: BlobStore, row: BatchRow) -> tuple[bool, bool, Any]:
@@ -99,11 +110,19 @@ def list_parts(conn, blob: BlobStore, shard: str, as_of: int, lower: int = 0) ->
         retractions, multiples = retractions or r, multiples or m
         schemas.append(schema)
     schema_path = None
-    if not rows:
+    target = load_history(conn, shard).read_as(as_of)
+    if not rows and target is None:
         every = batches(conn, shard)
         schema_path = every[-1].path if every else None
+    own_schemas = []
+    if target is not None:
+        for schema in schemas:
+            own, renames = own_columns(info.kind, schema.names)
+            fields = [schema.field(c).with_name(renames.get(c, c)) for c in own]
+            own_schemas.append(part_schema(pa.schema(fields), [f.name for f in fields if f.name not in ("ts", "diff")]))
     return PartList(shard, info.kind, as_of, lower, tuple(b.path for b in rows), sum(b.rows for b in rows),
-                    retractions, multiples, schema_path, all(s.equals(schemas[0]) for s in schemas[1:]))
+                    retractions, multiples, schema_path, all(s.equals(schemas[0]) for s in schemas[1:]),
+                    target, tuple(own_schemas))
 
 
 def _holder() -> str:
@@ -261,18 +280,15 @@ def spark_frame(spark, parts: PartList, blob: BlobStore, updates: bool = False) 
     without columns."""
     from pyspark.sql import functions as F
 
-    paths = _read_paths(parts)
-    if not paths:
-        return spark.createDataFrame([], "diff BIGINT").drop("diff")
-    # recursiveFileLookup: no partition discovery (upsert parts sit in _output=N/ folders, no column of ours);
-    # a listed part that is missing or corrupt fails the read, whatever the session's ignore* settings say
-    df = spark.read.options(mergeSchema=str(not parts.uniform).lower(), recursiveFileLookup="true",
-                            ignoreMissingFiles="false",
-                            ignoreCorruptFiles="false").parquet(*[blob.url(p) for p in paths])
-    own, renames = own_columns(parts.kind, df.columns)
-    df = df.select(*[F.col(f"`{c}`").alias(renames.get(c, c)) for c in own])
-    if not parts.paths:
-        df = df.limit(0)
+    if parts.target is not None:
+        df = _spark_projected(spark, parts, blob)
+    else:
+        paths = _read_paths(parts)
+        if not paths:
+            return spark.createDataFrame([], "diff BIGINT").drop("diff")
+        df = _spark_scan(spark, parts, blob, paths, mergeSchema=not parts.uniform)
+        if not parts.paths:
+            df = df.limit(0)
     df = df.where((F.col("ts") <= parts.as_of) & (F.col("ts") >= parts.lower))
     if updates:
         return df
@@ -296,18 +312,54 @@ def _ident(c: str) -> str:
 def duckdb_relation(con, parts: PartList, blob: BlobStore) -> Any:
     """A DuckDB relation over ``parts`` (the contents AS OF ``parts.as_of``). The blob store's files are read
     by DuckDB itself: a local folder directly, an object store through the store's fsspec filesystem. A
-    collection without a single part yet is an empty relation of one column, ``_reclock_empty``."""
+    collection without a single part yet is an empty relation of one column, ``_reclock_empty`` (of its
+    recorded schema's columns, when it has one)."""
+    if parts.target is not None:
+        return _duckdb_consolidated(con, parts, _duckdb_projected(con, parts, blob))
     paths = _read_paths(parts)
     if not paths:
         return con.sql("SELECT NULL::BOOLEAN AS _reclock_empty WHERE false")
+    src = (f"read_parquet([{', '.join(map(_sql_str, _duckdb_urls(con, blob, paths)))}], union_by_name = true, "
+           "hive_partitioning = false)")
+    return _duckdb_consolidated(con, parts, src)
+
+
+def _duckdb_urls(con, blob: BlobStore, paths: list[str]) -> list[str]:
+    """The parts' URLs as DuckDB reads them (an object store through the blob store's fsspec filesystem)."""
     if isinstance(blob, FsspecBlobStore):
         name = blob.fs.protocol if isinstance(blob.fs.protocol, str) else blob.fs.protocol[0]
         if not con.filesystem_is_registered(name):
             con.register_filesystem(blob.fs)
-        urls = [f"{blob.protocol}://{blob._p(p)}" for p in paths]
-    else:
-        urls = [blob.url(p) for p in paths]
-    src = f"read_parquet([{', '.join(map(_sql_str, urls))}], union_by_name = true, hive_partitioning = false)"
+        return [f"{blob.protocol}://{blob._p(p)}" for p in paths]
+    return [blob.url(p) for p in paths]
+
+
+def _duckdb_projected(con, parts: PartList, blob: BlobStore) -> str:
+    """SQL of the parts' updates read as ``parts.target``, named as the shard names them: each group of one
+    schema scanned and projected, the groups unioned (no parts: no rows, the target's columns)."""
+    target = parts.target
+    selects = []
+    for paths in _groups(parts):
+        schema = parts.part_schemas[parts.paths.index(paths[0])]
+        src = (f"read_parquet([{', '.join(map(_sql_str, _duckdb_urls(con, blob, paths)))}], "
+               "hive_partitioning = false)")
+        names = con.sql(f"SELECT * FROM {src}").columns
+        own, renames = own_columns(parts.kind, names)
+        file_name = {renames.get(c, c): c for c in own}
+        cols = []
+        for c in target.columns:
+            have = schema.column(c.name)
+            expr = _ident(file_name[c.name]) if have is not None and c.name in file_name else "NULL"
+            cols.append(f"{duckdb_sql(expr, have.type if expr != 'NULL' else None, c.type)} AS {_ident(c.name)}")
+        selects.append(f"SELECT {', '.join(cols + ['ts', 'diff'])} FROM {src}")
+    if not selects:
+        cols = [f"NULL::{duckdb_type(c.type)} AS {_ident(c.name)}" for c in target.columns]
+        selects.append(f"SELECT {', '.join(cols + ['NULL::BIGINT AS ts', 'NULL::BIGINT AS diff'])} WHERE false")
+    return "(" + " UNION ALL ".join(selects) + ")"
+
+
+def _duckdb_consolidated(con, parts: PartList, src: str) -> Any:
+    """The contents AS OF ``parts.as_of`` of the updates ``src`` (a scan or a subquery) holds."""
     names = [r[0] for r in con.sql(f"DESCRIBE SELECT * FROM {src}").fetchall()]
     own, renames = own_columns(parts.kind, names)
     cols = ", ".join(f"{_ident(c)} AS {_ident(renames.get(c, c))}" for c in own)
