@@ -203,6 +203,41 @@ class MigrationError(ReclockError):
     newer than this code)."""
 
 
+class SchemaVersionMismatch(MigrationError):
+    """The consensus database's ``reclock`` schema is not the one this release ships: older (run ``reclock
+    migrate``) or newer (a newer release migrated it; this one must not run on it)."""
+
+    def __init__(self, missing: list[str], unknown: list[str]) -> None:
+        self.missing, self.unknown = missing, unknown
+        if unknown:
+            msg = (f"the consensus database's reclock schema is newer than this release: it has migration(s) "
+                   f"{', '.join(unknown)}, which this release does not ship. A newer release migrated it, and this "
+                   "one would misread its state: run that release (a rollback is only safe by restoring the "
+                   "backup taken before `reclock migrate`, and only if no cycle or sink of the newer release ran "
+                   "since; see docs/operations.md, Upgrades)")
+        else:
+            msg = (f"the consensus database's reclock schema is older than this release: migration(s) "
+                   f"{', '.join(missing)} are not applied; run `reclock migrate` (with this release) first")
+        super().__init__(msg)
+
+
+class AcknowledgedStateLost(ReclockError):
+    """Progress Reclock acknowledged outside its consensus database (a consumer group's committed offsets, a
+    replication slot's confirmed position, a sink's progress) is beyond what the database now holds: the
+    database went back (a failover to a standby that lacked the last commits, a restored backup). Going on
+    would give records already stamped, and perhaps exported, new timestamps; nothing is minted or written."""
+
+    def __init__(self, what: str, acknowledged: str, holds: str) -> None:
+        self.what = what
+        super().__init__(
+            f"{what}: acknowledged state went back: {acknowledged}, but the consensus database holds only "
+            f"{holds}. The database lost commits it had acknowledged (a failover to an asynchronous standby, or a "
+            "restored backup); continuing would stamp records again at new timestamps, so nothing was minted or "
+            "written. Promote the node that has the lost commits if it still exists; otherwise the state is gone: "
+            "rebuild the source and its sinks under new names (see docs/operations.md, Consensus failover). "
+            "Reclock's Postgres needs synchronous replication to fail over without this")
+
+
 class SlotLost(UpstreamDataLost):
     """A Postgres source's replication slot is gone, invalidated (``wal_status = lost``), or already past
     changes a shard still needs: the changes are gone upstream and will not be skipped silently."""

@@ -11,7 +11,10 @@ Four steps run in two tasks because a task costs about a second of scheduling an
 (measured under the scheduler: 0.4 s of scheduler gap and 0.6 s in the task process around its step).
 Each step still records its own statistics and status rows. Mint runs first in the write task: its
 binding is durable before anything is written (*bindings before data*), and a retried task mints again
-(a no-op unless upstream moved) and writes again to fresh paths. Resume runs in the append task: it is
+(a no-op unless upstream moved) and writes again to fresh paths. The write task writes the pending
+descriptions for about one ``interval`` (at least one; ``cycle.mint_and_write``), the rest in the next
+run, so what a try risks stays bounded however many tries failed before it. Every task closes its
+context's Spark Connect client when it ends (``CycleContext.close``). Resume runs in the append task: it is
 short and safe to repeat, a retried task replays the append (a no-op) and resumes again. Append stays a
 task of its own, the one place that makes a cycle's parts visible.
 ``append`` has the source's shards as outlets (Assets ``reclock://<shard>``), so sinks can be scheduled
@@ -29,8 +32,9 @@ failure at any point (the fault campaign kills task processes and lets Airflow r
 
 from __future__ import annotations
 
+import contextlib
 from datetime import datetime, timedelta, timezone
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from reclock import continuous, cycle
 from reclock.batch import BatchDescription, Part
@@ -53,6 +57,16 @@ def _written_from_x(x: dict) -> cycle.WrittenBatch:
     return cycle.WrittenBatch(BatchDescription(*x["desc"]),
                         {s: tuple(Part(*p) for p in ps) for s, ps in x["parts"].items()},
                         tuple(Part(*p) for p in x.get("state", ())), x.get("prefix"))
+
+
+@contextlib.contextmanager
+def _context(spec: SourceSpec) -> Iterator[cycle.CycleContext]:
+    """The running task's cycle context, closed when the task's work ends (``CycleContext.close``)."""
+    ctx = cycle_context(spec, conf())
+    try:
+        yield ctx
+    finally:
+        ctx.close()
 
 
 def conf() -> dict:
@@ -86,21 +100,22 @@ def build_ingest_dag(spec: SourceSpec):
         if spec.schedule == "upstream":
             @task(task_id="cycle", outlets=shard_assets(spec.shards))
             def cycle_task() -> dict:
-                out = cycle.run_cycle(cycle_context(spec, conf()))
+                with _context(spec) as ctx:
+                    out = cycle.run_cycle(ctx)
                 return {**out, "offsets": {str(k): v for k, v in out["offsets"].items()}}
 
             cycle_task()
         else:
             @task(task_id="mint_write")
             def write_task() -> list[dict]:
-                ctx = cycle_context(spec, conf())
-                return [_written_to_x(cycle.write_batches(ctx, d)) for d in cycle.mint(ctx).descriptions]
+                with _context(spec) as ctx:
+                    return [_written_to_x(w) for w in cycle.mint_and_write(ctx, run_s=spec.interval_s)]
 
             @task(task_id="append", outlets=shard_assets(spec.shards))
             def append_task(written: list[dict]) -> dict:
-                ctx = cycle_context(spec, conf())
-                outcomes = [str(o) for w in written for o in cycle.append(ctx, _written_from_x(w))]
-                res = cycle.resume(ctx)
+                with _context(spec) as ctx:
+                    outcomes = [str(o) for w in written for o in cycle.append(ctx, _written_from_x(w))]
+                    res = cycle.resume(ctx)
                 return {"outcomes": outcomes, "resumption": res.resumption,
                         "offsets": {str(k): v for k, v in res.offsets.items()}, "since": res.since}
 
@@ -130,8 +145,8 @@ def _continuous_dag(spec: SourceSpec):
         @task(task_id="cycles", outlets=shard_assets(spec.shards),
               execution_timeout=timedelta(seconds=2 * spec.lease_s + 600))
         def cycles_task() -> dict:
-            return continuous.run_cycles(cycle_context(spec, conf()), spec.lease_s, idle_s=spec.poll_s,
-                                         resume_s=spec.resume_s)
+            with _context(spec) as ctx:
+                return continuous.run_cycles(ctx, spec.lease_s, idle_s=spec.poll_s, resume_s=spec.resume_s)
 
         cycles_task()
     return dag
@@ -164,7 +179,11 @@ def build_group_dag(group: str, specs: Sequence[SourceSpec]):
             run_conf = conf()
             members = [continuous.Member(cycle_context(s, run_conf), idle_s=s.poll_s, resume_s=s.resume_s)
                        for s in specs]
-            return continuous.run_group(group, members, lease_s)
+            try:
+                return continuous.run_group(group, members, lease_s)
+            finally:
+                for m in members:
+                    m.ctx.close()
 
         cycles_task()
     return dag

@@ -148,6 +148,15 @@ class JointJobs(ABC):
         for on its own, as a job of its own would be)."""
 
 
+@dataclass(frozen=True)
+class Acknowledged:
+    """What resume has told upstream it may drop (:meth:`SourceRuntime.acknowledged`), and where it is, for a
+    message: ``where`` names the place (``consumer group reclock-orders has committed offsets``)."""
+
+    frontier: PartitionedFrontier
+    where: str
+
+
 class SourceRuntime(ABC):
     """A kind's half of one cycle context: its upstream client and what it keeps for the context's steps.
     Made once per context by :meth:`SourceKind.open`; the cycle calls it inside its steps (each step holds
@@ -227,6 +236,12 @@ class SourceRuntime(ABC):
         """Tell upstream it may drop everything below ``frontier`` (the offset resumption frontier): commit
         it to a consumer group, advance a replication slot; or nothing, where upstream has no such notion.
         Never backwards; on idle cycles too."""
+
+    def acknowledged(self) -> Acknowledged | None:
+        """What :meth:`commit` has told upstream so far (read upstream, not from consensus): mint checks it
+        is not beyond what consensus holds (``cycle.check_acknowledged``: a database that went back). None
+        where upstream keeps nothing of ours."""
+        return None
 
     def compact(self, conn: Any, since: int) -> None:
         """In resume, in the connection ``conn``, after the remap collection was compacted to ``since``:

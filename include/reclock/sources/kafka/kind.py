@@ -37,7 +37,7 @@ from reclock.persist.staged import collect_parts, first_rejected, read_state_cha
 from reclock.persist.upsert_state import apply_changes, load_prior
 from reclock.remap import RemapCollection
 from reclock.settings import find_bootstrap
-from reclock.sources.base import (CycleServices, JointJobs, JointSlice, Lag, SourceKind, SourceRuntime,
+from reclock.sources.base import (Acknowledged, CycleServices, JointJobs, JointSlice, Lag, SourceKind, SourceRuntime,
                                   WrittenBatch)
 from reclock.sources.kafka import spark_job
 from reclock.sources.kafka.upstream import KafkaUpstream
@@ -174,6 +174,10 @@ class KafkaSource(SourceRuntime):
 
     def commit(self, frontier: PartitionedFrontier) -> None:
         self.upstream().commit(self.ctx.spec.consumer_group, frontier)
+
+    def acknowledged(self) -> Acknowledged:
+        group = self.ctx.spec.consumer_group
+        return Acknowledged(self.upstream().acknowledged(group), f"consumer group {group} has committed offsets")
 
 
 class KafkaJointJobs(JointJobs):

@@ -35,7 +35,7 @@ from reclock.persist.shards import Append, compare_and_append, register_shard, s
 from reclock.read import read_as_of
 from reclock.remap import RemapCollection
 from reclock.settings import find_upstream_dsn
-from reclock.sources.base import CycleServices, Lag, SourceKind, SourceRuntime, WrittenBatch
+from reclock.sources.base import Acknowledged, CycleServices, Lag, SourceKind, SourceRuntime, WrittenBatch
 from reclock.sources.postgres import cdc
 from reclock.sources.postgres import spark_snapshot
 from reclock.sources.postgres.registration import register_tables, registered_tables, replace_tables, snapshot_ts
@@ -94,6 +94,10 @@ class PostgresSource(SourceRuntime):
 
     def commit(self, frontier: PartitionedFrontier) -> None:
         self.upstream().commit(frontier)
+
+    def acknowledged(self) -> Acknowledged:
+        up = self.upstream()
+        return Acknowledged(up.acknowledged(), f"replication slot {up.slot} is confirmed at")
 
     def register(self) -> None:
         """Register the source: its tables (oids and columns, once; ``reclock.sources.postgres.registration``),
