@@ -53,7 +53,7 @@ def _read_parts(blob: BlobStore, rows: Sequence[BatchRow], kind: str,
     ``target``, each part projected to it (``reclock.schema_projection.project_part``)."""
     tables = [_read_part(blob, row.path, kind, row=row) for row in rows]
     if target is not None:
-        tables = unify_tables([project_part(t, target) for t in tables])
+        tables = unify_tables([project_part(t, target) for t in tables]) or [target_arrow_schema(target, []).empty_table()]
     return pa.concat_tables(tables, promote_options="default") if tables else None
 
 
