@@ -231,7 +231,10 @@ def status_command(source: str | None, as_json: bool, probe_timeout: float, conf
     s = _settings()
     cfg = load_config(config)
     blob = s.find_blob_store(blob_url) if blob_url or os.environ.get("RECLOCK_BLOB_URL") else None
-    lag = sr.kafka_lag_probe(cfg, lambda kafka, what: s.find_bootstrap(kafka, what, bootstrap), probe_timeout)
+    s3_lag = sr.s3_lag_probe(s.find_dsn(dsn), lambda spec: s.find_source_s3_settings(spec.s3.connection,
+                                                                                      f"source {spec.name}"))
+    lag = sr.kafka_lag_probe(cfg, lambda kafka, what: s.find_bootstrap(kafka, what, bootstrap), probe_timeout,
+                             s3_lag=s3_lag)
     with sr.open_readonly(s.find_dsn(dsn)) as conn:
         if source is None:
             ov = sr.overview(conn, cfg, lag, blob=blob)

@@ -299,6 +299,40 @@ class SlotBusy(ReclockError):
                          "another cycle of this source runs, this one changed nothing")
 
 
+class ObjectLost(UpstreamDataLost):
+    """An object of an S3 source (or a file of a folder source) that is bound, and not read in full yet, is
+    gone upstream (deleted, or its folder removed): its bytes are gone and will not be skipped silently."""
+
+    def __init__(self, source: str, url: str, start: int, end: int, detail: str = "it no longer exists") -> None:
+        self.source = source
+        self.url = url
+        self.start = start
+        self.end = end
+        ReclockError.__init__(
+            self, f"source {source}: object {url}: bytes [{start}, {end}) are bound and must be read, but {detail}; "
+                  "the data is gone and will not be skipped silently (restore the object as it was, or drop the "
+                  "source's collections and remap collection and ingest it anew)")
+
+
+class ObjectChanged(ReclockError):
+    """An object of an S3 source changed after Reclock recorded it: its ETag (or version, or for a local
+    file its identity or length) is not the one bound, so the bytes a binding covers can no longer be read
+    as they were."""
+
+    def __init__(self, source: str, url: str, bound: str, found: str, remedy: str) -> None:
+        self.source = source
+        self.url = url
+        self.bound = bound
+        self.found = found
+        super().__init__(f"source {source}: object {url} was overwritten: it was recorded as {bound}, it is now "
+                         f"{found}; {remedy}")
+
+
+class S3Unavailable(ReclockError):
+    """An S3 source's bucket, folder or queue cannot be reached: it does not exist, the credentials are
+    refused, or the endpoint does not answer."""
+
+
 class RegistryUnavailable(ReclockError):
     """A Schema Registry did not answer as one (unreachable, refused the login, a server error, TLS that does
     not verify). The records are not at fault: a cycle that needs the registry stalls, whatever

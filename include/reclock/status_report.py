@@ -46,10 +46,12 @@ STEPS = ("mint", "write_batches", "append", "resume")
 
 @dataclass(frozen=True)
 class Lag:
-    """Records the source's consumer group has not committed yet (None: unknown, ``detail`` says why)."""
+    """What the source has not committed yet: records of a Kafka consumer group, objects of an S3 source
+    (``unit``; None: unknown, ``detail`` says why)."""
 
     records: int | None
     detail: str = ""
+    unit: str = "records"
 
 
 @dataclass(frozen=True)
@@ -257,14 +259,17 @@ LagProbe = Callable[[str], Lag]
 
 
 def kafka_lag_probe(config: Config | None, bootstrap: Callable[[Any, str], str],
-                    timeout: float = 2.0) -> LagProbe:
+                    timeout: float = 2.0, s3_lag: Callable[[Any], Lag] | None = None) -> LagProbe:
     """The lag of a source's consumer group ``reclock-<source>`` at its brokers (``bootstrap(kafka_spec,
-    what)`` finds them): the sum over partitions of the last stable offset minus the committed offset.
-    Any failure (no config, unreachable brokers, a missing topic) is an unknown lag with the reason."""
+    what)`` finds them): the sum over partitions of the last stable offset minus the committed offset; of
+    an S3 source, ``s3_lag(spec)`` (:func:`s3_lag_probe`). Any failure (no config, unreachable brokers, a
+    missing topic) is an unknown lag with the reason."""
     def probe(name: str) -> Lag:
         spec = config.sources.get(name) if config else None
         if spec is None:
             return Lag(None, "not in the config")
+        if spec.s3 is not None:
+            return s3_lag(spec) if s3_lag is not None else Lag(None, "not probed")
         if spec.kafka is None:
             return Lag(None, "a Postgres source: its slot's lag is not probed here")
         try:
@@ -275,6 +280,22 @@ def kafka_lag_probe(config: Config | None, bootstrap: Callable[[Any, str], str],
         except Exception as e:  # a status page degrades, it never fails on a probe
             first = str(e).splitlines()[0][:160] if str(e) else ""
             return Lag(None, redact(f"unknown: {type(e).__name__}: {first}"))
+
+    return probe
+
+
+def s3_lag_probe(dsn: str, settings: Callable[[Any], Any]) -> Callable[[Any], Lag]:
+    """The lag of an S3 source: objects and bytes upstream not yet in its collection
+    (``reclock.sources.s3.kind.S3Source.lag``); ``settings(spec)`` finds its S3 keys."""
+    def probe(spec) -> Lag:
+        from reclock.sources.s3.kind import probe_lag
+
+        try:
+            objects, _, detail = probe_lag(spec, None if spec.s3.is_folder else settings(spec), dsn)
+            return Lag(objects, detail, "objects")
+        except Exception as e:  # noqa: BLE001 - a status page degrades, it never fails on a probe
+            first = str(e).splitlines()[0][:160] if str(e) else ""
+            return Lag(None, redact(f"unknown: {type(e).__name__}: {first}"), "objects")
 
     return probe
 
@@ -474,7 +495,7 @@ def _source_lines(s: SourceStatus) -> list[str]:
                      f"{c.bytes} bytes")
     else:
         lines.append("  last cycle: none complete")
-    lines.append(f"  lag: {s.lag.records if s.lag.records is not None else 'unknown'} records ({s.lag.detail})")
+    lines.append(f"  lag: {s.lag.records if s.lag.records is not None else 'unknown'} {s.lag.unit} ({s.lag.detail})")
     holds = ", ".join(f"{h.holder} on {h.shard} at {h.ts}" for h in s.read_holds) or "none"
     lines.append(f"  read holds: {holds}")
     lines.append(f"  errors: {s.errors_count}")

@@ -87,6 +87,7 @@ def build_ingest_dag(spec: SourceSpec):
     with DAG(
         dag_id=f"ingest__{spec.name}",
         description=(f"Ingest Kafka topic {spec.kafka.topic} into {spec.name}" if spec.kafka is not None else
+                     f"Ingest the objects of {spec.s3.url} into {spec.name}" if spec.s3 is not None else
                      f"Ingest Postgres publication {spec.postgres.publication} into {spec.name}__<table>")
         + " exactly once (one run = one cycle)",
         schedule=(timedelta(seconds=spec.interval_s) if spec.schedule == "interval" else [upstream_asset(spec)]),
