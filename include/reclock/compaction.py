@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 from reclock.batch import BatchDescription
 
 __all__ = ["compaction_candidates", "plan_compaction", "merged_description", "advance", "has_retractions",
-           "consolidate", "contents_as_of"]
+           "consolidate", "contents_as_of", "nested_keys"]
 
 
 class PartRow(Protocol):
@@ -133,13 +133,59 @@ def consolidate(updates: pa.Table, advance_to: int | None = None) -> pa.Table:
 
 def contents_as_of(updates: pa.Table | None, t: int) -> pa.Table:
     """A collection's contents AS OF ``t`` given its updates (every part a read AS OF ``t`` needs): the
-    updates at ``ts <= t`` summed by row, zero rows dropped; data columns plus ``diff``."""
-    if updates is None or updates.num_rows == 0:
+    updates at ``ts <= t`` summed by row, zero rows dropped; data columns plus ``diff`` (with no update at or
+    before ``t``, an empty table of those columns). Nested columns (structs, lists, maps) are compared by
+    :func:`nested_keys` (bit for bit, as flat columns are)."""
+    if updates is None:
         return pa.table({"diff": pa.array([], pa.int64())})
     updates = updates.filter(pc.less_equal(updates["ts"], t))
     keys = [c for c in updates.column_names if c not in ("ts", "diff")]
+    if updates.num_rows == 0:
+        return updates.select([*keys, "diff"])
     if not keys:
         return pa.table({"diff": [pc.sum(updates["diff"]).as_py() or 0]})
-    grouped = updates.group_by(keys, use_threads=False).aggregate([("diff", "sum")])
-    grouped = grouped.rename_columns([*keys, "diff"])
-    return grouped.filter(pc.not_equal(grouped["diff"], 0))
+    nested = [k for k in keys if pa.types.is_nested(updates.schema.field(k).type)]
+    if not nested:
+        grouped = updates.group_by(keys, use_threads=False).aggregate([("diff", "sum")])
+        grouped = grouped.rename_columns([*keys, "diff"])
+        return grouped.filter(pc.not_equal(grouped["diff"], 0))
+    # group by the flat columns and a bit-exact binary key per nested column, then take each group's first
+    # row's values
+    flat = [k for k in keys if k not in nested]
+    surrogates = {f"_reclock_key{i}": nested_keys(updates[k]) for i, k in enumerate(nested)}
+    work = pa.table({**{k: updates[k] for k in flat}, **surrogates, "diff": updates["diff"],
+                     "_reclock_row": pa.array(range(updates.num_rows), pa.int64())})
+    grouped = work.group_by([*flat, *surrogates], use_threads=False).aggregate(
+        [("diff", "sum"), ("_reclock_row", "min")])
+    grouped = grouped.filter(pc.not_equal(grouped["diff_sum"], 0))
+    out = updates.select(keys).take(grouped["_reclock_row_min"])
+    return out.append_column("diff", grouped["diff_sum"])
+
+
+def nested_keys(column: pa.ChunkedArray | pa.Array) -> pa.Array:
+    """One binary value per row of a nested column (struct, list, map) that is equal exactly when the rows'
+    values are: nulls equal nulls, floats compared by their bits (``-0.0`` is not ``0.0``, each NaN pattern
+    its own), as ``group_by`` compares flat columns."""
+    return pa.array([_encode(v) for v in column.to_pylist()], pa.binary())
+
+
+def _encode(v) -> bytes:
+    import struct as _struct
+
+    if v is None:
+        return b"N"
+    if isinstance(v, bool):
+        return b"T" if v else b"F"
+    if isinstance(v, float):
+        return b"d" + _struct.pack(">d", v)
+    if isinstance(v, (bytes, bytearray)):
+        return b"b" + _struct.pack(">q", len(v)) + bytes(v)
+    if isinstance(v, str):
+        b = v.encode("utf-8", "surrogatepass")
+        return b"s" + _struct.pack(">q", len(b)) + b
+    if isinstance(v, dict):
+        return b"{" + b"".join(_encode(x) for x in v.values()) + b"}"
+    if isinstance(v, (list, tuple)):
+        return b"[" + _struct.pack(">q", len(v)) + b"".join(_encode(x) for x in v) + b"]"
+    text = repr(v).encode()
+    return b"o" + _struct.pack(">q", len(text)) + text

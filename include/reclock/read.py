@@ -48,10 +48,14 @@ def _read_part(blob: BlobStore, path: str, kind: str, row_groups: Sequence[int] 
 
 
 def _read_parts(blob: BlobStore, rows: Sequence[BatchRow], kind: str,
-                target: CollectionSchema | None = None) -> pa.Table | None:
+                target: CollectionSchema | None = None, as_of: int | None = None) -> pa.Table | None:
     """The parts' updates in one table: unified by name (a column a part lacks is null there), or, with
-    ``target``, each part projected to it (``reclock.schema_projection.project_part``)."""
+    ``target``, each part projected to it (``reclock.schema_projection.project_part``). With ``as_of``, only
+    the updates at ``ts <= as_of``, kept before projecting: a part of a newer schema may hold updates after
+    ``as_of`` whose values the older ``target`` cannot hold (a widened type), and they are not read."""
     tables = [_read_part(blob, row.path, kind, row=row) for row in rows]
+    if as_of is not None:
+        tables = [t.filter(pc.less_equal(t["ts"], as_of)) for t in tables]
     if target is not None:
         tables = unify_tables([project_part(t, target) for t in tables]) or [target_arrow_schema(target, []).empty_table()]
     return pa.concat_tables(tables, promote_options="default") if tables else None
@@ -230,4 +234,4 @@ def read_as_of(conn, blob: BlobStore, shard: str, t: int | None = None) -> pa.Ta
     if t >= info.upper:
         raise BeyondUpper(shard, t, info.upper)
     target = load_history(conn, shard).read_as(t)
-    return contents_as_of(_read_parts(blob, batches(conn, shard, as_of=t), info.kind, target), t)
+    return contents_as_of(_read_parts(blob, batches(conn, shard, as_of=t), info.kind, target, as_of=t), t)

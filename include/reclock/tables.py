@@ -301,6 +301,58 @@ def spark_frame(spark, parts: PartList, blob: BlobStore, updates: bool = False) 
         .drop("_reclock_n")
 
 
+def _spark_scan(spark, parts: PartList, blob: BlobStore, paths: list[str], mergeSchema: bool) -> Any:
+    """The parts at ``paths`` scanned, their own columns named as the shard names them."""
+    from pyspark.sql import functions as F
+
+    # recursiveFileLookup: no partition discovery (upsert parts sit in _output=N/ folders, no column of ours);
+    # a listed part that is missing or corrupt fails the read, whatever the session's ignore* settings say
+    df = spark.read.options(mergeSchema=str(mergeSchema).lower(), recursiveFileLookup="true",
+                            ignoreMissingFiles="false",
+                            ignoreCorruptFiles="false").parquet(*[blob.url(p) for p in paths])
+    own, renames = own_columns(parts.kind, df.columns)
+    return df.select(*[F.col(f"`{c}`").alias(renames.get(c, c)) for c in own])
+
+
+def _groups(parts: PartList) -> list[list[str]]:
+    """The listed parts in groups of one schema each (``parts.part_schemas``), in the order first met."""
+    groups: dict = {}
+    for path, schema in zip(parts.paths, parts.part_schemas):
+        groups.setdefault(schema, []).append(path)
+    return list(groups.values())
+
+
+def _spark_projected(spark, parts: PartList, blob: BlobStore) -> Any:
+    """The parts' updates at ``parts.lower <= ts <= parts.as_of`` read as ``parts.target``: each group of one
+    schema scanned, filtered to the range first (a part of a newer schema may hold later values the target's
+    narrower type cannot), projected (``reclock.schema_projection.spark_sql``), the groups unioned."""
+    from pyspark.sql import functions as F
+
+    target = parts.target
+    frames = []
+    for paths in _groups(parts):
+        schema = parts.part_schemas[parts.paths.index(paths[0])]
+        df = _spark_scan(spark, parts, blob, paths, mergeSchema=False)
+        df = df.where((F.col("ts") <= parts.as_of) & (F.col("ts") >= parts.lower))
+        cols = []
+        for c in target.columns:
+            have = schema.column(c.name)
+            expr = spark_sql(_bq(c.name), have.type if have is not None and c.name in df.columns else None, c.type)
+            cols.append(f"{expr} AS {_bq(c.name)}")
+        frames.append(df.selectExpr(*cols, "ts", "diff"))
+    if not frames:
+        ddl = ", ".join([f"{_bq(c.name)} {c.type}" for c in target.columns] + ["ts BIGINT", "diff BIGINT"])
+        return spark.createDataFrame([], ddl)
+    out = frames[0]
+    for f in frames[1:]:
+        out = out.unionByName(f)
+    return out
+
+
+def _bq(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
 def _sql_str(s: str) -> str:
     return "'" + s.replace("'", "''") + "'"
 
@@ -351,7 +403,9 @@ def _duckdb_projected(con, parts: PartList, blob: BlobStore) -> str:
             have = schema.column(c.name)
             expr = _ident(file_name[c.name]) if have is not None and c.name in file_name else "NULL"
             cols.append(f"{duckdb_sql(expr, have.type if expr != 'NULL' else None, c.type)} AS {_ident(c.name)}")
-        selects.append(f"SELECT {', '.join(cols + ['ts', 'diff'])} FROM {src}")
+        # filtered before projected: a part of a newer schema may hold later values the target cannot
+        selects.append(f"SELECT {', '.join(cols + ['ts', 'diff'])} FROM {src} "
+                       f"WHERE ts <= {int(parts.as_of)} AND ts >= {int(parts.lower)}")
     if not selects:
         cols = [f"NULL::{duckdb_type(c.type)} AS {_ident(c.name)}" for c in target.columns]
         selects.append(f"SELECT {', '.join(cols + ['NULL::BIGINT AS ts', 'NULL::BIGINT AS diff'])} WHERE false")

@@ -650,7 +650,7 @@ class IcebergSink:
         tx = table.transaction()
         if staged.evolve is not None:  # the collection's new columns, in the commit that first holds them
             with tx.update_schema() as update:
-                update.union_by_name(staged.evolve)
+                _evolve_schema(update, table.schema(), staged.evolve)
         if staged.replace:
             tx.delete(AlwaysTrue())
         with tx.update_snapshot(snapshot_properties=staged.props).fast_append() as append:
@@ -711,13 +711,24 @@ def _union(spec: IcebergSinkSpec, table, data: pa.Schema):
     tx = table.transaction()
     try:
         with tx.update_schema() as update:
-            update.union_by_name(data)
+            _evolve_schema(update, table.schema(), data)
     except (ValidationError, ValueError, TypeError) as e:
         raise SinkRefused(spec.name, f"table {spec.table} cannot take the collection's schema change ({e}); "
                           "nothing was committed (Iceberg adds columns and widens int to long, float to double "
                           "and a decimal's precision only; export into a new table)") from None
     metadata = tx.table_metadata
     return metadata.schema(), metadata
+
+
+def _evolve_schema(update, current, data: pa.Schema) -> None:
+    """In a schema update of a table whose schema is ``current``: ``data``'s columns added and types widened
+    (``union_by_name``), each new top-level column placed before the sink's own columns (the table's user
+    columns stay first, as in the collection)."""
+    update.union_by_name(data)
+    have = {f.name for f in current.fields}
+    for f in data:
+        if f.name not in have and TS_COLUMN in have:
+            update.move_before(f.name, TS_COLUMN)
 
 
 def decoded_bytes(data: pa.Table | pa.RecordBatch) -> int:
