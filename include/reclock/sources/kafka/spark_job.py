@@ -11,6 +11,7 @@ record budget); a continuous group's append-only slices of several sources may s
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 from typing import Iterator, Sequence
 
@@ -31,17 +32,16 @@ def kafka_read_options(spec: SourceSpec, kafka: KafkaClientConfig | str,
     """Spark Kafka batch-source options that read exactly ``ranges`` (and nothing else), on the cluster
     ``kafka`` (its connection's ``kafka.*`` options: brokers and security settings).
 
-    The consumers get a stable group id per source (:func:`read_group`). Spark's default, a new one per
-    query, never finds the consumers its executors pool by group and partition, so every cycle would open
-    and connect a consumer per partition again (0.1-0.2 s of a small cycle, measured). The group is not
-    the one whose committed offsets show the source's progress: these consumers are assigned their
-    partitions and never commit."""
+    The consumers get a stable group id per source and consumer settings (:func:`read_group`). Spark's
+    default, a new one per query, never finds the consumers its executors pool by group and partition, so
+    every cycle would open and connect a consumer per partition again (0.1-0.2 s of a small cycle,
+    measured). The group is not the one whose committed offsets show the source's progress: these consumers
+    are assigned their partitions and never commit."""
     parts = sorted({r.partition for r in ranges})
+    settings = _consumer_settings(spec, kafka)
     opts = {
-        **client_config(kafka).spark_options(),
-        "kafka.group.id": read_group(spec),
-        "kafka.isolation.level": "read_committed",
-        "kafka.fetch.max.wait.ms": "10",
+        **settings,
+        "kafka.group.id": _group_of(spec, settings),
         "assign": json.dumps({spec.kafka.topic: parts}),
         "startingOffsets": json.dumps({spec.kafka.topic: {str(r.partition): r.start for r in ranges}}),
         "endingOffsets": json.dumps({spec.kafka.topic: {str(r.partition): r.end for r in ranges}}),
@@ -49,13 +49,35 @@ def kafka_read_options(spec: SourceSpec, kafka: KafkaClientConfig | str,
         "includeHeaders": "true" if "headers" in spec.include else "false",
     }
     for k, v in spec.kafka.options:
-        opts[k if k.startswith("kafka.") or not _is_librdkafka(k) else f"kafka.{k}"] = v
+        if not (k.startswith("kafka.") or _is_librdkafka(k)):
+            opts[k] = v
     return opts
 
 
-def read_group(spec: SourceSpec) -> str:
-    """The Kafka group id of the consumers Spark reads ``spec``'s topic with."""
-    return f"{spec.consumer_group}-read"
+def _consumer_settings(spec: SourceSpec, kafka: KafkaClientConfig | str) -> dict[str, str]:
+    """The ``kafka.*`` options Spark's consumers are made with (the cluster's, Reclock's, the source's)."""
+    opts = {**client_config(kafka).spark_options(), "kafka.isolation.level": "read_committed",
+            "kafka.fetch.max.wait.ms": "10"}
+    for k, v in spec.kafka.options:
+        if k.startswith("kafka.") or _is_librdkafka(k):
+            opts[k if k.startswith("kafka.") else f"kafka.{k}"] = v
+    return opts
+
+
+def _group_of(spec: SourceSpec, settings: dict[str, str]) -> str:
+    digest = hashlib.sha256(json.dumps(sorted(settings.items())).encode()).hexdigest()[:8]
+    return f"{spec.consumer_group}-read-{digest}"
+
+
+def read_group(spec: SourceSpec, kafka: KafkaClientConfig | str) -> str:
+    """The Kafka group id of the consumers Spark reads ``spec``'s topic with on the cluster ``kafka``.
+
+    It carries a digest of the consumers' settings: Spark pools its executors' consumers by group and
+    partition and refuses a pooled consumer made with other settings ("Kafka parameters for same cache key
+    should be equal"), so consumers of changed settings (a release that sets another option, a source's
+    edited ``options``, rotated credentials) must not share a group with the old ones on a Spark cluster
+    that stayed up."""
+    return _group_of(spec, _consumer_settings(spec, kafka))
 
 
 def _is_librdkafka(key: str) -> bool:
@@ -107,7 +129,7 @@ def upsert_keys(spark, spec: SourceSpec, bootstrap: KafkaClientConfig | str, ran
     from pyspark.sql import functions as F
 
     df = _read_kafka(spark, spec, bootstrap, ranges)
-    with kafka_job(f"source {spec.name}", bootstrap, [spec.kafka.topic], [read_group(spec)]):
+    with kafka_job(f"source {spec.name}", bootstrap, [spec.kafka.topic], [read_group(spec, bootstrap)]):
         return [bytes(r[0]) for r in df.filter(F.col("key").isNotNull()).select("key").distinct().collect()]
 
 
@@ -117,7 +139,7 @@ def write_slice(spark, spec: SourceSpec, bootstrap: KafkaClientConfig | str, ran
     """One Spark job writing the slice's updates under ``url`` (``reclock.spark.decode.write_slice``): the
     Kafka records of ``ranges``, counted right above the Kafka scan, reclocked by ``bindings``; a refused ACL
     or login is named (:func:`kafka_job`)."""
-    with kafka_job(f"source {spec.name}", bootstrap, [spec.kafka.topic], [read_group(spec)]):
+    with kafka_job(f"source {spec.name}", bootstrap, [spec.kafka.topic], [read_group(spec, bootstrap)]):
         return decode.write_slice(spark, spec, KAFKA_SHAPE,
                                   lambda read: _reclocked(spark, spec, bootstrap, ranges, bindings, read), url,
                                   prior, index, offsets=sum(r.end - r.start for r in ranges))
@@ -170,7 +192,7 @@ def write_joint(spark, slices: Sequence[JointSlice], url: str) -> list[SliceWrit
               for c in (F.count(F.when(member == i, F.lit(1))).alias(f"rows{i}"),
                         F.count(F.when(member == i, F.col(REJECTED_COLUMN))).alias(f"rejected{i}"))]
     with kafka_job("sources " + ", ".join(s.spec.name for s in slices), slices[0].upstream,
-                   [s.spec.kafka.topic for s in slices], [read_group(s.spec) for s in slices]):
+                   [s.spec.kafka.topic for s in slices], [read_group(s.spec, bootstrap) for s in slices]):
         parts_writer(df.observe(written, *counts), url).partitionBy(MEMBER_COLUMN).parquet(url)
     w = observed(written, slices[0].spec.name, url,
                  [f"{k}{i}" for i in range(len(slices)) for k in ("rows", "rejected")])
