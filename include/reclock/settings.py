@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from reclock import connections
-from reclock.config import KafkaSpec, PostgresSpec
+from reclock.config import KafkaSpec, PostgresSpec, RegistrySpec
 from reclock.errors import SettingError
 from reclock.persist import objectstore
 from reclock.persist.blob import BlobStore, blob_store_from_url
@@ -122,6 +122,20 @@ def find_bootstrap(kafka: KafkaSpec, what: str, given: str | None = None) -> str
         f"{what}: no Kafka brokers: set RECLOCK_BOOTSTRAP (host:port,...; reclock commands: --bootstrap), or "
         f"give it `bootstrap:` in the config, or define the Airflow connection {kafka.connection} "
         f"(e.g. AIRFLOW_CONN_{kafka.connection.upper()})")
+
+
+def find_registry(registry: RegistrySpec, what: str):
+    """``what``'s Schema Registry settings (``reclock.schema_registry.RegistrySettings``): its ``url:`` (no
+    credentials), else its Airflow connection (credentials and TLS files there)."""
+    from reclock.schema_registry import RegistrySettings
+
+    if registry.url:
+        return RegistrySettings(registry.url)
+    return _from_connection(
+        lambda: connections.registry_settings(registry.connection),
+        f"{what}: the Airflow connection {registry.connection} (its `format.registry.connection`) is not defined "
+        f"(e.g. AIRFLOW_CONN_{registry.connection.upper()}='{{\"conn_type\": \"http\", \"host\": "
+        f"\"https://registry:8081\", \"login\": ..., \"password\": ...}}'), or give `url:`")
 
 
 def find_upstream_dsn(pg: PostgresSpec, what: str) -> str:

@@ -11,6 +11,7 @@ import json
 from typing import Sequence
 
 from reclock.config import SourceSpec
+from reclock.registry_plan import AvroPlan
 from reclock.part_layout import ERROR_COLUMNS, PACKED_BASE64
 from reclock.spark.jobs import sql_ident, sql_string
 
@@ -31,8 +32,11 @@ def packed_error_sql() -> str:
     return f"to_json(named_struct({packed}))"
 
 
-def field_names(spec: SourceSpec) -> list[str]:
-    """The names of the decoded value's columns (before metadata columns)."""
+def field_names(spec: SourceSpec, plan: AvroPlan | None = None) -> list[str]:
+    """The names of the decoded value's columns (before metadata columns); ``plan``: a registry source's
+    (its reader's columns)."""
+    if plan is not None:
+        return list(plan.decoded_columns.names)
     if spec.format.type == "avro":
         return spec.format.avro_fields
     return [f.name for f in data_schema(spec).fields]
@@ -59,7 +63,8 @@ def _parsed_schema(ddl: str):
     return T._parse_datatype_string(ddl)
 
 
-def decoded(spec: SourceSpec, df, meta: Sequence[str] = (), problem: str | None = None):
+def decoded(spec: SourceSpec, df, meta: Sequence[str] = (), problem: str | None = None,
+            plan: AvroPlan | None = None):
     """``df`` (records shaped as the module says, plus ``ts``) decoded: the collection's columns (fields, then metadata), ``ts``,
     the raw record as ``_k, _v, _p, _o, _t``, ``_reason`` (why the value does not decode, else null) and
     ``_raw``: the value of a record that does not decode. For JSON and CSV that is the parser's
@@ -71,13 +76,25 @@ def decoded(spec: SourceSpec, df, meta: Sequence[str] = (), problem: str | None 
     ``meta``: the metadata columns the collection carries, as SQL over ``df`` (a kind's own: Kafka's
     partition, offset, key, timestamp, headers). ``problem``: the name of a column saying why a record is
     an error before any decoding (a reader's finding: a damaged object, an overlong line); where it is set,
-    it is the ``_reason``.
+    it is the ``_reason``. ``plan``: a registry source's (``format.registry``): each record's writer schema
+    by its header (``reclock.spark.registry_decode``).
 
     Built as SQL expression text, one ``selectExpr`` (a plan of a few JVM calls, not hundreds)."""
     ftype = spec.format.type
     d = sql_ident("_d")
     raw = "value"
-    if ftype in ("json", "csv"):
+    if plan is not None:
+        from reclock.spark.registry_decode import avro_decoded, json_decoded
+
+        if plan.format == "avro":
+            df = avro_decoded(df, plan, out="_d", reason="_reclock_reason")
+        else:
+            ddl = ", ".join(f"{sql_ident(c.name)} {c.type}" for c in plan.decoded_columns.columns)
+            df = json_decoded(df, _parsed_schema(ddl), [w.schema_id for w in plan.writers],
+                              out="_d", reason="_reclock_reason")
+        reason = "_reclock_reason"
+        cols = [f"{d}.{sql_ident(f)} AS {sql_ident(f)}" for f in field_names(spec, plan)]
+    elif ftype in ("json", "csv"):
         from pyspark.sql import types as T
 
         # PERMISSIVE parsing with a corrupt-record column: a value that does not parse (or does not fit

@@ -24,6 +24,8 @@ from typing import Sequence
 
 from reclock.batch import OffsetRange, SliceWritten
 from reclock.config import SourceSpec
+from reclock.registry_plan import AvroPlan, WriterTally
+from reclock.schema_evolution import Column
 from reclock.part_layout import (DATA_OUTPUT, ERR_PREFIX, ERROR_COLUMNS, ERRORS_OUTPUT, MEMBER_COLUMN, PACKED_BASE64,
                                  REJECTED_COLUMN, STATE_COLUMNS, STATE_OUTPUT, STATE_PREFIX)
 from reclock.sources.base import JointSlice
@@ -74,6 +76,18 @@ def kafka_meta(spec: SourceSpec) -> list[str]:
     return [f"{sql_ident(m)} AS {sql_ident(names.get(m, f'_{m}'))}" for m in spec.include]
 
 
+KAFKA_META_TYPES = {"partition": "int", "offset": "bigint", "key": "binary", "timestamp": "timestamp",
+                    "headers": "array<struct<key:string,value:binary>>"}
+"""The Spark types of the metadata columns Spark's Kafka source gives."""
+
+
+def meta_columns(spec: SourceSpec) -> tuple[Column, ...]:
+    """The metadata columns a Kafka source's collection carries after its value's (``include:``), as schema
+    columns (a registry source's schema versions hold them too)."""
+    names = {"key": "_key", "timestamp": "_kafka_timestamp"}
+    return tuple(Column(names.get(m, f"_{m}"), KAFKA_META_TYPES[m], True) for m in spec.include)
+
+
 def _read_kafka(spark, spec: SourceSpec, bootstrap: str, ranges: Sequence[OffsetRange]):
     return spark.read.format("kafka").options(**kafka_read_options(spec, bootstrap, ranges)).load()
 
@@ -99,7 +113,8 @@ def _typed_null(col: str):
 
 
 def reclock_and_decode(spark, spec: SourceSpec, bootstrap: str, ranges: Sequence[OffsetRange],
-                       bindings: Sequence[BindingRange], prior: Sequence[tuple] = (), read_metrics=None):
+                       bindings: Sequence[BindingRange], prior: Sequence[tuple] = (), read_metrics=None,
+                       plan: AvroPlan | None = None, writer_metrics=None):
     """The DataFrame of one slice: every record reclocked and decoded.
 
     Append-only: the collection's columns, ``ts``, ``diff`` and :data:`REJECTED_COLUMN` (null, or for a
@@ -108,12 +123,16 @@ def reclock_and_decode(spark, spec: SourceSpec, bootstrap: str, ranges: Sequence
     the state columns, each null where it does not apply, and ``_output``. ``prior`` (upsert only): the
     state rows ``(key, value, partition, offset, timestamp_us)`` of the keys the slice touches, as of its
     lower. One pass over the records either way: no branch of the plan reads Kafka again. ``read_metrics``:
-    see :func:`_reclocked`.
+    see :func:`_reclocked`. ``plan``: a registry source's writers and reader; ``writer_metrics`` (an
+    ``Observation``, with a plan) gets :func:`writer_aggregates` of the reclocked records.
     """
     from pyspark.sql import functions as F
 
-    dec = decoded(spec, _reclocked(spark, spec, bootstrap, ranges, bindings, read_metrics), kafka_meta(spec))
-    data_cols = output_columns(spec)[0][:-2]
+    records = _reclocked(spark, spec, bootstrap, ranges, bindings, read_metrics)
+    if writer_metrics is not None:
+        records = records.observe(writer_metrics, *writer_aggregates(plan))
+    dec = decoded(spec, records, kafka_meta(spec), plan=plan)
+    data_cols = output_columns(spec, plan)[0][:-2]
     if spec.envelope != "upsert":
         packed = ", ".join(f"{sql_string(c)}, {PACKED.get(c, raw)}" for c, raw in ERROR_SOURCES)
         return dec.selectExpr(
@@ -127,7 +146,7 @@ def reclock_and_decode(spark, spec: SourceSpec, bootstrap: str, ranges: Sequence
         "key", "value", "partition", "offset", F.timestamp_micros("timestamp_us").alias("timestamp"),
         F.lit(-1).cast("long").alias("ts"))
     records = (dec.withColumn("_reason", reason).withColumn("_prior", F.lit(False))
-               .unionByName(decoded(spec, before, kafka_meta(spec)).withColumn("_prior", F.lit(True))))
+               .unionByName(decoded(spec, before, kafka_meta(spec), plan=plan).withColumn("_prior", F.lit(True))))
     bad = F.col("_reason").isNotNull()
     # per key (good records only: bad ones sit in their own window partitions and pass through), the last
     # record at each ts wins; then each row's predecessor is the value it replaces
@@ -168,15 +187,40 @@ def upsert_keys(spark, spec: SourceSpec, bootstrap: str, ranges: Sequence[Offset
     return [bytes(r[0]) for r in df.filter(F.col("key").isNotNull()).select("key").distinct().collect()]
 
 
-def output_columns(spec: SourceSpec) -> tuple[list[str], list[str]]:
+def writer_aggregates(plan: AvroPlan) -> list:
+    """Aggregates over reclocked wire-format records (``value``, ``ts``): ``n`` (records), ``w<id>`` (the
+    first ts of each writer id the plan knows; null: none met) and ``unknown`` (the ids met that it does
+    not know, as text). Compared as header bytes, as the decode does: no per-record conversion."""
+    from pyspark.sql import functions as F
+
+    from reclock.spark.registry_decode import header_literal, unknown_ids_metric
+
+    aggs = [F.count(F.lit(1)).alias("n")]
+    for i in plan.ids:
+        aggs.append(F.min(F.when(F.substring(F.col("value"), 1, 5) == F.lit(header_literal(i)), F.col("ts")))
+                    .alias(f"w{i}"))
+    return aggs + [unknown_ids_metric(plan.ids).alias("unknown")]
+
+
+def tally(obs, plan: AvroPlan, source: str, url: str, into: WriterTally) -> None:
+    """Add a finished job's :func:`writer_aggregates` to ``into`` (no report: the write is not accounted for)."""
+    from reclock.errors import UnaccountedWrite
+
+    got = obs.get or {}
+    if got.get("n") is None:
+        raise UnaccountedWrite(source, url, url, f"Spark reported no writer metrics for its job (metrics: {got})")
+    into.add({i: got.get(f"w{i}") for i in plan.ids}, [int(x) for x in got.get("unknown") or ()])
+
+
+def output_columns(spec: SourceSpec, plan: AvroPlan | None = None) -> tuple[list[str], list[str]]:
     """Columns each shard's parts carry: ``(data shard, errors shard)``; both end with ts, diff."""
     meta = [{"key": "_key", "timestamp": "_kafka_timestamp"}.get(m, f"_{m}") for m in spec.include]
-    return field_names(spec) + meta + ["ts", "diff"], [ERR_PREFIX + c for c in ERROR_COLUMNS] + ["ts", "diff"]
+    return field_names(spec, plan) + meta + ["ts", "diff"], [ERR_PREFIX + c for c in ERROR_COLUMNS] + ["ts", "diff"]
 
 
 def write_slice(spark, spec: SourceSpec, bootstrap: str, ranges: Sequence[OffsetRange],
                 bindings: Sequence[BindingRange], url: str, prior: Sequence[tuple] = (),
-                index: int = 0) -> SliceWritten:
+                index: int = 0, plan: AvroPlan | None = None, writers: WriterTally | None = None) -> SliceWritten:
     """Run one Spark job writing the slice's updates as Parquet under ``url``; what it read and wrote.
 
     Append-only (``envelope: none``): plain files of the collection's columns and :data:`REJECTED_COLUMN`;
@@ -190,18 +234,23 @@ def write_slice(spark, spec: SourceSpec, bootstrap: str, ranges: Sequence[Offset
     The job counts, as it runs, the records it read (right above the Kafka scan) and the rows it hands
     to the writer per output (right below it): two ``Observation`` metrics, which Spark reports with the
     job's end, in a local session and over Spark Connect alike. Neither splits the generated code of the
-    plan in between."""
+    plan in between.
+
+    ``plan`` (a registry source): records decode by their writer schemas; ``writers`` gets what the job met
+    of them (:func:`tally`)."""
     from pyspark.sql import functions as F
 
     read, written = observation(spark), observation(spark)
-    df = reclock_and_decode(spark, spec, bootstrap, ranges, bindings, prior, read_metrics=read)
+    met = observation(spark) if plan is not None else None
+    df = reclock_and_decode(spark, spec, bootstrap, ranges, bindings, prior, read_metrics=read, plan=plan,
+                            writer_metrics=met)
     if spec.envelope != "upsert":
         df = df.observe(written, F.count(F.lit(1)).alias("rows"), F.count(REJECTED_COLUMN).alias("rejected"))
         df.write.mode("error").parquet(url)
         w = observed(written, spec.name, url, ("rows", "rejected"))
         rows = {DATA_OUTPUT: w["rows"] - w["rejected"], ERRORS_OUTPUT: w["rejected"]}
     else:
-        data_cols, err_cols = output_columns(spec)
+        data_cols, err_cols = output_columns(spec, plan)
         state_cols = [STATE_PREFIX + c for c in STATE_COLUMNS]
         # one job, several outputs: a row's columns of the other outputs are null and each shard reads only
         # its own columns (all-null columns cost next to nothing in Parquet)
@@ -213,6 +262,8 @@ def write_slice(spark, spec: SourceSpec, bootstrap: str, ranges: Sequence[Offset
         w = observed(written, spec.name, url, [f"output{o}" for o in outputs])
         rows = {o: w[f"output{o}"] for o in outputs}
     records = observed(read, spec.name, url, ("records",))["records"]
+    if met is not None and writers is not None:
+        tally(met, plan, spec.name, url, writers)
     return SliceWritten(index, url, sum(r.end - r.start for r in ranges), records, rows)
 
 
@@ -226,8 +277,8 @@ def joint_key(spec: SourceSpec) -> tuple | None:
     """Sources with the same key can have their slices written by one Spark job (:func:`write_joint`): their
     parts have the same columns of the same types. None: the source's slices need a job of their own (an
     upsert source's)."""
-    if spec.envelope == "upsert":
-        return None
+    if spec.envelope == "upsert" or spec.format.registry is not None:
+        return None  # a registry source's columns are its reader's, known only when its slice is planned
     return (spec.format.type, spec.format.schema, tuple(spec.include))
 
 
