@@ -7,22 +7,26 @@ updates consolidated (summed by row and time, zeros dropped). Nobody can tell: a
 of the updates above ``since`` never sees them. The I/O half (reading and writing parts, swapping the batch
 rows in Postgres) is :mod:`reclock.persist.compact`.
 
-Consolidation groups with pyarrow's ``group_by``: nulls are one key (``null == null``), and floats are
-compared bit for bit (every NaN bit pattern is its own key, ``-0.0`` is not ``0.0``). That is an
-equivalence, so consolidating in two steps (compaction, then a read) sums exactly what one step would.
+Consolidation groups bit for bit (:mod:`reclock.bitexact`): nulls are one key (``null == null``), floats
+are compared by their bits (every NaN bit pattern is its own key, ``-0.0`` is not ``0.0``), nested values
+(structs, lists, maps) by their encoding, every float in them by its bits. That is an equivalence, so
+consolidating in two steps (compaction, then a read) sums exactly what one step would, and every row that
+comes out holds the bits of the updates it sums.
 """
 
 from __future__ import annotations
 
 from typing import Iterable, Protocol, Sequence, TypeVar
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from reclock.batch import BatchDescription
+from reclock.bitexact import group_keys
 
 __all__ = ["compaction_candidates", "plan_compaction", "merged_description", "advance", "has_retractions",
-           "consolidate", "contents_as_of", "nested_keys"]
+           "consolidate", "contents_as_of", "sum_by_row"]
 
 
 class PartRow(Protocol):
@@ -113,29 +117,39 @@ def has_retractions(updates: pa.Table) -> bool:
 
 def consolidate(updates: pa.Table, advance_to: int | None = None) -> pa.Table:
     """``updates`` (data columns, ``ts``, ``diff``) with every ``ts < advance_to`` advanced to ``advance_to``,
-    then summed by ``(data..., ts)`` with the rows whose ``diff`` sums to 0 dropped. Same columns, same
-    order, same types and metadata; the row order is unspecified.
-
-    Data columns pyarrow cannot group by (lists, structs, maps) leave the updates unconsolidated (only
-    advanced, and rows with ``diff`` 0 dropped): still correct, just not smaller.
+    then summed by ``(data..., ts)`` bit for bit with the rows whose ``diff`` sums to 0 dropped. Same
+    columns, same order, same types and metadata; the row order is unspecified.
     """
     schema = updates.schema
     if advance_to is not None:
         updates = advance(updates, advance_to)
-    keys = [n for n in schema.names if n != "diff"]
-    if updates.num_rows == 0 or any(pa.types.is_nested(schema.field(k).type) for k in keys):
-        return updates.filter(pc.not_equal(updates["diff"], 0))
-    summed = updates.group_by(keys, use_threads=False).aggregate([("diff", "sum")])
-    summed = summed.rename_columns([*keys, "diff"]).select(schema.names)
+    if updates.num_rows == 0:
+        return updates
+    summed = sum_by_row(updates, [n for n in schema.names if n != "diff"]).select(schema.names)
     summed = summed.filter(pc.not_equal(summed["diff"], 0))
     return summed.cast(schema)
+
+
+def sum_by_row(updates: pa.Table, keys: list[str]) -> pa.Table:
+    """``updates``' ``diff`` summed over the rows whose columns ``keys`` hold the same bits (nulls equal):
+    one row per distinct ``keys``, the columns ``keys`` and ``diff``, each value the bits of the rows it
+    sums. Columns pyarrow groups by their bits are grouped as they are; nested ones by their encoding
+    (:func:`reclock.bitexact.group_keys`), their values taken from the first row of each group."""
+    keyed, by = group_keys(updates.select([*keys, "diff"]), keys)
+    if by == keys:
+        summed = keyed.group_by(keys, use_threads=False).aggregate([("diff", "sum")])
+        return pa.table({**{k: summed[k] for k in keys}, "diff": summed["diff_sum"]})
+    keyed = keyed.append_column("_reclock_row", pa.array(np.arange(keyed.num_rows, dtype=np.int64)))
+    summed = keyed.group_by(by, use_threads=False).aggregate([("diff", "sum"), ("_reclock_row", "min")])
+    rows = summed["_reclock_row_min"]
+    return pa.table({**{k: summed[k] if k == b else updates[k].take(rows) for k, b in zip(keys, by)},
+                     "diff": summed["diff_sum"]})
 
 
 def contents_as_of(updates: pa.Table | None, t: int) -> pa.Table:
     """A collection's contents AS OF ``t`` given its updates (every part a read AS OF ``t`` needs): the
     updates at ``ts <= t`` summed by row, zero rows dropped; data columns plus ``diff`` (with no update at or
-    before ``t``, an empty table of those columns). Nested columns (structs, lists, maps) are compared by
-    :func:`nested_keys` (bit for bit, as flat columns are)."""
+    before ``t``, an empty table of those columns)."""
     if updates is None:
         return pa.table({"diff": pa.array([], pa.int64())})
     updates = updates.filter(pc.less_equal(updates["ts"], t))
@@ -144,48 +158,5 @@ def contents_as_of(updates: pa.Table | None, t: int) -> pa.Table:
         return updates.select([*keys, "diff"])
     if not keys:
         return pa.table({"diff": [pc.sum(updates["diff"]).as_py() or 0]})
-    nested = [k for k in keys if pa.types.is_nested(updates.schema.field(k).type)]
-    if not nested:
-        grouped = updates.group_by(keys, use_threads=False).aggregate([("diff", "sum")])
-        grouped = grouped.rename_columns([*keys, "diff"])
-        return grouped.filter(pc.not_equal(grouped["diff"], 0))
-    # group by the flat columns and a bit-exact binary key per nested column, then take each group's first
-    # row's values
-    flat = [k for k in keys if k not in nested]
-    surrogates = {f"_reclock_key{i}": nested_keys(updates[k]) for i, k in enumerate(nested)}
-    work = pa.table({**{k: updates[k] for k in flat}, **surrogates, "diff": updates["diff"],
-                     "_reclock_row": pa.array(range(updates.num_rows), pa.int64())})
-    grouped = work.group_by([*flat, *surrogates], use_threads=False).aggregate(
-        [("diff", "sum"), ("_reclock_row", "min")])
-    grouped = grouped.filter(pc.not_equal(grouped["diff_sum"], 0))
-    out = updates.select(keys).take(grouped["_reclock_row_min"])
-    return out.append_column("diff", grouped["diff_sum"])
-
-
-def nested_keys(column: pa.ChunkedArray | pa.Array) -> pa.Array:
-    """One binary value per row of a nested column (struct, list, map) that is equal exactly when the rows'
-    values are: nulls equal nulls, floats compared by their bits (``-0.0`` is not ``0.0``, each NaN pattern
-    its own), as ``group_by`` compares flat columns."""
-    return pa.array([_encode(v) for v in column.to_pylist()], pa.binary())
-
-
-def _encode(v) -> bytes:
-    import struct as _struct
-
-    if v is None:
-        return b"N"
-    if isinstance(v, bool):
-        return b"T" if v else b"F"
-    if isinstance(v, float):
-        return b"d" + _struct.pack(">d", v)
-    if isinstance(v, (bytes, bytearray)):
-        return b"b" + _struct.pack(">q", len(v)) + bytes(v)
-    if isinstance(v, str):
-        b = v.encode("utf-8", "surrogatepass")
-        return b"s" + _struct.pack(">q", len(b)) + b
-    if isinstance(v, dict):
-        return b"{" + b"".join(_encode(x) for x in v.values()) + b"}"
-    if isinstance(v, (list, tuple)):
-        return b"[" + _struct.pack(">q", len(v)) + b"".join(_encode(x) for x in v) + b"]"
-    text = repr(v).encode()
-    return b"o" + _struct.pack(">q", len(text)) + text
+    grouped = sum_by_row(updates, keys)
+    return grouped.filter(pc.not_equal(grouped["diff"], 0))

@@ -14,9 +14,15 @@ a rebuild replaced, internal columns, and updates with ``diff`` rather than rows
    collection) the rows are taken as they are, without an aggregation.
 
 A collection whose schema evolved (a recorded history, ``reclock.persist.schemas``) is read AS OF ``t`` with
-the schema in force at ``t``: the parts are scanned in groups of one schema each, every group projected to
-that schema (``reclock.schema_projection``: a column a part lacks is null, a widened one cast), and the
-groups' rows unioned before they are consolidated.
+the schema in force at ``t``: the parts are scanned in groups of one schema each, every group filtered to
+the read's times and projected to that schema (``reclock.schema_projection``: a column a part lacks is
+null, a widened one cast), and the groups' rows unioned before they are consolidated.
+
+Consolidation is bit for bit, as ``read_as_of``'s and compaction's (``reclock.compaction``): an engine's own
+grouping is not (Spark and DuckDB put ``0.0`` and ``-0.0``, and every NaN, in one group), so each groups
+by a bit-exact key instead and carries every value through as it was (``reclock.bitexact``). A column
+DuckDB would read as another type (a decimal wider than 38 digits becomes a DOUBLE there) is refused with
+``ValueNotCarried``; Spark refuses such a column itself.
 
 ::
 
@@ -45,7 +51,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from reclock.errors import BeyondUpper, NothingComplete, ReclockError, SinceViolation, UnknownReadHold
+from reclock.bitexact import duckdb_key, spark_key
+from reclock.errors import (BeyondUpper, NothingComplete, ReclockError, SinceViolation, UnknownReadHold,
+                            ValueNotCarried)
 from reclock.part_layout import own_columns
 from reclock.persist import connect
 from reclock.persist.blob import BlobStore, FsspecBlobStore
@@ -55,6 +63,10 @@ from reclock.persist.shards import (BatchRow, acquire_read_hold, batches, releas
                                     shard_info)
 from reclock.schema_evolution import CollectionSchema
 from reclock.schema_projection import duckdb_sql, duckdb_type, part_schema, spark_sql
+
+MAX_ENGINE_DECIMAL = 38
+"""The most digits a decimal of Spark or DuckDB holds (Reclock writes wider ones for ``numeric(p, s)`` with
+``p`` above it: ``read_as_of`` reads them; Spark refuses them; DuckDB would read them as DOUBLE)."""
 
 READ_LEASE_S = 600.0
 """How long a reader's hold lasts without renewal. :class:`TableRead` renews it every third of this while
@@ -83,6 +95,7 @@ class PartList:
     multiples: bool  # some part may hold a diff above 1 (identical rows consolidated by compaction)
     schema_path: str | None  # a part of the shard to take the columns from when ``paths`` is empty
     uniform: bool = True  # every part has the same columns and types (no schema merging needed)
+    wide_decimals: tuple[str, ...] = ()  # the shard's columns that are decimals of more than 38 digits
     target: CollectionSchema | None = None  # the schema read (the one in force at as_of), if recorded
     part_schemas: tuple[CollectionSchema, ...] = ()  # with a target: each part's own user columns
 
@@ -114,6 +127,9 @@ def list_parts(conn, blob: BlobStore, shard: str, as_of: int, lower: int = 0) ->
     if not rows and target is None:
         every = batches(conn, shard)
         schema_path = every[-1].path if every else None
+    own, renames = own_columns(info.kind, sorted({f.name for s in schemas for f in s}))
+    wide = sorted({renames.get(f.name, f.name) for s in schemas for f in s if f.name in own
+                   and pa.types.is_decimal(f.type) and f.type.precision > MAX_ENGINE_DECIMAL})
     own_schemas = []
     if target is not None:
         for schema in schemas:
@@ -122,7 +138,7 @@ def list_parts(conn, blob: BlobStore, shard: str, as_of: int, lower: int = 0) ->
             own_schemas.append(part_schema(pa.schema(fields), [f.name for f in fields if f.name not in ("ts", "diff")]))
     return PartList(shard, info.kind, as_of, lower, tuple(b.path for b in rows), sum(b.rows for b in rows),
                     retractions, multiples, schema_path, all(s.equals(schemas[0]) for s in schemas[1:]),
-                    target, tuple(own_schemas))
+                    tuple(wide), target, tuple(own_schemas))
 
 
 def _holder() -> str:
@@ -294,7 +310,7 @@ def spark_frame(spark, parts: PartList, blob: BlobStore, updates: bool = False) 
         return df
     data = [F.col(f"`{c}`") for c in df.columns if c not in ("ts", "diff")]
     if parts.retractions:
-        df = df.groupBy(*data).agg(F.sum("diff").alias("diff")).where(F.col("diff") > 0)
+        df = _spark_consolidated(df).where(F.col("diff") > 0)
     elif not parts.multiples:
         return df.select(*data)
     return df.select(*data, F.explode(F.sequence(F.lit(1), F.col("diff").cast("int"))).alias("_reclock_n")) \
@@ -353,6 +369,29 @@ def _bq(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
+def _spark_consolidated(df) -> Any:
+    """``df``'s updates summed by row bit for bit: grouped by each data column where Spark's grouping is bit
+    for bit, else by its key (:func:`reclock.bitexact.spark_key`, computed in a projection below the
+    aggregation: the reflective call in it is nondeterministic to Spark, which allows it there only), with
+    the column's value carried through (``any_value``: every row of a group holds the same bits); the data
+    columns, in order, and ``diff``."""
+    from pyspark.sql import functions as F
+
+    fields = [f for f in df.schema.fields if f.name not in ("ts", "diff")]
+    keys = {}
+    for i, f in enumerate(fields):
+        key = spark_key(F.col(f"`{f.name}`"), f.dataType)
+        if key is not None:
+            keys[f.name] = key.alias(f"_reclock_key_{i}")
+    if not keys:
+        return df.groupBy(*[F.col(f"`{f.name}`") for f in fields]).agg(F.sum("diff").alias("diff"))
+    keyed = df.select(*[F.col(f"`{f.name}`") for f in fields], "diff", *keys.values())
+    groups = [F.col(f"_reclock_key_{i}" if f.name in keys else f"`{f.name}`") for i, f in enumerate(fields)]
+    carried = [F.any_value(F.col(f"`{name}`")).alias(name) for name in keys]
+    summed = keyed.groupBy(*groups).agg(F.sum("diff").alias("diff"), *carried)
+    return summed.select(*[F.col(f"`{f.name}`") for f in fields], "diff")
+
+
 def _sql_str(s: str) -> str:
     return "'" + s.replace("'", "''") + "'"
 
@@ -366,14 +405,36 @@ def duckdb_relation(con, parts: PartList, blob: BlobStore) -> Any:
     by DuckDB itself: a local folder directly, an object store through the store's fsspec filesystem. A
     collection without a single part yet is an empty relation of one column, ``_reclock_empty`` (of its
     recorded schema's columns, when it has one)."""
-    if parts.target is not None:
-        return _duckdb_consolidated(con, parts, _duckdb_projected(con, parts, blob))
     paths = _read_paths(parts)
-    if not paths:
+    if not paths and parts.target is None:
         return con.sql("SELECT NULL::BOOLEAN AS _reclock_empty WHERE false")
-    src = (f"read_parquet([{', '.join(map(_sql_str, _duckdb_urls(con, blob, paths)))}], union_by_name = true, "
-           "hive_partitioning = false)")
-    return _duckdb_consolidated(con, parts, src)
+    if parts.wide_decimals:
+        raise ValueNotCarried(f"collection {parts.shard}", parts.wide_decimals[0],
+                              f"a decimal of more than {MAX_ENGINE_DECIMAL} digits, which DuckDB reads as a "
+                              "DOUBLE (rounded)", "read it with `reclock read` or reclock.read.read_as_of")
+    if parts.target is not None:
+        src = _duckdb_projected(con, parts, blob)
+    else:
+        src = (f"read_parquet([{', '.join(map(_sql_str, _duckdb_urls(con, blob, paths)))}], union_by_name = true, "
+               "hive_partitioning = false)")
+    scan = con.sql(f"SELECT * FROM {src}")
+    own, renames = own_columns(parts.kind, scan.columns)
+    types = dict(zip(scan.columns, scan.types))
+    cols = ", ".join(f"{_ident(c)} AS {_ident(renames.get(c, c))}" for c in own)
+    data = [(_ident(renames.get(c, c)), types[c]) for c in own if renames.get(c, c) not in ("ts", "diff")]
+    where = f"ts <= {int(parts.as_of)} AND ts >= {int(parts.lower)}" + ("" if parts.paths else " AND false")
+    base = f"SELECT {cols} FROM {src}"
+    sel = ", ".join(c for c, _ in data)
+    if parts.retractions:
+        # bit for bit: grouped by each column and, where DuckDB's own equality is not, by its key beside it
+        # (reclock.bitexact); a group's value is its first row's, bits and all
+        by = ", ".join([c for c, _ in data] + [k for k in (duckdb_key(c, t) for c, t in data) if k is not None])
+        agg = (f"SELECT {sel}, sum(diff)::BIGINT AS _reclock_n FROM ({base}) WHERE {where} GROUP BY {by} "
+               "HAVING sum(diff) > 0")
+        return con.sql(f"SELECT {sel} FROM ({agg}) AS a, range(a._reclock_n)")
+    if parts.multiples:
+        return con.sql(f"SELECT {sel} FROM ({base}) AS a, range(a.diff::BIGINT) WHERE {where}")
+    return con.sql(f"SELECT {sel} FROM ({base}) WHERE {where}")
 
 
 def _duckdb_urls(con, blob: BlobStore, paths: list[str]) -> list[str]:
@@ -410,20 +471,3 @@ def _duckdb_projected(con, parts: PartList, blob: BlobStore) -> str:
         cols = [f"NULL::{duckdb_type(c.type)} AS {_ident(c.name)}" for c in target.columns]
         selects.append(f"SELECT {', '.join(cols + ['NULL::BIGINT AS ts', 'NULL::BIGINT AS diff'])} WHERE false")
     return "(" + " UNION ALL ".join(selects) + ")"
-
-
-def _duckdb_consolidated(con, parts: PartList, src: str) -> Any:
-    """The contents AS OF ``parts.as_of`` of the updates ``src`` (a scan or a subquery) holds."""
-    names = [r[0] for r in con.sql(f"DESCRIBE SELECT * FROM {src}").fetchall()]
-    own, renames = own_columns(parts.kind, names)
-    cols = ", ".join(f"{_ident(c)} AS {_ident(renames.get(c, c))}" for c in own)
-    data = [_ident(renames.get(c, c)) for c in own if renames.get(c, c) not in ("ts", "diff")]
-    where = f"ts <= {int(parts.as_of)} AND ts >= {int(parts.lower)}" + ("" if parts.paths else " AND false")
-    base = f"SELECT {cols} FROM {src}"
-    sel = ", ".join(data)
-    if parts.retractions:
-        agg = f"SELECT {sel}, sum(diff)::BIGINT AS _reclock_n FROM ({base}) WHERE {where} GROUP BY ALL HAVING sum(diff) > 0"
-        return con.sql(f"SELECT {sel} FROM ({agg}) AS a, range(a._reclock_n)")
-    if parts.multiples:
-        return con.sql(f"SELECT {sel} FROM ({base}) AS a, range(a.diff::BIGINT) WHERE {where}")
-    return con.sql(f"SELECT {sel} FROM ({base}) WHERE {where}")
