@@ -12,8 +12,10 @@ config file           ``--config``        ``RECLOCK_CONFIG``           the DAG f
 consensus Postgres    ``--dsn``           ``RECLOCK_DSN``              connection ``reclock_postgres``
 blob store            ``--blob-url``      ``RECLOCK_BLOB_URL``         --
 S3 endpoint and keys  --                  ``AWS_*`` (see objectstore)  connection ``reclock_s3`` (aws)
-Kafka brokers         ``--bootstrap``     ``RECLOCK_BOOTSTRAP``        the config's ``bootstrap:``, else its
-                                                                       ``connection:`` (``reclock_kafka``)
+Kafka cluster         ``--bootstrap``     ``RECLOCK_BOOTSTRAP``        the config's ``bootstrap:`` (these
+                                                                       three: unsecured), else its
+                                                                       ``connection:`` (``reclock_kafka``),
+                                                                       security settings included
 upstream Postgres     --                  the config's ``dsn_env:``    the config's ``connection:`` (a
                                           variable                     postgres connection)
 Spark in-process      ``--spark-master``  ``RECLOCK_SPARK_MASTER``     (checked first)
@@ -37,6 +39,7 @@ from typing import Any, Callable
 from reclock import connections
 from reclock.config import KafkaSpec, PostgresSpec, RegistrySpec
 from reclock.errors import SettingError
+from reclock.kafka_client import KafkaClientConfig
 from reclock.persist import objectstore
 from reclock.persist.blob import BlobStore, blob_store_from_url
 
@@ -111,17 +114,21 @@ def find_source_s3_settings(connection: str, what: str) -> objectstore.S3Setting
                            "(with AWS_ENDPOINT_URL for an S3-compatible store)") from None
 
 
-def find_bootstrap(kafka: KafkaSpec, what: str, given: str | None = None) -> str:
-    """``what``'s (a source's or a sink's) brokers: ``given``, else ``RECLOCK_BOOTSTRAP``, else its
-    ``bootstrap:``, else its Airflow connection."""
+def find_kafka(kafka: KafkaSpec, what: str, given: str | None = None) -> KafkaClientConfig:
+    """``what``'s (a source's or a sink's) Kafka cluster: the address ``given``, else ``RECLOCK_BOOTSTRAP``,
+    else its ``bootstrap:`` (each an unsecured cluster: tests, scripts), else its Airflow connection, with
+    the connection's security settings (``reclock.kafka_client``)."""
     found = given or os.environ.get("RECLOCK_BOOTSTRAP") or kafka.bootstrap
     if found:
-        return found
+        origin = ("--bootstrap" if given else "RECLOCK_BOOTSTRAP" if os.environ.get("RECLOCK_BOOTSTRAP")
+                  else f"{what}'s bootstrap:")
+        return KafkaClientConfig.plaintext(found, origin)
     return _from_connection(
-        lambda: connections.kafka_bootstrap(kafka.connection),
-        f"{what}: no Kafka brokers: set RECLOCK_BOOTSTRAP (host:port,...; reclock commands: --bootstrap), or "
-        f"give it `bootstrap:` in the config, or define the Airflow connection {kafka.connection} "
-        f"(e.g. AIRFLOW_CONN_{kafka.connection.upper()})")
+        lambda: connections.kafka_client_config(kafka.connection),
+        f"{what}: no Kafka brokers: define the Airflow connection {kafka.connection} (its extra gives "
+        "bootstrap.servers and the security settings, e.g. AIRFLOW_CONN_"
+        f"{kafka.connection.upper()}), or, for an unsecured cluster, set RECLOCK_BOOTSTRAP (host:port,...; "
+        "reclock commands: --bootstrap) or give it `bootstrap:` in the config")
 
 
 def find_registry(registry: RegistrySpec, what: str):

@@ -19,15 +19,15 @@ an unknown lag with the reason, never an exception.
 
 from __future__ import annotations
 
-import re
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Collection, Mapping, Sequence
 
 from reclock.config import Config
 from reclock.part_layout import ERRORS_KIND
+from reclock.redaction import redact
 from reclock.persist import connect
 from reclock.persist.shards import ReadHold
 from reclock.persist.status import Status
@@ -177,19 +177,6 @@ def to_json(value: Any) -> Any:
     if isinstance(value, bytes):
         return value.hex()
     return value
-
-
-_SECRETS = (re.compile(r"(\w+://[^:/@\s]*:)[^@\s]*@"), re.compile(r"(?i)((?:password|token|secret)\s*[=:]\s*)\S+"))
-
-
-def redact(text: str | None) -> str | None:
-    """``text`` with what looks like a credential (a URL's password, ``password=...``) replaced by ``***``:
-    an error recorded by a step may quote a DSN, and nothing shown may carry a credential."""
-    if text is None:
-        return None
-    for pattern in _SECRETS:
-        text = pattern.sub(r"\1***@" if pattern is _SECRETS[0] else r"\1***", text)
-    return text
 
 
 # -- cycles from statistics rows (pure) -------------------------------------------------------------------
@@ -350,16 +337,19 @@ def _errors_latest(conn, blob, shard: str, limit: int = 5) -> tuple[dict, ...]:
 
 def overview(conn, config: Config | None = None, lag: LagProbe = no_lag,
              paused: Mapping[str, bool] | None = None, blob=None, now_ms: int | None = None,
-             only: str | None = None) -> Overview:
+             only: str | None = None, readable: Collection[str] | None = None) -> Overview:
     """Every source (registered in ``reclock.sources`` or configured) and sink (configured, or holding a
     read hold ``sink:<name>``). ``lag`` probes a source's lag (in parallel, a thread each); ``paused`` maps
     DAG ids to their pause flag (what Airflow knows); with ``blob`` the error collections' newest rows are
-    read too. ``only``: just that source."""
+    read too. ``only``: just that source. ``readable``: the DAG ids the viewer may read (Airflow's per-DAG
+    permissions); a source whose ingest DAG, or a sink whose ``sink__<name>`` is not among them is left out
+    before anything of it is read or probed (None: everything)."""
     now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
     kinds = dict(conn.execute("SELECT name, kind FROM reclock.sources").fetchall())
     for name in (config.sources if config else {}):
         kinds.setdefault(name, "kafka")
-    names = sorted(n for n in kinds if only is None or n == only)
+    names = sorted(n for n in kinds if (only is None or n == only)
+                   and (readable is None or ingest_dag(n, config) in readable))
     remaps = {r[0]: r[1:] for r in conn.execute(
         "SELECT source, upper, since FROM reclock.remap_collections WHERE source = ANY(%s)", (names,))}
     shards: dict[str, list] = {}
@@ -375,8 +365,15 @@ def overview(conn, config: Config | None = None, lag: LagProbe = no_lag,
                                "WHERE shard = ANY(%s) GROUP BY shard", (error_shards,)).fetchall())
 
     sink_specs = {} if only else dict(config.sinks) if config else {}
-    sink_names = sorted(set(sink_specs) | ({h.holder[5:] for hs in holds.values() for h in hs
-                                            if h.holder.startswith("sink:")} if not only else set()))
+    sink_names = sorted(n for n in set(sink_specs) | ({h.holder[5:] for hs in holds.values() for h in hs
+                                                      if h.holder.startswith("sink:")} if not only else set())
+                        if readable is None or f"sink__{n}" in readable)
+    if readable is not None:  # a hidden source's shards and their holders stay hidden
+        visible = {sid for n in names for sid, *_ in shards.get(n, ())}
+        visible |= {spec.collection for n, spec in sink_specs.items() if n in sink_names}
+        visible |= {h.shard for hs in holds.values() for h in hs
+                    if h.holder.startswith("sink:") and h.holder[5:] in sink_names}
+        holds = {sid: hs for sid, hs in holds.items() if sid in visible}
     statuses = _latest_status(conn, [*names, *sink_names])
     stats = _recent_statistics(conn, [*names, *sink_names], RECENT_ROWS)
     paused = paused or {}
@@ -393,8 +390,7 @@ def overview(conn, config: Config | None = None, lag: LagProbe = no_lag,
         err_shard = next((sid for sid, kind, _, _ in own if kind == ERRORS_KIND), None)
         count = int(errors.get(err_shard, 0)) if err_shard else 0
         latest = _errors_latest(conn, blob, err_shard) if blob is not None and count else ()
-        spec = config.sources.get(n) if config else None
-        dags = (spec.ingest_dag if spec else f"ingest__{n}", f"rebuild__{n}")
+        dags = (ingest_dag(n, config), f"rebuild__{n}")
         sources.append(SourceStatus(
             name=n, kind=kinds[n], status=st[0], error=st[1], status_at=st[2], paused=paused.get(dags[0]),
             upper=upper, since=since, now_ms=now_ms, last_cycle=cycles[-1] if cycles else None, lag=lags[n],
@@ -422,13 +418,20 @@ def overview(conn, config: Config | None = None, lag: LagProbe = no_lag,
     return Overview(datetime.fromtimestamp(now_ms / 1000, tz=timezone.utc), tuple(sources), tuple(sinks))
 
 
+def ingest_dag(source: str, config: Config | None) -> str:
+    """The DAG that ingests ``source``: its spec's (``ingest__<source>``, or its continuous group's), else
+    ``ingest__<source>`` for a source registered but no longer configured."""
+    spec = config.sources.get(source) if config else None
+    return spec.ingest_dag if spec else f"ingest__{source}"
+
+
 def source_detail(conn, name: str, config: Config | None = None, lag: LagProbe = no_lag,
                   paused: Mapping[str, bool] | None = None, blob=None, bindings: int = 200,
-                  history: int = 50) -> SourceDetail | None:
+                  history: int = 50, readable: Collection[str] | None = None) -> SourceDetail | None:
     """One source's status, its newest ``bindings`` bindings (the ``<source>_progress`` relation), its
     newest ``history`` status rows and its series over the last :data:`SERIES_ROWS` statistics rows.
-    None if there is no such source."""
-    ov = overview(conn, config, lag, paused, blob, only=name)
+    None if there is no such source, or ``readable`` (see :func:`overview`) hides it."""
+    ov = overview(conn, config, lag, paused, blob, only=name, readable=readable)
     if not ov.sources:
         return None
     rows = conn.execute(

@@ -86,3 +86,21 @@ def test_a_probe_that_does_not_answer_in_time_is_an_unknown_lag():
     release.set()
     assert time.monotonic() - t < 2
     assert lags == {"fast": sr.Lag(1, "ok"), "slow": sr.Lag(None, "unknown: no answer in 0.3s")}
+
+
+def test_redact_hides_every_kind_of_credential_a_message_may_quote():
+    from reclock.redaction import redact
+
+    cases = {
+        "sc://127.0.0.1:15002/;token=t0k3n;use_ssl=true": "t0k3n",
+        'ScramLoginModule required username="reclock" password="s3cr3t";': "s3cr3t",
+        '{"sasl.password": "xyz1", "aws_secret_access_key": "k3y"}': ("xyz1", "k3y"),
+        "key -----BEGIN PRIVATE KEY-----\nMIIabc\n-----END PRIVATE KEY----- done": "MIIabc",
+        "kafka at 127.0.0.1:9093 refused the connection": (),
+    }
+    for text, secrets in cases.items():
+        out = redact(text)
+        for s in (secrets,) if isinstance(secrets, str) else secrets:
+            assert s not in out, out
+    assert redact("kafka at 127.0.0.1:9093 refused the connection") == "kafka at 127.0.0.1:9093 refused the connection"
+    assert redact(None) is None

@@ -17,6 +17,8 @@ from datetime import datetime
 
 from psycopg.types.json import Jsonb
 
+from reclock.redaction import redact
+
 STATUSES = ("starting", "running", "stalled", "failed", "paused")
 
 
@@ -37,12 +39,13 @@ class Statistics:
 
 
 def record_status(conn, name: str, status: str, error: str | None = None) -> None:
-    """Append a status row; ``ValueError`` for a status not in :data:`STATUSES`."""
+    """Append a status row; ``ValueError`` for a status not in :data:`STATUSES`. The error is kept with any
+    credential it quotes masked (:func:`reclock.redaction.redact`)."""
     if status not in STATUSES:
         raise ValueError(f"{name}: status {status!r} is not one of {', '.join(STATUSES)}")
     with conn.transaction():
         conn.execute("INSERT INTO reclock.status_history (name, status, error) VALUES (%s, %s, %s)",
-                     (name, status, error))
+                     (name, status, redact(error)))
 
 
 def latest_status(conn, name: str) -> Status | None:

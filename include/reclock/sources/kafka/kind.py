@@ -32,6 +32,7 @@ from reclock import remap
 from reclock.batch import BatchDescription, SliceWritten, ranges_for, split_ranges
 from reclock.errors import DecodeError, ReclockError, SchemaIncompatible
 from reclock.failpoints import failpoint
+from reclock.kafka_client import KafkaClientConfig
 from reclock.part_layout import DATA_KIND, DATA_OUTPUT, ERRORS_KIND, ERRORS_OUTPUT
 from reclock.persist.gc import lease_write, release_write
 from reclock.persist.remap_store import register_source
@@ -44,7 +45,7 @@ from reclock.registry_plan import (AvroPlan, Reader, WriterTally, avro_plan, cho
 from reclock.remap import RemapCollection
 from reclock.schema_evolution import CollectionSchema, SchemaHistory, SchemaVersion
 from reclock.schema_registry import RegistryClient
-from reclock.settings import find_bootstrap, find_registry
+from reclock.settings import find_kafka, find_registry
 from reclock.sources.base import (Acknowledged, CycleServices, JointJobs, JointSlice, Lag, SourceKind, SourceRuntime,
                                   WrittenBatch)
 from reclock.sources.kafka import spark_job
@@ -328,11 +329,18 @@ class KafkaKind(SourceKind):
     def describe(self, spec) -> str:
         return f"Kafka topic {spec.kafka.topic} into {spec.name}"
 
-    def find_upstream(self, spec, given: str | None = None) -> str:
-        return find_bootstrap(spec.kafka, f"source {spec.name}", given)
+    def find_upstream(self, spec, given: str | None = None) -> KafkaClientConfig:
+        """The source's cluster: its connection's brokers and security settings (``reclock.kafka_client``),
+        or an unsecured cluster's address given."""
+        return find_kafka(spec.kafka, f"source {spec.name}", given)
 
     def job_environment(self, spec) -> dict[str, str]:
-        return {"RECLOCK_BOOTSTRAP": self.find_upstream(spec)}
+        """An unsecured cluster as ``RECLOCK_BOOTSTRAP``; a secured one as the source's connection
+        (``AIRFLOW_CONN_<ID>``, its certificates as text): in the job's environment, never its argv."""
+        kafka = self.find_upstream(spec)
+        if kafka.protocol == "PLAINTEXT":
+            return {"RECLOCK_BOOTSTRAP": kafka.bootstrap}
+        return {f"AIRFLOW_CONN_{spec.kafka.connection.upper()}": kafka.connection_json()}
 
     def open(self, ctx: CycleServices) -> KafkaSource:
         return KafkaSource(self, ctx)
