@@ -54,9 +54,9 @@ def runner(source: str, until_idle: bool = False) -> int:
     """``run_cycle`` of ``source`` in a loop, settings from the environment; one line per cycle."""
     from reclock.config import load_config
     from reclock.cycle import run_cycle
-    from reclock.orchestration import settings
+    from reclock.orchestration.contexts import cycle_context
 
-    ctx = settings.cycle_context(load_config(None).source(source))
+    ctx = cycle_context(load_config(None).source(source))
     print("ready", flush=True)
     idle = 0
     for _ in range(200 if until_idle else sys.maxsize):

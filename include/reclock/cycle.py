@@ -47,7 +47,7 @@ from typing import Any, Callable, Iterator
 from reclock import remap
 from reclock.batch import BatchDescription, SliceWritten
 from reclock.config import SourceSpec
-from reclock.errors import AcknowledgedStateLost, ConfigError, RemapUpperMismatch, ShardsDisagree, UpperMismatch
+from reclock.errors import ConfigError, RemapUpperMismatch, ShardsDisagree, UpperMismatch
 from reclock.failpoints import failpoint
 from reclock.lending import ConnectionLender
 from reclock.persist import blob as blobs
@@ -244,18 +244,20 @@ def mint(ctx: CycleContext) -> MintResult:
 
 
 def check_acknowledged(ctx: CycleContext, conn, rc: RemapCollection, acked) -> None:
-    """``AcknowledgedStateLost`` if what resume acknowledged upstream (``acked``: ``SourceRuntime.
+    """An error (``AcknowledgedStateLost`` for most kinds) if what resume acknowledged upstream (``acked``: ``SourceRuntime.
     acknowledged``, read before ``rc`` and the shards' uppers, which only grow) is beyond the offset
     resumption frontier the database holds now: the database went back (a failover to an asynchronous
     standby, a restored backup), and minting would stamp records again at new timestamps. Nothing before
-    the first binding counts (a Postgres slot starts at its creation, at or below the first binding)."""
+    the first binding counts (a Postgres slot starts at its creation, at or below the first binding), nor
+    before the binding ``acked.since_ts`` names (a slot a re-snapshot created). The error is the kind's
+    (``SourceRuntime.acknowledged_beyond``)."""
     if acked is None or not rc.bindings:
         return
     resumption = min([rc.upper, *(shard_info(conn, s).upper for s in ctx.shards())])
-    ours = remap.source_upper_at(rc, resumption).join(rc.bindings[0].frontier)
+    start = rc.bindings[0].ts if acked.since_ts is None else acked.since_ts
+    ours = remap.source_upper_at(rc, resumption).join(remap.source_upper_at(rc, start + 1))
     if not acked.frontier.less_equal(ours):
-        raise AcknowledgedStateLost(f"source {ctx.spec.name}", f"{acked.where} {acked.frontier.as_dict()}",
-                                    f"{ours.as_dict()} (the bindings at its shards' upper {resumption})")
+        raise ctx.source().acknowledged_beyond(acked, ours, resumption)
 
 
 def _descriptions(conn, ctx: CycleContext, rc: RemapCollection) -> list[BatchDescription]:

@@ -252,6 +252,27 @@ class SlotLost(UpstreamDataLost):
                   "it under a new name)")
 
 
+
+class SlotAheadOfConsensus(SlotLost, AcknowledgedStateLost):
+    """A Postgres source's slot is confirmed past the changes its shards need: the consensus database went
+    back (``AcknowledgedStateLost``: it lost commits that had moved the slot), or someone advanced or consumed
+    the slot by hand (``SlotLost``). Reclock cannot tell which; both stop the source, and both are caught as
+    either."""
+
+    def __init__(self, source: str, slot: str, confirmed: str, needed: str, upper: int) -> None:
+        self.source = source
+        self.slot = slot
+        self.what = f"source {source}"
+        self.detail = f"is at {confirmed}, past {needed} where the shards need changes from"
+        ReclockError.__init__(
+            self, f"source {source}: acknowledged state went back: replication slot {slot} is confirmed at "
+                  f"{confirmed}, past {needed} where the shards need changes from (the bindings at their upper "
+                  f"{upper}). Either the consensus database lost commits it had acknowledged (a failover to an "
+                  "asynchronous standby, a restored backup: promote the node that has them if it still exists, see "
+                  "docs/operations.md, Consensus failover), or someone advanced or consumed the slot. The changes "
+                  "it held are gone and will not be skipped silently: re-snapshot the source (`reclock resnapshot`) "
+                  "or create it under a new name")
+
 class SourceStalled(ReclockError):
     """A Postgres source cannot go on past a change it cannot represent: it names the table and the change,
     appends nothing past it, and stays stalled until the user acts (``remedy``)."""

@@ -70,7 +70,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, ContextManager, Literal, Protocol, Sequence
 
 from reclock.batch import BatchDescription, OffsetRange, Part, SliceWritten, mint_descriptions
-from reclock.errors import ConfigError
+from reclock.errors import AcknowledgedStateLost, ConfigError, ReclockError
 from reclock.persist.remap_store import OFFSETS_PROGRESS
 from reclock.remap import RemapCollection
 from reclock.schema_evolution import SchemaVersion
@@ -158,6 +158,10 @@ class Acknowledged:
 
     frontier: PartitionedFrontier
     where: str
+    since_ts: int | None = None
+    """The timestamp of the binding the acknowledgement started at, if not the first (a Postgres source's
+    slot, created anew by a re-snapshot at or below that binding): positions up to that binding's frontier
+    are ours whatever the shards' uppers hold."""
 
 
 class SourceRuntime(ABC):
@@ -245,6 +249,13 @@ class SourceRuntime(ABC):
         is not beyond what consensus holds (``cycle.check_acknowledged``: a database that went back). None
         where upstream keeps nothing of ours."""
         return None
+
+    def acknowledged_beyond(self, acked: Acknowledged, ours: PartitionedFrontier, upper: int) -> ReclockError:
+        """The error mint raises when ``acked`` is beyond ``ours``, what consensus holds (the bindings at the
+        shards' upper ``upper``): by default ``AcknowledgedStateLost`` (the database went back). A kind whose
+        upstream position can also be moved by hand (a Postgres slot advanced or consumed) says so."""
+        return AcknowledgedStateLost(f"source {self.name}", f"{acked.where} {acked.frontier.as_dict()}",
+                                     f"{ours.as_dict()} (the bindings at its shards' upper {upper})")
 
     def compact(self, conn: Any, since: int) -> None:
         """In resume, in the connection ``conn``, after the remap collection was compacted to ``since``:
