@@ -190,26 +190,26 @@ def progress(source: str, dsn: str | None) -> None:
     from reclock.persist import connect
     from reclock.persist.remap_store import load_remap
     from reclock.persist.status import latest_status
+    from reclock.sources.registry import kind_named
 
     with connect(_settings().find_dsn(dsn)) as conn:
         load_remap(conn, source)  # a bad or unregistered name: ConfigError / UnknownSource, not a SQL error
         (kind,) = conn.execute("SELECT kind FROM reclock.sources WHERE name = %s", (source,)).fetchone()
-        if kind == "postgres":
-            rows = conn.execute(f'SELECT ts, lsn::text FROM reclock."{source}_progress" ORDER BY ts').fetchall()
-        else:
-            rows = conn.execute(f'SELECT ts, partition, "offset" FROM reclock."{source}_progress" '
-                                "ORDER BY ts, partition").fetchall()
+        columns = kind_named(kind).progress_columns
+        quoted = [f'"{c}"' for c in columns]  # the kind's column names ("offset" is a keyword)
+        rows = conn.execute(f'SELECT {", ".join(f"{c}::text" for c in quoted)} FROM reclock."{source}_progress" '
+                            f"ORDER BY {', '.join(quoted[:2])}").fetchall()
         shards = conn.execute("SELECT id, upper, since FROM reclock.shards WHERE source = %s ORDER BY id",
                               (source,)).fetchall()
         status = latest_status(conn, source)
-    if kind == "postgres":
-        click.echo("ts               lsn")
-        for ts, lsn in rows:
-            click.echo(f"{ts:<16d} {lsn}")
-    else:
-        click.echo("ts               partition  offset")
-        for ts, p, o in rows:
-            click.echo(f"{ts:<16d} {p:<10d} {o}")
+    # the columns the kind's progress relation has: (ts, partition, offset), (ts, lsn), (ts, shard_id,
+    # sequence_number; NULL for a shard read to its end)
+    widths = [16] + [20 if c == "shard_id" else 10 for c in columns[1:-1]]
+    click.echo(" ".join(f"{c:<{w}}" for c, w in zip(columns, widths)) + f" {columns[-1]}" if len(columns) > 1
+               else columns[0])
+    for row in rows:
+        *head, last = ["SHARD_END" if v is None else v for v in row]
+        click.echo(" ".join(f"{v:<{w}}" for v, w in zip(head, widths)) + f" {last}")
     for sid, upper, since in shards:
         click.echo(f"shard {sid}: upper {upper}, since {since}")
     _echo_status(status)

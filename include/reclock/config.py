@@ -285,6 +285,7 @@ class SourceSpec:
     group: str | None = None  # continuous: the group whose one task runs this source's cycles
     postgres: PostgresSpec | None = None
     schema_mode: str = "fixed"  # registry formats: fixed | evolve (``schema:`` in the config)
+    kinesis: Any = None  # reclock.sources.kinesis.config.KinesisSpec: a Kinesis stream
     s3: S3Spec | None = None
 
     @property
@@ -294,10 +295,10 @@ class SourceSpec:
 
     @property
     def kind(self) -> str:
-        """``kafka``, ``postgres`` or ``s3``: the kind the source is registered as."""
+        """``kafka``, ``postgres``, ``s3`` or ``kinesis``: the kind the source is registered as."""
         if self.s3 is not None:
             return "s3"
-        return "postgres" if self.postgres is not None else "kafka"
+        return "postgres" if self.postgres is not None else "kinesis" if self.kinesis is not None else "kafka"
 
     @property
     def consumer_group(self) -> str:
@@ -384,11 +385,19 @@ def parse_source(name: str, raw: Any, base: Path | None = None) -> SourceSpec:
         return _parse_s3_source(name, d, base)
     if "tables" in d:
         raise ConfigError(f"{what}: `tables` belongs to a Postgres source (a `postgres:` section)")
-    _unknown(d, {"kafka", "format", "envelope", "include", "interval", "budget", "on_decode_error", "rebuild",
-                 "schedule", "poll", "lease", "resume", "group", "schema"}, what)
-    if "kafka" not in d:
-        raise ConfigError(f"{what}: needs a `kafka:` section with at least `topic:`")
-    kafka = _parse_kafka(d["kafka"], f"{what}.kafka")
+    _unknown(d, {"kafka", "kinesis", "format", "envelope", "include", "interval", "budget", "on_decode_error",
+                 "rebuild", "schedule", "poll", "lease", "resume", "group", "schema"}, what)
+    if "kafka" in d and "kinesis" in d:
+        raise ConfigError(f"{what}: has both a `kafka:` and a `kinesis:` section; a source reads one upstream")
+    if "kafka" not in d and "kinesis" not in d:
+        raise ConfigError(f"{what}: needs a `kafka:` section with at least `topic:` (or `kinesis:` with `stream:`, "
+                          "or `postgres:`)")
+    kafka = _parse_kafka(d["kafka"], f"{what}.kafka") if "kafka" in d else None
+    kinesis = None
+    if "kinesis" in d:
+        from reclock.sources.kinesis.config import parse_kinesis
+
+        kinesis = parse_kinesis(d["kinesis"], f"{what}.kinesis")
     f = d.get("format", {"type": "json"})
     if isinstance(f, str):
         f = {"type": f}
@@ -397,7 +406,9 @@ def parse_source(name: str, raw: Any, base: Path | None = None) -> SourceSpec:
     ftype = f.get("type", "json")
     if ftype not in FORMATS:
         raise ConfigError(f"{what}.format: type {ftype!r} is not one of {', '.join(FORMATS)}")
-    registry = _parse_registry(f, f"{what}.format", ftype, kafka.topic)
+    if "registry" in f and kafka is None:
+        raise ConfigError(f"{what}.format: `registry:` is read by Kafka sources only (not yet by a Kinesis source)")
+    registry = _parse_registry(f, f"{what}.format", ftype, kafka.topic if kafka is not None else "")
     schema = f.get("schema")
     if ftype in ("json", "csv") and not schema:
         raise ConfigError(f"{what}.format: type {ftype} needs a `schema` (Spark DDL, e.g. \"id BIGINT, name STRING\")")
@@ -420,9 +431,13 @@ def parse_source(name: str, raw: Any, base: Path | None = None) -> SourceSpec:
     if envelope not in ENVELOPES:
         raise ConfigError(f"{what}: envelope {envelope!r} is not one of {', '.join(ENVELOPES)}")
     include = tuple(d.get("include", ()) or ())
-    bad = [c for c in include if c not in METADATA]
+    if kinesis is not None:
+        from reclock.sources.kinesis.config import METADATA as allowed
+    else:
+        allowed = METADATA
+    bad = [c for c in include if c not in allowed]
     if bad:
-        raise ConfigError(f"{what}: include {bad} not among {', '.join(METADATA)}")
+        raise ConfigError(f"{what}: include {bad} not among {', '.join(allowed)}")
     if envelope == "upsert" and "headers" in include:
         raise ConfigError(f"{what}: envelope upsert cannot include headers (the upsert state keeps key, value, "
                           "partition, offset and timestamp of each key's current record)")
@@ -441,8 +456,8 @@ def parse_source(name: str, raw: Any, base: Path | None = None) -> SourceSpec:
     if rebuild not in REBUILDS:
         raise ConfigError(f"{what}: rebuild {rebuild!r} is not one of {', '.join(REBUILDS)}")
     sched = _parse_schedule(d, what, SCHEDULES)
-    return SourceSpec(name=name, kafka=kafka, format=fmt, envelope=envelope, include=include, budget=budget,
-                      on_decode_error=on_err, rebuild=rebuild, schema_mode=schema_mode, **sched)
+    return SourceSpec(name=name, kafka=kafka, kinesis=kinesis, format=fmt, envelope=envelope, include=include,
+                      budget=budget, on_decode_error=on_err, rebuild=rebuild, schema_mode=schema_mode, **sched)
 
 
 def _parse_registry(f: dict, what: str, ftype: str, topic: str) -> RegistrySpec | None:

@@ -240,6 +240,7 @@ def mint(ctx: CycleContext) -> MintResult:
         upper = uppers[-1] if uppers else remap.last_frontier(rc)
         m.update(upstream_upper=upper.as_dict(), minted_ts=minted.ts if minted else None,
                  descriptions=len(descs), offsets_known=sum(o for _, o in upper))
+        m.update(source.probe_metrics())
         return MintResult(minted, tuple(descs))
 
 

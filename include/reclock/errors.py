@@ -69,12 +69,13 @@ class UpstreamDataLost(ReclockError):
 class DecodeError(ReclockError):
     """A record could not be decoded with the source's declared format."""
 
-    def __init__(self, source: str, partition: int, offset: int, reason: str) -> None:
+    def __init__(self, source: str, partition, offset, reason: str, where: str | None = None) -> None:
         self.source = source
         self.partition = partition
         self.offset = offset
         self.reason = reason
-        super().__init__(f"source {source}: record at partition {partition} offset {offset}: {reason}")
+        where = where or f"partition {partition} offset {offset}"
+        super().__init__(f"source {source}: record at {where}: {reason}")
 
 
 class UnaccountedWrite(ReclockError):
@@ -331,6 +332,50 @@ class SlotBusy(ReclockError):
         self.slot = slot
         super().__init__(f"source {source}: replication slot {slot} is in use by another process ({detail}); "
                          "another cycle of this source runs, this one changed nothing")
+
+
+class KinesisDataLost(UpstreamDataLost):
+    """A Kinesis stream no longer holds records a source bound (or may have bound): retention trimmed them,
+    or their shard expired, before the source read them."""
+
+    def __init__(self, source: str, shard: str, start: int, end: int | None, detail: str) -> None:
+        ReclockError.__init__(
+            self, f"source {source}: shard {shard}, sequence numbers [{start}, {'end' if end is None else end}): "
+                  f"{detail}; the data is gone and will not be skipped silently (raise the stream's retention "
+                  "period, run cycles more often than it; to go on without those records, start a new source)")
+        self.source = source
+        self.shard = shard
+        self.partition = None
+        self.start = start
+        self.end = end
+        self.earliest = None
+        self.detail = detail
+
+
+class KinesisUnavailable(ReclockError):
+    """A Kinesis source's stream cannot be reached, or does not exist."""
+
+
+class UpstreamThrottled(ReclockError):
+    """A Kinesis shard kept answering ``ProvisionedThroughputExceededException`` for longer than the read's
+    patience; nothing was skipped."""
+
+
+class StreamReplaced(ReclockError):
+    """The Kinesis stream a source reads was deleted and created again under the same name: its shards and
+    sequence numbers start over, so the source's frontier means nothing there."""
+
+    def __init__(self, source: str, stream: str, bound_ms: int, now_ms: int) -> None:
+        import datetime as _dt
+
+        def when(ms: int) -> str:
+            return _dt.datetime.fromtimestamp(ms / 1000, _dt.timezone.utc).isoformat(timespec="seconds")
+        self.source, self.stream, self.bound_ms, self.now_ms = source, stream, bound_ms, now_ms
+        super().__init__(
+            f"source {source}: stream {stream!r} was created at {when(now_ms)}, but the source has read the stream "
+            f"of that name created at {when(bound_ms)}: it was deleted and created again. Its shards and sequence "
+            "numbers start over, and Reclock will not restart from zero silently: ingest the new stream as a new "
+            "source (another name), and drop this one when its collections are no longer needed")
 
 
 class KafkaAccessDenied(ReclockError):

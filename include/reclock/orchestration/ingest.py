@@ -42,6 +42,7 @@ from reclock.config import SourceSpec
 from reclock.orchestration.assets import shard_assets
 from reclock.orchestration.contexts import cycle_context
 from reclock.schema_evolution import CollectionSchema, SchemaVersion
+from reclock.sources.registry import kind_of
 
 
 def _part_to_x(p) -> list:
@@ -91,11 +92,8 @@ def build_ingest_dag(spec: SourceSpec):
         return _continuous_dag(spec)
     with DAG(
         dag_id=f"ingest__{spec.name}",
-        description=(f"Ingest Kafka topic {spec.kafka.topic} into {spec.name}" if spec.kafka is not None else
-                     f"Ingest the objects of {spec.s3.url} into {spec.name}" if spec.s3 is not None else
-                     f"Ingest Postgres publication {spec.postgres.publication} into {spec.name}__<table>")
-        + " exactly once (one run = one cycle)",
-        schedule=(timedelta(seconds=spec.interval_s) if spec.schedule == "interval" else [upstream_asset(spec)]),
+        description=f"Ingest {kind_of(spec).describe(spec)} exactly once (one run = one cycle)",
+        schedule=(timedelta(seconds=spec.interval_s) if spec.schedule == "interval" else [upstream_asset(spec, kind_of(spec).upstream_trigger(spec))]),
         start_date=datetime(2024, 1, 1, tzinfo=timezone.utc),
         catchup=False,
         max_active_runs=1,

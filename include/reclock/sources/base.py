@@ -211,6 +211,13 @@ class SourceRuntime(ABC):
         ``(probe_upper(),)``."""
         return (self.probe_upper(),)
 
+    def probe_metrics(self) -> dict:
+        """What the last :meth:`probe_uppers` learned, for mint's statistics row (merged last, so a kind may
+        set ``offsets_known`` to None where summing its offsets means nothing, and give ``lag_records`` and
+        ``lag_ms``: how far upstream was ahead of the newest binding, which the UI's lag plot shows). By
+        default nothing."""
+        return {}
+
     def descriptions(self, rc: RemapCollection, lower: int) -> list[BatchDescription]:
         """The batch descriptions from ``lower`` (the least shard upper) up to the newest binding, a backlog
         cut so that one write stays within the source's budget. By default ``mint_descriptions`` with
