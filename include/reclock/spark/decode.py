@@ -29,7 +29,7 @@ from reclock.config import SourceSpec
 from reclock.part_layout import (DATA_OUTPUT, ERR_PREFIX, ERRORS_OUTPUT, KAFKA_SHAPE, PACKED_BASE64,
                                  REJECTED_COLUMN, STATE_OUTPUT, STATE_PREFIX, RecordShape)
 from reclock.registry_plan import AvroPlan
-from reclock.spark.jobs import observation, observed, sql_ident, sql_string
+from reclock.spark.jobs import observation, observed, parts_writer, sql_ident, sql_string
 
 CORRUPT = "_reclock_corrupt"
 AVRO_OK = "_reclock_ok"
@@ -296,7 +296,7 @@ def write_slice(spark, spec: SourceSpec, shape: RecordShape, records: Callable[[
     df = envelope(spark, spec, shape, records(read), prior, plan)
     if spec.envelope != "upsert":
         df = df.observe(written, F.count(F.lit(1)).alias("rows"), F.count(REJECTED_COLUMN).alias("rejected"))
-        df.write.mode("error").parquet(url)
+        parts_writer(df, url).parquet(url)
         w = observed(written, spec.name, url, ("rows", "rejected"))
         rows = {DATA_OUTPUT: w["rows"] - w["rejected"], ERRORS_OUTPUT: w["rejected"]}
     else:
@@ -308,7 +308,7 @@ def write_slice(spark, spec: SourceSpec, shape: RecordShape, records: Callable[[
         outputs = (DATA_OUTPUT, ERRORS_OUTPUT, STATE_OUTPUT)
         counts = [F.count(F.when(F.col("_output") == o, F.lit(1))).alias(f"output{o}") for o in outputs]
         df = df.selectExpr(*map(sql_ident, keep), "_output").observe(written, *counts)
-        df.write.mode("error").partitionBy("_output").parquet(url)
+        parts_writer(df, url).partitionBy("_output").parquet(url)
         w = observed(written, spec.name, url, [f"output{o}" for o in outputs])
         rows = {o: w[f"output{o}"] for o in outputs}
     read_count = observed(read, spec.name, url, ("records",))["records"]

@@ -24,7 +24,7 @@ from reclock.schema_evolution import Column
 from reclock.sources.base import JointSlice
 from reclock.spark import decode
 from reclock.spark.decode import CORRUPT  # noqa: F401 - the benchmarks' bare jobs decode as the cycle does
-from reclock.spark.jobs import observation, observed
+from reclock.spark.jobs import observation, observed, parts_writer
 from reclock.spark.reclocking import BindingRange, reclocked
 
 
@@ -219,7 +219,7 @@ def write_joint(spark, slices: Sequence[JointSlice], url: str) -> list[SliceWrit
                         F.count(F.when(member == i, F.col(REJECTED_COLUMN))).alias(f"rejected{i}"))]
     with kafka_job("sources " + ", ".join(s.spec.name for s in slices), slices[0].upstream,
                    [s.spec.kafka.topic for s in slices], [read_group(s.spec) for s in slices]):
-        df.observe(written, *counts).write.mode("error").partitionBy(MEMBER_COLUMN).parquet(url)
+        parts_writer(df.observe(written, *counts), url).partitionBy(MEMBER_COLUMN).parquet(url)
     w = observed(written, slices[0].spec.name, url,
                  [f"{k}{i}" for i in range(len(slices)) for k in ("rows", "rejected")])
     out = []
