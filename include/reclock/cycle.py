@@ -318,7 +318,7 @@ def append(ctx: CycleContext, written: WrittenBatch) -> list:
     raises ``UpperMismatch`` and changes nothing (the next cycle re-mints from the actual upper).
     """
     with _step(ctx, "append") as m:
-        appends = [Append(s, written.desc, written.parts.get(s, ())) for s in ctx.shards()]
+        appends = [Append(s, written.desc, written.parts.get(s, ()), written.schemas.get(s, ())) for s in ctx.shards()]
         effects = ctx.source().append_effects(written, m)
 
         def also(conn) -> None:

@@ -73,6 +73,7 @@ from reclock.batch import BatchDescription, OffsetRange, Part, SliceWritten, min
 from reclock.errors import AcknowledgedStateLost, ConfigError, ReclockError
 from reclock.persist.remap_store import OFFSETS_PROGRESS
 from reclock.remap import RemapCollection
+from reclock.schema_evolution import SchemaVersion
 from reclock.time import PartitionedFrontier
 
 if TYPE_CHECKING:
@@ -93,6 +94,8 @@ class WrittenBatch:
     parts: dict[str, tuple[Part, ...]] = field(default_factory=dict)
     state: tuple[Part, ...] = ()  # upsert: the state changes append applies with the shards
     prefix: str | None = None  # the folder the parts were written under, leased until append is done
+    schemas: dict[str, tuple[SchemaVersion, ...]] = field(default_factory=dict)  # versions of a shard's schema
+    #                                                that begin in desc, recorded with its parts by append
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,8 @@ from reclock.config import SourceSpec
 from reclock.kafka_client import KafkaClientConfig, client_config
 from reclock.kafka_client import check as kafka_check
 from reclock.part_layout import DATA_OUTPUT, ERRORS_OUTPUT, KAFKA_SHAPE, MEMBER_COLUMN, REJECTED_COLUMN
+from reclock.registry_plan import AvroPlan, WriterTally
+from reclock.schema_evolution import Column
 from reclock.sources.base import JointSlice
 from reclock.spark import decode
 from reclock.spark.decode import CORRUPT  # noqa: F401 - the benchmarks' bare jobs decode as the cycle does
@@ -135,14 +137,60 @@ def upsert_keys(spark, spec: SourceSpec, bootstrap: KafkaClientConfig | str, ran
 
 def write_slice(spark, spec: SourceSpec, bootstrap: KafkaClientConfig | str, ranges: Sequence[OffsetRange],
                 bindings: Sequence[BindingRange], url: str, prior: Sequence[tuple] = (),
-                index: int = 0) -> SliceWritten:
+                index: int = 0, plan: AvroPlan | None = None, writers: WriterTally | None = None) -> SliceWritten:
     """One Spark job writing the slice's updates under ``url`` (``reclock.spark.decode.write_slice``): the
     Kafka records of ``ranges``, counted right above the Kafka scan, reclocked by ``bindings``; a refused ACL
-    or login is named (:func:`kafka_job`)."""
+    or login is named (:func:`kafka_job`). ``plan`` (a registry source): records decode by their writer
+    schemas; ``writers`` gets what the job met of them (:func:`writer_aggregates` of the reclocked records,
+    :func:`tally`)."""
+    met = observation(spark) if plan is not None else None
+
+    def records(read):
+        df = _reclocked(spark, spec, bootstrap, ranges, bindings, read)
+        return df.observe(met, *writer_aggregates(plan)) if met is not None else df
+
     with kafka_job(f"source {spec.name}", bootstrap, [spec.kafka.topic], [read_group(spec, bootstrap)]):
-        return decode.write_slice(spark, spec, KAFKA_SHAPE,
-                                  lambda read: _reclocked(spark, spec, bootstrap, ranges, bindings, read), url,
-                                  prior, index, offsets=sum(r.end - r.start for r in ranges))
+        out = decode.write_slice(spark, spec, KAFKA_SHAPE, records, url, prior, index,
+                                 offsets=sum(r.end - r.start for r in ranges), plan=plan)
+    if met is not None and writers is not None:
+        tally(met, plan, spec.name, url, writers)
+    return out
+
+
+KAFKA_META_TYPES = {"partition": "int", "offset": "bigint", "key": "binary", "timestamp": "timestamp",
+                    "headers": "array<struct<key:string,value:binary>>"}
+"""The Spark types of the metadata columns Spark's Kafka source gives."""
+
+
+def meta_columns(spec: SourceSpec) -> tuple[Column, ...]:
+    """The metadata columns a Kafka source's collection carries after its value's (``include:``), as schema
+    columns (a registry source's schema versions hold them too)."""
+    return tuple(Column(KAFKA_SHAPE.meta_column(m), KAFKA_META_TYPES[m], True) for m in spec.include)
+
+
+def writer_aggregates(plan: AvroPlan) -> list:
+    """Aggregates over reclocked wire-format records (``value``, ``ts``): ``n`` (records), ``w<id>`` (the
+    first ts of each writer id the plan knows; null: none met) and ``unknown`` (the ids met that it does
+    not know, as text). Compared as header bytes, as the decode does: no per-record conversion."""
+    from pyspark.sql import functions as F
+
+    from reclock.spark.registry_decode import header_literal, unknown_ids_metric
+
+    aggs = [F.count(F.lit(1)).alias("n")]
+    for i in plan.ids:
+        aggs.append(F.min(F.when(F.substring(F.col("value"), 1, 5) == F.lit(header_literal(i)), F.col("ts")))
+                    .alias(f"w{i}"))
+    return aggs + [unknown_ids_metric(plan.ids).alias("unknown")]
+
+
+def tally(obs, plan: AvroPlan, source: str, url: str, into: WriterTally) -> None:
+    """Add a finished job's :func:`writer_aggregates` to ``into`` (no report: the write is not accounted for)."""
+    from reclock.errors import UnaccountedWrite
+
+    got = obs.get or {}
+    if got.get("n") is None:
+        raise UnaccountedWrite(source, url, url, f"Spark reported no writer metrics for its job (metrics: {got})")
+    into.add({i: got.get(f"w{i}") for i in plan.ids}, [int(x) for x in got.get("unknown") or ()])
 
 
 JOINT_RECORDS_PER_TASK = 200_000
@@ -155,8 +203,8 @@ def joint_key(spec: SourceSpec) -> tuple | None:
     """Sources with the same key can have their slices written by one Spark job (:func:`write_joint`): their
     parts have the same columns of the same types. None: the source's slices need a job of their own (an
     upsert source's)."""
-    if spec.envelope == "upsert":
-        return None
+    if spec.envelope == "upsert" or spec.format.registry is not None:
+        return None  # a registry source's columns are its reader's, known only when its slice is planned
     return (spec.format.type, spec.format.schema, tuple(spec.include))
 
 
