@@ -74,7 +74,7 @@ def _sink_ctx(dsn: str, kafka, ctx, topic: str) -> SinkContext:
                                        "kafka": {"topic": f"{topic}_out", "bootstrap": kafka.bootstrap},
                                        "progress_topic": f"_progress_{topic}", "transaction_timeout": "20s"},
                       {ctx.spec.name: ctx.spec})
-    return SinkContext(spec=spec, dsn=dsn, bootstrap=kafka.bootstrap, blob=ctx.blob)
+    return SinkContext(spec=spec, dsn=dsn, kafka=kafka.bootstrap, blob=ctx.blob)
 
 
 def _check_sink(sink_ctx: SinkContext, ctx) -> None:

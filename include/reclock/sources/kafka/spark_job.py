@@ -240,7 +240,7 @@ def write_joint(spark, slices: Sequence[JointSlice], url: str) -> list[SliceWrit
               for c in (F.count(F.when(member == i, F.lit(1))).alias(f"rows{i}"),
                         F.count(F.when(member == i, F.col(REJECTED_COLUMN))).alias(f"rejected{i}"))]
     with kafka_job("sources " + ", ".join(s.spec.name for s in slices), slices[0].upstream,
-                   [s.spec.kafka.topic for s in slices], [read_group(s.spec, bootstrap) for s in slices]):
+                   [s.spec.kafka.topic for s in slices], [read_group(s.spec, s.upstream) for s in slices]):
         parts_writer(df.observe(written, *counts), url).partitionBy(MEMBER_COLUMN).parquet(url)
     w = observed(written, slices[0].spec.name, url,
                  [f"{k}{i}" for i in range(len(slices)) for k in ("rows", "rejected")])
