@@ -77,8 +77,8 @@ import yaml
 
 from reclock.errors import ConfigError, SettingError
 from reclock.sources.registry import KINDS
-from reclock.specs import (NAME_RE, KafkaSpec, RegistrySpec, SourceSpec, parse_duration, parse_kafka, refuse_unknown,
-                           require)
+from reclock.specs import NAME_RE, KafkaSpec, SourceSpec, parse_duration, parse_kafka, refuse_unknown, require
+from reclock.specs import RegistrySpec  # noqa: F401 - reclock.config.RegistrySpec, as before the move
 
 def parse_source(name: str, raw: Any, base: Path | None = None) -> SourceSpec:
     """Validate one source's config: its kind is the one whose section it has (``kafka:``, ``postgres:``, ...;
