@@ -39,6 +39,15 @@ kafka_restart       the broker SIGKILLed and started again
 spark_restart       the Spark Connect server (the driver) SIGKILLed and started again
 spark_worker_kill   a cluster worker SIGKILLed with its executor (often mid-job: its tasks are retried on the
                     other), started again 0-10 s later
+scheduler_kill      one of Airflow's two schedulers (highly available, ``HA_SETTINGS``) SIGKILLed with its
+                    executor's task processes; a service manager starts it again
+net_latency         the network between Reclock and Postgres or Kafka (a Toxiproxy proxy, ``reclock.dev.toxiproxy``,
+                    on every path from cycles, the sink, Airflow's tasks and Spark's Kafka reader) delays each
+                    chunk 300 +- 200 ms, for 5-20 s
+net_reset           every connection through one of those proxies reset (TCP RST), new ones too, for 1-3 s
+net_blackhole       one of those proxies accepts data and delivers none for 3-12 s (only clients' own
+                    timeouts end the wait: ``RECLOCK_PG_TIMEOUT_S`` is 30 s here); connections that lived
+                    through it lost data and are unusable after
 ==================  =======================================================================================
 
 After each fault the system catches up as an operator's rerun would: a dead cycle or sink process is
@@ -84,9 +93,13 @@ from pathlib import Path
 from typing import Callable
 
 FAULT_KINDS = ("cycle_sigkill", "cycle_failpoint", "airflow_task_kill", "sink_sigkill", "sink_failpoint",
-               "pg_restart", "kafka_restart", "spark_restart", "spark_worker_kill")
+               "pg_restart", "kafka_restart", "spark_restart", "spark_worker_kill", "scheduler_kill",
+               "net_latency", "net_reset", "net_blackhole")
 WEIGHTS = {"cycle_sigkill": 25, "cycle_failpoint": 15, "airflow_task_kill": 15, "sink_sigkill": 15,
-           "sink_failpoint": 8, "pg_restart": 10, "kafka_restart": 10, "spark_restart": 8, "spark_worker_kill": 10}
+           "sink_failpoint": 8, "pg_restart": 10, "kafka_restart": 10, "spark_restart": 8, "spark_worker_kill": 10,
+           "scheduler_kill": 8, "net_latency": 8, "net_reset": 8, "net_blackhole": 8}
+NET_TARGETS = ("postgres", "kafka")  # the services behind a proxy
+PG_TIMEOUT_S = 30  # RECLOCK_PG_TIMEOUT_S of the campaign's processes: a black hole to Postgres ends a step in 30 s
 CYCLE_FAILPOINTS = ("mint:after_binding", "write_batches:before_job", "write_batches:after_slice",
                     "append:in_transaction", "resume:after_commit")
 SOURCES = {"app": 2, "ups": 3, "txn": 3, "afl": 2}  # the Kafka sources: name -> partitions
@@ -143,14 +156,24 @@ class Services:
     postgres: object
     kafka: object
     spark: object
+    toxiproxy: object
+    proxies: dict = field(default_factory=dict)  # NET_TARGETS -> reclock.dev.toxiproxy.Proxy
+
+    def proxied_dsn(self, db: str = "reclock") -> str:
+        """A DSN of database ``db`` of the campaign's Postgres through its proxy (what Reclock's processes
+        use)."""
+        from psycopg.conninfo import make_conninfo
+
+        return make_conninfo(self.postgres.dsn(db), port=str(self.proxies["postgres"].port))
 
     def env(self, config: Path) -> dict[str, str]:
         path = os.pathsep.join([str(REPO / "include"), str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
-        return {**os.environ, "PYTHONPATH": path, "RECLOCK_CONFIG": str(config), "RECLOCK_DSN": self.postgres.dsn(),
+        return {**os.environ, "PYTHONPATH": path, "RECLOCK_CONFIG": str(config), "RECLOCK_DSN": self.proxied_dsn(),
                 "RECLOCK_BLOB_URL": str(self.root / "blobs"), "RECLOCK_SPARK_REMOTE": self.spark.url,
                 "RECLOCK_RETAIN_HISTORY_S": "1000000000",  # keep every time readable: the oracle checks each
                 "RECLOCK_GC_GRACE_S": "20", "RECLOCK_GC_INTERVAL_S": "5",  # GC runs often, beside the faults
-                "RECLOCK_FAILPOINTS": "", "CHAOS_UPSTREAM_DSN": self.postgres.dsn(UPSTREAM_DB)}
+                "RECLOCK_PG_TIMEOUT_S": str(PG_TIMEOUT_S),
+                "RECLOCK_FAILPOINTS": "", "CHAOS_UPSTREAM_DSN": self.proxied_dsn(UPSTREAM_DB)}
 
 
 def start_services(root: Path) -> Services:
@@ -158,18 +181,22 @@ def start_services(root: Path) -> Services:
     from reclock.dev.kafka import LocalKafka
     from reclock.dev.postgres import LocalPostgres
     from reclock.dev.state import StackState
+    from reclock.dev.toxiproxy import LocalToxiproxy
     from reclock.persist.migrate import migrate
 
     state = StackState(root / "state")
     pg = LocalPostgres(state, fast=True)
-    kafka = LocalKafka(state, heap="512m")
+    kafka = LocalKafka(state, heap="512m", proxied=True)  # clients of the config reach it through a proxy
     spark = LocalSparkCluster(state, workers=2, worker_cores=1, worker_memory="1g", executor_memory="768m",
                               driver_memory="1g")
-    svc = Services(root, state, pg, kafka, spark)
+    svc = Services(root, state, pg, kafka, spark, LocalToxiproxy(state))
     try:
         pg.start()
         migrate(pg.dsn())
         kafka.start()
+        svc.toxiproxy.start()
+        svc.proxies = {"postgres": svc.toxiproxy.proxy("postgres", pg.port),
+                       "kafka": svc.toxiproxy.proxy("kafka", kafka.external_port, listen_port=kafka.proxy_port)}
         spark.start()
     except BaseException:  # a failed start, or SIGTERM meanwhile: stop what did start
         stop_services(svc)
@@ -180,7 +207,7 @@ def start_services(root: Path) -> Services:
 def stop_services(svc: Services | None) -> None:
     if svc is None:
         return
-    for s in (svc.spark, svc.kafka, svc.postgres):
+    for s in (svc.spark, svc.toxiproxy, svc.kafka, svc.postgres):
         try:
             s.stop()
         except Exception as e:  # noqa: BLE001 - stop the others anyway
@@ -236,9 +263,26 @@ def kill_spark_worker(svc: Services, worker: int, down_s: float) -> None:
     _start_again(svc.spark, f"spark worker {worker}")
 
 
+def network_fault(svc: Services, kind: str, rng: random.Random, echo: Callable[[str], None]) -> None:
+    """``kind`` (``net_latency``, ``net_reset``, ``net_blackhole``) on the proxy of a service the seed picks,
+    for a while, then healed."""
+    target = rng.choice(NET_TARGETS)
+    fault, hold = {"net_latency": ("latency", rng.uniform(5, 20)), "net_reset": ("reset", rng.uniform(1, 3)),
+                   "net_blackhole": ("blackhole", rng.uniform(3, 12))}[kind]
+    proxy = svc.proxies[target]
+    echo(f"{kind}: {fault} to {target} for {hold:.0f} s")
+    proxy.inject(fault)
+    try:
+        time.sleep(hold)
+    finally:
+        proxy.heal()
+
+
 # ------------------------------------------------------------------------------------------ the workload
 
 def write_config(root: Path, bootstrap: str) -> Path:
+    """The campaign's sources and sink; ``bootstrap``: where Reclock's processes (cycles, the sink, Spark's
+    Kafka reader) reach the broker (its proxy)."""
     import yaml
 
     schema = "id BIGINT, name STRING"
@@ -719,7 +763,9 @@ class AirflowSide:
         extra = {k: v for k, v in env.items() if k.startswith("RECLOCK_") or k == "PYTHONPATH"}
         extra.update(AIRFLOW__CORE__DEFAULT_TASK_RETRIES="30", AIRFLOW__CORE__DEFAULT_TASK_RETRY_DELAY="2",
                      AIRFLOW__CORE__PARALLELISM="2")
-        self.af = LocalAirflow(svc.state, svc.postgres.dsn("airflow"), extra)
+        # two schedulers (highly available): scheduler_kill kills one; the metadata database is reached
+        # directly (the network faults are between Reclock and its services)
+        self.af = LocalAirflow(svc.state, svc.postgres.dsn("airflow"), extra, schedulers=2)
         self.dsn = svc.postgres.dsn("airflow")
         self.echo = echo
         self.revived = 0
@@ -762,13 +808,17 @@ class AirflowSide:
                 return False
             return True
 
+    def kill_scheduler(self, rng: random.Random) -> bool:
+        """SIGKILL one of the two schedulers (its process group: its executor's task processes too); the next
+        :meth:`tick` starts it again."""
+        with self.lock:
+            return self.af.kill(rng.choice(("scheduler", "scheduler-2")))
+
     def tick(self) -> None:
         """Start again an Airflow process that died (as a service manager would: that process only; if it
         dies again, the next tick starts it again)."""
-        from reclock.dev.airflow import COMPONENTS
-
         with self.lock:
-            for c in COMPONENTS:
+            for c in self.af.components:
                 if not self.af.running(c):
                     self.echo(f"airflow {c} died; starting it again")
                     self.revived += 1
@@ -1081,7 +1131,7 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
     try:
         echo(f"chaos: seed {seed}, {faults} faults, state in {root}")
         svc = start_services(root)
-        config = write_config(root, svc.kafka.bootstrap)
+        config = write_config(root, svc.kafka.proxied_bootstrap)
         create_topics(svc.kafka.bootstrap)
         upstream = setup_upstream(svc)
         env = svc.env(config)
@@ -1160,6 +1210,11 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
                     hit = True
                 elif kind == "spark_worker_kill":
                     kill_spark_worker(svc, rng.randrange(svc.spark.workers), rng.uniform(0, 10))
+                    hit = True
+                elif kind == "scheduler_kill":
+                    hit = airflow.kill_scheduler(rng)
+                elif kind in ("net_latency", "net_reset", "net_blackhole"):
+                    network_fault(svc, kind, rng, echo)
                     hit = True
             except Exception as e:  # noqa: BLE001 - a harness error is reported, the campaign goes on
                 harness_errors.append(f"{kind}: {type(e).__name__}: {e}")
