@@ -63,7 +63,7 @@ def runner(source: str, until_idle: bool = False) -> int:
         out = run_cycle(ctx)
         print(json.dumps(out), flush=True)
         idle = idle + 1 if out["minted"] is None and out["descriptions"] == 0 else 0
-        if until_idle and idle and ctx.spec.s3.discovery == "notifications" and ctx.upstream().queue().depth():
+        if until_idle and idle and ctx.spec.s3.discovery == "notifications" and ctx.source().queue().depth():
             idle = 0  # messages a killed cycle received are hidden until their visibility timeout ends
         if until_idle and idle >= 2:
             return 0

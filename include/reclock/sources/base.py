@@ -57,7 +57,7 @@ Kinesis     (shard_id, sequence_number)  a partition per shard (the shard id's n
 ``reclock.spark.reclocking``; a reader in the task uses ``reclock.remap.reclock`` or its own mapping.
 
 **Layering.** A kind imports the pure core, ``persist``, ``spark`` and this module; never another kind,
-``reclock.cycle``, ``reclock.orchestration`` or ``reclock.dev`` (``tests/unit/test_imports.py``). What the
+``reclock.cycle``, ``reclock.orchestration`` or the dev stack (``tests/unit/test_imports.py``). What the
 cycle hands a kind is a :class:`CycleServices` (``reclock.cycle.CycleContext`` is one).
 """
 
@@ -73,6 +73,7 @@ from reclock.batch import BatchDescription, OffsetRange, Part, SliceWritten, min
 from reclock.errors import AcknowledgedStateLost, ConfigError, ReclockError
 from reclock.persist.remap_store import OFFSETS_PROGRESS
 from reclock.remap import RemapCollection
+from reclock.schema_evolution import SchemaVersion
 from reclock.time import PartitionedFrontier
 
 if TYPE_CHECKING:
@@ -93,6 +94,8 @@ class WrittenBatch:
     parts: dict[str, tuple[Part, ...]] = field(default_factory=dict)
     state: tuple[Part, ...] = ()  # upsert: the state changes append applies with the shards
     prefix: str | None = None  # the folder the parts were written under, leased until append is done
+    schemas: dict[str, tuple[SchemaVersion, ...]] = field(default_factory=dict)  # versions of a shard's schema
+    #                                                that begin in desc, recorded with its parts by append
 
 
 @dataclass(frozen=True)
@@ -155,10 +158,6 @@ class Acknowledged:
 
     frontier: PartitionedFrontier
     where: str
-    since_ts: int | None = None
-    """The timestamp of the binding the acknowledgement started at, if not the first (a Postgres source's
-    slot, created anew by a re-snapshot at or below that binding): positions up to that binding's frontier
-    are ours whatever the shards' uppers hold."""
 
 
 class SourceRuntime(ABC):
@@ -252,6 +251,12 @@ class SourceRuntime(ABC):
         """What :meth:`commit` has told upstream so far (read upstream, not from consensus): mint checks it
         is not beyond what consensus holds (``cycle.check_acknowledged``: a database that went back). None
         where upstream keeps nothing of ours."""
+        return None
+
+    def acknowledged_since(self, conn: Any) -> int | None:
+        """The timestamp of the binding the acknowledgement started at, if not the first (read in ``conn``, the
+        mint's consensus connection): positions up to that binding's frontier are ours whatever the shards'
+        uppers hold. Postgres: a re-snapshot's slot, created anew at or below its binding. By default None."""
         return None
 
     def acknowledged_beyond(self, acked: Acknowledged, ours: PartitionedFrontier, upper: int) -> ReclockError:
