@@ -65,10 +65,12 @@ to the shard's upper, and the ORACLE checks, from a ``read_committed`` reading o
   contents equal the tables themselves; the source's slot is never ahead of the last binding;
 - sink: the target topic (read_committed) equals the shard's updates exactly once, in timestamp order.
 
-It prints faults by kind, records checked, lost, duplicated, wrong timestamps, the seed and the wall time,
-and exits 1 on any discrepancy, or when Airflow stalled: no run of ``ingest__afl`` succeeded for more than
-``AIRFLOW_STALL_S`` while the faults ran (the catch-up lands ``afl`` without Airflow, so the oracle alone would
-not see it). :func:`campaign` is what ``tests/chaos/test_chaos_short.py`` runs.
+The faults begin once every source has finished a cycle and a run of ``ingest__afl`` succeeded (the warm-up,
+at most ``WARMUP_S``). It prints faults by kind, records checked, lost, duplicated, wrong timestamps, the seed,
+the wall time and Airflow's longest stall (no run of ``ingest__afl`` succeeded) and longest idle stretch (no
+try of it running either) while the faults ran, and exits 1 on any discrepancy, or when Airflow stayed idle for
+more than ``AIRFLOW_STALL_S`` (the catch-up lands ``afl`` without Airflow, so the oracle alone would not see
+it). :func:`campaign` is what ``tests/chaos/test_chaos_short.py`` runs.
 """
 
 from __future__ import annotations
@@ -110,10 +112,18 @@ OBSERVER_SLOT = "chaos_observer"  # the oracle's own slot: every commit's LSN, r
 RUNNERS = ("app", "ups", "txn", PG_SOURCE)  # the sources whose cycles run in runner processes; afl's under Airflow
 AIRFLOW_SOURCE = "afl"
 AIRFLOW_STALL_S = 300
-"""The longest the faults may keep ``ingest__afl`` from succeeding: Airflow's own recovery time of a task whose
-process died (``task_instance_heartbeat_timeout``, 300 s) or that a dead scheduler left queued (300 s). Until
-issue 37 a run's write grew with every failed try and, under a fault every ~45 s, no try finished for 52-56
-minutes; a run now writes for about one interval (``cycle.mint_and_write``)."""
+"""The longest Airflow may leave ``ingest__afl`` with no try running and no run succeeding while the faults run
+(its *idle* stretch; the campaign fails beyond it): Airflow's own default recovery time of a task whose process
+died (``task_instance_heartbeat_timeout``, 300 s) or that a dead scheduler left behind (``orphaned_tasks_check_
+interval``, 300 s). The dev stack's ``reclock.dev.airflow.HA_SETTINGS`` bring both under 100 s. The *stall*
+(no run succeeded, tries running or not) is reported beside it, not checked: a try's own length is the
+machine's speed (a Spark Connect server killed mid-try comes back with cold executors; on a loaded 2-core
+machine its first jobs take minutes). Until issue 37 a run's write grew with every failed try and, under a
+fault every ~45 s, no try finished for 52-56 minutes; a run now writes for about one interval
+(``cycle.mint_and_write``)."""
+WARMUP_S = 600.0
+"""The faults start once every source has finished a cycle and a run of ``ingest__afl`` succeeded (cold Spark
+executors on a loaded machine take minutes over the first jobs), or after this long."""
 BIG_EVERY = 150  # every this many writer transactions, a large one (700 rows of items: above the budget)
 UPSERT_KEYS = 12
 REPO = Path(__file__).resolve().parents[1]
@@ -770,8 +780,10 @@ class AirflowSide:
         self.echo = echo
         self.revived = 0
         self.lock = threading.Lock()
-        self.unpaused_at: datetime.datetime | None = None  # the window report() measures stalls in
-        self.faults_done_at: datetime.datetime | None = None
+        self.unpaused_at: datetime.datetime | None = None
+        self.warm_at: datetime.datetime | None = None  # report() measures stalls from here (the faults' start)
+        self.faults_done_at: datetime.datetime | None = None  # ... to here
+        self.alive_at: list[datetime.datetime] = []  # the samples (:meth:`sample`) that saw a task process
 
     def start(self) -> None:
         t = self.af.start(timeout=600)
@@ -814,6 +826,19 @@ class AirflowSide:
         with self.lock:
             return self.af.kill(rng.choice(("scheduler", "scheduler-2")))
 
+    def sample(self) -> None:
+        """Note the moment if a task of ``ingest__afl`` has a process now (:meth:`report`'s idle stretches)."""
+        if self.task_pids():
+            self.alive_at.append(datetime.datetime.now(datetime.timezone.utc))
+
+    def succeeded(self) -> bool:
+        """Whether a run of ``ingest__afl`` has succeeded."""
+        import psycopg
+
+        with psycopg.connect(self.dsn, connect_timeout=10) as conn:
+            return conn.execute("SELECT 1 FROM dag_run WHERE dag_id = %s AND state = 'success' LIMIT 1",
+                                (self.DAG_ID,)).fetchone() is not None
+
     def tick(self) -> None:
         """Start again an Airflow process that died (as a service manager would: that process only; if it
         dies again, the next tick starts it again)."""
@@ -834,29 +859,37 @@ class AirflowSide:
         self.af.stop()
 
     def report(self) -> dict:
-        """Runs by state, task tries that failed, task instances that succeeded after a retry, and the
-        longest stall: the longest stretch from the unpause to the end of the faults in which no run of
-        ``ingest__afl`` succeeded (the catch-up lands ``afl`` without Airflow, so the oracle alone cannot
-        tell an Airflow that stopped driving cycles from one that drove them), from the metadata database."""
+        """Runs by state, task tries that failed, task instances that succeeded after a retry, the longest
+        try, and in the window of the faults (from the warm-up's end to the last fault): the longest *stall*,
+        a stretch in which no run of ``ingest__afl`` succeeded, and the longest *idle* stretch, in which
+        moreover no task of it had a process (sampled every 2 s): the time Airflow itself took to notice a
+        dead try, start a retry or the next run, or to come back after its scheduler died. The catch-up lands
+        ``afl`` without Airflow, so the oracle alone cannot tell an Airflow that stopped driving cycles from
+        one that drove them."""
         import psycopg
 
         with psycopg.connect(self.dsn) as conn:
             ends = [e for (e,) in conn.execute("SELECT end_date FROM dag_run WHERE dag_id = %s AND state = 'success' "
                                                 "ORDER BY end_date", (self.DAG_ID,))]
+            longest_try = conn.execute(
+                "SELECT max(extract(epoch FROM end_date - start_date)) FROM (SELECT start_date, end_date FROM "
+                "task_instance WHERE dag_id = %s UNION ALL SELECT start_date, end_date FROM task_instance_history "
+                "WHERE dag_id = %s) t", (self.DAG_ID, self.DAG_ID)).fetchone()[0]
             runs = dict(conn.execute("SELECT state, count(*) FROM dag_run WHERE dag_id = %s GROUP BY state",
                                      (self.DAG_ID,)).fetchall())
             failed = conn.execute("SELECT count(*) FROM task_instance_history WHERE dag_id = %s AND state = 'failed'",
                                   (self.DAG_ID,)).fetchone()[0]
             retried = conn.execute("SELECT count(*) FROM task_instance WHERE dag_id = %s AND try_number > 1 "
                                    "AND state = 'success'", (self.DAG_ID,)).fetchone()[0]
-        stall = stall_from = None
-        if self.unpaused_at is not None and self.faults_done_at is not None:
-            marks = [self.unpaused_at, *(e for e in ends if self.unpaused_at < e < self.faults_done_at),
-                     self.faults_done_at]
-            gap, stall_from = max(((b - a).total_seconds(), a) for a, b in zip(marks, marks[1:]))
-            stall, stall_from = round(gap), stall_from.strftime("%H:%M:%S")
+        start = self.warm_at or self.unpaused_at
+        stall = stall_from = idle = idle_from = None
+        if start is not None and self.faults_done_at is not None:
+            stall, stall_from = _longest_gap(start, self.faults_done_at, ends)
+            idle, idle_from = _longest_gap(start, self.faults_done_at, [*ends, *self.alive_at])
         return {"runs": runs, "failed_tries": failed, "retried_to_success": retried, "revived": self.revived,
                 "longest_stall_s": stall, "longest_stall_from": stall_from,
+                "longest_idle_s": idle, "longest_idle_from": idle_from,
+                "longest_try_s": None if longest_try is None else round(float(longest_try)),
                 "failed_try_causes": dict(self.failure_causes().most_common())}
 
     def failure_causes(self) -> collections.Counter:
@@ -885,6 +918,14 @@ class AirflowSide:
             elif not ended and log.stat().st_size and time.time() - log.stat().st_mtime > 60:
                 causes["no error logged"] += 1
         return causes
+
+
+def _longest_gap(start: datetime.datetime, end: datetime.datetime, marks) -> tuple[int, str]:
+    """The longest stretch between ``start``, the ``marks`` between it and ``end``, and ``end``: its length in
+    seconds and when it began."""
+    points = [start, *sorted(m for m in marks if start < m < end), end]
+    gap, began = max(((b - a).total_seconds(), a) for a, b in zip(points, points[1:]))
+    return round(gap), began.strftime("%H:%M:%S")
 
 
 class _Delayed:
@@ -1093,15 +1134,21 @@ class Result:
                f"wrong timestamps {sum(v.wrong_ts.values())}",
                f"produced: {dict(self.produced)}; {json.dumps(self.extra)}"]
         out += [f"  discrepancy: {e}" for e in v.examples]
+        af = self.extra.get("airflow", {})
+        if af:
+            out.append(f"airflow: longest stall {af.get('longest_stall_s')} s (no run of ingest__{AIRFLOW_SOURCE} "
+                       f"succeeded, from {af.get('longest_stall_from')}), longest idle {af.get('longest_idle_s')} s "
+                       f"(no try running either, from {af.get('longest_idle_from')}), longest try "
+                       f"{af.get('longest_try_s')} s")
         if self.airflow_stalled:
-            out.append(f"  airflow stalled: no run of ingest__{AIRFLOW_SOURCE} succeeded for "
-                       f"{self.extra['airflow']['longest_stall_s']} s (more than {AIRFLOW_STALL_S} s)")
+            out.append(f"  airflow stalled: ingest__{AIRFLOW_SOURCE} had no try running and no run succeeding for "
+                       f"{af['longest_idle_s']} s (more than {AIRFLOW_STALL_S} s)")
         return out
 
     @property
     def airflow_stalled(self) -> bool:
-        stall = self.extra.get("airflow", {}).get("longest_stall_s")
-        return stall is not None and stall > AIRFLOW_STALL_S
+        idle = self.extra.get("airflow", {}).get("longest_idle_s")
+        return idle is not None and idle > AIRFLOW_STALL_S
 
     @property
     def ok(self) -> bool:
@@ -1155,6 +1202,7 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
         def airflow_ticker() -> None:
             while not stop_ticks.is_set():
                 try:
+                    airflow.sample()
                     airflow.tick()
                 except Exception as e:  # noqa: BLE001 - try again at the next tick
                     echo(f"airflow: {e}")
@@ -1174,11 +1222,12 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
         tickers += [ticks, airflow_ticks]
         for t in tickers:
             t.start()
-        time.sleep(10)  # let the first cycles register the sources
+        warm_s = _warm_up(cycles, airflow, echo)
+        t_faults = time.monotonic()
         total, attempts = 0, 0
         kind_list = list(kinds)
         first = rng.sample(kind_list, len(kind_list))  # every kind once first, in an order the seed picks
-        while total < faults and time.monotonic() - t0 < max_seconds and attempts < faults * 20:
+        while total < faults and time.monotonic() - t_faults < max_seconds and attempts < faults * 20:
             attempts += 1
             time.sleep(rng.uniform(*gap))
             kind = first.pop(0) if first else rng.choices(kind_list, [WEIGHTS[k] for k in kind_list])[0]
@@ -1261,7 +1310,7 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
             check_upsert(verdict, conn, blob, svc.kafka.bootstrap, "ups")
             check_sink(verdict, conn, blob, svc.kafka.bootstrap, config, "out")
             pg_report = check_postgres(verdict, conn, blob, observer)
-        extra = {"launches": {d.name: d.launches for d in drivers},
+        extra = {"warm_up_s": round(warm_s), "launches": {d.name: d.launches for d in drivers},
                  "exits": {d.name: {str(k): v for k, v in d.exits.items()} for d in drivers},
                  "watchdog_kills": sum(d.watchdog_kills for d in drivers), "airflow": airflow_report,
                  "harness_errors": harness_errors,
@@ -1290,6 +1339,33 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
         stop_services(svc)
         if not keep:
             shutil.rmtree(root, ignore_errors=True)
+
+
+def _warm_up(cycles: dict[str, Driver], airflow: AirflowSide, echo: Callable[[str], None]) -> float:
+    """Wait until every runner has finished a cycle and a run of ``ingest__afl`` succeeded (at most
+    :data:`WARMUP_S`), so the faults meet a system that ran; mark the start of Airflow's stall window. Returns
+    the seconds it took."""
+    t0 = time.monotonic()
+
+    def cycled(d: Driver) -> bool:
+        return any(line.startswith("{") for log in d.logdir.glob(f"{d.name}-*.log")
+                   for line in log.read_text(errors="replace").splitlines())
+
+    waiting = set(cycles)
+    afl = False
+    while time.monotonic() - t0 < WARMUP_S and (waiting or not afl):
+        time.sleep(2)
+        waiting = {s for s in waiting if not cycled(cycles[s])}
+        if not afl:
+            try:
+                afl = airflow.succeeded()
+            except Exception:  # noqa: BLE001 - the metadata database was busy: ask again
+                pass
+    took = time.monotonic() - t0
+    left = [*sorted(waiting), *([] if afl else [AirflowSide.DAG_ID])]
+    echo(f"warm in {took:.0f}s" + (f" (still no cycle of {', '.join(left)}: faults start anyway)" if left else ""))
+    airflow.warm_at = datetime.datetime.now(datetime.timezone.utc)
+    return took
 
 
 def _catch_up(py: str, source: str, env: dict[str, str], echo: Callable[[str], None]) -> bool:
@@ -1343,7 +1419,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate", type=float, default=20.0, help="records/s per producer")
     ap.add_argument("--gap", type=float, nargs=2, default=(2.0, 7.0), metavar=("MIN", "MAX"),
                     help="seconds between faults (uniform)")
-    ap.add_argument("--max-seconds", type=float, default=3600.0, help="stop injecting after this long")
+    ap.add_argument("--max-seconds", type=float, default=3600.0,
+                    help="stop injecting this long after the faults began (after the warm-up)")
     ap.add_argument("--keep", action="store_true", help="keep the state folder (logs) afterwards")
     ap.add_argument("--blob-bound", action="store_true", help="the blob-bound figure instead (1,000 cycles)")
     ap.add_argument("--cycles", type=int, default=1000, help="--blob-bound: cycles")
