@@ -121,6 +121,7 @@ machine's speed (a Spark Connect server killed mid-try comes back with cold exec
 machine its first jobs take minutes). Until issue 37 a run's write grew with every failed try and, under a
 fault every ~45 s, no try finished for 52-56 minutes; a run now writes for about one interval
 (``cycle.mint_and_write``)."""
+FIRST_TRIES = 3  # how often a kind that missed (its process never got there) is tried before the others go on
 WARMUP_S = 600.0
 """The faults start once every source has finished a cycle and a run of ``ingest__afl`` succeeded (cold Spark
 executors on a loaded machine take minutes over the first jobs), or after this long."""
@@ -1226,24 +1227,30 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
         t_faults = time.monotonic()
         total, attempts = 0, 0
         kind_list = list(kinds)
-        first = rng.sample(kind_list, len(kind_list))  # every kind once first, in an order the seed picks
-        while total < faults and time.monotonic() - t_faults < max_seconds and attempts < faults * 20:
+        # every kind once first, in an order the seed picks, whatever max_seconds says (each try of a kind is
+        # bounded: a fail point waits 180 s for its process to get there, a kill 120 s for its target); a kind
+        # that missed comes again later, up to FIRST_TRIES times in all
+        first = rng.sample(kind_list, len(kind_list))
+        tries: collections.Counter = collections.Counter()
+        while attempts < faults * 20 and (first or (total < faults and time.monotonic() - t_faults < max_seconds)):
             attempts += 1
             time.sleep(rng.uniform(*gap))
             kind = first.pop(0) if first else rng.choices(kind_list, [WEIGHTS[k] for k in kind_list])[0]
+            tries[kind] += 1
             hit = False
             try:
                 if kind == "cycle_sigkill":
-                    hit = cycles[rng.choice(RUNNERS)].kill()
+                    victim = cycles[rng.choice(RUNNERS)]
+                    hit = _wait_for(victim.kill, 120)
                 elif kind == "airflow_task_kill":
-                    hit = airflow.kill(rng)
+                    hit = _wait_for(lambda: airflow.kill(rng), 120)  # a task runs every few seconds
                 elif kind == "cycle_failpoint":
                     d = cycles[rng.choice(RUNNERS)]
                     before = d.failpoint_exits
                     d.arm({"RECLOCK_FAILPOINTS": f"{rng.choice(CYCLE_FAILPOINTS)}=exit"})
                     hit = _wait_for(lambda: d.failpoint_exits > before, 180)
                 elif kind == "sink_sigkill":
-                    hit = sink.kill()
+                    hit = _wait_for(sink.kill, 120)
                 elif kind == "sink_failpoint":
                     before = sink.failpoint_exits
                     sink.arm({"RECLOCK_FAILPOINTS": "sink:in_transaction=exit"})
@@ -1261,7 +1268,7 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
                     kill_spark_worker(svc, rng.randrange(svc.spark.workers), rng.uniform(0, 10))
                     hit = True
                 elif kind == "scheduler_kill":
-                    hit = airflow.kill_scheduler(rng)
+                    hit = _wait_for(lambda: airflow.kill_scheduler(rng), 120)
                 elif kind in ("net_latency", "net_reset", "net_blackhole"):
                     network_fault(svc, kind, rng, echo)
                     hit = True
@@ -1273,7 +1280,7 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
                 injected[kind] += 1
                 total += 1
                 echo(f"fault {total}/{faults}: {kind}")
-            elif not injected[kind] and kind not in first:
+            elif not injected[kind] and kind not in first and tries[kind] < FIRST_TRIES:
                 first.append(kind)  # missed (its process was between runs): every kind still comes once
         echo(f"faults done: {dict(injected)}; catching up")
         airflow.faults_done_at = datetime.datetime.now(datetime.timezone.utc)

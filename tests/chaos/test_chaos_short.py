@@ -30,7 +30,7 @@ ALWAYS_HIT = tuple(k for k in FAULT_KINDS if not k.endswith("_failpoint"))
 def test_short_campaign_loses_and_duplicates_nothing():
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
     p = subprocess.Popen([sys.executable, "-m", "benchmarks.chaos", "--faults", str(FAULTS), "--seed", str(SEED),
-                          "--gap", "1", "2", "--max-seconds", "420"],
+                          "--gap", "1", "2", "--max-seconds", "300"],
                          cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         out, err = p.communicate(timeout=1650)
