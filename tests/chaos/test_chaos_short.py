@@ -49,3 +49,4 @@ def test_short_campaign_loses_and_duplicates_nothing():
     airflow = extra["airflow"]
     assert extra["postgres"]["transactions"] > 50 and re.search(r"pgs \d+", out), out  # the CDC source was checked
     assert airflow["runs"].get("success", 0) >= 1 and airflow["longest_idle_s"] is not None, (airflow, out[-3000:])
+    print("\n".join(out.splitlines()[-12:]))  # the figures (pytest -s shows them)
