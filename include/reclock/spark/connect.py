@@ -94,14 +94,14 @@ def connection(url: str):
 
 def remote_session(url: str):
     """A Spark Connect session to ``url`` (see :func:`connection`)."""
-    from pyspark.sql import SparkSession
-
-    target = connection(url)
-    if isinstance(target, str):
-        return SparkSession.builder.remote(target).getOrCreate()
-    # a channel builder is the Connect client's own builder's (the classic builder has no channelBuilder)
+    # the Connect client's own builder: the classic builder refuses a remote session in a process that also
+    # runs a classic one (SESSION_ALREADY_EXIST), and has no channelBuilder
     from pyspark.sql.connect.session import SparkSession as ConnectSession
 
+    target = connection(url)
+    os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"  # pyspark.sql.functions dispatch on it (as remote() sets it)
+    if isinstance(target, str):
+        return ConnectSession.builder.remote(target).getOrCreate()
     return ConnectSession.builder.channelBuilder(target).getOrCreate()
 
 
