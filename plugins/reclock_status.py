@@ -27,6 +27,7 @@ from airflow.plugins_manager import AirflowPlugin
 from reclock import status_page, status_report
 from reclock.config import load_config
 from reclock.orchestration import settings
+from reclock.orchestration.timetables import ReclockTimetable
 
 PREFIX = "/reclock"
 PROJECT = Path(__file__).resolve().parent.parent
@@ -96,6 +97,7 @@ def source_json(source: str) -> dict:
 
 class ReclockStatusPlugin(AirflowPlugin):
     name = "reclock_status"
+    timetables = [ReclockTimetable]  # every Reclock DAG's schedule (Airflow deserializes it only from a plugin)
     fastapi_apps = [{"app": app, "url_prefix": PREFIX, "name": "Reclock status"}]
     external_views = [{"name": "Reclock", "href": f"{PREFIX}/", "url_route": "reclock", "destination": "nav",
                        "category": "browse"}]

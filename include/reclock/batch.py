@@ -165,3 +165,30 @@ def split_ranges(ranges: Sequence[OffsetRange], max_records: int) -> list[list[O
     if current:
         slices.append(current)
     return slices
+
+
+def rebuild_window(rows: Sequence[tuple[int, int]], since: int, upper: int, lower_ts: int | None,
+                   upper_ts: int | None) -> BatchDescription | None:
+    """The description a rebuild of the bindings at ``lower_ts <= ts < upper_ts`` (None: unbounded) writes
+    and swaps in, given the ``(lower, upper)`` descriptions of the source's batch rows (every shard's), the
+    remap collection's ``since`` and the shards' ``upper``; None when the window holds no time below the upper.
+
+    Laws: the result covers ``[lower_ts, upper_ts)`` clipped to ``[0, upper)`` and lies inside ``[0, upper)``;
+    every row lies inside it or outside it (a row's updates are replaced whole or not at all); if it reaches
+    down to ``since`` or below it starts at 0 and ends above ``since`` (the bindings at or below ``since`` are
+    collapsed into one at ``since``, which covers every offset from the first: their updates are re-derived
+    together, all at ``since``).
+    """
+    lo = 0 if lower_ts is None else max(0, lower_ts)
+    hi = upper if upper_ts is None else min(upper, upper_ts)
+    if lo >= hi:
+        return None
+    while True:
+        if lo <= since:
+            lo, hi = 0, min(upper, max(hi, since + 1))
+        meeting = [(a, b) for a, b in rows if a < hi and b > lo]
+        new_lo = min([lo, *(a for a, _ in meeting)])
+        new_hi = max([hi, *(b for _, b in meeting)])
+        if (new_lo, new_hi) == (lo, hi):
+            return BatchDescription(lo, hi)
+        lo, hi = new_lo, new_hi

@@ -95,11 +95,27 @@ def smoke() -> None:
 
 @dev.command()
 def env() -> None:
-    """Print the stack's settings as shell exports: `eval "$(reclock dev env)"`, then `reclock read ...`."""
+    """Print the stack's settings as shell exports: `eval "$(reclock dev env)"`, then `reclock read ...` or
+    `airflow dags list` (the Airflow settings and every connection of the stack are exported too)."""
     import shlex
 
-    for key, value in _stack().settings().items():
+    exports, undefined = _stack().shell_env()
+    for key, value in exports.items():
         click.echo(f"export {key}={shlex.quote(value)}")
+    for cid in undefined:
+        click.echo(f"reclock dev env: the config names connection {cid}, which the dev stack does not define; "
+                   f"export AIRFLOW_CONN_{cid.upper()} yourself", err=True)
+
+
+@dev.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True,
+                               "help_option_names": []})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def airflow(args: tuple[str, ...]) -> None:
+    """Run any `airflow` command against the stack: its metadata database, settings and connections
+    (e.g. `reclock dev airflow backfill create --dag-id rebuild__orders --from-date ... --to-date ...`)."""
+    if not _stack().airflow.home.is_dir():
+        raise click.ClickException("the stack has no Airflow yet: run `reclock dev up` first")
+    _stack().airflow.exec(list(args))
 
 
 @main.command()
@@ -275,20 +291,31 @@ def resnapshot(source: str, **settings: str | None) -> None:
 
 @main.command()
 @click.argument("source")
+@click.option("--from", "from_", metavar="TIME", help="Rebuild only the bindings at or after TIME (ISO 8601, e.g. "
+              "2026-01-02T03:04:05Z, or ms since the epoch); widened to whole batches.")
+@click.option("--to", "to", metavar="TIME", help="... and before TIME.")
 @_cycle_settings
-def rebuild(source: str, **settings: str | None) -> None:
-    """Rebuild SOURCE's shards from its recorded bindings and swap them in (same updates, same timestamps)."""
+def rebuild(source: str, from_: str | None, to: str | None, **settings: str | None) -> None:
+    """Re-derive SOURCE's updates from upstream (today's decode, the recorded bindings: same offsets, same
+    timestamps) and swap them in while cycles go on; --from/--to: only that window."""
     from reclock.cycle import rebuild as run_rebuild
+    from reclock.orchestration.runs import parse_time_ms
 
+    window = tuple(parse_time_ms(f"source {source}", opt, int(v) if v and v.isdigit() else v)
+                   for opt, v in (("--from", from_), ("--to", to)))
     ctx = _cycle_context(source, **settings)
     with click.progressbar(length=1, label=f"rebuilding {source}", show_pos=True) as bar:
         def on_slice(done: int, total: int) -> None:
             bar.length = total
             bar.update(done - bar.pos)
 
-        out = run_rebuild(ctx, on_slice=on_slice)
-    click.echo(f"rebuilt {', '.join(ctx.spec.shards)} up to {out['upper']}: {out['parts']} parts, "
-               f"records {out.get('records')}")
+        out = run_rebuild(ctx, on_slice=on_slice, window=window)
+    if out["window"] is None:
+        click.echo(f"{source}: nothing to rebuild (the window holds no time below the upper {out['upper']})")
+        return
+    lo, hi = out["window"]
+    click.echo(f"rebuilt {', '.join(ctx.spec.shards)} over [{lo}, {hi}) (upper {out['upper']}): {out['parts']} "
+               f"parts, records {out.get('records')}")
 
 
 def _echo_status(status) -> None:
@@ -434,10 +461,27 @@ def _print_login(stack) -> None:
 
 
 def run() -> None:
+    """The command's entry point: a failure prints ``error: <one line>`` and exits 1, never a traceback (the
+    short trace with ``RECLOCK_DEBUG=1``; the whole one with ``RECLOCK_DEBUG=full``)."""
+    import os
+
     try:
         main(standalone_mode=True)
     except ReclockError as e:
         click.echo(f"error: {e}", err=True)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        click.echo("error: interrupted", err=True)
+        sys.exit(130)
+    except Exception as e:  # noqa: BLE001 - the last resort: one line, not a traceback
+        from reclock.explain import summary
+
+        debug = os.environ.get("RECLOCK_DEBUG", "")
+        if debug == "full":
+            raise
+        s = summary(e)
+        click.echo(f"error: {s.message}", err=True)
+        click.echo(s.trace if debug else "(RECLOCK_DEBUG=1 prints where it happened)", err=True)
         sys.exit(1)
 
 

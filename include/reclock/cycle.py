@@ -46,9 +46,12 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
 from reclock import cdc, remap
-from reclock.batch import BatchDescription, Part, SliceWritten, mint_descriptions, ranges_for, split_ranges
+from reclock.batch import (BatchDescription, Part, SliceWritten, mint_descriptions, ranges_for, rebuild_window,
+                           split_ranges)
 from reclock.config import SourceSpec, parse_pg_table, pg_table_shard
-from reclock.errors import ConfigError, DecodeError, RemapUpperMismatch, ShardsDisagree, UpperMismatch
+from reclock.errors import (ConfigError, DecodeError, RebuildConflict, RemapUpperMismatch, ShardsDisagree,
+                            UpperMismatch)
+from reclock.explain import summary
 from reclock.failpoints import failpoint
 from reclock.lending import ConnectionLender
 from reclock.part_layout import DATA_KIND, DATA_OUTPUT, ERRORS_KIND, ERRORS_OUTPUT, INTERNAL_PREFIX
@@ -57,8 +60,9 @@ from reclock.persist import connect
 from reclock.persist.compact import compact_parts
 from reclock.persist.gc import claim_gc, collect_garbage, lease_write, release_write
 from reclock.persist.remap_store import append_binding, compact_remap, load_remap, register_source
-from reclock.persist.shards import (Append, advance_since, compare_and_append, drop_lapsed_holds, read_holds,
-                                    register_shard, replace_batches, shard_info)
+from reclock.persist.shards import (APPENDED, SWAPPED, Append, Swap, advance_since, batches, compare_and_append,
+                                    drop_lapsed_holds, holding_rebuild_lock, read_holds, register_shard, shard_info,
+                                    swap_batches, window_rows)
 from reclock.persist.source_tables import register_tables, registered_tables, replace_tables, snapshot_ts
 from reclock.persist.staged import collect_parts, first_rejected, read_state_changes, slice_folder
 from reclock.persist.status import prune_history, record_statistics, record_status
@@ -94,6 +98,10 @@ class CycleContext:
     # group's ``reclock.continuous.JointWriter``): (ctx, ranges, bindings, folder) -> (SliceWritten, how
     # many sources the job wrote), or None when this one must run its own job
     joint_writer: Callable[..., tuple[SliceWritten, int] | None] | None = None
+    run_id: str | None = None  # the Airflow run the steps belong to (status rows name it)
+    # what the context's appends added, per append that added updates (what an Airflow task reports as asset
+    # events: downstream work runs only when data moved, and reads exactly the new range)
+    added: list[Added] = field(default_factory=list, init=False, repr=False, compare=False)
     _upstream: KafkaUpstream | PostgresUpstream | None = field(default=None, init=False, repr=False, compare=False)
     _outputs: tuple[cdc.Output, ...] | None = field(default=None, init=False, repr=False, compare=False)
     _spark: object | None = field(default=None, init=False, repr=False, compare=False)
@@ -147,6 +155,30 @@ class CycleContext:
 
 
 @dataclass(frozen=True)
+class Added:
+    """One append that added updates to ``shard``: its description ``[lower, upper)`` and the rows (updates)
+    it added. An append that only moved the upper (nothing upstream, or nothing for this shard), or found
+    its range already present, adds none."""
+
+    shard: str
+    lower: int
+    upper: int
+    rows: int
+
+
+def merge_added(added: Sequence[Added]) -> dict[str, Added]:
+    """Per shard, the range covering every append in ``added`` (``[least lower, greatest upper)``) and their
+    rows: a reader of that range's updates reads exactly what they added (the appends between them added
+    nothing to the shard)."""
+    out: dict[str, Added] = {}
+    for a in added:
+        b = out.get(a.shard)
+        out[a.shard] = a if b is None else Added(a.shard, min(a.lower, b.lower), max(a.upper, b.upper),
+                                                 a.rows + b.rows)
+    return out
+
+
+@dataclass(frozen=True)
 class MintResult:
     binding: remap.Binding | None  # the binding this cycle minted, if upstream moved
     descriptions: tuple[BatchDescription, ...]  # what write_batches must write, in order
@@ -176,21 +208,24 @@ def _holding(ctx: CycleContext) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _step(ctx: CycleContext, step: str) -> Iterator[dict]:
-    """Record ``running`` and statistics around a step; on failure record ``stalled`` with the cause."""
+    """Record ``running`` and statistics around a step; on failure record ``stalled`` with the cause (one line,
+    and a short trace beside it: ``reclock.explain``). Status rows name the step and the Airflow run."""
     metrics: dict = {}
     t0 = time.monotonic()
     with _holding(ctx):
         try:
             yield metrics
         except Exception as e:
+            s = summary(e)
             with ctx.connect() as conn:
-                record_status(conn, ctx.spec.name, "stalled", error=f"{step}: {e}")
+                record_status(conn, ctx.spec.name, "stalled", error=f"{step}: {s.message}", step=step,
+                              run_id=ctx.run_id, trace=s.trace)
             raise
         metrics["seconds"] = round(time.monotonic() - t0, 3)
         with ctx.connect() as conn:
             with conn.transaction():
                 record_statistics(conn, ctx.spec.name, step, metrics)
-                record_status(conn, ctx.spec.name, "running")
+                record_status(conn, ctx.spec.name, "running", step=step, run_id=ctx.run_id)
 
 
 def ensure_registered(ctx: CycleContext) -> None:
@@ -529,34 +564,62 @@ def _spark_snapshot(ctx: CycleContext, sconn, snapshot: str, out: cdc.Output, pr
     return rows
 
 
-def rebuild(ctx: CycleContext, on_slice: Callable[[int, int], None] | None = None) -> dict:
-    """Rebuild the source's shards from the recorded bindings (while upstream still holds the data) and
-    swap them in atomically: the same ``(data, ts, diff)`` updates at the same timestamps (*replayable*),
-    at every time at or after the shards' since. Raises ``UpstreamDataLost`` if retention ran past them,
-    ``UnaccountedWrite`` if what Spark wrote cannot be found whole (nothing is swapped then).
+REBUILD_ATTEMPTS = 3
+"""A windowed rebuild whose swap lost to a concurrent change of its window's rows plans and writes again at
+most this many times in all."""
+
+
+def rebuild(ctx: CycleContext, on_slice: Callable[[int, int], None] | None = None,
+            window: tuple[int | None, int | None] = (None, None)) -> dict:
+    """Re-derive the updates of the bindings at ``window[0] <= ts < window[1]`` (None: unbounded; both: every
+    binding) from upstream, with today's decode, and swap them in atomically while cycles go on.
+
+    The window is widened to whole batch rows (``reclock.batch.rebuild_window``: a row's updates are replaced
+    whole; bindings at or below the remap collection's since are collapsed into one, so a window reaching
+    them starts at 0), clipped to the shards' upper, and for an upsert source taken from 0 to the upper (its
+    later updates retract values the window holds, and the state before the window is not kept). Keeps
+    *replayable*: the same offsets are bound at the same timestamps, so with an unchanged decode the same
+    ``(data, ts, diff)`` updates come back; with a fixed decode, a record that landed in ``<source>_errors``
+    comes back in the collection at its original timestamp. Appends above the window go on meanwhile
+    (``reclock.persist.shards.swap_batches``); compaction of the source's shards waits; a swap that lost to
+    another rebuild plans again (:data:`REBUILD_ATTEMPTS`). Raises ``UpstreamDataLost`` if retention ran past
+    the window's offsets, ``UnaccountedWrite`` if what Spark wrote cannot be found whole (nothing is swapped
+    then). Never mints a binding.
     """
     if ctx.spec.postgres is not None:
         raise ConfigError(f"source {ctx.spec.name}: a Postgres upstream keeps no history to replay; rebuilding "
-                          "means a fresh snapshot at a new binding (drop the source's shards and remap "
-                          "collection and let the next cycle snapshot it), never timestamps in the past")
-    with _step(ctx, "rebuild") as m:
-        with ctx.connect() as conn:
-            rc = load_remap(conn, ctx.spec.name)
-            uppers = {s: shard_info(conn, s).upper for s in ctx.spec.shards}
-        upper = min(uppers.values())
-        if len(set(uppers.values())) != 1:
-            raise ShardsDisagree(ctx.spec.name, uppers)
-        if upper == 0:
-            return {"upper": 0, "parts": 0}
-        written = _write(ctx, rc, BatchDescription(0, upper), m, on_slice, rebuilding=True)
-        with ctx.connect() as conn:
-            try:
-                replace_batches(conn, [Append(s, written.desc, written.parts.get(s, ())) for s in ctx.spec.shards])
-            finally:
-                if written.prefix is not None:
-                    release_write(conn, written.prefix)
-        return {"upper": upper, "parts": sum(len(p) for p in written.parts.values()),
-                "records": m.get("records")}
+                          "means a fresh snapshot at a new binding (`reclock resnapshot`), never timestamps in "
+                          "the past")
+    name, shards = ctx.spec.name, ctx.spec.shards
+    with _step(ctx, "rebuild") as m, holding_rebuild_lock(ctx.dsn, name):
+        for attempt in range(1, REBUILD_ATTEMPTS + 1):
+            with ctx.connect() as conn:
+                rc = load_remap(conn, name)
+                uppers = {s: shard_info(conn, s).upper for s in shards}
+                if len(set(uppers.values())) != 1:
+                    raise ShardsDisagree(name, uppers)
+                upper = min(uppers.values())
+                rows = [(b.lower, b.upper) for s in shards for b in batches(conn, s)]
+                lo, hi = (None, None) if ctx.spec.envelope == "upsert" else window
+                desc = rebuild_window(rows, rc.since, upper, lo, hi)
+                if desc is None:
+                    m.update(window=list(window), upper=upper, parts=0)
+                    return {"upper": upper, "lower": None, "parts": 0, "records": {}, "window": None}
+                old = {s: window_rows(conn, s, desc.lower, desc.upper) for s in shards}
+            written = _write(ctx, rc, desc, m, on_slice, rebuilding=True)
+            with ctx.connect() as conn:
+                try:
+                    outcome = swap_batches(conn, [Swap(s, old[s], desc, written.parts.get(s, ())) for s in shards])
+                finally:
+                    if written.prefix is not None:
+                        release_write(conn, written.prefix)
+            if outcome == SWAPPED:
+                records = {s: sum(p.rows for p in written.parts.get(s, ())) for s in shards}
+                m.update(window=list(window), rebuilt=[desc.lower, desc.upper], upper=upper, attempts=attempt,
+                         replaced={s: len(old[s]) for s in shards})
+                return {"upper": upper, "lower": desc.lower, "window": [desc.lower, desc.upper],
+                        "parts": sum(len(p) for p in written.parts.values()), "records": records}
+        raise RebuildConflict(name, desc.lower, desc.upper, REBUILD_ATTEMPTS)
 
 
 def append(ctx: CycleContext, written: WrittenBatch) -> list:
@@ -583,6 +646,10 @@ def append(ctx: CycleContext, written: WrittenBatch) -> list:
                 _release(conn, written)  # our parts became garbage
                 raise
             _release(conn, written)  # appended, or already present (our parts are garbage)
+        for o in outcomes:
+            rows = sum(p.rows for p in written.parts.get(o.shard, ()))
+            if o.status == APPENDED and rows:
+                ctx.added.append(Added(o.shard, written.desc.lower, written.desc.upper, rows))
         m.update(lower=written.desc.lower, upper=written.desc.upper,
                  outcomes=[str(o) for o in outcomes],
                  committed={s: sum(p.rows for p in written.parts.get(s, ())) for s in ctx.shards()})

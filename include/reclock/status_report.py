@@ -30,7 +30,7 @@ from reclock.config import Config
 from reclock.part_layout import ERRORS_KIND
 from reclock.persist import connect
 from reclock.persist.shards import ReadHold
-from reclock.persist.status import Status
+from reclock.persist.status import COLUMNS as STATUS_COLUMNS, Status
 from reclock.read import read_updates
 from reclock.sources.kafka import KafkaUpstream
 
@@ -414,11 +414,12 @@ def source_detail(conn, name: str, config: Config | None = None, lag: LagProbe =
         'SELECT b.ts, o.partition, o."offset" FROM (SELECT ts FROM reclock.remap_bindings WHERE source = %s '
         "ORDER BY ts DESC LIMIT %s) b JOIN reclock.remap_offsets o ON o.source = %s AND o.ts = b.ts "
         "ORDER BY b.ts DESC, o.partition", (name, bindings, name)).fetchall()
-    hist = conn.execute("SELECT status, error, at FROM reclock.status_history WHERE name = %s "
+    hist = conn.execute(f"SELECT {STATUS_COLUMNS} FROM reclock.status_history WHERE name = %s "
                         "ORDER BY id DESC LIMIT %s", (name, history)).fetchall()
     stats = _recent_statistics(conn, [name], SERIES_ROWS)[name]
     return SourceDetail(ov.sources[0], tuple(BindingRow(*r) for r in rows),
-                        tuple(Status(name, st, redact(err), at) for st, err, at in hist),
+                        tuple(Status(name, st, redact(err), at, step, run, redact(trace))
+                              for st, err, at, step, run, trace in hist),
                         tuple(series_of(cycles_from_statistics(stats))))
 
 

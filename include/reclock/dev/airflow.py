@@ -51,13 +51,19 @@ class LocalAirflow:
         return str(Path(sys.executable).parent / "airflow")
 
     def env(self) -> dict[str, str]:
+        """This process's environment with :meth:`settings` over it: what every ``airflow`` call runs with."""
+        return {**os.environ, **self.settings()}
+
+    def settings(self) -> dict[str, str]:
+        """The stack's Airflow settings (``AIRFLOW_HOME``, the metadata database, the folders, keys, ports) and
+        :attr:`extra_env`: what an ``airflow`` command needs to act on this stack (``reclock dev airflow``,
+        ``reclock dev env``)."""
         fernet = base64.urlsafe_b64encode(self.state.secret("airflow_fernet", 24).encode()[:32].ljust(32, b"0"))
         passwords = self.home / "simple_auth_manager_passwords.json"
         if not passwords.exists():
             passwords.write_text(json.dumps({ADMIN_USER: self.admin_password}))
             passwords.chmod(0o600)
         env = {
-            **os.environ,
             "AIRFLOW_HOME": str(self.home),
             "AIRFLOW__CORE__DAGS_FOLDER": str(REPO_ROOT / "dags"),
             "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO_ROOT / "plugins"),
@@ -89,6 +95,10 @@ class LocalAirflow:
         }
         env.update(self.extra_env or {})
         return env
+
+    def exec(self, args: list[str]) -> None:
+        """Replace this process by ``airflow ARGS`` run against the stack (its exit code is the command's)."""
+        os.execve(self._bin(), [self._bin(), *args], self.env())
 
     def airflow(self, *args: str, timeout: float = 300) -> str:
         """Run one ``airflow`` CLI command with the stack's environment."""

@@ -9,6 +9,7 @@ settings no connection carries in its processes' environment: ``RECLOCK_CONFIG``
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -62,6 +63,20 @@ class Stack:
         return {"RECLOCK_CONFIG": str(self.config_file), "RECLOCK_DSN": self.postgres.dsn(),
                 "RECLOCK_BLOB_URL": self.blob_url, "RECLOCK_BOOTSTRAP": self.kafka.bootstrap,
                 "RECLOCK_SPARK_REMOTE": self.spark.url, "RECLOCK_SPARK_JARS": self.spark_jars()}
+
+    def shell_env(self) -> tuple[dict[str, str], list[str]]:
+        """What ``reclock dev env`` exports: :meth:`settings`, the Airflow settings an ``airflow`` command
+        needs to act on this stack, and ``AIRFLOW_CONN_<ID>`` for every connection the stack defines (all
+        those the demo config names), so a ``reclock`` command finds a source's ``connection:`` as a task
+        does. Also the connections the stack's config names but the stack does not define (to warn of)."""
+        from reclock.config import load_config
+
+        conns = self.connections()
+        env = {**self.settings(), **self.airflow.settings()}
+        env.update({f"AIRFLOW_CONN_{cid.upper()}": json.dumps({k: v for k, v in c.items() if k != "description"})
+                    for cid, c in sorted(conns.items())})
+        named = load_config(self.config_file).connections() if self.config_file.is_file() else set()
+        return env, sorted(named - set(conns))
 
     def connections(self) -> dict[str, dict]:
         """Airflow connections for the stack's services (the credentials come from ``stack.json``)."""

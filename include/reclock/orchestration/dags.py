@@ -9,6 +9,7 @@ from typing import Any
 from reclock.config import config_path, groups, load_config
 from reclock.orchestration.ingest import build_group_dag, build_ingest_dag
 from reclock.orchestration.rebuild import build_rebuild_dag
+from reclock.orchestration.settings import check_connections
 from reclock.orchestration.sinks import build_sink_dag
 
 
@@ -17,6 +18,7 @@ def build_all(project: Path) -> dict[str, Any]:
     ``$RECLOCK_CONFIG``, else its ``include/reclock.yaml``; rebuild jobs are in its ``spark_jobs/``."""
     path = config_path(default=Path(project) / "include" / "reclock.yaml").resolve()
     cfg = load_config(path)
+    check_connections(cfg)  # a wrong connection name is the DAG file's import error, not a task failure later
     dags = {spec.ingest_dag: build_ingest_dag(spec) for spec in cfg.sources.values() if not spec.group}
     dags.update({f"ingest_group__{g}": build_group_dag(g, members) for g, members in groups(cfg.sources).items()})
     # a Postgres upstream keeps no history to replay: its rebuild is a fresh snapshot, not a DAG of its own

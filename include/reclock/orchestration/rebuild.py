@@ -1,5 +1,13 @@
-"""``rebuild__<source>``: triggered by hand; rebuilds the source's shards from the recorded bindings (same
-updates, same timestamps) and swaps them in (``reclock.cycle.rebuild``).
+"""``rebuild__<source>``: re-derives the updates of the source's bindings from upstream with today's decode
+and swaps them in while cycles go on (``reclock.cycle.rebuild``: same offsets, same timestamps).
+
+- ``airflow backfill create --dag-id rebuild__<source> --from-date A --to-date B``: one run (whatever the
+  backfill's ``max_active_runs``, ``reclock.orchestration.timetables``) that rebuilds the bindings at
+  ``A <= ts < B``, widened to whole batches. Records that landed in ``<source>_errors`` under a decode bug,
+  now fixed, come back in the collection at their original timestamps.
+- a manual run: the window its params ``window_start`` / ``window_end`` give, else every binding.
+
+Never a binding minted, never an asset event (nothing is appended, no upper moves).
 
 The source's ``rebuild:`` option says where the work runs:
 
@@ -20,16 +28,20 @@ import os
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any, Mapping
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
 from reclock import cycle
 from reclock.config import SourceSpec
 from reclock.errors import ConfigError
-from reclock.orchestration.assets import shard_assets
 from reclock.orchestration.connections import DEFAULT_SPARK_SUBMIT
+from reclock.orchestration.runs import PARAMS, RunInfo, check_conf, current_run, parse_time_ms, rebuild_params
 from reclock.orchestration.settings import cycle_context, find_blob_url, find_bootstrap, find_dsn
+from reclock.orchestration.timetables import ReclockTimetable
 from reclock.spark.session import spark_jars
+
+log = logging.getLogger("reclock.rebuild")
 
 JOB = "rebuild.py"
 """The job's file in the project's ``spark_jobs/`` folder."""
@@ -47,6 +59,30 @@ def job_environment(spec: SourceSpec, config_file: Path) -> dict[str, str]:
     }
 
 
+def run_window(spec: SourceSpec, run: RunInfo) -> tuple[int | None, int | None]:
+    """The window a run rebuilds: a backfill's data interval, else its params (None: unbounded)."""
+    what = f"source {spec.name}"
+    check_conf(what, run.conf, PARAMS["rebuild"])
+    if run.backfill and run.data_interval is not None:
+        return run.data_interval
+    lo = parse_time_ms(what, "window_start", run.values.get("window_start"))
+    hi = parse_time_ms(what, "window_end", run.values.get("window_end"))
+    if lo is not None and hi is not None and lo >= hi:
+        raise ConfigError(f"{what}: window_start must be before window_end")
+    return lo, hi
+
+
+def window_args(window: tuple[int | None, int | None]) -> list[str]:
+    """``spark_jobs/rebuild.py``'s arguments after the source for ``window`` (a time range is no secret)."""
+    return [opt for flag, v in zip(("--from-ms", "--to-ms"), window) if v is not None for opt in (flag, str(v))]
+
+
+def _result(out: Mapping[str, Any]) -> dict:
+    log.info("rebuilt %s", "nothing: the window holds no time below the upper" if out.get("window") is None
+             else f"[{out['window'][0]}, {out['window'][1]}): {out['parts']} parts, records {out['records']}")
+    return dict(out)
+
+
 class RebuildSubmitOperator(SparkSubmitOperator):
     """``spark_jobs/rebuild.py <source>`` through spark-submit, its settings in the environment (module doc)."""
 
@@ -57,6 +93,7 @@ class RebuildSubmitOperator(SparkSubmitOperator):
         self.config_file = Path(config_file)
 
     def execute(self, context) -> None:
+        self.application_args = [self.spec.name, *window_args(run_window(self.spec, current_run()))]
         self.env_vars = {**(self.env_vars or {}), **job_environment(self.spec, self.config_file)}
         self.jars = self.jars or spark_jars()
         return super().execute(context)
@@ -70,26 +107,26 @@ def build_rebuild_dag(spec: SourceSpec, config_file: Path, spark_jobs: Path):
     with DAG(
         dag_id=f"rebuild__{spec.name}",
         description=f"Rebuild {spec.name}'s shards from its bindings (same updates, same timestamps)",
-        schedule=None,
+        schedule=ReclockTimetable(),
         start_date=datetime(2024, 1, 1, tzinfo=timezone.utc),
         catchup=False,
         max_active_runs=1,
         tags=["reclock", "rebuild"],
+        params=rebuild_params(),
     ) as dag:
         if spec.rebuild == "spark_submit":
             job = Path(spark_jobs) / JOB
             if not job.is_file():
                 raise ConfigError(f"source {spec.name}: rebuild: spark_submit runs {job}, which does not exist "
                                   "(spark_jobs/ belongs beside the DAGs folder)")
-            RebuildSubmitOperator(task_id="rebuild", spec=spec, config_file=config_file, application=job,
-                                  outlets=shard_assets(spec.shards))
+            RebuildSubmitOperator(task_id="rebuild", spec=spec, config_file=config_file, application=job)
         else:
 
-            @task(task_id="rebuild", outlets=shard_assets(spec.shards))
+            @task(task_id="rebuild")
             def rebuild_task() -> dict:
-                log = logging.getLogger("reclock.rebuild")
-                return cycle.rebuild(cycle_context(spec),
-                                     on_slice=lambda d, t: log.info("slice %d of %d written", d, t))
+                run = current_run()
+                return _result(cycle.rebuild(cycle_context(spec, run_id=run.run_id), window=run_window(spec, run),
+                                             on_slice=lambda d, t: log.info("slice %d of %d written", d, t)))
 
             rebuild_task()
     return dag

@@ -101,15 +101,53 @@ def find_s3_settings() -> objectstore.S3Settings:
 
 def find_bootstrap(kafka: KafkaSpec, what: str, given: str | None = None) -> str:
     """``what``'s (a source's or a sink's) brokers: ``given``, else ``RECLOCK_BOOTSTRAP``, else its
-    ``bootstrap:``, else its Airflow connection."""
-    found = given or os.environ.get("RECLOCK_BOOTSTRAP") or kafka.bootstrap
+    ``bootstrap:``, else its Airflow connection. A connection the config names is never silently passed
+    over: when ``RECLOCK_BOOTSTRAP`` gives the brokers instead, the named connection must still be defined."""
+    if given:
+        return given
+    found = os.environ.get("RECLOCK_BOOTSTRAP") or kafka.bootstrap
     if found:
+        if kafka.connection_named:
+            _from_connection(lambda: connections.kafka_bootstrap(kafka.connection), _undefined(
+                what, "kafka.connection", kafka.connection, " (RECLOCK_BOOTSTRAP gives the brokers, but a connection "
+                "the config names is not passed over: define it, or drop `connection:` from the config)"))
         return found
     return _from_connection(
         lambda: connections.kafka_bootstrap(kafka.connection),
         f"{what}: no Kafka brokers: set RECLOCK_BOOTSTRAP (host:port,...; reclock commands: --bootstrap), or "
         f"give it `bootstrap:` in the config, or define the Airflow connection {kafka.connection} "
         f"(e.g. AIRFLOW_CONN_{kafka.connection.upper()})")
+
+
+def _undefined(what: str, key: str, conn_id: str, why: str = "") -> str:
+    return (f"{what}: its `{key}: {conn_id}` names an Airflow connection that is not defined (neither in Airflow's "
+            f"connections nor as AIRFLOW_CONN_{conn_id.upper()}){why}")
+
+
+def check_connections(cfg) -> None:
+    """Every Airflow connection the config's sources and sinks reach their upstreams and targets through is
+    defined (what the DAG file checks when it loads, so a wrong name is an import error naming the source or
+    sink and the key, not a task failure later); ``ConfigError`` listing every one that is not."""
+    missing = []
+    for what, kafka in [*((f"source {n}", s.kafka) for n, s in cfg.sources.items() if s.kafka is not None),
+                        *((f"sink {n}", k.kafka) for n, k in cfg.sinks.items() if isinstance(k, SinkSpec))]:
+        used = kafka.bootstrap is None and (kafka.connection_named or not os.environ.get("RECLOCK_BOOTSTRAP"))
+        if used and not _defined(lambda: connections.kafka_bootstrap(kafka.connection)):
+            missing.append(_undefined(what, "kafka.connection", kafka.connection))
+    for n, s in cfg.sources.items():
+        pg = s.postgres
+        if pg is not None and pg.connection and not _defined(lambda: connections.postgres_dsn(pg.connection)):
+            missing.append(_undefined(f"source {n}", "postgres.connection", pg.connection))
+    if missing:
+        raise ConfigError("; ".join(missing))
+
+
+def _defined(lookup: Callable[[], Any]) -> bool:
+    try:
+        lookup()
+    except _not_found():
+        return False
+    return True
 
 
 def find_upstream_dsn(pg: PostgresSpec, what: str) -> str:
@@ -182,23 +220,19 @@ def find_spark(master: str | None = None, remote: str | None = None) -> SparkTar
 
 
 def with_run_conf(spec: SourceSpec, conf: dict[str, Any] | None) -> SourceSpec:
-    """``spec`` with the budget a run's conf overrides (``max_records``); any other key is refused."""
+    """``spec`` with the budget a run's conf overrides (``max_records``, a positive integer); any other key is
+    refused (``ConfigError`` naming it)."""
+    from reclock.orchestration.runs import check_conf, positive_int
+
     conf = conf or {}
-    unknown = sorted(set(conf) - {"max_records"})
-    if unknown:
-        raise ConfigError(f"source {spec.name}: run conf keys {', '.join(unknown)} are not known (a run's conf "
-                          'may set only max_records, e.g. {"max_records": 1000})')
-    if "max_records" not in conf:
-        return spec
-    mr = int(conf["max_records"])
-    if mr <= 0:
-        raise ConfigError(f"source {spec.name}: run conf max_records must be positive, got {mr}")
-    return replace(spec, budget=BudgetSpec(max_records=mr))
+    check_conf(f"source {spec.name}", conf, ("max_records",))
+    mr = positive_int(f"source {spec.name}", "max_records", conf.get("max_records"))
+    return spec if mr is None else replace(spec, budget=BudgetSpec(max_records=mr))
 
 
 def cycle_context(spec: SourceSpec, conf: dict[str, Any] | None = None, *, dsn: str | None = None,
                   blob_url: str | None = None, bootstrap: str | None = None,
-                  spark: SparkTarget | None = None) -> CycleContext:
+                  spark: SparkTarget | None = None, run_id: str | None = None) -> CycleContext:
     """A cycle's context for ``spec`` from the settings (arguments first). Spark is found when a step first
     needs it, unless ``spark`` is given. Run conf may override the budget: ``{"max_records": 1000}``."""
     spec = with_run_conf(spec, conf)
@@ -214,6 +248,7 @@ def cycle_context(spec: SourceSpec, conf: dict[str, Any] | None = None, *, dsn: 
         gc_grace_s=_seconds("RECLOCK_GC_GRACE_S", 3600.0),
         gc_interval_s=_seconds("RECLOCK_GC_INTERVAL_S", 300.0),
         stats_keep_s=_seconds("RECLOCK_STATS_RETAIN_S", 7 * 86400.0),
+        run_id=run_id,
     )
 
 
