@@ -33,7 +33,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("source")
     parser.add_argument("--from-ms", type=int, default=None, help="rebuild the bindings at ts >= this")
     parser.add_argument("--to-ms", type=int, default=None, help="... and ts < this")
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # a usage error: argparse printed it
+        return int(e.code or 0)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     log = logging.getLogger("reclock.rebuild")
     try:

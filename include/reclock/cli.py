@@ -235,16 +235,20 @@ def status_command(source: str | None, as_json: bool, probe_timeout: float, conf
     from reclock import status_report as sr
     from reclock.config import load_config
 
+    from reclock.orchestration import airflow_state
+
     s = _settings()
     cfg = load_config(config)
     blob = s.find_blob_store(blob_url) if blob_url or os.environ.get("RECLOCK_BLOB_URL") else None
     lag = sr.kafka_lag_probe(cfg, lambda kafka, what: s.find_bootstrap(kafka, what, bootstrap), probe_timeout)
+    # pause flags and failed runs, where this process reaches Airflow's metadata database
+    dags = airflow_state.dag_states(airflow_state.all_dag_ids(cfg)) if airflow_state.configured() else None
     with sr.open_readonly(s.find_dsn(dsn)) as conn:
         if source is None:
-            ov = sr.overview(conn, cfg, lag, blob=blob)
+            ov = sr.overview(conn, cfg, lag, blob=blob, dags=dags)
             click.echo(json.dumps(sr.to_json(ov), indent=2) if as_json else "\n".join(sr.report_lines(ov)))
             return
-        detail = sr.source_detail(conn, source, cfg, lag, blob=blob)
+        detail = sr.source_detail(conn, source, cfg, lag, blob=blob, dags=dags)
     if detail is None:
         raise click.ClickException(f"source {source}: not registered and not in the config")
     if as_json:

@@ -81,6 +81,52 @@ class Cycle:
 
 
 @dataclass(frozen=True)
+class DagRunState:
+    """One run of a DAG as Airflow records it."""
+
+    dag_id: str
+    run_id: str
+    state: str  # queued / running / success / failed
+    run_type: str
+    started: datetime | None
+    ended: datetime | None
+    failed_tasks: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class DagState:
+    """What Airflow knows of a DAG: its pause flag and its newest runs (newest first)."""
+
+    dag_id: str
+    paused: bool | None
+    runs: tuple[DagRunState, ...] = ()
+
+    @property
+    def failed_since_success(self) -> int:
+        """Failed runs newer than the newest successful one."""
+        n = 0
+        for r in self.runs:
+            if r.state == "success":
+                break
+            n += r.state == "failed"
+        return n
+
+    @property
+    def newest_finished(self) -> DagRunState | None:
+        return next((r for r in self.runs if r.state in ("success", "failed")), None)
+
+
+def run_failure(dag: DagState | None, status_at: datetime | None) -> DagRunState | None:
+    """The newest finished run of ``dag`` if it failed after the source's newest status row (a run that failed
+    before any step could record its failure: a task killed, a setting missing, a retried task given up);
+    None otherwise."""
+    run = dag.newest_finished if dag is not None else None
+    if run is None or run.state != "failed" or run.ended is None:
+        return None
+    return run if status_at is None or run.ended > status_at else None
+
+
+@dataclass(frozen=True)
 class SourceStatus:
     name: str
     kind: str
@@ -97,6 +143,7 @@ class SourceStatus:
     errors_count: int
     errors_latest: tuple[dict, ...] = ()
     dags: tuple[str, ...] = ()
+    airflow: DagState | None = None  # the ingest DAG's pause flag and newest runs, when Airflow can say
 
     @property
     def upper_age_s(self) -> float | None:
@@ -329,10 +376,11 @@ def _errors_latest(conn, blob, shard: str, limit: int = 5) -> tuple[dict, ...]:
 
 def overview(conn, config: Config | None = None, lag: LagProbe = no_lag,
              paused: Mapping[str, bool] | None = None, blob=None, now_ms: int | None = None,
-             only: str | None = None) -> Overview:
+             only: str | None = None, dags: Mapping[str, DagState] | None = None) -> Overview:
     """Every source (registered in ``reclock.sources`` or configured) and sink (configured, or holding a
-    read hold ``sink:<name>``). ``lag`` probes a source's lag (in parallel, a thread each); ``paused`` maps
-    DAG ids to their pause flag (what Airflow knows); with ``blob`` the error collections' newest rows are
+    read hold ``sink:<name>``). ``lag`` probes a source's lag (in parallel, a thread each); ``dags`` maps DAG
+    ids to what Airflow knows of them (pause flags and newest runs: a source whose newest ingest run failed
+    after its last status row shows ``failed`` with that run), ``paused`` their pause flags alone; with ``blob`` the error collections' newest rows are
     read too. ``only``: just that source."""
     now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
     kinds = dict(conn.execute("SELECT name, kind FROM reclock.sources").fetchall())
@@ -358,7 +406,8 @@ def overview(conn, config: Config | None = None, lag: LagProbe = no_lag,
                                             if h.holder.startswith("sink:")} if not only else set()))
     statuses = _latest_status(conn, [*names, *sink_names])
     stats = _recent_statistics(conn, [*names, *sink_names], RECENT_ROWS)
-    paused = paused or {}
+    dags = dags or {}
+    paused = {**{d: s.paused for d, s in dags.items() if s.paused is not None}, **(paused or {})}
     lags = _probe_all(lag, names, LAG_DEADLINE_S)
 
     sources = []
@@ -373,12 +422,22 @@ def overview(conn, config: Config | None = None, lag: LagProbe = no_lag,
         count = int(errors.get(err_shard, 0)) if err_shard else 0
         latest = _errors_latest(conn, blob, err_shard) if blob is not None and count else ()
         spec = config.sources.get(n) if config else None
-        dags = (spec.ingest_dag if spec else f"ingest__{n}", f"rebuild__{n}")
+        # the source's DAGs: its ingest DAG, and a rebuild DAG for a kind that replays (a Kafka source); only
+        # those Airflow has, when it was asked
+        dag_ids = (spec.ingest_dag if spec else f"ingest__{n}",
+                   *((f"rebuild__{n}",) if (spec.kafka is not None if spec else kinds[n] == "kafka") else ()))
+        dag_ids = tuple(d for d in dag_ids if not dags or d in dags)
+        ingest_dag = spec.ingest_dag if spec else f"ingest__{n}"
+        failed = run_failure(dags.get(ingest_dag), st[2])
+        if failed is not None:
+            tasks = f" (task {', '.join(failed.failed_tasks)} failed)" if failed.failed_tasks else ""
+            st = ("failed", f"Airflow run {failed.run_id} of {failed.dag_id} failed at "
+                            f"{failed.ended:%Y-%m-%d %H:%M:%S}{tasks} before any step recorded why; see its log", failed.ended)
         sources.append(SourceStatus(
-            name=n, kind=kinds[n], status=st[0], error=st[1], status_at=st[2], paused=paused.get(dags[0]),
+            name=n, kind=kinds[n], status=st[0], error=st[1], status_at=st[2], paused=paused.get(ingest_dag),
             upper=upper, since=since, now_ms=now_ms, last_cycle=cycles[-1] if cycles else None, lag=lags[n],
             read_holds=tuple(h for sid, *_ in own for h in holds.get(sid, ())), errors_count=count,
-            errors_latest=latest, dags=dags))
+            errors_latest=latest, dags=dag_ids, airflow=dags.get(ingest_dag)))
 
     sinks = []
     shard_upper = {sid: u for v in shards.values() for sid, _, u, _ in v}
@@ -403,11 +462,11 @@ def overview(conn, config: Config | None = None, lag: LagProbe = no_lag,
 
 def source_detail(conn, name: str, config: Config | None = None, lag: LagProbe = no_lag,
                   paused: Mapping[str, bool] | None = None, blob=None, bindings: int = 200,
-                  history: int = 50) -> SourceDetail | None:
+                  history: int = 50, dags: Mapping[str, DagState] | None = None) -> SourceDetail | None:
     """One source's status, its newest ``bindings`` bindings (the ``<source>_progress`` relation), its
     newest ``history`` status rows and its series over the last :data:`SERIES_ROWS` statistics rows.
     None if there is no such source."""
-    ov = overview(conn, config, lag, paused, blob, only=name)
+    ov = overview(conn, config, lag, paused, blob, only=name, dags=dags)
     if not ov.sources:
         return None
     rows = conn.execute(
@@ -480,7 +539,26 @@ def _source_lines(s: SourceStatus) -> list[str]:
     lines.append(f"  read holds: {holds}")
     lines.append(f"  errors: {s.errors_count}")
     lines += [f"    {e}" for e in s.errors_latest]
+    lines.append(f"  airflow: {airflow_text(s.airflow)}")
     return lines
+
+
+def airflow_text(dag: DagState | None) -> str:
+    """A DAG's newest runs in a few words: ``ingest__x: 2 failed runs since the last success (newest: <run>
+    at <time>, task append)``."""
+    if dag is None:
+        return "unknown (no answer from Airflow's metadata database)"
+    if not dag.runs:
+        return f"{dag.dag_id}: no runs yet"
+    newest = dag.runs[0]
+    failed = dag.failed_since_success
+    if failed:
+        f = next(r for r in dag.runs if r.state == "failed")
+        when = f" at {f.ended:%Y-%m-%d %H:%M:%S}" if f.ended else ""
+        tasks = f", task {', '.join(f.failed_tasks)}" if f.failed_tasks else ""
+        return f"{dag.dag_id}: {failed} failed run{'s' if failed > 1 else ''} since the last success (newest: " \
+               f"{f.run_id}{when}{tasks}); newest run {newest.state}"
+    return f"{dag.dag_id}: newest run {newest.run_id} {newest.state}"
 
 
 def _sink_lines(k: SinkStatus) -> list[str]:

@@ -318,7 +318,7 @@ def test_resume_collects_garbage_and_keeps_what_a_running_write_leased(db, kafka
         # two days of history before this cycle: the same pass prunes it, but not the newest of each kind
         conn.execute("INSERT INTO reclock.statistics (name, step, metrics, at) SELECT %s, 'mint', '{\"old\": 1}', "
                      "now() - interval '2 days' FROM generate_series(1, 50)", (ctx.spec.name,))
-        conn.execute("INSERT INTO reclock.status_history (name, status, at) SELECT %s, 'running', "
+        conn.execute("INSERT INTO reclock.status_history (name, status, error, at) SELECT %s, 'stalled', 'old', "
                      "now() - interval '2 days' FROM generate_series(1, 50)", (ctx.spec.name,))
         conn.execute("INSERT INTO reclock.statistics (name, step, metrics, at) VALUES "
                      "('idle_sink', 'write', '{\"frontier\": 7}', now() - interval '2 days')")

@@ -110,15 +110,30 @@ def _browse(stack, truth: dict, secrets: list[str]) -> None:
                                      args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"])
         try:
             page = browser.new_page(viewport={"width": 1500, "height": 820})
-            # not logged in: the plugin's page is refused
-            assert page.goto(f"{base}/reclock/").status == 401
-            # log in through Airflow's own login form
-            page.goto(f"{base}/auth/login")
+            page.set_default_timeout(120_000)  # a loaded machine: the UI's first render can be slow
+            # not logged in: the page (even without its slash) sends the browser to Airflow's login form, which
+            # sends it back after the login
+            page.goto(f"{base}/reclock")
+            page.wait_for_url(lambda url: "/auth/login" in url, timeout=60_000)
+            assert "next=" in page.url, page.url
             page.locator("input[name=username]").fill("admin")
             page.locator("input[name=password]").fill(stack.airflow.admin_password)
             page.get_by_role("button", name="Sign in").click()
-            page.wait_for_url(lambda url: "/auth/login" not in url, timeout=60_000)
-            # the navigation links the page (Browse > Reclock), which shows it inside Airflow's UI
+            page.wait_for_url(lambda url: url.rstrip("/").endswith("/reclock"), timeout=60_000)
+            page.locator("tr[data-source='ui_orders']").wait_for(timeout=60_000)
+            # the trigger form offers the DAG's typed params: no letters, nothing below the minimum
+            page.goto(f"{base}/dags/ingest__ui_orders")
+            page.get_by_role("button", name="Trigger").first.click()
+            dialog = page.get_by_role("dialog")
+            dialog.get_by_text("Records per Spark job").wait_for()
+            field = dialog.locator("input[name=element_max_records]")
+            field.fill("lots")
+            assert field.input_value() == ""
+            field.fill("0")
+            field.blur()
+            assert field.input_value() == "1"
+            page.keyboard.press("Escape")
+                        # the navigation links the page (Browse > Reclock), which shows it inside Airflow's UI
             page.goto(f"{base}/plugin/reclock")
             frame = page.frame_locator("iframe")
             frame.locator("tr[data-source='ui_orders']").wait_for(timeout=60_000)

@@ -18,6 +18,7 @@ from reclock.dev import procs
 from reclock.dev.procs import LOOPBACK
 from reclock.dev.state import REPO_ROOT, StackState
 from reclock.errors import StackError
+from reclock.orchestration.deployment import AIRFLOW_ENV
 
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 ADMIN_USER = "admin"
@@ -92,6 +93,7 @@ class LocalAirflow:
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",
             "SPARK_LOCAL_IP": LOOPBACK,
             "NO_PROXY": "*",
+            **AIRFLOW_ENV,  # retries, as every deployment of the DAGs has them
         }
         env.update(self.extra_env or {})
         return env

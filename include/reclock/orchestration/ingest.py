@@ -34,6 +34,7 @@ failure at any point (the fault campaign kills task processes and lets Airflow r
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from datetime import datetime, timedelta, timezone
 from typing import Sequence
@@ -41,7 +42,9 @@ from typing import Sequence
 from reclock import continuous, cycle
 from reclock.batch import BatchDescription, Part
 from reclock.config import SourceSpec
+from reclock.errors import ReclockError
 from reclock.orchestration.assets import appends_alias, emit_added, event_extra
+from reclock.orchestration.lineage import ReclockTask, collection, kafka_topic, postgres_table, reads, writes
 from reclock.orchestration.runs import PARAMS, check_conf, current_run, ingest_params, positive_int
 from reclock.orchestration.settings import cycle_context
 from reclock.orchestration.timetables import ReclockTimetable
@@ -80,6 +83,20 @@ def _context(spec: SourceSpec) -> cycle.CycleContext:
     return cycle_context(spec, {"max_records": max_records} if max_records else None, run_id=run.run_id)
 
 
+def _read_upstream(ctx: cycle.CycleContext) -> None:
+    """Report the source's upstream to OpenLineage: its topic, or its published tables (once registered)."""
+    if ctx.spec.kafka is not None:
+        reads(kafka_topic(ctx.bootstrap, ctx.spec.kafka.topic))
+        return
+    with contextlib.suppress(ReclockError):  # before the first mint there are no tables registered yet
+        reads(*(postgres_table(ctx.upstream_dsn, o.info.table) for o in ctx.outputs()))
+
+
+def _write_collections(ctx: cycle.CycleContext) -> None:
+    with contextlib.suppress(ReclockError):
+        writes(*(collection(ctx.dsn, s) for s in ctx.shards()))
+
+
 def _emit(spec: SourceSpec, *contexts: cycle.CycleContext) -> dict:
     """Asset events for what the contexts' appends added (none when nothing moved); what XCom reports."""
     added = cycle.merge_added([a for ctx in contexts for a in ctx.added])
@@ -88,7 +105,7 @@ def _emit(spec: SourceSpec, *contexts: cycle.CycleContext) -> dict:
 
 
 def build_ingest_dag(spec: SourceSpec):
-    from airflow.sdk import DAG, AssetOrTimeSchedule, task
+    from airflow.sdk import DAG, AssetOrTimeSchedule
 
     from reclock.orchestration.triggers import upstream_asset
 
@@ -109,29 +126,38 @@ def build_ingest_dag(spec: SourceSpec):
     ) as dag:
 
         if spec.schedule == "upstream":
-            @task(task_id="cycle", outlets=[appends_alias(spec.name)])
             def cycle_task() -> dict:
                 ctx = _context(spec)
-                out = cycle.run_cycle(ctx)
+                try:
+                    out = cycle.run_cycle(ctx)
+                finally:
+                    _read_upstream(ctx)
+                    _write_collections(ctx)
                 return {**out, "offsets": {str(k): v for k, v in out["offsets"].items()}, "added": _emit(spec, ctx)}
 
-            cycle_task()
+            ReclockTask(task_id="cycle", python_callable=cycle_task, outlets=[appends_alias(spec.name)])
         else:
-            @task(task_id="mint_write")
             def write_task() -> list[dict]:
                 ctx = _context(spec)
-                return [_written_to_x(cycle.write_batches(ctx, d)) for d in cycle.mint(ctx).descriptions]
+                try:
+                    return [_written_to_x(cycle.write_batches(ctx, d)) for d in cycle.mint(ctx).descriptions]
+                finally:
+                    _read_upstream(ctx)
 
-            @task(task_id="append", outlets=[appends_alias(spec.name)])
             def append_task(written: list[dict]) -> dict:
                 ctx = _context(spec)
-                outcomes = [str(o) for w in written for o in cycle.append(ctx, _written_from_x(w))]
-                res = cycle.resume(ctx)
+                try:
+                    outcomes = [str(o) for w in written for o in cycle.append(ctx, _written_from_x(w))]
+                    res = cycle.resume(ctx)
+                finally:
+                    _write_collections(ctx)
                 return {"outcomes": outcomes, "resumption": res.resumption,
                         "offsets": {str(k): v for k, v in res.offsets.items()}, "since": res.since,
                         "added": _emit(spec, ctx)}
 
-            append_task(write_task())
+            write = ReclockTask(task_id="mint_write", python_callable=write_task)
+            ReclockTask(task_id="append", python_callable=append_task, op_args=[write.output],
+                        outlets=[appends_alias(spec.name)])
     return dag
 
 
@@ -141,7 +167,7 @@ def _continuous_dag(spec: SourceSpec):
     over when this one ends (after its last cycle). A killed task is retried, or the next run takes over:
     cycles are safe to repeat and to run two at once, so nothing is lost or doubled. Its asset events (what
     the lease's appends added) are emitted when the lease ends."""
-    from airflow.sdk import DAG, task
+    from airflow.sdk import DAG
 
     with DAG(
         dag_id=f"ingest__{spec.name}",
@@ -155,14 +181,17 @@ def _continuous_dag(spec: SourceSpec):
         params=ingest_params(spec),
     ) as dag:
 
-        @task(task_id="cycles", outlets=[appends_alias(spec.name)],
-              execution_timeout=timedelta(seconds=2 * spec.lease_s + 600))
         def cycles_task() -> dict:
             ctx = _context(spec)
-            out = continuous.run_cycles(ctx, spec.lease_s, idle_s=spec.poll_s, resume_s=spec.resume_s)
+            try:
+                out = continuous.run_cycles(ctx, spec.lease_s, idle_s=spec.poll_s, resume_s=spec.resume_s)
+            finally:
+                _read_upstream(ctx)
+                _write_collections(ctx)
             return {**out, "added": _emit(spec, ctx)}
 
-        cycles_task()
+        ReclockTask(task_id="cycles", python_callable=cycles_task, outlets=[appends_alias(spec.name)],
+                    execution_timeout=timedelta(seconds=2 * spec.lease_s + 600))
     return dag
 
 
@@ -171,7 +200,7 @@ def build_group_dag(group: str, specs: Sequence[SourceSpec]):
     group for the lease, a thread each (``continuous.run_group``); scheduled every lease with one active run,
     like a single continuous source. Its outlets are every member's aliases. A run's ``max_records`` applies
     to every member."""
-    from airflow.sdk import DAG, task
+    from airflow.sdk import DAG
 
     lease_s = specs[0].lease_s
     names = ", ".join(s.name for s in specs)
@@ -187,13 +216,17 @@ def build_group_dag(group: str, specs: Sequence[SourceSpec]):
         params=ingest_params(specs[0]),
     ) as dag:
 
-        @task(task_id="cycles", outlets=[appends_alias(s.name) for s in specs],
-              execution_timeout=timedelta(seconds=2 * lease_s + 600))
         def cycles_task() -> dict:
             contexts = [_context(s) for s in specs]
             members = [continuous.Member(ctx, idle_s=s.poll_s, resume_s=s.resume_s) for ctx, s in zip(contexts, specs)]
-            out = continuous.run_group(group, members, lease_s)
+            try:
+                out = continuous.run_group(group, members, lease_s)
+            finally:
+                for ctx in contexts:
+                    _read_upstream(ctx)
+                    _write_collections(ctx)
             return {"sources": out, "added": {s.name: _emit(s, ctx) for ctx, s in zip(contexts, specs)}}
 
-        cycles_task()
+        ReclockTask(task_id="cycles", python_callable=cycles_task, outlets=[appends_alias(s.name) for s in specs],
+                    execution_timeout=timedelta(seconds=2 * lease_s + 600))
     return dag

@@ -36,6 +36,7 @@ from reclock import cycle
 from reclock.config import SourceSpec
 from reclock.errors import ConfigError
 from reclock.orchestration.connections import DEFAULT_SPARK_SUBMIT
+from reclock.orchestration.lineage import ReclockTask, collection, kafka_topic, reads, writes
 from reclock.orchestration.runs import PARAMS, RunInfo, check_conf, current_run, parse_time_ms, rebuild_params
 from reclock.orchestration.settings import cycle_context, find_blob_url, find_bootstrap, find_dsn
 from reclock.orchestration.timetables import ReclockTimetable
@@ -102,7 +103,7 @@ class RebuildSubmitOperator(SparkSubmitOperator):
 def build_rebuild_dag(spec: SourceSpec, config_file: Path, spark_jobs: Path):
     """The DAG; ``config_file`` (what ``spec`` came from) and ``spark_jobs`` (the folder holding the job) serve
     ``rebuild: spark_submit``."""
-    from airflow.sdk import DAG, task
+    from airflow.sdk import DAG
 
     with DAG(
         dag_id=f"rebuild__{spec.name}",
@@ -113,6 +114,9 @@ def build_rebuild_dag(spec: SourceSpec, config_file: Path, spark_jobs: Path):
         max_active_runs=1,
         tags=["reclock", "rebuild"],
         params=rebuild_params(),
+        # it never runs on its own (triggers and backfills only), and Airflow starts no run of a paused DAG, a
+        # backfill's included: created unpaused, a backfill of it just runs
+        is_paused_upon_creation=False,
     ) as dag:
         if spec.rebuild == "spark_submit":
             job = Path(spark_jobs) / JOB
@@ -122,11 +126,13 @@ def build_rebuild_dag(spec: SourceSpec, config_file: Path, spark_jobs: Path):
             RebuildSubmitOperator(task_id="rebuild", spec=spec, config_file=config_file, application=job)
         else:
 
-            @task(task_id="rebuild")
             def rebuild_task() -> dict:
                 run = current_run()
-                return _result(cycle.rebuild(cycle_context(spec, run_id=run.run_id), window=run_window(spec, run),
+                ctx = cycle_context(spec, run_id=run.run_id)
+                reads(kafka_topic(ctx.bootstrap, spec.kafka.topic))
+                writes(*(collection(ctx.dsn, s) for s in spec.shards))
+                return _result(cycle.rebuild(ctx, window=run_window(spec, run),
                                              on_slice=lambda d, t: log.info("slice %d of %d written", d, t)))
 
-            rebuild_task()
+            ReclockTask(task_id="rebuild", python_callable=rebuild_task)
     return dag

@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 
 from reclock.config import IcebergBudget, IcebergSinkSpec, SinkBudget, SinkSpec
 from reclock.orchestration.assets import shard_assets
+from reclock.orchestration.lineage import ReclockTask, collection, iceberg_table, kafka_topic, reads, writes
 from reclock.orchestration.runs import check_conf, current_run, positive_int, sink_params
 from reclock.orchestration.settings import iceberg_sink_context, sink_context
 from reclock.orchestration.timetables import ReclockTimetable
@@ -41,9 +42,15 @@ def _write(spec: SinkSpec | IcebergSinkSpec) -> dict:
     if run.backfill:
         log.info("sink %s: a backfill's run is one run of the sink: it writes everything complete, once", spec.name)
     if isinstance(spec, IcebergSinkSpec):
-        r = iceberg.run_once(iceberg_sink_context(spec))
+        ctx = iceberg_sink_context(spec)
+        reads(collection(ctx.dsn, spec.collection))
+        writes(iceberg_table(ctx.catalog.warehouse, spec.table))
+        r = iceberg.run_once(ctx)
         return {"frontier": r.frontier, "commits": r.commits, "rows": r.rows, "bytes": r.bytes}
-    k = kafka.run_once(sink_context(spec))
+    kctx = sink_context(spec)
+    reads(collection(kctx.dsn, spec.collection))
+    writes(kafka_topic(kctx.bootstrap, spec.kafka.topic))
+    k = kafka.run_once(kctx)
     return {"frontier": k.frontier, "version": k.version, "transactions": k.transactions,
             "messages": k.messages, "bytes": k.bytes}
 
@@ -55,7 +62,7 @@ def _description(spec: SinkSpec | IcebergSinkSpec) -> str:
 
 
 def build_sink_dag(spec: SinkSpec | IcebergSinkSpec):
-    from airflow.sdk import DAG, AssetOrTimeSchedule, task
+    from airflow.sdk import DAG, AssetOrTimeSchedule
 
     with DAG(
         dag_id=f"sink__{spec.name}",
@@ -68,9 +75,8 @@ def build_sink_dag(spec: SinkSpec | IcebergSinkSpec):
         params=sink_params(spec),
     ) as dag:
 
-        @task(task_id="write")
         def write_task() -> dict:
             return _write(spec)
 
-        write_task()
+        ReclockTask(task_id="write", python_callable=write_task)
     return dag
