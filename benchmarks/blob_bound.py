@@ -90,7 +90,7 @@ def blob_bound(cycles: int = 1000, echo: Callable[[str], None] = print) -> int:
                                       "format": {"type": "json", "schema": SCHEMA},
                                       "budget": {"max_records": BUDGET}})
         root = env.work / "blobs"
-        ctx = CycleContext(spec=spec, dsn=env.dsn, bootstrap=env.bootstrap, blob=LocalBlobStore(root),
+        ctx = CycleContext(spec=spec, dsn=env.dsn, upstream=env.bootstrap, blob=LocalBlobStore(root),
                            spark_factory=lambda: env.spark, retain_history_ms=0,
                            gc_grace_s=GC_GRACE_S, gc_interval_s=GC_INTERVAL_S, stats_keep_s=STATS_KEEP_S)
         producer = Producer({"bootstrap.servers": env.bootstrap, "linger.ms": 0, "log_level": 2})

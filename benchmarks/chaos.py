@@ -117,10 +117,10 @@ def runner(source: str, once: bool = False, until_idle: bool = False) -> int:
     catch-up; exit 3 after 30 cycles that all found something)."""
     from reclock.config import load_config
     from reclock.cycle import run_cycle
-    from reclock.orchestration import settings
+    from reclock.orchestration.contexts import cycle_context
 
     faulthandler.register(signal.SIGUSR1)  # the watchdog asks where a silent runner is stuck
-    ctx = settings.cycle_context(load_config(None).source(source))
+    ctx = cycle_context(load_config(None).source(source))
     print("ready", flush=True)
     for _ in range(30 if until_idle else 1 if once else sys.maxsize):
         out = run_cycle(ctx)
@@ -539,7 +539,7 @@ def check_postgres(verdict: Verdict, conn, blob, observer: Observer, source: str
 
     from reclock.persist.remap_store import load_remap
     from reclock.read import read_updates
-    from reclock.sources.pgoutput import lsn_to_int
+    from reclock.sources.postgres.pgoutput import lsn_to_int
 
     observer.drain()
     with psycopg.connect(observer.dsn, autocommit=True) as up:
@@ -1234,7 +1234,7 @@ def _catch_up_postgres(py: str, env: dict[str, str], upstream: str, echo: Callab
 
     from reclock.persist import connect
     from reclock.persist.remap_store import load_remap
-    from reclock.sources.pgoutput import lsn_to_int
+    from reclock.sources.postgres.pgoutput import lsn_to_int
 
     with psycopg.connect(upstream, autocommit=True) as conn:
         target = lsn_to_int(conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0])

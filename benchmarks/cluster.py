@@ -122,7 +122,7 @@ def run_config(env: BenchEnv, backlog: Backlog, spark: str, parts: str, tag: str
         blob = LocalBlobStore(env.root / "blobs")
     session = env.sessions[spark]
     dsn, bootstrap = env.postgres.dsn(), env.kafka.bootstrap
-    ctx = CycleContext(spec=source_spec(name, backlog, bootstrap), dsn=dsn, bootstrap=bootstrap, blob=blob,
+    ctx = CycleContext(spec=source_spec(name, backlog, bootstrap), dsn=dsn, upstream=bootstrap, blob=blob,
                        spark_factory=lambda: session)
     t0 = time.perf_counter()
     out = run_cycle(ctx)

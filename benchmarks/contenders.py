@@ -16,7 +16,7 @@ and makes it durable, and reports the seconds that took.
 
 Every Spark contender shares one local session (``local[2]``), the Kafka options Reclock uses
 (``kafka.isolation.level=read_committed``, ``kafka.fetch.max.wait.ms=10``, ``assign`` with explicit
-starting offsets, a group id of its own per repetition; :func:`reclock.spark.ingest.kafka_read_options`)
+starting offsets, a group id of its own per repetition; :func:`reclock.sources.kafka.spark_job.kafka_read_options`)
 and the same decode: ``from_json`` of :data:`~benchmarks.workload.SCHEMA`, PERMISSIVE, with Reclock's
 corrupt-record column. Every contender's output is counted afterwards (outside the timing) and must hold
 exactly the backlog's records.
@@ -107,7 +107,7 @@ def run_reclock(env: Env, backlog: Backlog, rep: int) -> Run:
 
     name = f"rc_{backlog.label}_{rep}"
     blob = LocalBlobStore(env.work / "blobs")
-    ctx = CycleContext(spec=source_spec(name, backlog, env.bootstrap), dsn=env.dsn, bootstrap=env.bootstrap,
+    ctx = CycleContext(spec=source_spec(name, backlog, env.bootstrap), dsn=env.dsn, upstream=env.bootstrap,
                        blob=blob, spark_factory=lambda: env.spark)
     t0 = time.perf_counter()
     out = run_cycle(ctx)
@@ -231,7 +231,7 @@ def _kafka_options(backlog: Backlog, bootstrap: str, name: str) -> dict[str, str
     a source called ``name``: each repetition of each contender reads under a group id of its own, as
     Reclock's contenders (a new source each) do, so none finds consumers pooled by an earlier one."""
     from reclock.batch import OffsetRange
-    from reclock.spark.ingest import kafka_read_options
+    from reclock.sources.kafka.spark_job import kafka_read_options
 
     spec = source_spec(name, backlog, bootstrap)
     ranges = [OffsetRange(p, 0, end) for p, end in sorted(backlog.ends.items()) if end > 0]
@@ -244,7 +244,7 @@ def decode(df):
     The schema goes in as DDL text, so the same code runs on a classic and on a Spark Connect session."""
     from pyspark.sql import functions as F
 
-    from reclock.spark.ingest import CORRUPT
+    from reclock.sources.kafka.spark_job import CORRUPT
 
     parsed = F.from_json(F.col("value").cast("string"), f"{SCHEMA}, {CORRUPT} STRING",
                          {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT})

@@ -50,7 +50,7 @@ def _context(env: Env, name: str, topic: str, **extra):
 
     spec = parse_source(name, {"kafka": {"topic": topic, "bootstrap": env.bootstrap},
                                "format": {"type": "json", "schema": SCHEMA}})
-    return CycleContext(spec=spec, dsn=env.dsn, bootstrap=env.bootstrap, blob=LocalBlobStore(env.work / "blobs"),
+    return CycleContext(spec=spec, dsn=env.dsn, upstream=env.bootstrap, blob=LocalBlobStore(env.work / "blobs"),
                         spark_factory=lambda: env.spark, **extra)
 
 

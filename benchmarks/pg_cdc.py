@@ -10,8 +10,8 @@ end. Three tables (id, text, numeric(12,2), int8, timestamptz), REPLICA IDENTITY
   cycle (the snapshot under an exported snapshot, read with COPY as CSV and parsed by Arrow, written as
   parts and appended) beside a bare read of the same rows as text on a server-side cursor in this process.
   Then on Spark (``local[2]``, unless ``--no-spark``): Reclock's first cycle with table ``a`` read by Spark
-  (``reclock.spark.snapshot``: partitioned JDBC reads under the snapshot, converted, written as Parquet,
-  proved, appended) beside a bare Spark JDBC read of the same table, same page ranges and settings, into
+  (``reclock.sources.postgres.spark_snapshot``: partitioned JDBC reads under the snapshot, converted, written as
+  Parquet, proved, appended) beside a bare Spark JDBC read of the same table, same page ranges and settings, into
   Spark's ``noop`` sink.
 * **changes**: ``--changes`` row changes (inserts, updates, deletes over the three tables, in transactions
   of 1 to 200 changes, one of 20,000), committed after the snapshot; then, timed, Reclock's cycle that
@@ -23,7 +23,7 @@ end. Three tables (id, text, numeric(12,2), int8, timestamptz), REPLICA IDENTITY
   the same peek counted on the server (nothing sent: a peek returns no row before the server has decoded
   every change, so no reader can start sooner); the same slot read over the streaming replication protocol
   instead (``START_REPLICATION`` on a replication connection, each message kept as bytes, nothing decoded,
-  the slot left where it was); the peeked messages decoded too (``reclock.sources.pgoutput``) without
+  the slot left where it was); the peeked messages decoded too (``reclock.sources.postgres.pgoutput``) without
   writing anything; and the ratio the cycle would reach if decoding and writing took no time at all (the
   limit beside the limit plus the cycle's other steps, mint, append and resume).
 
@@ -57,8 +57,8 @@ from reclock.dev.postgres import LocalPostgres
 from reclock.dev.state import StackState
 from reclock.persist.blob import LocalBlobStore
 from reclock.persist.migrate import migrate
-from reclock.sources import pgoutput as po
-from reclock.sources.postgres import SESSION, PostgresUpstream, TableInfo, slot_name
+from reclock.sources.postgres import pgoutput as po
+from reclock.sources.postgres.upstream import SESSION, PostgresUpstream, TableInfo, slot_name
 
 TABLES = ("a", "b", "c")
 _REPLY = b"r" + struct.pack(">QQQQB", 0, 0, 0, 0, 0)  # standby status update: written, flushed, applied 0
@@ -231,10 +231,10 @@ def _bare_table_read(dsn: str) -> tuple[float, int]:
 
 
 def _spark_snapshots(spark, up: str, db: str, root: Path, reps: int, budget: int) -> tuple[list[float], list[float]]:
-    """Reclock's first cycle with table ``a``'s snapshot on Spark (``reclock.spark.snapshot``), beside a
-    bare Spark read of the same table over the same page ranges and JDBC settings into Spark's ``noop``
+    """Reclock's first cycle with table ``a``'s snapshot on Spark (``reclock.sources.postgres.spark_snapshot``),
+    beside a bare Spark read of the same table over the same page ranges and JDBC settings into Spark's ``noop``
     sink, alternating; each source's slot is dropped after its cycle. Seconds per run: (Reclock, bare)."""
-    from reclock.spark import snapshot as ss
+    from reclock.sources.postgres import spark_snapshot as ss
 
     target = ss.jdbc_target(up)
     reclock, bare = [], []
@@ -254,8 +254,8 @@ def _spark_snapshots(spark, up: str, db: str, root: Path, reps: int, budget: int
         spec = parse_source(f"spk{i}", {"postgres": {"dsn_env": "UNUSED", "publication": "pub",
                                                      "spark_snapshot_min_bytes": 1 << 20},
                                         "tables": list(TABLES), "budget": {"max_records": budget}})
-        ctx = cycle.CycleContext(spec=spec, dsn=db, bootstrap="", blob=LocalBlobStore(root / "blobs"),
-                                 upstream_dsn=up, gc_grace_s=0, spark_factory=lambda: spark)
+        ctx = cycle.CycleContext(spec=spec, dsn=db, blob=LocalBlobStore(root / "blobs"),
+                                 upstream=up, gc_grace_s=0, spark_factory=lambda: spark)
         t0 = time.perf_counter()
         cycle.run_cycle(ctx)
         reclock.append(time.perf_counter() - t0)
@@ -303,8 +303,8 @@ def main() -> None:
             name = "bench" if i == 0 else f"bench{i + 1}"
             spec = parse_source(name, {"postgres": {"dsn_env": "UNUSED", "publication": "pub"},
                                        "tables": list(TABLES), "budget": {"max_records": args.budget}})
-            ctx = cycle.CycleContext(spec=spec, dsn=db, bootstrap="", blob=LocalBlobStore(root / "blobs"),
-                                     upstream_dsn=up, gc_grace_s=0)
+            ctx = cycle.CycleContext(spec=spec, dsn=db, blob=LocalBlobStore(root / "blobs"),
+                                     upstream=up, gc_grace_s=0)
             t0 = time.perf_counter()
             cycle.run_cycle(ctx)
             snap_cycles.append(time.perf_counter() - t0)

@@ -63,7 +63,7 @@ def tables_read(records: int, echo: Callable[[str], None] = print) -> int:
             spec = parse_source(f"read_{label}", {"kafka": {"topic": backlog.topic, "bootstrap": env.bootstrap},
                                                   "format": {"type": "json", "schema": SCHEMA},
                                                   "budget": {"max_records": n}})
-            ctx = CycleContext(spec=spec, dsn=env.dsn, bootstrap=env.bootstrap, blob=blob,
+            ctx = CycleContext(spec=spec, dsn=env.dsn, upstream=env.bootstrap, blob=blob,
                                spark_factory=lambda: env.spark, retain_history_ms=10**12)
             run_cycle(ctx)
             with connect(env.dsn) as conn:

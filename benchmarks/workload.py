@@ -109,6 +109,6 @@ def produce_backlog(bootstrap: str, label: str, topic: str, records: int) -> Bac
 
 def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
     """Partition -> end offset (what a ``read_committed`` reader can read up to)."""
-    from reclock.sources.kafka import KafkaUpstream
+    from reclock.sources.kafka.upstream import KafkaUpstream
 
     return KafkaUpstream("benchmark", bootstrap, topic).probe_upper().as_dict()

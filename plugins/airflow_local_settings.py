@@ -18,7 +18,7 @@ import sys
 
 PRELOAD = ("pyspark.sql.connect.session", "pyspark.sql.connect.dataframe", "pyspark.sql.connect.functions",
            "reclock.cycle", "reclock.orchestration.dags", "reclock.orchestration.ingest",
-           "reclock.orchestration.settings", "reclock.orchestration.sinks")
+           "reclock.orchestration.contexts", "reclock.orchestration.sinks")
 """What every Reclock task imports (Spark Connect's client, the cycle, the DAG factories)."""
 
 

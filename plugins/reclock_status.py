@@ -31,7 +31,7 @@ from airflow.plugins_manager import AirflowPlugin
 
 from reclock import metrics, status_page, status_report
 from reclock.config import load_config
-from reclock.orchestration import settings
+from reclock import settings
 from reclock.orchestration.airflow_state import all_dag_ids, dag_states
 from reclock.orchestration.timetables import ReclockTimetable
 

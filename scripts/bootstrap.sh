@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything Reclock needs on a fresh Debian machine, idempotently:
-#   system tools (Java 17+, Maven) when missing, a virtualenv in .venv with the pinned Python packages,
+#   system tools (Java 17+, Maven, Node.js and npm) when missing, a virtualenv in .venv with the pinned
+#   Python packages,
 #   the PostgreSQL server (Debian's package) when missing, the JVM jars from Maven Central, and Debian's
 #   chromium for the browser test of the Airflow UI pages (tests/stack/test_status_ui.py; about 30 s once).
 # Re-running it is cheap: each step checks first.
@@ -11,6 +12,8 @@ t0=$(date +%s)
 need_apt=()
 command -v java >/dev/null 2>&1 || need_apt+=(default-jre-headless)
 command -v mvn  >/dev/null 2>&1 || need_apt+=(maven)
+command -v node >/dev/null 2>&1 || need_apt+=(nodejs)   # the local Kinesis endpoint (kinesalite, from npm)
+command -v npm  >/dev/null 2>&1 || need_apt+=(npm)
 if ! command -v chromium >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ]; then
     need_apt+=(chromium)

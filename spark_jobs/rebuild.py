@@ -9,8 +9,8 @@ whole batches (``reclock.cycle.rebuild``); without them, every binding.
 The master and the jars come from spark-submit (the ``rebuild__<source>`` DAG's ``spark_submit`` task: the
 ``reclock_spark_submit`` connection and ``RECLOCK_SPARK_JARS``). Every other setting comes from the
 environment, never from the command line, which process lists and Airflow's logs show: ``RECLOCK_CONFIG``,
-``RECLOCK_DSN``, ``RECLOCK_BLOB_URL``, and ``RECLOCK_BOOTSTRAP`` unless the source's config names its brokers
-(``AIRFLOW_CONN_*`` connections in the environment serve too). Prints the result as one JSON line; a
+``RECLOCK_DSN``, ``RECLOCK_BLOB_URL``, and where the upstream is: ``RECLOCK_UPSTREAM`` as the task resolved it
+(else as a task finds it: ``RECLOCK_BOOTSTRAP``, the config, ``AIRFLOW_CONN_*`` connections in the environment). Prints the result as one JSON line; a
 missing setting prints ``error: ...`` and exits 1.
 """
 
@@ -25,7 +25,8 @@ import sys
 from reclock import cycle
 from reclock.config import load_config
 from reclock.errors import ReclockError
-from reclock.orchestration.settings import SUBMITTED, cycle_context
+from reclock.orchestration.contexts import cycle_context
+from reclock.settings import SUBMITTED
 
 
 def main(argv: list[str]) -> int:
@@ -40,9 +41,10 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     log = logging.getLogger("reclock.rebuild")
     try:
-        # the brokers the task resolved (RECLOCK_BOOTSTRAP), taken as given: the job has no Airflow connections
+        # where the upstream is as the task resolved it (RECLOCK_UPSTREAM), taken as given: the job has no
+        # Airflow connections to look up
         ctx = cycle_context(load_config().source(args.source), spark=SUBMITTED,
-                            bootstrap=os.environ.get("RECLOCK_BOOTSTRAP"))
+                            upstream=os.environ.get("RECLOCK_UPSTREAM"))
         out = cycle.rebuild(ctx, window=(args.from_ms, args.to_ms),
                             on_slice=lambda done, total: log.info("slice %d of %d written", done, total))
     except ReclockError as e:

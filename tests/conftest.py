@@ -19,6 +19,11 @@ from reclock.dev.postgres import LocalPostgres
 from reclock.dev.state import StackState
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+# boto3 (the Kinesis source's client, in this process and in Spark's Python workers, which inherit the
+# environment of the JVMs started from here) signs with the standard chain; the local Kinesis endpoint
+# checks no keys, but a client needs some
+os.environ.setdefault("AWS_ACCESS_KEY_ID", "reclock-test")
+os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "reclock-test")
 # py4j logs "Closing down clientserver connection" at INFO from a __del__ at interpreter exit, after
 # pytest closed the stream a logging handler writes to: a "--- Logging error ---" trace after every run.
 logging.getLogger("py4j").setLevel(logging.WARNING)
@@ -99,6 +104,47 @@ def s3(stack_state: StackState):
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def kinesis(stack_state: StackState):
+    """A real Kinesis API endpoint (kinesalite) on a free loopback port; ``kinesis.create_stream(name, n)``.
+    Its clock is never moved (a test that moves time starts a server of its own: ``kinesis_server``)."""
+    from reclock.dev.kinesis import LocalKinesis
+
+    server = LocalKinesis(stack_state)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def kinesis_server(stack_state: StackState):
+    """Start a Kinesis endpoint of the test's own: ``kinesis_server(name)`` (its clock may be moved)."""
+    from reclock.dev.kinesis import LocalKinesis
+
+    started = []
+
+    def start(name: str):
+        server = LocalKinesis(stack_state, name=name)
+        server.start()
+        started.append(server)
+        return server
+    yield start
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture
+def stream(kinesis) -> "Callable[..., str]":
+    """Create a fresh stream on ``kinesis``: ``stream(shards=2)`` returns its name."""
+    names = (f"s{next(_db_counter)}-{os.getpid()}" for _ in itertools.count())
+
+    def make(shards: int = 2) -> str:
+        name = next(names)
+        kinesis.create_stream(name, shards)
+        return name
+    return make
+
+
 @pytest.fixture
 def topic(kafka) -> "Callable[..., str]":
     """Create a fresh topic: ``topic(partitions=4, **config)`` returns its name."""
@@ -121,3 +167,15 @@ def topic(kafka) -> "Callable[..., str]":
                 fut.result(30)
             except Exception:  # noqa: BLE001 - best effort cleanup
                 pass
+
+
+@pytest.fixture(scope="session")
+def registry(stack_state: StackState):
+    """A real Schema Registry (Apicurio, Confluent-compatible API; HTTP and HTTPS, basic auth) on free
+    loopback ports, its schemas in memory."""
+    from reclock.dev.registry import LocalRegistry
+
+    server = LocalRegistry(stack_state)
+    server.start()
+    yield server
+    server.stop()

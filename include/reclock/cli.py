@@ -29,8 +29,9 @@ def dev() -> None:
 @dev.command()
 def install() -> None:
     """Install what the stack needs but the machine lacks (Postgres server, Maven jars: the Kafka broker,
-    Spark's Kafka connector, S3A)."""
+    Spark's Kafka connector, S3A; the local Kinesis endpoint, kinesalite, from npm)."""
     from reclock.dev.jars import PROFILES, ensure_jars
+    from reclock.dev.kinesis import ensure_kinesalite
     from reclock.dev.postgres import ensure_installed
 
     stack = _stack()
@@ -38,7 +39,8 @@ def install() -> None:
     click.echo(f"postgres server: {ensure_installed()}")
     for profile in PROFILES:
         folder = ensure_jars(stack.state, profile)
-        click.echo(f"{profile} jars: {folder} ({len(list(folder.glob('*.jar')))} jars)")
+        click.echo(f"{profile} jars: {folder} ({len(list(folder.rglob('*.jar')))} jars)")
+    click.echo(f"kinesalite: {ensure_kinesalite()}")
     click.echo(f"installed in {time.monotonic() - t0:.1f}s")
 
 
@@ -136,7 +138,7 @@ def demo(waves: int, per_wave: int) -> None:
 
 
 # Settings of the commands below: an option, else its environment variable, else where there is one an
-# Airflow connection (reclock.orchestration.settings); a missing one is an error naming how to give it.
+# Airflow connection (reclock.settings); a missing one is an error naming how to give it.
 _config = click.option("--config", "config", metavar="PATH", help="Reclock config file [RECLOCK_CONFIG].")
 _dsn = click.option("--dsn", help="Consensus Postgres DSN [RECLOCK_DSN; else connection reclock_postgres].")
 _blob = click.option("--blob-url", "blob_url", help="Where parts live: a folder, file:// or s3:// [RECLOCK_BLOB_URL].")
@@ -157,10 +159,17 @@ def _cycle_settings(command):
 
 
 def _settings():
-    """``reclock.orchestration.settings``, imported when a command runs (``reclock --help`` stays quick)."""
-    from reclock.orchestration import settings
+    """``reclock.settings``, imported when a command runs (``reclock --help`` stays quick)."""
+    from reclock import settings
 
     return settings
+
+
+def _contexts():
+    """``reclock.orchestration.contexts`` (the cycle's and the sinks' contexts), imported when a command runs."""
+    from reclock.orchestration import contexts
+
+    return contexts
 
 
 @main.command()
@@ -264,8 +273,11 @@ def _cycle_context(source: str, config: str | None, dsn: str | None, blob_url: s
 
     s = _settings()
     spec = load_config(config).source(source)
-    spark = s.find_spark(spark_master, spark_remote) if spec.kafka is not None else None  # Postgres: no Spark
-    return s.cycle_context(spec, conf, dsn=dsn, blob_url=blob_url, bootstrap=bootstrap, spark=spark)
+    from reclock.sources.registry import kind_of
+
+    # a kind whose writes need Spark has it found before any step runs; another finds it when it asks
+    spark = s.find_spark(spark_master, spark_remote) if kind_of(spec).writes_on_spark else None
+    return _contexts().cycle_context(spec, conf, dsn=dsn, blob_url=blob_url, upstream=bootstrap, spark=spark)
 
 
 @main.command()
@@ -336,7 +348,7 @@ def sink() -> None:
 def _sink_ctx(name: str, config: str | None, dsn: str | None, blob_url: str | None, bootstrap: str | None):
     from reclock.config import load_config
 
-    return _settings().any_sink_context(load_config(config).sink(name), dsn=dsn, blob_url=blob_url,
+    return _contexts().any_sink_context(load_config(config).sink(name), dsn=dsn, blob_url=blob_url,
                                         bootstrap=bootstrap)
 
 
@@ -404,7 +416,7 @@ def sink_status(name: str, config: str | None, dsn: str | None, blob_url: str | 
     s = _settings()
     spec = load_config(config).sink(name)
     if isinstance(spec, IcebergSinkSpec):
-        ctx = s.iceberg_sink_context(spec, dsn=dsn, blob_url=blob_url)
+        ctx = _contexts().iceberg_sink_context(spec, dsn=dsn, blob_url=blob_url)
         tf = table_frontier(ctx)
         frontier = tf.frontier if tf else None
         target = f"Iceberg table {spec.table} ({spec.layout})"

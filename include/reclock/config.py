@@ -52,7 +52,7 @@ A config file holds ``sources:`` and ``sinks:``. Example::
 A Postgres source's tables become the collections ``<source>__<table>`` (``shop__orders``; a table outside
 the ``public`` schema: ``<source>__<schema>__<table>``), beside its error collection ``<source>_errors``
 (:func:`pg_table_shard`). Without ``tables:``, the first cycle takes the publication's tables then and
-keeps them (``reclock.sources.postgres``).
+keeps them (``reclock.sources.postgres.upstream``).
 
 The file is the path a caller gives, else ``$RECLOCK_CONFIG``, else the caller's default (the DAG file
 passes ``include/reclock.yaml`` beside the DAGs folder); none of them is a ``SettingError``.
@@ -104,9 +104,9 @@ class KafkaSpec:
 
 SPARK_SNAPSHOT_MIN_BYTES = 1 << 30
 """A table at least this large (``pg_table_size``) has its initial snapshot read by Spark
-(``reclock.spark.snapshot``); a smaller one is read in the task (``reclock.cdc.read_snapshot``), which on
-one host is the faster of the two (``benchmarks/pg_cdc.py``): Spark pays off with executors on several
-hosts."""
+(``reclock.sources.postgres.spark_snapshot``); a smaller one is read in the task
+(``reclock.sources.postgres.cdc.read_snapshot``), which on one host is the faster of the two (``benchmarks/pg_cdc.py``):
+Spark pays off with executors on several hosts."""
 
 
 @dataclass(frozen=True)

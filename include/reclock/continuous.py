@@ -24,7 +24,7 @@ source whose last attempt failed, so the run fails and Airflow retries it.
 
 **Joint writes.** A group's sources also share Spark jobs: a cycle whose description is one append-only
 slice hands it to the group's :class:`JointWriter`, which writes the slices that sources of the same
-columns hand it at about the same time in one Spark job (``reclock.spark.ingest.write_joint``) and moves
+columns hand it at about the same time in one Spark job (the kind's ``reclock.sources.base.JointJobs``) and moves
 each source's files into that source's own write folder (``reclock.persist.staged.split_joint``). From there
 each source proves its parts and appends them with its own ``compare_and_append``, as after a job of its
 own. The first source to hand in a slice while no joint job runs leads: it waits ``gather_s`` for the
@@ -46,8 +46,10 @@ from reclock.batch import OffsetRange, SliceWritten
 from reclock.cycle import CycleContext, mint_and_append, resume
 from reclock.errors import ReclockError
 from reclock.failpoints import failpoint
+from reclock.part_layout import MEMBER_COLUMN
 from reclock.persist.staged import split_joint
-from reclock.spark.ingest import MEMBER_COLUMN, BindingRange, JointSlice, joint_key, write_joint
+from reclock.sources.base import JointJobs, JointSlice
+from reclock.spark.reclocking import BindingRange
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +107,7 @@ class _Handed:
     slice: JointSlice
     folder: str
     key: tuple
+    jobs: JointJobs
     done: bool = False
     result: tuple[SliceWritten, int] | None = None
     error: BaseException | None = None
@@ -125,11 +128,13 @@ class JointWriter:
         """Write one append-only slice of ``ctx``'s source into the blob folder ``folder`` in a joint job:
         what the job did for it and how many sources the job wrote; None when the source must write it in
         a job of its own (a source that cannot share one, or a joint job that failed)."""
-        key = joint_key(ctx.spec)
+        jobs = ctx.kind.joint
+        key = jobs.key(ctx.spec) if jobs is not None else None
         if key is None:
             return None
         root = ctx.blob.url(folder)[:-len(folder)]  # one job writes into one store
-        me = _Handed(ctx, JointSlice(ctx.spec, ctx.bootstrap, ranges, bindings), folder, (*key, root))
+        me = _Handed(ctx, JointSlice(ctx.spec, ctx.upstream, ranges, bindings), folder, (ctx.kind.name, *key, root),
+                     jobs)
         with self._cv:
             self._handed.append(me)
             while self._busy and not me.done:
@@ -161,7 +166,7 @@ class JointWriter:
         try:
             failpoint("write_batches:joint_job")
             blob = first.ctx.blob
-            written = write_joint(first.ctx.spark(), [h.slice for h in batch], blob.url(base))
+            written = first.jobs.write(first.ctx.spark(), [h.slice for h in batch], blob.url(base))
             split_joint(blob, first.ctx.spec.name, base, MEMBER_COLUMN, [h.folder for h in batch])
             for h, w in zip(batch, written):
                 h.result = (replace(w, url=blob.url(h.folder)), len(batch))

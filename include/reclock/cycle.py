@@ -2,18 +2,18 @@
 
 ::
 
-    upstream (Kafka)                          Postgres (consensus)                 blob store
-    ----------------                          --------------------                 ----------
-          |  probe last stable offsets
+    upstream (its kind)                       consensus                            blob store
+    -------------------                       ---------                            ----------
+          |  probe the upper (SourceRuntime.probe_upper)
           v
     +-----------+  append binding (CAS on remap upper)        "bindings before data"
     |   mint    |------------------------------> remap collection
     +-----------+  descriptions (lower = shard upper, upper = newest binding ts + 1)
           |
           v
-    +---------------+  read exactly the bound offset ranges, reclock (range join),
-    | write_batches |  decode, route; Parquet parts under fresh paths --------------> parts
-    +---------------+  (Spark, all executors; nothing visible yet)
+    +---------------+  the kind reads exactly the bound ranges, reclocks, decodes,
+    | write_batches |  routes; Parquet parts under fresh paths ----------------------> parts
+    +---------------+  (SourceRuntime.write; nothing visible yet)
           |
           v
     +-----------+  compare_and_append every output shard       "exactly once":
@@ -22,15 +22,15 @@
           |
           v
     +-----------+  resumption frontier = meet(remap upper, shard uppers)
-    |  resume   |  -> offset resumption frontier (source_upper_at) -> commit to the
-    +-----------+  consumer group; compact the remap collection   "bounded input reliance"
+    |  resume   |  -> offset resumption frontier (source_upper_at) -> committed
+    +-----------+  upstream (SourceRuntime.commit); compact the remap collection   "bounded input reliance"
                    and the shards' small parts; every so often, delete the parts nothing
                    references (past a grace period; a running write's folder is leased)  "bounded state"
 
-A Postgres source runs the same four steps (DESIGN.md, "The Postgres source"): mint binds the flush LSN,
-write_batches decodes the slot's transactions below the bound LSN (``reclock.cdc``: one timestamp per
-upstream transaction, the first description also carries the snapshot), append puts every table's shard
-in the one ``compare_and_append``, resume advances the replication slot.
+Every kind runs the same four steps: what differs between kinds (the upstream's upper, how a bound range
+is read and written, what is committed upstream) is the kind's, behind ``reclock.sources.base``
+(:class:`~reclock.sources.base.SourceRuntime`), found in ``reclock.sources.registry``; this module names
+no kind.
 
 Each step is a plain function over a :class:`CycleContext`; DAG tasks only call them. Every step records
 statistics and a status row; a step that fails records ``stalled`` with the error and re-raises.
@@ -40,39 +40,32 @@ from __future__ import annotations
 
 import contextlib
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
-from reclock import cdc, remap
-from reclock.batch import (BatchDescription, Part, SliceWritten, mint_descriptions, ranges_for, rebuild_window,
-                           split_ranges)
-from reclock.config import SourceSpec, parse_pg_table, pg_table_shard
-from reclock.errors import (ConfigError, DecodeError, RebuildConflict, RemapUpperMismatch, ShardsDisagree,
-                            UpperMismatch)
+from reclock import remap
+from reclock.batch import BatchDescription, SliceWritten, rebuild_window
+from reclock.config import SourceSpec
+from reclock.errors import ConfigError, RebuildConflict, RemapUpperMismatch, ShardsDisagree, UpperMismatch
 from reclock.explain import summary
 from reclock.failpoints import failpoint
 from reclock.lending import ConnectionLender
-from reclock.part_layout import DATA_KIND, DATA_OUTPUT, ERRORS_KIND, ERRORS_OUTPUT, INTERNAL_PREFIX
 from reclock.persist import blob as blobs
 from reclock.persist import connect
 from reclock.persist.compact import compact_parts
-from reclock.persist.gc import claim_gc, collect_garbage, lease_write, release_write
-from reclock.persist.remap_store import append_binding, compact_remap, load_remap, register_source
+from reclock.persist.gc import claim_gc, collect_garbage, release_write
+from reclock.persist.remap_store import append_binding, compact_remap, load_remap
 from reclock.persist.shards import (APPENDED, SWAPPED, Append, Swap, advance_since, batches, compare_and_append,
-                                    drop_lapsed_holds, holding_rebuild_lock, read_holds, register_shard, shard_info,
-                                    swap_batches, window_rows)
-from reclock.persist.source_tables import register_tables, registered_tables, replace_tables, snapshot_ts
-from reclock.persist.staged import collect_parts, first_rejected, read_state_changes, slice_folder
+                                    drop_lapsed_holds, holding_rebuild_lock, read_holds, shard_info, swap_batches,
+                                    window_rows)
 from reclock.persist.status import prune_history, record_statistics, record_status
-from reclock.persist.upsert_state import apply_changes, load_prior
-from reclock.read import read_as_of
 from reclock.remap import RemapCollection
-from reclock.sources.kafka import KafkaUpstream
-from reclock.sources.postgres import LSN_PARTITION, PostgresUpstream, lsn_frontier
-from reclock.spark import snapshot as spark_snapshot
-from reclock.spark.ingest import BindingRange, upsert_keys, write_slice
+from reclock.sources.base import SourceKind, SourceRuntime, WrittenBatch
+from reclock.sources.registry import kind_of
+
+__all__ = ["CycleContext", "MintResult", "WrittenBatch", "ResumeResult", "ensure_registered", "mint",
+           "write_batches", "append", "resume", "rebuild", "resnapshot", "mint_and_append", "run_cycle"]
 
 
 def now_ms() -> int:
@@ -81,19 +74,19 @@ def now_ms() -> int:
 
 @dataclass
 class CycleContext:
-    """Everything a step needs: the source's spec and where its upstream, consensus and blobs live."""
+    """Everything a step needs: the source's spec and where its upstream, consensus and blobs live (a
+    ``reclock.sources.base.CycleServices`` for the source's kind)."""
 
     spec: SourceSpec
     dsn: str
-    bootstrap: str
     blob: blobs.BlobStore
+    upstream: Any = None  # where the upstream is, as the kind's find_upstream resolved it (e.g. the brokers)
     spark_factory: Callable[[], object] | None = None
     clock: Callable[[], int] = now_ms
     retain_history_ms: int = 0
     gc_grace_s: float = 3600.0  # unreferenced parts younger than this (since written or replaced) are kept
     gc_interval_s: float = 300.0  # resume collects the source's garbage at most this often
     stats_keep_s: float = 7 * 86400.0  # statistics and status rows older than this go with that collection
-    upstream_dsn: str | None = None  # a Postgres source's upstream database
     # writes a description's one append-only slice in a Spark job shared with other sources (a continuous
     # group's ``reclock.continuous.JointWriter``): (ctx, ranges, bindings, folder) -> (SliceWritten, how
     # many sources the job wrote), or None when this one must run its own job
@@ -102,42 +95,28 @@ class CycleContext:
     # what the context's appends added, per append that added updates (what an Airflow task reports as asset
     # events: downstream work runs only when data moved, and reads exactly the new range)
     added: list[Added] = field(default_factory=list, init=False, repr=False, compare=False)
-    _upstream: KafkaUpstream | PostgresUpstream | None = field(default=None, init=False, repr=False, compare=False)
-    _outputs: tuple[cdc.Output, ...] | None = field(default=None, init=False, repr=False, compare=False)
+    _source: SourceRuntime | None = field(default=None, init=False, repr=False, compare=False)
     _spark: object | None = field(default=None, init=False, repr=False, compare=False)
     connections: ConnectionLender = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.connections = ConnectionLender(lambda: connect(self.dsn))
 
-    def upstream(self):
-        """The source's upstream (``KafkaUpstream`` or ``PostgresUpstream``); one per context, so a cycle's
-        probes share one connected admin client."""
-        if self._upstream is None:
-            if self.spec.postgres is not None:
-                if not self.upstream_dsn:
-                    raise ConfigError(f"source {self.spec.name}: this cycle context has no upstream_dsn")
-                self._upstream = PostgresUpstream(self.spec.name, self.upstream_dsn, self.spec.postgres.publication)
-            else:
-                self._upstream = KafkaUpstream(self.spec.name, self.bootstrap, self.spec.kafka.topic)
-        return self._upstream
+    @property
+    def kind(self) -> SourceKind:
+        """The source's kind (``reclock.sources.registry``)."""
+        return kind_of(self.spec)
 
-    def outputs(self) -> tuple[cdc.Output, ...]:
-        """A Postgres source's tables and their shards, as registered at its first cycle."""
-        if self._outputs is None:
-            with self.connect() as conn:
-                tables = registered_tables(conn, self.spec.name)
-            if tables is None:
-                raise ConfigError(f"source {self.spec.name}: no tables registered yet (run mint first)")
-            self._outputs = tuple(cdc.Output(t, pg_table_shard(self.spec.name, t.table)) for t in tables)
-        return self._outputs
+    def source(self) -> SourceRuntime:
+        """The kind's half of this context (its upstream client, what it keeps for the steps); one per
+        context, so a cycle's probes share one connected client."""
+        if self._source is None:
+            self._source = self.kind.open(self)
+        return self._source
 
     def shards(self) -> tuple[str, ...]:
-        """Every output shard of the source: the config's, or a Postgres source's registered tables' and its
-        error collection."""
-        if self.spec.postgres is None:
-            return self.spec.shards
-        return (*(o.shard for o in self.outputs()), self.spec.errors_shard)
+        """Every output shard of the source, the error collection included (the kind's)."""
+        return self.source().shards()
 
     def spark(self):
         """The context's Spark session, made by ``spark_factory`` once: a task writing several descriptions
@@ -180,29 +159,16 @@ def merge_added(added: Sequence[Added]) -> dict[str, Added]:
 
 @dataclass(frozen=True)
 class MintResult:
-    binding: remap.Binding | None  # the binding this cycle minted, if upstream moved
+    binding: remap.Binding | None  # the (newest) binding this cycle minted, if upstream moved
     descriptions: tuple[BatchDescription, ...]  # what write_batches must write, in order
-
-
-@dataclass(frozen=True)
-class WrittenBatch:
-    """The parts one description produced, per shard."""
-
-    desc: BatchDescription
-    parts: dict[str, tuple[Part, ...]] = field(default_factory=dict)
-    state: tuple[Part, ...] = ()  # upsert: the state changes append applies with the shards
-    prefix: str | None = None  # the folder the parts were written under, leased until append is done
 
 
 @contextlib.contextmanager
 def _holding(ctx: CycleContext) -> Iterator[None]:
-    """One consensus connection, and for a Postgres source one upstream session, for every step run inside
-    (``reclock.lending``, :meth:`~reclock.sources.postgres.PostgresUpstream.holding`): a step holds
-    them, and so do :func:`mint_and_append` and :func:`run_cycle` for the steps they run."""
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(ctx.connections.holding())
-        if ctx.spec.postgres is not None:
-            stack.enter_context(ctx.upstream().holding())
+    """One consensus connection, and what the kind holds for a step (an upstream session), for every step
+    run inside (``reclock.lending``, ``SourceRuntime.holding``): a step holds them, and so do
+    :func:`mint_and_append` and :func:`run_cycle` for the steps they run."""
+    with ctx.connections.holding(), ctx.source().holding():
         yield
 
 
@@ -229,99 +195,20 @@ def _step(ctx: CycleContext, step: str) -> Iterator[dict]:
 
 
 def ensure_registered(ctx: CycleContext) -> None:
-    """Create the source's remap collection, progress view and output shards if they do not exist."""
-    if ctx.spec.postgres is not None:
-        _register_postgres(ctx)
-        return
-    with ctx.connect() as conn:
-        register_source(conn, ctx.spec.name, kind="kafka")
-        register_shard(conn, ctx.spec.data_shard, source=ctx.spec.name, output=DATA_OUTPUT, kind=DATA_KIND)
-        register_shard(conn, ctx.spec.errors_shard, source=ctx.spec.name, output=ERRORS_OUTPUT, kind=ERRORS_KIND)
-
-
-def _register_postgres(ctx: CycleContext) -> None:
-    """Register a Postgres source: its tables (oids and columns, once; ``reclock.persist.source_tables``),
-    a shard per table (``<source>__<table>``, outputs 0, 2, 3, ...) and its error collection (output 1).
-    Every cycle checks the tables are still published with ``REPLICA IDENTITY FULL``. The slot is created
-    here while the source has no binding, so the first binding's LSN is at or after the slot's start."""
-    name = ctx.spec.name
-    up = ctx.upstream()
-    with ctx.connect() as conn:
-        register_source(conn, name, kind="postgres")
-        tables = registered_tables(conn, name)
-        bound = bool(load_remap(conn, name).bindings)
-    with up.session() as uconn:
-        if tables is None:
-            infos = _describe_tables(ctx, uconn)
-            with ctx.connect() as conn:
-                tables = register_tables(conn, name, infos)
-        else:
-            up.check_tables(uconn, tables)
-        if not bound:
-            up.ensure_slot(uconn)
-    with ctx.connect() as conn:
-        for i, t in enumerate(tables):
-            register_shard(conn, pg_table_shard(name, t.table), source=name, output=0 if i == 0 else i + 1,
-                           kind=DATA_KIND)
-        register_shard(conn, ctx.spec.errors_shard, source=name, output=ERRORS_OUTPUT, kind=ERRORS_KIND)
-
-
-def _describe_tables(ctx: CycleContext, uconn) -> list:
-    """The tables a Postgres source takes (its ``tables:``, else every table of its publication), described
-    upstream (published, identity FULL) and checked for column names a collection keeps for its own."""
-    up, name = ctx.upstream(), ctx.spec.name
-    names = ctx.spec.postgres.tables or [parse_pg_table(name, t) for t in up.published_tables(uconn)]
-    infos = up.describe(uconn, names)
-    for info in infos:
-        taken = [c for c, _, _ in info.columns if c in ("ts", "diff") or c.startswith(INTERNAL_PREFIX)]
-        if taken:
-            raise ConfigError(f"source {name}: table {info.table} has column(s) {', '.join(taken)}, names "
-                              "a collection keeps for its own (ts, diff, _reclock_*); rename the column(s) "
-                              "upstream, or leave the table out of `tables:`")
-    return infos
+    """Create the source's remap collection, progress view and output shards (and what its kind keeps
+    upstream) if they do not exist."""
+    ctx.source().register()
 
 
 def resnapshot(ctx: CycleContext) -> dict:
-    """Start a Postgres source over from a fresh snapshot at a new binding, after a stall (TRUNCATE, DDL,
-    a lost slot): the tables are described again (their new columns), the slot is dropped and created
-    anew, and a binding at a new timestamp (never in the past) is appended with the new registration in
-    one transaction. The next cycle's write retracts what each collection held and writes the snapshot,
-    both at that binding's timestamp, and streams from its LSN on; the bindings between the stall and it
-    add nothing of their own (their changes land at once, in the snapshot). A table new to the source
-    gets a collection that is empty before it. Readers and sinks see one more timestamp, as for any
-    cycle; history before it stays readable as it was.
-    """
-    if ctx.spec.postgres is None:
-        raise ConfigError(f"source {ctx.spec.name}: only a Postgres source is re-snapshotted")
+    """Start a source over from a fresh snapshot at a new binding, after a stall (a kind that takes a
+    snapshot: ``SourceRuntime.resnapshot``); never a time in the past. Readers and sinks see one more
+    timestamp, as for any cycle; history before it stays readable as it was."""
+    refused = ctx.kind.resnapshot_refused(ctx.spec)
+    if refused is not None:
+        raise ConfigError(refused)
     with _step(ctx, "resnapshot") as m:
-        name, up = ctx.spec.name, ctx.upstream()
-        with ctx.connect() as conn:
-            if registered_tables(conn, name) is None:
-                raise ConfigError(f"source {name}: it has not run yet; its first cycle takes the snapshot")
-            uppers = {s: shard_info(conn, s).upper for s in ctx.shards()}
-        if len(set(uppers.values())) != 1:
-            raise ShardsDisagree(name, uppers)
-        upper = min(uppers.values())
-        with up.session() as uconn:
-            infos = _describe_tables(ctx, uconn)
-            up.drop_slot(uconn)
-            up.ensure_slot(uconn)
-            lsn = up.flush_lsn(uconn)
-        with ctx.connect() as conn, conn.transaction():
-            rc = load_remap(conn, name)
-            binding = remap.Binding(remap.next_binding_ts(rc, ctx.clock()),
-                                    remap.last_frontier(rc).join(lsn_frontier(lsn)))
-            append_binding(conn, name, rc.upper, binding)
-            replace_tables(conn, name, infos, binding.ts)
-            shards = [pg_table_shard(name, t.table) for t in infos]
-            for i, shard in enumerate(shards):
-                register_shard(conn, shard, source=name, output=0 if i == 0 else i + 1, kind=DATA_KIND)
-            fresh = [s for s in shards if s not in uppers and shard_info(conn, s).upper == 0]
-            if upper > 0 and fresh:  # a new table's collection: empty before the re-snapshot
-                compare_and_append(conn, [Append(s, BatchDescription(0, upper)) for s in fresh])
-        ctx._outputs = None
-        m.update(binding_ts=binding.ts, lsn=lsn, tables=[t.table for t in infos], shards_upper=upper)
-        return {"ts": binding.ts, "lsn": lsn, "tables": [t.table for t in infos]}
+        return ctx.source().resnapshot(m)
 
 
 def mint(ctx: CycleContext) -> MintResult:
@@ -331,26 +218,31 @@ def mint(ctx: CycleContext) -> MintResult:
     ``max(now, last + 1)``, never in the past; two concurrent minters cannot both succeed.
     """
     with _step(ctx, "mint") as m, ThreadPoolExecutor(1, "reclock-probe") as pool:
-        if ctx.spec.postgres is not None:
-            ensure_registered(ctx)  # the slot first: the flush LSN probed after it is covered by it
-            upper = ctx.upstream().probe_upper()
+        source = ctx.source()
+        if source.probe_after_register:
+            source.register()
+            uppers = source.probe_uppers()
         else:
-            probe = pool.submit(ctx.upstream().probe_upper)  # Kafka's round trips beside Postgres's
-            ensure_registered(ctx)
-            upper = probe.result()
+            probe = pool.submit(source.probe_uppers)  # upstream's round trips beside the consensus's
+            source.register()
+            uppers = probe.result()
         minted = None
         with ctx.connect() as conn:
             rc = load_remap(conn, ctx.spec.name)
-            binding = remap.mint(rc, ctx.clock(), upper)
-            if binding is not None:
+            for upper in uppers:  # in order, one binding each (a kind may bind a position before another)
+                binding = remap.mint(rc, ctx.clock(), upper)
+                if binding is None:
+                    continue
                 try:
                     rc = append_binding(conn, ctx.spec.name, rc.upper, binding)
                     minted = binding
                 except RemapUpperMismatch:
                     # another cycle minted first: its binding serves us too
                     rc = load_remap(conn, ctx.spec.name)
+                    break
             failpoint("mint:after_binding")
             descs = _descriptions(conn, ctx, rc)
+        upper = uppers[-1] if uppers else remap.last_frontier(rc)
         m.update(upstream_upper=upper.as_dict(), minted_ts=minted.ts if minted else None,
                  descriptions=len(descs), offsets_known=sum(o for _, o in upper))
         return MintResult(minted, tuple(descs))
@@ -358,17 +250,13 @@ def mint(ctx: CycleContext) -> MintResult:
 
 def _descriptions(conn, ctx: CycleContext, rc: RemapCollection) -> list[BatchDescription]:
     lower = min(shard_info(conn, s).upper for s in ctx.shards())
-    if ctx.spec.postgres is not None:
-        # LSN distances are WAL bytes, not changes: one description, its memory bounded by the part size
-        return mint_descriptions(lower, rc, 2**62)
-    descs = mint_descriptions(lower, rc, ctx.spec.budget.max_records)
-    # upsert: a description's retractions read the state as of its lower, which only its predecessor's
-    # append produces, so a cycle writes one description (the backlog takes one cycle per budget)
-    return descs[:1] if ctx.spec.envelope == "upsert" else descs
+    return ctx.source().descriptions(rc, lower)
 
 
 def write_batches(ctx: CycleContext, desc: BatchDescription) -> WrittenBatch:
-    """Write the updates of ``desc`` for every output shard as Parquet parts (nothing visible yet).
+    """Write the updates of ``desc`` for every output shard as Parquet parts (nothing visible yet): the
+    kind reads exactly the range its bindings cover (``SourceRuntime.write``), and returns only parts an
+    accounted write proved.
 
     Keeps *replayable*: the offsets read and the timestamps given depend only on the durable bindings,
     so a rerun writes the same updates (to fresh paths).
@@ -376,192 +264,7 @@ def write_batches(ctx: CycleContext, desc: BatchDescription) -> WrittenBatch:
     with _step(ctx, "write_batches") as m:
         with ctx.connect() as conn:
             rc = load_remap(conn, ctx.spec.name)
-            if ctx.spec.envelope == "upsert" and shard_info(conn, ctx.spec.data_shard).upper >= desc.upper:
-                m.update(lower=desc.lower, upper=desc.upper, already_present=True)
-                return WrittenBatch(desc)  # a replay: the state has moved on, and append is a no-op
-        if ctx.spec.postgres is not None:
-            return _write_postgres(ctx, rc, desc, m)
-        written = _write(ctx, rc, desc, m)
-        if ctx.spec.on_decode_error == "stall" and written.parts.get(ctx.spec.errors_shard):
-            # refuse the whole description (nothing is appended) naming the first record that failed; the
-            # source stays stalled until the record or the config changes
-            first = first_rejected(ctx.blob, written.parts[ctx.spec.errors_shard])
-            if first is not None:
-                partition, offset, reason = first
-                raise DecodeError(ctx.spec.name, partition, offset, f"{reason} (on_decode_error: stall)")
-        return written
-
-
-def _write(ctx: CycleContext, rc: RemapCollection, desc: BatchDescription, m: dict,
-           on_slice: Callable[[int, int], None] | None = None, rebuilding: bool = False) -> WrittenBatch:
-    """Read the ranges the bindings in ``desc`` cover, one Spark job per budget slice, and collect the
-    parts, each slice proved to hold what its job read (``reclock.persist.staged``: else
-    ``UnaccountedWrite``, and nothing is appended); ``on_slice(done, total)`` after each job (the
-    progress of a long rebuild).
-
-    Upsert: one job for the whole description (a key's records must meet in one job), with the state rows
-    of the keys it touches as of ``desc.lower`` (none when rebuilding from 0)."""
-    ranges = ranges_for(rc, desc)
-    if ranges:
-        ctx.upstream().check_retained(
-            remap.source_upper_at(rc, desc.lower), remap.source_upper_at(rc, desc.upper))
-    bindings = [BindingRange(r.partition, s, e, ts) for r in ranges
-                for (s, e, ts) in remap.reclock_ranges(rc, r.partition)
-                if s < r.end and e > r.start and desc.lower <= ts < desc.upper]
-    prefix = f"{ctx.spec.name}/{desc.lower}-{desc.upper}/{uuid.uuid4().hex}"
-    upsert = ctx.spec.envelope == "upsert"
-    if not ranges:
-        slices = []
-    elif upsert:
-        slices = [ranges]
-    else:
-        slices = split_ranges(ranges, ctx.spec.budget.max_records)
-    spark = ctx.spark() if slices else None
-    prior: list[tuple] = []
-    if upsert and slices and not rebuilding:
-        keys = upsert_keys(spark, ctx.spec, ctx.bootstrap, ranges)
-        with ctx.connect() as conn:
-            prior = load_prior(conn, ctx.spec.name, ctx.spec.data_shard, desc.lower, keys)
-        m.update(keys=len(keys), prior_keys=len(prior))
-    if not slices:
-        m.update(lower=desc.lower, upper=desc.upper, slices=0, offsets=0, records_read=0)
-        return WrittenBatch(desc)
-    with ctx.connect() as conn:
-        lease_write(conn, ctx.spec.name, prefix)  # garbage collection leaves the folder alone until append
-    try:
-        failpoint("write_batches:before_job")
-        written: list[SliceWritten] = []
-        joinable = ctx.joint_writer is not None and len(slices) == 1 and not upsert and not rebuilding
-        joint = ctx.joint_writer(ctx, slices[0], bindings, slice_folder(prefix, 0)) if joinable else None
-        if joint is not None:
-            written.append(joint[0])
-            m.update(joint_sources=joint[1])
-            failpoint("write_batches:after_slice")
-        first = 1 if joinable else 0  # a joint job that failed may have left files in slice 0's folder
-        for i, sl in enumerate(slices if joint is None else (), start=first):
-            written.append(write_slice(spark, ctx.spec, ctx.bootstrap, sl, bindings,
-                                       ctx.blob.url(slice_folder(prefix, i)), prior, index=i))
-            with ctx.connect() as conn:
-                lease_write(conn, ctx.spec.name, prefix)  # renewed: a long rebuild keeps its first slices
-            if on_slice is not None:
-                on_slice(i + 1 - first, len(slices))
-            failpoint("write_batches:after_slice")
-        shards = {DATA_OUTPUT: ctx.spec.data_shard, ERRORS_OUTPUT: ctx.spec.errors_shard}
-        parts, state = collect_parts(ctx.blob, ctx.spec.name, shards, prefix, written, upsert)
-    except BaseException:
-        with contextlib.suppress(Exception), ctx.connect() as conn:
-            release_write(conn, prefix)  # what it wrote is garbage (an unreleased lease expires anyway)
-        raise
-    m.update(lower=desc.lower, upper=desc.upper, slices=len(slices),
-             offsets=sum(r.end - r.start for r in ranges),
-             records_read=sum(w.records_read for w in written),
-             records={s: sum(p.rows for p in ps) for s, ps in parts.items()},
-             bytes={s: sum(p.bytes for p in ps) for s, ps in parts.items()})
-    return WrittenBatch(desc, parts, state, prefix)
-
-
-def _write_postgres(ctx: CycleContext, rc: RemapCollection, desc: BatchDescription, m: dict) -> WrittenBatch:
-    """The transactions the bindings in ``desc`` cover, and the snapshot if ``desc`` holds the snapshot's
-    binding (the first, or a re-snapshot's), as parts per table (``reclock.cdc``; the upstream's
-    ``reclock.sources.postgres``).
-
-    A racing cycle cannot make this write append less than it should: the slot is advanced only to the
-    resumption frontier, after an append, so a transaction the peek skips (committed below the slot's
-    ``confirmed_flush``) is bound at a time below every shard's upper; a description that needed it has
-    its ``lower`` below that upper, and its append is then a no-op or an ``UpperMismatch``, never an append.
-    """
-    up: PostgresUpstream = ctx.upstream()
-    outputs = ctx.outputs()
-    start = remap.source_upper_at(rc, desc.lower).get(LSN_PARTITION)
-    end = remap.source_upper_at(rc, desc.upper).get(LSN_PARTITION)
-    bindings = [(b.ts, b.frontier.get(LSN_PARTITION)) for b in rc.bindings]
-    with ctx.connect() as conn:
-        snap_ts = snapshot_ts(conn, ctx.spec.name)
-    if snap_ts is None and start == 0:
-        snap_ts = bindings[0][0]  # no data written yet: this description holds the first binding
-    snapshot = snap_ts is not None and desc.lower <= snap_ts < desc.upper
-    chunk = ctx.spec.budget.max_records
-    prefix = f"{ctx.spec.name}/{desc.lower}-{desc.upper}/{uuid.uuid4().hex}"
-    with ctx.connect() as conn:
-        lease_write(conn, ctx.spec.name, prefix)
-    try:
-        failpoint("write_batches:before_job")
-        writer = cdc.PartWriter(ctx.blob, prefix, outputs, chunk)
-        rewind, snapshot_rows, upto, spark_done = None, 0, end, set()
-        with up.session() as uconn:
-            if snapshot:
-                t1, l1 = next((ts, lsn) for ts, lsn in bindings if ts == snap_ts)
-                start = l1
-                if desc.lower > 0:  # a re-snapshot: take back what each collection holds, at t1
-                    with ctx.connect() as conn:
-                        for out in outputs:
-                            if shard_info(conn, out.shard).upper > 0:
-                                writer.retract(out.info.relid, read_as_of(conn, ctx.blob, out.shard,
-                                                                          desc.lower - 1), t1)
-                with up.export_snapshot() as snap:
-                    up.check_retained(uconn, min(l1, snap.lsn))
-                    with up.snapshot_reader(snap) as sconn:
-                        on_spark = _snapshot_on_spark(ctx, sconn, outputs)
-                        for out, predicates in on_spark:
-                            snapshot_rows += _spark_snapshot(ctx, sconn, snap.name, out, predicates, writer, t1,
-                                                             prefix)
-                        spark_done = {out.shard for out, _ in on_spark}
-                        snapshot_rows += cdc.read_snapshot(sconn, [o for o in outputs if o.shard not in spark_done],
-                                                           writer, t1, chunk)
-                if snap.lsn != l1:
-                    rewind = cdc.Rewind(t1, min(l1, snap.lsn), max(l1, snap.lsn), -1 if snap.lsn > l1 else 1)
-                    upto = max(upto, snap.lsn)
-                m.update(snapshot_rows=snapshot_rows, snapshot_lsn=snap.lsn, first_lsn=l1,
-                         snapshot_on_spark=sorted(spark_done))
-            else:
-                up.check_retained(uconn, start)
-            decoder = cdc.ChangeDecoder(ctx.spec.name, outputs, writer, bindings, start, end, rewind,
-                                        strict_tables=not ctx.spec.postgres.tables)
-            # the peek's cursor lives in a transaction; the blocks are closed (the helper thread joined) before
-            # it ends, also when the decoder stops early
-            with uconn.transaction(force_rollback=True), contextlib.closing(
-                    up.read_blocks(uconn, upto, batch=max(1, min(chunk, 10_000)))) as blocks:
-                stats = decoder.feed_blocks(blocks)
-        failpoint("write_batches:after_slice")
-        emitted = writer.close()
-        parts = cdc.collect(ctx.blob, ctx.spec.name, prefix, emitted, sorted(spark_done))
-    except BaseException:
-        with contextlib.suppress(Exception), ctx.connect() as conn:
-            release_write(conn, prefix)
-        raise
-    parts[ctx.spec.errors_shard] = ()
-    m.update(lower=desc.lower, upper=desc.upper, lsn_from=start, lsn_until=end, transactions=stats.transactions,
-             changes=stats.changes, messages=stats.messages, records_read=snapshot_rows + stats.changes,
-             records={s: sum(p.rows for p in ps) for s, ps in parts.items()},
-             bytes={s: sum(p.bytes for p in ps) for s, ps in parts.items()})
-    return WrittenBatch(desc, parts, (), prefix)
-
-
-def _snapshot_on_spark(ctx: CycleContext, sconn, outputs: Sequence[cdc.Output]) -> list[tuple[cdc.Output, list]]:
-    """The tables whose snapshot Spark reads, with their partitions' predicates: those of at least the
-    source's ``spark_snapshot_min_bytes`` whose columns Spark converts exactly, when the context has Spark."""
-    least = ctx.spec.postgres.spark_snapshot_min_bytes
-    if least is None or ctx.spark_factory is None:
-        return []
-    chosen = []
-    for out in outputs:
-        size, pages, block = PostgresUpstream.table_size(sconn, out.info.relid)
-        if size >= least and spark_snapshot.convertible(out.info):
-            chosen.append((out, spark_snapshot.partition_predicates(pages, spark_snapshot.SPLIT_BYTES // block)))
-    return chosen
-
-
-def _spark_snapshot(ctx: CycleContext, sconn, snapshot: str, out: cdc.Output, predicates: Sequence[str],
-                    writer: cdc.PartWriter, ts: int, prefix: str) -> int:
-    """One table's snapshot written by Spark into the write's folder (``reclock.spark.snapshot``), while
-    ``sconn`` holds the exported ``snapshot`` open; its rows (``count(*)`` under the same snapshot) counted
-    into ``writer``, so that ``reclock.cdc.collect`` proves the parts hold exactly them."""
-    rows = PostgresUpstream.count_rows(sconn, out.info.table)
-    spark_snapshot.write_table_snapshot(ctx.spark(), spark_snapshot.jdbc_target(ctx.upstream_dsn), snapshot, out.info,
-                                        ts, ctx.blob.url(f"{prefix}/{out.shard}/{cdc.SPARK_SNAPSHOT}"), predicates)
-    writer.add_written(out.info.relid, rows)
-    failpoint("write_batches:after_spark_snapshot")
-    return rows
+        return ctx.source().write(rc, desc, m)
 
 
 REBUILD_ATTEMPTS = 3
@@ -576,22 +279,23 @@ def rebuild(ctx: CycleContext, on_slice: Callable[[int, int], None] | None = Non
 
     The window is widened to whole batch rows (``reclock.batch.rebuild_window``: a row's updates are replaced
     whole; bindings at or below the remap collection's since are collapsed into one, so a window reaching
-    them starts at 0), clipped to the shards' upper, and for an upsert source taken from 0 to the upper (its
-    later updates retract values the window holds, and the state before the window is not kept). Keeps
+    them starts at 0), clipped to the shards' upper, and taken from 0 to the upper where the kind says its rebuild must be whole
+    (``SourceKind.rebuild_whole``: a Kafka upsert source's later updates retract values the window holds).
+    The kind writes it (``SourceRuntime.rewrite``). Keeps
     *replayable*: the same offsets are bound at the same timestamps, so with an unchanged decode the same
     ``(data, ts, diff)`` updates come back; with a fixed decode, a record that landed in ``<source>_errors``
     comes back in the collection at its original timestamp. Appends above the window go on meanwhile
     (``reclock.persist.shards.swap_batches``); compaction of the source's shards waits; a swap that lost to
     another rebuild plans again (:data:`REBUILD_ATTEMPTS`). Raises ``UpstreamDataLost`` if retention ran past
     the window's offsets, ``UnaccountedWrite`` if what Spark wrote cannot be found whole (nothing is swapped
-    then). Never mints a binding.
+    then). Never mints a binding; ``ConfigError`` for a kind whose upstream keeps no history to replay.
     """
-    if ctx.spec.postgres is not None:
-        raise ConfigError(f"source {ctx.spec.name}: a Postgres upstream keeps no history to replay; rebuilding "
-                          "means a fresh snapshot at a new binding (`reclock resnapshot`), never timestamps in "
-                          "the past")
-    name, shards = ctx.spec.name, ctx.spec.shards
+    refused = ctx.kind.rebuild_refused(ctx.spec)
+    if refused is not None:
+        raise ConfigError(refused)
+    name = ctx.spec.name
     with _step(ctx, "rebuild") as m, holding_rebuild_lock(ctx.dsn, name):
+        shards = ctx.shards()
         for attempt in range(1, REBUILD_ATTEMPTS + 1):
             with ctx.connect() as conn:
                 rc = load_remap(conn, name)
@@ -600,13 +304,13 @@ def rebuild(ctx: CycleContext, on_slice: Callable[[int, int], None] | None = Non
                     raise ShardsDisagree(name, uppers)
                 upper = min(uppers.values())
                 rows = [(b.lower, b.upper) for s in shards for b in batches(conn, s)]
-                lo, hi = (None, None) if ctx.spec.envelope == "upsert" else window
+                lo, hi = (None, None) if ctx.kind.rebuild_whole(ctx.spec) else window
                 desc = rebuild_window(rows, rc.since, upper, lo, hi)
                 if desc is None:
                     m.update(window=list(window), upper=upper, parts=0)
                     return {"upper": upper, "lower": None, "parts": 0, "records": {}, "window": None}
                 old = {s: window_rows(conn, s, desc.lower, desc.upper) for s in shards}
-            written = _write(ctx, rc, desc, m, on_slice, rebuilding=True)
+            written = ctx.source().rewrite(rc, desc, m, on_slice)
             with ctx.connect() as conn:
                 try:
                     outcome = swap_batches(conn, [Swap(s, old[s], desc, written.parts.get(s, ())) for s in shards])
@@ -630,14 +334,12 @@ def append(ctx: CycleContext, written: WrittenBatch) -> list:
     """
     with _step(ctx, "append") as m:
         appends = [Append(s, written.desc, written.parts.get(s, ())) for s in ctx.shards()]
-        changes = read_state_changes(ctx.blob, written.state) if ctx.spec.envelope == "upsert" else None
-        if changes is not None:
-            m.update(state_changes=changes.num_rows)
+        effects = ctx.source().append_effects(written, m)
 
         def also(conn) -> None:
-            """In the append's transaction: the upsert state moves with the shards."""
-            if changes is not None:
-                apply_changes(conn, ctx.spec.name, changes)
+            """In the append's transaction: what the kind moves with the shards (an upsert state)."""
+            if effects is not None:
+                effects(conn)
             failpoint("append:in_transaction")
         with ctx.connect() as conn:
             try:
@@ -669,7 +371,7 @@ class ResumeResult:
 
 
 def resume(ctx: CycleContext) -> ResumeResult:
-    """Resumption frontier -> offset resumption frontier -> consumer-group commit -> compaction.
+    """Resumption frontier -> offset resumption frontier -> committed upstream -> compaction.
 
     Keeps *bounded input reliance*: after it, upstream may drop every offset below the committed
     frontier and no restart will ever need it; compaction respects read holds. Keeps *bounded state*:
@@ -685,7 +387,7 @@ def resume(ctx: CycleContext) -> ResumeResult:
             infos = [shard_info(conn, s) for s in ctx.shards()]
         resumption = min([rc.upper, *(i.upper for i in infos)])
         offsets = remap.source_upper_at(rc, resumption)
-        ctx.upstream().commit(ctx.spec.consumer_group, offsets)
+        ctx.source().commit(offsets)
         failpoint("resume:after_commit")
         # the last complete time stays readable: since may reach resumption - 1, never the upper itself
         target = max(0, resumption - 1)
@@ -698,6 +400,7 @@ def resume(ctx: CycleContext) -> ResumeResult:
             since = target
             if since > rc.since:
                 compact_remap(conn, ctx.spec.name, since)
+            ctx.source().compact(conn, since)
             for s in ctx.shards():
                 advance_since(conn, s, since)
             compacted = {s: compact_parts(conn, ctx.blob, s).parts_merged for s in ctx.shards()}

@@ -274,3 +274,41 @@ class SlotBusy(ReclockError):
         self.slot = slot
         super().__init__(f"source {source}: replication slot {slot} is in use by another process ({detail}); "
                          "another cycle of this source runs, this one changed nothing")
+
+
+class RegistryUnavailable(ReclockError):
+    """A Schema Registry did not answer as one (unreachable, refused the login, a server error, TLS that does
+    not verify). The records are not at fault: a cycle that needs the registry stalls, whatever
+    ``on_decode_error`` says, and the next cycle reads the same records again."""
+
+    def __init__(self, url: str, detail: str) -> None:
+        self.url = url
+        self.detail = detail
+        super().__init__(f"schema registry {url}: {detail}")
+
+
+class SchemaNotFound(ReclockError, LookupError):
+    """The registry answered that a schema id, subject or version does not exist."""
+
+    def __init__(self, url: str, what: str, detail: str) -> None:
+        self.url = url
+        self.what = what
+        super().__init__(f"schema registry {url}: {what} does not exist ({detail})")
+
+
+class SchemaIncompatible(ReclockError):
+    """A collection's schema cannot take a change (a type narrowed, a required field removed, a column's
+    type changed to another): the source stalls naming the field, the schemas, and what to do; nothing past
+    the change is appended."""
+
+    def __init__(self, source: str, collection: str, field: str, change: str, old: str, new: str,
+                 remedy: str) -> None:
+        self.source = source
+        self.collection = collection
+        self.field = field
+        self.change = change
+        self.old = old
+        self.new = new
+        self.remedy = remedy
+        super().__init__(f"source {source}: collection {collection}: field {field!r} {change} (from {old} to "
+                         f"{new}); the source is stalled and nothing past the change is appended ({remedy})")

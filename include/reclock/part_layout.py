@@ -6,7 +6,7 @@ the error collection (``_reclock_err_*`` columns), output 2 the upsert state's c
 An append-only slice tells its rows apart by :data:`REJECTED_COLUMN` (null on the collection's rows); an
 upsert slice by ``_output=N/`` folders. Readers of a shard keep only its own columns (:func:`own_columns`).
 
-Pure: the Spark job (``reclock.spark.ingest``), the collector of staged parts (``reclock.persist.staged``)
+Pure: the Spark job (``reclock.sources.kafka.spark_job``), the collector of staged parts (``reclock.persist.staged``)
 and the readers (``reclock.read``, ``reclock.persist.compact``) import these names from here.
 """
 
@@ -37,6 +37,9 @@ PACKED_BASE64 = ("key", "raw")
 """The error columns :data:`REJECTED_COLUMN` carries in base64 (they are bytes)."""
 OUTPUT_FOLDER = "_output={}"
 """The folder of an upsert slice's files of one output."""
+MEMBER_COLUMN = INTERNAL_PREFIX + "member"
+"""The partition column of a joint write (several sources' slices in one Spark job): the slice's number among
+the job's slices (a folder ``_reclock_member=<i>``, not a column in the files)."""
 
 DATA_KIND = "data"
 ERRORS_KIND = "errors"

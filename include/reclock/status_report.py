@@ -32,7 +32,7 @@ from reclock.persist import connect
 from reclock.persist.shards import ReadHold
 from reclock.persist.status import COLUMNS as STATUS_COLUMNS, Status
 from reclock.read import read_updates
-from reclock.sources.kafka import KafkaUpstream
+from reclock.sources.kafka.upstream import KafkaUpstream
 
 STATEMENT_TIMEOUT_MS = 2000
 RECENT_ROWS = 60  # statistics rows per source read for the overview: the last cycle and a half, at least
@@ -476,7 +476,7 @@ def source_detail(conn, name: str, config: Config | None = None, lag: LagProbe =
     hist = conn.execute(f"SELECT {STATUS_COLUMNS} FROM reclock.status_history WHERE name = %s "
                         "ORDER BY id DESC LIMIT %s", (name, history)).fetchall()
     stats = _recent_statistics(conn, [name], SERIES_ROWS)[name]
-    return SourceDetail(ov.sources[0], tuple(BindingRow(*r) for r in rows),
+    return SourceDetail(ov.sources[0], tuple(BindingRow(ts, p, int(o)) for ts, p, o in rows),
                         tuple(Status(name, st, redact(err), at, step, run, redact(trace))
                               for st, err, at, step, run, trace in hist),
                         tuple(series_of(cycles_from_statistics(stats))))

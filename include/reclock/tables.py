@@ -23,7 +23,7 @@ a rebuild replaced, internal columns, and updates with ``diff`` rather than rows
     df = spark_as_of(spark, "orders")                   # or one call: a hold leased for READ_LEASE_S
 
 :func:`spark_updates` gives the raw ``(data..., ts, diff)`` updates at ``lower <= ts < upper``. Settings
-(the consensus DSN, the blob store) come as for every command (``reclock.orchestration.settings``) unless
+(the consensus DSN, the blob store) come as for every command (``reclock.settings``) unless
 given. Spark must be able to read the blob store: for ``s3://`` the session needs the ``s3a`` settings
 (``reclock.persist.objectstore.spark_s3a_conf``), which Reclock's own sessions have.
 """
@@ -112,7 +112,7 @@ def _holder() -> str:
 
 def _settings(dsn: str | None, blob: BlobStore | None) -> tuple[str, BlobStore]:
     if dsn is None or blob is None:
-        from reclock.orchestration import settings
+        from reclock import settings
 
         dsn = settings.find_dsn(dsn)
         blob = blob if blob is not None else settings.find_blob_store()

@@ -37,7 +37,7 @@ def cluster_ctx(db, kafka, cluster, s3, topic: str, name: str, **extra) -> cycle
     """A source whose Spark is the cluster's Connect server and whose parts go to ``s3://bucket/<name>-...``."""
     raw = {"kafka": {"topic": topic, "bootstrap": kafka.bootstrap}, "format": {"type": "json", "schema": SCHEMA},
            "include": ["partition", "offset", "key"], **extra}
-    return cycle.CycleContext(spec=parse_source(name, raw), dsn=db, bootstrap=kafka.bootstrap,
+    return cycle.CycleContext(spec=parse_source(name, raw), dsn=db, upstream=kafka.bootstrap,
                               blob=blob_store_from_url(s3.url(f"{name}-{uuid.uuid4().hex[:8]}"), s3.settings()),
                               spark_factory=lambda: cluster.connect.session(scope=name), clock=Clock(),
                               retain_history_ms=10**12)
@@ -198,7 +198,7 @@ def test_a_postgres_snapshot_read_by_the_cluster_into_s3_equals_the_table(db, po
     snapshot, in page ranges; parts on S3; then the stream goes on from it."""
     from pg_support import upstream_database, writer
 
-    from reclock.spark import snapshot as spark_snapshot
+    from reclock.sources.postgres import spark_snapshot as spark_snapshot
 
     monkeypatch.setattr(spark_snapshot, "SPLIT_BYTES", 256 << 10)
     name = f"cl_pg{uuid.uuid4().hex[:6]}"
@@ -211,10 +211,10 @@ def test_a_postgres_snapshot_read_by_the_cluster_into_s3_equals_the_table(db, po
                          "CASE WHEN g % 3 = 0 THEN NULL ELSE 'ab' END FROM generate_series(1, 20000) g")
         raw = {"postgres": {"dsn_env": "UNUSED", "publication": "pub", "spark_snapshot_min_bytes": 0},
                "tables": ["big"]}
-        ctx = cycle.CycleContext(spec=parse_source(name, raw), dsn=db, bootstrap="",
+        ctx = cycle.CycleContext(spec=parse_source(name, raw), dsn=db,
                                  blob=blob_store_from_url(s3.url(f"{name}-parts"), s3.settings()),
                                  spark_factory=lambda: cluster.connect.session(scope=name), clock=Clock(),
-                                 upstream_dsn=up, retain_history_ms=10**12)
+                                 upstream=up, retain_history_ms=10**12)
         cycle.run_cycle(ctx)
         with writer(up) as conn:
             conn.execute("UPDATE big SET v = 'changed' WHERE id % 1000 = 0")

@@ -16,7 +16,7 @@ from reclock.persist.blob import LocalBlobStore
 from reclock.persist.remap_store import load_remap
 from reclock.persist.shards import shard_info
 from reclock.read import read_updates
-from reclock.sources.kafka import KafkaUpstream
+from reclock.sources.kafka.upstream import KafkaUpstream
 
 
 class Clock:
@@ -34,7 +34,7 @@ def make_ctx(db: str, kafka, spark, tmp_path: Path, topic: str, name: str = "ord
     raw = {"kafka": {"topic": topic, "bootstrap": kafka.bootstrap},
            "format": {"type": "json", "schema": "id BIGINT, name STRING"},
            "include": ["partition", "offset", "key"], "budget": {"max_records": 50}, **extra}
-    return cycle.CycleContext(spec=parse_source(name, raw), dsn=db, bootstrap=kafka.bootstrap,
+    return cycle.CycleContext(spec=parse_source(name, raw), dsn=db, upstream=kafka.bootstrap,
                               blob=LocalBlobStore(tmp_path / "blobs"), spark_factory=lambda: spark,
                               clock=Clock())
 
@@ -91,6 +91,6 @@ def check_invariants(ctx: cycle.CycleContext, expected_ids: set[int]) -> dict:
         # the binding that covers the offset gave the ts (compaction may since have advanced it to since)
         assert max(r["ts"], rc.since) == remap.reclock(rc, r["_partition"], r["_offset"])
         assert r["diff"] == 1
-    committed = KafkaUpstream(ctx.spec.name, ctx.bootstrap, ctx.spec.kafka.topic).committed(ctx.spec.consumer_group)
+    committed = KafkaUpstream(ctx.spec.name, ctx.upstream, ctx.spec.kafka.topic).committed(ctx.spec.consumer_group)
     assert committed == remap.source_upper_at(rc, min(rc.upper, info.upper)), "group offsets = resumption frontier"
     return {"rc": rc, "info": info, "rows": rows}

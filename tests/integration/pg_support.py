@@ -17,7 +17,7 @@ from reclock.persist import connect
 from reclock.persist.blob import LocalBlobStore
 from reclock.persist.remap_store import load_remap
 from reclock.read import read_as_of
-from reclock.sources.postgres import slot_name
+from reclock.sources.postgres.upstream import slot_name
 
 _names = itertools.count()
 
@@ -56,9 +56,9 @@ def make_ctx(db: str, upstream_dsn: str, tmp_path: Path, name: str, tables: list
         raw["postgres"]["spark_snapshot_min_bytes"] = spark_snapshot_min_bytes
     if tables is not None:
         raw["tables"] = tables
-    return cycle.CycleContext(spec=parse_source(name, raw), dsn=db, bootstrap="",
+    return cycle.CycleContext(spec=parse_source(name, raw), dsn=db,
                               blob=LocalBlobStore(tmp_path / "blobs"), clock=Clock(),
-                              upstream_dsn=upstream_dsn, retain_history_ms=10**12,
+                              upstream=upstream_dsn, retain_history_ms=10**12,
                               spark_factory=None if spark is None else (lambda: spark))
 
 
@@ -82,7 +82,7 @@ def bindings(ctx: cycle.CycleContext) -> list[tuple[int, int]]:
 
 
 def slot_confirmed(upstream_dsn: str, source: str) -> int | None:
-    from reclock.sources.pgoutput import lsn_to_int
+    from reclock.sources.postgres.pgoutput import lsn_to_int
 
     with psycopg.connect(upstream_dsn, autocommit=True) as conn:
         row = conn.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",

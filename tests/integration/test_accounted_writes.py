@@ -31,7 +31,7 @@ from reclock.persist.blob import LocalBlobStore
 from reclock.persist.shards import batches, shard_info
 from reclock.persist.staged import COMMIT_MARKER, collect_parts, slice_folder, split_joint
 from reclock.persist.status import latest_status
-from reclock.sources.kafka import KafkaUpstream
+from reclock.sources.kafka.upstream import KafkaUpstream
 
 
 def _nothing_landed(ctx) -> None:
@@ -41,7 +41,7 @@ def _nothing_landed(ctx) -> None:
             assert shard_info(conn, s).upper == 0 and batches(conn, s) == []
         status = latest_status(conn, ctx.spec.name)
     assert status.status == "stalled"
-    committed = KafkaUpstream(ctx.spec.name, ctx.bootstrap, ctx.spec.kafka.topic).committed(ctx.spec.consumer_group)
+    committed = KafkaUpstream(ctx.spec.name, ctx.upstream, ctx.spec.kafka.topic).committed(ctx.spec.consumer_group)
     assert not committed or all(o == 0 for o in committed.as_dict().values())
 
 
@@ -79,7 +79,7 @@ from reclock.config import parse_source
 from reclock.persist.blob import LocalBlobStore
 raw, dsn, bootstrap, blobs, url = json.loads(sys.argv[1])
 spark = SparkSession.builder.remote(url).getOrCreate()
-ctx = cycle.CycleContext(spec=parse_source("orders", raw), dsn=dsn, bootstrap=bootstrap,
+ctx = cycle.CycleContext(spec=parse_source("orders", raw), dsn=dsn, upstream=bootstrap,
                          blob=LocalBlobStore(blobs), spark_factory=lambda: spark)
 try:
     cycle.run_cycle(ctx)
@@ -120,13 +120,15 @@ def test_a_spark_server_that_sees_another_blob_folder_fails_the_cycle_and_commit
 
 def _tampering(monkeypatch, what):
     """Let each slice's real Spark job run, then do ``what(folder)`` to its output before it is collected."""
-    real = cycle.write_slice
+    from reclock.sources.kafka import spark_job
+
+    real = spark_job.write_slice
 
     def write_slice(*args, **kwargs):
         out = real(*args, **kwargs)
         what(Path(out.url))
         return out
-    monkeypatch.setattr(cycle, "write_slice", write_slice)
+    monkeypatch.setattr(spark_job, "write_slice", write_slice)
 
 
 def _first_part(folder: Path) -> Path:

@@ -28,13 +28,13 @@ from reclock.dev.state import REPO_ROOT
 from reclock.persist import connect
 from reclock.persist.shards import shard_info
 from reclock.persist.status import latest_status
-from reclock.sources.kafka import KafkaUpstream
+from reclock.sources.kafka.upstream import KafkaUpstream
 
 LEASE = """
 import sys
 from reclock.config import load_config
 from reclock.continuous import run_cycles
-from reclock.orchestration.settings import cycle_context
+from reclock.orchestration.contexts import cycle_context
 
 print("ready", flush=True)
 print(run_cycles(cycle_context(load_config(None).source("cont")), float(sys.argv[1]), idle_s=0.1), flush=True)

@@ -23,7 +23,7 @@ def _pid(conn) -> int:
 def ctx(db, tmp_path):
     spec = parse_source("conns", {"kafka": {"topic": "unused", "bootstrap": "127.0.0.1:1"},
                                   "format": {"type": "json", "schema": "id BIGINT"}})
-    return cycle.CycleContext(spec=spec, dsn=db, bootstrap="127.0.0.1:1", blob=LocalBlobStore(tmp_path))
+    return cycle.CycleContext(spec=spec, dsn=db, upstream="127.0.0.1:1", blob=LocalBlobStore(tmp_path))
 
 
 def test_outside_a_step_every_call_gets_its_own_connection(ctx):
@@ -120,7 +120,7 @@ def test_an_upstream_session_is_lent_like_a_consensus_connection(db, monkeypatch
     ``reclock.lending`` as the consensus connections: one per ``holding`` block (``cycle._holding``: a step,
     or a whole cycle), shared by a session inside a session, never joining a caller's transaction, dropped
     after an error, replaced when idle or left in a transaction; outside a block, a connection of its own."""
-    from reclock.sources import postgres as pgsrc
+    from reclock.sources.postgres import upstream as pgsrc
 
     up = pgsrc.PostgresUpstream("x", db, "unused")
     with up.session() as a:

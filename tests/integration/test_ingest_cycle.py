@@ -22,7 +22,7 @@ from reclock.persist.remap_store import load_remap
 from reclock.persist.shards import batches, shard_info
 from reclock.persist.status import latest_status
 from reclock.read import read_as_of, read_updates
-from reclock.sources.kafka import UpstreamUnavailable
+from reclock.sources.kafka.upstream import UpstreamUnavailable
 
 
 def test_waves_aborts_new_partition_bad_records(db, kafka, topic, spark, tmp_path):
@@ -146,7 +146,8 @@ def test_the_read_goes_through_sparks_v2_kafka_reader(db, kafka, topic, spark, t
     """``SESSION_CONF`` holds in the sessions Reclock makes: the batch read of Kafka is a V2 scan, not the
     V1 relation that converts every record to an external Row and back."""
     from reclock.batch import OffsetRange
-    from reclock.spark.ingest import BindingRange, reclock_and_decode
+    from reclock.sources.kafka.spark_job import reclock_and_decode
+    from reclock.spark.reclocking import BindingRange
 
     name = topic(partitions=1)
     produce(kafka, name, [rec(0, 0)])
@@ -216,7 +217,7 @@ def test_two_cycles_at_once_never_duplicate(db, kafka, topic, spark, tmp_path):
 def test_rebuild_gives_identical_updates_and_timestamps(db, kafka, topic, spark, tmp_path, monkeypatch, reclock_by):
     """The cycles reclock with a ``CASE`` expression over the bindings; the rebuild with the same, or with the
     broadcast range join (what a slice spanning more bindings than ``CASE_LIMIT`` uses): the same updates."""
-    from reclock.spark import ingest
+    from reclock.spark import reclocking
 
     name = topic(partitions=3)
     ctx = replace(make_ctx(db, kafka, spark, tmp_path, name, name="rebuilt"), retain_history_ms=10**12)
@@ -234,7 +235,7 @@ def test_rebuild_gives_identical_updates_and_timestamps(db, kafka, topic, spark,
         old_paths = {b.path for s in ctx.spec.shards for b in batches(conn, s)}
     progress: list[tuple[int, int]] = []
     if reclock_by == "join":
-        monkeypatch.setattr(ingest, "CASE_LIMIT", 0)
+        monkeypatch.setattr(reclocking, "CASE_LIMIT", 0)
     out = cycle.rebuild(ctx, on_slice=lambda done, total: progress.append((done, total)))
     assert out["upper"] > 0 and progress[-1][0] == progress[-1][1] >= 4  # 151 offsets, 50 per slice
     after = {s: updates(s) for s in ctx.spec.shards}

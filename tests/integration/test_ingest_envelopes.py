@@ -20,7 +20,7 @@ from reclock.persist.status import latest_statistics
 from reclock.persist.upsert_state import state_size
 from reclock.read import read_as_of, read_updates
 from reclock.sinks.kafka import read_all
-from reclock.sources.kafka import KafkaUpstream
+from reclock.sources.kafka.upstream import KafkaUpstream
 
 PARTITIONS = 3
 
@@ -222,7 +222,7 @@ def test_failure_inside_each_step_then_rerun_matches_a_run_without_failure(db, k
         with connect(db) as conn:
             ups = read_updates(conn, ctx.blob, ctx.spec.name).to_pylist()
             rc = load_remap(conn, ctx.spec.name)
-        committed = KafkaUpstream(ctx.spec.name, ctx.bootstrap, name).committed(ctx.spec.consumer_group)
+        committed = KafkaUpstream(ctx.spec.name, ctx.upstream, name).committed(ctx.spec.consumer_group)
         return sorted(map(str, ups)), [(b.ts, b.frontier.as_dict()) for b in rc.bindings], committed
 
     reference = contents(ctxs[None])

@@ -23,7 +23,7 @@ import yaml
 from confluent_kafka import Producer
 
 from reclock.dev.jars import spark_kafka_jars
-from reclock.orchestration.settings import NO_BLOB, NO_DSN, NO_SPARK
+from reclock.settings import NO_BLOB, NO_DSN, NO_SPARK
 from reclock.spark.session import NO_CONNECTOR
 from reclock.config import NO_CONFIG
 
@@ -89,7 +89,7 @@ print(json.dumps({"file": reclock.__file__, "dev": sorted(m for m in sys.modules
     assert probe.returncode == 0, probe.stderr[-3000:]
     seen = json.loads(probe.stdout.strip().splitlines()[-1])
     assert seen["file"].startswith(str(venv)), seen
-    assert seen["dev"] == [] and "reclock.orchestration.settings" in seen["orchestration"], seen
+    assert seen["dev"] == [] and "reclock.orchestration.contexts" in seen["orchestration"], seen
 
     # migrations ship in the wheel and apply
     migrated = _run(venv, cwd, "reclock", "migrate", "--dsn", fresh_db, env=env)

@@ -56,6 +56,37 @@ def test_pending_migrations_apply_in_order(fresh_db, monkeypatch):
     assert migrations.migrate(fresh_db) == []
 
 
+def test_numeric_offsets_keep_the_progress_views_that_exist(fresh_db, monkeypatch):
+    """Migration 9 widens ``remap_offsets."offset"`` to an integral numeric under the progress views of the sources
+    registered before it (a view's column cannot change type): each is created again as it was, and shows
+    the same rows."""
+    from reclock.persist.remap_store import append_binding, register_source
+    from reclock.remap import Binding
+    from reclock.time import PartitionedFrontier as F
+
+    shipped = migrations.available()
+    monkeypatch.setattr(migrations, "available", lambda: shipped[:8])
+    assert migrations.migrate(fresh_db) == list(range(1, 9))
+    lsn_view = ("SELECT ts, '0/0'::pg_lsn + \"offset\" AS lsn FROM reclock.remap_offsets WHERE partition = 0 "
+                "AND source = {}")
+    with connect(fresh_db) as conn:
+        register_source(conn, "orders")
+        register_source(conn, "shop", kind="postgres", progress=lsn_view)
+        append_binding(conn, "orders", 0, Binding(5, F.of({0: 3, 1: 9})))
+        append_binding(conn, "shop", 0, Binding(6, F.of({0: 0x16B3748})))
+        kafka_rows = conn.execute('SELECT * FROM reclock.orders_progress ORDER BY 1, 2').fetchall()
+        assert conn.execute("SELECT lsn::text FROM reclock.shop_progress").fetchall() == [("0/16B3748",)]
+    monkeypatch.setattr(migrations, "available", lambda: shipped)
+    assert migrations.migrate(fresh_db) == ALL[8:]
+    with connect(fresh_db) as conn:
+        assert conn.execute('SELECT * FROM reclock.orders_progress ORDER BY 1, 2').fetchall() == kafka_rows
+        assert conn.execute("SELECT lsn::text FROM reclock.shop_progress").fetchall() == [("0/16B3748",)]
+        types = dict(conn.execute("SELECT table_name || '.' || column_name, data_type FROM information_schema.columns "
+                                  "WHERE table_schema = 'reclock' AND column_name IN ('offset', 'lsn')").fetchall())
+        assert types == {"remap_offsets.offset": "numeric", "orders_progress.offset": "numeric",
+                         "shop_progress.lsn": "pg_lsn", "upsert_state.offset": "bigint"}
+
+
 def test_concurrent_migrators_apply_each_migration_once(fresh_db):
     results: list[list[int]] = []
     errors: list[BaseException] = []

@@ -31,7 +31,7 @@ def test_register_source_is_idempotent_and_creates_the_progress_view(conn):
     assert conn.execute("SELECT kind, config FROM reclock.sources").fetchall() == [("kafka", {"topic": "orders"})]
     cols = conn.execute("SELECT column_name, data_type FROM information_schema.columns WHERE table_schema = "
                         "'reclock' AND table_name = 'orders_progress' ORDER BY ordinal_position").fetchall()
-    assert cols == [("ts", "bigint"), ("partition", "integer"), ("offset", "bigint")]
+    assert cols == [("ts", "bigint"), ("partition", "integer"), ("offset", "numeric")]
     assert progress(conn, "orders") == []
     with pytest.raises(ConfigError, match="already registered as a kafka source"):
         register_source(conn, "orders", kind="postgres")
@@ -184,3 +184,23 @@ def test_concurrent_minters_exactly_one_wins_each_round(db):
         rc = load_remap(conn, "orders")
     remap.validate(rc)
     assert len(rc.bindings) == rounds
+
+
+def test_offsets_are_exact_integers_of_any_size(conn):
+    """A kind maps its FromTime onto (partition, offset) integers (``reclock.sources.base``): the store keeps
+    any integer offset exactly (Kinesis sequence numbers: 56 digits as AWS issues them, 129 by the API's
+    pattern), in the collection, its progress view and its AS OF form; a fraction is refused."""
+    register_source(conn, "wide")
+    seq = 49680563784135358040182390463303046395080030960589209602  # a Kinesis sequence number
+    end = 10**129
+    rc = append_binding(conn, "wide", 0, Binding(10, F.of({0: seq, 7: 2**63 + 1})))
+    rc = append_binding(conn, "wide", rc.upper, Binding(20, F.of({0: end, 7: 2**63 + 1})))
+    assert load_remap(conn, "wide") == rc
+    assert rc.bindings[-1].frontier.get(0) == end and type(rc.bindings[-1].frontier.get(0)) is int
+    assert progress(conn, "wide") == [(10, 0, seq), (10, 7, 2**63 + 1), (20, 0, end), (20, 7, 2**63 + 1)]
+    assert as_of(conn, "wide", 15) == F.of({0: seq, 7: 2**63 + 1})
+    assert as_of(conn, "wide", 20) == F.of({0: end, 7: 2**63 + 1})
+    with pytest.raises(Exception, match="remap_offsets_offset_integral"):
+        conn.execute('INSERT INTO reclock.remap_offsets (source, ts, partition, "offset") VALUES '
+                     "('wide', 20, 9, 1.5)")
+    assert load_remap(conn, "wide") == rc

@@ -8,7 +8,7 @@ import decimal
 
 import psycopg
 
-from reclock.sources import pgoutput as po
+from reclock.sources.postgres import pgoutput as po
 
 PEEK = ("SELECT data FROM pg_logical_slot_peek_binary_changes(%s, NULL, NULL, 'proto_version', '1', "
         "'publication_names', 'pub')")

@@ -20,14 +20,14 @@ from reclock.config import Config
 from reclock.cli import main
 from reclock.errors import (ConfigError, PublicationMissing, ReplicaIdentityNotFull, SlotBusy, SlotLost,
                             TableSchemaChanged, TableTruncated, UpperMismatch, UpstreamDataLost)
-from reclock.cdc import reclock_lsn
+from reclock.sources.postgres.cdc import reclock_lsn
 from reclock.persist import connect
 from reclock.persist.shards import batches, shard_info
 from reclock.persist.status import latest_status
 from reclock.read import read_updates
-from reclock.sources import pgoutput as po
-from reclock.sources.postgres import slot_name
-from reclock.spark import snapshot as spark_snapshot
+from reclock.sources.postgres import pgoutput as po
+from reclock.sources.postgres.upstream import slot_name
+from reclock.sources.postgres import spark_snapshot as spark_snapshot
 
 
 @pytest.fixture
@@ -379,7 +379,7 @@ def test_a_stall_early_in_a_long_read_stops_the_read_ahead_and_the_source_goes_o
 def test_a_read_left_early_closes_its_cursor_and_cancels_a_fetch_still_running(upstream, monkeypatch):
     """``read_blocks``: the caller leaving after a block leaves the session usable, with no helper thread;
     a server call still running on it (a slow fetch) is cancelled, not waited for."""
-    from reclock.sources.postgres import PostgresUpstream
+    from reclock.sources.postgres.upstream import PostgresUpstream
 
     _setup(upstream)
     with writer(upstream) as conn:
@@ -417,7 +417,7 @@ def test_a_read_left_early_closes_its_cursor_and_cancels_a_fetch_still_running(u
 def test_a_cycle_opens_one_upstream_session_and_one_consensus_connection(db, upstream, tmp_path, monkeypatch):
     """A connection costs ~6 ms (SCRAM): a cycle that ingests holds one of each for its four steps; a step
     run on its own (an Airflow task) holds its own."""
-    from reclock.sources.postgres import PostgresUpstream
+    from reclock.sources.postgres.upstream import PostgresUpstream
 
     _setup(upstream)
     ctx = make_ctx(db, upstream, tmp_path, source_name(), list(TABLES))

@@ -19,7 +19,7 @@ from reclock import cycle
 from reclock.config import load_config
 from reclock.dev.jars import spark_kafka_jars
 from reclock.errors import ConfigError
-from reclock.orchestration.settings import NO_DSN
+from reclock.settings import NO_DSN
 from reclock.persist import connect
 from reclock.persist.blob import LocalBlobStore
 from reclock.persist.shards import batches
@@ -45,7 +45,7 @@ def test_spark_submit_rebuilds_what_a_cycle_wrote(db, kafka, topic, spark, stack
         "kafka": {"topic": name, "bootstrap": kafka.bootstrap}, "format": {"type": "json", "schema": "id BIGINT"},
         "include": ["partition", "offset"], "budget": {"max_records": 120}}}}))
     blob = LocalBlobStore(tmp_path / "blobs")
-    ctx = cycle.CycleContext(spec=load_config(config).source("sj_orders"), dsn=db, bootstrap=kafka.bootstrap,
+    ctx = cycle.CycleContext(spec=load_config(config).source("sj_orders"), dsn=db, upstream=kafka.bootstrap,
                              blob=blob, spark_factory=lambda: spark, retain_history_ms=3_600_000)
     for wave in range(2):
         for i in range(wave * 200, wave * 200 + 200):

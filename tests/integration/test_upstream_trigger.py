@@ -115,7 +115,7 @@ def test_a_postgres_source_fires_on_published_changes_idle_wal_and_errors_only(d
     from pg_support import slot_confirmed, source_name, writer
 
     from reclock.orchestration.triggers import PublicationChanged
-    from reclock.sources.postgres import slot_name
+    from reclock.sources.postgres.upstream import slot_name
 
     with writer(upstream) as conn:
         conn.execute("CREATE TABLE orders (id int8 PRIMARY KEY, v text)")

@@ -80,7 +80,7 @@ def _ingest_under_scheduler(stack) -> None:
     from reclock.persist.blob import LocalBlobStore
     from reclock.persist.remap_store import load_remap
     from reclock.read import read_updates
-    from reclock.sources.kafka import KafkaUpstream
+    from reclock.sources.kafka.upstream import KafkaUpstream
 
     admin = AdminClient({"bootstrap.servers": stack.kafka.bootstrap})
     admin.create_topics([NewTopic("it_orders", 3, 1)])["it_orders"].result(30)
@@ -256,7 +256,7 @@ if sys.argv[2] == "stop":
 def _shared_spark_sessions(stack) -> None:
     """A source's processes attach to one server-side Spark Connect session (a temp view one makes,
     another sees); once that session is closed, the next process goes on in a new one of its own."""
-    from reclock.spark.ingest import SESSION_CONF
+    from reclock.spark.session import SESSION_CONF
 
     scope = f"probe-{time.time_ns()}"
     v1_sources: list[str] = []

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import struct
 
-from reclock.sources import pgoutput as po
+from reclock.sources.postgres import pgoutput as po
 
 
 def _s(text: str) -> bytes:

@@ -19,11 +19,11 @@ from blob_support import files_rows
 from hypothesis import given, settings, strategies as st
 from pgoutput_encode import encode
 
-from reclock import cdc
+from reclock.sources.postgres import cdc
 from reclock.errors import ReclockError
 from reclock.persist.blob import LocalBlobStore
-from reclock.sources import pgoutput as po
-from reclock.sources.postgres import TableInfo
+from reclock.sources.postgres import pgoutput as po
+from reclock.sources.postgres.upstream import TableInfo
 
 COLUMNS = (("id", po.INT8, -1), ("v", po.TEXT, -1), ("n", po.NUMERIC, (12 << 16 | 2) + 4))
 TABLES = [TableInfo("public.t0", 100, COLUMNS), TableInfo("public.t1", 101, COLUMNS[:2])]

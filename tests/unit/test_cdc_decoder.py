@@ -1,4 +1,4 @@
-"""``reclock.cdc`` over generated transactions (hypothesis), against a model of the tables.
+"""``reclock.sources.postgres.cdc`` over generated transactions (hypothesis), against a model of the tables.
 
 Laws: the updates the decoder writes, consolidated AS OF each binding, are the tables as of that binding's
 LSN; every row a transaction writes carries the timestamp of the least binding beyond its commit LSN; a
@@ -17,11 +17,11 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from pgoutput_encode import encode
 
-from reclock import cdc
+from reclock.sources.postgres import cdc
 from reclock.errors import TableSchemaChanged, TableTruncated
 from reclock.persist.blob import LocalBlobStore
-from reclock.sources import pgoutput as po
-from reclock.sources.postgres import TableInfo
+from reclock.sources.postgres import pgoutput as po
+from reclock.sources.postgres.upstream import TableInfo
 
 COLUMNS = (("id", po.INT8, -1), ("v", po.TEXT, -1))
 TABLES = [TableInfo(f"public.t{k}", 100 + k, COLUMNS) for k in range(2)]

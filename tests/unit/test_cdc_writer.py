@@ -1,7 +1,7 @@
-"""``reclock.cdc.PartWriter``: however the updates come (one at a time, or in blocks of any sizes, mixed),
-the parts are the same files with the same rows, or the same error is raised, and a value that cannot be
-converted is named as converting the part's columns in order names it (hypothesis). The tables' last
-parts are written side by side at ``close``."""
+"""``reclock.sources.postgres.cdc.PartWriter``: however the updates come (one at a time, or in blocks of any sizes,
+mixed), the parts are the same files with the same rows, or the same error is raised, and a value that cannot be
+converted is named as converting the part's columns in order names it (hypothesis). The tables' last parts are written
+side by side at ``close``."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ import pytest
 from blob_support import files_rows
 from hypothesis import given, settings, strategies as st
 
-from reclock import cdc
+from reclock.sources.postgres import cdc
 from reclock.errors import ReclockError
 from reclock.persist.blob import LocalBlobStore
-from reclock.sources import pgoutput as po
-from reclock.sources.postgres import TableInfo
+from reclock.sources.postgres import pgoutput as po
+from reclock.sources.postgres.upstream import TableInfo
 
 INFO = TableInfo("public.t", 100, (("id", po.INT8, -1), ("n", po.NUMERIC, (12 << 16 | 2) + 4),
                                    ("v", po.TEXT, -1)))

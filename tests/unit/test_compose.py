@@ -14,9 +14,9 @@ import pytest
 import yaml
 
 from reclock.config import load_config
-from reclock.orchestration.connections import CONNECTIONS
+from reclock.connections import CONNECTIONS
 from reclock.persist.objectstore import S3Settings, spark_s3a_conf
-from reclock.spark.ingest import SESSION_CONF
+from reclock.spark.session import SESSION_CONF
 from reclock.spark.session import SPARK_CONF
 
 REPO = Path(__file__).resolve().parents[2]

@@ -8,7 +8,7 @@ import pytest
 
 from reclock.config import IcebergSinkSpec, SinkSpec, parse_config
 from reclock.errors import ConfigError
-from reclock.orchestration.settings import find_catalog_settings
+from reclock.orchestration.contexts import find_catalog_settings
 from reclock.persist.objectstore import S3Settings, pyiceberg_options
 from reclock.sinks.iceberg import RetractionInAppendTable, SchemaMismatch, catalog_uri, shape, table_schema
 

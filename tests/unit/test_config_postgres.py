@@ -60,7 +60,7 @@ def test_a_sink_may_read_a_table_collection():
 
 def test_the_upstream_dsn_comes_from_the_named_environment_variable(monkeypatch):
     from reclock.errors import SettingError
-    from reclock.orchestration.settings import find_upstream_dsn
+    from reclock.settings import find_upstream_dsn
 
     spec = parse_source("shop", {"postgres": {"dsn_env": "SHOP_DSN", "publication": "p"}})
     monkeypatch.setenv("SHOP_DSN", "postgresql://u@h/db")

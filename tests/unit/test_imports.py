@@ -92,7 +92,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
 
 
 def test_the_walk_sees_the_package():
-    assert {"reclock.cycle", "reclock.orchestration.settings", "reclock.persist.compact"} <= set(MODULES)
+    assert {"reclock.cycle", "reclock.settings", "reclock.persist.compact"} <= set(MODULES)
     assert "reclock.persist.compact" in _imports("reclock.cycle", module_level_only=True)
     assert "reclock.dev.demo" in _imports("reclock.cli", module_level_only=False)  # a function-level import
     assert "reclock.dev.demo" not in _imports("reclock.cli", module_level_only=True)

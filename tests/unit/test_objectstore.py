@@ -87,7 +87,7 @@ def _connection(monkeypatch, **conn) -> None:
 
 
 def test_settings_from_the_airflow_connection(monkeypatch):
-    from reclock.orchestration.connections import s3_settings
+    from reclock.connections import s3_settings
 
     _connection(monkeypatch, login="AKIAIOSFODNN7EXAMPLE", password=SECRET,
                 extra={"endpoint_url": "http://127.0.0.1:9000", "region_name": "eu-west-1"})
@@ -105,7 +105,7 @@ def test_settings_from_the_airflow_connection(monkeypatch):
     ({"conn_type": "generic", "login": "AKIA", "password": SECRET}, "type is 'generic', expected 'aws'"),
 ])
 def test_a_wrong_connection_says_what(monkeypatch, conn, message):
-    from reclock.orchestration.connections import s3_settings
+    from reclock.connections import s3_settings
 
     _connection(monkeypatch, **conn)
     with pytest.raises(ConfigError, match=message) as e:
@@ -115,7 +115,7 @@ def test_a_wrong_connection_says_what(monkeypatch, conn, message):
 
 def test_a_task_finds_its_s3_store_in_the_environment_else_the_connection(monkeypatch):
     from reclock.errors import SettingError
-    from reclock.orchestration.settings import find_blob_store
+    from reclock.settings import find_blob_store
 
     for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3",
                 "AWS_REGION", "AWS_DEFAULT_REGION", "AIRFLOW_CONN_RECLOCK_S3"):

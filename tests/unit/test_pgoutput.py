@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from pgoutput_encode import encode
-from reclock.sources import pgoutput as po
+from reclock.sources.postgres import pgoutput as po
 
 
 u64 = st.integers(0, 2**64 - 1)

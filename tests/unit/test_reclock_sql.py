@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from reclock import remap
 from reclock.batch import BatchDescription, OffsetRange, ranges_for, split_ranges
-from reclock.spark.ingest import BindingRange, reclock_case_sql, reclock_ts_sql
+from reclock.spark.reclocking import BindingRange, reclock_case_sql, reclock_ts_sql
 from strategies import remap_collections
 
 

@@ -36,7 +36,7 @@ def test_the_url_of_a_spark_connect_connection_comes_from_the_providers_hook(mon
     as user_id, the password as token, extra use_ssl; a shared session's id joins its parameters."""
     import json
 
-    from reclock.orchestration.connections import spark_connect_url
+    from reclock.connections import spark_connect_url
 
     monkeypatch.setenv("AIRFLOW_CONN_RECLOCK_SPARK", json.dumps({
         "conn_type": "spark_connect", "host": "spark-connect", "port": 15002, "login": "reclock",

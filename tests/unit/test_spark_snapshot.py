@@ -10,12 +10,12 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, strategies as st
 
-from reclock import cdc
+from reclock.sources.postgres import cdc
 from reclock.errors import SettingError, UnaccountedWrite
 from reclock.persist.blob import LocalBlobStore
-from reclock.sources import pgoutput as po
-from reclock.sources.postgres import TableInfo
-from reclock.spark import snapshot as ss
+from reclock.sources.postgres import pgoutput as po
+from reclock.sources.postgres.upstream import TableInfo
+from reclock.sources.postgres import spark_snapshot as ss
 
 
 def _ranges(preds: list[str]) -> list[tuple[int, float]]:

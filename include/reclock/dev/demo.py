@@ -45,7 +45,7 @@ def topic_size(bootstrap: str, topic: str) -> int:
     """Records in the topic (the demo writes no transactions, so offsets count records)."""
     from confluent_kafka.admin import AdminClient
 
-    from reclock.sources.kafka import KafkaUpstream
+    from reclock.sources.kafka.upstream import KafkaUpstream
 
     if topic not in AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10).topics:
         return 0
@@ -53,7 +53,7 @@ def topic_size(bootstrap: str, topic: str) -> int:
 
 
 def consumer_lag(bootstrap: str, topic: str, group: str) -> dict[int, int]:
-    from reclock.sources.kafka import KafkaUpstream
+    from reclock.sources.kafka.upstream import KafkaUpstream
 
     up = KafkaUpstream(DEMO_SOURCE, bootstrap, topic)
     ends = up.probe_upper()
@@ -198,7 +198,7 @@ def _run_postgres_demo(stack: Stack, spec, waves: int, per_wave: int, echo: Call
     import psycopg
 
     from reclock.persist.blob import blob_store_from_url
-    from reclock.sources.postgres import slot_name
+    from reclock.sources.postgres.upstream import slot_name
 
     tables = list(spec.postgres.tables) or ["public.orders", "public.items"]
     dsn = shop_upstream(stack, spec.postgres.publication, tables)

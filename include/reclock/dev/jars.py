@@ -12,14 +12,21 @@ from reclock.errors import StackError
 # how many jars each profile yields at least (a partial copy from an interrupted run is redone)
 _EXPECTED = {"kafka": 40, "spark": 6, "s3": 35}
 _MAVEN_PROFILE = {"kafka": "broker", "spark": "spark", "s3": "s3"}
-PROFILES = tuple(_MAVEN_PROFILE)
+PROFILES = (*_MAVEN_PROFILE, "registry")
 """Every folder of ``.reclock/jars``: what ``reclock dev install`` resolves."""
+
+REGISTRY_PROJECT = REPO_ROOT / "jvm" / "registry"
+"""The Maven project that builds the Schema Registry for tests (Apicurio Registry, see its pom.xml)."""
+REGISTRY_RUNNER = "reclock-registry-runner.jar"
+_REGISTRY_LIBS = 250  # the registry's lib/ holds ~290 jars
 
 
 def ensure_jars(state: StackState, profile: str) -> Path:
     """Return ``.reclock/jars/<profile>``, running ``mvn -P <profile> dependency:copy-dependencies`` if the
     folder is missing or incomplete. ``profile`` is ``kafka`` (the broker), ``spark`` (Spark's Kafka connector)
     or ``s3`` (S3A: hadoop-aws and the few AWS SDK modules it uses, see ``pom.xml``)."""
+    if profile == "registry":
+        return ensure_registry(state)
     folder = state.jars / profile
     if folder.is_dir() and len(list(folder.glob("*.jar"))) >= _EXPECTED[profile]:
         return folder
@@ -30,6 +37,28 @@ def ensure_jars(state: StackState, profile: str) -> Path:
          f"-Djars.dir={state.jars}"], f"resolve {profile} jars with Maven", cwd=REPO_ROOT, timeout=900)
     if len(list(folder.glob("*.jar"))) < _EXPECTED[profile]:
         raise StackError(f"Maven finished but {folder} holds too few jars")
+    return folder
+
+
+def ensure_registry(state: StackState) -> Path:
+    """Return ``.reclock/jars/registry`` (``reclock-registry-runner.jar`` and its ``lib/``), building it with
+    ``mvn package`` over ``jvm/registry/pom.xml`` when missing: Apicurio Registry's app from Maven Central,
+    made runnable by Quarkus's build (a few minutes the first time, ~130 MB)."""
+    folder = state.jars / "registry"
+    if (folder / REGISTRY_RUNNER).is_file() and len(list((folder / "lib").glob("*.jar"))) >= _REGISTRY_LIBS:
+        return folder
+    if shutil.which("mvn") is None:
+        raise StackError("Maven (`mvn`) is needed to build the Schema Registry; install Debian's `maven` package")
+    (folder / REGISTRY_RUNNER).unlink(missing_ok=True)
+    run(["mvn", "-q", "-B", "-gs", str(REGISTRY_PROJECT / "settings.xml"), "-f", str(REGISTRY_PROJECT / "pom.xml"),
+         "package", f"-Dregistry.dir={folder}"], "build the Schema Registry (Apicurio) with Maven",
+        cwd=REGISTRY_PROJECT, timeout=1800)
+    if not (folder / REGISTRY_RUNNER).is_file():
+        raise StackError(f"Maven finished but {folder / REGISTRY_RUNNER} is not there")
+    # what the build leaves beside the runner and lib/ is not needed to run it (the app's classes twice)
+    for leftover in ("classes", "maven-archiver", "dependency-maven-plugin-markers"):
+        shutil.rmtree(folder / leftover, ignore_errors=True)
+    (folder / "reclock-registry.jar").unlink(missing_ok=True)
     return folder
 
 

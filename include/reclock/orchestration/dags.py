@@ -9,7 +9,7 @@ from typing import Any
 from reclock.config import config_path, groups, load_config
 from reclock.orchestration.ingest import build_group_dag, build_ingest_dag
 from reclock.orchestration.rebuild import build_rebuild_dag
-from reclock.orchestration.settings import check_connections
+from reclock.settings import check_connections
 from reclock.orchestration.sinks import build_sink_dag
 
 

@@ -8,7 +8,7 @@ import uuid
 
 import psycopg
 
-from reclock.orchestration import connections
+from reclock import connections
 
 
 def check_postgres(dsn: str) -> str:

@@ -44,10 +44,11 @@ from reclock.batch import BatchDescription, Part
 from reclock.config import SourceSpec
 from reclock.errors import ReclockError
 from reclock.orchestration.assets import appends_alias, emit_added, event_extra
-from reclock.orchestration.lineage import ReclockTask, collection, kafka_topic, postgres_table, reads, writes
+from reclock.orchestration.contexts import cycle_context
+from reclock.orchestration.lineage import ReclockTask, collection, reads, writes
 from reclock.orchestration.runs import PARAMS, check_conf, current_run, ingest_params, positive_int
-from reclock.orchestration.settings import cycle_context
 from reclock.orchestration.timetables import ReclockTimetable
+from reclock.sources.registry import kind_of
 
 log = logging.getLogger("reclock.ingest")
 
@@ -76,20 +77,16 @@ def _context(spec: SourceSpec) -> cycle.CycleContext:
     check_conf(what, run.conf, PARAMS["ingest"])
     max_records = positive_int(what, "max_records", run.values.get("max_records"))
     if run.backfill:
-        rebuild = (f"backfill rebuild__{spec.name} over it" if spec.kafka is not None else
-                   "a Postgres source keeps no history to replay (reclock resnapshot starts it over)")
+        refused = kind_of(spec).rebuild_refused(spec)
+        rebuild = f"backfill rebuild__{spec.name} over it" if refused is None else f"none can: {refused}"
         log.info("%s: a backfill's run is one catch-up cycle at the current time (bindings are never minted in "
                  "the past); to re-derive the updates of a past range, %s", what, rebuild)
     return cycle_context(spec, {"max_records": max_records} if max_records else None, run_id=run.run_id)
 
 
 def _read_upstream(ctx: cycle.CycleContext) -> None:
-    """Report the source's upstream to OpenLineage: its topic, or its published tables (once registered)."""
-    if ctx.spec.kafka is not None:
-        reads(kafka_topic(ctx.bootstrap, ctx.spec.kafka.topic))
-        return
-    with contextlib.suppress(ReclockError):  # before the first mint there are no tables registered yet
-        reads(*(postgres_table(ctx.upstream_dsn, o.info.table) for o in ctx.outputs()))
+    """Report the source's upstream to OpenLineage, as its kind names it (a topic, the published tables)."""
+    reads(*ctx.source().lineage_inputs())
 
 
 def _write_collections(ctx: cycle.CycleContext) -> None:

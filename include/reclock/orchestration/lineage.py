@@ -15,7 +15,8 @@ task                   inputs                                     outputs
 ``sink__*``            the collection                             the sink's topic, or its Iceberg table
 =====================  =========================================  ==========================================
 
-Dataset names follow OpenLineage's naming: a Kafka topic ``kafka://<first broker>`` / ``<topic>``; a Postgres
+Dataset names (``reclock.datasets``; a kind names its upstream's, ``SourceRuntime.lineage_inputs``) follow
+OpenLineage's naming: a Kafka topic ``kafka://<first broker>`` / ``<topic>``; a Postgres
 table ``postgres://<host>:<port>`` / ``<database>.<schema>.<table>``; a collection ``reclock://<consensus
 host>:<port>/<database>`` / ``<collection>`` (its truth: the shard in the consensus Postgres); an Iceberg
 table ``<warehouse URL>`` / ``<namespace>.<table>``. No credential is part of a name.
@@ -26,43 +27,13 @@ from __future__ import annotations
 import contextvars
 from dataclasses import dataclass, field
 from typing import Iterable
-from urllib.parse import urlsplit
 
 from airflow.providers.standard.operators.python import PythonOperator
 
-from psycopg.conninfo import conninfo_to_dict
+from reclock.datasets import DatasetName, collection, iceberg_table, kafka_topic, postgres_table
 
-
-@dataclass(frozen=True)
-class DatasetName:
-    namespace: str
-    name: str
-
-
-def kafka_topic(bootstrap: str, topic: str) -> DatasetName:
-    first = bootstrap.split(",")[0].strip()
-    return DatasetName(f"kafka://{first.split('://')[-1]}", topic)
-
-
-def _pg(dsn: str) -> tuple[str, str]:
-    d = conninfo_to_dict(dsn)
-    return f"{d.get('host') or 'localhost'}:{d.get('port') or 5432}", d.get("dbname") or d.get("user") or ""
-
-
-def postgres_table(dsn: str, table: str) -> DatasetName:
-    """``table`` is ``schema.table``."""
-    where, db = _pg(dsn)
-    return DatasetName(f"postgres://{where}", f"{db}.{table}")
-
-
-def collection(dsn: str, shard: str) -> DatasetName:
-    where, db = _pg(dsn)
-    return DatasetName(f"reclock://{where}/{db}", shard)
-
-
-def iceberg_table(warehouse: str, table: str) -> DatasetName:
-    u = urlsplit(warehouse if "://" in warehouse else f"file://{warehouse}")
-    return DatasetName(f"{u.scheme}://{u.hostname or ''}{u.path}".rstrip("/"), table)
+__all__ = ["DatasetName", "Lineage", "ReclockTask", "collection", "iceberg_table", "kafka_topic", "postgres_table",
+           "reads", "writes"]
 
 
 @dataclass

@@ -34,12 +34,14 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 
 from reclock import cycle
 from reclock.config import SourceSpec
+from reclock.connections import DEFAULT_SPARK_SUBMIT
 from reclock.errors import ConfigError
-from reclock.orchestration.connections import DEFAULT_SPARK_SUBMIT
-from reclock.orchestration.lineage import ReclockTask, collection, kafka_topic, reads, writes
+from reclock.orchestration.contexts import cycle_context
+from reclock.orchestration.lineage import ReclockTask, collection, reads, writes
 from reclock.orchestration.runs import PARAMS, RunInfo, check_conf, current_run, parse_time_ms, rebuild_params
-from reclock.orchestration.settings import cycle_context, find_blob_url, find_bootstrap, find_dsn
 from reclock.orchestration.timetables import ReclockTimetable
+from reclock.settings import find_blob_url, find_dsn
+from reclock.sources.registry import kind_of
 from reclock.spark.session import spark_jars
 
 log = logging.getLogger("reclock.rebuild")
@@ -54,7 +56,9 @@ def job_environment(spec: SourceSpec, config_file: Path) -> dict[str, str]:
         "RECLOCK_CONFIG": str(config_file),
         "RECLOCK_DSN": find_dsn(),
         "RECLOCK_BLOB_URL": find_blob_url(),
-        "RECLOCK_BOOTSTRAP": find_bootstrap(spec.kafka, f"source {spec.name}"),
+        **kind_of(spec).job_environment(spec),  # where the upstream is (Kafka: RECLOCK_BOOTSTRAP)
+        # ... as resolved here, which the job takes as given (it has no Airflow connections to look up)
+        **({"RECLOCK_UPSTREAM": up} if isinstance(up := kind_of(spec).find_upstream(spec), str) else {}),
         # the driver runs beside the task, in the task's interpreter (where reclock is installed)
         "PYSPARK_DRIVER_PYTHON": os.environ.get("PYSPARK_DRIVER_PYTHON") or sys.executable,
     }
@@ -129,8 +133,8 @@ def build_rebuild_dag(spec: SourceSpec, config_file: Path, spark_jobs: Path):
             def rebuild_task() -> dict:
                 run = current_run()
                 ctx = cycle_context(spec, run_id=run.run_id)
-                reads(kafka_topic(ctx.bootstrap, spec.kafka.topic))
-                writes(*(collection(ctx.dsn, s) for s in spec.shards))
+                reads(*ctx.source().lineage_inputs())
+                writes(*(collection(ctx.dsn, s) for s in ctx.shards()))
                 return _result(cycle.rebuild(ctx, window=run_window(spec, run),
                                              on_slice=lambda d, t: log.info("slice %d of %d written", d, t)))
 

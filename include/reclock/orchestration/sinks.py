@@ -14,9 +14,9 @@ from datetime import datetime, timezone
 
 from reclock.config import IcebergBudget, IcebergSinkSpec, SinkBudget, SinkSpec
 from reclock.orchestration.assets import shard_assets
+from reclock.orchestration.contexts import iceberg_sink_context, sink_context
 from reclock.orchestration.lineage import ReclockTask, collection, iceberg_table, kafka_topic, reads, writes
 from reclock.orchestration.runs import check_conf, current_run, positive_int, sink_params
-from reclock.orchestration.settings import iceberg_sink_context, sink_context
 from reclock.orchestration.timetables import ReclockTimetable
 from reclock.sinks import iceberg, kafka
 

@@ -83,8 +83,9 @@ def newest_binding(dsn: str, source: str) -> tuple[int, dict[int, int]] | None:
         row = conn.execute("SELECT max(ts) FROM reclock.remap_bindings WHERE source = %s", (source,)).fetchone()
         if row is None or row[0] is None:
             return None
-        return row[0], dict(conn.execute('SELECT partition, "offset" FROM reclock.remap_offsets WHERE source = %s '
-                                         "AND ts = %s", (source, row[0])).fetchall())
+        rows = conn.execute('SELECT partition, "offset" FROM reclock.remap_offsets WHERE source = %s AND ts = %s',
+                            (source, row[0])).fetchall()
+        return row[0], {p: int(o) for p, o in rows}  # offsets are numeric: exact ints
 
 
 def bound_frontier(dsn: str, source: str) -> dict[int, int]:
@@ -135,7 +136,7 @@ class UpstreamMoved(_SharedProbe):
         """One probe loop per cluster: every topic's last stable offsets, every ``poll`` seconds. A probe that
         fails (the broker away) is logged and retried; the loop never ends by itself."""
         from reclock.config import KafkaSpec
-        from reclock.orchestration.settings import find_bootstrap
+        from reclock.settings import find_bootstrap
 
         spec = KafkaSpec(topic=kwargs["topic"], connection=kwargs["connection"], bootstrap=kwargs["bootstrap"])
         bootstrap = await asyncio.to_thread(find_bootstrap, spec, f"source {kwargs['source']}")
@@ -151,7 +152,7 @@ class UpstreamMoved(_SharedProbe):
     async def filter_shared_stream(self, shared_stream: AsyncIterator[Any]) -> AsyncIterator[TriggerEvent]:
         """This source's events: its topic's offsets changed since the last look and some partition is beyond
         the source's newest binding."""
-        from reclock.orchestration.settings import find_dsn
+        from reclock.settings import find_dsn
 
         dsn = await asyncio.to_thread(find_dsn, None)
         seen: dict[int, int] | None = None
@@ -254,7 +255,7 @@ class PublicationChanged(_SharedProbe):
     @staticmethod
     def _upstream_dsn(kwargs: dict[str, Any]) -> str:
         from reclock.config import PostgresSpec
-        from reclock.orchestration.settings import find_upstream_dsn
+        from reclock.settings import find_upstream_dsn
 
         spec = PostgresSpec(publication=kwargs["publication"], connection=kwargs["connection"],
                             dsn_env=kwargs["dsn_env"])
@@ -264,7 +265,7 @@ class PublicationChanged(_SharedProbe):
     async def open_shared_stream(cls, kwargs: dict[str, Any]) -> AsyncIterator[Any]:
         """One probe loop per upstream: its flush LSN, every ``poll`` seconds. A probe that fails (the server
         away) is logged and retried; the loop never ends by itself."""
-        from reclock.sources.postgres import PostgresUpstream
+        from reclock.sources.postgres.upstream import PostgresUpstream
 
         dsn = await asyncio.to_thread(cls._upstream_dsn, kwargs)
         probe = PostgresUpstream(kwargs["source"], dsn, kwargs["publication"])
@@ -291,8 +292,8 @@ class PublicationChanged(_SharedProbe):
         import time
 
         from reclock.errors import ReclockError
-        from reclock.orchestration.settings import find_dsn
-        from reclock.sources.postgres import PostgresUpstream, UpstreamUnavailable
+        from reclock.settings import find_dsn
+        from reclock.sources.postgres.upstream import PostgresUpstream, UpstreamUnavailable
 
         kwargs = self.serialize()[1]
         dsn = await asyncio.to_thread(find_dsn, None)

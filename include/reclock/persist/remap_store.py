@@ -9,8 +9,9 @@ Tables (schema ``reclock``):
 * ``remap_offsets(source, ts, partition, "offset")`` -- the binding's frontier: one row per partition,
   absolute *next* offsets (an absent partition is at offset 0).
 
-The view ``reclock."<source>_progress"(ts, partition, "offset")`` exposes the bindings to SQL (the seed's
-``EXPOSE PROGRESS``; a Postgres source's is ``(ts, lsn)``, its LSN kept as the offset of partition 0); ``reclock.progress_as_of(source, t)`` is its AS OF form: the frontier of the data at
+The view ``reclock."<source>_progress"`` exposes the bindings to SQL (the seed's ``EXPOSE PROGRESS``), in the
+columns of the source's kind: ``(ts, partition, "offset")`` by default (:data:`OFFSETS_PROGRESS`), a
+Postgres source's ``(ts, lsn)``; ``reclock.progress_as_of(source, t)`` is its AS OF form: the frontier of the data at
 ``ts <= t`` (the last binding at or before ``t``).
 
 Writers serialize on the collection's row (``SELECT ... FOR UPDATE``): :func:`append_binding` is a
@@ -28,6 +29,9 @@ from reclock.persist.names import validate_source_name
 from reclock.remap import Binding, RemapCollection
 from reclock.time import MAX_TIMESTAMP, PartitionedFrontier, check_timestamp
 
+OFFSETS_PROGRESS = 'SELECT ts, partition, "offset" FROM reclock.remap_offsets WHERE source = {}'
+"""A progress view's body showing the remap collection as it is kept: ``(ts, partition, "offset")``."""
+
 __all__ = ["UnknownSource", "progress_view", "register_source", "load_remap", "append_binding",
            "compact_remap"]
 
@@ -37,8 +41,11 @@ def progress_view(name: str) -> sql.Composed:
     return sql.SQL("reclock.{}").format(sql.Identifier(f"{validate_source_name(name)}_progress"))
 
 
-def register_source(conn, name: str, kind: str = "kafka", config: dict | None = None) -> None:
-    """Create the source, its empty remap collection (upper 0, since 0) and its progress view.
+def register_source(conn, name: str, kind: str = "kafka", config: dict | None = None,
+                    progress: str = OFFSETS_PROGRESS) -> None:
+    """Create the source, its empty remap collection (upper 0, since 0) and its progress view (``progress``:
+    the body of its ``CREATE VIEW``, ``{}`` standing for the source's name as a literal; the kind's
+    ``reclock.sources.base.SourceKind.progress_view``).
 
     Idempotent: registering an existing source again changes nothing, except that a ``config`` given
     replaces the stored one. Registering it with another ``kind`` is a ``ConfigError``.
@@ -62,10 +69,7 @@ def register_source(conn, name: str, kind: str = "kafka", config: dict | None = 
                                  (sql.SQL("reclock.{}").format(sql.Identifier(view)).as_string(conn),)).fetchone()
         if not exists:
             # a view over one source's rows; the name is validated, quoted, and a literal in the body
-            body = ("SELECT ts, '0/0'::pg_lsn + \"offset\" AS lsn FROM reclock.remap_offsets WHERE partition = 0 "
-                    "AND source = {}" if kind == "postgres" else
-                    'SELECT ts, partition, "offset" FROM reclock.remap_offsets WHERE source = {}')
-            conn.execute(sql.SQL("CREATE VIEW {} AS " + body).format(progress_view(name), sql.Literal(name)))
+            conn.execute(sql.SQL("CREATE VIEW {} AS " + progress).format(progress_view(name), sql.Literal(name)))
 
 
 def load_remap(conn, name: str) -> RemapCollection:

@@ -52,7 +52,7 @@ def slice_folder(prefix: str, index: int) -> str:
 
 
 def split_joint(blob: BlobStore, source: str, base: str, member_column: str, folders: Sequence[str]) -> None:
-    """Hand out the files of a joint job (``reclock.spark.ingest.write_joint``) written under ``base``:
+    """Hand out the files of a joint job (``reclock.sources.kafka.spark_job.write_joint``) written under ``base``:
     slice ``i``'s Parquet files (``base/<member_column>=i/``) move into ``folders[i]``, which then gets a
     commit marker of its own, so each is a slice folder like a job of its own leaves (and is proved by
     :func:`collect_parts` like one). Only after the joint job's own commit marker is found; else

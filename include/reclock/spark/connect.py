@@ -13,7 +13,7 @@ derived from the source's name and a :data:`WINDOW_S` time window:
   of a past window is closed by the server's timeout.
 - Should the id be refused all the same (a shorter timeout, or someone stopped the session), the task
   goes on in a new session of its own: a cold first query, nothing worse.
-- Every process sets the same :data:`reclock.spark.ingest.SESSION_CONF` on it (one round trip), and no
+- Every process sets the same :data:`reclock.spark.session.SESSION_CONF` on it (one round trip), and no
   other configuration, so sharing the session changes no query. Concurrent queries in one session (a
   rebuild beside a cycle) are supported by Spark Connect.
 
@@ -55,10 +55,10 @@ def names_session(url: str) -> bool:
 def shared_session(url: str, scope: str):
     """A Spark Connect session for ``url`` on the server-side session ``scope``'s tasks share (see the
     module doc), or a new one of its own when the server refuses the shared id; with
-    :data:`~reclock.spark.ingest.SESSION_CONF` set."""
+    :data:`~reclock.spark.session.SESSION_CONF` set."""
     from pyspark.sql import SparkSession
 
-    from reclock.spark.ingest import SESSION_CONF
+    from reclock.spark.session import SESSION_CONF
 
     if not names_session(url):
         shared = with_session_id(url, shared_session_id(scope))

@@ -13,10 +13,20 @@ from __future__ import annotations
 
 import glob
 import os
+import sys
 from pathlib import Path
 
 from reclock.errors import SettingError
-from reclock.spark.ingest import SESSION_CONF
+
+SESSION_CONF = {
+    # Spark 4.2's default less ``kafka``: a batch read of Kafka then goes through the V2 reader (the one
+    # Structured Streaming uses), which makes each record's internal row directly. The V1 relation hands
+    # every record to the plan as an external Row (a java.sql.Timestamp, a Java String for the topic) and
+    # converts it back.
+    "spark.sql.sources.useV1SourceList": "avro,csv,json,orc,parquet,text",
+}
+"""Spark SQL settings every session that runs ``write_batches`` gets: local sessions and the dev stack's
+Spark Connect server at start, a shared Spark Connect session when a task attaches to it."""
 
 SPARK_CONF = {
     **SESSION_CONF,
@@ -50,6 +60,10 @@ def driver_session(master: str | None = None, app: str = "reclock", conf: dict[s
 
     builder = SparkSession.builder.appName(app)
     settings = dict(SPARK_CONF)
+    if master is not None and master.startswith("local"):
+        # a local master's Python workers (a Kinesis source's reads run in them) are this interpreter, which
+        # has reclock; pyspark's default is whatever `python3` the PATH finds
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     if master is not None:
         builder = builder.master(master)
         settings.update(LOCAL_CONF)

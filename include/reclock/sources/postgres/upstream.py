@@ -54,7 +54,7 @@ from psycopg.rows import scalar_row
 from reclock.ahead import read_ahead
 from reclock.errors import PublicationMissing, ReclockError, ReplicaIdentityNotFull, SlotBusy, SlotLost
 from reclock.lending import ConnectionLender
-from reclock.sources.pgoutput import BPCHAR, lsn_to_int, lsn_to_str
+from reclock.sources.postgres.pgoutput import BPCHAR, lsn_to_int, lsn_to_str
 from reclock.time import PartitionedFrontier
 
 LSN_PARTITION = 0
@@ -62,7 +62,8 @@ LSN_PARTITION = 0
 SLOT_PREFIX = "reclock_"
 SESSION = ("SET DateStyle = ISO", "SET IntervalStyle = postgres", "SET bytea_output = hex", "SET TimeZone = 'UTC'",
            "SET extra_float_digits = 3")
-"""The text forms ``reclock.sources.pgoutput.convert`` reads (pgoutput writes values in the session's styles)."""
+"""The text forms ``reclock.sources.postgres.pgoutput.convert`` reads (pgoutput writes values in the session's
+styles)."""
 IDENTITY = {"d": "DEFAULT", "n": "NOTHING", "f": "FULL", "i": "USING INDEX"}
 
 
@@ -319,7 +320,7 @@ class PostgresUpstream:
         cancel = getattr(conn, "cancel_safe", None) or conn.cancel
         return read_ahead(self.peek_blocks(conn, upto, batch), ahead, f"reclock-peek-{self.source}", cancel)
 
-    def commit(self, _group: str, frontier: PartitionedFrontier) -> None:
+    def commit(self, frontier: PartitionedFrontier) -> None:
         """Advance the slot to the frontier's LSN (never backwards; a slot already there is left alone)."""
         lsn = frontier.get(LSN_PARTITION)
         if lsn == 0:

@@ -13,7 +13,7 @@ snapshot the task exported, written as Parquet parts by the executors (never thr
                                                        -> <prefix>/<shard>/snapshot/part-*.parquet, _SUCCESS
 
 Every column is read as its text form (``col::text``, as the in-process ``COPY`` reads it) and converted in
-Spark SQL to the Arrow type the stream's decoder gives it (:func:`reclock.sources.pgoutput.arrow_type`),
+Spark SQL to the Arrow type the stream's decoder gives it (:func:`reclock.sources.postgres.pgoutput.arrow_type`),
 with the same refusals: a value the decoder would refuse (a BC or infinite date, a numeric beyond
 ``decimal(38, 10)`` in an unconstrained column, ``NaN``) fails the job naming the column. A table with a
 column Spark cannot convert exactly (``numeric`` of more than 38 digits: ``decimal256``; two column names
@@ -22,8 +22,8 @@ equal but for case) is :func:`convertible` ``False`` and is read in the task ins
 The ctid ranges cover every page: the last range is open-ended, so a page added after the page count was
 read is still read (the snapshot decides what rows are visible, not the ranges). Spark's task retries and
 speculative attempts commit through its output committer, and the task proves the parts afterwards
-(``reclock.cdc.collect``: the ``_SUCCESS`` marker, every footer, rows equal to ``count(*)`` under the same
-snapshot).
+(``reclock.sources.postgres.cdc.collect``: the ``_SUCCESS`` marker, every footer, rows equal to ``count(*)``
+under the same snapshot).
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ from typing import Sequence
 from psycopg.conninfo import conninfo_to_dict
 
 from reclock.errors import SettingError
-from reclock.sources import pgoutput as po
-from reclock.sources.postgres import SESSION, TableInfo, pg_ident, text_form
-from reclock.spark.ingest import sql_ident, sql_string
+from reclock.sources.postgres import pgoutput as po
+from reclock.sources.postgres.upstream import SESSION, TableInfo, pg_ident, text_form
+from reclock.spark.jobs import sql_ident, sql_string
 
 SPLIT_BYTES = 32 << 20
 """Bytes of a table's heap each Spark partition reads (a partition is a range of whole pages)."""
@@ -99,7 +99,7 @@ def session_init(snapshot: str) -> str:
 
 def _column_sql(c: str, type_oid: int, typmod: int, name: str) -> str | None:
     """The Spark SQL expression converting text column ``c`` (table column ``name``) to its Arrow type as
-    :func:`reclock.sources.pgoutput.convert` does; None if Spark cannot."""
+    :func:`reclock.sources.postgres.pgoutput.convert` does; None if Spark cannot."""
     col = sql_ident(c)
 
     def refuse(cond: str, spark_type: str, why: str, value: str) -> str:
@@ -144,7 +144,7 @@ def _column_sql(c: str, type_oid: int, typmod: int, name: str) -> str | None:
 
 def snapshot_query(info: TableInfo) -> str:
     """The JDBC subquery: the row's ``ctid`` and every column's text form (as pgoutput sends it:
-    :func:`reclock.sources.postgres.text_form`) as ``c<i>``."""
+    :func:`reclock.sources.postgres.upstream.text_form`) as ``c<i>``."""
     schema, _, name = info.table.partition(".")
     cols = ", ".join(f"{text_form(n, o)} AS c{i}" for i, (n, o, _) in enumerate(info.columns))
     return (f"(SELECT ctid AS {CTID}{', ' if cols else ''}{cols} FROM {pg_ident(schema)}.{pg_ident(name)}) "
@@ -153,8 +153,8 @@ def snapshot_query(info: TableInfo) -> str:
 
 def write_table_snapshot(spark, target: JdbcTarget, snapshot: str, info: TableInfo, ts: int, url: str,
                          predicates: Sequence[str], fetch_size: int = 10_000) -> None:
-    """One Spark job: every row ``info``'s table holds in ``snapshot`` as ``(columns..., ts, 1)`` Parquet
-    parts under ``url`` (with Spark's ``_SUCCESS`` marker). The caller proves them (``reclock.cdc.collect``)
+    """One Spark job: every row ``info``'s table holds in ``snapshot`` as ``(columns..., ts, 1)`` Parquet parts under
+    ``url`` (with Spark's ``_SUCCESS`` marker). The caller proves them (``reclock.sources.postgres.cdc.collect``)
     against ``count(*)`` under the same snapshot, which it keeps open for the whole job."""
     props = {**target.properties, "sessionInitStatement": session_init(snapshot), "fetchsize": str(fetch_size)}
     df = spark.read.jdbc(target.url, snapshot_query(info), predicates=list(predicates), properties=props)

@@ -31,17 +31,14 @@ Iceberg warehouse     --                  RECLOCK_ICEBERG_WAREHOUSE    ``<blob s
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Callable
 
-from reclock.config import BudgetSpec, IcebergSinkSpec, KafkaSpec, PostgresSpec, SinkSpec, SourceSpec
-from reclock.cycle import CycleContext
+from reclock import connections
+from reclock.config import KafkaSpec, PostgresSpec, SinkSpec
 from reclock.errors import ConfigError, SettingError
-from reclock.orchestration import connections
 from reclock.persist import objectstore
 from reclock.persist.blob import BlobStore, blob_store_from_url
-from reclock.sinks.iceberg import CatalogSettings, IcebergSinkContext, catalog_uri
-from reclock.sinks.kafka import SinkContext
 
 NO_DSN = ("no consensus Postgres: set RECLOCK_DSN to its DSN (postgresql://user:password@host:5432/db; reclock "
           f"commands: --dsn), or define the Airflow connection {connections.DEFAULT_POSTGRES} "
@@ -165,7 +162,7 @@ def find_upstream_dsn(pg: PostgresSpec, what: str) -> str:
         f"AIRFLOW_CONN_{str(pg.connection).upper()}=postgresql://user:password@host:5432/db)")
 
 
-def _seconds(var: str, default: float) -> float:
+def seconds_setting(var: str, default: float) -> float:
     """A non-negative number of seconds from the environment variable ``var``."""
     raw = os.environ.get(var)
     try:
@@ -217,71 +214,3 @@ def find_spark(master: str | None = None, remote: str | None = None) -> SparkTar
     if remote:
         return SparkTarget(remote=remote)
     return SparkTarget(remote=_from_connection(connections.spark_connect_url, NO_SPARK))
-
-
-def with_run_conf(spec: SourceSpec, conf: dict[str, Any] | None) -> SourceSpec:
-    """``spec`` with the budget a run's conf overrides (``max_records``, a positive integer); any other key is
-    refused (``ConfigError`` naming it)."""
-    from reclock.orchestration.runs import check_conf, positive_int
-
-    conf = conf or {}
-    check_conf(f"source {spec.name}", conf, ("max_records",))
-    mr = positive_int(f"source {spec.name}", "max_records", conf.get("max_records"))
-    return spec if mr is None else replace(spec, budget=BudgetSpec(max_records=mr))
-
-
-def cycle_context(spec: SourceSpec, conf: dict[str, Any] | None = None, *, dsn: str | None = None,
-                  blob_url: str | None = None, bootstrap: str | None = None,
-                  spark: SparkTarget | None = None, run_id: str | None = None) -> CycleContext:
-    """A cycle's context for ``spec`` from the settings (arguments first). Spark is found when a step first
-    needs it, unless ``spark`` is given. Run conf may override the budget: ``{"max_records": 1000}``."""
-    spec = with_run_conf(spec, conf)
-    pg = spec.postgres
-    return CycleContext(
-        spec=spec,
-        dsn=find_dsn(dsn),
-        bootstrap="" if pg is not None else find_bootstrap(spec.kafka, f"source {spec.name}", bootstrap),
-        upstream_dsn=None if pg is None else find_upstream_dsn(pg, f"source {spec.name}"),
-        blob=find_blob_store(blob_url),
-        spark_factory=lambda: (spark or find_spark()).session(spec.name),
-        retain_history_ms=retain_history_ms(),
-        gc_grace_s=_seconds("RECLOCK_GC_GRACE_S", 3600.0),
-        gc_interval_s=_seconds("RECLOCK_GC_INTERVAL_S", 300.0),
-        stats_keep_s=_seconds("RECLOCK_STATS_RETAIN_S", 7 * 86400.0),
-        run_id=run_id,
-    )
-
-
-def sink_context(spec: SinkSpec, *, dsn: str | None = None, blob_url: str | None = None,
-                 bootstrap: str | None = None) -> SinkContext:
-    """A sink's context for ``spec`` from the settings (arguments first)."""
-    return SinkContext(spec=spec, dsn=find_dsn(dsn), blob=find_blob_store(blob_url),
-                       bootstrap=find_bootstrap(spec.kafka, f"sink {spec.name}", bootstrap))
-
-
-def find_catalog_settings(dsn: str, blob_url: str) -> CatalogSettings:
-    """The Iceberg SQL catalog: ``RECLOCK_ICEBERG_CATALOG_URI`` (a SQLAlchemy URL), else the consensus
-    Postgres ``dsn``; the warehouse ``RECLOCK_ICEBERG_WAREHOUSE``, else ``<blob_url>/_iceberg`` (no source
-    or shard is named ``_iceberg``, so garbage collection never looks there); an ``s3://`` warehouse on
-    :func:`find_s3_settings`."""
-    uri = os.environ.get("RECLOCK_ICEBERG_CATALOG_URI") or catalog_uri(dsn)
-    warehouse = os.environ.get("RECLOCK_ICEBERG_WAREHOUSE") or blob_url.rstrip("/") + "/_iceberg"
-    if warehouse.startswith("s3a://"):
-        raise SettingError(f"Iceberg warehouse {warehouse!r}: write s3://bucket/prefix (s3a:// is Spark's name)")
-    return CatalogSettings(uri=uri, warehouse=warehouse,
-                           s3=find_s3_settings() if objectstore.is_s3(warehouse) else None)
-
-
-def iceberg_sink_context(spec: IcebergSinkSpec, *, dsn: str | None = None,
-                         blob_url: str | None = None) -> IcebergSinkContext:
-    """An Iceberg sink's context for ``spec`` from the settings (arguments first)."""
-    dsn, url = find_dsn(dsn), find_blob_url(blob_url)
-    return IcebergSinkContext(spec=spec, dsn=dsn, blob=find_blob_store(url), catalog=find_catalog_settings(dsn, url))
-
-
-def any_sink_context(spec: SinkSpec | IcebergSinkSpec, *, dsn: str | None = None, blob_url: str | None = None,
-                     bootstrap: str | None = None) -> SinkContext | IcebergSinkContext:
-    """The context of a Kafka sink or an Iceberg export, by its spec."""
-    if isinstance(spec, IcebergSinkSpec):
-        return iceberg_sink_context(spec, dsn=dsn, blob_url=blob_url)
-    return sink_context(spec, dsn=dsn, blob_url=blob_url, bootstrap=bootstrap)

@@ -26,7 +26,7 @@ nothing in progress), and a Relation precedes the first change of its table in e
 :func:`arrow_type` and :func:`convert` turn a column's text form into an Arrow-friendly Python value by its
 type oid (:data:`CONVERSIONS` lists the types known; any other type stays text). The reader's session must
 use ``DateStyle = ISO``, ``IntervalStyle = postgres``, ``bytea_output = hex`` and ``TimeZone = UTC``, the
-forms :func:`convert` parses (``reclock.sources.postgres`` sets them).
+forms :func:`convert` parses (``reclock.sources.postgres.upstream`` sets them).
 
 Law (tested with hypothesis): ``decode(encode(m)) == m`` for every message ``m`` (the encoder lives in the
 tests), and ``convert`` inverts Postgres's text output for every type it knows.

@@ -31,8 +31,8 @@ takes every table of its publication) one that joined the publication later
 
 The snapshot of a table is read in this process with ``COPY ... TO STDOUT (FORMAT csv)`` parsed by Arrow a
 block at a time (:func:`read_snapshot`), or, for a large table, by Spark under the same exported snapshot
-(``reclock.spark.snapshot``), whose parts land in the shard's :data:`SPARK_SNAPSHOT` folder and are proved
-with the rest (:func:`collect`). A re-snapshot also retracts what each collection held
+(``reclock.sources.postgres.spark_snapshot``), whose parts land in the shard's :data:`SPARK_SNAPSHOT` folder and
+are proved with the rest (:func:`collect`). A re-snapshot also retracts what each collection held
 (:meth:`PartWriter.retract`).
 """
 
@@ -56,8 +56,8 @@ from reclock.errors import (PublicationMissing, ReclockError, ReplicaIdentityNot
                             TableTruncated, UnaccountedWrite)
 from reclock.persist.blob import BlobStore
 from reclock.persist.parquet import part_from_footer
-from reclock.sources import pgoutput as po
-from reclock.sources.postgres import TableInfo, text_form
+from reclock.sources.postgres import pgoutput as po
+from reclock.sources.postgres.upstream import TableInfo, text_form
 
 
 @dataclass(frozen=True)
@@ -95,7 +95,7 @@ about 4% larger."""
 class PartWriter:
     """Per-table buffers of updates, each written as a Parquet part once it holds ``chunk`` rows (parts of
     exactly ``chunk`` rows, the rest at :meth:`close`). Values are buffered as their text forms and
-    converted a column at a time when a part is written (:func:`reclock.sources.pgoutput.text_column`:
+    converted a column at a time when a part is written (:func:`reclock.sources.postgres.pgoutput.text_column`:
     Arrow's vectorized casts). Updates come one at a time (:meth:`add`) or a decoded block at a time
     (:meth:`add_block`), in the order they are added either way."""
 
@@ -203,7 +203,7 @@ class PartWriter:
 
 def _part_table(out: Output, columns: Sequence, ts, diff) -> pa.Table:
     """A part of ``out``'s shard: each column's text forms converted to its type
-    (:func:`reclock.sources.pgoutput.text_column`), then ``ts`` and ``diff``."""
+    (:func:`reclock.sources.postgres.pgoutput.text_column`), then ``ts`` and ``diff``."""
     info = out.info
     arrays = [po.text_column(o, m, c, f"{info.table}.{name}") for (name, o, m), c in zip(info.columns, columns)]
     arrays += [pa.array(ts, pa.int64()), pa.array(diff, pa.int64())]
@@ -223,7 +223,7 @@ def _concat(chunks: list) -> list | pa.Array:
 
 SPARK_SNAPSHOT = "snapshot"
 """The folder under a shard's folder of a write where Spark writes that table's snapshot
-(``reclock.spark.snapshot``): Spark's part files, its ``_SUCCESS`` marker and its hidden files."""
+(``reclock.sources.postgres.spark_snapshot``): Spark's part files, its ``_SUCCESS`` marker and its hidden files."""
 
 
 def collect(blob: BlobStore, source: str, prefix: str, emitted: Mapping[str, int],
@@ -360,7 +360,7 @@ class ChangeDecoder:
 
         A block is read with numpy, all its messages at once: between two messages other than a change,
         Begin or Commit (a Relation, Type, Origin or Truncate: taken one by one), the Begins and Commits are
-        taken one by one and the changes column by column over all of them (:func:`~reclock.sources.pgoutput
+        taken one by one and the changes column by column over all of them (:func:`~reclock.sources.postgres.pgoutput
         .tuples_at`), a table's updates handed to the writer as Arrow arrays. Where that reading meets
         anything but plain inserts, updates and deletes with the whole old row, of text and NULL values, in
         transactions of tables that pass their checks (an unchanged TOASTed value, a key-only old row, a
@@ -534,7 +534,8 @@ class ChangeDecoder:
 
     @staticmethod
     def _tuples(buf, pos, limit) -> "_Tuples":
-        """The tuples at ``pos``, grouped by their column count (:func:`reclock.sources.pgoutput.tuples_at`)."""
+        """The tuples at ``pos``, grouped by their column count
+        (:func:`reclock.sources.postgres.pgoutput.tuples_at`)."""
         if np.any(pos + 2 > limit):
             raise po.Irregular("a tuple truncated")
         count = po.be_int(buf, pos, 2)
@@ -691,7 +692,7 @@ SNAPSHOT_BLOCK = 8 << 20
 def read_snapshot(conn, outputs: Sequence[Output], writer: PartWriter, ts: int, chunk: int) -> int:
     """Every row of every table, in the snapshot ``conn``'s transaction holds, as +1 at ``ts``; returns the
     rows read. Each table is read with ``COPY (SELECT col::text, ...) TO STDOUT (FORMAT csv)`` (each
-    column's text form as pgoutput sends it: :func:`reclock.sources.postgres.text_form`) in the
+    column's text form as pgoutput sends it: :func:`reclock.sources.postgres.upstream.text_form`) in the
     session styles the stream is decoded in, parsed by Arrow's streaming CSV reader a block at a time (every
     value a string; an unquoted empty field is NULL, a quoted one the empty string), and converted as the
     stream's values are, so both give equal values."""

@@ -3,7 +3,7 @@
 
 Each function raises Airflow's ``AirflowNotFoundException`` when the connection is not defined (neither in
 Airflow's metadata database, nor as ``AIRFLOW_CONN_<ID>`` in the environment, nor in a secrets backend);
-``reclock.orchestration.settings`` turns that into a ``SettingError`` naming every way to give the setting.
+``reclock.settings`` turns that into a ``SettingError`` naming every way to give the setting.
 """
 
 from __future__ import annotations
@@ -38,6 +38,36 @@ def kafka_bootstrap(conn_id: str = DEFAULT_KAFKA) -> str:
     c = _get(conn_id)
     extra = json.loads(c.extra or "{}") if isinstance(c.extra, str) else (c.extra or {})
     return extra.get("bootstrap.servers") or f"{c.host}:{c.port or 9092}"
+
+
+def registry_settings(conn_id: str):
+    """The Schema Registry settings (``reclock.schema_registry.RegistrySettings``) of an Airflow connection
+    (type ``http``, or any): host (with its scheme, ``https://`` for TLS; or extra ``url``), port, schema (the
+    API's path, e.g. ``apis/ccompat/v7`` for Apicurio), login and password (HTTP basic auth); extra
+    ``ca_file`` (a PEM bundle the server's certificate must verify against), ``cert_file`` and ``key_file``
+    (a client certificate), ``timeout`` (seconds)."""
+    from reclock.errors import ConfigError
+    from reclock.schema_registry import RegistrySettings
+
+    c = _get(conn_id)
+    extra = json.loads(c.extra or "{}") if isinstance(c.extra, str) else (c.extra or {})
+    url = extra.get("url")
+    if not url:
+        host = c.host or ""
+        if not host:
+            raise ConfigError(f"connection {conn_id}: no host (the registry's address) and no extra url")
+        scheme = "https" if extra.get("tls") or (c.conn_type or "") == "https" else "http"
+        if "://" in host:
+            scheme, host = host.split("://", 1)
+        url = f"{scheme}://{host.rstrip('/')}" + (f":{c.port}" if c.port else "")
+        if c.schema:
+            url += "/" + c.schema.strip("/")
+    try:
+        return RegistrySettings(url, c.login or None, c.password or None, ca_file=extra.get("ca_file"),
+                                cert_file=extra.get("cert_file"), key_file=extra.get("key_file"),
+                                timeout_s=float(extra.get("timeout", 10)))
+    except ValueError as e:
+        raise ConfigError(f"connection {conn_id}: {e}") from None
 
 
 def spark_connect_url(conn_id: str = DEFAULT_SPARK) -> str:

@@ -20,13 +20,15 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import dataclass
 from typing import Sequence
 
 from reclock.batch import OffsetRange, SliceWritten
 from reclock.config import SourceSpec
-from reclock.part_layout import (DATA_OUTPUT, ERR_PREFIX, ERROR_COLUMNS, ERRORS_OUTPUT, PACKED_BASE64, REJECTED_COLUMN,
-                                 STATE_COLUMNS, STATE_OUTPUT, STATE_PREFIX)
+from reclock.part_layout import (DATA_OUTPUT, ERR_PREFIX, ERROR_COLUMNS, ERRORS_OUTPUT, MEMBER_COLUMN, PACKED_BASE64,
+                                 REJECTED_COLUMN, STATE_COLUMNS, STATE_OUTPUT, STATE_PREFIX)
+from reclock.sources.base import JointSlice
+from reclock.spark.jobs import observation, observed, sql_ident, sql_string
+from reclock.spark.reclocking import BindingRange, reclocked
 
 CORRUPT = "_reclock_corrupt"
 AVRO_OK = "_reclock_ok"
@@ -35,27 +37,6 @@ AVRO_OK = "_reclock_ok"
 _ERROR_SOURCES = tuple(zip(ERROR_COLUMNS, ("_p", "_o", "_k", "_v", "_reason")))
 _STATE_SOURCES = tuple(zip(STATE_COLUMNS, ("_k", "_v", "_p", "_o", "_t_us")))
 PRIOR_SCHEMA = "key BINARY, value BINARY, partition INT, offset BIGINT, timestamp_us BIGINT"
-
-SESSION_CONF = {
-    # Spark 4.2's default less ``kafka``: a batch read of Kafka then goes through the V2 reader (the one
-    # Structured Streaming uses), which makes each record's internal row directly. The V1 relation hands
-    # every record to the plan as an external Row (a java.sql.Timestamp, a Java String for the topic) and
-    # converts it back.
-    "spark.sql.sources.useV1SourceList": "avro,csv,json,orc,parquet,text",
-}
-"""Spark SQL settings every session that runs ``write_batches`` gets: local sessions and the dev stack's
-Spark Connect server at start, a shared Spark Connect session when a task attaches to it."""
-
-
-@dataclass(frozen=True)
-class BindingRange:
-    """Offsets ``[start, end)`` of ``partition`` are bound at ``ts``."""
-
-    partition: int
-    start: int
-    end: int
-    ts: int
-
 
 def kafka_read_options(spec: SourceSpec, bootstrap: str, ranges: Sequence[OffsetRange]) -> dict[str, str]:
     """Spark Kafka batch-source options that read exactly ``ranges`` (and nothing else).
@@ -123,129 +104,17 @@ def _read_kafka(spark, spec: SourceSpec, bootstrap: str, ranges: Sequence[Offset
     return spark.read.format("kafka").options(**kafka_read_options(spec, bootstrap, ranges)).load()
 
 
-CASE_LIMIT = 256
-"""Up to this many binding ranges in a slice, reclocking is one ``CASE`` expression over (partition, offset),
-compiled into the scan's generated code; above it (a rebuild over a long history), a broadcast range join."""
-
-
-def _intersecting(ranges: Sequence[OffsetRange], bindings: Sequence[BindingRange]) -> list[BindingRange]:
-    """The bindings whose offset range intersects ``ranges`` (the only ones a slice's records can fall in)."""
-    wanted = {r.partition: r for r in ranges}
-    return [b for b in bindings if b.partition in wanted
-            and b.start < wanted[b.partition].end and b.end > wanted[b.partition].start]
-
-
-def reclock_case_sql(bindings: Sequence[BindingRange]) -> str:
-    """The SQL expression giving each record the ts of the binding whose range holds its offset (NULL where
-    none does).
-
-    Per partition the bindings are disjoint offset ranges, so the branch order does not matter; every value
-    is an integer, so the text needs no quoting."""
-    by_partition = _by_partition(bindings)
-    if not by_partition:
-        return "CAST(NULL AS BIGINT)"
-    arms = []
-    for p, bs in sorted(by_partition.items()):
-        inner = " ".join(f"WHEN offset >= {b.start} AND offset < {b.end} THEN CAST({b.ts} AS BIGINT)" for b in bs)
-        arms.append(f"WHEN partition = {int(p)} THEN CASE {inner} END")
-    return f"CASE {' '.join(arms)} END"
-
-
-def _by_partition(bindings: Sequence[BindingRange]) -> dict[int, list[BindingRange]]:
-    out: dict[int, list[BindingRange]] = {}
-    for b in sorted(bindings, key=lambda b: (b.partition, b.start)):
-        out.setdefault(b.partition, []).append(b)
-    return out
-
-
-def _covers(r: OffsetRange, bindings: Sequence[BindingRange]) -> bool:
-    """Whether ``bindings`` (one partition's, by start) leave no offset of ``r`` unbound."""
-    at = r.start
-    for b in bindings:
-        if b.start > at:
-            return False
-        at = max(at, b.end)
-    return at >= r.end
-
-
-def reclock_ts_sql(ranges: Sequence[OffsetRange], bindings: Sequence[BindingRange]) -> tuple[str, bool]:
-    """The SQL expression giving each record of ``ranges`` the ts of the binding that holds its offset, and
-    whether records no binding holds must still be dropped (their ts is NULL).
-
-    A description's ranges are exactly what its bindings cover (:func:`reclock.batch.ranges_for`), so the
-    usual answer needs no filter and no comparisons: where each partition's range lies in one binding, the
-    ts is an array's entry for the partition; otherwise a partition whose range lies in one binding is one
-    ``CASE partition`` arm, and only a partition that several bindings share compares offsets, against each
-    binding's end. Ranges the bindings do not cover (never from a description) get the general
-    :func:`reclock_case_sql` and the filter."""
-    return _ts_sql(ranges, _intersecting(ranges, bindings))
-
-
-BY_PARTITION_LIMIT = 4096
-"""Partitions below this number get their ts from an array indexed by partition (see :func:`_ts_sql`)."""
-
-
-def _ts_sql(ranges: Sequence[OffsetRange], hits: Sequence[BindingRange]) -> tuple[str, bool]:
-    """:func:`reclock_ts_sql` over ``hits``, the bindings already known to intersect ``ranges``.
-
-    Where each partition's range lies in one binding (a cycle's usual slice), the ts comes from an array
-    with one entry per partition, indexed by ``partition``: Spark passes an array literal to its generated
-    code by reference, where it writes a number literal into the code itself, so the next cycle's new
-    timestamps would miss Spark's code cache and its branches be compiled again."""
-    by_partition = _by_partition(hits)
-    if not ranges or not all(_covers(r, by_partition.get(r.partition, ())) for r in ranges):
-        return reclock_case_sql(hits), True
-    top = max(by_partition)
-    if all(len(bs) == 1 for bs in by_partition.values()) and top < BY_PARTITION_LIMIT:
-        entries = ["NULL"] * (top + 1)
-        for p, (b,) in by_partition.items():
-            entries[p] = str(int(b.ts))
-        return f"CAST(element_at(array({', '.join(entries)}), partition + 1) AS BIGINT)", False
-    arms = []
-    for p, bs in sorted(by_partition.items()):
-        if len(bs) == 1:
-            arm = f"CAST({bs[0].ts} AS BIGINT)"
-        else:
-            arm = "CASE " + " ".join(f"WHEN offset < {b.end} THEN CAST({b.ts} AS BIGINT)" for b in bs[:-1]) + \
-                f" ELSE CAST({bs[-1].ts} AS BIGINT) END"
-        arms.append(f"WHEN {int(p)} THEN {arm}")
-    return f"CASE partition {' '.join(arms)} END", False
-
-
 def _reclocked(spark, spec: SourceSpec, bootstrap: str, ranges: Sequence[OffsetRange],
                bindings: Sequence[BindingRange], read_metrics=None):
-    """The records of ``ranges`` with the ``ts`` of the binding that covers each offset (a record that no
-    binding covers is dropped, as by an inner join: the read ranges are the bindings' ranges, so none is).
-
-    Vectorised either way, never a per-record Python function: a SQL expression
-    (:func:`reclock_ts_sql`: usually an array's entry per partition) when the slice intersects at most
-    :data:`CASE_LIMIT` binding ranges (the usual cycle: one or a few bindings per partition), else a
-    broadcast range join against those bindings. ``read_metrics`` (an ``Observation``) counts the
-    records read, as ``records``, right above the scan."""
+    """The records of ``ranges`` read from Kafka, each with the ``ts`` of the binding that covers its offset
+    (``reclock.spark.reclocking.reclocked``). ``read_metrics`` (an ``Observation``) counts the records read,
+    as ``records``, right above the scan."""
     from pyspark.sql import functions as F
 
     raw = _read_kafka(spark, spec, bootstrap, ranges)
     if read_metrics is not None:
         raw = raw.observe(read_metrics, F.count(F.lit(1)).alias("records"))
-    hits = _intersecting(ranges, bindings)
-    if len(hits) <= CASE_LIMIT:
-        expr, drop_unbound = _ts_sql(ranges, hits)
-        df = raw.withColumn("ts", F.expr(expr))
-        return df.filter("ts IS NOT NULL") if drop_unbound else df
-    bdf = spark.createDataFrame([(b.partition, b.start, b.end, b.ts) for b in hits],
-                                "b_partition INT, b_start BIGINT, b_end BIGINT, ts BIGINT")
-    return raw.join(F.broadcast(bdf), (raw["partition"] == bdf["b_partition"]) & (raw["offset"] >= bdf["b_start"])
-                    & (raw["offset"] < bdf["b_end"]), "inner").drop("b_partition", "b_start", "b_end")
-
-
-def sql_string(text: str) -> str:
-    """``text`` as a Spark SQL string literal."""
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-def sql_ident(name: str) -> str:
-    """``name`` as a Spark SQL identifier (backquoted)."""
-    return "`" + name.replace("`", "``") + "`"
+    return reclocked(spark, raw, ranges, bindings)
 
 
 def _decoded(spec: SourceSpec, df):
@@ -419,12 +288,12 @@ def write_slice(spark, spec: SourceSpec, bootstrap: str, ranges: Sequence[Offset
     plan in between."""
     from pyspark.sql import functions as F
 
-    read, written = _observation(spark), _observation(spark)
+    read, written = observation(spark), observation(spark)
     df = reclock_and_decode(spark, spec, bootstrap, ranges, bindings, prior, read_metrics=read)
     if spec.envelope != "upsert":
         df = df.observe(written, F.count(F.lit(1)).alias("rows"), F.count(REJECTED_COLUMN).alias("rejected"))
         df.write.mode("error").parquet(url)
-        w = _observed(written, spec, url, ("rows", "rejected"))
+        w = observed(written, spec.name, url, ("rows", "rejected"))
         rows = {DATA_OUTPUT: w["rows"] - w["rejected"], ERRORS_OUTPUT: w["rejected"]}
     else:
         data_cols, err_cols = output_columns(spec)
@@ -436,35 +305,23 @@ def write_slice(spark, spec: SourceSpec, bootstrap: str, ranges: Sequence[Offset
         counts = [F.count(F.when(F.col("_output") == o, F.lit(1))).alias(f"output{o}") for o in outputs]
         df = df.selectExpr(*map(sql_ident, keep), "_output").observe(written, *counts)
         df.write.mode("error").partitionBy("_output").parquet(url)
-        w = _observed(written, spec, url, [f"output{o}" for o in outputs])
+        w = observed(written, spec.name, url, [f"output{o}" for o in outputs])
         rows = {o: w[f"output{o}"] for o in outputs}
-    records = _observed(read, spec, url, ("records",))["records"]
+    records = observed(read, spec.name, url, ("records",))["records"]
     return SliceWritten(index, url, sum(r.end - r.start for r in ranges), records, rows)
 
 
-MEMBER_COLUMN = "_reclock_member"
-"""The partition column of a joint write: the slice's number among the job's slices (not in the files)."""
 JOINT_RECORDS_PER_TASK = 200_000
 """A joint job reads its slices' Kafka partitions in tasks of about this many records (at least two tasks):
 a task per Kafka partition, as a job of one source has, would make a round of many small sources pay a
 task's fixed cost (its start, a Parquet writer, its commit) per partition of every source."""
 
 
-@dataclass(frozen=True)
-class JointSlice:
-    """One source's append-only slice in a joint job: what :func:`write_slice` would read for it."""
-
-    spec: SourceSpec
-    bootstrap: str
-    ranges: Sequence[OffsetRange]
-    bindings: Sequence[BindingRange]
-
-
 def joint_key(spec: SourceSpec) -> tuple | None:
     """Sources with the same key can have their slices written by one Spark job (:func:`write_joint`): their
     parts have the same columns of the same types. None: the source's slices need a job of their own (an
-    upsert source's, a Postgres source's)."""
-    if spec.kafka is None or spec.envelope == "upsert":
+    upsert source's)."""
+    if spec.envelope == "upsert":
         return None
     return (spec.format.type, spec.format.schema, tuple(spec.include))
 
@@ -485,11 +342,11 @@ def write_joint(spark, slices: Sequence[JointSlice], url: str) -> list[SliceWrit
 
     if not slices:
         raise ValueError("write_joint needs at least one slice")
-    reads = [_observation(spark) for _ in slices]
-    written = _observation(spark)
+    reads = [observation(spark) for _ in slices]
+    written = observation(spark)
     df = None
     for i, (s, read) in enumerate(zip(slices, reads)):
-        one = reclock_and_decode(spark, s.spec, s.bootstrap, s.ranges, s.bindings, read_metrics=read)
+        one = reclock_and_decode(spark, s.spec, s.upstream, s.ranges, s.bindings, read_metrics=read)
         one = one.withColumn(MEMBER_COLUMN, F.lit(i))
         df = one if df is None else df.unionByName(one)
     offsets = sum(r.end - r.start for s in slices for r in s.ranges)
@@ -501,33 +358,12 @@ def write_joint(spark, slices: Sequence[JointSlice], url: str) -> list[SliceWrit
               for c in (F.count(F.when(member == i, F.lit(1))).alias(f"rows{i}"),
                         F.count(F.when(member == i, F.col(REJECTED_COLUMN))).alias(f"rejected{i}"))]
     df.observe(written, *counts).write.mode("error").partitionBy(MEMBER_COLUMN).parquet(url)
-    w = _observed(written, slices[0].spec, url, [f"{k}{i}" for i in range(len(slices)) for k in ("rows", "rejected")])
+    w = observed(written, slices[0].spec.name, url,
+                 [f"{k}{i}" for i in range(len(slices)) for k in ("rows", "rejected")])
     out = []
     for i, (s, read) in enumerate(zip(slices, reads)):
-        records = _observed(read, s.spec, url, ("records",))["records"]
+        records = observed(read, s.spec.name, url, ("records",))["records"]
         rows = {DATA_OUTPUT: w[f"rows{i}"] - w[f"rejected{i}"], ERRORS_OUTPUT: w[f"rejected{i}"]}
         out.append(SliceWritten(0, f"{url}/{MEMBER_COLUMN}={i}", sum(r.end - r.start for r in s.ranges), records,
                                 rows))
     return out
-
-
-def _observation(spark):
-    """A new ``Observation`` of the session's kind: a process may hold a classic session and a Spark
-    Connect one, and each DataFrame takes only its own kind."""
-    if type(spark).__module__.startswith("pyspark.sql.connect"):
-        from pyspark.sql.connect.observation import Observation
-    else:
-        from pyspark.sql.observation import Observation
-    return Observation()
-
-
-def _observed(obs, spec: SourceSpec, url: str, names: Sequence[str]) -> dict[str, int]:
-    """The metrics ``names`` of a finished job's ``Observation``; a job that reports none fails the step
-    (its write cannot be accounted for)."""
-    from reclock.errors import UnaccountedWrite
-
-    got = obs.get or {}
-    if any(got.get(n) is None for n in names):
-        raise UnaccountedWrite(spec.name, url, url, f"Spark reported no {', '.join(names)} for its job "
-                               f"(metrics: {got}); the write cannot be accounted for")
-    return {n: int(got[n]) for n in names}

@@ -4,7 +4,7 @@ of the binding whose write takes a snapshot (``snapshot_ts``; absent: the first 
 
 Written once, with the source's first binding still to come, and replaced only by a re-snapshot, in the
 transaction that appends the re-snapshot's binding: cycles compare the stream's Relation messages against
-it, so DDL never changes a collection's columns silently (``reclock.cdc``).
+it, so DDL never changes a collection's columns silently (``reclock.sources.postgres.cdc``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Sequence
 
 from psycopg.types.json import Jsonb
 
-from reclock.sources.postgres import TableInfo
+from reclock.sources.postgres.upstream import TableInfo
 
 
 def registered_tables(conn, source: str) -> list[TableInfo] | None:

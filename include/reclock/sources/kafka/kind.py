@@ -1,0 +1,235 @@
+"""The Kafka kind: a topic read with ``read_committed`` semantics, FromTime ``(partition, offset)``.
+
+==================  ========================================================================================
+the interface       here
+==================  ========================================================================================
+register            the remap collection (progress ``(ts, partition, "offset")``), the collection (output
+                    0) and its error collection (output 1)
+probe_upper         the partitions' last stable offsets (``reclock.sources.kafka.upstream``)
+descriptions        a backlog cut by ``budget.max_records`` offsets; upsert: one description a cycle (its
+                    retractions read the state its predecessor's append produces)
+write               one Spark job per budget slice (``reclock.sources.kafka.spark_job``), reclocked by
+                    ``reclock.spark.reclocking``, decoded, proved by ``reclock.persist.staged``; upsert: one
+                    job with the touched keys' state; ``on_decode_error: stall`` refuses the description
+append_effects      upsert: the state's changes (``reclock.persist.upsert_state``)
+commit              the offsets, to the consumer group ``reclock-<source>`` (lag tools see them)
+rewrite             the same jobs from offset 0 of the bindings (rebuild)
+joint               a continuous group's append-only slices of the same columns in one job
+trigger, lag        ``UpstreamMoved``; the consumer group's lag
+==================  ========================================================================================
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from typing import Any, Callable, Sequence
+
+from reclock import remap
+from reclock.batch import BatchDescription, SliceWritten, ranges_for, split_ranges
+from reclock.datasets import DatasetName, kafka_topic
+from reclock.errors import DecodeError
+from reclock.failpoints import failpoint
+from reclock.part_layout import DATA_KIND, DATA_OUTPUT, ERRORS_KIND, ERRORS_OUTPUT
+from reclock.persist.gc import lease_write, release_write
+from reclock.persist.remap_store import register_source
+from reclock.persist.shards import register_shard, shard_info
+from reclock.persist.staged import collect_parts, first_rejected, read_state_changes, slice_folder
+from reclock.persist.upsert_state import apply_changes, load_prior
+from reclock.remap import RemapCollection
+from reclock.settings import find_bootstrap
+from reclock.sources.base import (CycleServices, JointJobs, JointSlice, Lag, SourceKind, SourceRuntime,
+                                  WrittenBatch)
+from reclock.sources.kafka import spark_job
+from reclock.sources.kafka.upstream import KafkaUpstream
+from reclock.spark.reclocking import BindingRange
+from reclock.time import PartitionedFrontier
+
+
+class KafkaSource(SourceRuntime):
+    """A Kafka source's half of a cycle context: its upstream (one admin client for the context's probes)."""
+
+    def __init__(self, kind: SourceKind, ctx: CycleServices) -> None:
+        super().__init__(kind, ctx)
+        self._upstream: KafkaUpstream | None = None
+
+    def upstream(self) -> KafkaUpstream:
+        if self._upstream is None:
+            self._upstream = KafkaUpstream(self.name, self.ctx.upstream, self.ctx.spec.kafka.topic)
+        return self._upstream
+
+    def register(self) -> None:
+        spec = self.ctx.spec
+        with self.ctx.connect() as conn:
+            register_source(conn, spec.name, kind=self.kind.name, progress=self.kind.progress_view())
+            register_shard(conn, spec.data_shard, source=spec.name, output=DATA_OUTPUT, kind=DATA_KIND)
+            register_shard(conn, spec.errors_shard, source=spec.name, output=ERRORS_OUTPUT, kind=ERRORS_KIND)
+
+    def shards(self) -> tuple[str, ...]:
+        return self.ctx.spec.shards
+
+    def probe_upper(self) -> PartitionedFrontier:
+        return self.upstream().probe_upper()
+
+    def descriptions(self, rc: RemapCollection, lower: int) -> list[BatchDescription]:
+        descs = super().descriptions(rc, lower)
+        # upsert: a description's retractions read the state as of its lower, which only its predecessor's
+        # append produces, so a cycle writes one description (the backlog takes one cycle per budget)
+        return descs[:1] if self.ctx.spec.envelope == "upsert" else descs
+
+    def write(self, rc: RemapCollection, desc: BatchDescription, metrics: dict) -> WrittenBatch:
+        ctx, spec = self.ctx, self.ctx.spec
+        if spec.envelope == "upsert":
+            with ctx.connect() as conn:
+                if shard_info(conn, spec.data_shard).upper >= desc.upper:
+                    metrics.update(lower=desc.lower, upper=desc.upper, already_present=True)
+                    return WrittenBatch(desc)  # a replay: the state has moved on, and append is a no-op
+        written = self._write(rc, desc, metrics)
+        if spec.on_decode_error == "stall" and written.parts.get(spec.errors_shard):
+            # refuse the whole description (nothing is appended) naming the first record that failed; the
+            # source stays stalled until the record or the config changes
+            first = first_rejected(ctx.blob, written.parts[spec.errors_shard])
+            if first is not None:
+                partition, offset, reason = first
+                raise DecodeError(spec.name, partition, offset, f"{reason} (on_decode_error: stall)")
+        return written
+
+    def lineage_inputs(self) -> tuple[DatasetName, ...]:
+        return (kafka_topic(self.ctx.upstream, self.ctx.spec.kafka.topic),)
+
+    def rewrite(self, rc: RemapCollection, desc: BatchDescription, metrics: dict,
+                on_slice: Callable[[int, int], None] | None) -> WrittenBatch:
+        return self._write(rc, desc, metrics, on_slice, rebuilding=True)
+
+    def _write(self, rc: RemapCollection, desc: BatchDescription, m: dict,
+               on_slice: Callable[[int, int], None] | None = None, rebuilding: bool = False) -> WrittenBatch:
+        """Read the ranges the bindings in ``desc`` cover, one Spark job per budget slice, and collect the
+        parts, each slice proved to hold what its job read (``reclock.persist.staged``: else
+        ``UnaccountedWrite``, and nothing is appended); ``on_slice(done, total)`` after each job (the
+        progress of a long rebuild).
+
+        Upsert: one job for the whole description (a key's records must meet in one job), with the state
+        rows of the keys it touches as of ``desc.lower`` (none when rebuilding from 0)."""
+        ctx, spec = self.ctx, self.ctx.spec
+        ranges = ranges_for(rc, desc)
+        if ranges:
+            self.upstream().check_retained(
+                remap.source_upper_at(rc, desc.lower), remap.source_upper_at(rc, desc.upper))
+        bindings = [BindingRange(r.partition, s, e, ts) for r in ranges
+                    for (s, e, ts) in remap.reclock_ranges(rc, r.partition)
+                    if s < r.end and e > r.start and desc.lower <= ts < desc.upper]
+        prefix = f"{spec.name}/{desc.lower}-{desc.upper}/{uuid.uuid4().hex}"
+        upsert = spec.envelope == "upsert"
+        if not ranges:
+            slices = []
+        elif upsert:
+            slices = [ranges]
+        else:
+            slices = split_ranges(ranges, spec.budget.max_records)
+        spark = ctx.spark() if slices else None
+        prior: list[tuple] = []
+        if upsert and slices and not rebuilding:
+            keys = spark_job.upsert_keys(spark, spec, ctx.upstream, ranges)
+            with ctx.connect() as conn:
+                prior = load_prior(conn, spec.name, spec.data_shard, desc.lower, keys)
+            m.update(keys=len(keys), prior_keys=len(prior))
+        if not slices:
+            m.update(lower=desc.lower, upper=desc.upper, slices=0, offsets=0, records_read=0)
+            return WrittenBatch(desc)
+        with ctx.connect() as conn:
+            lease_write(conn, spec.name, prefix)  # garbage collection leaves the folder alone until append
+        try:
+            failpoint("write_batches:before_job")
+            written: list[SliceWritten] = []
+            joinable = ctx.joint_writer is not None and len(slices) == 1 and not upsert and not rebuilding
+            joint = ctx.joint_writer(ctx, slices[0], bindings, slice_folder(prefix, 0)) if joinable else None
+            if joint is not None:
+                written.append(joint[0])
+                m.update(joint_sources=joint[1])
+                failpoint("write_batches:after_slice")
+            first = 1 if joinable else 0  # a joint job that failed may have left files in slice 0's folder
+            for i, sl in enumerate(slices if joint is None else (), start=first):
+                written.append(spark_job.write_slice(spark, spec, ctx.upstream, sl, bindings,
+                                                     ctx.blob.url(slice_folder(prefix, i)), prior, index=i))
+                with ctx.connect() as conn:
+                    lease_write(conn, spec.name, prefix)  # renewed: a long rebuild keeps its first slices
+                if on_slice is not None:
+                    on_slice(i + 1 - first, len(slices))
+                failpoint("write_batches:after_slice")
+            shards = {DATA_OUTPUT: spec.data_shard, ERRORS_OUTPUT: spec.errors_shard}
+            parts, state = collect_parts(ctx.blob, spec.name, shards, prefix, written, upsert)
+        except BaseException:
+            with contextlib.suppress(Exception), ctx.connect() as conn:
+                release_write(conn, prefix)  # what it wrote is garbage (an unreleased lease expires anyway)
+            raise
+        m.update(lower=desc.lower, upper=desc.upper, slices=len(slices),
+                 offsets=sum(r.end - r.start for r in ranges),
+                 records_read=sum(w.records_read for w in written),
+                 records={s: sum(p.rows for p in ps) for s, ps in parts.items()},
+                 bytes={s: sum(p.bytes for p in ps) for s, ps in parts.items()})
+        return WrittenBatch(desc, parts, state, prefix)
+
+    def append_effects(self, written: WrittenBatch, metrics: dict) -> Callable[[Any], None] | None:
+        if self.ctx.spec.envelope != "upsert":
+            return None
+        changes = read_state_changes(self.ctx.blob, written.state)
+        metrics.update(state_changes=changes.num_rows)
+        return lambda conn: apply_changes(conn, self.name, changes)
+
+    def commit(self, frontier: PartitionedFrontier) -> None:
+        self.upstream().commit(self.ctx.spec.consumer_group, frontier)
+
+
+class KafkaJointJobs(JointJobs):
+    """Append-only slices of Kafka sources of the same format and metadata columns, in one Spark job
+    (``reclock.sources.kafka.spark_job.write_joint``)."""
+
+    def key(self, spec) -> tuple | None:
+        return spark_job.joint_key(spec)
+
+    def write(self, spark: Any, slices: Sequence[JointSlice], url: str) -> list[SliceWritten]:
+        return spark_job.write_joint(spark, slices, url)
+
+
+class KafkaKind(SourceKind):
+    name = "kafka"
+    title = "Kafka"
+    from_time = "(partition, offset)"
+    progress_columns = ("ts", "partition", "offset")
+    schedules = ("interval", "upstream", "continuous")
+    joint = KafkaJointJobs()
+
+    def parse(self, name, raw, base):
+        from reclock.config import parse_source
+
+        return parse_source(name, raw, base)
+
+    def describe(self, spec) -> str:
+        return f"Kafka topic {spec.kafka.topic} into {spec.name}"
+
+    def rebuild_whole(self, spec) -> bool:
+        return spec.envelope == "upsert"  # later updates retract the values a window holds
+
+    def find_upstream(self, spec, given: str | None = None) -> str:
+        return find_bootstrap(spec.kafka, f"source {spec.name}", given)
+
+    def job_environment(self, spec) -> dict[str, str]:
+        return {"RECLOCK_BOOTSTRAP": self.find_upstream(spec)}
+
+    def open(self, ctx: CycleServices) -> KafkaSource:
+        return KafkaSource(self, ctx)
+
+    def upstream_trigger(self, spec) -> Any:
+        from reclock.orchestration.triggers import UpstreamMoved
+
+        return UpstreamMoved(source=spec.name, topic=spec.kafka.topic, connection=spec.kafka.connection,
+                             bootstrap=spec.kafka.bootstrap, poll=spec.poll_s)
+
+    def lag(self, spec, upstream: Any, timeout: float) -> Lag:
+        up = KafkaUpstream(spec.name, upstream, spec.kafka.topic, timeout=timeout)
+        end = up.probe_upper()
+        committed = up.committed(spec.consumer_group)
+        return Lag(sum(max(0, o - committed.get(p)) for p, o in end), f"group {spec.consumer_group}")
+
+
+KAFKA = KafkaKind()

@@ -1,0 +1,1 @@
+"""The postgres source kind (see ``reclock.sources.base``; the kind object is ``kind.py``'s)."""
