@@ -45,7 +45,7 @@ app = FastAPI(title="Reclock status", dependencies=[Depends(requires_access_dag(
 def _inputs():
     config = load_config(default=PROJECT / "include" / "reclock.yaml")
     blob = settings.find_blob_store() if os.environ.get("RECLOCK_BLOB_URL") else None
-    lag = status_report.kafka_lag_probe(config, lambda kafka, what: settings.find_bootstrap(kafka, what))
+    lag = status_report.lag_probe(config)
     return config, blob, lag, dag_states(all_dag_ids(config))
 
 

@@ -249,7 +249,8 @@ def status_command(source: str | None, as_json: bool, probe_timeout: float, conf
     s = _settings()
     cfg = load_config(config)
     blob = s.find_blob_store(blob_url) if blob_url or os.environ.get("RECLOCK_BLOB_URL") else None
-    lag = sr.kafka_lag_probe(cfg, lambda kafka, what: s.find_bootstrap(kafka, what, bootstrap), probe_timeout)
+    # --bootstrap is a Kafka source's brokers; every kind finds its upstream as its tasks do otherwise
+    lag = sr.lag_probe(cfg, probe_timeout, given=lambda spec: bootstrap if spec.kafka is not None else None)
     # pause flags and failed runs, where this process reaches Airflow's metadata database
     dags = airflow_state.dag_states(airflow_state.all_dag_ids(cfg)) if airflow_state.configured() else None
     with sr.open_readonly(s.find_dsn(dsn)) as conn:

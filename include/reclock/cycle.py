@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
 from reclock import remap
-from reclock.batch import BatchDescription, SliceWritten, rebuild_window
+from reclock.batch import BatchDescription, SliceWritten, holds_binding, rebuild_window
 from reclock.config import SourceSpec
 from reclock.errors import ConfigError, RebuildConflict, RemapUpperMismatch, ShardsDisagree, UpperMismatch
 from reclock.explain import summary
@@ -55,7 +55,7 @@ from reclock.persist import blob as blobs
 from reclock.persist import connect
 from reclock.persist.compact import compact_parts
 from reclock.persist.gc import claim_gc, collect_garbage, release_write
-from reclock.persist.remap_store import append_binding, compact_remap, load_remap
+from reclock.persist.remap_store import advance_remap_upper, append_binding, compact_remap, load_remap
 from reclock.persist.shards import (APPENDED, SWAPPED, Append, Swap, advance_since, batches, compare_and_append,
                                     drop_lapsed_holds, holding_rebuild_lock, read_holds, shard_info, swap_batches,
                                     window_rows)
@@ -161,6 +161,7 @@ def merge_added(added: Sequence[Added]) -> dict[str, Added]:
 class MintResult:
     binding: remap.Binding | None  # the (newest) binding this cycle minted, if upstream moved
     descriptions: tuple[BatchDescription, ...]  # what write_batches must write, in order
+    with_bindings: int = 0  # how many of them hold a binding (the rest: an idle advance of the uppers)
 
 
 @contextlib.contextmanager
@@ -211,8 +212,14 @@ def resnapshot(ctx: CycleContext) -> dict:
         return ctx.source().resnapshot(m)
 
 
+IDLE_ADVANCE_MS = 1000
+"""A mint that finds nothing new moves the remap upper to the clock once it is this far behind (at most a
+small write a second for a source cycling back to back)."""
+
+
 def mint(ctx: CycleContext) -> MintResult:
-    """Probe upstream, append a binding if it moved, mint descriptions for the output shards.
+    """Probe upstream, append a binding if it moved (else move the remap upper to now), mint descriptions
+    for the output shards.
 
     Keeps *definite*: a binding is appended with compare-and-set on the remap upper at
     ``max(now, last + 1)``, never in the past; two concurrent minters cannot both succeed.
@@ -241,11 +248,21 @@ def mint(ctx: CycleContext) -> MintResult:
                     rc = load_remap(conn, ctx.spec.name)
                     break
             failpoint("mint:after_binding")
+            now = ctx.clock()
+            if minted is None and rc.bindings and now - rc.upper >= IDLE_ADVANCE_MS:
+                # nothing new upstream: the times up to now are complete, so the remap upper (and, through
+                # an empty description, the shards' uppers) follow the clock and an idle source's upper age
+                # is its freshness
+                try:
+                    rc = advance_remap_upper(conn, ctx.spec.name, rc.upper, now)
+                except RemapUpperMismatch:
+                    rc = load_remap(conn, ctx.spec.name)
             descs = _descriptions(conn, ctx, rc)
         upper = uppers[-1] if uppers else remap.last_frontier(rc)
+        held = sum(holds_binding(rc, d) for d in descs)
         m.update(upstream_upper=upper.as_dict(), minted_ts=minted.ts if minted else None,
-                 descriptions=len(descs), offsets_known=sum(o for _, o in upper))
-        return MintResult(minted, tuple(descs))
+                 descriptions=len(descs), idle_advance=held < len(descs), offsets_known=sum(o for _, o in upper))
+        return MintResult(minted, tuple(descs), held)
 
 
 def _descriptions(conn, ctx: CycleContext, rc: RemapCollection) -> list[BatchDescription]:
@@ -419,12 +436,12 @@ def resume(ctx: CycleContext) -> ResumeResult:
 
 def mint_and_append(ctx: CycleContext) -> tuple[int | None, int]:
     """mint, then write_batches and append for every description: the binding minted (or None) and how
-    many descriptions were appended."""
+    many descriptions holding a binding were appended (an idle cycle's advance of the uppers not counted)."""
     with _holding(ctx):
         minted = mint(ctx)
         for desc in minted.descriptions:
             append(ctx, write_batches(ctx, desc))
-    return (minted.binding.ts if minted.binding else None), len(minted.descriptions)
+    return (minted.binding.ts if minted.binding else None), minted.with_bindings
 
 
 def run_cycle(ctx: CycleContext) -> dict:

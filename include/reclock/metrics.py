@@ -7,7 +7,8 @@ Per source (labels ``source``, ``kind``):
 ``reclock_source_upper_age_seconds``     now minus the resumption frontier: freshness (an idle source's
                                          upper advances, so it stays small while nothing is pending)
 ``reclock_source_lag``                   what upstream holds beyond the committed position, in the
-                                         kind's own unit (label ``unit``: ``records``, ``bytes``)
+                                         kind's own unit (label ``unit``: Kafka ``records``, Postgres
+                                         ``bytes`` of WAL beyond the slot)
 ``reclock_source_cycle_seconds``         the last complete cycle's wall time, mint to resume
 ``reclock_source_step_seconds``          ... per step (label ``step``)
 ``reclock_source_cycle_records``         records the last cycle wrote (collections and error collection)
@@ -57,8 +58,8 @@ def _samples(ov: Overview) -> Iterable[tuple[str, dict[str, str], float]]:
         base = {"source": s.name, "kind": s.kind}
         if s.upper_age_s is not None:
             yield "reclock_source_upper_age_seconds", base, s.upper_age_s
-        if s.lag.records is not None:
-            yield "reclock_source_lag", {**base, "unit": getattr(s.lag, "unit", "records")}, s.lag.records
+        if s.lag.value is not None:
+            yield "reclock_source_lag", {**base, "unit": s.lag.unit}, s.lag.value
         c = s.last_cycle
         if c is not None:
             yield "reclock_source_cycle_seconds", base, c.total

@@ -32,7 +32,8 @@ from reclock.persist import connect
 from reclock.persist.shards import ReadHold
 from reclock.persist.status import COLUMNS as STATUS_COLUMNS, Status
 from reclock.read import read_updates
-from reclock.sources.kafka.upstream import KafkaUpstream
+from reclock.sources.base import Lag, human_bytes
+from reclock.sources.registry import kind_named, kind_of
 
 STATEMENT_TIMEOUT_MS = 2000
 RECENT_ROWS = 60  # statistics rows per source read for the overview: the last cycle and a half, at least
@@ -42,14 +43,6 @@ STEPS = ("mint", "write_batches", "append", "resume")
 
 
 # -- values ----------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Lag:
-    """Records the source's consumer group has not committed yet (None: unknown, ``detail`` says why)."""
-
-    records: int | None
-    detail: str = ""
 
 
 @dataclass(frozen=True)
@@ -116,12 +109,12 @@ class DagState:
         return next((r for r in self.runs if r.state in ("success", "failed")), None)
 
 
-def run_failure(dag: DagState | None, status_at: datetime | None) -> DagRunState | None:
-    """The newest finished run of ``dag`` if it failed after the source's newest status row (a run that failed
-    before any step could record its failure: a task killed, a setting missing, a retried task given up);
-    None otherwise."""
+def run_failure(dag: DagState | None, status_at: datetime | None, status_run: str | None = None) -> DagRunState | None:
+    """The newest finished run of ``dag`` if it failed and the source's newest status row is not that run's
+    own and older than its end (a run that failed before any step could record why: a task killed, a
+    setting missing, a refused conf); None otherwise (a step that stalled in that run says why itself)."""
     run = dag.newest_finished if dag is not None else None
-    if run is None or run.state != "failed" or run.ended is None:
+    if run is None or run.state != "failed" or run.ended is None or run.run_id == status_run:
         return None
     return run if status_at is None or run.ended > status_at else None
 
@@ -163,7 +156,7 @@ class SinkStatus:
     status_at: datetime | None
     paused: bool | None
     frontier: int | None  # the sink's upper, from its last statistics row
-    lag_ms: int | None  # the collection's upper minus the frontier at that row
+    lag_ms: int | None  # the collection's upper minus the frontier, while updates wait beyond the frontier
     last_at: datetime | None
     messages: int | None
     bytes: int | None
@@ -184,12 +177,14 @@ class BindingRow:
     ts: int
     partition: int
     offset: int
+    cells: tuple[str, ...] = ()  # the row after ts as the kind prints it (its progress relation's columns)
 
 
 @dataclass(frozen=True)
 class SeriesPoint:
-    """One cycle on the plots: when it ended, records per second of its wall time, lag at its mint (records
-    upstream beyond what the previous cycle committed), and its wall time."""
+    """One cycle on the plots: when it ended, records per second of its wall time, lag at its mint (what
+    upstream held beyond what the previous cycle committed, in the kind's lag unit: Kafka records, Postgres
+    bytes of WAL), and its wall time."""
 
     at: datetime
     throughput: float
@@ -203,6 +198,7 @@ class SourceDetail:
     bindings: tuple[BindingRow, ...]
     history: tuple[Status, ...]  # newest first
     series: tuple[SeriesPoint, ...]
+    columns: tuple[str, ...] = ("ts", "partition", "offset")  # the kind's progress relation's columns
 
 
 def to_json(value: Any) -> Any:
@@ -303,25 +299,30 @@ LagProbe = Callable[[str], Lag]
 """A source's name -> its lag."""
 
 
-def kafka_lag_probe(config: Config | None, bootstrap: Callable[[Any, str], str],
-                    timeout: float = 2.0) -> LagProbe:
-    """The lag of a source's consumer group ``reclock-<source>`` at its brokers (``bootstrap(kafka_spec,
-    what)`` finds them): the sum over partitions of the last stable offset minus the committed offset.
-    Any failure (no config, unreachable brokers, a missing topic) is an unknown lag with the reason."""
+def _kind_named(name: str):
+    """A registered source's kind by its name (None: a kind this Reclock does not know)."""
+    try:
+        return kind_named(name)
+    except Exception:  # noqa: BLE001 - an unknown kind shows without its kind's words
+        return None
+
+
+def lag_probe(config: Config | None, timeout: float = 2.0,
+              given: Callable[[Any], str | None] = lambda spec: None) -> LagProbe:
+    """A source's lag as its kind measures it (``SourceKind.lag``: Kafka, the consumer group ``reclock-<source>``
+    behind the last stable offsets; Postgres, the WAL flushed beyond the slot), its upstream found as a
+    task finds it (``given(spec)``: a command's option for it). Any failure (no config, an upstream that does
+    not answer, a missing topic or slot) is an unknown lag with the reason."""
     def probe(name: str) -> Lag:
         spec = config.sources.get(name) if config else None
         if spec is None:
             return Lag(None, "not in the config")
-        if spec.kafka is None:
-            return Lag(None, "a Postgres source: its slot's lag is not probed here")
+        kind = kind_of(spec)
         try:
-            up = KafkaUpstream(name, bootstrap(spec.kafka, f"source {name}"), spec.kafka.topic, timeout=timeout)
-            end = up.probe_upper()
-            committed = up.committed(spec.consumer_group)
-            return Lag(sum(max(0, o - committed.get(p)) for p, o in end), f"group {spec.consumer_group}")
+            return kind.lag(spec, kind.find_upstream(spec, given(spec)), timeout)
         except Exception as e:  # a status page degrades, it never fails on a probe
             first = str(e).splitlines()[0][:160] if str(e) else ""
-            return Lag(None, redact(f"unknown: {type(e).__name__}: {first}"))
+            return Lag(None, redact(f"unknown: {type(e).__name__}: {first}"), kind.lag_unit)
 
     return probe
 
@@ -344,9 +345,10 @@ def _probe_all(lag: LagProbe, names: Sequence[str], deadline_s: float) -> dict[s
 
 
 def _latest_status(conn, names: Sequence[str]) -> dict[str, tuple]:
-    return {n: (st, redact(err), at) for n, st, err, at in conn.execute(
-        "SELECT n, s.status, s.error, s.at FROM unnest(%s::text[]) n, LATERAL (SELECT status, error, at "
-        "FROM reclock.status_history WHERE name = n ORDER BY id DESC LIMIT 1) s", (list(names),))}
+    """name -> (status, error, at, run_id) of its newest status row."""
+    return {n: (st, redact(err), at, run) for n, st, err, at, run in conn.execute(
+        "SELECT n, s.status, s.error, s.at, s.run_id FROM unnest(%s::text[]) n, LATERAL (SELECT status, error, "
+        "at, run_id FROM reclock.status_history WHERE name = n ORDER BY id DESC LIMIT 1) s", (list(names),))}
 
 
 def _recent_statistics(conn, names: Sequence[str], limit: int) -> dict[str, list]:
@@ -359,7 +361,7 @@ def _recent_statistics(conn, names: Sequence[str], limit: int) -> dict[str, list
     return out
 
 
-def _errors_latest(conn, blob, shard: str, limit: int = 5) -> tuple[dict, ...]:
+def _errors_latest(conn, blob, shard: str, limit: int = 5, kind=None) -> tuple[dict, ...]:
     """The newest rows of an error collection (raw bytes left out), newest first, from its ``limit`` newest
     parts (through its part list)."""
     row = conn.execute("SELECT min(min_ts) FROM (SELECT min_ts FROM reclock.shard_batches WHERE shard = %s "
@@ -371,6 +373,9 @@ def _errors_latest(conn, blob, shard: str, limit: int = 5) -> tuple[dict, ...]:
         return ()
     keep = [c for c in ("ts", "partition", "offset", "reason") if c in table.column_names]
     rows = table.select(keep).to_pylist()
+    if kind is not None:  # the record's position as its kind prints it
+        rows = [{**r, "position": kind.position_text(r["partition"], r["offset"])} if "offset" in r else r
+                for r in rows]
     return tuple(rows[-limit:][::-1])
 
 
@@ -416,23 +421,25 @@ def overview(conn, config: Config | None = None, lag: LagProbe = no_lag,
         own = shards.get(n, [])
         upper = min([rc_upper, *(u for _, _, u, _ in own)])
         since = max([rc_since, *(s for _, _, _, s in own)]) if own else rc_since
-        st = statuses.get(n, (None, None, None))
+        st = statuses.get(n, (None, None, None, None))
         cycles = cycles_from_statistics(stats.get(n, []))
         err_shard = next((sid for sid, kind, _, _ in own if kind == ERRORS_KIND), None)
         count = int(errors.get(err_shard, 0)) if err_shard else 0
-        latest = _errors_latest(conn, blob, err_shard) if blob is not None and count else ()
+        source_kind = kind_of(spec) if spec else _kind_named(kinds[n])
+        latest = _errors_latest(conn, blob, err_shard, kind=source_kind) if blob is not None and count else ()
         spec = config.sources.get(n) if config else None
         # the source's DAGs: its ingest DAG, and a rebuild DAG for a kind that replays (a Kafka source); only
         # those Airflow has, when it was asked
-        dag_ids = (spec.ingest_dag if spec else f"ingest__{n}",
-                   *((f"rebuild__{n}",) if (spec.kafka is not None if spec else kinds[n] == "kafka") else ()))
+        replays = source_kind is not None and (spec is None or source_kind.rebuild_refused(spec) is None)
+        dag_ids = (spec.ingest_dag if spec else f"ingest__{n}", *((f"rebuild__{n}",) if replays else ()))
         dag_ids = tuple(d for d in dag_ids if not dags or d in dags)
         ingest_dag = spec.ingest_dag if spec else f"ingest__{n}"
-        failed = run_failure(dags.get(ingest_dag), st[2])
+        failed = run_failure(dags.get(ingest_dag), st[2], st[3])
         if failed is not None:
             tasks = f" (task {', '.join(failed.failed_tasks)} failed)" if failed.failed_tasks else ""
             st = ("failed", f"Airflow run {failed.run_id} of {failed.dag_id} failed at "
-                            f"{failed.ended:%Y-%m-%d %H:%M:%S}{tasks} before any step recorded why; see its log", failed.ended)
+                            f"{failed.ended:%Y-%m-%d %H:%M:%S}{tasks} before any step recorded why; see its log",
+                  failed.ended, failed.run_id)
         sources.append(SourceStatus(
             name=n, kind=kinds[n], status=st[0], error=st[1], status_at=st[2], paused=paused.get(ingest_dag),
             upper=upper, since=since, now_ms=now_ms, last_cycle=cycles[-1] if cycles else None, lag=lags[n],
@@ -441,11 +448,13 @@ def overview(conn, config: Config | None = None, lag: LagProbe = no_lag,
 
     sinks = []
     shard_upper = {sid: u for v in shards.values() for sid, _, u, _ in v}
+    newest = dict(conn.execute("SELECT shard, max(max_ts) FROM reclock.shard_batches WHERE shard = ANY(%s) "
+                               "GROUP BY shard", ([k.collection for k in sink_specs.values()],)).fetchall())
     for n in sink_names:
         spec = sink_specs.get(n)
         collection = spec.collection if spec else next(
             (h.shard for hs in holds.values() for h in hs if h.holder == f"sink:{n}"), None)
-        st = statuses.get(n, (None, None, None))
+        st = statuses.get(n, (None, None, None, None))
         last = next(((m, at) for step, m, at in reversed(stats.get(n, [])) if step == "sink"), None)
         hold = next((h.ts for h in holds.get(collection, ()) if h.holder == f"sink:{n}"), None)
         frontier = last[0].get("frontier") if last else None
@@ -453,7 +462,10 @@ def overview(conn, config: Config | None = None, lag: LagProbe = no_lag,
         sinks.append(SinkStatus(
             name=n, collection=collection, status=st[0], error=st[1], status_at=st[2],
             paused=paused.get(f"sink__{n}"), frontier=frontier,
-            lag_ms=max(0, upper_now - frontier) if frontier is not None and upper_now is not None else None,
+            # the collection's upper beyond the frontier, while updates wait there (an idle collection's upper
+            # moves on without any: nothing to write is no lag)
+            lag_ms=(None if frontier is None or upper_now is None else
+                    0 if newest.get(collection) is None or newest[collection] < frontier else max(0, upper_now - frontier)),
             last_at=last[1] if last else None, messages=last[0].get("messages") if last else None,
             bytes=last[0].get("bytes") if last else None, seconds=last[0].get("seconds") if last else None,
             read_hold=hold, dags=(f"sink__{n}",)))
@@ -476,10 +488,14 @@ def source_detail(conn, name: str, config: Config | None = None, lag: LagProbe =
     hist = conn.execute(f"SELECT {STATUS_COLUMNS} FROM reclock.status_history WHERE name = %s "
                         "ORDER BY id DESC LIMIT %s", (name, history)).fetchall()
     stats = _recent_statistics(conn, [name], SERIES_ROWS)[name]
-    return SourceDetail(ov.sources[0], tuple(BindingRow(ts, p, int(o)) for ts, p, o in rows),
+    spec = config.sources.get(name) if config else None
+    kind = kind_of(spec) if spec else _kind_named(ov.sources[0].kind)
+    cells = (lambda p, o: kind.progress_cells(p, o)) if kind else (lambda p, o: (str(p), str(o)))
+    return SourceDetail(ov.sources[0], tuple(BindingRow(ts, p, int(o), cells(p, int(o))) for ts, p, o in rows),
                         tuple(Status(name, st, redact(err), at, step, run, redact(trace))
                               for st, err, at, step, run, trace in hist),
-                        tuple(series_of(cycles_from_statistics(stats))))
+                        tuple(series_of(cycles_from_statistics(stats))),
+                        kind.progress_columns if kind else ("ts", "partition", "offset"))
 
 
 # -- words and figures shared by the command and the page --------------------------------------------------
@@ -534,11 +550,11 @@ def _source_lines(s: SourceStatus) -> list[str]:
                      f"{c.bytes} bytes")
     else:
         lines.append("  last cycle: none complete")
-    lines.append(f"  lag: {s.lag.records if s.lag.records is not None else 'unknown'} records ({s.lag.detail})")
+    lines.append(f"  lag: {s.lag.text()} ({s.lag.detail})")
     holds = ", ".join(f"{h.holder} on {h.shard} at {h.ts}" for h in s.read_holds) or "none"
     lines.append(f"  read holds: {holds}")
     lines.append(f"  errors: {s.errors_count}")
-    lines += [f"    {e}" for e in s.errors_latest]
+    lines += [f"    ts {e.get('ts')} at {e.get('position') or e.get('offset')}: {e.get('reason')}" for e in s.errors_latest]
     lines.append(f"  airflow: {airflow_text(s.airflow)}")
     return lines
 
@@ -581,8 +597,10 @@ def report_lines(ov: Overview) -> list[str]:
 def detail_lines(d: SourceDetail) -> list[str]:
     """``reclock status SOURCE``: the source's figures, its bindings and its status history."""
     lines = _source_lines(d.source)
-    lines.append("bindings (newest first): ts, partition, offset")
-    lines += [f"  {b.ts} ({ts_text(b.ts)})  {b.partition}  {b.offset}" for b in d.bindings]
-    lines.append("status history (newest first):")
-    lines += [f"  {h.at:%Y-%m-%d %H:%M:%S} {h.status}" + (f" -- {h.error}" if h.error else "") for h in d.history]
+    lines.append(f"bindings (newest first): {', '.join(d.columns)}")
+    lines += [f"  {b.ts} ({ts_text(b.ts)})  " + "  ".join(b.cells or (str(b.partition), str(b.offset)))
+              for b in d.bindings]
+    lines.append("status history (newest first): at, status, step, Airflow run")
+    lines += [f"  {h.at:%Y-%m-%d %H:%M:%S} {h.status} {h.step or '-'} {h.run_id or '-'}"
+              + (f" -- {h.error}" if h.error else "") for h in d.history]
     return lines

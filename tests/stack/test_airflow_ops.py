@@ -179,9 +179,13 @@ def test_params_are_typed_and_assets_fire_only_when_data_moved(ops):
     ops.run("ingest__ops_orders")  # nothing new: no asset event, no sink run
     events = ops.stack.airflow.api("GET", "assets/events?source_dag_id=ingest__ops_orders&limit=100")["asset_events"]
     assert [(e["name"], e["extra"]["rows"]) for e in events] == [("reclock://ops_orders", 20)], events
+    from reclock.persist.remap_store import load_remap
+
     with connect(ops.stack.postgres.dsn()) as conn:
+        (binding,) = load_remap(conn, "ops_orders").bindings  # the idle run bound nothing ...
         (upper,) = conn.execute("SELECT upper FROM reclock.shards WHERE id = 'ops_orders'").fetchone()
-    assert events[0]["extra"]["upper"] == upper and events[0]["extra"]["lower"] == 0
+    assert (events[0]["extra"]["lower"], events[0]["extra"]["upper"]) == (0, binding.ts + 1)
+    assert upper > binding.ts + 1  # ... yet moved the upper on (upper age is freshness)
     time.sleep(10)  # a sink run the second cycle could have caused would be queued by now
     runs = ops.wait_runs("sink__ops_out", 1)
     assert [(r["run_type"], r["state"]) for r in runs] == [("asset_triggered", "success")], runs

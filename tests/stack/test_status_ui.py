@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -37,6 +38,10 @@ sources:
     format: {type: json, schema: "id BIGINT"}
     interval: 1h
     on_decode_error: stall
+  ui_shop:
+    postgres: {connection: reclock_demo_shop, publication: ui_shop_pub}
+    tables: [public.orders, public.items]
+    interval: 1h
 sinks:
   ui_out:
     from: ui_orders
@@ -79,7 +84,25 @@ def _run_cycles(stack) -> None:
     assert producer.flush(30) == 0, "records left unsent: the broker did not acknowledge them in time"
     run_id = stack.airflow.trigger("ingest__ui_payments")
     with pytest.raises(StackError, match="failed"):
-        stack.airflow.wait_run("ingest__ui_payments", run_id, timeout=300)
+        stack.airflow.wait_run("ingest__ui_payments", run_id, timeout=400)
+    # a Postgres source: two transactions, one run each
+    import psycopg
+
+    from reclock.dev.demo import shop_upstream
+
+    dsn = shop_upstream(stack, "ui_shop_pub", ["orders", "items"])
+    stack.airflow.wait_for_dag("ingest__ui_shop")
+    for lo in (1, 21):
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("INSERT INTO orders SELECT g, 'c', 'open', 1, now() FROM generate_series(%s, %s) g",
+                         (lo, lo + 19))
+        stack.airflow.wait_run("ingest__ui_shop", stack.airflow.trigger("ingest__ui_shop"), timeout=300)
+    # an idle cycle: nothing new upstream, yet the upper follows the clock (its age is the freshness)
+    stack.airflow.wait_run("ingest__ui_orders", stack.airflow.trigger("ingest__ui_orders"), timeout=300)
+    # a reader's lease that lapsed holds nothing and shows nowhere
+    with connect(stack.postgres.dsn()) as conn:
+        conn.execute("INSERT INTO reclock.read_holds (shard, holder, ts, expires_at) SELECT 'ui_orders', "
+                     "'reader:lapsed', since, now() - interval '1 minute' FROM reclock.shards WHERE id = 'ui_orders'")
 
 
 def _truth(dsn: str) -> dict:
@@ -88,7 +111,7 @@ def _truth(dsn: str) -> dict:
 
     with psycopg.connect(dsn) as conn:
         out = {}
-        for name in ("ui_orders", "ui_payments"):
+        for name in ("ui_orders", "ui_payments", "ui_shop"):
             (upper,) = conn.execute(
                 "SELECT least((SELECT upper FROM reclock.remap_collections WHERE source = %s), "
                 "(SELECT min(upper) FROM reclock.shards WHERE source = %s))", (name, name)).fetchone()
@@ -99,6 +122,15 @@ def _truth(dsn: str) -> dict:
                                      (name,)).fetchone()
             out[name] = {"upper": upper, "status": status, "error": error, "errors": int(errors)}
     return out
+
+
+def _history_is_runs_and_steps(page) -> None:
+    """Status history rows: each names its step and Airflow run; none repeats the one before it."""
+    rows = [(r.locator("td").nth(1).inner_text(), r.locator("[data-field=step]").inner_text(),
+             r.locator("[data-field=run]").inner_text(), r.locator("td").nth(4).inner_text())
+            for r in page.locator("tr[data-field=history]").all()]
+    assert rows and all(step != "-" and run.startswith(("manual__", "scheduled__")) for _, step, run, _ in rows), rows
+    assert all(a != b for a, b in zip(rows, rows[1:])), rows
 
 
 def _browse(stack, truth: dict, secrets: list[str]) -> None:
@@ -153,12 +185,22 @@ def _browse(stack, truth: dict, secrets: list[str]) -> None:
                     assert row.locator("[data-field=error]").inner_text() == t["error"]
             SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(SCREENSHOT), full_page=True)
-            # one source's page: bindings, history and the three plots
+            shop = page.locator("tr[data-source='ui_shop']")
+            assert re.fullmatch(r"\d+(\.\d)? (B|KiB|MiB|GiB)", shop.locator("[data-field=lag]").inner_text())
+            assert "rebuild__ui_shop" not in shop.inner_html()
+            assert "reader:lapsed" not in page.content()
+            # one source's page: bindings as its kind prints them, history, the three plots with time axes
             page.locator("tr[data-source='ui_orders'] a", has_text="ui_orders").first.click()
             page.wait_for_url("**/reclock/source/ui_orders")
-            assert page.locator("svg polyline").count() == 3
-            assert "ui_orders_progress" in page.content()
+            assert page.locator("svg polyline").count() == 3 and page.locator("svg .xtick").count() >= 3
+            assert "ui_orders_progress" in page.content() and "<th>partition</th><th>offset</th>" in page.content()
+            _history_is_runs_and_steps(page)
             page.screenshot(path=str(SCREENSHOT.with_name(SCREENSHOT.stem + "-source.png")), full_page=True)
+            page.goto(f"{base}/reclock/source/ui_shop")
+            cells = page.locator("table[data-field=bindings] tr td:nth-child(3)").all_inner_texts()
+            assert cells and all(re.fullmatch(r"[0-9A-F]+/[0-9A-F]+", c) for c in cells), cells  # LSNs
+            assert "lag at mint (bytes of WAL)" in page.content()
+            _history_is_runs_and_steps(page)
         finally:
             browser.close()
 
@@ -197,14 +239,25 @@ def test_status_pages_in_the_airflow_ui(stack_home: Path):
         for name, t in truth.items():
             assert (by_name[name]["upper"], by_name[name]["status"], by_name[name]["errors_count"]) == (
                 t["upper"], t["status"], t["errors"])
-        assert by_name["ui_orders"]["lag"]["records"] == 0  # the group committed everything
+        assert by_name["ui_orders"]["lag"] == {"value": 0, "unit": "records", "detail": "group reclock-ui_orders"}
+        shop_lag = by_name["ui_shop"]["lag"]  # the kind's own terms: WAL bytes beyond the slot, LSNs
+        assert shop_lag["unit"] == "bytes" and shop_lag["value"] is not None and "retains" in shop_lag["detail"]
+        assert by_name["ui_shop"]["dags"] == ["ingest__ui_shop"]  # no rebuild__ for a kind that cannot replay
+        assert by_name["ui_orders"]["dags"] == ["ingest__ui_orders", "rebuild__ui_orders"]
         assert by_name["ui_orders"]["paused"] is False
         assert len(by_name["ui_orders"]["errors_latest"]) == 2
+        assert all(e["position"].startswith("partition ") for e in by_name["ui_orders"]["errors_latest"])
+        assert [h["holder"] for h in by_name["ui_orders"]["read_holds"]] == ["sink:ui_out"]  # the lapsed one: not
+        # the idle cycle moved the upper to its mint: upper age is freshness
+        with connect(stack.postgres.dsn()) as conn:
+            (minted_at,) = conn.execute("SELECT extract(epoch FROM max(at)) * 1000 FROM reclock.statistics WHERE "
+                                        "name = 'ui_orders' AND step = 'mint'").fetchone()
+        assert by_name["ui_orders"]["upper"] >= float(minted_at) - 10_000
         (sink,) = ov["sinks"]
         with connect(stack.postgres.dsn()) as conn:
             (hold,) = conn.execute("SELECT ts FROM reclock.read_holds WHERE holder = 'sink:ui_out'").fetchone()
-            (upper,) = conn.execute("SELECT upper FROM reclock.shards WHERE id = 'ui_orders'").fetchone()
-        assert (sink["name"], sink["status"], sink["read_hold"], sink["frontier"]) == ("ui_out", "running", hold, upper)
+        # the idle cycle added nothing: the sink did not run, and nothing waits for it
+        assert (sink["name"], sink["status"], sink["read_hold"], sink["lag_ms"]) == ("ui_out", "running", hold, 0)
         assert _get(base + "/reclock/api/source/ui_orders", token)[0] == 200
         assert _get(base + "/reclock/api/source/nope", token)[0] == 404
 
@@ -218,14 +271,14 @@ def test_status_pages_in_the_airflow_ui(stack_home: Path):
         assert out.returncode == 0, out.stderr
         for s in ov["sources"]:
             c = s["last_cycle"]
-            assert f"source {s['name']} (kafka): {s['status']}" in out.stdout
+            assert f"source {s['name']} ({s['kind']}): {s['status']}" in out.stdout
             assert f"upper {s['upper']} (" in out.stdout and f"since {s['since']} (" in out.stdout
             assert f"errors: {s['errors_count']}" in out.stdout
             if c:
                 assert f"mint {c['mint']:.2f}s + write_batches {c['write_batches']:.2f}s" in out.stdout
                 assert f"; {c['records']} records, {c['bytes']} bytes" in out.stdout
-            if s["lag"]["records"] is not None:
-                assert f"lag: {s['lag']['records']} records" in out.stdout
+            if s["lag"]["value"] is not None and s["lag"]["unit"] == "records":
+                assert f"lag: {s['lag']['value']:,} records" in out.stdout
         assert f"error: {by_name['ui_payments']['error']}" in out.stdout
     finally:
         down = subprocess.run([*reclock, "dev", "down"], env=env, capture_output=True, text=True, timeout=300)

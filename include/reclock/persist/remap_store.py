@@ -136,6 +136,21 @@ def append_binding(conn, name: str, expected_upper: int, binding: Binding) -> Re
     return appended
 
 
+def advance_remap_upper(conn, name: str, expected_upper: int, upper: int) -> RemapCollection:
+    """Move the remap upper from ``expected_upper`` to ``upper`` without a binding (``reclock.remap.advance_upper``:
+    the probe found nothing new), with the same compare-and-set as :func:`append_binding`:
+    ``RemapUpperMismatch`` if another minter came first (nothing changes)."""
+    validate_source_name(name)
+    check_timestamp(upper)
+    with conn.transaction():
+        current, _ = _lock(conn, name)
+        if current != expected_upper:
+            raise RemapUpperMismatch(name, expected_upper, current)
+        advanced = remap.advance_upper(load_remap(conn, name), upper)
+        conn.execute("UPDATE reclock.remap_collections SET upper = %s WHERE source = %s", (advanced.upper, name))
+    return advanced
+
+
 def compact_remap(conn, name: str, since: int) -> RemapCollection:
     """Advance the remap collection's ``since`` (see :func:`reclock.remap.compact`): the bindings at
     ``ts <= since`` collapse into one binding at ``since`` carrying the last of their frontiers; later

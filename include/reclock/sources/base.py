@@ -98,11 +98,29 @@ class WrittenBatch:
 
 @dataclass(frozen=True)
 class Lag:
-    """How far a source's upstream is ahead of what it committed (None: unknown, ``detail`` says why):
-    what ``reclock status`` and the UI page show."""
+    """How far a source's upstream is ahead of what it committed, in the kind's own unit (Kafka: records;
+    Postgres: bytes of WAL), ``value`` None when unknown (``detail`` says why); ``detail`` also carries the
+    kind's own words (the consumer group; the LSN distance and the WAL the slot retains): what ``reclock
+    status``, the UI page and the metrics show."""
 
-    records: int | None
+    value: int | None
     detail: str = ""
+    unit: str = "records"
+
+    def text(self) -> str:
+        """``1,234 records`` / ``16.0 MiB`` / ``unknown``."""
+        if self.value is None:
+            return "unknown"
+        return human_bytes(self.value) if self.unit == "bytes" else f"{self.value:,} {self.unit}"
+
+
+def human_bytes(n: float) -> str:
+    """``512 B``, ``1.5 KiB``, ``16.0 MiB``, ``2.3 GiB``."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
 
 
 class CycleServices(Protocol):
@@ -334,6 +352,18 @@ class SourceKind(ABC):
         """The Airflow trigger (a ``BaseEventTrigger``) that fires when the source has something to do, for
         ``schedule: upstream``: upstream moved past the newest binding, or it must run to release upstream
         retention. Imports Airflow only when called."""
+
+    def position_text(self, partition: int, offset: int) -> str:
+        """A position of the kind's FromTime (a remap offset row, an error row's) as the kind prints it:
+        ``partition 0 offset 40``; Postgres: ``LSN 0/16B3748``."""
+        return f"partition {partition} offset {offset}"
+
+    def progress_cells(self, partition: int, offset: int) -> tuple[str, ...]:
+        """A binding's remap offset row as the cells of :attr:`progress_columns` after ``ts``."""
+        return (str(partition), str(offset))
+
+    lag_unit: ClassVar[str] = "records"
+    """The unit of :meth:`lag` and of the distance between two bindings' offsets (the page's lag plot)."""
 
     @abstractmethod
     def lag(self, spec: SourceSpec, upstream: Any, timeout: float) -> Lag:

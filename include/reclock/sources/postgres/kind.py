@@ -36,10 +36,11 @@ from reclock.persist.shards import Append, compare_and_append, register_shard, s
 from reclock.read import read_as_of
 from reclock.remap import RemapCollection
 from reclock.settings import find_upstream_dsn
-from reclock.sources.base import CycleServices, Lag, SourceKind, SourceRuntime, WrittenBatch
+from reclock.sources.base import CycleServices, Lag, SourceKind, SourceRuntime, WrittenBatch, human_bytes
 from reclock.sources.postgres import cdc
 from reclock.sources.postgres import spark_snapshot
 from reclock.sources.postgres.registration import register_tables, registered_tables, replace_tables, snapshot_ts
+from reclock.sources.postgres.pgoutput import lsn_to_str
 from reclock.sources.postgres.upstream import LSN_PARTITION, PostgresUpstream, lsn_frontier
 from reclock.time import PartitionedFrontier
 
@@ -309,7 +310,7 @@ class PostgresKind(SourceKind):
         return f"Postgres publication {spec.postgres.publication} into {spec.name}__<table>"
 
     def find_upstream(self, spec, given: str | None = None) -> str:
-        return find_upstream_dsn(spec.postgres, f"source {spec.name}")
+        return given or find_upstream_dsn(spec.postgres, f"source {spec.name}")
 
     def open(self, ctx: CycleServices) -> PostgresSource:
         return PostgresSource(self, ctx)
@@ -332,8 +333,26 @@ class PostgresKind(SourceKind):
                                   connection=spec.postgres.connection, dsn_env=spec.postgres.dsn_env,
                                   poll=spec.poll_s)
 
+    lag_unit = "bytes"
+
+    def position_text(self, partition: int, offset: int) -> str:
+        return f"LSN {lsn_to_str(offset)}"
+
+    def progress_cells(self, partition: int, offset: int) -> tuple[str, ...]:
+        return (lsn_to_str(offset),)
+
     def lag(self, spec, upstream: Any, timeout: float) -> Lag:
-        return Lag(None, "a Postgres source: its slot's lag is not probed here")
+        """The WAL the server flushed beyond the slot's confirmed position (bytes; what the next cycle has
+        to look at), with the WAL the slot retains (from its restart LSN) in ``detail``."""
+        up = PostgresUpstream(spec.name, upstream, spec.postgres.publication, timeout=timeout)
+        with up.session() as conn:
+            state = up.slot_state(conn)
+            flush = up.flush_lsn(conn)
+        if state is None:
+            return Lag(None, f"unknown: slot {up.slot} does not exist", "bytes")
+        return Lag(max(0, flush - state.confirmed_flush),
+                   f"slot {up.slot}: confirmed {lsn_to_str(state.confirmed_flush)}, flush {lsn_to_str(flush)}; "
+                   f"retains {human_bytes(max(0, flush - state.restart))} of WAL", "bytes")
 
 
 POSTGRES = PostgresKind()
