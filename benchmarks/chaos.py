@@ -96,9 +96,11 @@ UPSTREAM_DB = "chaos_up"
 OBSERVER_SLOT = "chaos_observer"  # the oracle's own slot: every commit's LSN, read from the WAL
 RUNNERS = ("app", "ups", "txn", PG_SOURCE)  # the sources whose cycles run in runner processes; afl's under Airflow
 AIRFLOW_SOURCE = "afl"
-AIRFLOW_STALL_S = 600
-"""The longest the faults may keep ``ingest__afl`` from succeeding: twice Airflow's own recovery of a task whose
-process died (``task_instance_heartbeat_timeout``, 300 s) or that a dead scheduler left queued (300 s)."""
+AIRFLOW_STALL_S = 300
+"""The longest the faults may keep ``ingest__afl`` from succeeding: Airflow's own recovery time of a task whose
+process died (``task_instance_heartbeat_timeout``, 300 s) or that a dead scheduler left queued (300 s). Until
+issue 37 a run's write grew with every failed try and, under a fault every ~45 s, no try finished for 52-56
+minutes; a run now writes for about one interval (``cycle.mint_and_write``)."""
 BIG_EVERY = 150  # every this many writer transactions, a large one (700 rows of items: above the budget)
 UPSERT_KEYS = 12
 REPO = Path(__file__).resolve().parents[1]
@@ -185,22 +187,6 @@ def stop_services(svc: Services | None) -> None:
             _echo(f"stopping {type(s).__name__}: {e}")
 
 
-def _kill_group(pidfile: Path) -> None:
-    from reclock.dev import procs
-
-    pid = procs.read_pid(pidfile)
-    if pid is None:
-        return
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and procs._group_alive(pid):
-        time.sleep(0.1)
-    pidfile.unlink(missing_ok=True)
-
-
 def restart_postgres(svc: Services) -> None:
     from reclock.dev.postgres import _run_as, ensure_installed
     from reclock.dev.procs import run
@@ -226,20 +212,26 @@ def _start_again(service, what: str, tries: int = 20) -> None:
             time.sleep(3)
 
 
+def kill_group(pidfile: Path) -> None:
+    from reclock.dev import procs
+
+    procs.kill_group(pidfile)
+
+
 def restart_kafka(svc: Services, down_s: float) -> None:
-    _kill_group(svc.kafka.pidfile)
+    svc.kafka.kill()
     time.sleep(down_s)
     _start_again(svc.kafka, "kafka")
 
 
 def restart_spark(svc: Services, down_s: float) -> None:
-    _kill_group(svc.spark.connect.pidfile)
+    kill_group(svc.spark.connect.pidfile)
     time.sleep(down_s)
     _start_again(svc.spark, "spark connect")  # the cluster's start: what is down, and an executor per worker
 
 
 def kill_spark_worker(svc: Services, worker: int, down_s: float) -> None:
-    _kill_group(svc.spark.worker_pidfile(worker))
+    kill_group(svc.spark.worker_pidfile(worker))
     time.sleep(down_s)
     _start_again(svc.spark, f"spark worker {worker}")
 
@@ -807,13 +799,42 @@ class AirflowSide:
                                   (self.DAG_ID,)).fetchone()[0]
             retried = conn.execute("SELECT count(*) FROM task_instance WHERE dag_id = %s AND try_number > 1 "
                                    "AND state = 'success'", (self.DAG_ID,)).fetchone()[0]
-        stall = None
+        stall = stall_from = None
         if self.unpaused_at is not None and self.faults_done_at is not None:
             marks = [self.unpaused_at, *(e for e in ends if self.unpaused_at < e < self.faults_done_at),
                      self.faults_done_at]
-            stall = round(max((b - a).total_seconds() for a, b in zip(marks, marks[1:])))
+            gap, stall_from = max(((b - a).total_seconds(), a) for a, b in zip(marks, marks[1:]))
+            stall, stall_from = round(gap), stall_from.strftime("%H:%M:%S")
         return {"runs": runs, "failed_tries": failed, "retried_to_success": retried, "revived": self.revived,
-                "longest_stall_s": stall}
+                "longest_stall_s": stall, "longest_stall_from": stall_from,
+                "failed_try_causes": dict(self.failure_causes().most_common())}
+
+    def failure_causes(self) -> collections.Counter:
+        """Why the tries of ``ingest__afl`` that failed did, from their task logs: the exception's type and the
+        first words of its message, ``killed`` for a process that died by a signal (the campaign's kills), or
+        ``no error logged`` (Airflow failed it from outside: a lost heartbeat, a queued task timed out)."""
+        causes: collections.Counter = collections.Counter()
+        for log in (self.af.home / "logs" / f"dag_id={self.DAG_ID}").glob("run_id=*/task_id=*/attempt=*.log"):
+            cause, ended = None, False
+            for line in log.read_text(errors="replace").splitlines():
+                try:
+                    entry = json.loads(line)
+                except ValueError:
+                    continue
+                event = str(entry.get("event", ""))
+                if event.startswith("Process terminated by signal"):
+                    cause = "killed"
+                elif event == "Task failed with exception":
+                    detail = (entry.get("error_detail") or [{}])[0]
+                    words = " ".join(str(detail.get("exc_value", "")).split()[:8])
+                    cause = f"{detail.get('exc_type', '?')}: {words}"
+                elif "Marking task as SUCCESS" in event or event.startswith("Done. Returned value"):
+                    ended = True
+            if cause is not None:
+                causes[cause] += 1
+            elif not ended and log.stat().st_size and time.time() - log.stat().st_mtime > 60:
+                causes["no error logged"] += 1
+        return causes
 
 
 class _Delayed:

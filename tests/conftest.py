@@ -84,6 +84,21 @@ def kafka(stack_state: StackState):
 
 
 @pytest.fixture(scope="session")
+def kafka_cluster(stack_state: StackState):
+    """Three KRaft nodes from the Maven jars (each a broker and a controller), replication factor 3 and
+    ``min.insync.replicas`` 2 for every topic and for the offsets and transaction state logs: the faults of a
+    cluster (``reclock.dev.kafka.LocalKafkaCluster``)."""
+    from reclock.dev.kafka import LocalKafkaCluster
+
+    cluster = LocalKafkaCluster(stack_state, heap="384m")
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
 def spark(stack_state: StackState):
     """One in-process local Spark session (with the Kafka connector) for the whole test session."""
     from reclock.dev.spark import local_session

@@ -199,28 +199,19 @@ def read(collection: str, as_of: int | None, limit: int, dsn: str | None, blob_u
 def progress(source: str, dsn: str | None) -> None:
     """Print SOURCE's bindings (its `<source>_progress` relation), uppers and latest status."""
     from reclock.persist import connect
-    from reclock.persist.remap_store import load_remap
+    from reclock.persist.remap_store import load_remap, read_progress
     from reclock.persist.status import latest_status
 
     with connect(_settings().find_dsn(dsn)) as conn:
         load_remap(conn, source)  # a bad or unregistered name: ConfigError / UnknownSource, not a SQL error
-        (kind,) = conn.execute("SELECT kind FROM reclock.sources WHERE name = %s", (source,)).fetchone()
-        if kind == "postgres":
-            rows = conn.execute(f'SELECT ts, lsn::text FROM reclock."{source}_progress" ORDER BY ts').fetchall()
-        else:
-            rows = conn.execute(f'SELECT ts, partition, "offset" FROM reclock."{source}_progress" '
-                                "ORDER BY ts, partition").fetchall()
+        columns, rows = read_progress(conn, source)  # in the kind's own columns (an LSN, a key and byte offset)
         shards = conn.execute("SELECT id, upper, since FROM reclock.shards WHERE source = %s ORDER BY id",
                               (source,)).fetchall()
         status = latest_status(conn, source)
-    if kind == "postgres":
-        click.echo("ts               lsn")
-        for ts, lsn in rows:
-            click.echo(f"{ts:<16d} {lsn}")
-    else:
-        click.echo("ts               partition  offset")
-        for ts, p, o in rows:
-            click.echo(f"{ts:<16d} {p:<10d} {o}")
+    widths = [16] + [10] * (len(columns) - 2) + [0]
+    click.echo(" ".join(c.ljust(w) for c, w in zip(columns, widths)))
+    for row in rows:
+        click.echo(" ".join(str(v).ljust(w) for v, w in zip(row, widths)))
     for sid, upper, since in shards:
         click.echo(f"shard {sid}: upper {upper}, since {since}")
     _echo_status(status)

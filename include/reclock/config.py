@@ -188,6 +188,42 @@ def _parse_postgres(source: str, raw: Any, tables_raw: Any) -> PostgresSpec:
                         spark_snapshot_min_bytes=spark_min)
 
 
+S3_FORMATS = ("json", "csv", "text", "parquet", "avro")
+"""An S3 source's formats: lines (JSON lines, CSV, text; also gzip'd) or whole objects (Parquet, Avro files)."""
+S3_METADATA = ("key", "offset", "last_modified")
+"""An S3 source's metadata columns (``include:``): ``_key``, ``_offset``, ``_last_modified``."""
+DISCOVERIES = ("listing", "notifications")
+KEY_ORDERS = ("any", "increasing")
+OVERWRITES = ("stall", "collect", "reingest")
+COMPRESSIONS = ("auto", "gzip", "none")
+
+
+@dataclass(frozen=True)
+class S3Spec:
+    """An S3 source's upstream: the objects under ``url`` (``s3://bucket/prefix/`` on the S3 API its
+    ``connection`` reaches, or a local folder), how they are discovered, and what overwrites do
+    (``reclock.sources.s3``; docs/s3.md)."""
+
+    url: str
+    connection: str | None = "reclock_s3"  # an Airflow connection of type aws (None: a local folder)
+    discovery: str = "listing"  # listing | notifications (S3 event notifications through SQS `queue`)
+    keys: str = "any"  # listing: any (every cycle lists everything) | increasing (after a key frontier)
+    lookback_s: float = 3600.0  # keys increasing: how late a key may arrive after greater ones
+    queue: str | None = None  # notifications: the SQS queue URL the bucket's events go to
+    dedupe_s: float | None = None  # notifications: how long an object is remembered (None: queue retention)
+    backfill: bool = True  # notifications: the first cycle also lists what is there already
+    settle_s: float = 30.0  # a local file unchanged this long is complete (S3 objects: on sight)
+    on_overwrite: str = "stall"  # stall | collect | reingest
+    compression: str = "auto"  # auto (.gz keys are gzip) | gzip | none
+    max_objects_per_cycle: int = 100_000  # new objects one binding takes (the rest: the next cycles)
+    max_bytes: int = 1 << 30  # bytes one Spark job reads
+    max_objects: int = 100_000  # objects one Spark job reads
+
+    @property
+    def is_folder(self) -> bool:
+        return not self.url.startswith(("s3://", "s3a://"))
+
+
 @dataclass(frozen=True)
 class FormatSpec:
     type: str = "json"
@@ -230,6 +266,7 @@ class SourceSpec:
     resume_s: float = 1.0  # continuous: resume at most this often (and when the lease ends)
     group: str | None = None  # continuous: the group whose one task runs this source's cycles
     postgres: PostgresSpec | None = None
+    s3: S3Spec | None = None
 
     @property
     def ingest_dag(self) -> str:
@@ -238,7 +275,9 @@ class SourceSpec:
 
     @property
     def kind(self) -> str:
-        """``kafka`` or ``postgres``: the kind the source is registered as."""
+        """``kafka``, ``postgres`` or ``s3``: the kind the source is registered as."""
+        if self.s3 is not None:
+            return "s3"
         return "postgres" if self.postgres is not None else "kafka"
 
     @property
@@ -329,6 +368,8 @@ def parse_source(name: str, raw: Any, base: Path | None = None) -> SourceSpec:
     d = _require(raw, what)
     if "postgres" in d:
         return _parse_postgres_source(name, d)
+    if "s3" in d:
+        return _parse_s3_source(name, d, base)
     if "tables" in d:
         raise ConfigError(f"{what}: `tables` belongs to a Postgres source (a `postgres:` section)")
     if "kafka" not in d:
@@ -458,6 +499,110 @@ def _parse_postgres_source(name: str, d: dict) -> SourceSpec:
     if budget.max_records <= 0:
         raise ConfigError(f"{what}.budget: max_records must be positive, got {budget.max_records}")
     return SourceSpec(name=name, postgres=pg, budget=budget, **sched)
+
+
+def _choice(value: Any, allowed: tuple[str, ...], what: str) -> str:
+    if value not in allowed:
+        raise ConfigError(f"{what}: {value!r} is not one of {', '.join(allowed)}")
+    return value
+
+
+def _size(value: Any, what: str) -> int:
+    """A byte count: an int, or text like 512MB / 1GiB / 64k."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    m = re.match(r"^\s*(\d+)\s*([kmgt]?)(i?b)?\s*$", str(value).lower())
+    if not m or int(m.group(1)) <= 0:
+        raise ConfigError(f"{what}: {value!r} is not a size like 134217728, 128MB or 1GiB")
+    return int(m.group(1)) * 1024 ** "_kmgt".index(m.group(2) or "_")
+
+
+def _parse_s3_source(name: str, d: dict, base: Path | None) -> SourceSpec:
+    """A source with an ``s3:`` section: the objects under an ``s3://`` prefix or in a local folder
+    (``reclock.sources.s3``)."""
+    what = f"source {name}"
+    for other in ("kafka", "postgres"):
+        if other in d:
+            raise ConfigError(f"{what}: a source has one upstream section; `s3:` and `{other}:` are both given")
+    _unknown(d, {"s3", "format", "include", "budget", "on_decode_error", "schedule", "interval", "poll"}, what)
+    s = _require(d["s3"], f"{what}.s3")
+    _unknown(s, {"connection", "url", "discovery", "keys", "lookback", "queue", "dedupe", "backfill", "settle",
+                 "on_overwrite", "compression", "max_objects_per_cycle"}, f"{what}.s3")
+    url = s.get("url")
+    if not isinstance(url, str) or not url:
+        raise ConfigError(f"{what}.s3: `url` is required: s3://bucket/prefix/ or a local folder (/path, file:///path)")
+    is_s3 = url.startswith(("s3://", "s3a://"))
+    if is_s3:
+        bucket = url.split("://", 1)[1].split("/", 1)[0]
+        if not bucket:
+            raise ConfigError(f"{what}.s3: url {url!r} names no bucket (s3://bucket/prefix/)")
+    elif not (url.startswith("file://") or url.startswith("/")):
+        raise ConfigError(f"{what}.s3: url {url!r} is neither s3://bucket/prefix/ nor an absolute folder path")
+    if not is_s3 and "connection" in s:
+        raise ConfigError(f"{what}.s3: `connection:` is for an s3:// url; {url} is a local folder")
+    connection = str(s.get("connection", "reclock_s3")) if is_s3 else None
+    discovery = _choice(s.get("discovery", "listing"), DISCOVERIES, f"{what}.s3.discovery")
+    keys = _choice(s.get("keys", "any"), KEY_ORDERS, f"{what}.s3.keys")
+    if discovery == "notifications":
+        if not is_s3:
+            raise ConfigError(f"{what}.s3: `discovery: notifications` needs an s3:// url (a folder is listed)")
+        if not isinstance(s.get("queue"), str) or not s["queue"]:
+            raise ConfigError(f"{what}.s3: `discovery: notifications` needs `queue:`, the SQS queue the bucket's event "
+                              "notifications go to: its URL (https://sqs.<region>.amazonaws.com/<account>/<name>) or "
+                              "its name (in the connection's region)")
+        for key in ("keys", "lookback"):
+            if key in s:
+                raise ConfigError(f"{what}.s3: `{key}:` is for `discovery: listing`")
+    else:
+        for key in ("queue", "dedupe", "backfill"):
+            if key in s:
+                raise ConfigError(f"{what}.s3: `{key}:` is for `discovery: notifications`")
+        if "lookback" in s and keys != "increasing":
+            raise ConfigError(f"{what}.s3: `lookback:` is for `keys: increasing` (a listing that starts after a key "
+                              "frontier)")
+    if "settle" in s and is_s3:
+        raise ConfigError(f"{what}.s3: `settle:` is for a local folder (S3 objects are complete when they appear)")
+    backfill = s.get("backfill", True)
+    if not isinstance(backfill, bool):
+        raise ConfigError(f"{what}.s3.backfill: true or false")
+    max_new = s.get("max_objects_per_cycle", 100_000)
+    if isinstance(max_new, bool) or not isinstance(max_new, int) or max_new <= 0:
+        raise ConfigError(f"{what}.s3.max_objects_per_cycle: a positive number of objects, got {max_new!r}")
+    f = d.get("format", {"type": "json"})
+    f = _require({"type": f} if isinstance(f, str) else f, f"{what}.format")
+    _unknown(f, {"type", "schema", "header", "schema_file"}, f"{what}.format")
+    ftype = _choice(f.get("type", "json"), S3_FORMATS, f"{what}.format.type")
+    schema = f.get("schema")
+    if ftype in ("json", "csv", "parquet") and not schema:
+        raise ConfigError(f"{what}.format: type {ftype} needs a `schema` (Spark DDL, e.g. \"id BIGINT, name STRING\")")
+    if ftype == "avro":
+        schema = _avro_schema(f, f"{what}.format", base)
+    if "header" in f and ftype != "csv":
+        raise ConfigError(f"{what}.format: `header:` is for csv")
+    compression = _choice(s.get("compression", "auto"), COMPRESSIONS, f"{what}.s3.compression")
+    if ftype in ("parquet", "avro") and compression == "gzip":
+        raise ConfigError(f"{what}.s3: {ftype} files compress inside; `compression: gzip` is for line formats")
+    include = tuple(d.get("include", ()) or ())
+    bad = [c for c in include if c not in S3_METADATA]
+    if bad:
+        raise ConfigError(f"{what}: include {bad} not among {', '.join(S3_METADATA)} (an S3 source's metadata)")
+    b = _require(d.get("budget", {}) or {}, f"{what}.budget")
+    _unknown(b, {"max_bytes", "max_objects"}, f"{what}.budget")
+    max_bytes = _size(b.get("max_bytes", S3Spec.max_bytes), f"{what}.budget.max_bytes")
+    max_objects = b.get("max_objects", S3Spec.max_objects)
+    if isinstance(max_objects, bool) or not isinstance(max_objects, int) or max_objects <= 0:
+        raise ConfigError(f"{what}.budget.max_objects: a positive number of objects, got {max_objects!r}")
+    on_err = _choice(d.get("on_decode_error", "collect"), ("collect", "stall"), f"{what}.on_decode_error")
+    dedupe = s.get("dedupe")
+    spec = S3Spec(url=url, connection=connection, discovery=discovery, keys=keys,
+                  lookback_s=parse_duration(s.get("lookback", "1h"), f"{what}.s3.lookback"),
+                  queue=s.get("queue"), dedupe_s=None if dedupe is None else parse_duration(dedupe, f"{what}.s3.dedupe"),
+                  backfill=backfill, settle_s=parse_duration(s.get("settle", "30s"), f"{what}.s3.settle"),
+                  on_overwrite=_choice(s.get("on_overwrite", "stall"), OVERWRITES, f"{what}.s3.on_overwrite"),
+                  compression=compression, max_objects_per_cycle=max_new, max_bytes=max_bytes, max_objects=max_objects)
+    sched = _parse_schedule(d, what, PG_SCHEDULES)
+    fmt = FormatSpec(type=ftype, schema=schema, csv_header=bool(f.get("header", False)))
+    return SourceSpec(name=name, s3=spec, format=fmt, include=include, on_decode_error=on_err, **sched)
 
 
 SINK_FORMATS = ("debezium", "upsert")

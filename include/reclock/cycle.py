@@ -47,7 +47,8 @@ from typing import Any, Callable, Iterator, Sequence
 from reclock import remap
 from reclock.batch import BatchDescription, SliceWritten, holds_binding, rebuild_window
 from reclock.config import SourceSpec
-from reclock.errors import ConfigError, RebuildConflict, RemapUpperMismatch, ShardsDisagree, UpperMismatch
+from reclock.errors import (AcknowledgedStateLost, ConfigError, RebuildConflict, RemapUpperMismatch, ShardsDisagree,
+                            UpperMismatch)
 from reclock.explain import summary
 from reclock.failpoints import failpoint
 from reclock.lending import ConnectionLender
@@ -55,6 +56,7 @@ from reclock.persist import blob as blobs
 from reclock.persist import connect
 from reclock.persist.compact import compact_parts
 from reclock.persist.gc import claim_gc, collect_garbage, release_write
+from reclock.persist.migrate import check_schema
 from reclock.persist.remap_store import advance_remap_upper, append_binding, compact_remap, load_remap
 from reclock.persist.shards import (APPENDED, SWAPPED, Append, Swap, advance_since, batches, compare_and_append,
                                     drop_lapsed_holds, holding_rebuild_lock, read_holds, shard_info, swap_batches,
@@ -63,9 +65,10 @@ from reclock.persist.status import prune_history, record_statistics, record_stat
 from reclock.remap import RemapCollection
 from reclock.sources.base import SourceKind, SourceRuntime, WrittenBatch
 from reclock.sources.registry import kind_of
+from reclock.spark import connect as spark_connect
 
 __all__ = ["CycleContext", "MintResult", "WrittenBatch", "ResumeResult", "ensure_registered", "mint",
-           "write_batches", "append", "resume", "rebuild", "resnapshot", "mint_and_append", "run_cycle"]
+           "write_batches", "append", "resume", "rebuild", "resnapshot", "mint_and_append", "mint_and_write", "run_cycle", "check_acknowledged"]
 
 
 def now_ms() -> int:
@@ -120,7 +123,10 @@ class CycleContext:
 
     def spark(self):
         """The context's Spark session, made by ``spark_factory`` once: a task writing several descriptions
-        attaches to Spark Connect (a probe and a setting, two round trips) once, not per description."""
+        attaches to Spark Connect (a probe and a setting, two round trips) once, not per description. A
+        session a failed step found gone (:meth:`drop_spark`), or stopped meanwhile, is made anew."""
+        if self._spark is not None and getattr(self._spark, "is_stopped", False):
+            self._spark = None
         if self._spark is None:
             if self.spark_factory is None:
                 raise ValueError(f"source {self.spec.name}: this cycle context has no spark_factory")
@@ -131,6 +137,23 @@ class CycleContext:
         """A consensus connection (autocommit): while a step is under way in this thread, the one the step
         holds (``reclock.lending``); else a new one."""
         return self.connections.connect()
+
+    def drop_spark(self, error: BaseException | None = None) -> bool:
+        """Close the context's Spark Connect session if ``error`` says it is gone (a restarted server forgets
+        its sessions, and a client still bound to one fails every later call; ``None``: close it anyway), so
+        the next step attaches anew. True if it was closed."""
+        if self._spark is None or (error is not None and not spark_connect.session_lost(error)):
+            return False
+        spark, self._spark = self._spark, None
+        with contextlib.suppress(Exception):
+            spark_connect.close(spark)
+        return True
+
+    def close(self) -> None:
+        """End what the context opened for its steps that would outlive it: the Spark Connect client (the
+        server-side session stays for the source's next task). A task calls it when it ends, so its process
+        exits at once instead of sending PySpark's exit-time call to a server that may be gone."""
+        self.drop_spark()
 
 
 @dataclass(frozen=True)
@@ -183,6 +206,7 @@ def _step(ctx: CycleContext, step: str) -> Iterator[dict]:
         try:
             yield metrics
         except Exception as e:
+            ctx.drop_spark(e)
             s = summary(e)
             with ctx.connect() as conn:
                 record_status(conn, ctx.spec.name, "stalled", error=f"{step}: {s.message}", step=step,
@@ -197,7 +221,10 @@ def _step(ctx: CycleContext, step: str) -> Iterator[dict]:
 
 def ensure_registered(ctx: CycleContext) -> None:
     """Create the source's remap collection, progress view and output shards (and what its kind keeps
-    upstream) if they do not exist."""
+    upstream) if they do not exist, after checking (once per process) that the database's schema is this
+    release's (``check_schema``)."""
+    with ctx.connect() as conn:
+        check_schema(conn, ctx.dsn)
     ctx.source().register()
 
 
@@ -227,15 +254,17 @@ def mint(ctx: CycleContext) -> MintResult:
     with _step(ctx, "mint") as m, ThreadPoolExecutor(1, "reclock-probe") as pool:
         source = ctx.source()
         if source.probe_after_register:
-            source.register()
+            ensure_registered(ctx)
+            acked = source.acknowledged()
             uppers = source.probe_uppers()
-        else:
-            probe = pool.submit(source.probe_uppers)  # upstream's round trips beside the consensus's
-            source.register()
-            uppers = probe.result()
+        else:  # upstream's round trips beside the consensus's
+            probe = pool.submit(lambda: (source.acknowledged(), source.probe_uppers()))
+            ensure_registered(ctx)
+            acked, uppers = probe.result()
         minted = None
         with ctx.connect() as conn:
             rc = load_remap(conn, ctx.spec.name)
+            check_acknowledged(ctx, conn, rc, acked)
             for upper in uppers:  # in order, one binding each (a kind may bind a position before another)
                 binding = remap.mint(rc, ctx.clock(), upper)
                 if binding is None:
@@ -263,6 +292,21 @@ def mint(ctx: CycleContext) -> MintResult:
         m.update(upstream_upper=upper.as_dict(), minted_ts=minted.ts if minted else None,
                  descriptions=len(descs), idle_advance=held < len(descs), offsets_known=sum(o for _, o in upper))
         return MintResult(minted, tuple(descs), held)
+
+
+def check_acknowledged(ctx: CycleContext, conn, rc: RemapCollection, acked) -> None:
+    """``AcknowledgedStateLost`` if what resume acknowledged upstream (``acked``: ``SourceRuntime.
+    acknowledged``, read before ``rc`` and the shards' uppers, which only grow) is beyond the offset
+    resumption frontier the database holds now: the database went back (a failover to an asynchronous
+    standby, a restored backup), and minting would stamp records again at new timestamps. Nothing before
+    the first binding counts (a Postgres slot starts at its creation, at or below the first binding)."""
+    if acked is None or not rc.bindings:
+        return
+    resumption = min([rc.upper, *(shard_info(conn, s).upper for s in ctx.shards())])
+    ours = remap.source_upper_at(rc, resumption).join(rc.bindings[0].frontier)
+    if not acked.frontier.less_equal(ours):
+        raise AcknowledgedStateLost(f"source {ctx.spec.name}", f"{acked.where} {acked.frontier.as_dict()}",
+                                    f"{ours.as_dict()} (the bindings at its shards' upper {resumption})")
 
 
 def _descriptions(conn, ctx: CycleContext, rc: RemapCollection) -> list[BatchDescription]:
@@ -432,6 +476,27 @@ def resume(ctx: CycleContext) -> ResumeResult:
                          history_pruned=sum(pruned), lapsed_holds=lapsed)
         m.update(resumption=resumption, offsets_committed=offsets.as_dict(), since=since, compacted=compacted)
         return ResumeResult(resumption, offsets.as_dict(), since)
+
+
+def mint_and_write(ctx: CycleContext, run_s: float | None = None) -> list[WrittenBatch]:
+    """mint, then write_batches of the pending descriptions oldest first, starting no further one once
+    ``run_s`` seconds have passed (the first is always written): the first task of a two-task run, whose
+    parts become visible only when the run's ``append`` task appends them. The descriptions left over are
+    minted again by the next run, which writes them first.
+
+    Why a run stops early: a retried run mints again and writes everything from the shards' upper, and a
+    failed try leaves a bigger backlog (one more binding) for the next. Without a bound, a try's work grows
+    with every try that failed, and once a try takes longer than the time between the faults that kill it,
+    no try ever finishes (issue 37: 44 failed tries, 3 runs in 56 minutes of a fault campaign). Bounded, a
+    try's work stays about ``run_s`` (or one description), whatever came before it."""
+    t0 = time.monotonic()
+    with _holding(ctx):
+        written: list[WrittenBatch] = []
+        for desc in mint(ctx).descriptions:
+            if written and run_s is not None and time.monotonic() - t0 >= run_s:
+                break
+            written.append(write_batches(ctx, desc))
+    return written
 
 
 def mint_and_append(ctx: CycleContext) -> tuple[int | None, int]:

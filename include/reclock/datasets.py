@@ -20,6 +20,15 @@ def kafka_topic(bootstrap: str, topic: str) -> DatasetName:
     return DatasetName(f"kafka://{first.split('://')[-1]}", topic)
 
 
+def objects(url: str) -> DatasetName:
+    """The objects under an S3 source's ``url``: ``s3://<bucket>`` / the prefix (OpenLineage's S3 naming), a
+    local folder ``file`` / its absolute path."""
+    u = urlsplit(url)
+    if u.scheme in ("s3", "s3a"):
+        return DatasetName(f"s3://{u.netloc}", u.path.lstrip("/"))
+    return DatasetName("file", u.path if u.scheme == "file" else url)
+
+
 def _pg(dsn: str) -> tuple[str, str]:
     d = conninfo_to_dict(dsn)
     return f"{d.get('host') or 'localhost'}:{d.get('port') or 5432}", d.get("dbname") or d.get("user") or ""

@@ -215,6 +215,41 @@ class MigrationError(ReclockError):
     newer than this code)."""
 
 
+class SchemaVersionMismatch(MigrationError):
+    """The consensus database's ``reclock`` schema is not the one this release ships: older (run ``reclock
+    migrate``) or newer (a newer release migrated it; this one must not run on it)."""
+
+    def __init__(self, missing: list[str], unknown: list[str]) -> None:
+        self.missing, self.unknown = missing, unknown
+        if unknown:
+            msg = (f"the consensus database's reclock schema is newer than this release: it has migration(s) "
+                   f"{', '.join(unknown)}, which this release does not ship. A newer release migrated it, and this "
+                   "one would misread its state: run that release (a rollback is only safe by restoring the "
+                   "backup taken before `reclock migrate`, and only if no cycle or sink of the newer release ran "
+                   "since; see docs/operations.md, Upgrades)")
+        else:
+            msg = (f"the consensus database's reclock schema is older than this release: migration(s) "
+                   f"{', '.join(missing)} are not applied; run `reclock migrate` (with this release) first")
+        super().__init__(msg)
+
+
+class AcknowledgedStateLost(ReclockError):
+    """Progress Reclock acknowledged outside its consensus database (a consumer group's committed offsets, a
+    replication slot's confirmed position, a sink's progress) is beyond what the database now holds: the
+    database went back (a failover to a standby that lacked the last commits, a restored backup). Going on
+    would give records already stamped, and perhaps exported, new timestamps; nothing is minted or written."""
+
+    def __init__(self, what: str, acknowledged: str, holds: str) -> None:
+        self.what = what
+        super().__init__(
+            f"{what}: acknowledged state went back: {acknowledged}, but the consensus database holds only "
+            f"{holds}. The database lost commits it had acknowledged (a failover to an asynchronous standby, or a "
+            "restored backup); continuing would stamp records again at new timestamps, so nothing was minted or "
+            "written. Promote the node that has the lost commits if it still exists; otherwise the state is gone: "
+            "rebuild the source and its sinks under new names (see docs/operations.md, Consensus failover). "
+            "Reclock's Postgres needs synchronous replication to fail over without this")
+
+
 class SlotLost(UpstreamDataLost):
     """A Postgres source's replication slot is gone, invalidated (``wal_status = lost``), or already past
     changes a shard still needs: the changes are gone upstream and will not be skipped silently."""
@@ -274,6 +309,40 @@ class SlotBusy(ReclockError):
         self.slot = slot
         super().__init__(f"source {source}: replication slot {slot} is in use by another process ({detail}); "
                          "another cycle of this source runs, this one changed nothing")
+
+
+class ObjectLost(UpstreamDataLost):
+    """An object of an S3 source (or a file of a folder source) that is bound, and not read in full yet, is
+    gone upstream (deleted, or its folder removed): its bytes are gone and will not be skipped silently."""
+
+    def __init__(self, source: str, url: str, start: int, end: int, detail: str = "it no longer exists") -> None:
+        self.source = source
+        self.url = url
+        self.start = start
+        self.end = end
+        ReclockError.__init__(
+            self, f"source {source}: object {url}: bytes [{start}, {end}) are bound and must be read, but {detail}; "
+                  "the data is gone and will not be skipped silently (restore the object as it was, or drop the "
+                  "source's collections and remap collection and ingest it anew)")
+
+
+class ObjectChanged(ReclockError):
+    """An object of an S3 source changed after Reclock recorded it: its ETag (or version, or for a local
+    file its identity or length) is not the one bound, so the bytes a binding covers can no longer be read
+    as they were."""
+
+    def __init__(self, source: str, url: str, bound: str, found: str, remedy: str) -> None:
+        self.source = source
+        self.url = url
+        self.bound = bound
+        self.found = found
+        super().__init__(f"source {source}: object {url} was overwritten: it was recorded as {bound}, it is now "
+                         f"{found}; {remedy}")
+
+
+class S3Unavailable(ReclockError):
+    """An S3 source's bucket, folder or queue cannot be reached: it does not exist, the credentials are
+    refused, or the endpoint does not answer."""
 
 
 class RegistryUnavailable(ReclockError):

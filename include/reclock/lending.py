@@ -5,8 +5,10 @@ Postgres source its upstream sessions.
 
 The lent connection is opened at the first loan and closed when the block ends. It is replaced when it
 broke, when a loan that ended left it inside a transaction, when an error left the outermost loan (the next
-loan starts clean), or when it sat idle over :data:`REUSE_IDLE_S` with nobody holding it (a proxy or a
-server timeout may have cut it during a long Spark job). A loan asked while a caller's transaction is open
+loan starts clean), when it sat idle over :data:`REUSE_IDLE_S` with nobody holding it (a proxy or a
+server timeout may have cut it during a long Spark job), or when a ``SELECT 1`` finds it dead after it sat
+idle over :data:`PROBE_IDLE_S` (a server restarted meanwhile: a connection learns that only when next used,
+and the step would fail after all its work). A loan asked while a caller's transaction is open
 on it gets a connection of its own: it never joins that transaction. Threads never share one.
 """
 
@@ -22,6 +24,9 @@ from psycopg.pq import TransactionStatus
 
 REUSE_IDLE_S = 10.0
 """How long a held connection may sit idle and still be lent again."""
+
+PROBE_IDLE_S = 1.0
+"""A held connection idle longer than this is probed (``SELECT 1``, one round trip) before it is lent again."""
 
 
 class ConnectionLender:
@@ -77,7 +82,10 @@ class _HeldConnection:
                     yield own
                 return
             usable = False  # left inside a transaction by a loan that ended: not to be trusted
-        if not usable or (not self.lent and time.monotonic() - self.used > REUSE_IDLE_S):
+        idle = 0.0 if self.lent else time.monotonic() - self.used
+        if usable and PROBE_IDLE_S < idle <= REUSE_IDLE_S:
+            usable = _alive(conn)
+        if not usable or idle > REUSE_IDLE_S:
             self.close()
             self.conn = conn = self.opener()
         self.lent += 1
@@ -96,3 +104,15 @@ class _HeldConnection:
             with contextlib.suppress(Exception):
                 self.conn.close()
             self.conn = None
+
+
+def _alive(conn: Connection) -> bool:
+    """Whether ``conn`` (idle, in no transaction) still answers; a connection outside autocommit is not
+    probed (the probe would open a transaction on it)."""
+    if not conn.autocommit:
+        return True
+    try:
+        conn.execute("SELECT 1")
+        return True
+    except Exception:  # noqa: BLE001 - any failure: not to be lent again
+        return False

@@ -96,6 +96,21 @@ def find_s3_settings() -> objectstore.S3Settings:
     return _from_connection(connections.s3_settings, NO_S3)
 
 
+def find_source_s3_settings(connection: str, what: str) -> objectstore.S3Settings:
+    """An S3 source's endpoint and keys: its ``connection:`` when given as ``AIRFLOW_CONN_<ID>``, else the AWS
+    environment variables when a key is set there, else the connection in Airflow."""
+    if not os.environ.get(f"AIRFLOW_CONN_{connection.upper()}") and (
+            os.environ.get("AWS_ACCESS_KEY_ID") or os.environ.get("AWS_SECRET_ACCESS_KEY")):
+        return objectstore.s3_settings_from_env()
+    try:
+        return connections.s3_settings(connection)
+    except _not_found():
+        raise SettingError(f"{what}: no S3 keys: define the Airflow connection {connection} (its `connection:`; "
+                           f"type aws, login/password the keys, extra endpoint_url and region_name; e.g. "
+                           f"AIRFLOW_CONN_{connection.upper()}), or set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
+                           "(with AWS_ENDPOINT_URL for an S3-compatible store)") from None
+
+
 def find_bootstrap(kafka: KafkaSpec, what: str, given: str | None = None) -> str:
     """``what``'s (a source's or a sink's) brokers: ``given``, else ``RECLOCK_BOOTSTRAP``, else its
     ``bootstrap:``, else its Airflow connection. A connection the config names is never silently passed

@@ -190,7 +190,7 @@ def source_html(d: SourceDetail, airflow_root: str = "/") -> str:
     ))
     cols = d.columns[1:]
     bindings = "".join(f"<tr><td class='n'>{b.ts}</td><td>{ts_text(b.ts)}</td>"
-                       + "".join(f"<td class='n'>{escape(c)}</td>" for c in (b.cells or (str(b.partition), str(b.offset))))
+                       + "".join(f"<td class='n'>{escape(c)}</td>" for c in b.cells)
                        + "</tr>" for b in d.bindings)
     errors = "".join(f"<tr><td class='n'>{escape(str(e.get('ts')))}</td><td>"
                      f"{escape(str(e.get('position') or e.get('offset')))}</td><td class='err'>"

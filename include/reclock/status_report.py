@@ -29,6 +29,7 @@ from typing import Any, Callable, Mapping, Sequence
 from reclock.config import Config
 from reclock.part_layout import ERRORS_KIND
 from reclock.persist import connect
+from reclock.persist.remap_store import read_progress
 from reclock.persist.shards import ReadHold
 from reclock.persist.status import COLUMNS as STATUS_COLUMNS, Status
 from reclock.read import read_updates
@@ -174,10 +175,11 @@ class Overview:
 
 @dataclass(frozen=True)
 class BindingRow:
+    """A row of the source's ``<source>_progress`` relation: a binding's ``ts`` and the rest of the row as
+    text, in the kind's columns (Kafka: partition, offset; Postgres: the LSN; S3: key, byte offset)."""
+
     ts: int
-    partition: int
-    offset: int
-    cells: tuple[str, ...] = ()  # the row after ts as the kind prints it (its progress relation's columns)
+    cells: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -319,7 +321,7 @@ def lag_probe(config: Config | None, timeout: float = 2.0,
             return Lag(None, "not in the config")
         kind = kind_of(spec)
         try:
-            return kind.lag(spec, kind.find_upstream(spec, given(spec)), timeout)
+            return kind.lag(spec, given(spec), timeout)
         except Exception as e:  # a status page degrades, it never fails on a probe
             first = str(e).splitlines()[0][:160] if str(e) else ""
             return Lag(None, redact(f"unknown: {type(e).__name__}: {first}"), kind.lag_unit)
@@ -425,9 +427,9 @@ def overview(conn, config: Config | None = None, lag: LagProbe = no_lag,
         cycles = cycles_from_statistics(stats.get(n, []))
         err_shard = next((sid for sid, kind, _, _ in own if kind == ERRORS_KIND), None)
         count = int(errors.get(err_shard, 0)) if err_shard else 0
+        spec = config.sources.get(n) if config else None
         source_kind = kind_of(spec) if spec else _kind_named(kinds[n])
         latest = _errors_latest(conn, blob, err_shard, kind=source_kind) if blob is not None and count else ()
-        spec = config.sources.get(n) if config else None
         # the source's DAGs: its ingest DAG, and a rebuild DAG for a kind that replays (a Kafka source); only
         # those Airflow has, when it was asked
         replays = source_kind is not None and (spec is None or source_kind.rebuild_refused(spec) is None)
@@ -481,21 +483,14 @@ def source_detail(conn, name: str, config: Config | None = None, lag: LagProbe =
     ov = overview(conn, config, lag, paused, blob, only=name, dags=dags)
     if not ov.sources:
         return None
-    rows = conn.execute(
-        'SELECT b.ts, o.partition, o."offset" FROM (SELECT ts FROM reclock.remap_bindings WHERE source = %s '
-        "ORDER BY ts DESC LIMIT %s) b JOIN reclock.remap_offsets o ON o.source = %s AND o.ts = b.ts "
-        "ORDER BY b.ts DESC, o.partition", (name, bindings, name)).fetchall()
+    columns, rows = read_progress(conn, name, newest=bindings)
     hist = conn.execute(f"SELECT {STATUS_COLUMNS} FROM reclock.status_history WHERE name = %s "
                         "ORDER BY id DESC LIMIT %s", (name, history)).fetchall()
     stats = _recent_statistics(conn, [name], SERIES_ROWS)[name]
-    spec = config.sources.get(name) if config else None
-    kind = kind_of(spec) if spec else _kind_named(ov.sources[0].kind)
-    cells = (lambda p, o: kind.progress_cells(p, o)) if kind else (lambda p, o: (str(p), str(o)))
-    return SourceDetail(ov.sources[0], tuple(BindingRow(ts, p, int(o), cells(p, int(o))) for ts, p, o in rows),
+    return SourceDetail(ov.sources[0], tuple(BindingRow(r[0], r[1:]) for r in reversed(rows)),
                         tuple(Status(name, st, redact(err), at, step, run, redact(trace))
                               for st, err, at, step, run, trace in hist),
-                        tuple(series_of(cycles_from_statistics(stats))),
-                        kind.progress_columns if kind else ("ts", "partition", "offset"))
+                        tuple(series_of(cycles_from_statistics(stats))), columns)
 
 
 # -- words and figures shared by the command and the page --------------------------------------------------
@@ -598,7 +593,7 @@ def detail_lines(d: SourceDetail) -> list[str]:
     """``reclock status SOURCE``: the source's figures, its bindings and its status history."""
     lines = _source_lines(d.source)
     lines.append(f"bindings (newest first): {', '.join(d.columns)}")
-    lines += [f"  {b.ts} ({ts_text(b.ts)})  " + "  ".join(b.cells or (str(b.partition), str(b.offset)))
+    lines += [f"  {b.ts} ({ts_text(b.ts)})  " + "  ".join(b.cells)
               for b in d.bindings]
     lines.append("status history (newest first): at, status, step, Airflow run")
     lines += [f"  {h.at:%Y-%m-%d %H:%M:%S} {h.status} {h.step or '-'} {h.run_id or '-'}"

@@ -70,6 +70,7 @@ def test_an_idle_or_broken_connection_is_replaced(ctx, monkeypatch):
         with ctx.connect() as b:  # idle longer than allowed: a new one, the old one closed
             assert b is not a and a.closed and _pid(b) != first
         monkeypatch.setattr(lending, "REUSE_IDLE_S", 3600.0)
+        monkeypatch.setattr(lending, "PROBE_IDLE_S", 3600.0)  # not probed: the failing call finds it broken
         with ctx.connect() as killer:
             assert killer is b
         with connect(ctx.dsn) as other:
@@ -78,6 +79,22 @@ def test_an_idle_or_broken_connection_is_replaced(ctx, monkeypatch):
             c.execute("SELECT 1")  # the server cut it: this call fails and marks it broken
         with ctx.connect() as d:
             assert d is not b and d.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_a_held_connection_cut_while_idle_is_probed_and_replaced(ctx, monkeypatch):
+    """A Postgres restart while a step waits on a Spark job cuts the step's held connection; the next loan
+    after ``PROBE_IDLE_S`` finds it dead with one ``SELECT 1`` and lends a new one, so the step goes on
+    instead of failing after all its work. A live one passes the probe and is lent again."""
+    monkeypatch.setattr(lending, "PROBE_IDLE_S", 0.0)
+    with cycle._step(ctx, "probe"):
+        with ctx.connect() as a:
+            first = _pid(a)
+        with connect(ctx.dsn) as other:
+            assert other.execute("SELECT pg_terminate_backend(%s, 5000)", (first,)).fetchone() == (True,)
+        with ctx.connect() as b:
+            assert b is not a and _pid(b) != first
+        with ctx.connect() as c:
+            assert c is b
 
 
 def test_a_failed_step_records_stalled_and_closes_its_connection(ctx):

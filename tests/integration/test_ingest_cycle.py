@@ -108,6 +108,48 @@ def test_replay_and_crash_between_steps(db, kafka, topic, spark, tmp_path):
     assert minted.binding is not None
 
 
+def test_a_run_after_failed_tries_writes_what_its_time_allows_and_the_next_runs_the_rest(
+        db, kafka, topic, spark, tmp_path):
+    """``mint_and_write`` (the write task of a two-task run) starts no further description once ``run_s``
+    has passed. Three tries that failed after their mint leave three bindings, each over the budget (three
+    descriptions); a run with ``run_s=0`` writes the oldest only, its append makes exactly that visible, and
+    the next runs bring the rest: every record once, at its binding's timestamp. Without ``run_s`` a run
+    writes them all (issue 37: the retried run's work grew with every failed try)."""
+    name = topic(partitions=2)
+    ctx = make_ctx(db, kafka, spark, tmp_path, name, name="tries")
+    expected: set[int] = set()
+    for w in range(3):  # three tries, each killed after its mint
+        produce(kafka, name, [rec(i, i % 2) for i in range(100 * w, 100 * w + 60)])
+        expected |= set(range(100 * w, 100 * w + 60))
+        assert cycle.mint(ctx).binding is not None
+    with connect(db) as conn:
+        bindings = load_remap(conn, "tries").bindings
+    assert len(cycle.mint(ctx).descriptions) == 3
+
+    for run in range(3):
+        written = cycle.mint_and_write(ctx, run_s=0)
+        (w,) = written  # the oldest pending one, alone; the newest reaches the remap upper (idle: the clock)
+        assert w.desc.upper == bindings[run].ts + 1 if run < 2 else w.desc.upper >= bindings[run].ts + 1
+        cycle.append(ctx, w)
+        with connect(db) as conn:
+            assert shard_info(conn, "tries").upper == w.desc.upper
+    for w in cycle.mint_and_write(ctx, run_s=0):  # at most an idle description: it moves the upper, writes none
+        assert not any(p.rows for ps in w.parts.values() for p in ps)
+        cycle.append(ctx, w)
+    cycle.resume(ctx)
+    check_invariants(ctx, expected)
+
+    produce(kafka, name, [rec(i, i % 2) for i in range(500, 560)])
+    cycle.mint(ctx)
+    produce(kafka, name, [rec(i, i % 2) for i in range(600, 660)])
+    written = cycle.mint_and_write(ctx)  # no bound: both descriptions in one run
+    assert len(written) == 2
+    for w in written:
+        cycle.append(ctx, w)
+    cycle.resume(ctx)
+    check_invariants(ctx, expected | set(range(500, 560)) | set(range(600, 660)))
+
+
 def test_missing_topic_fails_with_source_and_cause_and_stalls(db, kafka, spark, tmp_path):
     ctx = make_ctx(db, kafka, spark, tmp_path, "no_such_topic", name="ghost")
     with pytest.raises(UpstreamUnavailable, match=r"source ghost: topic 'no_such_topic' does not exist"):

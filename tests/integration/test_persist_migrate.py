@@ -124,6 +124,40 @@ def test_a_database_newer_than_the_code_is_refused(db):
         migrations.migrate(db)
 
 
+def test_cycles_and_sinks_run_only_on_the_schema_of_their_release(fresh_db, tmp_path):
+    """``check_schema`` (what a cycle's mint and a sink's start call, once per process and database): a
+    database not migrated yet, or missing one of this release's migrations, is refused with "run `reclock
+    migrate`"; one migrated by a newer release is refused as newer (a rollback is refused, not attempted);
+    the current one passes, and a cycle on a newer one writes nothing."""
+    from reclock import cycle
+    from reclock.config import parse_source
+    from reclock.errors import SchemaVersionMismatch
+    from reclock.persist.blob import LocalBlobStore
+
+    with connect(fresh_db) as conn:
+        with pytest.raises(SchemaVersionMismatch, match=r"older than this release.*0001_init.*run `reclock migrate`"):
+            migrations.check_schema(conn)
+    migrations.migrate(fresh_db)
+    with connect(fresh_db) as conn:
+        migrations.check_schema(conn)
+        last = ALL[-1]
+        name = conn.execute("SELECT name FROM reclock.schema_migrations WHERE version = %s", (last,)).fetchone()[0]
+        conn.execute("DELETE FROM reclock.schema_migrations WHERE version = %s", (last,))
+        with pytest.raises(SchemaVersionMismatch, match=f"{last:04d}_{name} are not applied"):
+            migrations.check_schema(conn)
+        conn.execute("INSERT INTO reclock.schema_migrations (version, name, checksum) VALUES (%s, %s, 'x'), "
+                     "(999, 'future', 'x')", (last, name))
+        with pytest.raises(SchemaVersionMismatch, match="newer than this release.*0999_future.*does not ship"):
+            migrations.check_schema(conn)
+    spec = parse_source("schemaless", {"kafka": {"topic": "t", "bootstrap": "127.0.0.1:1"},
+                                       "format": {"type": "json", "schema": "id BIGINT"}})
+    ctx = cycle.CycleContext(spec=spec, dsn=fresh_db, upstream="127.0.0.1:1", blob=LocalBlobStore(tmp_path))
+    with pytest.raises(SchemaVersionMismatch, match="0999_future"):
+        cycle.mint(ctx)
+    with connect(fresh_db) as conn:
+        assert conn.execute("SELECT count(*) FROM reclock.sources").fetchone()[0] == 0
+
+
 def test_migrate_takes_an_idle_connection_and_restores_it(fresh_db):
     with psycopg.connect(fresh_db) as conn:  # not autocommit
         assert migrations.migrate(conn) == ALL

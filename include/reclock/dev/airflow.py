@@ -21,6 +21,19 @@ from reclock.errors import StackError
 from reclock.orchestration.deployment import AIRFLOW_ENV
 
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
+"""One of each process Airflow needs; :attr:`LocalAirflow.components` adds the extra schedulers."""
+
+HA_SETTINGS = {
+    # a scheduler whose heartbeat is this old is dead to the others, which then take over what it had queued
+    "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD": "30",
+    # how often a scheduler looks for such tasks (default 300 s: a run waited up to five minutes)
+    "AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": "30",
+    # a task whose supervisor stopped heartbeating (every 5 s) is failed and retried after this long
+    # (default 300 s), e.g. one a dead scheduler's executor ran
+    "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "90",
+}
+"""How Reclock configures Airflow's recovery from a dead scheduler or task process: what it takes over and
+when (Airflow's defaults wait five minutes on each)."""
 ADMIN_USER = "admin"
 
 
@@ -31,6 +44,13 @@ class LocalAirflow:
     state: StackState
     postgres_dsn: str  # SQLAlchemy-free DSN of the metadata database (postgresql://...)
     extra_env: dict[str, str] | None = None
+    schedulers: int = 1  # more than one: highly available schedulers (scheduler, scheduler-2, ...)
+
+    @property
+    def components(self) -> tuple[str, ...]:
+        """Every process of this Airflow: :data:`COMPONENTS` and the extra schedulers."""
+        extra = tuple(f"scheduler-{i}" for i in range(2, self.schedulers + 1))
+        return (*COMPONENTS[:2], *extra, *COMPONENTS[2:])
 
     @property
     def home(self) -> Path:
@@ -91,6 +111,7 @@ class LocalAirflow:
             "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(self.state.port("airflow_trigger_logs")),
             "AIRFLOW__WEBSERVER__WEB_SERVER_HOST": LOOPBACK,
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",
+            **HA_SETTINGS,
             "SPARK_LOCAL_IP": LOOPBACK,
             "NO_PROXY": "*",
             **AIRFLOW_ENV,  # retries, as every deployment of the DAGs has them
@@ -118,25 +139,26 @@ class LocalAirflow:
     def start(self, connections: dict[str, dict] | None = None, timeout: float = 180) -> float:
         """Migrate the metadata DB, create connections, start the four processes, wait for health."""
         t0 = time.monotonic()
-        if not all(self.running(c) for c in COMPONENTS):
+        if not all(self.running(c) for c in self.components):
             self.airflow("db", "migrate", timeout=600)
             if connections:
                 self.set_connections(connections)
-        for component in COMPONENTS:
+        for component in self.components:
             if not self.running(component):
                 self.start_component(component)
         self.wait_healthy(timeout)
         return time.monotonic() - t0
 
     def start_component(self, component: str) -> int:
-        """Start one of :data:`COMPONENTS` (no migration, no waiting): what a service manager does when one
+        """Start one of :attr:`components` (no migration, no waiting): what a service manager does when one
         died. Returns its pid."""
+        kind = "scheduler" if component.startswith("scheduler") else component
         argv = {
             "api-server": [self._bin(), "api-server", "-H", LOOPBACK, "-p", str(self.port), "-w", "1"],
             "scheduler": [self._bin(), "scheduler", "-s"],
             "dag-processor": [self._bin(), "dag-processor"],
             "triggerer": [self._bin(), "triggerer", "-s"],
-        }[component]
+        }[kind]
         return procs.spawn(f"airflow {component}", argv, log=self.logfile(component),
                            pidfile=self.pidfile(component), env=self.env(), cwd=self.home)
 
@@ -160,7 +182,7 @@ class LocalAirflow:
                        for k in ("metadatabase", "scheduler", "dag_processor", "triggerer"))
 
         def alive() -> bool:
-            dead = [c for c in COMPONENTS if not self.running(c)]
+            dead = [c for c in self.components if not self.running(c)]
             if dead:
                 raise StackError(f"airflow {dead[0]} exited during start-up"
                                  f"{procs._log_tail(self.logfile(dead[0]))}")
@@ -237,9 +259,14 @@ class LocalAirflow:
                 raise StackError(f"airflow: run {run_id} of {dag_id} still {run['state']} after {timeout:.0f}s")
             time.sleep(0.5)
 
+    def kill(self, component: str) -> bool:
+        """SIGKILL ``component``'s process group, as a crash of its host would: a scheduler with its
+        LocalExecutor's workers and the tasks they run. True if it ran."""
+        return procs.kill_group(self.pidfile(component))
+
     def stop(self) -> list[str]:
         stopped = []
-        for component in reversed(COMPONENTS):
+        for component in reversed(self.components):
             if procs.stop(self.pidfile(component), timeout=30):
                 stopped.append(component)
         return stopped

@@ -2,7 +2,10 @@
 Airflow scheduler, and what landed printed (rows, bindings, the progress relation, consumer-group lag); then
 the same for a Postgres source, ``demo_shop``: transactions over two tables of the stack Postgres's
 ``demo_shop`` database, ``ingest__demo_shop`` runs, each table's collection beside the table itself, the
-``(ts, lsn)`` progress relation and the WAL the slot retains."""
+``(ts, lsn)`` progress relation and the WAL the slot retains; then an S3 source, ``demo_events``: JSON lines
+(some gzip'd) uploaded to the stack's S3 (moto) in waves, found through the bucket's event notifications in
+an SQS queue, ``ingest__demo_events`` runs, the collection beside the records the bucket holds (read from S3
+itself), and the ``(ts, key, byte_offset)`` progress relation."""
 
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ DEMO_SOURCE = "demo_orders"
 DEMO_SINK = "demo_orders_out"
 DEMO_PG_SOURCE = "demo_shop"
 DEMO_PG_DB = "demo_shop"  # a database of the stack's Postgres (wal_level=logical), the upstream of demo_shop
+DEMO_S3_SOURCE = "demo_events"
 
 
 def fill(bootstrap: str, topic: str, start: int, count: int, partitions: int = 4) -> None:
@@ -102,6 +106,8 @@ def run_demo(stack: Stack, waves: int = 2, per_wave: int = 20_000, echo: Callabl
         _show_sink(stack, sink, upper, echo)
     if DEMO_PG_SOURCE in config.sources:
         _run_postgres_demo(stack, config.sources[DEMO_PG_SOURCE], waves, max(1, per_wave // 20), echo)
+    if DEMO_S3_SOURCE in config.sources:
+        _run_s3_demo(stack, config.sources[DEMO_S3_SOURCE], waves, max(1, per_wave // 1000), echo)
     echo(f"\nAirflow UI: {stack.airflow.url}  (login admin, password in {stack.state.file})")
     echo(f'read it yourself: eval "$(.venv/bin/reclock dev env)"; .venv/bin/reclock read {spec.data_shard} --limit 5')
 
@@ -231,3 +237,70 @@ def _run_postgres_demo(stack: Stack, spec, waves: int, per_wave: int, echo: Call
     if slot is not None:
         echo(f"slot {slot_name(DEMO_PG_SOURCE)}: confirmed at {slot[0]} (the last binding's LSN {last_lsn}); "
              f"it retains {slot[1]} of WAL")
+
+
+def events_wave(client, bucket: str, prefix: str, objects: int, lines: int, seed: int) -> int:
+    """``objects`` objects of ``lines`` JSON lines each under ``prefix``, keyed by time (one gzip'd, one with a
+    space and a non-ASCII letter in its key); the records written."""
+    import gzip
+
+    rng = random.Random(seed)
+    stamp = time.strftime("%Y/%m/%d/%H%M%S", time.gmtime())
+    for k in range(objects):
+        body = b"".join(json.dumps({"event_id": seed * 1_000_000 + k * lines + i, "user": f"u{rng.randrange(500)}",
+                                    "action": rng.choice(["view", "click", "buy"]),
+                                    "at": time.strftime("%Y-%m-%dT%H:%M:%SZ")}).encode() + b"\n" for i in range(lines))
+        name = f"{prefix}{stamp}-{k:03d}" + (" café" if k == 1 else "")
+        if k == 0:
+            client.put_object(Bucket=bucket, Key=name + ".json.gz", Body=gzip.compress(body))
+        else:
+            client.put_object(Bucket=bucket, Key=name + ".json", Body=body)
+    return objects * lines
+
+
+def bucket_records(client, bucket: str, prefix: str) -> tuple[int, int]:
+    """Objects and records under ``prefix``, read from S3 itself."""
+    import gzip
+
+    objects = records = 0
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for o in page.get("Contents", ()):
+            data = client.get_object(Bucket=bucket, Key=o["Key"])["Body"].read()
+            if o["Key"].endswith(".gz"):
+                data = gzip.decompress(data)
+            objects += 1
+            records += sum(1 for line in data.splitlines() if line.strip())
+    return objects, records
+
+
+def _run_s3_demo(stack: Stack, spec, waves: int, objects: int, echo: Callable[[str], None]) -> None:
+    """Objects uploaded to the stack's S3 in waves, one ``ingest__demo_events`` run per wave (the objects are
+    found through the bucket's notifications in the SQS queue), and what landed beside the bucket itself."""
+    from reclock.persist.blob import blob_store_from_url
+
+    bucket, _, prefix = spec.s3.url[len("s3://"):].partition("/")
+    stack.s3.create_bucket(bucket)
+    _, arn = stack.s3.queue(spec.s3.queue)
+    stack.s3.notify(bucket, prefix, arn)
+    client = stack.s3.client()
+    dag_id = f"ingest__{DEMO_S3_SOURCE}"
+    stack.airflow.wait_for_dag(dag_id)
+    echo(f"\n{DEMO_S3_SOURCE}: an S3 source over {spec.s3.url}, its objects named by S3 event notifications in the "
+         f"SQS queue {spec.s3.queue}")
+    seed = int(time.time())
+    _run_waves(stack, dag_id, waves,
+               lambda i: f"uploaded {objects} objects, {events_wave(client, bucket, prefix, objects, 500, seed + i)} "
+                         "records", echo)
+    blob = blob_store_from_url(stack.blob_url)
+    in_bucket, records = bucket_records(client, bucket, prefix)
+    with connect(stack.postgres.dsn()) as conn:
+        upper = conn.execute("SELECT upper FROM reclock.shards WHERE id = %s", (spec.data_shard,)).fetchone()[0]
+        rows = _rows(conn, blob, spec.data_shard, upper - 1) if upper > 0 else 0
+        errors = _rows(conn, blob, spec.errors_shard, upper - 1) if upper > 0 else 0
+        progress = conn.execute(f'SELECT ts, key, byte_offset FROM reclock."{DEMO_S3_SOURCE}_progress" ORDER BY ts'
+                                ).fetchall()
+    echo(f"  {spec.data_shard}: {rows} rows AS OF {upper - 1} ({errors} in {spec.errors_shard}); the bucket holds "
+         f"{in_bucket} objects, {records} records under {prefix} (read from S3 itself)")
+    echo(f"SELECT * FROM reclock.{DEMO_S3_SOURCE}_progress  -- the bindings (ts, key, byte_offset):")
+    for ts, key, off in progress[-4:]:
+        echo(f"  {ts}  {key}  {off}")

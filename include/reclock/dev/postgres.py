@@ -178,3 +178,111 @@ class LocalPostgres:
         run([str(bin_dir / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop"], "pg_ctl stop",
             user=_run_as(), timeout=90)
         return True
+
+
+@dataclass
+class LocalStandby:
+    """A streaming standby of ``primary`` under ``<state>/<name>``: a ``pg_basebackup`` of it (``-R``: it
+    follows the primary), on a port of its own. ``synchronous``: the primary names it in
+    ``synchronous_standby_names``, so a commit (``synchronous_commit = on``, which Reclock's connections use)
+    returns only once the standby has it; otherwise it replicates asynchronously and may lag. ``promote`` makes
+    it a primary (a failover); :func:`failover_dsn` gives clients both hosts, libpq taking the one that
+    accepts writes."""
+
+    state: StackState
+    primary: LocalPostgres
+    name: str = "postgres_standby"
+    synchronous: bool = True
+
+    @property
+    def home(self) -> Path:
+        return self.state.dir(self.name)
+
+    @property
+    def data(self) -> Path:
+        return self.home / "data"
+
+    @property
+    def log(self) -> Path:
+        return self.home / "postgres.log"
+
+    @property
+    def port(self) -> int:
+        return self.state.port(self.name)
+
+    @property
+    def application_name(self) -> str:
+        return f"reclock_{self.name}"
+
+    def dsn(self, dbname: str = "reclock") -> str:
+        return f"postgresql://{DB_USER}:{self.primary.password}@{LOOPBACK}:{self.port}/{dbname}"
+
+    def running(self) -> bool:
+        return port_open(self.port) and (self.data / "postmaster.pid").exists()
+
+    def start(self, timeout: float = 120) -> float:
+        """Take the base backup (first start), start the standby, set the primary's synchronous standby
+        names, and wait until it streams (as a synchronous standby when ``synchronous``)."""
+        t0 = time.monotonic()
+        bin_dir = ensure_installed()
+        if not (self.data / "PG_VERSION").exists():
+            self.home.chmod(0o755)
+            self.primary._chown(self.home)
+            conninfo = (f"host={LOOPBACK} port={self.primary.port} user={DB_USER} password={self.primary.password} "
+                        f"application_name={self.application_name}")
+            run([str(bin_dir / "pg_basebackup"), "-D", str(self.data), "-X", "stream", "-R", "-c", "fast",
+                 "-d", conninfo], "pg_basebackup", user=_run_as(), timeout=300)
+            with open(self.data / "postgresql.conf", "a") as f:
+                f.write(f"\n# reclock standby\nport = {self.port}\nhot_standby = on\n")
+        self.start_server()
+        names = self.application_name if self.synchronous else ""
+        with psycopg.connect(self.primary.dsn("postgres"), autocommit=True) as conn:
+            conn.execute(f"ALTER SYSTEM SET synchronous_standby_names = '{names}'")
+            conn.execute("SELECT pg_reload_conf()")
+            want = "sync" if self.synchronous else "async"
+            deadline = time.monotonic() + timeout
+            while True:
+                row = conn.execute("SELECT state, sync_state FROM pg_stat_replication WHERE application_name = %s",
+                                   (self.application_name,)).fetchone()
+                if row == ("streaming", want):
+                    break
+                if time.monotonic() > deadline:
+                    raise StackError(f"postgres standby {self.name}: not streaming as {want} after {timeout:.0f}s "
+                                     f"(pg_stat_replication: {row}); see {self.log}")
+                time.sleep(0.2)
+        return time.monotonic() - t0
+
+    def start_server(self) -> None:
+        """Start the standby's server if it is not running (no base backup, nothing asked of the primary):
+        after a crash of the primary it comes up read-only with what it received, ready to be promoted."""
+        if not self.running():
+            self.log.touch()
+            self.primary._chown(self.log)
+            run([str(ensure_installed() / "pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-w", "-t", "60",
+                 "-o", f"-p {self.port}", "start"], "pg_ctl start (standby)", user=_run_as(), timeout=90)
+
+    def promote(self, timeout: float = 60) -> None:
+        """Make the standby a primary (``pg_ctl promote``: it stops following and accepts writes)."""
+        run([str(ensure_installed() / "pg_ctl"), "-D", str(self.data), "-w", "-t", str(int(timeout)), "promote"],
+            "pg_ctl promote", user=_run_as(), timeout=timeout + 30)
+
+    def stop(self) -> bool:
+        if not (self.data / "postmaster.pid").exists():
+            return False
+        run([str(ensure_installed() / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop"],
+            "pg_ctl stop (standby)", user=_run_as(), timeout=90)
+        return True
+
+
+def crash(server: LocalPostgres | LocalStandby) -> None:
+    """Stop ``server`` as a crash would (``pg_ctl stop -m immediate``: no shutdown checkpoint, every session
+    cut); its data stays for a later start."""
+    run([str(ensure_installed() / "pg_ctl"), "-D", str(server.data), "-m", "immediate", "-w", "stop"],
+        "pg_ctl stop -m immediate", user=_run_as(), timeout=90)
+
+
+def failover_dsn(primary: LocalPostgres, standby: LocalStandby, dbname: str = "reclock") -> str:
+    """A DSN naming both servers: libpq tries them in order and keeps the one that accepts writes
+    (``target_session_attrs=read-write``), so clients follow a promotion without a new setting."""
+    return (f"postgresql://{DB_USER}:{primary.password}@{LOOPBACK}:{primary.port},{LOOPBACK}:{standby.port}/{dbname}"
+            "?target_session_attrs=read-write")

@@ -112,6 +112,23 @@ def stop(pidfile: Path, timeout: float = 20.0) -> bool:
     return True
 
 
+def kill_group(pidfile: Path, timeout: float = 30.0) -> bool:
+    """SIGKILL the process group recorded in ``pidfile`` (a crash: no shutdown hooks) and wait until it is
+    gone; True if one was running."""
+    pid = read_pid(pidfile)
+    if pid is None:
+        return False
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return False
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and _group_alive(pid):
+        time.sleep(0.1)
+    pidfile.unlink(missing_ok=True)
+    return True
+
+
 def _group_alive(pgid: int) -> bool:
     for entry in os.listdir("/proc"):
         if not entry.isdigit():

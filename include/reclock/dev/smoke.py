@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from reclock.orchestration.health import check_kafka, check_postgres, check_spark_connect
 
-__all__ = ["check_airflow", "check_kafka", "check_postgres", "check_spark_connect"]
+__all__ = ["check_airflow", "check_kafka", "check_postgres", "check_s3", "check_spark_connect"]
 
 
 def check_airflow(airflow) -> str:
@@ -16,3 +16,18 @@ def check_airflow(airflow) -> str:
     if errors:
         raise RuntimeError(f"airflow: DAG import errors: {errors}")
     return f"API answered; DAGs: {', '.join(ids) or '(none yet)'}"
+
+
+def check_s3(s3) -> str:
+    """moto's server answers S3 (a round trip of an object) and SQS (a queue's attributes)."""
+    import uuid
+
+    c = s3.client()
+    key = f"_smoke/{uuid.uuid4().hex}"
+    c.put_object(Bucket=s3.bucket, Key=key, Body=b"ok")
+    if c.get_object(Bucket=s3.bucket, Key=key)["Body"].read() != b"ok":
+        raise RuntimeError("s3: an object read back differs from what was written")
+    c.delete_object(Bucket=s3.bucket, Key=key)
+    url, _ = s3.queue("reclock-smoke")
+    s3.client("sqs").get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])
+    return f"S3 round trip in bucket {s3.bucket} and SQS queue on {s3.endpoint_url}"

@@ -1,7 +1,8 @@
 """The whole local stack: ``up`` starts what is not running, ``down`` stops what ``up`` started.
 
-Start order: Postgres (migrated) -> Kafka -> Spark Connect -> Airflow (metadata DB in Postgres, with the
-connections ``reclock_postgres``, ``reclock_kafka``, ``reclock_spark`` and ``reclock_spark_submit``, and the
+Start order: Postgres (migrated) -> Kafka -> S3 (moto's S3 + SQS server) -> Spark Connect -> Airflow (metadata
+DB in Postgres, with the connections ``reclock_postgres``, ``reclock_kafka``, ``reclock_s3``, ``reclock_spark``
+and ``reclock_spark_submit``, and the
 settings no connection carries in its processes' environment: ``RECLOCK_CONFIG``, ``RECLOCK_BLOB_URL``,
 ``RECLOCK_SPARK_JARS``). :meth:`Stack.settings` gives every setting to the ``reclock`` commands
 (``reclock dev env``); the library never looks for the stack itself.
@@ -22,10 +23,11 @@ from reclock.dev.jars import ensure_jars
 from reclock.dev.kafka import LocalKafka
 from reclock.dev.postgres import LocalPostgres
 from reclock.dev.procs import LOOPBACK
+from reclock.dev.s3 import LocalS3
 from reclock.dev.spark import LocalSparkConnect
 from reclock.dev.state import REPO_ROOT, StackState, default_state_dir
 
-SERVICES = ("postgres", "kafka", "spark", "airflow")
+SERVICES = ("postgres", "kafka", "s3", "spark", "airflow")
 
 
 @dataclass
@@ -35,6 +37,7 @@ class Stack:
     def __post_init__(self) -> None:
         self.postgres = LocalPostgres(self.state)
         self.kafka = LocalKafka(self.state)
+        self.s3 = LocalS3(self.state, bucket="landing")
         self.spark = LocalSparkConnect(self.state)
         self.airflow = LocalAirflow(self.state, self.postgres.dsn("airflow"), self.airflow_settings())
 
@@ -62,7 +65,16 @@ class Stack:
         """Every setting of the ``reclock`` commands for this stack (``reclock dev env`` prints them)."""
         return {"RECLOCK_CONFIG": str(self.config_file), "RECLOCK_DSN": self.postgres.dsn(),
                 "RECLOCK_BLOB_URL": self.blob_url, "RECLOCK_BOOTSTRAP": self.kafka.bootstrap,
-                "RECLOCK_SPARK_REMOTE": self.spark.url, "RECLOCK_SPARK_JARS": self.spark_jars()}
+                "RECLOCK_SPARK_REMOTE": self.spark.url, "RECLOCK_SPARK_JARS": self.spark_jars(),
+                "AIRFLOW_CONN_RECLOCK_S3": self.s3_connection_uri()}
+
+    def s3_connection_uri(self) -> str:
+        """The ``reclock_s3`` connection as an Airflow connection URI (what the commands find it by)."""
+        from urllib.parse import quote
+
+        st = self.s3.settings()
+        return (f"aws://{quote(st.access_key, safe='')}:{quote(st.secret_key, safe='')}@/?endpoint_url="
+                f"{quote(self.s3.endpoint_url, safe='')}&region_name={st.region}")
 
     def shell_env(self) -> tuple[dict[str, str], list[str]]:
         """What ``reclock dev env`` exports: :meth:`settings`, the Airflow settings an ``airflow`` command
@@ -90,6 +102,11 @@ class Stack:
                 "conn_type": "generic", "host": LOOPBACK, "port": self.kafka.port,
                 "extra": '{"bootstrap.servers": "%s"}' % self.kafka.bootstrap,
                 "description": "Kafka broker (local stack)",
+            },
+            "reclock_s3": {
+                "conn_type": "aws", "login": self.s3.settings().access_key, "password": self.s3.settings().secret_key,
+                "extra": '{"endpoint_url": "%s", "region_name": "us-east-1"}' % self.s3.endpoint_url,
+                "description": "S3 API and SQS of the S3 sources (local stack: moto's server)",
             },
             "reclock_spark": {
                 "conn_type": "spark_connect", "host": LOOPBACK, "port": self.spark.port,
@@ -122,6 +139,9 @@ class Stack:
         if "kafka" in wanted:
             timings["kafka"] = self.kafka.start()
             echo(f"kafka      up on {self.kafka.bootstrap} ({timings['kafka']:.1f}s)")
+        if "s3" in wanted:
+            timings["s3"] = self.s3.start()
+            echo(f"s3         S3 and SQS (moto) on {self.s3.endpoint_url} ({timings['s3']:.1f}s)")
         if "spark" in wanted:
             timings["spark"] = self.spark.start()
             echo(f"spark      Spark Connect on {self.spark.url} ({timings['spark']:.1f}s)")
@@ -137,6 +157,8 @@ class Stack:
             echo(f"stopped airflow {name}")
         if self.spark.stop():
             echo("stopped spark connect")
+        if self.s3.stop():
+            echo("stopped s3")
         if self.kafka.stop():
             echo("stopped kafka")
         if self.postgres.stop():
@@ -146,6 +168,7 @@ class Stack:
         out = {
             "postgres": f"up {LOOPBACK}:{self.postgres.port}" if self.postgres.running() else "down",
             "kafka": f"up {self.kafka.bootstrap}" if self.kafka.running() else "down",
+            "s3": f"up {self.s3.endpoint_url}" if self.s3.running() else "down",
             "spark": f"up {self.spark.url}" if self.spark.running() else "down",
         }
         for c in COMPONENTS:
@@ -155,6 +178,7 @@ class Stack:
 
     def logs(self) -> dict[str, Path]:
         files = {"postgres": self.postgres.log, "kafka": self.kafka.log, "kafka-server": self.kafka.home / "server.log",
+                 "s3": self.s3.log,
                  "spark": self.spark.log}
         files.update({f"airflow-{c}": self.airflow.logfile(c) for c in COMPONENTS})
         return files
@@ -165,6 +189,7 @@ class Stack:
         for name, check in (
             ("postgres", lambda: smoke.check_postgres(self.postgres.dsn())),
             ("kafka", lambda: smoke.check_kafka(self.kafka.bootstrap)),
+            ("s3", lambda: smoke.check_s3(self.s3)),
             ("spark", lambda: smoke.check_spark_connect(self.spark.url)),
             ("airflow", lambda: smoke.check_airflow(self.airflow)),
         ):

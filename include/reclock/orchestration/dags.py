@@ -1,5 +1,5 @@
 """Every DAG of a Reclock config: ``ingest__<source>`` per source (``ingest_group__<group>`` per continuous
-group instead of its sources' own), ``rebuild__<source>`` per Kafka source, ``sink__<sink>`` per sink. The DAG file (``dags/reclock_ingest.py``) calls :func:`build_all` and nothing else."""
+group instead of its sources' own), ``rebuild__<source>`` per source whose kind replays its bindings, ``sink__<sink>`` per sink. The DAG file (``dags/reclock_ingest.py``) calls :func:`build_all` and nothing else."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from reclock.orchestration.ingest import build_group_dag, build_ingest_dag
 from reclock.orchestration.rebuild import build_rebuild_dag
 from reclock.settings import check_connections
 from reclock.orchestration.sinks import build_sink_dag
+from reclock.sources.registry import kind_of
 
 
 def build_all(project: Path) -> dict[str, Any]:
@@ -21,8 +22,8 @@ def build_all(project: Path) -> dict[str, Any]:
     check_connections(cfg)  # a wrong connection name is the DAG file's import error, not a task failure later
     dags = {spec.ingest_dag: build_ingest_dag(spec) for spec in cfg.sources.values() if not spec.group}
     dags.update({f"ingest_group__{g}": build_group_dag(g, members) for g, members in groups(cfg.sources).items()})
-    # a Postgres upstream keeps no history to replay: its rebuild is a fresh snapshot, not a DAG of its own
+    # a kind whose upstream keeps no history to replay (Postgres: its rebuild is a fresh snapshot) has none
     dags.update({f"rebuild__{name}": build_rebuild_dag(spec, path, Path(project) / "spark_jobs")
-                 for name, spec in cfg.sources.items() if spec.kafka is not None})
+                 for name, spec in cfg.sources.items() if kind_of(spec).rebuild_refused(spec) is None})
     dags.update({f"sink__{name}": build_sink_dag(spec) for name, spec in cfg.sinks.items()})
     return dags

@@ -11,7 +11,10 @@ Four steps run in two tasks because a task costs about a second of scheduling an
 (measured under the scheduler: 0.4 s of scheduler gap and 0.6 s in the task process around its step).
 Each step still records its own statistics and status rows. Mint runs first in the write task: its
 binding is durable before anything is written (*bindings before data*), and a retried task mints again
-(a no-op unless upstream moved) and writes again to fresh paths. Resume runs in the append task: it is
+(a no-op unless upstream moved) and writes again to fresh paths. The write task writes the pending
+descriptions for about one ``interval`` (at least one; ``cycle.mint_and_write``), the rest in the next
+run, so what a try risks stays bounded however many tries failed before it. Every task closes its
+context's Spark Connect client when it ends (``CycleContext.close``). Resume runs in the append task: it is
 short and safe to repeat, a retried task replays the append (a no-op) and resumes again. Append stays a
 task of its own, the one place that makes a cycle's parts visible.
 The task that appends emits an asset event ``reclock://<shard>`` for each shard an append of the run added
@@ -37,7 +40,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from datetime import datetime, timedelta, timezone
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from reclock import continuous, cycle
 from reclock.batch import BatchDescription, Part
@@ -69,9 +72,12 @@ def _written_from_x(x: dict) -> cycle.WrittenBatch:
                         tuple(Part(*p) for p in x.get("state", ())), x.get("prefix"))
 
 
-def _context(spec: SourceSpec) -> cycle.CycleContext:
+@contextlib.contextmanager
+def _context(spec: SourceSpec, *, reads_upstream: bool = True,
+             writes_collections: bool = True) -> Iterator[cycle.CycleContext]:
     """The task's cycle context: the settings, the run's ``max_records``; a backfill's run is told it is one
-    catch-up (see the module)."""
+    catch-up (see the module). When the task's work ends (failed or not) the datasets it read and wrote are
+    reported to OpenLineage and the context is closed (``CycleContext.close``)."""
     run = current_run()
     what = f"source {spec.name}"
     check_conf(what, run.conf, PARAMS["ingest"])
@@ -81,7 +87,17 @@ def _context(spec: SourceSpec) -> cycle.CycleContext:
         rebuild = f"backfill rebuild__{spec.name} over it" if refused is None else f"none can: {refused}"
         log.info("%s: a backfill's run is one catch-up cycle at the current time (bindings are never minted in "
                  "the past); to re-derive the updates of a past range, %s", what, rebuild)
-    return cycle_context(spec, {"max_records": max_records} if max_records else None, run_id=run.run_id)
+    ctx = cycle_context(spec, {"max_records": max_records} if max_records else None, run_id=run.run_id)
+    try:
+        yield ctx
+    finally:
+        try:
+            if reads_upstream:
+                _read_upstream(ctx)
+            if writes_collections:
+                _write_collections(ctx)
+        finally:
+            ctx.close()
 
 
 def _read_upstream(ctx: cycle.CycleContext) -> None:
@@ -111,6 +127,7 @@ def build_ingest_dag(spec: SourceSpec):
     with DAG(
         dag_id=f"ingest__{spec.name}",
         description=(f"Ingest Kafka topic {spec.kafka.topic} into {spec.name}" if spec.kafka is not None else
+                     f"Ingest the objects of {spec.s3.url} into {spec.name}" if spec.s3 is not None else
                      f"Ingest Postgres publication {spec.postgres.publication} into {spec.name}__<table>")
         + " exactly once (one run = one cycle)",
         schedule=(ReclockTimetable(spec.interval_s) if spec.schedule == "interval" else
@@ -124,30 +141,20 @@ def build_ingest_dag(spec: SourceSpec):
 
         if spec.schedule == "upstream":
             def cycle_task() -> dict:
-                ctx = _context(spec)
-                try:
+                with _context(spec) as ctx:
                     out = cycle.run_cycle(ctx)
-                finally:
-                    _read_upstream(ctx)
-                    _write_collections(ctx)
                 return {**out, "offsets": {str(k): v for k, v in out["offsets"].items()}, "added": _emit(spec, ctx)}
 
             ReclockTask(task_id="cycle", python_callable=cycle_task, outlets=[appends_alias(spec.name)])
         else:
             def write_task() -> list[dict]:
-                ctx = _context(spec)
-                try:
-                    return [_written_to_x(cycle.write_batches(ctx, d)) for d in cycle.mint(ctx).descriptions]
-                finally:
-                    _read_upstream(ctx)
+                with _context(spec, writes_collections=False) as ctx:
+                    return [_written_to_x(w) for w in cycle.mint_and_write(ctx, run_s=spec.interval_s)]
 
             def append_task(written: list[dict]) -> dict:
-                ctx = _context(spec)
-                try:
+                with _context(spec, reads_upstream=False) as ctx:
                     outcomes = [str(o) for w in written for o in cycle.append(ctx, _written_from_x(w))]
                     res = cycle.resume(ctx)
-                finally:
-                    _write_collections(ctx)
                 return {"outcomes": outcomes, "resumption": res.resumption,
                         "offsets": {str(k): v for k, v in res.offsets.items()}, "since": res.since,
                         "added": _emit(spec, ctx)}
@@ -179,12 +186,8 @@ def _continuous_dag(spec: SourceSpec):
     ) as dag:
 
         def cycles_task() -> dict:
-            ctx = _context(spec)
-            try:
+            with _context(spec) as ctx:
                 out = continuous.run_cycles(ctx, spec.lease_s, idle_s=spec.poll_s, resume_s=spec.resume_s)
-            finally:
-                _read_upstream(ctx)
-                _write_collections(ctx)
             return {**out, "added": _emit(spec, ctx)}
 
         ReclockTask(task_id="cycles", python_callable=cycles_task, outlets=[appends_alias(spec.name)],
@@ -214,14 +217,11 @@ def build_group_dag(group: str, specs: Sequence[SourceSpec]):
     ) as dag:
 
         def cycles_task() -> dict:
-            contexts = [_context(s) for s in specs]
-            members = [continuous.Member(ctx, idle_s=s.poll_s, resume_s=s.resume_s) for ctx, s in zip(contexts, specs)]
-            try:
+            with contextlib.ExitStack() as stack:
+                contexts = [stack.enter_context(_context(s)) for s in specs]
+                members = [continuous.Member(ctx, idle_s=s.poll_s, resume_s=s.resume_s)
+                           for ctx, s in zip(contexts, specs)]
                 out = continuous.run_group(group, members, lease_s)
-            finally:
-                for ctx in contexts:
-                    _read_upstream(ctx)
-                    _write_collections(ctx)
             return {"sources": out, "added": {s.name: _emit(s, ctx) for ctx, s in zip(contexts, specs)}}
 
         ReclockTask(task_id="cycles", python_callable=cycles_task, outlets=[appends_alias(s.name) for s in specs],

@@ -330,7 +330,11 @@ def upstream_asset(spec) -> Any:
     """The Asset ``ingest__<source>`` is scheduled on when the source's schedule is ``upstream``."""
     from airflow.sdk import Asset, AssetWatcher
 
-    if spec.postgres is not None:
+    if spec.s3 is not None:
+        from reclock.sources.s3.trigger import upstream_trigger
+
+        trigger: BaseEventTrigger = upstream_trigger(spec)
+    elif spec.postgres is not None:
         trigger: BaseEventTrigger = PublicationChanged(
             source=spec.name, publication=spec.postgres.publication, connection=spec.postgres.connection,
             dsn_env=spec.postgres.dsn_env, poll=spec.poll_s)

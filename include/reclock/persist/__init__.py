@@ -18,7 +18,28 @@ savepoint when the caller already has one open). Every query is parameterised; n
 identifiers are validated (``names``) and quoted with ``psycopg.sql.Identifier``.
 """
 
+import time
+
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
+
+CONNECT_RETRY_S = 20.0
+"""How long :func:`connect` keeps trying while the server cannot take connections yet (a restart, a
+failover's promotion): a step started meanwhile waits it out instead of failing after its other work."""
+
+TRANSIENT = ("starting up", "not yet accepting connections", "shutting down", "in recovery mode",
+             "Connection refused", "server closed the connection unexpectedly", "timeout expired",
+             "session is read-only", "hot standby mode")
+"""What libpq says when the server is (re)starting, stopping or unreachable for now, or (a DSN naming a
+primary and its standby, ``target_session_attrs=read-write``) no server accepts writes yet: a failover's
+promotion under way."""
+
+NETWORK_DEFAULTS = {"connect_timeout": "10", "keepalives": "1", "keepalives_idle": "30",
+                    "keepalives_interval": "10", "keepalives_count": "3", "tcp_user_timeout": "60000"}
+"""libpq settings every consensus connection gets unless its DSN sets them: a connection attempt gives up
+after 10 s, an idle connection whose peer vanished (a black-holed network) is found dead after about a
+minute of unanswered keepalives, and a request the server never acknowledges fails after 60 s
+(``tcp_user_timeout``) instead of the kernel's ~15 minutes of retransmissions."""
 
 
 def connect(dsn: str) -> psycopg.Connection:
@@ -29,8 +50,22 @@ def connect(dsn: str) -> psycopg.Connection:
     A server (or database, or role) set to ``synchronous_commit = off`` acknowledges a commit before its
     WAL is flushed, and a crash then forgets it: an append a sink has already exported, or a frontier a
     slot has already been advanced to. So where the setting is ``off`` the session turns it ``on``
-    (``local`` and the replication levels already flush locally and are kept)."""
-    conn = psycopg.connect(dsn, autocommit=True)
+    (``local`` and the replication levels already flush locally and are kept).
+
+    While the server cannot take connections yet (:data:`TRANSIENT`) it tries again for up to
+    :data:`CONNECT_RETRY_S`; the DSN gets :data:`NETWORK_DEFAULTS` for what it does not set."""
+    given = conninfo_to_dict(dsn)
+    extra = {k: v for k, v in NETWORK_DEFAULTS.items() if k not in given}
+    deadline, pause = time.monotonic() + CONNECT_RETRY_S, 0.1
+    while True:
+        try:
+            conn = psycopg.connect(dsn, autocommit=True, **extra)
+            break
+        except psycopg.OperationalError as e:
+            if time.monotonic() + pause > deadline or not any(t in str(e) for t in TRANSIENT):
+                raise
+            time.sleep(pause)
+            pause = min(2 * pause, 2.0)
     try:
         conn.execute("SELECT set_config('synchronous_commit', 'on', false) "
                      "WHERE current_setting('synchronous_commit') = 'off'")

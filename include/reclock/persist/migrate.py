@@ -18,9 +18,10 @@ from importlib import resources
 import psycopg
 from psycopg.pq import TransactionStatus
 
-from reclock.errors import MigrationError
+from reclock.errors import MigrationError, SchemaVersionMismatch
 
-__all__ = ["Migration", "MigrationError", "available", "applied", "migrate"]
+__all__ = ["Migration", "MigrationError", "SchemaVersionMismatch", "available", "applied", "check_schema",
+           "migrate"]
 
 LOCK_KEY = 0x7265636C6F636B  # "reclock" as a bigint: the advisory lock every migrator takes
 _FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
@@ -75,6 +76,27 @@ def _check_applied(done: dict[int, tuple[str, str]], shipped: list[Migration]) -
                 f"migration {version:04d}_{m.name} was changed after it was applied (checksum "
                 f"{checksum[:12]} in the database, {m.checksum[:12]} in the file); restore the file and add "
                 "a new migration instead of editing an applied one")
+
+
+_CHECKED: set[str] = set()
+"""The databases (by DSN) whose schema :func:`check_schema` found current in this process."""
+
+
+def check_schema(conn: psycopg.Connection, key: str | None = None) -> None:
+    """Raise :class:`~reclock.errors.SchemaVersionMismatch` unless the database holds exactly the migrations
+    this release ships: an older schema needs ``reclock migrate``; a newer one was migrated by a newer release
+    and must not be run by this one (a rollback is refused, not attempted). With ``key`` (the DSN), a
+    database found current is not asked again in this process: cycles and sinks call it as they start."""
+    if key is not None and key in _CHECKED:
+        return
+    done = applied(conn)
+    shipped = {m.version: m for m in available()}
+    unknown = [f"{v:04d}_{n}" for v, (n, _) in sorted(done.items()) if v not in shipped]
+    missing = [f"{m.version:04d}_{m.name}" for v, m in sorted(shipped.items()) if v not in done]
+    if unknown or missing:
+        raise SchemaVersionMismatch(missing, unknown)
+    if key is not None:
+        _CHECKED.add(key)
 
 
 def migrate(target: str | psycopg.Connection) -> list[int]:

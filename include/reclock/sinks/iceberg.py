@@ -102,6 +102,7 @@ from reclock.failpoints import failpoint
 from reclock.part_layout import DATA_KIND, INTERNAL_PREFIX
 from reclock.persist import blob as blobs
 from reclock.persist import connect
+from reclock.persist.migrate import check_schema
 from reclock.persist.objectstore import S3Settings, pyiceberg_options
 from reclock.persist.parquet import column_stats, holds_type
 from reclock.persist.shards import (BatchRow, acquire_read_hold, downgrade_read_hold, release_read_hold,
@@ -371,6 +372,8 @@ class IcebergSink:
         from pyiceberg.exceptions import NoSuchTableError
 
         spec = self.ctx.spec
+        with self.ctx.connect() as conn:
+            check_schema(conn, self.ctx.dsn)
         self.catalog = load_catalog(self.ctx.catalog, spec.catalog)
         self.catalog.create_namespace_if_not_exists(spec.namespace)
         try:
@@ -384,11 +387,13 @@ class IcebergSink:
         if found.frontier is not None and not fresh:
             with self.ctx.connect() as conn:
                 upper = shard_info(conn, spec.collection).upper
-                if found.frontier > upper:  # the table was written from another shard (rebuilt, another database)
+                if found.frontier > upper:  # written from another shard, or the database went back
                     raise SinkRefused(spec.name, f"table {spec.table} says frontier {found.frontier}, beyond "
-                                      f"{spec.collection}'s upper {upper}: it was not written from this "
-                                      "collection, and resuming would skip the times in between; start it "
-                                      "fresh (`--fresh`) to rewrite the table")
+                                      f"{spec.collection}'s upper {upper}: it was written from another collection "
+                                      "(a rebuild, another database), or the consensus database lost commits it "
+                                      "had acknowledged (a failover to an asynchronous standby, a restored backup; "
+                                      "docs/operations.md, Consensus failover), and resuming would skip or repeat "
+                                      "the times in between; start it fresh (`--fresh`) to rewrite the table")
                 try:  # frontier <= since: the shard was compacted past what the table holds
                     acquire_read_hold(conn, spec.collection, spec.holder, found.frontier - 1)
                 except SinceViolation:

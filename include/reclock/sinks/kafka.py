@@ -34,11 +34,12 @@ import pyarrow as pa
 
 from reclock import compaction
 from reclock.config import SinkSpec
-from reclock.errors import ReclockError, SinceViolation, SinkRefused
+from reclock.errors import AcknowledgedStateLost, ReclockError, SinceViolation, SinkRefused
 from reclock.ahead import read_ahead as _ahead
 from reclock.failpoints import failpoint
 from reclock.persist import blob as blobs
 from reclock.persist import connect
+from reclock.persist.migrate import check_schema
 from reclock.persist.shards import acquire_read_hold, downgrade_read_hold, release_read_hold, shard_info
 from reclock.persist.status import record_statistics, record_status
 from reclock.read import UpdateReader, read_as_of, updates_parts
@@ -267,6 +268,8 @@ class KafkaSink:
 
     def start(self, fresh: bool = False) -> None:
         def go() -> None:
+            with self.ctx.connect() as conn:
+                check_schema(conn, self.ctx.dsn)
             ensure_topics(self.ctx)
             self.producer = _producer(self.ctx)
             self.producer.init_transactions(60)  # fences older instances; their open transaction is aborted
@@ -370,6 +373,9 @@ def _write_on(ctx: SinkContext, producer, begin: _Begin, conn) -> SinkResult:
     frontier, version = begin.frontier, begin.version
     txns = messages = nbytes = 0
     upper = shard_info(conn, spec.collection).upper
+    if upper < frontier:
+        raise AcknowledgedStateLost(f"sink {spec.name}", f"its progress record says frontier {frontier}",
+                                    f"{spec.collection} up to {upper}")
     t0 = time.monotonic()
     topic, produce = spec.kafka.topic, producer.produce
     max_messages, max_bytes = spec.budget.max_messages, spec.budget.max_bytes

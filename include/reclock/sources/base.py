@@ -167,6 +167,15 @@ class JointJobs(ABC):
         for on its own, as a job of its own would be)."""
 
 
+@dataclass(frozen=True)
+class Acknowledged:
+    """What resume has told upstream it may drop (:meth:`SourceRuntime.acknowledged`), and where it is, for a
+    message: ``where`` names the place (``consumer group reclock-orders has committed offsets``)."""
+
+    frontier: PartitionedFrontier
+    where: str
+
+
 class SourceRuntime(ABC):
     """A kind's half of one cycle context: its upstream client and what it keeps for the context's steps.
     Made once per context by :meth:`SourceKind.open`; the cycle calls it inside its steps (each step holds
@@ -252,6 +261,12 @@ class SourceRuntime(ABC):
         """Tell upstream it may drop everything below ``frontier`` (the offset resumption frontier): commit
         it to a consumer group, advance a replication slot; or nothing, where upstream has no such notion.
         Never backwards; on idle cycles too."""
+
+    def acknowledged(self) -> Acknowledged | None:
+        """What :meth:`commit` has told upstream so far (read upstream, not from consensus): mint checks it
+        is not beyond what consensus holds (``cycle.check_acknowledged``: a database that went back). None
+        where upstream keeps nothing of ours."""
+        return None
 
     def compact(self, conn: Any, since: int) -> None:
         """In resume, in the connection ``conn``, after the remap collection was compacted to ``since``:
@@ -358,15 +373,12 @@ class SourceKind(ABC):
         ``partition 0 offset 40``; Postgres: ``LSN 0/16B3748``."""
         return f"partition {partition} offset {offset}"
 
-    def progress_cells(self, partition: int, offset: int) -> tuple[str, ...]:
-        """A binding's remap offset row as the cells of :attr:`progress_columns` after ``ts``."""
-        return (str(partition), str(offset))
-
     lag_unit: ClassVar[str] = "records"
     """The unit of :meth:`lag` and of the distance between two bindings' offsets (the page's lag plot)."""
 
     @abstractmethod
-    def lag(self, spec: SourceSpec, upstream: Any, timeout: float) -> Lag:
+    def lag(self, spec: SourceSpec, given: Any, timeout: float) -> Lag:
         """How far upstream is ahead of what the source committed, for ``reclock status`` and the UI page,
-        probed within ``timeout`` seconds; ``Lag(None, why)`` where it is not probed. May raise (the status
-        report turns a failure into an unknown lag with the reason)."""
+        probed within ``timeout`` seconds (upstream found by :meth:`find_upstream` with ``given``: a command's
+        option for it, or None); ``Lag(None, why)`` where it is not probed. May raise (the status report
+        turns a failure into an unknown lag with the reason)."""

@@ -10,8 +10,9 @@ from reclock.errors import ConfigError
 from reclock.sources.base import SourceKind
 from reclock.sources.kafka.kind import KAFKA
 from reclock.sources.postgres.kind import POSTGRES
+from reclock.sources.s3.kind import S3
 
-KINDS: dict[str, SourceKind] = {k.name: k for k in (KAFKA, POSTGRES)}
+KINDS: dict[str, SourceKind] = {k.name: k for k in (KAFKA, POSTGRES, S3)}
 """Every kind by name (its config section's key)."""
 
 

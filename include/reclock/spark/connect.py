@@ -18,6 +18,15 @@ derived from the source's name and a :data:`WINDOW_S` time window:
   rebuild beside a cycle) are supported by Spark Connect.
 
 A URL that names a ``session_id`` itself is used as it is.
+
+**When the server goes away.** PySpark's client retries a call that finds the server unreachable for at
+least ten minutes (its ``DefaultPolicy``), and at interpreter exit it sends one more call (its ML cache
+clean-up) under the same policy. A task whose Connect server was restarted (its session and jobs are gone
+with the old driver) would wait that long for a step that can only fail, and a finished task process that
+long to exit. So a Reclock session retries for about a minute (:data:`RETRY`), :func:`close` ends a
+session's client without the exit call (and without releasing the server-side session other processes
+share), and :func:`session_lost` tells an error that means the session is gone (the next step must attach
+anew) from any other.
 """
 
 from __future__ import annotations
@@ -64,9 +73,53 @@ def shared_session(url: str, scope: str):
         shared = with_session_id(url, shared_session_id(scope))
         url = shared if _accepted(shared) else url
     session = SparkSession.builder.remote(url).getOrCreate()
+    session.client.set_retry_policies([retry_policy()])
     for key, value in SESSION_CONF.items():
         session.conf.set(key, value)
     return session
+
+
+RETRY = {"max_retries": 15, "initial_backoff": 50, "backoff_multiplier": 4.0, "max_backoff": 5000}
+"""PySpark's retry policy with its waits capped at 5 s: 15 retries wait 0.05, 0.2, 0.8, 3.2 s and then 5 s each,
+about a minute in all (PySpark's own default caps them at 60 s: at least ten minutes)."""
+
+LOST_MARKERS = ("INVALID_HANDLE", "NO_ACTIVE_SESSION", "StatusCode.UNAVAILABLE", "RETRIES_EXCEEDED",
+                "closed channel")
+"""What the errors of a session that is gone say: the server restarted or forgot it
+(``INVALID_HANDLE.SESSION_CHANGED``, ``SESSION_NOT_FOUND``, ``SESSION_CLOSED``, ``OPERATION_NOT_FOUND``), no
+session is active, the server cannot be reached (``UNAVAILABLE`` after the retries), or the client was closed
+(gRPC: "Cannot invoke RPC on closed channel")."""
+
+
+def retry_policy():
+    """:data:`RETRY` as PySpark's ``DefaultPolicy`` (which errors it retries is PySpark's choice)."""
+    from pyspark.sql.connect.client.retries import DefaultPolicy
+
+    return DefaultPolicy(**RETRY)
+
+
+def session_lost(error: BaseException) -> bool:
+    """Whether ``error`` (or an error it was raised from) says the Spark Connect session is gone, so a step
+    must attach anew rather than use it again (see :data:`LOST_MARKERS`)."""
+    seen: set[int] = set()
+    e: BaseException | None = error
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if any(m in f"{type(e).__name__}: {e}" for m in LOST_MARKERS):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def close(session) -> None:
+    """End a Spark Connect session's client: its channel closed, the session no longer the process's default
+    (a later ``getOrCreate`` makes a new one), no call at interpreter exit, and the server-side session left
+    alone (other processes share it; the server's idle timeout closes it). A session in this process (not a
+    Connect one) is left alone too: it is the process's, not the caller's."""
+    if getattr(session, "client", None) is None:
+        return
+    session.release_session_on_close = False
+    session.stop()
 
 
 def _accepted(url: str) -> bool:

@@ -65,6 +65,9 @@ def driver_session(master: str | None = None, app: str = "reclock", conf: dict[s
         # has reclock; pyspark's default is whatever `python3` the PATH finds
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     if master is not None:
+        # this process's Python runs the session's Python tasks (an S3 source's readers), not whatever
+        # `python3` is on the PATH
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         builder = builder.master(master)
         settings.update(LOCAL_CONF)
     jars = spark_jars()

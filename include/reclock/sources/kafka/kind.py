@@ -38,7 +38,7 @@ from reclock.persist.staged import collect_parts, first_rejected, read_state_cha
 from reclock.persist.upsert_state import apply_changes, load_prior
 from reclock.remap import RemapCollection
 from reclock.settings import find_bootstrap
-from reclock.sources.base import (CycleServices, JointJobs, JointSlice, Lag, SourceKind, SourceRuntime,
+from reclock.sources.base import (Acknowledged, CycleServices, JointJobs, JointSlice, Lag, SourceKind, SourceRuntime,
                                   WrittenBatch)
 from reclock.sources.kafka import spark_job
 from reclock.sources.kafka.upstream import KafkaUpstream
@@ -179,6 +179,10 @@ class KafkaSource(SourceRuntime):
     def commit(self, frontier: PartitionedFrontier) -> None:
         self.upstream().commit(self.ctx.spec.consumer_group, frontier)
 
+    def acknowledged(self) -> Acknowledged:
+        group = self.ctx.spec.consumer_group
+        return Acknowledged(self.upstream().acknowledged(group), f"consumer group {group} has committed offsets")
+
 
 class KafkaJointJobs(JointJobs):
     """Append-only slices of Kafka sources of the same format and metadata columns, in one Spark job
@@ -225,8 +229,8 @@ class KafkaKind(SourceKind):
         return UpstreamMoved(source=spec.name, topic=spec.kafka.topic, connection=spec.kafka.connection,
                              bootstrap=spec.kafka.bootstrap, poll=spec.poll_s)
 
-    def lag(self, spec, upstream: Any, timeout: float) -> Lag:
-        up = KafkaUpstream(spec.name, upstream, spec.kafka.topic, timeout=timeout)
+    def lag(self, spec, given: Any, timeout: float) -> Lag:
+        up = KafkaUpstream(spec.name, self.find_upstream(spec, given), spec.kafka.topic, timeout=timeout)
         end = up.probe_upper()
         committed = up.committed(spec.consumer_group)
         return Lag(sum(max(0, o - committed.get(p)) for p, o in end), f"group {spec.consumer_group}")

@@ -27,14 +27,10 @@ from reclock.config import SourceSpec
 from reclock.part_layout import (DATA_OUTPUT, ERR_PREFIX, ERROR_COLUMNS, ERRORS_OUTPUT, MEMBER_COLUMN, PACKED_BASE64,
                                  REJECTED_COLUMN, STATE_COLUMNS, STATE_OUTPUT, STATE_PREFIX)
 from reclock.sources.base import JointSlice
+from reclock.spark.decode import AVRO_OK, CORRUPT, ERROR_SOURCES, PACKED, data_schema, decoded, field_names
 from reclock.spark.jobs import observation, observed, sql_ident, sql_string
 from reclock.spark.reclocking import BindingRange, reclocked
 
-CORRUPT = "_reclock_corrupt"
-AVRO_OK = "_reclock_ok"
-
-# where each error / state column comes from among the decoded rows' raw columns (see ``_decoded``)
-_ERROR_SOURCES = tuple(zip(ERROR_COLUMNS, ("_p", "_o", "_k", "_v", "_reason")))
 _STATE_SOURCES = tuple(zip(STATE_COLUMNS, ("_k", "_v", "_p", "_o", "_t_us")))
 PRIOR_SCHEMA = "key BINARY, value BINARY, partition INT, offset BIGINT, timestamp_us BIGINT"
 
@@ -72,32 +68,10 @@ def _is_librdkafka(key: str) -> bool:
     return "." in key and not key.startswith(("spark.", "kafka."))
 
 
-def field_names(spec: SourceSpec) -> list[str]:
-    """The names of the decoded value's columns (before metadata columns)."""
-    if spec.format.type == "avro":
-        return spec.format.avro_fields
-    return [f.name for f in data_schema(spec).fields]
-
-
-def data_schema(spec: SourceSpec):
-    """The Spark schema of the decoded value for json, csv, text and bytes."""
-    from pyspark.sql import types as T
-
-    if spec.format.type == "text":
-        return T.StructType([T.StructField("text", T.StringType())])
-    if spec.format.type == "bytes":
-        return T.StructType([T.StructField("data", T.BinaryType())])
-    if spec.format.type == "avro":
-        raise ValueError("an Avro source's schema is its .avsc; see field_names")
-    return _parsed_schema(spec.format.schema)
-
-
-@functools.lru_cache(maxsize=64)
-def _parsed_schema(ddl: str):
-    """The DDL parsed (by the JVM: a few dozen calls, so once per schema text)."""
-    from pyspark.sql import types as T
-
-    return T._parse_datatype_string(ddl)
+def kafka_meta(spec: SourceSpec) -> list[str]:
+    """The metadata columns a Kafka source's collection carries (``include:``), as SQL over its records."""
+    names = {"key": "_key", "timestamp": "_kafka_timestamp"}
+    return [f"{sql_ident(m)} AS {sql_ident(names.get(m, f'_{m}'))}" for m in spec.include]
 
 
 def _read_kafka(spark, spec: SourceSpec, bootstrap: str, ranges: Sequence[OffsetRange]):
@@ -115,72 +89,6 @@ def _reclocked(spark, spec: SourceSpec, bootstrap: str, ranges: Sequence[OffsetR
     if read_metrics is not None:
         raw = raw.observe(read_metrics, F.count(F.lit(1)).alias("records"))
     return reclocked(spark, raw, ranges, bindings)
-
-
-def _decoded(spec: SourceSpec, df):
-    """``df`` (Kafka columns plus ``ts``) decoded: the collection's columns (fields, then metadata), ``ts``,
-    the raw record as ``_k, _v, _p, _o, _t``, ``_reason`` (why the value does not decode, else null) and
-    ``_raw``: the value of a record that does not decode. For JSON and CSV that is the parser's
-    corrupt-record column (the same bytes) rather than ``value``: ``from_json`` and ``from_csv`` run
-    outside Spark's generated code, in a projection that copies every column it passes on, so an
-    append-only slice, which needs the value only for its rejected records, does not pass the value
-    (~200 bytes a record) through it.
-
-    Built as SQL expression text, one ``selectExpr`` (a plan of a few JVM calls, not hundreds)."""
-    ftype = spec.format.type
-    d = sql_ident("_d")
-    raw = "value"
-    if ftype in ("json", "csv"):
-        from pyspark.sql import types as T
-
-        # PERMISSIVE parsing with a corrupt-record column: a value that does not parse (or does not fit
-        # the declared types) keeps its text there, and becomes an error row
-        schema = data_schema(spec)
-        with_corrupt = T.StructType(schema.fields + [T.StructField(CORRUPT, T.StringType())])
-        opts = f"map('mode', 'PERMISSIVE', 'columnNameOfCorruptRecord', {sql_string(CORRUPT)})"
-        if ftype == "json":
-            decode = f"from_json(CAST(value AS STRING), {sql_string(with_corrupt.json())}, {opts})"
-        else:
-            ddl = ", ".join(f"{sql_ident(f.name)} {f.dataType.simpleString()}" for f in with_corrupt.fields)
-            decode = f"from_csv(CAST(value AS STRING), {sql_string(ddl)}, {opts})"
-        df = df.selectExpr("*", f"{decode} AS {d}")
-        # the corrupt-record column is null on a null value, and holds the value's bytes on a bad one
-        reason = (f"CASE WHEN {d}.{sql_ident(CORRUPT)} IS NOT NULL "
-                  f"THEN {sql_string(f'value does not parse as {ftype.upper()} of the declared schema')} END")
-        raw = f"CAST({d}.{sql_ident(CORRUPT)} AS BINARY)"
-        cols = [f"{d}.{sql_ident(f)} AS {sql_ident(f)}" for f in field_names(spec)]
-    elif ftype == "avro":
-        from pyspark.sql import functions as F
-        from pyspark.sql.avro.functions import from_avro
-
-        # the reader schema adds a field with a default: it is true on every record that decodes and null
-        # when PERMISSIVE mode gives up on a malformed one (an all-null record stays distinguishable)
-        writer = json.loads(spec.format.schema)
-        reader = dict(writer, fields=writer["fields"] + [{"name": AVRO_OK, "type": "boolean", "default": True}])
-        payload = F.col("value") if spec.format.wire == "plain" else F.expr("substring(value, 6)")
-        df = df.withColumn("_d", from_avro(payload, json.dumps(writer),
-                                           {"mode": "PERMISSIVE", "avroSchema": json.dumps(reader)}))
-        arms = ["WHEN value IS NULL THEN NULL"]
-        if spec.format.wire == "confluent":
-            arms.append("WHEN length(value) < 5 OR substring(value, 1, 1) != X'00' THEN "
-                        + sql_string("value has no Confluent wire header (magic byte 0 and a schema id)"))
-        arms.append(f"WHEN {d}.{sql_ident(AVRO_OK)} IS NULL THEN "
-                    + sql_string("value does not decode as Avro of the declared schema"))
-        reason = f"CASE {' '.join(arms)} END"
-        cols = [f"{d}.{sql_ident(f)} AS {sql_ident(f)}" for f in field_names(spec)]
-    elif ftype == "text":
-        # invalid UTF-8 cannot round trip through a string: such a record is an error
-        reason = ("CASE WHEN value IS NOT NULL AND encode(CAST(value AS STRING), 'UTF-8') != value "
-                  f"THEN {sql_string('value is not valid UTF-8')} END")
-        cols = ["CAST(value AS STRING) AS text"]
-    else:
-        reason = "NULL"
-        cols = ["value AS data"]
-
-    names = {"key": "_key", "timestamp": "_kafka_timestamp"}
-    meta = [f"{sql_ident(m)} AS {sql_ident(names.get(m, f'_{m}'))}" for m in spec.include]
-    return df.selectExpr(*cols, *meta, "ts", "key AS _k", "value AS _v", "partition AS _p", "offset AS _o",
-                         "timestamp AS _t", f"CAST({reason} AS STRING) AS _reason", f"{raw} AS _raw")
 
 
 def _typed_null(col: str):
@@ -204,10 +112,10 @@ def reclock_and_decode(spark, spec: SourceSpec, bootstrap: str, ranges: Sequence
     """
     from pyspark.sql import functions as F
 
-    dec = _decoded(spec, _reclocked(spark, spec, bootstrap, ranges, bindings, read_metrics))
+    dec = decoded(spec, _reclocked(spark, spec, bootstrap, ranges, bindings, read_metrics), kafka_meta(spec))
     data_cols = output_columns(spec)[0][:-2]
     if spec.envelope != "upsert":
-        packed = ", ".join(f"{sql_string(c)}, {_PACKED.get(c, raw)}" for c, raw in _ERROR_SOURCES)
+        packed = ", ".join(f"{sql_string(c)}, {PACKED.get(c, raw)}" for c, raw in ERROR_SOURCES)
         return dec.selectExpr(
             *map(sql_ident, data_cols), "ts", "CAST(1 AS BIGINT) AS diff",
             f"CASE WHEN _reason IS NOT NULL THEN to_json(named_struct({packed})) END AS {REJECTED_COLUMN}")
@@ -219,7 +127,7 @@ def reclock_and_decode(spark, spec: SourceSpec, bootstrap: str, ranges: Sequence
         "key", "value", "partition", "offset", F.timestamp_micros("timestamp_us").alias("timestamp"),
         F.lit(-1).cast("long").alias("ts"))
     records = (dec.withColumn("_reason", reason).withColumn("_prior", F.lit(False))
-               .unionByName(_decoded(spec, before).withColumn("_prior", F.lit(True))))
+               .unionByName(decoded(spec, before, kafka_meta(spec)).withColumn("_prior", F.lit(True))))
     bad = F.col("_reason").isNotNull()
     # per key (good records only: bad ones sit in their own window partitions and pass through), the last
     # record at each ts wins; then each row's predecessor is the value it replaces
@@ -232,7 +140,7 @@ def reclock_and_decode(spark, spec: SourceSpec, bootstrap: str, ranges: Sequence
                .filter(~F.col("_prior")))
 
     no_data = {c: _typed_null(c) for c in data_cols}
-    no_error = {ERR_PREFIX + c: _typed_null(raw) for c, raw in _ERROR_SOURCES}
+    no_error = {ERR_PREFIX + c: _typed_null(raw) for c, raw in ERROR_SOURCES}
     no_state = {STATE_PREFIX + c: _typed_null(raw) for c, raw in _STATE_SOURCES}
 
     def emit(when, output: int, diff: int, data: dict, error: dict, state: dict):
@@ -244,7 +152,7 @@ def reclock_and_decode(spark, spec: SourceSpec, bootstrap: str, ranges: Sequence
         emit(~bad & F.col("_v").isNotNull(), DATA_OUTPUT, 1, {c: F.col(c) for c in data_cols}, no_error, no_state),
         emit(~bad & F.col("_prev").getField("_v").isNotNull(), DATA_OUTPUT, -1,
              {c: F.col("_prev").getField(c) for c in data_cols}, no_error, no_state),
-        emit(bad, ERRORS_OUTPUT, 1, no_data, {ERR_PREFIX + c: F.col(raw) for c, raw in _ERROR_SOURCES}, no_state),
+        emit(bad, ERRORS_OUTPUT, 1, no_data, {ERR_PREFIX + c: F.col(raw) for c, raw in ERROR_SOURCES}, no_state),
         emit(~bad & F.col("_next_ts").isNull(), STATE_OUTPUT, 0, no_data, no_error,
              {STATE_PREFIX + c: F.col(raw) for c, raw in _STATE_SOURCES}),
     ]
@@ -264,9 +172,6 @@ def output_columns(spec: SourceSpec) -> tuple[list[str], list[str]]:
     """Columns each shard's parts carry: ``(data shard, errors shard)``; both end with ts, diff."""
     meta = [{"key": "_key", "timestamp": "_kafka_timestamp"}.get(m, f"_{m}") for m in spec.include]
     return field_names(spec) + meta + ["ts", "diff"], [ERR_PREFIX + c for c in ERROR_COLUMNS] + ["ts", "diff"]
-
-
-_PACKED = {c: f"base64({raw})" for c, raw in _ERROR_SOURCES if c in PACKED_BASE64}
 
 
 def write_slice(spark, spec: SourceSpec, bootstrap: str, ranges: Sequence[OffsetRange],

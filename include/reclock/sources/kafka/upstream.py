@@ -92,6 +92,10 @@ class KafkaUpstream:
         finally:
             consumer.close()
 
+    def acknowledged(self, group: str) -> PartitionedFrontier:
+        """What resume has acknowledged upstream: ``group``'s committed offsets."""
+        return self.committed(group)
+
     def committed(self, group: str) -> PartitionedFrontier:
         """The offsets ``group`` has committed (absent partitions at 0)."""
         consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": group,

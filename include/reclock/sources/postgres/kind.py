@@ -36,7 +36,8 @@ from reclock.persist.shards import Append, compare_and_append, register_shard, s
 from reclock.read import read_as_of
 from reclock.remap import RemapCollection
 from reclock.settings import find_upstream_dsn
-from reclock.sources.base import CycleServices, Lag, SourceKind, SourceRuntime, WrittenBatch, human_bytes
+from reclock.sources.base import (Acknowledged, CycleServices, Lag, SourceKind, SourceRuntime, WrittenBatch,
+                                  human_bytes)
 from reclock.sources.postgres import cdc
 from reclock.sources.postgres import spark_snapshot
 from reclock.sources.postgres.registration import register_tables, registered_tables, replace_tables, snapshot_ts
@@ -103,6 +104,10 @@ class PostgresSource(SourceRuntime):
 
     def commit(self, frontier: PartitionedFrontier) -> None:
         self.upstream().commit(frontier)
+
+    def acknowledged(self) -> Acknowledged:
+        up = self.upstream()
+        return Acknowledged(up.acknowledged(), f"replication slot {up.slot} is confirmed at")
 
     def register(self) -> None:
         """Register the source: its tables (oids and columns, once; ``reclock.sources.postgres.registration``),
@@ -338,13 +343,10 @@ class PostgresKind(SourceKind):
     def position_text(self, partition: int, offset: int) -> str:
         return f"LSN {lsn_to_str(offset)}"
 
-    def progress_cells(self, partition: int, offset: int) -> tuple[str, ...]:
-        return (lsn_to_str(offset),)
-
-    def lag(self, spec, upstream: Any, timeout: float) -> Lag:
+    def lag(self, spec, given: Any, timeout: float) -> Lag:
         """The WAL the server flushed beyond the slot's confirmed position (bytes; what the next cycle has
         to look at), with the WAL the slot retains (from its restart LSN) in ``detail``."""
-        up = PostgresUpstream(spec.name, upstream, spec.postgres.publication, timeout=timeout)
+        up = PostgresUpstream(spec.name, self.find_upstream(spec, given), spec.postgres.publication, timeout=timeout)
         with up.session() as conn:
             state = up.slot_state(conn)
             flush = up.flush_lsn(conn)

@@ -249,6 +249,12 @@ class PostgresUpstream:
             self.healthy_slot(conn)
             return lsn_frontier(self.flush_lsn(conn))
 
+    def acknowledged(self) -> PartitionedFrontier:
+        """What resume has acknowledged upstream: the slot's confirmed position (nothing if there is no slot)."""
+        with self.session() as conn:
+            state = self.slot_state(conn)
+        return lsn_frontier(state.confirmed_flush) if state is not None else PartitionedFrontier.of({})
+
     def check_retained(self, conn, needed_from: int) -> SlotState:
         """``SlotLost`` unless the slot still holds every transaction committed at or after ``needed_from``."""
         state = self.healthy_slot(conn)

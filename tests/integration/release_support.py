@@ -1,0 +1,69 @@
+"""The previous release, installed from the repository's own history: its wheel built from the commit that
+ended it and installed, alone, into a venv of its own (cached under ``.reclock/cache``), so a test can write
+state with it and continue with the checkout.
+
+Which commit ends the previous release: the repository has no tags and its version never moved (0.1.0), so a
+release is what landed on main at the end of a round of work, verified by a full suite on a fresh clone.
+Round 2 ended at ``0422d11`` ("landed · CI passed", the issue tracker's stop 28): main's HEAD when round 3
+began, and the state every deployment of round 2 runs. The next release moves :data:`PREVIOUS_RELEASE`.
+
+The venv sees the checkout venv's dependencies through a ``.pth`` line (as ``test_package`` does): a release
+pins the same Airflow, Spark and client versions, and reinstalling them would cost minutes. A ``.pth`` line
+processes none of that folder's own ``.pth`` files, so the checkout's editable install stays out of sight.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tarfile
+import io
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+PREVIOUS_RELEASE = "0422d11211d55077fa282cf4dcdf3b2f6aeb2e8b"
+
+
+def previous_release(cache: Path | None = None, commit: str = PREVIOUS_RELEASE) -> Path:
+    """The venv of ``commit``'s wheel (built and installed on first use, then reused); its ``bin/reclock`` is
+    that release's command and its ``bin/python`` imports that release's ``reclock``."""
+    root = (cache or REPO / ".reclock" / "cache") / f"release-{commit[:12]}-py{sys.version_info[0]}{sys.version_info[1]}"
+    venv, done = root / "venv", root / "installed"
+    if done.exists() and (venv / "bin" / "reclock").exists():
+        return venv
+    shutil.rmtree(root, ignore_errors=True)
+    src = root / "src"
+    src.mkdir(parents=True)
+    have = subprocess.run(["git", "-C", str(REPO), "cat-file", "-e", f"{commit}^{{commit}}"], capture_output=True)
+    if have.returncode != 0:
+        raise RuntimeError(f"the previous release's commit {commit} is not in this clone's history (a shallow "
+                           "clone?): `git fetch --unshallow` or clone the whole repository")
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", commit, "pyproject.toml",
+                              "README.md", "include/reclock"], check=True, capture_output=True, timeout=120).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(src, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(root / "dist"), f"{src}/"],
+                   check=True, capture_output=True, timeout=600)
+    (wheel,) = (root / "dist").glob("reclock-*.whl")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    site = Path(subprocess.run([venv / "bin" / "python", "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                               check=True, capture_output=True, text=True).stdout.strip())
+    (site / "_project_dependencies.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    subprocess.run([*pip, "--python", str(venv / "bin" / "python"), "install", "--no-deps", "--no-index", str(wheel)],
+                   check=True, capture_output=True, timeout=300)
+    shutil.rmtree(src)
+    done.write_text(f"{commit}\n{wheel.name}\n")
+    return venv
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The environment of a release's command: no PYTHONPATH (the checkout must not leak in), no RECLOCK_* or
+    Airflow settings of the test session, then ``extra``."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("RECLOCK_", "AIRFLOW", "PYTHON", "PYSPARK", "SPARK_HOME"))}
+    env.update({"SPARK_LOCAL_IP": "127.0.0.1", **extra})
+    return env

@@ -1,0 +1,60 @@
+"""Which errors mean a Spark Connect session is gone (``reclock.spark.connect.session_lost``), and how long a
+Reclock session retries an unreachable server (``RETRY``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from reclock.spark.connect import RETRY, retry_policy, session_lost
+
+
+class GrpcLike(Exception):
+    """Stands for the errors PySpark raises (their text is what ``session_lost`` reads)."""
+
+
+@pytest.mark.parametrize("text", [
+    "[INVALID_HANDLE.SESSION_CHANGED] The handle 99536ffd is invalid. The existing Spark server driver "
+    "instance has restarted. Please reconnect. SQLSTATE: HY000",
+    "[INVALID_HANDLE.SESSION_NOT_FOUND] The handle 5170 is invalid. Session not found.",
+    "[INVALID_HANDLE.OPERATION_NOT_FOUND] The handle x is invalid. Operation not found.",
+    "[NO_ACTIVE_SESSION] No active Spark session found. Please create a new Spark session",
+    "<_MultiThreadedRendezvous of RPC that terminated with: status = StatusCode.UNAVAILABLE "
+    'details = "failed to connect to all addresses"',
+    "[RETRIES_EXCEEDED] The maximum number of retries has been exceeded.",
+    "Cannot invoke RPC on closed channel!",
+])
+def test_errors_of_a_session_that_is_gone(text):
+    assert session_lost(GrpcLike(text))
+
+
+@pytest.mark.parametrize("text", [
+    "[PATH_NOT_FOUND] Path does not exist: file:/x",
+    "[UNRESOLVED_COLUMN.WITH_SUGGESTION] A column with name `idd` cannot be resolved",
+    "Job aborted due to stage failure: Task 0 in stage 3.0 failed 4 times",
+])
+def test_other_errors_keep_the_session(text):
+    assert not session_lost(GrpcLike(text))
+
+
+def test_a_cause_or_context_counts_and_cycles_end():
+    try:
+        try:
+            raise GrpcLike("[INVALID_HANDLE.SESSION_CHANGED] restarted")
+        except GrpcLike as inner:
+            raise RuntimeError("write_batches: slice 0 failed") from inner
+    except RuntimeError as outer:
+        assert session_lost(outer)
+    a, b = RuntimeError("a"), RuntimeError("b")
+    a.__context__, b.__context__ = b, a  # a cycle of contexts: still an answer
+    assert not session_lost(a)
+
+
+def test_an_unreachable_server_is_retried_for_about_a_minute_not_ten():
+    """The waits PySpark's policy takes with Reclock's settings (without jitter): about a minute in all."""
+    waits, backoff = [], RETRY["initial_backoff"]
+    for _ in range(RETRY["max_retries"]):
+        waits.append(min(backoff, RETRY["max_backoff"]))
+        backoff *= RETRY["backoff_multiplier"]
+    assert 45_000 <= sum(waits) <= 75_000
+    policy = retry_policy()
+    assert (policy.max_retries, policy.max_backoff) == (RETRY["max_retries"], RETRY["max_backoff"])
