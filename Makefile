@@ -1,12 +1,13 @@
 # The two commands of the README:
 #   make demo   set up everything, bring the local stack up, smoke-check it, run ingest cycles through Airflow
 #   make test   set up everything, run the test suite (what .ci/run calls)
+# make test-deployment: the long deployment-shaped fault tests (their short versions are in make test)
 # and the stack's own: make up / down / status / logs.
 
 VENV := .venv/bin
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-unit bench up down status logs clean
+.PHONY: setup demo test test-unit test-deployment bench up down status logs clean
 
 setup:
 	@bash scripts/bootstrap.sh
@@ -19,6 +20,9 @@ test: setup
 
 bench: setup
 	@SPARK_LOCAL_IP=127.0.0.1 $(VENV)/python -m benchmarks.run --size $(or $(SIZE),quick) --reps $(or $(REPS),1)
+
+test-deployment: setup
+	@SPARK_LOCAL_IP=127.0.0.1 $(VENV)/pytest --deployment -m deployment $(PYTEST_ARGS)
 
 test-unit: setup
 	@$(VENV)/pytest tests/unit $(PYTEST_ARGS)

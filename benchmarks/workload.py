@@ -79,8 +79,10 @@ def fast_producer(bootstrap: str):
                      "acks": "1", "enable.idempotence": False, "log_level": 2})
 
 
-def produce_backlog(bootstrap: str, label: str, topic: str, records: int) -> Backlog:
-    """Create ``topic`` with :data:`PARTITIONS` partitions and fill it with ``records`` records, round robin.
+def produce_backlog(bootstrap: str, label: str, topic: str, records: int, keys: int | None = None) -> Backlog:
+    """Create ``topic`` with :data:`PARTITIONS` partitions and fill it with ``records`` records, round robin;
+    with ``keys``, record ``i`` has the key ``k<i % keys>`` (so an upsert source's later records of a key
+    retract its earlier ones).
 
     Checks afterwards that the partitions' end offsets add up to ``records`` (nothing lost)."""
     create_topic(bootstrap, topic)
@@ -90,12 +92,13 @@ def produce_backlog(bootstrap: str, label: str, topic: str, records: int) -> Bac
     created = int(time.time() * 1000)
     for i in range(records):
         value = record(i, created)
+        key = None if keys is None else b"k%d" % (i % keys)
         total += len(value)
         try:
-            produce(topic, value, partition=i % PARTITIONS)
+            produce(topic, value, key, partition=i % PARTITIONS)
         except BufferError:
             producer.poll(0.1)
-            produce(topic, value, partition=i % PARTITIONS)
+            produce(topic, value, key, partition=i % PARTITIONS)
         if i % 50_000 == 0:
             producer.poll(0)
     if producer.flush(600) != 0:

@@ -34,6 +34,25 @@ hypothesis.settings.load_profile("reclock")
 
 _db_counter = itertools.count()
 
+DEPLOYMENT = ("deployment tests (long faults of a deployment's shape) run with `make test-deployment` "
+              "(pytest --deployment); `make test` runs their short versions")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--deployment", action="store_true", default=False,
+                     help="also run the tests marked deployment (the long cluster, scheduler, failover, upgrade "
+                          "and network-fault runs; `make test-deployment`)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``deployment`` are skipped (with the command that runs them) unless ``--deployment``."""
+    if config.getoption("--deployment"):
+        return
+    skip = pytest.mark.skip(reason=DEPLOYMENT)
+    for item in items:
+        if "deployment" in item.keywords:
+            item.add_marker(skip)
+
 
 @pytest.fixture(scope="session")
 def stack_state():

@@ -7,22 +7,26 @@ updates consolidated (summed by row and time, zeros dropped). Nobody can tell: a
 of the updates above ``since`` never sees them. The I/O half (reading and writing parts, swapping the batch
 rows in Postgres) is :mod:`reclock.persist.compact`.
 
-Consolidation groups with pyarrow's ``group_by``: nulls are one key (``null == null``), and floats are
-compared bit for bit (every NaN bit pattern is its own key, ``-0.0`` is not ``0.0``). That is an
-equivalence, so consolidating in two steps (compaction, then a read) sums exactly what one step would.
+Consolidation groups bit for bit (:mod:`reclock.bitexact`): nulls are one key (``null == null``), floats
+are compared by their bits (every NaN bit pattern is its own key, ``-0.0`` is not ``0.0``), nested values
+(structs, lists, maps) by their encoding, every float in them by its bits. That is an equivalence, so
+consolidating in two steps (compaction, then a read) sums exactly what one step would, and every row that
+comes out holds the bits of the updates it sums.
 """
 
 from __future__ import annotations
 
 from typing import Iterable, Protocol, Sequence, TypeVar
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from reclock.batch import BatchDescription
+from reclock.bitexact import group_keys
 
 __all__ = ["compaction_candidates", "plan_compaction", "merged_description", "advance", "has_retractions",
-           "consolidate", "contents_as_of"]
+           "consolidate", "contents_as_of", "sum_by_row"]
 
 
 class PartRow(Protocol):
@@ -113,22 +117,33 @@ def has_retractions(updates: pa.Table) -> bool:
 
 def consolidate(updates: pa.Table, advance_to: int | None = None) -> pa.Table:
     """``updates`` (data columns, ``ts``, ``diff``) with every ``ts < advance_to`` advanced to ``advance_to``,
-    then summed by ``(data..., ts)`` with the rows whose ``diff`` sums to 0 dropped. Same columns, same
-    order, same types and metadata; the row order is unspecified.
-
-    Data columns pyarrow cannot group by (lists, structs, maps) leave the updates unconsolidated (only
-    advanced, and rows with ``diff`` 0 dropped): still correct, just not smaller.
+    then summed by ``(data..., ts)`` bit for bit with the rows whose ``diff`` sums to 0 dropped. Same
+    columns, same order, same types and metadata; the row order is unspecified.
     """
     schema = updates.schema
     if advance_to is not None:
         updates = advance(updates, advance_to)
-    keys = [n for n in schema.names if n != "diff"]
-    if updates.num_rows == 0 or any(pa.types.is_nested(schema.field(k).type) for k in keys):
-        return updates.filter(pc.not_equal(updates["diff"], 0))
-    summed = updates.group_by(keys, use_threads=False).aggregate([("diff", "sum")])
-    summed = summed.rename_columns([*keys, "diff"]).select(schema.names)
+    if updates.num_rows == 0:
+        return updates
+    summed = sum_by_row(updates, [n for n in schema.names if n != "diff"]).select(schema.names)
     summed = summed.filter(pc.not_equal(summed["diff"], 0))
     return summed.cast(schema)
+
+
+def sum_by_row(updates: pa.Table, keys: list[str]) -> pa.Table:
+    """``updates``' ``diff`` summed over the rows whose columns ``keys`` hold the same bits (nulls equal):
+    one row per distinct ``keys``, the columns ``keys`` and ``diff``, each value the bits of the rows it
+    sums. Columns pyarrow groups by their bits are grouped as they are; nested ones by their encoding
+    (:func:`reclock.bitexact.group_keys`), their values taken from the first row of each group."""
+    keyed, by = group_keys(updates.select([*keys, "diff"]), keys)
+    if by == keys:
+        summed = keyed.group_by(keys, use_threads=False).aggregate([("diff", "sum")])
+        return pa.table({**{k: summed[k] for k in keys}, "diff": summed["diff_sum"]})
+    keyed = keyed.append_column("_reclock_row", pa.array(np.arange(keyed.num_rows, dtype=np.int64)))
+    summed = keyed.group_by(by, use_threads=False).aggregate([("diff", "sum"), ("_reclock_row", "min")])
+    rows = summed["_reclock_row_min"]
+    return pa.table({**{k: summed[k] if k == b else updates[k].take(rows) for k, b in zip(keys, by)},
+                     "diff": summed["diff_sum"]})
 
 
 def contents_as_of(updates: pa.Table | None, t: int) -> pa.Table:
@@ -140,6 +155,5 @@ def contents_as_of(updates: pa.Table | None, t: int) -> pa.Table:
     keys = [c for c in updates.column_names if c not in ("ts", "diff")]
     if not keys:
         return pa.table({"diff": [pc.sum(updates["diff"]).as_py() or 0]})
-    grouped = updates.group_by(keys, use_threads=False).aggregate([("diff", "sum")])
-    grouped = grouped.rename_columns([*keys, "diff"])
+    grouped = sum_by_row(updates, keys)
     return grouped.filter(pc.not_equal(grouped["diff"], 0))

@@ -80,17 +80,17 @@ METADATA = ("partition", "offset", "key", "timestamp", "headers")
 REBUILDS = ("task", "spark_submit")
 ERRORS_SUFFIX = "_errors"
 """A source's error collection is the shard ``<source>_errors``."""
-_DURATION = re.compile(r"^(\d+)(ms|s|m|h)$")
+_DURATION = re.compile(r"^(\d+)(ms|s|m|h|d)$")
 
 
 def parse_duration(value: Any, what: str) -> float:
-    """``30s`` / ``500ms`` / ``5m`` / ``1h`` / a number of seconds -> seconds."""
+    """``30s`` / ``500ms`` / ``5m`` / ``1h`` / ``4d`` / a number of seconds -> seconds."""
     if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
         return float(value)
     m = _DURATION.match(str(value).strip())
     if not m or int(m.group(1)) <= 0:
-        raise ConfigError(f"{what}: {value!r} is not a duration like 500ms, 30s, 5m or 1h")
-    return int(m.group(1)) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[m.group(2)]
+        raise ConfigError(f"{what}: {value!r} is not a duration like 500ms, 30s, 5m, 1h or 4d")
+    return int(m.group(1)) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
 
 
 @dataclass(frozen=True)

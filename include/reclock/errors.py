@@ -311,6 +311,16 @@ class SlotBusy(ReclockError):
                          "another cycle of this source runs, this one changed nothing")
 
 
+class ValueNotCarried(ReclockError):
+    """A reader or sink would change values on their way (a type its engine or format cannot hold bit for
+    bit), so it refuses instead."""
+
+    def __init__(self, where: str, column: str, what: str, remedy: str) -> None:
+        self.where = where
+        self.column = column
+        super().__init__(f"{where}: column {column}: {what}; nothing was read or written ({remedy})")
+
+
 class ObjectLost(UpstreamDataLost):
     """An object of an S3 source (or a file of a folder source) that is bound, and not read in full yet, is
     gone upstream (deleted, or its folder removed): its bytes are gone and will not be skipped silently."""

@@ -13,6 +13,12 @@ a rebuild replaced, internal columns, and updates with ``diff`` rather than rows
    dropped. When the parts' footers show that no update retracts (every ``diff`` is 1, as in an append-only
    collection) the rows are taken as they are, without an aggregation.
 
+Consolidation is bit for bit, as ``read_as_of``'s and compaction's (``reclock.compaction``): an engine's own
+grouping is not (Spark and DuckDB put ``0.0`` and ``-0.0``, and every NaN, in one group), so each groups
+by a bit-exact key instead and carries every value through as it was (``reclock.bitexact``). A column
+DuckDB would read as another type (a decimal wider than 38 digits becomes a DOUBLE there) is refused with
+``ValueNotCarried``; Spark refuses such a column itself.
+
 ::
 
     with read_table("orders", as_of=t) as r:            # the hold lasts for the block
@@ -37,15 +43,22 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
-from reclock.errors import BeyondUpper, NothingComplete, ReclockError, SinceViolation, UnknownReadHold
+from reclock.bitexact import duckdb_key, spark_key
+from reclock.errors import (BeyondUpper, NothingComplete, ReclockError, SinceViolation, UnknownReadHold,
+                            ValueNotCarried)
 from reclock.part_layout import own_columns
 from reclock.persist import connect
 from reclock.persist.blob import BlobStore, FsspecBlobStore
 from reclock.persist.parquet import check_rows, column_stats, may_retract
 from reclock.persist.shards import (BatchRow, acquire_read_hold, batches, release_read_hold, renew_read_hold,
                                     shard_info)
+
+MAX_ENGINE_DECIMAL = 38
+"""The most digits a decimal of Spark or DuckDB holds (Reclock writes wider ones for ``numeric(p, s)`` with
+``p`` above it: ``read_as_of`` reads them; Spark refuses them; DuckDB would read them as DOUBLE)."""
 
 READ_LEASE_S = 600.0
 """How long a reader's hold lasts without renewal. :class:`TableRead` renews it every third of this while
@@ -74,6 +87,7 @@ class PartList:
     multiples: bool  # some part may hold a diff above 1 (identical rows consolidated by compaction)
     schema_path: str | None  # a part of the shard to take the columns from when ``paths`` is empty
     uniform: bool = True  # every part has the same columns and types (no schema merging needed)
+    wide_decimals: tuple[str, ...] = ()  # the shard's columns that are decimals of more than 38 digits
 
 
 def _footer(blob: BlobStore, row: BatchRow) -> tuple[bool, bool, Any]:
@@ -102,8 +116,12 @@ def list_parts(conn, blob: BlobStore, shard: str, as_of: int, lower: int = 0) ->
     if not rows:
         every = batches(conn, shard)
         schema_path = every[-1].path if every else None
+    own, renames = own_columns(info.kind, sorted({f.name for s in schemas for f in s}))
+    wide = sorted({renames.get(f.name, f.name) for s in schemas for f in s if f.name in own
+                   and pa.types.is_decimal(f.type) and f.type.precision > MAX_ENGINE_DECIMAL})
     return PartList(shard, info.kind, as_of, lower, tuple(b.path for b in rows), sum(b.rows for b in rows),
-                    retractions, multiples, schema_path, all(s.equals(schemas[0]) for s in schemas[1:]))
+                    retractions, multiples, schema_path, all(s.equals(schemas[0]) for s in schemas[1:]),
+                    tuple(wide))
 
 
 def _holder() -> str:
@@ -278,11 +296,34 @@ def spark_frame(spark, parts: PartList, blob: BlobStore, updates: bool = False) 
         return df
     data = [F.col(f"`{c}`") for c in df.columns if c not in ("ts", "diff")]
     if parts.retractions:
-        df = df.groupBy(*data).agg(F.sum("diff").alias("diff")).where(F.col("diff") > 0)
+        df = _spark_consolidated(df).where(F.col("diff") > 0)
     elif not parts.multiples:
         return df.select(*data)
     return df.select(*data, F.explode(F.sequence(F.lit(1), F.col("diff").cast("int"))).alias("_reclock_n")) \
         .drop("_reclock_n")
+
+
+def _spark_consolidated(df) -> Any:
+    """``df``'s updates summed by row bit for bit: grouped by each data column where Spark's grouping is bit
+    for bit, else by its key (:func:`reclock.bitexact.spark_key`, computed in a projection below the
+    aggregation: the reflective call in it is nondeterministic to Spark, which allows it there only), with
+    the column's value carried through (``any_value``: every row of a group holds the same bits); the data
+    columns, in order, and ``diff``."""
+    from pyspark.sql import functions as F
+
+    fields = [f for f in df.schema.fields if f.name not in ("ts", "diff")]
+    keys = {}
+    for i, f in enumerate(fields):
+        key = spark_key(F.col(f"`{f.name}`"), f.dataType)
+        if key is not None:
+            keys[f.name] = key.alias(f"_reclock_key_{i}")
+    if not keys:
+        return df.groupBy(*[F.col(f"`{f.name}`") for f in fields]).agg(F.sum("diff").alias("diff"))
+    keyed = df.select(*[F.col(f"`{f.name}`") for f in fields], "diff", *keys.values())
+    groups = [F.col(f"_reclock_key_{i}" if f.name in keys else f"`{f.name}`") for i, f in enumerate(fields)]
+    carried = [F.any_value(F.col(f"`{name}`")).alias(name) for name in keys]
+    summed = keyed.groupBy(*groups).agg(F.sum("diff").alias("diff"), *carried)
+    return summed.select(*[F.col(f"`{f.name}`") for f in fields], "diff")
 
 
 def _sql_str(s: str) -> str:
@@ -307,16 +348,25 @@ def duckdb_relation(con, parts: PartList, blob: BlobStore) -> Any:
         urls = [f"{blob.protocol}://{blob._p(p)}" for p in paths]
     else:
         urls = [blob.url(p) for p in paths]
+    if parts.wide_decimals:
+        raise ValueNotCarried(f"collection {parts.shard}", parts.wide_decimals[0],
+                              f"a decimal of more than {MAX_ENGINE_DECIMAL} digits, which DuckDB reads as a "
+                              "DOUBLE (rounded)", "read it with `reclock read` or reclock.read.read_as_of")
     src = f"read_parquet([{', '.join(map(_sql_str, urls))}], union_by_name = true, hive_partitioning = false)"
-    names = [r[0] for r in con.sql(f"DESCRIBE SELECT * FROM {src}").fetchall()]
-    own, renames = own_columns(parts.kind, names)
+    scan = con.sql(f"SELECT * FROM {src}")
+    own, renames = own_columns(parts.kind, scan.columns)
+    types = dict(zip(scan.columns, scan.types))
     cols = ", ".join(f"{_ident(c)} AS {_ident(renames.get(c, c))}" for c in own)
-    data = [_ident(renames.get(c, c)) for c in own if renames.get(c, c) not in ("ts", "diff")]
+    data = [(_ident(renames.get(c, c)), types[c]) for c in own if renames.get(c, c) not in ("ts", "diff")]
     where = f"ts <= {int(parts.as_of)} AND ts >= {int(parts.lower)}" + ("" if parts.paths else " AND false")
     base = f"SELECT {cols} FROM {src}"
-    sel = ", ".join(data)
+    sel = ", ".join(c for c, _ in data)
     if parts.retractions:
-        agg = f"SELECT {sel}, sum(diff)::BIGINT AS _reclock_n FROM ({base}) WHERE {where} GROUP BY ALL HAVING sum(diff) > 0"
+        # bit for bit: grouped by each column and, where DuckDB's own equality is not, by its key beside it
+        # (reclock.bitexact); a group's value is its first row's, bits and all
+        by = ", ".join([c for c, _ in data] + [k for k in (duckdb_key(c, t) for c, t in data) if k is not None])
+        agg = (f"SELECT {sel}, sum(diff)::BIGINT AS _reclock_n FROM ({base}) WHERE {where} GROUP BY {by} "
+               "HAVING sum(diff) > 0")
         return con.sql(f"SELECT {sel} FROM ({agg}) AS a, range(a._reclock_n)")
     if parts.multiples:
         return con.sql(f"SELECT {sel} FROM ({base}) AS a, range(a.diff::BIGINT) WHERE {where}")

@@ -169,3 +169,32 @@ def test_an_upstream_session_is_lent_like_a_consensus_connection(db, monkeypatch
         with up.session() as g:
             assert g is not f and f.closed
     assert g.closed
+
+
+def test_a_consensus_connection_gives_up_on_a_server_that_does_not_answer(db, monkeypatch):
+    """A request the server never answers (here: a query outlasting the bound; on a network, a black hole)
+    ends after RECLOCK_PG_TIMEOUT_S with OperationalError, and the connection is closed, not reused."""
+    import time
+
+    import psycopg
+
+    monkeypatch.setenv("RECLOCK_PG_TIMEOUT_S", "1")
+    conn = connect(db)
+    try:
+        assert conn.execute("SELECT 1").fetchone() == (1,)  # an answer within the bound: untouched
+        t0 = time.monotonic()
+        with pytest.raises(psycopg.OperationalError, match=r"no answer from the server in 1 s"):
+            conn.execute("SELECT pg_sleep(30)")
+        assert time.monotonic() - t0 < 15
+        assert conn.closed
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("raw", ["soon", "0", "-3", "nan"])
+def test_a_bad_answer_timeout_is_refused_with_what_to_set(db, monkeypatch, raw):
+    from reclock.errors import SettingError
+
+    monkeypatch.setenv("RECLOCK_PG_TIMEOUT_S", raw)
+    with pytest.raises(SettingError, match=r"RECLOCK_PG_TIMEOUT_S must be a (positive )?number of seconds, got"):
+        connect(db)

@@ -9,6 +9,10 @@ accepts writes through one DSN naming both (``failover_dsn``).
   (acknowledging their progress upstream: the consumer group, the slot, the progress topic), the primary
   crashes and the standby, which lacks those commits, is promoted. Each of them stops with
   ``AcknowledgedStateLost`` naming what went back, and mints nothing.
+
+``make test`` runs the synchronous failover short (one sink step before the crash, one after, 100 records a
+wave); ``make test-deployment`` the long one (two before, three after, 200 a wave). The asynchronous test is
+short already and runs in both.
 """
 
 from __future__ import annotations
@@ -86,7 +90,12 @@ def _check_sink(sink_ctx: SinkContext, ctx) -> None:
     assert read_progress(sink_ctx.bootstrap, sink_ctx.spec.progress_topic, sink_ctx.spec.name).frontier == upper
 
 
-def test_synchronous_standby_promoted_mid_cycle_loses_nothing_acknowledged(pair, kafka, topic, spark, tmp_path):
+@pytest.mark.parametrize("shape", [(100, 1, 1), pytest.param((200, 2, 3), marks=pytest.mark.deployment)],
+                         ids=["short", "long"])
+def test_synchronous_standby_promoted_mid_cycle_loses_nothing_acknowledged(pair, kafka, topic, spark, tmp_path,
+                                                                           shape):
+    """``shape``: (records a wave, sink steps before the crash, sink steps after the promotion)."""
+    wave, before, after_steps = shape
     primary, state = pair
     standby = LocalStandby(state, primary, synchronous=True)
     standby.start()
@@ -112,26 +121,27 @@ def test_synchronous_standby_promoted_mid_cycle_loses_nothing_acknowledged(pair,
                 sink = None
                 time.sleep(0.2)
 
-    _produce(kafka, name, range(0, 200))
+    _produce(kafka, name, range(0, wave))
     worker = threading.Thread(target=loop, daemon=True)
     worker.start()
     try:
         deadline = time.monotonic() + 300
-        while done["sink"] < 2 and time.monotonic() < deadline:
+        while done["sink"] < before and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert done["sink"] >= 2, f"no cycles before the failover: {errors[-3:]}"
-        _produce(kafka, name, range(200, 400))  # a cycle is under way on them when the primary crashes
+        assert done["sink"] >= before, f"no cycles before the failover: {errors[-3:]}"
+        _produce(kafka, name, range(wave, 2 * wave))  # a cycle is under way on them when the primary crashes
         time.sleep(0.3)
         with connect(primary.dsn()) as conn:
             acked = load_remap(conn, "fo_sync").bindings
         crash(primary)
         standby.promote()
         after = dict(done)
-        _produce(kafka, name, range(400, 600))
+        _produce(kafka, name, range(2 * wave, 3 * wave))
         deadline = time.monotonic() + 300
-        while done["sink"] < after["sink"] + 3 and time.monotonic() < deadline:
+        while done["sink"] < after["sink"] + after_steps and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert done["sink"] >= after["sink"] + 3, f"cycles did not carry on after the promotion: {errors[-3:]}"
+        assert done["sink"] >= after["sink"] + after_steps, \
+            f"cycles did not carry on after the promotion: {errors[-3:]}"
     finally:
         stop.set()
         worker.join(300)
@@ -145,7 +155,7 @@ def test_synchronous_standby_promoted_mid_cycle_loses_nothing_acknowledged(pair,
     sink = KafkaSink(sink_ctx)
     sink.start()
     sink.step()
-    check_invariants(ctx, set(range(600)))  # every record once at its binding's ts; group offsets = resumption
+    check_invariants(ctx, set(range(3 * wave)))  # every record once at its binding's ts; group offsets = resumption
     _check_sink(sink_ctx, ctx)
 
 

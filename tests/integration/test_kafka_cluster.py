@@ -4,7 +4,10 @@ while its nodes are SIGKILLed and started again: the leader of a partition the s
 transaction coordinator of the sink's ``transactional.id``, and the active controller. Records keep
 arriving (an idempotent producer, ``acks=all``), cycles keep minting and sinks keep committing; each step
 completes or fails within its bound (none waits forever), and at the end every record is in the collection
-once at its binding's timestamp and in the sink's topic once, in timestamp order."""
+once at its binding's timestamp and in the sink's topic once, in timestamp order.
+
+``make test`` runs the short version (one kill: the node that is the sink's coordinator and leads a source
+partition); ``make test-deployment`` the long one (each role's node in turn)."""
 
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import time
 from dataclasses import replace
 
 import pyarrow.compute as pc
+import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from ingest_support import check_invariants, make_ctx
@@ -82,20 +86,53 @@ class Steps(threading.Thread):
             time.sleep(0.2)
 
 
+@pytest.mark.deployment
 def test_exactly_once_while_leaders_the_coordinator_and_the_controller_are_killed(
         kafka_cluster, db, spark, tmp_path):
-    bootstrap = kafka_cluster.bootstrap
-    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
-    for fut in admin.create_topics([NewTopic("kc_src", 3), NewTopic("kc_out", 3)]).values():
-        fut.result(60)  # replication factor: the cluster's default, 3
-    assert all(len(p.replicas) == 3 for p in admin.list_topics("kc_src", timeout=10).topics["kc_src"].partitions.values())
+    """The long version (``make test-deployment``): each role's node killed in turn."""
+    def plan(spec, src):
+        return [("leader of %s/0" % src, lambda: kafka_cluster.leader(src, 0)),
+                ("transaction coordinator", lambda: kafka_cluster.transaction_coordinator(spec.transactional_id)),
+                ("active controller", kafka_cluster.active_controller)]
 
-    ctx = make_ctx(db, kafka_cluster, spark, tmp_path, "kc_src", name="kc", budget={"max_records": 400})
+    killed = _exactly_once_while_killed(kafka_cluster, db, spark, tmp_path, "kcl", plan)
+    assert {r for r, _ in killed} == {"leader of kcl_src/0", "transaction coordinator", "active controller"}
+
+
+def test_exactly_once_while_the_coordinators_node_which_leads_a_source_partition_is_killed(
+        kafka_cluster, db, spark, tmp_path):
+    """The short version (in ``make test``): one kill, of the node that is the sink's transaction coordinator
+    and (three partitions led by three nodes) the leader of a partition the source reads; the active
+    controller too if it is that node."""
+    def plan(spec, src):
+        def node() -> int:
+            n = kafka_cluster.transaction_coordinator(spec.transactional_id)
+            led = [p for p in range(3) if kafka_cluster.leader(src, p) == n]
+            assert led, f"node {n} leads no partition of {src}: the kill would not hit a source's leader"
+            return n
+        return [("transaction coordinator and a source partition's leader", node)]
+
+    killed = _exactly_once_while_killed(kafka_cluster, db, spark, tmp_path, "kcs", plan)
+    assert len(killed) == 1
+
+
+def _exactly_once_while_killed(kafka_cluster, db, spark, tmp_path, tag: str, plan) -> list[tuple[str, int]]:
+    """A source over ``<tag>_src`` and its sink to ``<tag>_out`` run back to back while ``plan(sink spec,
+    source topic)``'s nodes are killed in turn, each started again after 3 s; then the oracle. Returns what
+    was killed (role, node)."""
+    bootstrap = kafka_cluster.bootstrap
+    src, out = f"{tag}_src", f"{tag}_out"
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    for fut in admin.create_topics([NewTopic(src, 3), NewTopic(out, 3)]).values():
+        fut.result(60)  # replication factor: the cluster's default, 3
+    assert all(len(p.replicas) == 3 for p in admin.list_topics(src, timeout=10).topics[src].partitions.values())
+
+    ctx = make_ctx(db, kafka_cluster, spark, tmp_path, src, name=tag, budget={"max_records": 400})
     ctx = replace(ctx, retain_history_ms=10**12)
-    spec = parse_sink("kc_out", {"from": "kc", "format": "debezium", "key": ["_partition", "_offset"],
-                                 "kafka": {"topic": "kc_out", "bootstrap": bootstrap},
-                                 "progress_topic": "_progress_kc", "budget": {"max_messages": 100},
-                                 "transaction_timeout": "20s"}, {"kc": ctx.spec})
+    spec = parse_sink(out, {"from": tag, "format": "debezium", "key": ["_partition", "_offset"],
+                            "kafka": {"topic": out, "bootstrap": bootstrap},
+                            "progress_topic": f"_progress_{tag}", "budget": {"max_messages": 100},
+                            "transaction_timeout": "20s"}, {tag: ctx.spec})
     sink_ctx = SinkContext(spec=spec, dsn=db, bootstrap=bootstrap, blob=ctx.blob)
 
     stop_producing = threading.Event()
@@ -106,7 +143,7 @@ def test_exactly_once_while_leaders_the_coordinator_and_the_controller_are_kille
                       "message.timeout.ms": 300_000, "log_level": 0})
         i = 0
         while not stop_producing.is_set():
-            p.produce("kc_src", value=json.dumps({"id": i, "name": f"n{i}"}).encode(), partition=i % 3,
+            p.produce(src, value=json.dumps({"id": i, "name": f"n{i}"}).encode(), partition=i % 3,
                       on_delivery=lambda err, m, i=i: err is None and acked.append(i))
             p.poll(0)
             i += 1
@@ -119,11 +156,11 @@ def test_exactly_once_while_leaders_the_coordinator_and_the_controller_are_kille
     steps.start()
     killed = []
     try:
-        time.sleep(5)
-        for role, node_of in (("leader of kc_src/0", lambda: kafka_cluster.leader("kc_src", 0)),
-                              ("transaction coordinator", lambda: kafka_cluster.transaction_coordinator(
-                                  spec.transactional_id)),
-                              ("active controller", kafka_cluster.active_controller)):
+        deadline = time.monotonic() + STEP_BOUND_S  # under way: a cycle and a sink transaction (its coordinator) done
+        while (not steps.done["cycle"] or not steps.done["sink"]) and time.monotonic() < deadline and not steps.hung:
+            time.sleep(0.5)
+        assert steps.done["cycle"] and steps.done["sink"], f"no cycle and sink step before the kills: {steps.failed[-5:]}"
+        for role, node_of in plan(spec, src):
             before = dict(steps.done)
             node = node_of()
             assert kafka_cluster.kill(node), f"{role}: node {node} was not running"
@@ -142,7 +179,6 @@ def test_exactly_once_while_leaders_the_coordinator_and_the_controller_are_kille
         steps.stop.set()
         steps.join(2 * STEP_BOUND_S)
     assert not steps.hung, f"steps that waited more than {STEP_BOUND_S} s: {steps.hung}; failures {steps.failed}"
-    assert {r for r, _ in killed} == {"leader of kc_src/0", "transaction coordinator", "active controller"}
 
     # catch up: cycles until one finds nothing new, the sink up to the shard's upper
     while cycle.run_cycle(ctx)["minted"] is not None:
@@ -153,10 +189,10 @@ def test_exactly_once_while_leaders_the_coordinator_and_the_controller_are_kille
     state = check_invariants(ctx, set(acked))  # every acknowledged record once, at its binding's timestamp
 
     with connect(db) as conn:
-        upper = shard_info(conn, "kc").upper
-        ups = read_updates(conn, ctx.blob, "kc")
+        upper = shard_info(conn, tag).upper
+        ups = read_updates(conn, ctx.blob, tag)
     got = [(m.partition(), int(dict(m.headers())[TS_HEADER]), m.key(), m.value())
-           for m in read_all(bootstrap, "kc_out", "kc-oracle")]
+           for m in read_all(bootstrap, out, f"{tag}-oracle")]
     first = min(t for _, t, _, _ in got)  # a sink's snapshot, if it took one, is at its first frontier
     ups = ups.set_column(ups.schema.get_field_index("ts"), "ts", pc.max_element_wise(ups["ts"], first))
     want = collections.Counter(encode_updates(spec, consolidate(ups)))
@@ -164,5 +200,6 @@ def test_exactly_once_while_leaders_the_coordinator_and_the_controller_are_kille
     assert len(want) == len(state["rows"])
     for p in {p for p, _, _, _ in got}:
         ts = [t for q, t, _, _ in got if q == p]
-        assert ts == sorted(ts), f"kc_out partition {p} out of timestamp order"
-    assert read_progress(bootstrap, "_progress_kc", "kc_out").frontier == upper
+        assert ts == sorted(ts), f"{out} partition {p} out of timestamp order"
+    assert read_progress(bootstrap, f"_progress_{tag}", out).frontier == upper
+    return killed

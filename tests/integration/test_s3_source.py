@@ -153,6 +153,26 @@ def test_notifications_through_sqs_deliver_once_even_when_delivered_twice(db, sp
     assert collection(ctx, ctx.spec.errors_shard) == []
 
 
+def test_notified_objects_carry_the_last_modified_s3_gives_them(db, spark, s3, tmp_path):
+    """An event has no LastModified: with ``include: [last_modified]`` each notified object is described by
+    a HEAD, so ``_last_modified`` is S3's (the test clock is years away from it)."""
+    bucket = new_bucket(s3)
+    c = s3.client()
+    url, arn = s3.queue(f"q{bucket}")
+    s3.notify(bucket, "ev/", arn)
+    ctx = make_ctx(db, spark, tmp_path, f"s3://{bucket}/ev/", s3.settings(),
+                   s3={"discovery": "notifications", "queue": url, "backfill": False},
+                   include=["key", "offset", "last_modified"])
+    for i in range(2):
+        c.put_object(Bucket=bucket, Key=f"ev/{i}.json", Body=body(range(3 * i, 3 * i + 3)))
+    cycle.run_cycle(ctx)
+    rows = collection(ctx)
+    assert ns_of(rows) == oracle_s3(s3, bucket, "ev/")
+    for r in rows:
+        s3_time = c.head_object(Bucket=bucket, Key=r["_key"])["LastModified"]
+        assert abs(r["_last_modified"].timestamp() - s3_time.timestamp()) < 1, (r, s3_time)
+
+
 def test_bad_input_each_lands_is_collected_or_fails_naming_the_object(db, spark, s3, tmp_path):
     bucket = new_bucket(s3)
     c = s3.client()

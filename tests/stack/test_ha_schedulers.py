@@ -2,7 +2,8 @@
 (``LocalAirflow(schedulers=2)``, with Reclock's ``HA_SETTINGS``) drive ``ingest__ha`` (a Postgres source, every
 2 s) while one of them, in turn, is SIGKILLed mid-run with its executor's task processes (a crash of its
 host) and started again a few seconds later, as a service manager would. Runs keep completing: after each
-kill another run succeeds, and at the end the collection equals the table (nothing lost or doubled)."""
+kill another run succeeds, and at the end the collection equals the table (nothing lost or doubled).
+``make test`` kills once (the first scheduler); ``make test-deployment`` three times, each in turn."""
 
 from __future__ import annotations
 
@@ -20,7 +21,6 @@ from reclock.dev.state import StackState
 pytestmark = pytest.mark.stack
 
 REPO = Path(__file__).resolve().parents[2]
-KILLS = 3
 RECOVERY_BOUND_S = 300.0
 """Airflow's own recovery time with its defaults (a dead task's heartbeat timeout, the orphan check): after
 a kill, a run must succeed within it."""
@@ -60,9 +60,11 @@ def _running_task(dsn: str) -> bool:
                             ).fetchone()[0] > 0
 
 
-def test_runs_keep_completing_while_one_of_two_schedulers_is_killed_mid_run(postgres, db, stack_state, tmp_path):
-    up_db = f"ha_up_{os.getpid()}"
-    af_db = f"ha_airflow_{os.getpid()}"
+@pytest.mark.parametrize("kills", [1, pytest.param(3, marks=pytest.mark.deployment)])
+def test_runs_keep_completing_while_one_of_two_schedulers_is_killed_mid_run(postgres, db, stack_state, tmp_path,
+                                                                           kills):
+    up_db = f"ha_up_{os.getpid()}_{kills}"
+    af_db = f"ha_airflow_{os.getpid()}_{kills}"
     for name in (up_db, af_db):
         postgres.create_database(name)
     up_dsn = postgres.dsn(up_db)
@@ -76,7 +78,7 @@ def test_runs_keep_completing_while_one_of_two_schedulers_is_killed_mid_run(post
     env = {"RECLOCK_CONFIG": str(config), "RECLOCK_DSN": db, "RECLOCK_BLOB_URL": str(tmp_path / "blobs"),
            "HA_UP_DSN": up_dsn, "PYTHONPATH": str(REPO / "include"),
            "AIRFLOW__CORE__DEFAULT_TASK_RETRIES": "10", "AIRFLOW__CORE__DEFAULT_TASK_RETRY_DELAY": "2"}
-    af = LocalAirflow(StackState(Path(stack_state.root) / "ha-airflow"), postgres.dsn(af_db), env, schedulers=2)
+    af = LocalAirflow(StackState(Path(stack_state.root) / f"ha-airflow-{kills}"), postgres.dsn(af_db), env, schedulers=2)
     stop = threading.Event()
 
     def write() -> None:  # a transaction every 100 ms until the end
@@ -102,7 +104,7 @@ def test_runs_keep_completing_while_one_of_two_schedulers_is_killed_mid_run(post
             assert time.monotonic() < deadline, "no run succeeded before the kills"
             time.sleep(1)
         gaps = []
-        for k in range(KILLS):
+        for k in range(kills):
             victim = ("scheduler", "scheduler-2")[k % 2]
             deadline = time.monotonic() + 120
             while not _running_task(meta):  # mid-run: a task of ingest__ha is running

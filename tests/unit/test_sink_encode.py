@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import struct
 
 import pyarrow as pa
 import pytest
@@ -13,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reclock.config import KafkaSpec, SinkSpec
+from reclock.errors import ValueNotCarried
 from reclock.sinks.encode import VALUE_SLICE, KeyNotUnique, encode_runs, encode_updates, json_objects
 
 
@@ -36,10 +38,31 @@ def test_json_objects_round_trip_every_value(rows):
         assert list(got) == ["i", "f", "s", "b", "flag"]
         assert got["i"] == i and got["s"] == s and got["flag"] == flag
         assert got["b"] == (None if b is None else base64.b64encode(b).decode())
-        if f is None or not math.isfinite(f):
+        if f is None:
             assert got["f"] is None
-        else:
-            assert got["f"] == f
+        elif math.isnan(f):
+            assert got["f"] == "NaN"  # JSON has no NaN: the string Jackson writes and reads back
+        elif math.isinf(f):
+            assert got["f"] == ("Infinity" if f > 0 else "-Infinity")
+        else:  # bit for bit: -0.0 keeps its sign
+            assert isinstance(got["f"], (int, float)) and struct.pack("<d", float(got["f"])) == struct.pack("<d", f)
+
+
+def test_floats_read_back_bit_for_bit_and_other_nans_are_refused():
+    table = pa.table({"f": pa.array([-0.0, 0.0, math.nan, math.inf, -math.inf, 1e300, 5e-324]),
+                      "l": pa.array([[-0.0, math.nan, -math.inf]] * 7),
+                      "ts": pa.array([1] * 7, pa.int64()), "diff": pa.array([1] * 7, pa.int64())})
+    values = [json.loads(v)["after"] for _, _, v in encode_updates(spec(), table)]
+    assert [struct.pack("<d", v["f"]) for v in values if not isinstance(v["f"], str)] == \
+        [struct.pack("<d", f) for f in (-0.0, 0.0, 1e300, 5e-324)]
+    assert [v["f"] for v in values if isinstance(v["f"], str)] == ["NaN", "Infinity", "-Infinity"]
+    assert values[0]["l"] == [-0.0, "NaN", "-Infinity"] and math.copysign(1, values[0]["l"][0]) == -1
+    for bits in (0x7FF8000000000001, 0xFFF8000000000000):  # a payload; the sign bit (x86's 0/0)
+        odd = struct.unpack("<d", struct.pack("<Q", bits))[0]
+        for col in (pa.array([1.0, odd]), pa.array([[1.0], [odd]])):
+            bad = table.slice(0, 2).set_column(0, "f", col)
+            with pytest.raises(ValueNotCarried, match="column f: 1 NaN value"):
+                encode_runs(spec(), bad)
 
 
 def updates(*rows):

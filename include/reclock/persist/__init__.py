@@ -18,10 +18,13 @@ savepoint when the caller already has one open). Every query is parameterised; n
 identifiers are validated (``names``) and quoted with ``psycopg.sql.Identifier``.
 """
 
+import os
 import time
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
+
+from reclock.errors import SettingError
 
 CONNECT_RETRY_S = 20.0
 """How long :func:`connect` keeps trying while the server cannot take connections yet (a restart, a
@@ -42,6 +45,47 @@ minute of unanswered keepalives, and a request the server never acknowledges fai
 (``tcp_user_timeout``) instead of the kernel's ~15 minutes of retransmissions."""
 
 
+IO_TIMEOUT_S = 120.0
+"""The longest a consensus connection waits for the server's answer to one request (a query, a commit)
+before it gives up, closes the connection and raises ``psycopg.OperationalError`` ("no answer from the
+server in 120 s"): a hung server or a network that swallows data behind a peer that still acknowledges it
+(a proxy, a load balancer) is never noticed by TCP, so without this a step would wait forever.
+``RECLOCK_PG_TIMEOUT_S`` sets it (tests lower it); Reclock's queries take well under a second."""
+
+
+def io_timeout_s() -> float:
+    """:data:`IO_TIMEOUT_S`, or ``RECLOCK_PG_TIMEOUT_S`` when set."""
+    raw = os.environ.get("RECLOCK_PG_TIMEOUT_S")
+    if raw is None or not raw.strip():
+        return IO_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingError(f"RECLOCK_PG_TIMEOUT_S must be a number of seconds, got {raw!r} (e.g. 120)") from None
+    if not value > 0:
+        raise SettingError(f"RECLOCK_PG_TIMEOUT_S must be a positive number of seconds, got {raw!r}")
+    return value
+
+
+class BoundedConnection(psycopg.Connection):
+    """A psycopg connection whose every wait for the server ends after :attr:`io_timeout` seconds: the
+    connection is then closed (its protocol state is unknown) and ``OperationalError`` raised."""
+
+    io_timeout: float = IO_TIMEOUT_S
+
+    def wait(self, gen, interval=0.1, timeout=None):  # type: ignore[override]  # psycopg's own signature
+        limit = self.io_timeout if timeout is None else min(timeout, self.io_timeout)
+        try:
+            return super().wait(gen, interval=interval, timeout=limit)
+        except psycopg.OperationalError as e:
+            if "wait timeout expired" not in str(e):
+                raise
+            self.pgconn.finish()
+            raise psycopg.OperationalError(
+                f"no answer from the server in {limit:g} s (a hung server or a network that drops data): "
+                "connection closed; the step fails and the next one connects anew") from e
+
+
 def connect(dsn: str) -> psycopg.Connection:
     """A connection for the persist functions: autocommit, so a read never leaves an implicit transaction
     open (that would hold a compare-and-set's row locks past the function); each function opens its
@@ -53,13 +97,16 @@ def connect(dsn: str) -> psycopg.Connection:
     (``local`` and the replication levels already flush locally and are kept).
 
     While the server cannot take connections yet (:data:`TRANSIENT`) it tries again for up to
-    :data:`CONNECT_RETRY_S`; the DSN gets :data:`NETWORK_DEFAULTS` for what it does not set."""
+    :data:`CONNECT_RETRY_S`; the DSN gets :data:`NETWORK_DEFAULTS` for what it does not set, and every wait
+    for an answer ends after :func:`io_timeout_s` (:class:`BoundedConnection`)."""
     given = conninfo_to_dict(dsn)
     extra = {k: v for k, v in NETWORK_DEFAULTS.items() if k not in given}
+    timeout = io_timeout_s()
     deadline, pause = time.monotonic() + CONNECT_RETRY_S, 0.1
     while True:
         try:
-            conn = psycopg.connect(dsn, autocommit=True, **extra)
+            conn = BoundedConnection.connect(dsn, autocommit=True, **extra)
+            conn.io_timeout = timeout
             break
         except psycopg.OperationalError as e:
             if time.monotonic() + pause > deadline or not any(t in str(e) for t in TRANSIENT):

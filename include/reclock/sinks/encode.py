@@ -2,7 +2,13 @@
 
 Each row becomes one JSON object built with Arrow kernels (integers, floats, booleans and plain strings
 never pass through Python objects); other types (bytes as base64, timestamps and dates as ISO 8601,
-decimals as strings, nested values) fall back to ``json.dumps`` for their column only. Then:
+decimals as strings, nested values) fall back to ``json.dumps`` for their column only. Every value reads
+back as it was, bit for bit: a float is its shortest round-trip text (``-0.0`` keeps its sign, not ``-0``,
+which JSON readers take for the integer 0); JSON has no NaN or infinity, so those are the strings
+``"NaN"``, ``"Infinity"`` and ``"-Infinity"``, as Jackson (Kafka Connect, Debezium) writes them and Spark's
+``from_json`` and Jackson read them back into a float column. JSON's one NaN reads back as the canonical
+NaN (``0x7ff8000000000000``), so a NaN of other bits (a payload, the sign bit) is refused
+(``ValueNotCarried``) rather than written as another value. Then:
 
 - ``debezium``: ``{"before": row|null, "after": row|null}``, one message per unit of ``diff``; with key
   columns, a key's retraction and insertion at one timestamp pair up into one message;
@@ -20,6 +26,7 @@ import base64
 import datetime as dt
 import decimal
 import json
+import math
 from dataclasses import dataclass
 from itertools import groupby
 from typing import Any, Iterator, Sequence
@@ -28,9 +35,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from reclock.bitexact import noncanonical_nans
 from reclock.compaction import sorted_by_ts
 from reclock.config import SinkSpec
-from reclock.errors import ReclockError
+from reclock.errors import ReclockError, ValueNotCarried
 
 Message = tuple[int, "bytes | None", "bytes | None"]
 _CONTROL = "[\\x00-\\x1f]"
@@ -83,8 +91,24 @@ def _json_default(v: Any) -> Any:
     raise TypeError(f"cannot encode {type(v).__name__} as JSON")
 
 
+NONFINITE = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
+"""A float JSON has no number for, by Python's ``str`` of it: the JSON string it is written as."""
+
+
+def _finite(v: Any) -> Any:
+    """``v`` with every NaN and infinity in it (at any depth) as its string (:data:`NONFINITE`)."""
+    if isinstance(v, float):
+        return v if math.isfinite(v) else NONFINITE[str(v)]
+    if isinstance(v, dict):
+        return {k: _finite(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_finite(x) for x in v]
+    return v
+
+
 def dumps(v: Any) -> bytes:
-    return json.dumps(v, default=_json_default, separators=(",", ":"), ensure_ascii=False).encode()
+    return json.dumps(_finite(v), default=_json_default, separators=(",", ":"), ensure_ascii=False,
+                      allow_nan=False).encode()
 
 
 def json_literals(col: pa.ChunkedArray | pa.Array) -> pa.Array:
@@ -104,7 +128,11 @@ def _literals(col: pa.ChunkedArray | pa.Array) -> tuple[pa.Array, bool]:
     if pa.types.is_integer(t) or pa.types.is_boolean(t):
         out = pc.cast(col, pa.string())
     elif pa.types.is_floating(t):
-        out = pc.if_else(pc.is_finite(col), pc.cast(col, pa.string()), pa.scalar("null"))
+        text = pc.cast(col, pa.string())  # shortest round-trip text; but -0.0 is "-0", and NaN, inf Arrow's
+        out = pc.if_else(pc.is_finite(col), pc.if_else(pc.equal(text, "-0"), pa.scalar("-0.0"), text),
+                         pc.if_else(pc.is_nan(col), pa.scalar('"NaN"'),
+                                    pc.if_else(pc.greater(col, 0), pa.scalar('"Infinity"'),
+                                               pa.scalar('"-Infinity"'))))
     elif pa.types.is_string(t) and not _may_need_escapes(col):
         if col.null_count == 0:
             return col, True
@@ -117,8 +145,8 @@ def _literals(col: pa.ChunkedArray | pa.Array) -> tuple[pa.Array, bool]:
             escaped = pc.replace_substring(escaped, '"', '\\"')
         out = pc.binary_join_element_wise('"', pc.cast(escaped, pa.string()), '"', "")
     if out is None:  # the general case, in Python
-        return pa.array([json.dumps(v, default=_json_default, ensure_ascii=False) for v in col.to_pylist()],
-                        pa.string()), False
+        return pa.array([json.dumps(_finite(v), default=_json_default, ensure_ascii=False, allow_nan=False)
+                         for v in col.to_pylist()], pa.string()), False
     return pc.fill_null(out, "null"), False
 
 
@@ -209,6 +237,12 @@ def encode_runs(spec: SinkSpec, table: pa.Table) -> list[TsRun]:
     if table.num_rows == 0:
         return []
     data_cols = [c for c in table.column_names if c not in ("ts", "diff")]
+    for c in data_cols:
+        odd = noncanonical_nans(table[c])
+        if odd:
+            raise ValueNotCarried(f"sink {spec.name}", c, f"{odd} NaN value(s) of other bits than the NaN JSON "
+                                  "reads back as (a payload, or the sign bit)", "JSON has one NaN: the sink "
+                                  "stops here rather than write another value; change the value upstream")
     missing = [c for c in spec.key if c not in data_cols]
     if missing:
         raise ReclockError(f"sink {spec.name}: key column(s) {', '.join(missing)} not in {spec.collection} "

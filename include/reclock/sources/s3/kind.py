@@ -214,9 +214,17 @@ class S3Source(SourceRuntime):
         with self.ctx.connect() as conn:
             known = {r.key: r for r in catalog.for_keys(conn, self.name, events)}  # by id: a key's newest last
         objects = []
+        exact_time = "last_modified" in self.spec.include  # an event has no LastModified: S3 says it (HEAD)
         for key, e in events.items():
             obj = ObjectInfo(e.key, e.size, e.etag, self.ctx.clock(), e.version)
             k = known.get(key)
+            if exact_time and (k is None or k.etag != e.etag):
+                now = store.head(key)
+                if now is None or (k is not None and now.etag == k.etag):
+                    self.last.ignored_events += 1
+                    continue
+                objects.append(now)
+                continue
             if not e.etag or (k is not None and k.etag != e.etag):
                 # an event older than what is known, or a real overwrite: S3 says which now
                 now = store.head(key)
