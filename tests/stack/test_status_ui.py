@@ -42,6 +42,10 @@ sources:
     postgres: {connection: reclock_demo_shop, publication: ui_shop_pub}
     tables: [public.orders, public.items]
     interval: 1h
+  ui_events:
+    s3: {connection: reclock_s3, url: "s3://ui-landing/events/"}
+    format: {type: json, schema: "id BIGINT"}
+    interval: 1h
 sinks:
   ui_out:
     from: ui_orders
@@ -99,6 +103,14 @@ def _run_cycles(stack) -> None:
         stack.airflow.wait_run("ingest__ui_shop", stack.airflow.trigger("ingest__ui_shop"), timeout=300)
     # an idle cycle: nothing new upstream, yet the upper follows the clock (its age is the freshness)
     stack.airflow.wait_run("ingest__ui_orders", stack.airflow.trigger("ingest__ui_orders"), timeout=300)
+    # an S3 source: two objects ingested, a third waiting (its lag counts objects)
+    stack.s3.create_bucket("ui-landing")
+    s3 = stack.s3.client()
+    s3.put_object(Bucket="ui-landing", Key="events/a.json", Body=b'{"id": 1}\n{"id": 2}\n')
+    s3.put_object(Bucket="ui-landing", Key="events/b.json", Body=b'{"id": 3}\n')
+    stack.airflow.wait_for_dag("ingest__ui_events")
+    stack.airflow.wait_run("ingest__ui_events", stack.airflow.trigger("ingest__ui_events"), timeout=300)
+    s3.put_object(Bucket="ui-landing", Key="events/c.json", Body=b'{"id": 4}\n')
     # a reader's lease that lapsed holds nothing and shows nowhere
     with connect(stack.postgres.dsn()) as conn:
         conn.execute("INSERT INTO reclock.read_holds (shard, holder, ts, expires_at) SELECT 'ui_orders', "
@@ -201,6 +213,15 @@ def _browse(stack, truth: dict, secrets: list[str]) -> None:
             assert cells and all(re.fullmatch(r"[0-9A-F]+/[0-9A-F]+", c) for c in cells), cells  # LSNs
             assert "lag at mint (bytes of WAL)" in page.content()
             _history_is_runs_and_steps(page)
+            # an S3 source's page: lag in objects, bindings as (key, byte_offset)
+            page.goto(f"{base}/reclock/")
+            events = page.locator("tr[data-source='ui_events']")
+            assert events.locator("[data-field=lag]").inner_text() == "1 objects"
+            page.goto(f"{base}/reclock/source/ui_events")
+            assert "<th>key</th><th>byte_offset</th>" in page.content()
+            keys = page.locator("table[data-field=bindings] tr td:nth-child(3)").all_inner_texts()
+            assert keys and keys[0] == "events/b.json", keys
+            assert "lag at mint (objects)" in page.content()
         finally:
             browser.close()
 
@@ -243,6 +264,10 @@ def test_status_pages_in_the_airflow_ui(stack_home: Path):
         shop_lag = by_name["ui_shop"]["lag"]  # the kind's own terms: WAL bytes beyond the slot, LSNs
         assert shop_lag["unit"] == "bytes" and shop_lag["value"] is not None and "retains" in shop_lag["detail"]
         assert by_name["ui_shop"]["dags"] == ["ingest__ui_shop"]  # no rebuild__ for a kind that cannot replay
+        events = by_name["ui_events"]
+        assert (events["kind"], events["status"], events["lag"]["value"], events["lag"]["unit"]) == (
+            "s3", "running", 1, "objects"), events
+        assert "1 object(s), 10 byte(s) not yet ingested" in events["lag"]["detail"]
         assert by_name["ui_orders"]["dags"] == ["ingest__ui_orders", "rebuild__ui_orders"]
         assert by_name["ui_orders"]["paused"] is False
         assert len(by_name["ui_orders"]["errors_latest"]) == 2
@@ -277,8 +302,8 @@ def test_status_pages_in_the_airflow_ui(stack_home: Path):
             if c:
                 assert f"mint {c['mint']:.2f}s + write_batches {c['write_batches']:.2f}s" in out.stdout
                 assert f"; {c['records']} records, {c['bytes']} bytes" in out.stdout
-            if s["lag"]["value"] is not None and s["lag"]["unit"] == "records":
-                assert f"lag: {s['lag']['value']:,} records" in out.stdout
+            if s["lag"]["value"] is not None and s["lag"]["unit"] in ("records", "objects"):
+                assert f"lag: {s['lag']['value']:,} {s['lag']['unit']}" in out.stdout
         assert f"error: {by_name['ui_payments']['error']}" in out.stdout
     finally:
         down = subprocess.run([*reclock, "dev", "down"], env=env, capture_output=True, text=True, timeout=300)
