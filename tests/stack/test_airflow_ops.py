@@ -259,13 +259,22 @@ def test_a_rebuild_backfill_brings_back_what_a_decode_bug_rejected_at_the_origin
     assert all(r["amount"] == r["id"] + (0.5 if r["id"] % 2 else 0) for r in rows)
 
 
-def test_openlineage_events_name_what_each_task_read_and_wrote(ops):
-    events = [json.loads(line) for line in ops.lineage.read_text().splitlines() if line.strip()]
+def _lineage_done(path) -> dict:
     done = {}
-    for e in events:
+    for e in (json.loads(line) for line in path.read_text().splitlines() if line.strip()):
         if e.get("eventType") == "COMPLETE":
             done[e["job"]["name"]] = ({(d["namespace"], d["name"]) for d in e.get("inputs", [])},
                                       {(d["namespace"], d["name"]) for d in e.get("outputs", [])})
+    return done
+
+
+def test_openlineage_events_name_what_each_task_read_and_wrote(ops):
+    jobs = {"ingest__ops_orders.mint_write", "ingest__ops_orders.append", "sink__ops_out.write",
+            "rebuild__ops_fix.rebuild", "ingest__ops_shop.mint_write", "ingest__ops_shop.append"}
+    deadline = time.monotonic() + 120  # the provider sends a task's events after its state is saved
+    while not jobs <= set(done := _lineage_done(ops.lineage)) and time.monotonic() < deadline:
+        time.sleep(2)
+    assert jobs <= set(done), f"no COMPLETE event for {sorted(jobs - set(done))}"
     kafka = f"kafka://{ops.stack.kafka.bootstrap}"
     pg = f"127.0.0.1:{ops.stack.postgres.port}"
     coll = f"reclock://{pg}/reclock"

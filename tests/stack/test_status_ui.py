@@ -98,7 +98,7 @@ def _run_cycles(stack) -> None:
     stack.airflow.wait_for_dag("ingest__ui_shop")
     for lo in (1, 21):
         with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute("INSERT INTO orders SELECT g, 'c', 'open', 1, now() FROM generate_series(%s, %s) g",
+            conn.execute("INSERT INTO orders SELECT g, 'c', 'open', 1, now() FROM generate_series(%s::int, %s::int) g",
                          (lo, lo + 19))
         stack.airflow.wait_run("ingest__ui_shop", stack.airflow.trigger("ingest__ui_shop"), timeout=300)
     # an idle cycle: nothing new upstream, yet the upper follows the clock (its age is the freshness)

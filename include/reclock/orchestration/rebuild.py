@@ -133,10 +133,13 @@ def build_rebuild_dag(spec: SourceSpec, config_file: Path, spark_jobs: Path):
             def rebuild_task() -> dict:
                 run = current_run()
                 ctx = cycle_context(spec, run_id=run.run_id)
-                reads(*ctx.source().lineage_inputs())
-                writes(*(collection(ctx.dsn, s) for s in ctx.shards()))
-                return _result(cycle.rebuild(ctx, window=run_window(spec, run),
-                                             on_slice=lambda d, t: log.info("slice %d of %d written", d, t)))
+                try:
+                    reads(*ctx.source().lineage_inputs())
+                    writes(*(collection(ctx.dsn, s) for s in ctx.shards()))
+                    return _result(cycle.rebuild(ctx, window=run_window(spec, run),
+                                                 on_slice=lambda d, t: log.info("slice %d of %d written", d, t)))
+                finally:
+                    ctx.close()
 
             ReclockTask(task_id="rebuild", python_callable=rebuild_task)
     return dag
