@@ -47,8 +47,8 @@ from typing import Any, Callable, Iterator, Sequence
 from reclock import remap
 from reclock.batch import BatchDescription, SliceWritten, holds_binding, rebuild_window
 from reclock.config import SourceSpec
-from reclock.errors import (AcknowledgedStateLost, ConfigError, RebuildConflict, RemapUpperMismatch, ShardsDisagree,
-                            UpperMismatch)
+from reclock.errors import (AcknowledgedStateLost, ConfigError, MigrationError, RebuildConflict, RemapUpperMismatch,
+                            ShardsDisagree, UpperMismatch)
 from reclock.explain import summary
 from reclock.failpoints import failpoint
 from reclock.lending import ConnectionLender
@@ -207,6 +207,8 @@ def _step(ctx: CycleContext, step: str) -> Iterator[dict]:
             yield metrics
         except Exception as e:
             ctx.drop_spark(e)
+            if isinstance(e, MigrationError):  # a schema not this release's takes no status row; the error says why
+                raise
             s = summary(e)
             with ctx.connect() as conn:
                 record_status(conn, ctx.spec.name, "stalled", error=f"{step}: {s.message}", step=step,
