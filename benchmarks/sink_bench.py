@@ -102,7 +102,7 @@ def run_sink_benchmark(dsn: str, bootstrap: str, workdir: Path, n: int, reps: in
         spec = SinkSpec(name=f"{shard}_{rep}", collection=shard,
                         kafka=KafkaSpec(topic=f"{shard}_sink_{rep}", bootstrap=bootstrap),
                         progress_topic=f"_progress_{shard}", budget=SinkBudget())  # the default budget
-        sink = KafkaSink(SinkContext(spec=spec, dsn=dsn, bootstrap=bootstrap, blob=blob))
+        sink = KafkaSink(SinkContext(spec=spec, dsn=dsn, kafka=bootstrap, blob=blob))
         t0 = time.perf_counter()
         sink.start()  # fence, read the progress topic, check the target, take the read hold
         t1 = time.perf_counter()

@@ -11,7 +11,10 @@ api-server at ``/reclock`` and linked from the navigation ("Browse" > "Reclock")
 Every route needs a logged-in Airflow user allowed to read DAGs: the app's one dependency is Airflow's own
 ``requires_access_dag("GET")`` (the JWT of the UI's cookie or an ``Authorization: Bearer`` token, checked by
 the configured auth manager); an anonymous request gets 401, or, from a browser asking for a page, a
-redirect to Airflow's login page that comes back here. Settings as for any Reclock process:
+redirect to Airflow's login page that comes back here. A user sees only the sources whose ingest DAG
+and the sinks whose ``sink__<name>`` DAG the auth manager lets them read (Airflow's per-DAG permissions:
+teams, or FAB's DAG-level roles); another source's page is a 404, as if it did not exist, and nothing of a
+hidden source is read or probed. Settings as for any Reclock process:
 ``RECLOCK_DSN`` or the ``reclock_postgres`` connection, ``RECLOCK_CONFIG`` (else the project's
 include/reclock.yaml), brokers as the sources' cycles find them, ``RECLOCK_BLOB_URL`` for the newest error rows.
 """
@@ -20,13 +23,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Annotated
 
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, PlainTextResponse, RedirectResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from fastapi.exception_handlers import http_exception_handler
 
-from airflow.api_fastapi.core_api.security import requires_access_dag
+from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_dag
 from airflow.plugins_manager import AirflowPlugin
 
 from reclock import metrics, status_page, status_report
@@ -42,6 +46,16 @@ app = FastAPI(title="Reclock status", dependencies=[Depends(requires_access_dag(
               docs_url=None, redoc_url=None, openapi_url=None)
 
 
+def readable_dags(user: GetUserDep) -> frozenset[str]:
+    """The DAG ids the request's user may read, as Airflow's auth manager says."""
+    from airflow.api_fastapi.app import get_auth_manager
+
+    return frozenset(get_auth_manager().get_authorized_dag_ids(user=user, method="GET"))
+
+
+Readable = Annotated[frozenset[str], Depends(readable_dags)]
+
+
 def _inputs():
     config = load_config(default=PROJECT / "include" / "reclock.yaml")
     blob = settings.find_blob_store() if os.environ.get("RECLOCK_BLOB_URL") else None
@@ -49,18 +63,18 @@ def _inputs():
     return config, blob, lag, dag_states(all_dag_ids(config))
 
 
-def _overview() -> status_report.Overview:
+def _overview(readable: frozenset[str]) -> status_report.Overview:
     config, blob, lag, dags = _inputs()
     with status_report.open_readonly(settings.find_dsn()) as conn:
-        return status_report.overview(conn, config, lag, blob=blob, dags=dags)
+        return status_report.overview(conn, config, lag, blob=blob, dags=dags, readable=readable)
 
 
-def _detail(source: str) -> status_report.SourceDetail:
+def _detail(source: str, readable: frozenset[str]) -> status_report.SourceDetail:
     config, blob, lag, dags = _inputs()
     with status_report.open_readonly(settings.find_dsn()) as conn:
-        detail = status_report.source_detail(conn, source, config, lag, blob=blob, dags=dags)
-    if detail is None:
-        raise HTTPException(404, f"source {source!r} is neither registered nor configured")
+        detail = status_report.source_detail(conn, source, config, lag, blob=blob, dags=dags, readable=readable)
+    if detail is None:  # the same answer whether it does not exist or the user may not read it
+        raise HTTPException(404, f"source {source!r} is neither registered nor configured, or not yours to read")
     return detail
 
 
@@ -93,28 +107,29 @@ class SlashRedirect:
 
 
 @app.get("/", response_class=HTMLResponse)
-def overview_page() -> str:
-    return status_page.overview_html(_overview())
+def overview_page(readable: Readable) -> str:
+    return status_page.overview_html(_overview(readable))
 
 
 @app.get("/source/{source}", response_class=HTMLResponse)
-def source_page(source: str) -> str:
-    return status_page.source_html(_detail(source))
+def source_page(source: str, readable: Readable) -> str:
+    return status_page.source_html(_detail(source, readable))
 
 
 @app.get("/api/overview")
-def overview_json() -> dict:
-    return status_report.to_json(_overview())
+def overview_json(readable: Readable) -> dict:
+    return status_report.to_json(_overview(readable))
 
 
 @app.get("/api/source/{source}")
-def source_json(source: str) -> dict:
-    return status_report.to_json(_detail(source))
+def source_json(source: str, readable: Readable) -> dict:
+    return status_report.to_json(_detail(source, readable))
 
 
 @app.get("/metrics", response_class=PlainTextResponse)
-def prometheus_metrics() -> PlainTextResponse:
-    return PlainTextResponse(metrics.prometheus_text(_overview()), media_type=metrics.CONTENT_TYPE)
+def prometheus_metrics(readable: Readable) -> PlainTextResponse:
+    """The figures of what the scraper's user may read."""
+    return PlainTextResponse(metrics.prometheus_text(_overview(readable)), media_type=metrics.CONTENT_TYPE)
 
 
 class ReclockStatusPlugin(AirflowPlugin):

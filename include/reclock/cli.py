@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -10,10 +11,10 @@ import click
 from reclock.errors import ReclockError
 
 
-def _stack():
+def _stack(secure: bool | None = None):
     from reclock.dev.stack import Stack
 
-    return Stack()
+    return Stack(secure=secure)
 
 
 @click.group()
@@ -49,11 +50,15 @@ def install() -> None:
               type=click.Choice(["postgres", "kafka", "spark", "airflow"]),
               help="Start only these (default: all).")
 @click.option("--smoke/--no-smoke", default=True, help="Run the smoke checks after start.")
-def up(services: tuple[str, ...], smoke: bool) -> None:
+@click.option("--secure", is_flag=True, default=None,
+              help="The first time: every service authenticated and encrypted (TLS with the stack's own CA, "
+                   "SCRAM, Kafka ACLs, least-privilege roles, a Spark Connect token, parts on S3 over TLS); "
+                   "the state folder remembers it.")
+def up(services: tuple[str, ...], smoke: bool, secure: bool | None) -> None:
     """Start the stack (idempotent) and wait until every service is healthy."""
     from reclock.dev.stack import SERVICES
 
-    stack = _stack()
+    stack = _stack(secure)
     t0 = time.monotonic()
     stack.up(services or SERVICES, echo=click.echo)
     click.echo(f"stack up in {time.monotonic() - t0:.1f}s (state: {stack.state.root})")
@@ -288,8 +293,9 @@ def cycle(source: str, max_records: int | None, **settings: str | None) -> None:
 @click.argument("source")
 @_cycle_settings
 def resnapshot(source: str, **settings: str | None) -> None:
-    """Start Postgres source SOURCE over from a fresh snapshot at a new timestamp (after a TRUNCATE, DDL or a
-    lost slot stalled it): its next cycle retracts what its collections hold and writes the snapshot."""
+    """Start Postgres source SOURCE over from a fresh snapshot at a new timestamp (after DDL, a redefined
+    publication or a lost slot stalled it): its next cycle retracts what its collections hold and writes the
+    snapshot."""
     from reclock.cycle import resnapshot as run_resnapshot
 
     out = run_resnapshot(_cycle_context(source, **settings))
@@ -415,7 +421,7 @@ def sink_status(name: str, config: str | None, dsn: str | None, blob_url: str | 
         progress = ("table not created yet" if tf is None else "none yet" if frontier is None
                     else f"frontier {frontier} (snapshot {tf.snapshot_id})")
     else:
-        brokers = s.find_bootstrap(spec.kafka, f"sink {name}", bootstrap)
+        brokers = s.find_kafka(spec.kafka, f"sink {name}", bootstrap)
         p = read_progress(brokers, spec.progress_topic, name)
         frontier = p.frontier if p else None
         target = f"{spec.kafka.topic} ({spec.format})"
@@ -455,6 +461,69 @@ def migrate(dsn: str | None) -> None:
 
     applied = run_migrations(_settings().find_dsn(dsn))
     click.echo(f"applied {applied}" if applied else "schema is up to date")
+
+
+@main.command()
+@click.option("--kafka-principal", default="User:reclock", show_default=True,
+              help="The principal of the Kafka connection(s) the ACLs are for.")
+@click.option("--consensus-role", default="reclock_app", show_default=True, help="The consensus database's role.")
+@click.option("--consensus-database", default="reclock", show_default=True)
+@click.option("--cdc-role", default="reclock_cdc", show_default=True, help="The Postgres sources' upstream role.")
+@click.option("--apply-kafka", "admin_connection", metavar="CONNECTION", default=None,
+              help="Instead of printing them, create the Kafka ACLs as the administrator of this Airflow "
+                   "connection (a super user, e.g. a client certificate).")
+@click.option("--scram-password-env", metavar="VAR", default=None,
+              help="With --apply-kafka: also set the principal's SCRAM-SHA-512 password from this environment "
+                   "variable (never an argument).")
+@click.option("--create-topics", is_flag=True,
+              help="With --apply-kafka: also create the sinks' topics and progress topics that are missing (else the "
+                   "principal would need CREATE on them).")
+@_config
+def grants(kafka_principal: str, consensus_role: str, consensus_database: str, cdc_role: str,
+           admin_connection: str | None, scram_password_env: str | None, create_topics: bool,
+           config: str | None) -> None:
+    """Print exactly what Reclock's principals need for the config: the Kafka ACLs (kafka-acls.sh commands), the
+    consensus role's SQL, and each Postgres source's CDC role SQL (published tables as the config names them).
+    Run them as an administrator; Reclock needs nothing more. --apply-kafka creates the ACLs itself."""
+    from reclock.config import load_config
+    from reclock.grants import apply_acls, cdc_grants, consensus_grants, kafka_acls, set_scram_password
+
+    cfg = load_config(config)
+    acls = kafka_acls(cfg)
+    if admin_connection is not None:
+        from reclock.errors import SettingError
+        from reclock.connections import kafka_client_config
+
+        admin = kafka_client_config(admin_connection)
+        if scram_password_env:
+            password = os.environ.get(scram_password_env)
+            if not password:
+                raise SettingError(f"--scram-password-env {scram_password_env}: the variable is not set")
+            set_scram_password(admin, kafka_principal.removeprefix("User:"), password)
+            click.echo(f"SCRAM-SHA-512 credentials of {kafka_principal} set")
+        apply_acls(admin, kafka_principal, acls)
+        click.echo(f"{len(acls)} ACLs of {kafka_principal} created as the administrator of {admin_connection}")
+        if create_topics:
+            from reclock.grants import create_sink_topics
+
+            made = create_sink_topics(admin, cfg)
+            click.echo(f"topics created: {', '.join(made) or 'none (all there)'}")
+        return
+    if acls:
+        click.echo(f"# Kafka: the ACLs of {kafka_principal}")
+        for acl in acls:
+            click.echo(f"{acl.command(kafka_principal)}    # {acl.why}")
+    click.echo(f"\n-- the consensus database {consensus_database}: role {consensus_role}")
+    click.echo(";\n".join(consensus_grants(consensus_role, consensus_database)) + ";")
+    for name, spec in cfg.sources.items():
+        if spec.postgres is None:
+            continue
+        tables = list(spec.postgres.tables)
+        click.echo(f"\n-- source {name}: role {cdc_role} in its upstream database (the publication "
+                   f"{spec.postgres.publication} is created by the tables' owner)")
+        if not tables:
+            click.echo("-- (the config names no tables: grant SELECT on every table of the publication)")
+        click.echo(";\n".join(cdc_grants(cdc_role, tables, "<upstream database>")) + ";")
 
 
 def _print_login(stack) -> None:

@@ -26,18 +26,38 @@ def _get(conn_id: str):
     return BaseHook.get_connection(conn_id)
 
 
+POSTGRES_TLS_KEYS = ("sslmode", "sslrootcert", "sslcert", "sslkey", "sslcrl", "sslsni")
+"""The libpq settings a Postgres connection's extra may give (as the Postgres provider's extras do)."""
+
+
 def postgres_dsn(conn_id: str = DEFAULT_POSTGRES) -> str:
+    """The libpq DSN of a Postgres connection: login, password, host, port, schema (the database), and the
+    TLS settings of its extra (:data:`POSTGRES_TLS_KEYS`, e.g. ``{"sslmode": "verify-full", "sslrootcert":
+    "/etc/reclock/ca.pem"}``)."""
+    from urllib.parse import urlencode
+
     c = _get(conn_id)
     auth = quote(c.login or "", safe="")
     if c.password:
         auth += ":" + quote(c.password, safe="")
-    return f"postgresql://{auth}@{c.host}:{c.port or 5432}/{c.schema or 'reclock'}"
+    tls = {k: str(v) for k, v in _extra(c).items() if k in POSTGRES_TLS_KEYS and v not in (None, "")}
+    query = "?" + urlencode(tls) if tls else ""
+    return f"postgresql://{auth}@{c.host}:{c.port or 5432}/{c.schema or 'reclock'}{query}"
 
 
-def kafka_bootstrap(conn_id: str = DEFAULT_KAFKA) -> str:
+def kafka_client_config(conn_id: str = DEFAULT_KAFKA):
+    """The brokers and security settings (``reclock.kafka_client.KafkaClientConfig``) of a Kafka connection:
+    the Kafka provider's shape, librdkafka settings in the extra (``bootstrap.servers``,
+    ``security.protocol``, ``sasl.mechanism``, ``ssl.ca.location``, ...), the SASL user and password as login
+    and password (:func:`reclock.kafka_client.from_connection` lists every key)."""
+    from reclock.kafka_client import from_connection
+
     c = _get(conn_id)
-    extra = json.loads(c.extra or "{}") if isinstance(c.extra, str) else (c.extra or {})
-    return extra.get("bootstrap.servers") or f"{c.host}:{c.port or 9092}"
+    return from_connection(conn_id, c.host, c.port, c.login, c.password, _extra(c))
+
+
+def _extra(c) -> dict:
+    return json.loads(c.extra or "{}") if isinstance(c.extra, str) else dict(c.extra or {})
 
 
 def registry_settings(conn_id: str):
@@ -98,8 +118,13 @@ def s3_settings(conn_id: str = DEFAULT_S3):
     region = extra.get("region_name") or (DEFAULT_REGION if endpoint else None)
     if not region:
         raise ConfigError(f"connection {conn_id}: extra region_name is not set (needed without an endpoint_url)")
+    verify = extra.get("verify")
+    if verify is False or str(verify).lower() in ("false", "0", "no"):
+        raise ConfigError(f"connection {conn_id}: extra verify is false: Reclock does not turn off TLS "
+                          "verification; give verify the path of a PEM file of the endpoint's CA instead")
     try:
         return S3Settings(endpoint, region, c.login, c.password,
-                          path_style=parse_path_style(extra.get("path_style"), endpoint, "extra path_style"))
+                          path_style=parse_path_style(extra.get("path_style"), endpoint, "extra path_style"),
+                          ca_bundle=verify if isinstance(verify, str) and verify.lower() != "true" else None)
     except ConfigError as e:
         raise ConfigError(f"connection {conn_id}: {e}") from None

@@ -300,6 +300,19 @@ class PublicationMissing(SourceStalled):
     """The source's publication does not exist, or a table of the source is missing from it or dropped."""
 
 
+class PublicationUnsupported(SourceStalled):
+    """The publication is defined in a way whose changes Reclock cannot land exactly (a ``publish`` list
+    without ``update``, ``delete`` or ``truncate``: the collections would keep rows the tables no longer
+    hold). Refused at the first cycle (and at every cycle after), naming what to change."""
+
+
+class PublicationRedefined(SourceStalled):
+    """A table's row filter or column list in the publication changed after the source registered it (the
+    rows already landed were filtered the old way, the changes from now on the new way), or a partition was
+    attached to or detached from a root published through it (its rows came or went without a change to
+    read). Refused until ``reclock resnapshot``, which takes the new definition from a fresh snapshot."""
+
+
 class SlotBusy(ReclockError):
     """Another process reads or advances the source's replication slot (another cycle of the same source):
     this cycle fails loudly and changes nothing; the next one carries on."""
@@ -309,6 +322,38 @@ class SlotBusy(ReclockError):
         self.slot = slot
         super().__init__(f"source {source}: replication slot {slot} is in use by another process ({detail}); "
                          "another cycle of this source runs, this one changed nothing")
+
+
+class KafkaAccessDenied(ReclockError):
+    """A Kafka broker refused an operation: the client's principal has no ACL for it."""
+
+    def __init__(self, what: str, cluster: str, principal: str, operation: str, resource_type: str,
+                 resource: str) -> None:
+        self.what = what
+        self.cluster = cluster
+        self.principal = principal
+        self.operation = operation
+        self.resource_type = resource_type
+        self.resource = resource
+        flag = {"topic": f"--topic {resource}", "group": f"--group {resource}",
+                "transactional id": f"--transactional-id {resource}", "cluster": "--cluster"}[resource_type]
+        named = "the cluster" if resource_type == "cluster" else f"{resource_type} {resource!r}"
+        super().__init__(
+            f"{what}: Kafka at {cluster} denied {operation} on {named}: grant {principal} that ACL "
+            f"(kafka-acls.sh --add --allow-principal {principal} --operation {operation.title().replace('_', '')} "
+            f"{flag}; docs/security.md lists every ACL Reclock needs)")
+
+
+class KafkaAuthenticationFailed(ReclockError):
+    """A Kafka broker refused the client's login or TLS handshake (wrong password, unknown user, an
+    untrusted certificate)."""
+
+    def __init__(self, what: str, cluster: str, reason: str) -> None:
+        self.what = what
+        self.cluster = cluster
+        self.reason = reason
+        super().__init__(f"{what}: Kafka at {cluster} refused the connection: {reason} (check the connection's "
+                         "user, password and certificates)")
 
 
 class ValueNotCarried(ReclockError):

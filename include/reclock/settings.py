@@ -12,8 +12,10 @@ config file           ``--config``        ``RECLOCK_CONFIG``           the DAG f
 consensus Postgres    ``--dsn``           ``RECLOCK_DSN``              connection ``reclock_postgres``
 blob store            ``--blob-url``      ``RECLOCK_BLOB_URL``         --
 S3 endpoint and keys  --                  ``AWS_*`` (see objectstore)  connection ``reclock_s3`` (aws)
-Kafka brokers         ``--bootstrap``     ``RECLOCK_BOOTSTRAP``        the config's ``bootstrap:``, else its
-                                                                       ``connection:`` (``reclock_kafka``)
+Kafka cluster         ``--bootstrap``     ``RECLOCK_BOOTSTRAP``        the config's ``bootstrap:`` (these
+                                                                       three: unsecured), else its
+                                                                       ``connection:`` (``reclock_kafka``),
+                                                                       security settings included
 upstream Postgres     --                  the config's ``dsn_env:``    the config's ``connection:`` (a
                                           variable                     postgres connection)
 Spark in-process      ``--spark-master``  ``RECLOCK_SPARK_MASTER``     (checked first)
@@ -37,6 +39,7 @@ from typing import Any, Callable
 from reclock import connections
 from reclock.config import KafkaSpec, PostgresSpec, SinkSpec
 from reclock.errors import ConfigError, SettingError
+from reclock.kafka_client import KafkaClientConfig
 from reclock.persist import objectstore
 from reclock.persist.blob import BlobStore, blob_store_from_url
 
@@ -111,24 +114,27 @@ def find_source_s3_settings(connection: str, what: str) -> objectstore.S3Setting
                            "(with AWS_ENDPOINT_URL for an S3-compatible store)") from None
 
 
-def find_bootstrap(kafka: KafkaSpec, what: str, given: str | None = None) -> str:
-    """``what``'s (a source's or a sink's) brokers: ``given``, else ``RECLOCK_BOOTSTRAP``, else its
-    ``bootstrap:``, else its Airflow connection. A connection the config names is never silently passed
-    over: when ``RECLOCK_BOOTSTRAP`` gives the brokers instead, the named connection must still be defined."""
-    if given:
-        return given
-    found = os.environ.get("RECLOCK_BOOTSTRAP") or kafka.bootstrap
+def find_kafka(kafka: KafkaSpec, what: str, given: str | None = None) -> KafkaClientConfig:
+    """``what``'s (a source's or a sink's) Kafka cluster: the address ``given``, else ``RECLOCK_BOOTSTRAP``,
+    else its ``bootstrap:`` (each an unsecured cluster: tests, scripts), else its Airflow connection, with
+    the connection's security settings (``reclock.kafka_client``). A connection the config names is never
+    silently passed over: when ``RECLOCK_BOOTSTRAP`` or ``bootstrap:`` gives the brokers instead, the named
+    connection must still be defined."""
+    found = given or os.environ.get("RECLOCK_BOOTSTRAP") or kafka.bootstrap
     if found:
-        if kafka.connection_named:
-            _from_connection(lambda: connections.kafka_bootstrap(kafka.connection), _undefined(
+        origin = ("--bootstrap" if given else "RECLOCK_BOOTSTRAP" if os.environ.get("RECLOCK_BOOTSTRAP")
+                  else f"{what}'s bootstrap:")
+        if not given and kafka.connection_named:
+            _from_connection(lambda: connections.kafka_client_config(kafka.connection), _undefined(
                 what, "kafka.connection", kafka.connection, " (RECLOCK_BOOTSTRAP gives the brokers, but a connection "
                 "the config names is not passed over: define it, or drop `connection:` from the config)"))
-        return found
+        return KafkaClientConfig.plaintext(found, origin)
     return _from_connection(
-        lambda: connections.kafka_bootstrap(kafka.connection),
-        f"{what}: no Kafka brokers: set RECLOCK_BOOTSTRAP (host:port,...; reclock commands: --bootstrap), or "
-        f"give it `bootstrap:` in the config, or define the Airflow connection {kafka.connection} "
-        f"(e.g. AIRFLOW_CONN_{kafka.connection.upper()})")
+        lambda: connections.kafka_client_config(kafka.connection),
+        f"{what}: no Kafka brokers: define the Airflow connection {kafka.connection} (its extra gives "
+        "bootstrap.servers and the security settings, e.g. AIRFLOW_CONN_"
+        f"{kafka.connection.upper()}), or, for an unsecured cluster, set RECLOCK_BOOTSTRAP (host:port,...; "
+        "reclock commands: --bootstrap) or give it `bootstrap:` in the config")
 
 
 def _undefined(what: str, key: str, conn_id: str, why: str = "") -> str:
@@ -144,7 +150,7 @@ def check_connections(cfg) -> None:
     for what, kafka in [*((f"source {n}", s.kafka) for n, s in cfg.sources.items() if s.kafka is not None),
                         *((f"sink {n}", k.kafka) for n, k in cfg.sinks.items() if isinstance(k, SinkSpec))]:
         used = kafka.bootstrap is None and (kafka.connection_named or not os.environ.get("RECLOCK_BOOTSTRAP"))
-        if used and not _defined(lambda: connections.kafka_bootstrap(kafka.connection)):
+        if used and not _defined(lambda: connections.kafka_client_config(kafka.connection)):
             missing.append(_undefined(what, "kafka.connection", kafka.connection))
     for n, s in cfg.sources.items():
         pg = s.postgres

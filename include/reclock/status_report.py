@@ -19,15 +19,15 @@ an unknown lag with the reason, never an exception.
 
 from __future__ import annotations
 
-import re
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Collection, Mapping, Sequence
 
 from reclock.config import Config
 from reclock.part_layout import ERRORS_KIND
+from reclock.redaction import redact
 from reclock.persist import connect
 from reclock.persist.remap_store import read_progress
 from reclock.persist.shards import ReadHold
@@ -222,19 +222,6 @@ def to_json(value: Any) -> Any:
     return value
 
 
-_SECRETS = (re.compile(r"(\w+://[^:/@\s]*:)[^@\s]*@"), re.compile(r"(?i)((?:password|token|secret)\s*[=:]\s*)\S+"))
-
-
-def redact(text: str | None) -> str | None:
-    """``text`` with what looks like a credential (a URL's password, ``password=...``) replaced by ``***``:
-    an error recorded by a step may quote a DSN, and nothing shown may carry a credential."""
-    if text is None:
-        return None
-    for pattern in _SECRETS:
-        text = pattern.sub(r"\1***@" if pattern is _SECRETS[0] else r"\1***", text)
-    return text
-
-
 # -- cycles from statistics rows (pure) -------------------------------------------------------------------
 
 
@@ -383,17 +370,22 @@ def _errors_latest(conn, blob, shard: str, limit: int = 5, kind=None) -> tuple[d
 
 def overview(conn, config: Config | None = None, lag: LagProbe = no_lag,
              paused: Mapping[str, bool] | None = None, blob=None, now_ms: int | None = None,
-             only: str | None = None, dags: Mapping[str, DagState] | None = None) -> Overview:
+             only: str | None = None, dags: Mapping[str, DagState] | None = None,
+             readable: Collection[str] | None = None) -> Overview:
     """Every source (registered in ``reclock.sources`` or configured) and sink (configured, or holding a
     read hold ``sink:<name>``). ``lag`` probes a source's lag (in parallel, a thread each); ``dags`` maps DAG
     ids to what Airflow knows of them (pause flags and newest runs: a source whose newest ingest run failed
-    after its last status row shows ``failed`` with that run), ``paused`` their pause flags alone; with ``blob`` the error collections' newest rows are
-    read too. ``only``: just that source."""
+    after its last status row shows ``failed`` with that run), ``paused`` their pause flags alone; with
+    ``blob`` the error collections' newest rows are read too. ``only``: just that source. ``readable``: the
+    DAG ids the viewer may read (Airflow's per-DAG permissions); a source whose ingest DAG, or a sink whose
+    ``sink__<name>`` is not among them is left out before anything of it is read or probed (None:
+    everything)."""
     now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
     kinds = dict(conn.execute("SELECT name, kind FROM reclock.sources").fetchall())
     for name in (config.sources if config else {}):
         kinds.setdefault(name, "kafka")
-    names = sorted(n for n in kinds if only is None or n == only)
+    names = sorted(n for n in kinds if (only is None or n == only)
+                   and (readable is None or ingest_dag(n, config) in readable))
     remaps = {r[0]: r[1:] for r in conn.execute(
         "SELECT source, upper, since FROM reclock.remap_collections WHERE source = ANY(%s)", (names,))}
     shards: dict[str, list] = {}
@@ -409,8 +401,15 @@ def overview(conn, config: Config | None = None, lag: LagProbe = no_lag,
                                "WHERE shard = ANY(%s) GROUP BY shard", (error_shards,)).fetchall())
 
     sink_specs = {} if only else dict(config.sinks) if config else {}
-    sink_names = sorted(set(sink_specs) | ({h.holder[5:] for hs in holds.values() for h in hs
-                                            if h.holder.startswith("sink:")} if not only else set()))
+    sink_names = sorted(n for n in set(sink_specs) | ({h.holder[5:] for hs in holds.values() for h in hs
+                                                      if h.holder.startswith("sink:")} if not only else set())
+                        if readable is None or f"sink__{n}" in readable)
+    if readable is not None:  # a hidden source's shards and their holders stay hidden
+        visible = {sid for n in names for sid, *_ in shards.get(n, ())}
+        visible |= {spec.collection for n, spec in sink_specs.items() if n in sink_names}
+        visible |= {h.shard for hs in holds.values() for h in hs
+                    if h.holder.startswith("sink:") and h.holder[5:] in sink_names}
+        holds = {sid: hs for sid, hs in holds.items() if sid in visible}
     statuses = _latest_status(conn, [*names, *sink_names])
     stats = _recent_statistics(conn, [*names, *sink_names], RECENT_ROWS)
     dags = dags or {}
@@ -433,20 +432,20 @@ def overview(conn, config: Config | None = None, lag: LagProbe = no_lag,
         # the source's DAGs: its ingest DAG, and a rebuild DAG for a kind that replays (a Kafka source); only
         # those Airflow has, when it was asked
         replays = source_kind is not None and (spec is None or source_kind.rebuild_refused(spec) is None)
-        dag_ids = (spec.ingest_dag if spec else f"ingest__{n}", *((f"rebuild__{n}",) if replays else ()))
+        ingest_id = ingest_dag(n, config)
+        dag_ids = (ingest_id, *((f"rebuild__{n}",) if replays else ()))
         dag_ids = tuple(d for d in dag_ids if not dags or d in dags)
-        ingest_dag = spec.ingest_dag if spec else f"ingest__{n}"
-        failed = run_failure(dags.get(ingest_dag), st[2], st[3])
+        failed = run_failure(dags.get(ingest_id), st[2], st[3])
         if failed is not None:
             tasks = f" (task {', '.join(failed.failed_tasks)} failed)" if failed.failed_tasks else ""
             st = ("failed", f"Airflow run {failed.run_id} of {failed.dag_id} failed at "
                             f"{failed.ended:%Y-%m-%d %H:%M:%S}{tasks} before any step recorded why; see its log",
                   failed.ended, failed.run_id)
         sources.append(SourceStatus(
-            name=n, kind=kinds[n], status=st[0], error=st[1], status_at=st[2], paused=paused.get(ingest_dag),
+            name=n, kind=kinds[n], status=st[0], error=st[1], status_at=st[2], paused=paused.get(ingest_id),
             upper=upper, since=since, now_ms=now_ms, last_cycle=cycles[-1] if cycles else None, lag=lags[n],
             read_holds=tuple(h for sid, *_ in own for h in holds.get(sid, ())), errors_count=count,
-            errors_latest=latest, dags=dag_ids, airflow=dags.get(ingest_dag)))
+            errors_latest=latest, dags=dag_ids, airflow=dags.get(ingest_id)))
 
     sinks = []
     shard_upper = {sid: u for v in shards.values() for sid, _, u, _ in v}
@@ -474,13 +473,21 @@ def overview(conn, config: Config | None = None, lag: LagProbe = no_lag,
     return Overview(datetime.fromtimestamp(now_ms / 1000, tz=timezone.utc), tuple(sources), tuple(sinks))
 
 
+def ingest_dag(source: str, config: Config | None) -> str:
+    """The DAG that ingests ``source``: its spec's (``ingest__<source>``, or its continuous group's), else
+    ``ingest__<source>`` for a source registered but no longer configured."""
+    spec = config.sources.get(source) if config else None
+    return spec.ingest_dag if spec else f"ingest__{source}"
+
+
 def source_detail(conn, name: str, config: Config | None = None, lag: LagProbe = no_lag,
                   paused: Mapping[str, bool] | None = None, blob=None, bindings: int = 200,
-                  history: int = 50, dags: Mapping[str, DagState] | None = None) -> SourceDetail | None:
+                  history: int = 50, dags: Mapping[str, DagState] | None = None,
+                  readable: Collection[str] | None = None) -> SourceDetail | None:
     """One source's status, its newest ``bindings`` bindings (the ``<source>_progress`` relation), its
     newest ``history`` status rows and its series over the last :data:`SERIES_ROWS` statistics rows.
-    None if there is no such source."""
-    ov = overview(conn, config, lag, paused, blob, only=name, dags=dags)
+    None if there is no such source, or ``readable`` (see :func:`overview`) hides it."""
+    ov = overview(conn, config, lag, paused, blob, only=name, dags=dags, readable=readable)
     if not ov.sources:
         return None
     columns, rows = read_progress(conn, name, newest=bindings)

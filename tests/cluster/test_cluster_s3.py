@@ -127,7 +127,7 @@ def test_upsert_cycles_and_the_kafka_sink_read_parts_from_s3(db, kafka, topic, c
     sink = SinkContext(spec=SinkSpec(name="cl_out", collection=ctx.spec.data_shard, format="debezium", key=("_key",),
                                      kafka=KafkaSpec(topic=out, bootstrap=kafka.bootstrap),
                                      progress_topic=f"_progress_{out}", budget=SinkBudget(max_messages=40)),
-                       dsn=db, bootstrap=kafka.bootstrap, blob=ctx.blob)
+                       dsn=db, kafka=kafka.bootstrap, blob=ctx.blob)
     for wave in range(3):
         produce(kafka, name, [keyed(f"k{(i * 7 + wave) % 15}", {"id": 100 * wave + i, "name": f"w{wave}"})
                               for i in range(60)] + [keyed(f"k{wave}", None)])

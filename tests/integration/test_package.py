@@ -123,9 +123,10 @@ print(json.dumps({"file": reclock.__file__, "dev": sorted(m for m in sys.modules
         i = settings.index(option)
         return settings[:i] + settings[i + 2:]
 
-    bootstrap_missing = ("source pk_orders: no Kafka brokers: set RECLOCK_BOOTSTRAP (host:port,...; reclock "
-                         "commands: --bootstrap), or give it `bootstrap:` in the config, or define the Airflow "
-                         "connection reclock_kafka (e.g. AIRFLOW_CONN_RECLOCK_KAFKA)")
+    bootstrap_missing = ("source pk_orders: no Kafka brokers: define the Airflow connection reclock_kafka (its "
+                         "extra gives bootstrap.servers and the security settings, e.g. AIRFLOW_CONN_RECLOCK_KAFKA), "
+                         "or, for an unsecured cluster, set RECLOCK_BOOTSTRAP (host:port,...; reclock commands: "
+                         "--bootstrap) or give it `bootstrap:` in the config")
     cases = [
         (["cycle", "pk_orders", *without("--config")], NO_CONFIG),
         (["cycle", "pk_orders", *without("--config"), "--config", str(tmp_path / "nowhere.yaml")],

@@ -44,7 +44,7 @@ def test_two_tables_of_one_transaction_reach_their_topics_at_one_timestamp(db, u
         spec = SinkSpec(name=f"{name}_{table}", collection=f"{name}__{table}",
                         kafka=KafkaSpec(topic=out, bootstrap=kafka.bootstrap), key=("id",),
                         progress_topic=f"_progress_{out}")
-        run_once(SinkContext(spec=spec, dsn=db, bootstrap=kafka.bootstrap, blob=ctx.blob))
+        run_once(SinkContext(spec=spec, dsn=db, kafka=kafka.bootstrap, blob=ctx.blob))
         got[table] = [(int(dict(m.headers())[TS_HEADER]), json.loads(m.value()))
                       for m in read_all(kafka.bootstrap, out, "v")]
     orders = [(ts, (m["before"] or {}).get("amount"), (m["after"] or {}).get("amount")) for ts, m in got["orders"]]

@@ -19,7 +19,7 @@ from reclock import status_report as sr
 from reclock.config import Config
 from reclock.cli import main
 from reclock.errors import (ConfigError, PublicationMissing, ReplicaIdentityNotFull, SlotBusy, SlotLost,
-                            TableSchemaChanged, TableTruncated, UpperMismatch, UpstreamDataLost)
+                            TableSchemaChanged, UpperMismatch, UpstreamDataLost)
 from reclock.sources.postgres.cdc import reclock_lsn
 from reclock.persist import connect
 from reclock.persist.shards import batches, shard_info
@@ -148,11 +148,12 @@ class Writer(threading.Thread):
 TABLES = ("a", "b", "c")
 
 
-def _commit_lsns(dsn: str, slot: str) -> dict[int, int]:
+def _commit_lsns(dsn: str, slot: str, publication: str = "pub") -> dict[int, int]:
     """xid -> commit LSN, from the Begin messages of an observer slot made before any write."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         rows = conn.execute("SELECT data FROM pg_logical_slot_peek_binary_changes(%s, NULL, NULL, 'proto_version', "
-                            "'1', 'publication_names', 'pub') WHERE get_byte(data, 0) = 66", (slot,)).fetchall()
+                            "'1', 'publication_names', %s) WHERE get_byte(data, 0) = 66",
+                            (slot, publication)).fetchall()
     out = {}
     for (data,) in rows:
         m = po.decode(data)
@@ -222,6 +223,46 @@ def test_concurrent_writers_every_binding_and_one_timestamp_per_transaction(db, 
     assert big in stamped or lsns[big] < l1
     assert max(b.rows for b in parts_b) <= 400, "parts are bounded by the budget, whatever a transaction's size"
     assert slot_confirmed(upstream, name) == bs[-1][1]
+
+
+def test_a_row_filter_every_binding_equals_the_filtered_tables_while_writers_write(db, upstream, tmp_path):
+    """``FOR TABLE a WHERE (v LIKE 'u%')``: the writers insert rows outside the filter (``v...``) and update
+    them into it (``u...``: an insert for the collection), delete rows in and out of it, while the first
+    cycle takes its snapshot and the next ones stream. AS OF every binding, ``a``'s collection is exactly
+    the rows of ``a`` the filter passes at that binding's LSN (the writers' own logs, the commit LSNs from
+    an observer slot of an unfiltered publication); ``b`` and ``c`` are whole."""
+    with writer(upstream) as conn:
+        for t in TABLES:
+            conn.execute(f"CREATE TABLE {t} (id int8 PRIMARY KEY, v text, n numeric(10,2), txid int8)")
+            conn.execute(f"ALTER TABLE {t} REPLICA IDENTITY FULL")
+        conn.execute("CREATE PUBLICATION pub FOR TABLE a WHERE (v LIKE 'u%'), b, c")
+        conn.execute("CREATE PUBLICATION everything FOR TABLE a, b, c")
+    name = source_name()
+    observer = _observer(upstream, name)
+    ctx = make_ctx(db, upstream, tmp_path, name, list(TABLES), max_records=50)
+    stop = threading.Event()
+    writers = [Writer(upstream, i, stop) for i in range(2)]
+    for w in writers:
+        w.start()
+    time.sleep(0.3)
+    for _ in range(4):
+        cycle.run_cycle(ctx)
+        time.sleep(0.2)
+    stop.set()
+    for w in writers:
+        w.join(60)
+        assert w.error is None, w.error
+    cycle.run_cycle(ctx)
+    lsns = _commit_lsns(upstream, observer, "everything")
+    moved = 0
+    for ts, lsn in bindings(ctx):
+        want = _expected(writers, lsns, lsn)
+        want["a"] = {k: r for k, r in want["a"].items() if r[0].startswith("u")}
+        moved = max(moved, len(want["a"]))
+        for table in TABLES:
+            got = {k: (r["v"], r["n"], r["txid"]) for k, r in contents(ctx, f"{name}__{table}", ts).items()}
+            assert got == want[table], f"{table} AS OF {ts} (LSN {lsn:X})"
+    assert moved > 0, "rows moved into the filter"
 
 
 def _check(ctx, writers, lsns) -> list[tuple[int, int]]:
@@ -332,7 +373,6 @@ def test_a_table_without_replica_identity_full_is_refused_with_the_alter_to_run(
 
 
 @pytest.mark.parametrize("change,error,match", [
-    ("TRUNCATE a", TableTruncated, r"table public\.a: TRUNCATE"),
     ("ALTER TABLE a ADD COLUMN z int; INSERT INTO a VALUES (99, 'z', 1, 0, 1)", TableSchemaChanged,
      r"table public\.a: DDL changed its columns: column z added"),
     ("ALTER TABLE a ALTER COLUMN v TYPE varchar(20); INSERT INTO a VALUES (98, 'y', 1, 0)", TableSchemaChanged,
@@ -366,9 +406,10 @@ def test_a_stall_early_in_a_long_read_stops_the_read_ahead_and_the_source_goes_o
     name = ctx.spec.name
     cycle.run_cycle(ctx)
     with writer(upstream) as conn:
-        conn.execute("TRUNCATE a")
+        conn.execute("ALTER TABLE a ADD COLUMN z int")
+        conn.execute("INSERT INTO a VALUES (1, 'one', 1, 0, 1)")
         conn.execute("INSERT INTO b SELECT g, 'b' || g, 1, 0 FROM generate_series(1, 5000) g")
-    _stalls(ctx, TableTruncated, r"table public\.a: TRUNCATE")
+    _stalls(ctx, TableSchemaChanged, r"table public\.a: DDL changed its columns")
     assert not [t.name for t in threading.enumerate() if t.name.startswith("reclock-peek-")]
     with writer(upstream) as conn:
         active = conn.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s",
@@ -534,8 +575,45 @@ def test_a_column_named_like_the_collections_own_is_refused(db, upstream, tmp_pa
         cycle.run_cycle(ctx)
 
 
+def test_a_truncate_lands_as_the_retraction_of_every_row_at_its_transaction(db, upstream, tmp_path):
+    """A ``TRUNCATE`` retracts every row its collection holds at that point, at its transaction's timestamp:
+    the rows landed by earlier cycles and the ones this cycle wrote before it (in parts already written:
+    ``max_records`` 3), with changes after it in the same transaction on top; history before stays."""
+    _setup(upstream)
+    name = source_name()
+    ctx = make_ctx(db, upstream, tmp_path, name, list(TABLES), max_records=3)
+    with writer(upstream) as conn:
+        conn.execute("INSERT INTO a SELECT g, 'a' || g, g, 0 FROM generate_series(1, 10) g")
+        conn.execute("INSERT INTO b VALUES (1, 'b1', 1, 0)")
+    cycle.run_cycle(ctx)
+    first = bindings(ctx)[-1][0]
+    with writer(upstream) as conn:
+        conn.execute("INSERT INTO a VALUES (11, 'eleven', 11, 0)")
+        conn.execute("UPDATE a SET v = 'changed' WHERE id <= 5")
+        with conn.transaction():
+            conn.execute("INSERT INTO a VALUES (12, 'twelve', 12, 0)")
+            conn.execute("TRUNCATE a, b")
+            conn.execute("INSERT INTO a VALUES (13, 'after', 13, 0), (1, 'again', 1, 0)")
+        conn.execute("INSERT INTO b VALUES (2, 'b2', 2, 0)")
+        conn.execute("TRUNCATE c")  # nothing to retract
+    cycle.run_cycle(ctx)
+    last = bindings(ctx)[-1][0]
+    with writer(upstream) as conn:
+        for t in TABLES:
+            want = {r[0]: r for r in conn.execute(f"SELECT * FROM {t}").fetchall()}
+            got = contents(ctx, f"{name}__{t}", last)
+            assert {k: tuple(r.values()) for k, r in got.items()} == want, t
+    assert set(contents(ctx, f"{name}__a", first)) == set(range(1, 11)), "history before the truncate stays"
+    with connect(db) as conn:  # every update at its transaction's one timestamp: nothing at a time of its own
+        ts = {r["ts"] for r in read_updates(conn, ctx.blob, f"{name}__a").to_pylist()}
+    assert ts <= {t for t, _ in bindings(ctx)}
+    with writer(upstream) as conn:
+        conn.execute("INSERT INTO c VALUES (1, 'c', 1, 0)")
+    cycle.run_cycle(ctx)
+    assert set(contents(ctx, f"{name}__c", bindings(ctx)[-1][0])) == {1}
+
+
 @pytest.mark.parametrize("change,error", [
-    ("TRUNCATE a; INSERT INTO a VALUES (7, 'seven', 7, 0)", TableTruncated),
     ("ALTER TABLE a ADD COLUMN z int; UPDATE a SET z = 5 WHERE id = 1", TableSchemaChanged),
     ("SELECT pg_drop_replication_slot('{slot}')", SlotLost),
 ])

@@ -81,7 +81,7 @@ def spec_of(config: Path, name: str):
 
 
 def sink_ctx(source: Source, config: Path, name: str) -> SinkContext:
-    return SinkContext(spec=spec_of(config, name), dsn=source.ctx.dsn, bootstrap=source.kafka.bootstrap,
+    return SinkContext(spec=spec_of(config, name), dsn=source.ctx.dsn, kafka=source.kafka.bootstrap,
                        blob=source.ctx.blob)
 
 
@@ -306,7 +306,7 @@ def test_a_ts_read_in_two_tables_is_never_cut_between_transactions(db, kafka, to
     out = topic(partitions=1)
     spec = SinkSpec(name="split", collection="c", kafka=KafkaSpec(topic=out, bootstrap=kafka.bootstrap),
                     progress_topic=f"_progress_{out}", budget=SinkBudget(max_messages=2))
-    result = run_once(SinkContext(spec=spec, dsn=db, bootstrap=kafka.bootstrap, blob=blob))
+    result = run_once(SinkContext(spec=spec, dsn=db, kafka=kafka.bootstrap, blob=blob))
 
     assert (result.messages, result.transactions, result.frontier) == (8, 2, 9)
     frontiers = [json.loads(m.value())["frontier"] for m in read_all(kafka.bootstrap, spec.progress_topic, "p")]

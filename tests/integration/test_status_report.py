@@ -112,6 +112,29 @@ def test_detail_has_bindings_history_and_series(recorded, db):
     assert json.loads(json.dumps(sr.to_json(d)))["source"]["last_cycle"]["scheduler_gap"] == pytest.approx(1.5)
 
 
+def test_a_viewer_sees_only_the_sources_and_sinks_of_dags_they_may_read(recorded, db):
+    """Airflow's per-DAG permissions (``readable``: the DAG ids the viewer may read): a hidden source is not
+    listed, not probed, and its page is as absent as one that does not exist; a sink likewise."""
+    cfg = parse_config(CONFIG)
+    probed = []
+
+    def lag(name):
+        probed.append(name)
+        return sr.Lag(0, "stub")
+
+    with sr.open_readonly(db) as ro:
+        none = sr.overview(ro, cfg, lag, readable=frozenset())
+        sink_only = sr.overview(ro, cfg, lag, readable=frozenset({"sink__orders_out"}))
+        source_only = sr.overview(ro, cfg, lag, readable=frozenset({"ingest__orders", "rebuild__orders"}))
+        assert sr.source_detail(ro, "orders", cfg, readable=frozenset({"sink__orders_out"})) is None
+        assert sr.source_detail(ro, "orders", cfg, readable=frozenset({"ingest__orders"})) is not None
+    assert (none.sources, none.sinks) == ((), ())
+    assert sink_only.sources == () and [k.name for k in sink_only.sinks] == ["orders_out"]
+    assert sink_only.sinks[0].read_hold == MS0 + 2000  # its own hold on the collection it reads
+    assert [s.name for s in source_only.sources] == ["orders"] and source_only.sinks == ()
+    assert probed == ["orders"]  # only the readable source's lag was probed
+
+
 def test_the_reading_connection_cannot_write_nor_wait(db):
     with sr.open_readonly(db) as ro:
         assert ro.execute("SHOW statement_timeout").fetchone()[0] == "2s"
@@ -148,3 +171,17 @@ def test_reclock_status_prints_the_figures(recorded, db, tmp_path):
     detail = CliRunner().invoke(main, ["status", "orders", *args], catch_exceptions=False).output
     assert f"  {MS0 + 3000} (2026-01-02 03:04:08.000Z)  0  40" in detail
     assert "status history (newest first):" in detail
+
+
+def test_a_recorded_error_keeps_no_credential(db):
+    """An error may quote a DSN, a token or a password: status_history keeps it masked, so neither the page,
+    the JSON nor ``reclock status`` can show it."""
+    from reclock.persist.status import latest_status
+
+    with psycopg.connect(db, autocommit=True) as conn:
+        record_status(conn, "leaky", "stalled", "connect postgresql://app:Pa55w0rd@db:5432/r failed; "
+                                                "sc://spark:15002/;token=T0k3n; sasl.password=S3cr3t")
+        kept = conn.execute("SELECT error FROM reclock.status_history WHERE name = 'leaky'").fetchone()[0]
+        assert latest_status(conn, "leaky").error == kept
+    assert not [w for w in ("Pa55w0rd", "T0k3n", "S3cr3t") if w in kept], kept
+    assert "postgresql://app:***@db:5432/r" in kept

@@ -162,6 +162,16 @@ def test_truncate_and_a_changed_relation_stall_naming_the_table():
         msgs = [po.Begin(2000, 0, 1), _relation(TABLES[0]), po.Truncate(0, (TABLES[0].relid,)), po.Commit(0, 2000, 2001, 0)]
         with pytest.raises(TableTruncated, match=r"table public\.t0: TRUNCATE"):
             dec.feed(msgs)
+        # with a way to retract: each truncated output once, at the transaction's ts; in the seam, a stall
+        calls = []
+        dec = cdc.ChangeDecoder("s", OUTPUTS, writer, [(1000, 10_000)], 0, 10_000, None, strict_tables=False,
+                                truncated=lambda out, ts: calls.append((out.info.table, ts)) or 2)
+        assert dec.feed(msgs).changes == 2 and calls == [("public.t0", 1000)]
+        dec = cdc.ChangeDecoder("s", OUTPUTS, writer, [(1000, 10_000)], 0, 10_000, cdc.Rewind(1000, 1500, 3000, -1),
+                                strict_tables=False, truncated=lambda out, ts: 0)
+        with pytest.raises(TableTruncated, match=r"table public\.t0: TRUNCATE between the first binding and its "
+                           "snapshot"):
+            dec.feed(msgs)
         changed = po.Relation(100, "public", "t0", "f", (po.Column(0, "id", po.INT8, -1), po.Column(0, "w", po.TEXT, -1)))
         dec = cdc.ChangeDecoder("s", OUTPUTS, writer, [(1000, 10_000)], 0, 10_000, None, strict_tables=False)
         with pytest.raises(TableSchemaChanged, match="column w added, column v dropped"):

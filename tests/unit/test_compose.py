@@ -26,7 +26,7 @@ AIRFLOW = ("airflow-init", "airflow-api-server", "airflow-scheduler", "airflow-d
 SPARK = ("spark-master", "spark-worker-1", "spark-worker-2", "spark-connect")
 SPARK_DEFAULTS = REPO / "docker" / "spark-defaults.conf"
 
-MINIO = S3Settings("http://minio:9000", "us-east-1", "key", "secret", path_style=True)
+MINIO = S3Settings("https://minio:9000", "us-east-1", "key", "secret", path_style=True)
 S3A = spark_s3a_conf(MINIO)
 """The s3a settings the library gives a Spark driver for the parts on the compose file's MinIO (what the
 cluster tests run with, on moto's endpoint)."""
@@ -62,9 +62,10 @@ def _confs(argv: list[str]) -> dict[str, str]:
 
 
 def _spark_defaults() -> dict[str, str]:
+    """spark-defaults.conf as Spark reads it (a Java properties file: a backslash escapes the next character)."""
     lines = [line.split(None, 1) for line in SPARK_DEFAULTS.read_text().splitlines()
              if line.strip() and not line.startswith("#")]
-    return {k: v.strip() for k, v in lines}
+    return {k: re.sub(r"\\(.)", r"\1", v.strip()) for k, v in lines}
 
 
 def test_images_are_the_projects_pins():
@@ -139,7 +140,7 @@ def test_every_connection_the_code_reads_is_defined():
         assert env["RECLOCK_CONFIG"].startswith("/opt/airflow/include/")
     bucket = "s3://reclock/parts".split("/")[2]
     assert f"mb --ignore-existing reclock/{bucket}" in " ".join(SERVICES["minio-init"]["command"])
-    assert "wal_level=logical" in SERVICES["postgres"]["command"]
+    assert "-c wal_level=logical" in " ".join(SERVICES["postgres"]["command"])
 
 
 def _references(value: str) -> list[str]:
@@ -193,3 +194,99 @@ def test_every_airflow_service_retries_as_the_dev_stack_and_the_docs_say():
         assert {k: env.get(k) for k in AIRFLOW_ENV} == AIRFLOW_ENV, service
     ops = (REPO / "docs" / "operations.md").read_text()
     assert f"set {TASK_RETRIES} retries {TASK_RETRY_DELAY_S} s apart" in ops
+
+
+# -- security: every service authenticated and encrypted, each principal with exactly what it needs -------------
+
+CERTS = "/etc/reclock/certs/"
+
+
+def _conns(service: str = "airflow-scheduler") -> dict[str, dict]:
+    return {k[len("AIRFLOW_CONN_"):].lower(): json.loads(v) for k, v in _env(service).items()
+            if k.startswith("AIRFLOW_CONN_")}
+
+
+def test_every_connection_is_authenticated_and_encrypted():
+    conns = _conns()
+    for name in ("reclock_postgres", "reclock_demo_shop"):
+        assert conns[name]["extra"] == {"sslmode": "verify-full", "sslrootcert": CERTS + "ca.pem"}, name
+    assert (conns["reclock_postgres"]["login"], conns["reclock_demo_shop"]["login"]) == ("reclock_app", "reclock_cdc")
+    kafka = conns["reclock_kafka"]
+    assert kafka["extra"]["security.protocol"] == "SASL_SSL" and kafka["extra"]["sasl.mechanism"] == "SCRAM-SHA-512"
+    assert kafka["login"] == "reclock" and kafka["extra"]["ssl.ca.location"] == CERTS + "ca.pem"
+    from reclock.kafka_client import SECURITY_KEYS
+
+    assert set(kafka["extra"]) <= SECURITY_KEYS | {"bootstrap.servers"}  # what reclock.kafka_client reads
+    spark = conns["reclock_spark"]
+    assert spark["extra"] == {"use_ssl": True} and spark["password"].startswith("${SPARK_CONNECT_TOKEN:?")
+    assert conns["reclock_s3"]["extra"]["endpoint_url"].startswith("https://")
+    assert conns["reclock_s3"]["extra"]["verify"] == CERTS + "ca.pem"
+    env = _env("airflow-scheduler")
+    assert "sslmode=verify-full&sslrootcert=" + CERTS + "ca.pem" in env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
+    assert env["GRPC_DEFAULT_SSL_ROOTS_FILE_PATH"] == CERTS + "ca.pem" and env["AWS_CA_BUNDLE"] == CERTS + "ca.pem"
+    assert "reclock_kafka_admin" not in conns  # the admin certificate is kafka-init's alone
+    assert not any("admin.key" in v for v in SERVICES["airflow-scheduler"]["volumes"])
+
+
+def test_postgres_accepts_only_tls_and_its_roles_have_exactly_the_grants():
+    from reclock.grants import cdc_grants, consensus_grants
+
+    hba = [line.split() for line in (REPO / "docker" / "postgres" / "pg_hba.conf").read_text().splitlines()
+           if line.strip() and not line.startswith("#")]
+    assert all(kind in ("local", "hostssl") or method == "reject" for kind, *_, method in hba)
+    command = " ".join(SERVICES["postgres"]["command"])
+    assert "-c ssl=on" in command and "-c hba_file=/etc/reclock/pg_hba.conf" in command
+    init = (REPO / "docker" / "postgres-init.sh").read_text()
+    statements = {s.strip() for s in init.split(";")}
+    config = load_config(REPO / "include" / "reclock.yaml")
+    shop = config.source("demo_shop").postgres
+    for sql in (*consensus_grants("reclock_app", "reclock"), *cdc_grants("reclock_cdc", shop.tables, "demo_shop")):
+        assert any(s.endswith(sql) for s in statements), sql
+    assert f"CREATE PUBLICATION {shop.publication} FOR TABLE {', '.join(shop.tables)}" in init
+    for word in ("SUPERUSER", "CREATEDB", "CREATEROLE", "GRANT ALL"):
+        assert word not in init
+    assert "\\getenv" in init and "-v reclock_password" not in init  # passwords never on psql's command line
+
+
+def test_kafka_has_no_plaintext_listener_and_an_authorizer():
+    props = dict(line.split("=", 1) for line in (REPO / "docker" / "kafka" / "server.properties").read_text().splitlines()
+                 if line and not line.startswith("#"))
+    assert "PLAINTEXT" not in props["listener.security.protocol.map"]
+    assert props["authorizer.class.name"] == "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+    assert props["allow.everyone.if.no.acl.found"] == "false"
+    assert props["super.users"] == "User:broker;User:admin"
+    assert props["ssl.keystore.password"] == "${env:KAFKA_KEYSTORE_PASSWORD}"
+    init = " ".join(SERVICES["kafka-init"]["command"])
+    assert "reclock grants --apply-kafka reclock_kafka_admin" in init and "--scram-password-env" in init
+    assert SERVICES["airflow-scheduler"]["depends_on"]["kafka-init"]["condition"] == "service_completed_successfully"
+
+
+def test_spark_connect_asks_for_a_token_behind_tls():
+    assert _env("spark-connect")["SPARK_CONNECT_AUTHENTICATE_TOKEN"].startswith("${SPARK_CONNECT_TOKEN:?")
+    tls = (REPO / "docker" / "spark-connect-tls.conf").read_text()
+    assert "listen 15443 ssl;" in tls and "grpc_pass grpc://spark-connect:15002;" in tls
+    assert _env("spark-connect")["AWS_ENDPOINT_URL"].startswith("https://")
+
+
+def test_no_secret_on_a_command_line():
+    """Secrets reach processes in their environment: no ${VAR} of a secret in any service's command or
+    entrypoint (process lists and logs show them)."""
+    example = [line.split("=", 1)[0] for line in (REPO / ".env.example").read_text().splitlines()
+               if line and not line.startswith("#")]
+    for name, service in SERVICES.items():
+        argv = " ".join(str(x) for key in ("command", "entrypoint") for x in (service.get(key) or []))
+        for var in example:
+            assert f"${{{var}" not in argv and f"$${var}" not in argv, (name, var)
+
+
+def test_the_certificates_compose_mounts_are_the_ones_make_certs_makes(tmp_path):
+    import subprocess
+
+    subprocess.run([str(REPO / "docker" / "make-certs.sh"), str(tmp_path)], check=True, capture_output=True,
+                   env={"PATH": "/usr/bin:/bin", "KAFKA_KEYSTORE_PASSWORD": "test-only"})
+    mounted = {v.split(":")[0] for s in SERVICES.values() for v in s.get("volumes", [])
+               if isinstance(v, str) and v.startswith("./docker/certs/")}
+    assert mounted
+    for path in mounted:
+        assert (tmp_path / path[len("./docker/certs/"):]).exists(), path
+    assert (REPO / ".gitignore").read_text().count("docker/certs") == 1

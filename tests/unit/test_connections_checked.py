@@ -9,7 +9,7 @@ import pytest
 
 from reclock.config import parse_config
 from reclock.errors import ConfigError, SettingError
-from reclock.settings import check_connections, find_bootstrap
+from reclock.settings import check_connections, find_kafka
 
 CFG = {"sources": {
     "a": {"kafka": {"topic": "a", "connection": "kafka_a"}, "format": "bytes"},
@@ -39,12 +39,12 @@ def test_every_connection_the_config_reaches_through_must_be_defined(monkeypatch
 def test_the_environment_s_brokers_serve_the_default_but_never_hide_a_named_connection(monkeypatch):
     cfg = parse_config(CFG)
     monkeypatch.setenv("RECLOCK_BOOTSTRAP", "env:1")
-    assert find_bootstrap(cfg.sources["b"].kafka, "source b") == "env:1"  # the default: no connection needed
+    assert find_kafka(cfg.sources["b"].kafka, "source b").bootstrap == "env:1"  # the default: no connection needed
     with pytest.raises(SettingError, match="kafka_a.*not defined.*RECLOCK_BOOTSTRAP gives the brokers"):
-        find_bootstrap(cfg.sources["a"].kafka, "source a")
+        find_kafka(cfg.sources["a"].kafka, "source a")
     _conn(monkeypatch, "kafka_a")
-    assert find_bootstrap(cfg.sources["a"].kafka, "source a") == "env:1"
-    assert find_bootstrap(cfg.sources["a"].kafka, "source a", given="opt:2") == "opt:2"
+    assert find_kafka(cfg.sources["a"].kafka, "source a").bootstrap == "env:1"
+    assert find_kafka(cfg.sources["a"].kafka, "source a", given="opt:2").bootstrap == "opt:2"
 
 
 def test_connection_and_bootstrap_are_one_or_the_other():

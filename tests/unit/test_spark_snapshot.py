@@ -4,6 +4,7 @@ tables Spark can convert, and the proof of what Spark wrote."""
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -53,7 +54,10 @@ def test_tables_spark_cannot_convert_exactly_stay_in_the_task():
     assert not ss.convertible(info(("a", po.INT8, -1), ("A", po.INT8, -1)))  # one name to Spark
     q = ss.snapshot_query(info(("Odd \"name\"", po.TEXT, -1), ("ch", po.BPCHAR, 7)))
     assert q == ('(SELECT ctid AS reclock_ctid, "Odd ""name"""::text AS c0, textin(bpcharout("ch")) AS c1 '
-                 'FROM "public"."t") reclock_snapshot')
+                 'FROM ONLY "public"."t") reclock_snapshot')
+    filtered = replace(info(("id", po.INT8, -1)), row_filter="((id % 2) = 0)")
+    assert ss.snapshot_query(filtered) == ('(SELECT ctid AS reclock_ctid, "id"::text AS c0 FROM ONLY "public"."t" '
+                                           'WHERE (((id % 2) = 0))) reclock_snapshot')
     init = ss.session_init("00000003-0000001B-1")
     assert init.endswith("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT "
                          "'00000003-0000001B-1'") and "SET TimeZone = 'UTC'" in init
@@ -82,3 +86,11 @@ def test_spark_snapshot_parts_are_proved_by_marker_footers_and_count(tmp_path):
         cdc.collect(blob, "src", "v", {"s1": 5}, ["s1"])
     with pytest.raises(UnaccountedWrite, match="_SUCCESS"):
         cdc.collect(blob, "src", "u", {"s1": 0}, ["s1"])  # Spark wrote nothing at all
+
+
+def test_a_table_info_keeps_its_publication_definition_through_json():
+    plain = TableInfo("public.t", 1, (("id", po.INT8, -1),))
+    assert plain.to_json() == {"table": "public.t", "relid": 1, "columns": [["id", po.INT8, -1]]}  # as before
+    assert TableInfo.from_json(plain.to_json()) == plain
+    full = TableInfo("public.t", 1, (("id", po.INT8, -1),), "(id > 5)", ("id",), (7, 9))
+    assert TableInfo.from_json(full.to_json()) == full

@@ -116,3 +116,21 @@ def test_a_postgres_source_s_page_speaks_in_lsns_and_wal_bytes_and_its_history_n
     assert pg.position_text(0, 0x16B3748) == "LSN 0/16B3748" and kind_named("kafka").position_text(2, 40) == \
         "partition 2 offset 40"
     assert sr.Lag(1234, "g").text() == "1,234 records" and sr.Lag(None).text() == "unknown"
+
+
+def test_redact_hides_every_kind_of_credential_a_message_may_quote():
+    from reclock.redaction import redact
+
+    cases = {
+        "sc://127.0.0.1:15002/;token=t0k3n;use_ssl=true": "t0k3n",
+        'ScramLoginModule required username="reclock" password="s3cr3t";': "s3cr3t",
+        '{"sasl.password": "xyz1", "aws_secret_access_key": "k3y"}': ("xyz1", "k3y"),
+        "key -----BEGIN PRIVATE KEY-----\nMIIabc\n-----END PRIVATE KEY----- done": "MIIabc",
+        "kafka at 127.0.0.1:9093 refused the connection": (),
+    }
+    for text, secrets in cases.items():
+        out = redact(text)
+        for s in (secrets,) if isinstance(secrets, str) else secrets:
+            assert s not in out, out
+    assert redact("kafka at 127.0.0.1:9093 refused the connection") == "kafka at 127.0.0.1:9093 refused the connection"
+    assert redact(None) is None

@@ -1,6 +1,11 @@
 """Airflow 3 for the stack: api-server, scheduler, dag-processor and triggerer as separate processes on
 127.0.0.1 (never ``airflow standalone``, which opens log servers on 0.0.0.0), LocalExecutor, the
 metadata DB in the stack's Postgres, the repo's ``dags/`` and ``plugins/``.
+
+With ``teams`` (team -> a DAG folder of its own) Airflow runs in multi-team mode: each folder is a DAG
+bundle owned by its team (and the project's ``dags/`` is not read) (created before the DAG processor starts), and ``users`` (name -> (role, team))
+log in with Airflow's simple auth manager beside ``admin``: a user of a team reads only the DAGs of its
+team's bundle (plus those of no team), which is how the tests give two users different DAG permissions.
 """
 
 from __future__ import annotations
@@ -44,6 +49,8 @@ class LocalAirflow:
     state: StackState
     postgres_dsn: str  # SQLAlchemy-free DSN of the metadata database (postgresql://...)
     extra_env: dict[str, str] | None = None
+    teams: dict[str, Path] | None = None  # team -> its DAG bundle's folder (multi-team mode)
+    users: dict[str, tuple[str, str | None]] | None = None  # more users: name -> (role, team)
     schedulers: int = 1  # more than one: highly available schedulers (scheduler, scheduler-2, ...)
 
     @property
@@ -68,6 +75,10 @@ class LocalAirflow:
     def admin_password(self) -> str:
         return self.state.secret("airflow_admin_password", 12)
 
+    def user_password(self, user: str) -> str:
+        """The password of ``user`` (``admin``'s or one of ``users``), kept in ``stack.json``."""
+        return self.admin_password if user == ADMIN_USER else self.state.secret(f"airflow_user_{user}", 12)
+
     def _bin(self) -> str:
         return str(Path(sys.executable).parent / "airflow")
 
@@ -81,9 +92,12 @@ class LocalAirflow:
         ``reclock dev env``)."""
         fernet = base64.urlsafe_b64encode(self.state.secret("airflow_fernet", 24).encode()[:32].ljust(32, b"0"))
         passwords = self.home / "simple_auth_manager_passwords.json"
-        if not passwords.exists():
-            passwords.write_text(json.dumps({ADMIN_USER: self.admin_password}))
-            passwords.chmod(0o600)
+        users = {ADMIN_USER: ("admin", None), **(self.users or {})}
+        wanted = {u: self.user_password(u) for u in users}
+        if not passwords.exists() or json.loads(passwords.read_text()) != wanted:
+            fd = os.open(passwords, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(json.dumps(wanted))
         env = {
             "AIRFLOW_HOME": str(self.home),
             "AIRFLOW__CORE__DAGS_FOLDER": str(REPO_ROOT / "dags"),
@@ -92,7 +106,8 @@ class LocalAirflow:
             "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
             "AIRFLOW__CORE__PARALLELISM": "4",
             "AIRFLOW__CORE__FERNET_KEY": fernet.decode(),
-            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{ADMIN_USER}:admin",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(
+                f"{u}:{role}" + (f":{team}" if team else "") for u, (role, team) in users.items()),
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.url}/execution/",
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": self.postgres_dsn.replace("postgresql://",
@@ -116,6 +131,12 @@ class LocalAirflow:
             "NO_PROXY": "*",
             **AIRFLOW_ENV,  # retries, as every deployment of the DAGs has them
         }
+        if self.teams:
+            # the teams' folders only: the project's dags/ would build every source's DAGs a second time
+            bundles = [{"name": f"{team}_dags", "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
+                         "kwargs": {"path": str(folder)}, "team_name": team} for team, folder in self.teams.items()]
+            env["AIRFLOW__CORE__MULTI_TEAM"] = "True"
+            env["AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST"] = json.dumps(bundles)
         env.update(self.extra_env or {})
         return env
 
@@ -141,6 +162,10 @@ class LocalAirflow:
         t0 = time.monotonic()
         if not all(self.running(c) for c in self.components):
             self.airflow("db", "migrate", timeout=600)
+            existing = self.airflow("teams", "list") if self.teams else ""
+            for team in self.teams or {}:
+                if team not in existing:
+                    self.airflow("teams", "create", team)
             if connections:
                 self.set_connections(connections)
         for component in self.components:
@@ -190,11 +215,11 @@ class LocalAirflow:
 
         procs.wait_until("airflow", healthy, timeout, log=self.logfile("api-server"), alive=alive)
 
-    def token(self) -> str:
-        """A JWT for the REST API, from the admin login."""
+    def token(self, user: str = ADMIN_USER) -> str:
+        """A JWT for the REST API, from ``user``'s login (default: the admin)."""
         req = urllib.request.Request(
             f"{self.url}/auth/token", method="POST",
-            data=json.dumps({"username": ADMIN_USER, "password": self.admin_password}).encode(),
+            data=json.dumps({"username": user, "password": self.user_password(user)}).encode(),
             headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=10) as r:
             return json.loads(r.read())["access_token"]

@@ -14,6 +14,7 @@ import random
 import time
 from typing import Callable
 
+from reclock.kafka_client import client_config
 from reclock.persist import connect
 
 from reclock.dev.stack import Stack
@@ -29,11 +30,11 @@ def fill(bootstrap: str, topic: str, start: int, count: int, partitions: int = 4
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient(client_config(bootstrap).librdkafka())
     if topic not in admin.list_topics(timeout=10).topics:
         admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(30)
     rng = random.Random(start)
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "enable.idempotence": True})
+    producer = Producer(client_config(bootstrap).librdkafka({"linger.ms": 20, "enable.idempotence": True}))
     for i in range(start, start + count):
         order = {"order_id": i, "customer": f"c{rng.randrange(1000):03d}",
                  "amount": round(rng.uniform(1, 500), 2), "placed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ")}
@@ -51,7 +52,7 @@ def topic_size(bootstrap: str, topic: str) -> int:
 
     from reclock.sources.kafka.upstream import KafkaUpstream
 
-    if topic not in AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10).topics:
+    if topic not in AdminClient(client_config(bootstrap).librdkafka()).list_topics(timeout=10).topics:
         return 0
     return sum(o for _, o in KafkaUpstream(DEMO_SOURCE, bootstrap, topic).probe_upper())
 
@@ -77,16 +78,16 @@ def run_demo(stack: Stack, waves: int = 2, per_wave: int = 20_000, echo: Callabl
     if sink is not None:
         stack.airflow.wait_for_dag(f"sink__{DEMO_SINK}")
         stack.airflow.unpause(f"sink__{DEMO_SINK}")  # runs on the asset events of the ingest appends
-    start = topic_size(stack.kafka.bootstrap, spec.kafka.topic)  # a rerun of the demo adds to the topic
+    start = topic_size(stack.kafka.admin_config(), spec.kafka.topic)  # a rerun of the demo adds to the topic
 
     def wave(i: int) -> str:
-        fill(stack.kafka.bootstrap, spec.kafka.topic, start + i * per_wave, per_wave)
+        fill(stack.kafka.admin_config(), spec.kafka.topic, start + i * per_wave, per_wave)
         return f"produced {per_wave} records"
 
     _run_waves(stack, dag_id, waves, wave, echo)
     produced = waves * per_wave
 
-    blob = blob_store_from_url(stack.blob_url)
+    blob = blob_store_from_url(stack.blob_url, stack.s3.settings() if stack.s3 else None)
     with connect(stack.postgres.dsn()) as conn:
         rows = _rows(conn, blob, spec.data_shard)
         progress = conn.execute(
@@ -94,13 +95,13 @@ def run_demo(stack: Stack, waves: int = 2, per_wave: int = 20_000, echo: Callabl
         ).fetchall()
         upper, since = conn.execute("SELECT upper, since FROM reclock.shards WHERE id = %s",
                                     (spec.data_shard,)).fetchone()
-    total = topic_size(stack.kafka.bootstrap, spec.kafka.topic)
+    total = topic_size(stack.kafka.admin_config(), spec.kafka.topic)
     echo(f"\n{spec.data_shard}: {rows} rows; the topic holds {total} records ({produced} produced by this run); "
          f"upper {upper}, since {since}")
     echo(f"SELECT * FROM reclock.{DEMO_SOURCE}_progress  -- the bindings (ts, partition, offset):")
     for ts, p, o in progress[-12:]:
         echo(f"  {ts}  {p}  {o}")
-    lag = consumer_lag(stack.kafka.bootstrap, spec.kafka.topic, spec.consumer_group)
+    lag = consumer_lag(stack.kafka.admin_config(), spec.kafka.topic, spec.consumer_group)
     echo(f"consumer group {spec.consumer_group} lag per partition: {lag} (total {sum(lag.values())})")
     if sink is not None:
         _show_sink(stack, sink, upper, echo)
@@ -139,7 +140,7 @@ def _show_sink(stack: Stack, sink, upper: int, echo: Callable[[str], None]) -> N
     t0 = time.monotonic()
     progress = None
     while time.monotonic() - t0 < 180:
-        progress = read_progress(stack.kafka.bootstrap, sink.progress_topic, sink.name)
+        progress = read_progress(stack.kafka.admin_config(), sink.progress_topic, sink.name)
         if progress is not None and progress.frontier >= upper:
             break
         time.sleep(1)
@@ -169,6 +170,12 @@ def shop_upstream(stack: Stack, publication: str, tables: list[str]) -> str:
             conn.execute(f"ALTER TABLE {t} REPLICA IDENTITY FULL")
         if conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,)).fetchone() is None:
             conn.execute(f'CREATE PUBLICATION "{publication}" FOR TABLE {", ".join(tables)}')
+        if stack.secure:  # the source's role: REPLICATION and SELECT on the published tables
+            from reclock.dev.stack import CDC_ROLE
+            from reclock.grants import cdc_grants
+
+            for sql in cdc_grants(CDC_ROLE, tables, DEMO_PG_DB):
+                conn.execute(sql)
     return dsn
 
 
@@ -215,7 +222,7 @@ def _run_postgres_demo(stack: Stack, spec, waves: int, per_wave: int, echo: Call
     seed = int(time.time())
     _run_waves(stack, dag_id, waves,
                lambda i: f"{shop_wave(dsn, per_wave, seed=seed + i)} upstream transactions", echo)
-    blob = blob_store_from_url(stack.blob_url)
+    blob = blob_store_from_url(stack.blob_url, stack.s3.settings() if stack.s3 else None)
     with psycopg.connect(dsn, autocommit=True) as up, connect(stack.postgres.dsn()) as conn:
         progress = conn.execute(f'SELECT ts, lsn::text FROM reclock."{DEMO_PG_SOURCE}_progress" ORDER BY ts'
                                 ).fetchall()

@@ -7,11 +7,20 @@ work on one node. A cluster is a static quorum of ``size`` combined nodes (every
 with what a production cluster sets: replication factor 3 for every topic that does not say otherwise and
 for the offsets and transaction state logs, ``min.insync.replicas`` 2 (a write acknowledged by ``acks=all``
 is on two nodes), no unclean leader election.
+
+``LocalKafka(state, secure=True)`` runs it as production clusters run: every listener TLS with the stack's CA
+(``reclock.dev.tls``), clients on ``bootstrap`` log in with SASL/SCRAM-SHA-512, clients on
+``mtls_bootstrap`` with a client certificate (its CN is the principal: ``ssl.principal.mapping.rules``), the
+controller listener and the broker's own connections with the broker's certificate, and KRaft's
+``StandardAuthorizer`` with no access where no ACL allows it. The principals ``broker`` and ``admin`` are
+super users; ``admin`` (:meth:`LocalKafka.admin_config`, mutual TLS) creates SCRAM users
+(:meth:`LocalKafka.add_user`) and ACLs (:meth:`LocalKafka.grant`): no password ever goes on a command line.
 """
 
 from __future__ import annotations
 
 import base64
+import os
 import shutil
 import socket
 import struct
@@ -24,7 +33,11 @@ from reclock.dev import procs
 from reclock.dev.jars import ensure_jars
 from reclock.dev.procs import LOOPBACK
 from reclock.dev.state import StackState
+from reclock.dev.tls import LocalCA
 from reclock.errors import StackError
+from reclock.kafka_client import KafkaClientConfig
+
+SUPER_USERS = ("broker", "admin")
 
 LOG4J2 = """\
 status = warn
@@ -50,6 +63,7 @@ class LocalKafka:
 
     state: StackState
     heap: str = "768m"
+    secure: bool = False
     name: str = "kafka"
     node_id: int = 1
     voters: dict[int, int] | None = None
@@ -68,8 +82,61 @@ class LocalKafka:
         return self.state.port(f"{self.name}_controller")
 
     @property
+    def mtls_port(self) -> int:
+        return self.state.port(f"{self.name}_mtls")
+
+    @property
     def bootstrap(self) -> str:
+        """PLAINTEXT, or SASL_SSL (SCRAM-SHA-512) when ``secure``."""
         return f"{LOOPBACK}:{self.port}"
+
+    @property
+    def mtls_bootstrap(self) -> str:
+        """The mutual-TLS listener of a secured broker."""
+        return f"{LOOPBACK}:{self.mtls_port}"
+
+    @property
+    def ca(self) -> LocalCA:
+        return LocalCA(self.state)
+
+    def admin_config(self) -> KafkaClientConfig:
+        """A super user's client config: plaintext, or the ``admin`` certificate on the mutual-TLS listener."""
+        if not self.secure:
+            return KafkaClientConfig.plaintext(self.bootstrap)
+        return self.mtls_config("admin")
+
+    def mtls_config(self, principal: str) -> KafkaClientConfig:
+        """A client with a certificate for ``CN=<principal>`` (made on first use) on the mutual-TLS listener."""
+        issued = self.ca.issue(f"kafka-client-{principal}", principal)
+        return KafkaClientConfig(self.mtls_bootstrap, "SSL", ca_pem=self.ca.pem, cert_pem=issued.cert_pem,
+                                 key_pem=issued.key_pem, origin=f"the local broker's {principal} certificate")
+
+    def scram_config(self, user: str, password: str) -> KafkaClientConfig:
+        """A SCRAM-SHA-512 client of ``user`` on the SASL_SSL listener."""
+        return KafkaClientConfig(self.bootstrap, "SASL_SSL", "SCRAM-SHA-512", user, password, ca_pem=self.ca.pem,
+                                 origin=f"the local broker's user {user}")
+
+    def add_user(self, user: str, password: str) -> None:
+        """Create (or reset) the SCRAM-SHA-512 credentials of ``user`` (as ``admin``)."""
+        from reclock.grants import set_scram_password
+
+        set_scram_password(self.admin_config(), user, password)
+
+    def grant(self, principal: str, operation: str, resource_type: str, name: str, prefixed: bool = False) -> None:
+        """Allow ``User:<principal>`` ``operation`` (``READ``, ``WRITE``, ``DESCRIBE``, ``CREATE``, ...) on
+        the ``resource_type`` (``TOPIC``, ``GROUP``, ``TRANSACTIONAL_ID``, ``BROKER`` for the cluster) named
+        ``name`` (or every one whose name starts with it, ``prefixed``), from any host."""
+        from reclock.grants import KafkaAcl, apply_acls
+
+        apply_acls(self.admin_config(), f"User:{principal}", [KafkaAcl(resource_type.upper(), name,  # type: ignore[arg-type]
+                                                                        operation.upper())], prefixed=prefixed)
+
+    def revoke(self, principal: str, operation: str, resource_type: str, name: str, prefixed: bool = False) -> None:
+        from reclock.grants import KafkaAcl, apply_acls
+
+        apply_acls(self.admin_config(), f"User:{principal}", [KafkaAcl(resource_type.upper(), name,  # type: ignore[arg-type]
+                                                                        operation.upper())], delete=True,
+                   prefixed=prefixed)
 
     @property
     def log(self) -> Path:
@@ -78,6 +145,38 @@ class LocalKafka:
     @property
     def pidfile(self) -> Path:
         return self.home / "kafka.pid"
+
+    def _listeners(self) -> dict[str, str]:
+        controller = f"CONTROLLER://{LOOPBACK}:{self.controller_port}"
+        if not self.secure:
+            listeners = f"PLAINTEXT://{LOOPBACK}:{self.port},{controller}"
+            return {"listeners": listeners, "advertised.listeners": listeners,
+                    "inter.broker.listener.name": "PLAINTEXT",
+                    "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT"}
+        listeners = f"SASL_SSL://{LOOPBACK}:{self.port},SSL://{LOOPBACK}:{self.mtls_port},{controller}"
+        issued = self.ca.issue(f"{self.name}-broker", "broker")
+        props = {
+            "listeners": listeners, "advertised.listeners": listeners,
+            "inter.broker.listener.name": "SSL",
+            "listener.security.protocol.map": "CONTROLLER:SSL,SASL_SSL:SASL_SSL,SSL:SSL",
+            "sasl.enabled.mechanisms": "SCRAM-SHA-512",
+            "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config":
+                "org.apache.kafka.common.security.scram.ScramLoginModule required;",
+            "listener.name.sasl_ssl.ssl.client.auth": "none",
+            "listener.name.ssl.ssl.client.auth": "required",
+            "listener.name.controller.ssl.client.auth": "required",
+            "ssl.keystore.type": "PEM",
+            "ssl.keystore.certificate.chain": issued.cert_pem,
+            "ssl.keystore.key": issued.key_pem,
+            "ssl.truststore.type": "PEM",
+            "ssl.truststore.certificates": self.ca.pem,
+            "ssl.endpoint.identification.algorithm": "https",
+            "ssl.principal.mapping.rules": "RULE:^CN=([^,]+)$/$1/,DEFAULT",
+            "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+            "allow.everyone.if.no.acl.found": "false",
+            "super.users": ";".join(f"User:{u}" for u in SUPER_USERS),
+        }
+        return props
 
     def _replication(self) -> dict[str, str]:
         if self.voters is None:
@@ -98,11 +197,8 @@ class LocalKafka:
         props = {
             "process.roles": "broker,controller",
             "node.id": str(self.node_id),
-            "listeners": f"PLAINTEXT://{LOOPBACK}:{self.port},CONTROLLER://{LOOPBACK}:{self.controller_port}",
-            "advertised.listeners": f"PLAINTEXT://{LOOPBACK}:{self.port},CONTROLLER://{LOOPBACK}:{self.controller_port}",
+            **self._listeners(),
             "controller.listener.names": "CONTROLLER",
-            "inter.broker.listener.name": "PLAINTEXT",
-            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
             "log.dirs": str(self.home / "data"),
             "num.partitions": "1",
             "offsets.topic.num.partitions": "4",
@@ -115,7 +211,9 @@ class LocalKafka:
             "transaction.max.timeout.ms": "900000",
             **self._replication(),
         }
-        cfg.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+        fd = os.open(cfg, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # a secured broker's key is in it
+        with os.fdopen(fd, "w") as f:
+            f.write("".join(f"{k}={_escape(v)}\n" for k, v in props.items()))
         (self.home / "log4j2.properties").write_text(LOG4J2.format(log=self.home / "server.log"))
         return cfg
 
@@ -141,7 +239,7 @@ class LocalKafka:
         it was started now."""
         if self.running():
             return False
-        for port in (self.port, self.controller_port):
+        for port in (self.port, self.controller_port, *((self.mtls_port,) if self.secure else ())):
             if procs.port_open(port):
                 raise StackError(f"kafka: port {port} on {LOOPBACK} is taken by another process "
                                  f"(set RECLOCK_{self.name.upper()}_PORT / RECLOCK_{self.name.upper()}_CONTROLLER_PORT "
@@ -169,7 +267,7 @@ class LocalKafka:
 
         procs.wait_until(f"{self.name} broker port", lambda: procs.port_open(self.port), timeout, log=self.log,
                          alive=self.running)
-        admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 2})
+        admin = AdminClient(self.admin_config().librdkafka({"log_level": 2}))
 
         def healthy() -> bool:
             md = admin.list_topics(timeout=2)
@@ -365,3 +463,8 @@ def _recv(s: socket.socket, n: int) -> bytes:
             raise OSError("connection closed mid-response")
         out += chunk
     return bytes(out)
+
+
+def _escape(value: str) -> str:
+    """A value for a Java properties file: newlines (PEM text) and backslashes escaped."""
+    return value.replace("\\", "\\\\").replace("\n", "\\n")

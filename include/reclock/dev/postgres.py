@@ -3,6 +3,10 @@
 Postgres refuses to run as root, so when we are root the cluster belongs to the ``postgres`` user and
 every server command runs through ``runuser``. It listens on 127.0.0.1 only, with ``wal_level=logical``
 (the Postgres CDC source needs it), password authentication over TCP, and no Unix socket.
+
+``LocalPostgres(state, tls=True)`` accepts only TLS connections (``hostssl`` with SCRAM, everything else
+rejected) with a server certificate of the stack's CA (``reclock.dev.tls``); its :meth:`~LocalPostgres.dsn`
+then asks for ``sslmode=verify-full`` against that CA.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import psycopg
 
 from reclock.dev.procs import LOOPBACK, port_open, run
 from reclock.dev.state import StackState
+from reclock.dev.tls import LocalCA
 from reclock.errors import StackError
 
 DB_USER = "reclock"
@@ -80,10 +85,12 @@ class LocalPostgres:
 
     state: StackState
     fast: bool = False  # fsync off: for throwaway test clusters only
+    tls: bool = False  # TLS only (hostssl), the stack CA's certificate
+    name: str = "postgres"  # the state folder and port name
 
     @property
     def home(self) -> Path:
-        return self.state.dir("postgres")
+        return self.state.dir(self.name)
 
     @property
     def data(self) -> Path:
@@ -95,14 +102,23 @@ class LocalPostgres:
 
     @property
     def port(self) -> int:
-        return self.state.port("postgres")
+        return self.state.port(self.name)
 
     @property
     def password(self) -> str:
         return self.state.secret("postgres_password")
 
-    def dsn(self, dbname: str = "reclock") -> str:
-        return f"postgresql://{DB_USER}:{self.password}@{LOOPBACK}:{self.port}/{dbname}"
+    def dsn(self, dbname: str = "reclock", user: str = DB_USER, password: str | None = None) -> str:
+        """A DSN for ``user`` (default: the superuser); with ``tls``, ``sslmode=verify-full`` against the CA."""
+        from urllib.parse import quote
+
+        auth = f"{quote(user, safe='')}:{quote(self.password if password is None else password, safe='')}"
+        return f"postgresql://{auth}@{LOOPBACK}:{self.port}/{dbname}{self.ssl_query}"
+
+    @property
+    def ssl_query(self) -> str:
+        """``?sslmode=verify-full&sslrootcert=<ca.pem>`` with ``tls``, else empty."""
+        return f"?sslmode=verify-full&sslrootcert={LocalCA(self.state).cert}" if self.tls else ""
 
     def _chown(self, path: Path) -> None:
         user = _run_as()
@@ -142,6 +158,17 @@ class LocalPostgres:
         ]
         if self.fast:
             conf += ["fsync = off", "synchronous_commit = off", "full_page_writes = off"]
+        if self.tls:
+            issued = LocalCA(self.state).issue(f"{self.name}-server", "postgres", owner=user)
+            conf += ["ssl = on", f"ssl_cert_file = '{issued.cert}'", f"ssl_key_file = '{issued.key}'",
+                     "ssl_min_protocol_version = 'TLSv1.2'", "password_encryption = 'scram-sha-256'"]
+            hba = self.data / "pg_hba.conf"  # TLS with SCRAM over TCP, nothing else
+            hba.write_text("# reclock: TLS only\n"
+                           "hostssl all         all 127.0.0.1/32 scram-sha-256\n"
+                           "hostssl replication all 127.0.0.1/32 scram-sha-256\n"
+                           "host    all         all 0.0.0.0/0    reject\n"
+                           "host    replication all 0.0.0.0/0    reject\n")
+            self._chown(hba)
         with open(self.data / "postgresql.conf", "a") as f:
             f.write("\n# reclock\n" + "\n".join(conf) + "\n")
 
@@ -170,6 +197,18 @@ class LocalPostgres:
             exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
             if not exists:
                 conn.execute(f'CREATE DATABASE "{name}"')
+
+    def create_role(self, role: str, password: str) -> None:
+        """A login role ``role`` (no other right) with ``password``, or its password reset. libpq computes the
+        SCRAM verifier here, so the password itself never reaches the server or its log."""
+        from psycopg import sql
+
+        with psycopg.connect(self.dsn("postgres"), autocommit=True) as conn:
+            verifier = conn.pgconn.encrypt_password(password.encode(), role.encode(), b"scram-sha-256").decode()
+            exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone()
+            conn.execute(sql.SQL("{} ROLE {} {} PASSWORD {}").format(
+                sql.SQL("ALTER" if exists else "CREATE"), sql.Identifier(role),
+                sql.SQL("" if exists else "LOGIN"), sql.Literal(verifier)))
 
     def stop(self) -> bool:
         if not (self.data / "postmaster.pid").exists():

@@ -7,6 +7,8 @@ S3 source's event notifications (:meth:`LocalS3.queue`, :meth:`LocalS3.notify`: 
 ``ObjectCreated`` / ``ObjectRemoved`` events to the queue as S3 does). By default it checks no keys;
 ``auth=True`` makes it check them as AWS does (IAM: a user whose keys :meth:`LocalS3.settings` returns,
 and any other keys refused), for the tests of wrong credentials.
+With ``tls``, moto serves HTTPS itself (``--ssl-cert``/``--ssl-key``) with a certificate of the stack's CA
+(``reclock.dev.tls``), and the settings name that CA as the bundle clients trust.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 from reclock.dev import procs
 from reclock.dev.procs import LOOPBACK
 from reclock.dev.state import StackState
+from reclock.dev.tls import LocalCA
 from reclock.errors import StackError
 from reclock.persist.objectstore import S3Settings
 
@@ -32,6 +35,7 @@ class LocalS3:
 
     state: StackState
     bucket: str = "reclock"
+    tls: bool = False
     name: str = "s3"  # the state's folder and port name (a second server beside the first: another name)
     auth: bool = False
     _keys: tuple[str, str] | None = field(default=None, repr=False)
@@ -46,7 +50,7 @@ class LocalS3:
 
     @property
     def endpoint_url(self) -> str:
-        return f"http://{LOOPBACK}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{LOOPBACK}:{self.port}"
 
     @property
     def pidfile(self) -> Path:
@@ -62,9 +66,13 @@ class LocalS3:
         if self.auth:
             if self._keys is None:
                 raise StackError("the S3 server with auth has no user yet: start it first")
-            return S3Settings(self.endpoint_url, "us-east-1", *self._keys, path_style=True)
+            return S3Settings(self.endpoint_url, "us-east-1", *self._keys, path_style=True, ca_bundle=self._ca_bundle)
         return S3Settings(self.endpoint_url, "us-east-1", "reclock-" + self.state.secret("s3_access_key", 6),
-                          self.state.secret("s3_secret_key"), path_style=True)
+                          self.state.secret("s3_secret_key"), path_style=True, ca_bundle=self._ca_bundle)
+
+    @property
+    def _ca_bundle(self) -> str | None:
+        return str(LocalCA(self.state).cert) if self.tls else None
 
     def running(self) -> bool:
         return procs.read_pid(self.pidfile) is not None
@@ -75,10 +83,14 @@ class LocalS3:
             server = shutil.which("moto_server", path=str(Path(sys.executable).parent)) or shutil.which("moto_server")
             if server is None:
                 raise StackError("moto's server is not installed: pip install 'moto[server]' (the test extra)")
+            tls: list[str] = []
+            if self.tls:
+                issued = LocalCA(self.state).issue(f"{self.name}-server", "s3")
+                tls = ["--ssl-cert", str(issued.cert), "--ssl-key", str(issued.key)]
             env = None
             if self.auth:  # three requests without keys (the IAM user below), then every request is checked
                 env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "3"}
-            procs.spawn("moto", [server, "-H", LOOPBACK, "-p", str(self.port)], log=self.log,
+            procs.spawn("moto", [server, "-H", LOOPBACK, "-p", str(self.port), *tls], log=self.log,
                         pidfile=self.pidfile, cwd=self.home, env=env)
         try:
             procs.wait_until("moto S3 server", lambda: procs.port_open(self.port), timeout, log=self.log,
@@ -96,7 +108,7 @@ class LocalS3:
         import boto3
 
         iam = boto3.client("iam", endpoint_url=self.endpoint_url, region_name="us-east-1", aws_access_key_id="setup",
-                           aws_secret_access_key="setup")
+                           aws_secret_access_key="setup", verify=self._ca_bundle)
         iam.create_user(UserName="reclock")
         iam.put_user_policy(UserName="reclock", PolicyName="all", PolicyDocument=json.dumps(
             {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}))

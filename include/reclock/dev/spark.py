@@ -4,6 +4,11 @@ Both get Spark's Kafka connector jars (resolved by Maven) and the library's driv
 (``reclock.spark.session``), and bind only to 127.0.0.1 (``SPARK_LOCAL_IP``, driver host and bind address,
 the Connect gRPC address). A Connect server given :class:`~reclock.persist.objectstore.S3Settings` also
 gets the S3A jars and settings, and the keys in its environment, so its jobs read and write ``s3a://``.
+
+A Connect server with a ``token`` refuses every client that does not present it (Spark's
+``spark.connect.authenticate.token``, given in the server's environment, never its command line); with
+``tls`` it is reached through a TLS front (``reclock.dev.tls_front``) with the stack CA's certificate, and
+:attr:`LocalSparkConnect.url` is ``sc://127.0.0.1:<tls port>/;use_ssl=true;token=...``.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from reclock.dev import procs
 from reclock.dev.jars import spark_kafka_jars, spark_s3a_jars
 from reclock.dev.procs import LOOPBACK
 from reclock.dev.state import StackState
-from reclock.persist.objectstore import S3Settings, jvm_env, spark_s3a_conf
+from reclock.persist.objectstore import S3Settings, jvm_env, jvm_trust_options, spark_s3a_conf
 from reclock.spark.session import LOCAL_CONF, SPARK_CONF, driver_session
 
 
@@ -65,6 +70,8 @@ class LocalSparkConnect:
     s3: S3Settings | None = None
     conf: dict[str, str] = field(default_factory=dict)
     launcher: tuple[str, ...] = ()  # a command the server is started under (tests: a mount namespace)
+    token: str | None = field(default=None, repr=False)  # clients must present it
+    tls: bool = False  # clients reach it through a TLS front on the port ``<name>_tls``
 
     @property
     def home(self) -> Path:
@@ -80,7 +87,16 @@ class LocalSparkConnect:
 
     @property
     def url(self) -> str:
-        return f"sc://{LOOPBACK}:{self.port}"
+        """The URL a client uses: the TLS front's with ``use_ssl`` when ``tls``, the token when one is set."""
+        params = (["use_ssl=true"] if self.tls else []) + ([f"token={self.token}"] if self.token else [])
+        if self.tls:
+            return f"sc://{LOOPBACK}:{self._front().port}/;" + ";".join(params)
+        return f"sc://{LOOPBACK}:{self.port}" + ("/;" + ";".join(params) if params else "")
+
+    def _front(self):
+        from reclock.dev.tls_front import LocalTlsFront
+
+        return LocalTlsFront(self.state, f"{self.name}_tls", self.port)
 
     @property
     def pidfile(self) -> Path:
@@ -98,6 +114,14 @@ class LocalSparkConnect:
         if not self.running():
             jars = spark_kafka_jars(self.state) + (spark_s3a_jars(self.state) if self.s3 else [])
             env = {**spark_env(), **(jvm_env(self.s3) if self.s3 else {})}
+            if self.token:
+                env["SPARK_CONNECT_AUTHENTICATE_TOKEN"] = self.token  # the environment: not the command line
+            java: dict[str, str] = {}
+            if self.s3 is not None and self.s3.ca_bundle:
+                from reclock.dev.tls import LocalCA
+
+                trust = jvm_trust_options(str(LocalCA(self.state).java_truststore()))
+                java = {"spark.driver.extraJavaOptions": trust, "spark.executor.extraJavaOptions": trust}
             conf = {
                 **SPARK_CONF,
                 **LOOPBACK_CONF,
@@ -110,6 +134,7 @@ class LocalSparkConnect:
                 "spark.sql.warehouse.dir": str(self.home / "warehouse"),
                 "spark.local.dir": str(self.home / "tmp"),
                 **(spark_s3a_conf(self.s3) if self.s3 else {}),
+                **java,
                 **self.conf,
             }
             argv = [*self.launcher, str(spark_home() / "bin" / "spark-submit"),
@@ -121,18 +146,22 @@ class LocalSparkConnect:
             procs.spawn("spark-connect", argv, log=self.log, pidfile=self.pidfile, env=env, cwd=self.home)
         procs.wait_until("spark connect", lambda: procs.port_open(self.port), timeout, log=self.log,
                          alive=self.running)
+        if self.tls:
+            self._front().start()
         return time.monotonic() - t0
 
     def session(self, scope: str | None = None):
         """A Spark Connect client session to this server; on the server-side session ``scope``'s processes
         share when given (``reclock.spark.connect``)."""
-        from pyspark.sql import SparkSession
-
         if scope is not None:
             from reclock.spark.connect import shared_session
 
             return shared_session(self.url, scope)
-        return SparkSession.builder.remote(self.url).getOrCreate()
+        from reclock.spark.connect import remote_session
+
+        return remote_session(self.url)
 
     def stop(self) -> bool:
+        if self.tls:
+            self._front().stop()
         return procs.stop(self.pidfile, timeout=30)

@@ -6,6 +6,19 @@ and ``reclock_spark_submit``, and the
 settings no connection carries in its processes' environment: ``RECLOCK_CONFIG``, ``RECLOCK_BLOB_URL``,
 ``RECLOCK_SPARK_JARS``). :meth:`Stack.settings` gives every setting to the ``reclock`` commands
 (``reclock dev env``); the library never looks for the stack itself.
+
+``Stack(state, secure=True)`` (``reclock dev up --secure``; a state folder remembers it) is the deployment's
+security in miniature, every certificate signed by the stack's own CA (``reclock.dev.tls``):
+
+- Postgres accepts only TLS with SCRAM; Reclock connects as ``reclock_app``, which owns the ``reclock``
+  schema and nothing else; Airflow as ``airflow``, the owner of its database; a Postgres source's upstream
+  as ``reclock_cdc`` (REPLICATION, SELECT on the published tables): ``reclock.grants``.
+- Kafka takes SASL/SCRAM-SHA-512 over TLS (and mutual TLS) with ACLs; the user ``reclock`` gets exactly the
+  ACLs of the config's sources and sinks (``reclock.grants.kafka_acls``), the stack itself acts as
+  ``admin`` (a client certificate).
+- Parts live in S3 (moto) over TLS; Spark Connect asks for a token and is reached over TLS.
+- The Airflow connections carry the TLS settings and the CA; Airflow's processes trust the CA for Spark
+  Connect (``GRPC_DEFAULT_SSL_ROOTS_FILE_PATH``).
 """
 
 from __future__ import annotations
@@ -26,20 +39,60 @@ from reclock.dev.procs import LOOPBACK
 from reclock.dev.s3 import LocalS3
 from reclock.dev.spark import LocalSparkConnect
 from reclock.dev.state import REPO_ROOT, StackState, default_state_dir
+from reclock.dev.tls import LocalCA
 
 SERVICES = ("postgres", "kafka", "s3", "spark", "airflow")
+CONSENSUS_ROLE, AIRFLOW_ROLE, CDC_ROLE, KAFKA_USER = "reclock_app", "airflow", "reclock_cdc", "reclock"
 
 
 @dataclass
 class Stack:
     state: StackState = field(default_factory=lambda: StackState(default_state_dir()))
+    secure: bool | None = None  # None: as the state folder was first brought up (default: not secured)
 
     def __post_init__(self) -> None:
-        self.postgres = LocalPostgres(self.state)
-        self.kafka = LocalKafka(self.state)
-        self.s3 = LocalS3(self.state, bucket="landing")
-        self.spark = LocalSparkConnect(self.state)
-        self.airflow = LocalAirflow(self.state, self.postgres.dsn("airflow"), self.airflow_settings())
+        data = self.state.load()
+        if self.secure is None:
+            self.secure = bool(data.get("secure", False))
+        elif data.get("secure", self.secure) != self.secure and (self.state.root / "postgres").exists():
+            from reclock.errors import StackError
+
+            raise StackError(f"the stack in {self.state.root} was set up {'with' if data['secure'] else 'without'} "
+                             "--secure; bring it down and remove the folder to change that")
+        if data.get("secure") != self.secure:
+            data["secure"] = self.secure
+            self.state.save(data)
+        self.postgres = LocalPostgres(self.state, tls=self.secure)
+        self.kafka = LocalKafka(self.state, secure=self.secure)
+        self.s3 = LocalS3(self.state, bucket="landing", tls=self.secure)
+        self.spark = LocalSparkConnect(self.state, s3=self.s3.settings() if self.secure else None,
+                                       token=self.state.secret("spark_connect_token") if self.secure else None,
+                                       tls=self.secure)
+        self.airflow = LocalAirflow(self.state, self.airflow_dsn, self.airflow_settings())
+
+    def password(self, role: str) -> str:
+        """The password of a role or user the secured stack made (kept in ``stack.json``)."""
+        return self.state.secret(f"password_{role}")
+
+    @property
+    def ca(self) -> LocalCA:
+        return LocalCA(self.state)
+
+    @property
+    def dsn(self) -> str:
+        """Reclock's consensus database: as ``reclock_app`` over TLS when secured."""
+        return (self.postgres.dsn("reclock", CONSENSUS_ROLE, self.password(CONSENSUS_ROLE)) if self.secure
+                else self.postgres.dsn())
+
+    @property
+    def airflow_dsn(self) -> str:
+        return (self.postgres.dsn("airflow", AIRFLOW_ROLE, self.password(AIRFLOW_ROLE)) if self.secure
+                else self.postgres.dsn("airflow"))
+
+    def kafka_config(self):
+        """Reclock's Kafka client config: the ``reclock`` user over SCRAM/TLS when secured."""
+        return (self.kafka.scram_config(KAFKA_USER, self.password(KAFKA_USER)) if self.secure
+                else self.kafka.admin_config())
 
     @property
     def config_file(self) -> Path:
@@ -48,7 +101,7 @@ class Stack:
 
     @property
     def blob_url(self) -> str:
-        return str(self.state.root / "blobs")
+        return self.s3.url("parts") if self.secure else str(self.state.root / "blobs")
 
     def spark_jars(self) -> str:
         """Spark's Kafka connector jars (resolved by ``reclock dev install``), comma-separated."""
@@ -57,16 +110,29 @@ class Stack:
     def airflow_settings(self) -> dict[str, str]:
         """What the Airflow processes get beyond the connections: the settings no connection carries, and
         this interpreter's folder first on PATH (the Spark provider runs ``spark-submit`` from PATH)."""
-        return {"RECLOCK_CONFIG": str(self.config_file), "RECLOCK_BLOB_URL": self.blob_url,
-                "RECLOCK_SPARK_JARS": self.spark_jars(),
-                "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
+        out = {"RECLOCK_CONFIG": str(self.config_file), "RECLOCK_BLOB_URL": self.blob_url,
+               "RECLOCK_SPARK_JARS": self.spark_jars(),
+               "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
+        if self.secure:
+            out["GRPC_DEFAULT_SSL_ROOTS_FILE_PATH"] = str(self.ca.cert)  # Spark Connect's TLS front
+        return out
 
     def settings(self) -> dict[str, str]:
-        """Every setting of the ``reclock`` commands for this stack (``reclock dev env`` prints them)."""
-        return {"RECLOCK_CONFIG": str(self.config_file), "RECLOCK_DSN": self.postgres.dsn(),
-                "RECLOCK_BLOB_URL": self.blob_url, "RECLOCK_BOOTSTRAP": self.kafka.bootstrap,
-                "RECLOCK_SPARK_REMOTE": self.spark.url, "RECLOCK_SPARK_JARS": self.spark_jars(),
-                "AIRFLOW_CONN_RECLOCK_S3": self.s3_connection_uri()}
+        """Every setting of the ``reclock`` commands for this stack (``reclock dev env`` prints them). A
+        secured stack gives Kafka and S3 as connections (``AIRFLOW_CONN_*``: no Airflow needed to read them)."""
+        import json
+
+        out = {"RECLOCK_CONFIG": str(self.config_file), "RECLOCK_DSN": self.dsn,
+               "RECLOCK_BLOB_URL": self.blob_url, "RECLOCK_SPARK_REMOTE": self.spark.url,
+               "RECLOCK_SPARK_JARS": self.spark_jars()}
+        if not self.secure:
+            return {**out, "RECLOCK_BOOTSTRAP": self.kafka.bootstrap, "AIRFLOW_CONN_RECLOCK_S3": self.s3_connection_uri()}
+        conns = self.connections()
+        for conn_id in ("reclock_kafka", "reclock_s3"):
+            out[f"AIRFLOW_CONN_{conn_id.upper()}"] = json.dumps(
+                {k: v for k, v in conns[conn_id].items() if k != "description"})
+        out["GRPC_DEFAULT_SSL_ROOTS_FILE_PATH"] = str(self.ca.cert)
+        return out
 
     def s3_connection_uri(self) -> str:
         """The ``reclock_s3`` connection as an Airflow connection URI (what the commands find it by)."""
@@ -92,6 +158,8 @@ class Stack:
 
     def connections(self) -> dict[str, dict]:
         """Airflow connections for the stack's services (the credentials come from ``stack.json``)."""
+        if self.secure:
+            return self._secure_connections()
         return {
             "reclock_postgres": {
                 "conn_type": "postgres", "host": LOOPBACK, "port": self.postgres.port, "login": "reclock",
@@ -123,6 +191,64 @@ class Stack:
             },
         }
 
+    def _secure_connections(self) -> dict[str, dict]:
+        import json
+
+        ca = str(self.ca.cert)
+        tls = json.dumps({"sslmode": "verify-full", "sslrootcert": ca})
+        s3 = self.s3.settings()
+        return {
+            "reclock_postgres": {
+                "conn_type": "postgres", "host": LOOPBACK, "port": self.postgres.port, "login": CONSENSUS_ROLE,
+                "password": self.password(CONSENSUS_ROLE), "schema": "reclock", "extra": tls,
+                "description": "Reclock consensus and remap store (local stack, TLS)"},
+            "reclock_kafka": {
+                "conn_type": "kafka", "login": KAFKA_USER, "password": self.password(KAFKA_USER),
+                "extra": json.dumps({"bootstrap.servers": self.kafka.bootstrap, "security.protocol": "SASL_SSL",
+                                     "sasl.mechanism": "SCRAM-SHA-512", "ssl.ca.location": ca}),
+                "description": "Kafka (local stack, SASL/SCRAM-SHA-512 over TLS)"},
+            "reclock_spark": {
+                "conn_type": "spark_connect", "host": LOOPBACK, "port": self.spark._front().port,
+                "password": self.spark.token, "extra": json.dumps({"use_ssl": True}),
+                "description": "Spark Connect (local stack, token over TLS)"},
+            "reclock_s3": {
+                "conn_type": "aws", "login": s3.access_key, "password": s3.secret_key,
+                "extra": json.dumps({"endpoint_url": s3.endpoint_url, "region_name": s3.region, "verify": ca}),
+                "description": "S3 (local stack, TLS)"},
+            "reclock_demo_shop": {
+                "conn_type": "postgres", "host": LOOPBACK, "port": self.postgres.port, "login": CDC_ROLE,
+                "password": self.password(CDC_ROLE), "schema": "demo_shop", "extra": tls,
+                "description": "The demo_shop source's upstream database (local stack, TLS)"},
+            "reclock_spark_submit": {
+                "conn_type": "spark", "host": "local[2]",
+                "description": "spark-submit master of spark_jobs/ (local stack: a driver beside the task)"},
+        }
+
+    def _secure_postgres(self) -> None:
+        """The roles of a secured stack: ``reclock_app`` with :func:`reclock.grants.consensus_grants`,
+        ``airflow`` owning its database, ``reclock_cdc`` (granted per upstream by the demo)."""
+        import psycopg
+
+        from reclock.grants import consensus_grants
+
+        for role in (CONSENSUS_ROLE, AIRFLOW_ROLE, CDC_ROLE):
+            self.postgres.create_role(role, self.password(role))
+        with psycopg.connect(self.postgres.dsn("postgres"), autocommit=True) as conn:
+            conn.execute(f'ALTER DATABASE airflow OWNER TO "{AIRFLOW_ROLE}"')
+        with psycopg.connect(self.postgres.dsn("reclock"), autocommit=True) as conn:
+            if conn.execute("SELECT to_regnamespace('reclock') IS NULL").fetchone()[0]:
+                for sql in consensus_grants(CONSENSUS_ROLE, "reclock"):
+                    conn.execute(sql)
+
+    def _secure_kafka(self) -> None:
+        """The user ``reclock`` and exactly the ACLs of the stack's config."""
+        from reclock.config import load_config
+        from reclock.grants import kafka_acls
+
+        self.kafka.add_user(KAFKA_USER, self.password(KAFKA_USER))
+        for acl in kafka_acls(load_config(self.config_file)):
+            self.kafka.grant(KAFKA_USER, acl.operation, acl.resource_type, acl.name)
+
     def up(self, services: tuple[str, ...] = SERVICES, echo: Callable[[str], None] = print) -> dict[str, float]:
         """Start ``services`` (and what they depend on), idempotently; return seconds per service."""
         from reclock.persist.migrate import migrate
@@ -131,20 +257,28 @@ class Stack:
         wanted = set(services)
         if "airflow" in wanted:
             wanted.add("postgres")
+        if self.secure and "spark" in wanted:
+            wanted.add("s3")  # the parts, and Spark's S3A
         if "postgres" in wanted:
             timings["postgres"] = self.postgres.start()
-            applied = migrate(self.postgres.dsn())
+            if self.secure:
+                self._secure_postgres()
+            applied = migrate(self.dsn)
             echo(f"postgres   up on {LOOPBACK}:{self.postgres.port} ({timings['postgres']:.1f}s)"
                  + (f", applied migrations {applied}" if applied else ""))
         if "kafka" in wanted:
             timings["kafka"] = self.kafka.start()
-            echo(f"kafka      up on {self.kafka.bootstrap} ({timings['kafka']:.1f}s)")
+            if self.secure:
+                self._secure_kafka()
+            echo(f"kafka      up on {self.kafka.bootstrap} ({timings['kafka']:.1f}s)"
+                 + (" SASL_SSL; mutual TLS on " + self.kafka.mtls_bootstrap if self.secure else ""))
         if "s3" in wanted:
             timings["s3"] = self.s3.start()
             echo(f"s3         S3 and SQS (moto) on {self.s3.endpoint_url} ({timings['s3']:.1f}s)")
         if "spark" in wanted:
             timings["spark"] = self.spark.start()
-            echo(f"spark      Spark Connect on {self.spark.url} ({timings['spark']:.1f}s)")
+            where = self.spark.url.split(";token=")[0]  # never the token
+            echo(f"spark      Spark Connect on {where} ({timings['spark']:.1f}s)")
         if "airflow" in wanted:
             ensure_jars(self.state, "spark")  # RECLOCK_SPARK_JARS of the Airflow processes
             self.airflow.extra_env = self.airflow_settings()
@@ -169,7 +303,7 @@ class Stack:
             "postgres": f"up {LOOPBACK}:{self.postgres.port}" if self.postgres.running() else "down",
             "kafka": f"up {self.kafka.bootstrap}" if self.kafka.running() else "down",
             "s3": f"up {self.s3.endpoint_url}" if self.s3.running() else "down",
-            "spark": f"up {self.spark.url}" if self.spark.running() else "down",
+            "spark": f"up {self.spark.url.split(';token=')[0]}" if self.spark.running() else "down",
         }
         for c in COMPONENTS:
             out[f"airflow {c}"] = "up" + (f" {self.airflow.url}" if c == "api-server" else "") \
@@ -186,9 +320,11 @@ class Stack:
     def smoke(self, echo: Callable[[str], None] = print) -> None:
         from reclock.dev import smoke
 
+        if self.secure:
+            os.environ.setdefault("GRPC_DEFAULT_SSL_ROOTS_FILE_PATH", str(self.ca.cert))
         for name, check in (
-            ("postgres", lambda: smoke.check_postgres(self.postgres.dsn())),
-            ("kafka", lambda: smoke.check_kafka(self.kafka.bootstrap)),
+            ("postgres", lambda: smoke.check_postgres(self.dsn)),
+            ("kafka", lambda: smoke.check_kafka(self.kafka.admin_config())),
             ("s3", lambda: smoke.check_s3(self.s3)),
             ("spark", lambda: smoke.check_spark_connect(self.spark.url)),
             ("airflow", lambda: smoke.check_airflow(self.airflow)),

@@ -12,7 +12,7 @@ from reclock.config import BudgetSpec, IcebergSinkSpec, SinkSpec, SourceSpec
 from reclock.cycle import CycleContext
 from reclock.errors import SettingError
 from reclock.persist import objectstore
-from reclock.settings import (SparkTarget, find_blob_store, find_blob_url, find_bootstrap, find_dsn, find_s3_settings,
+from reclock.settings import (SparkTarget, find_blob_store, find_blob_url, find_dsn, find_kafka, find_s3_settings,
                               find_spark, retain_history_ms, seconds_setting)
 from reclock.sinks.iceberg import CatalogSettings, IcebergSinkContext, catalog_uri
 from reclock.sinks.kafka import SinkContext
@@ -57,7 +57,7 @@ def sink_context(spec: SinkSpec, *, dsn: str | None = None, blob_url: str | None
                  bootstrap: str | None = None) -> SinkContext:
     """A sink's context for ``spec`` from the settings (arguments first)."""
     return SinkContext(spec=spec, dsn=find_dsn(dsn), blob=find_blob_store(blob_url),
-                       bootstrap=find_bootstrap(spec.kafka, f"sink {spec.name}", bootstrap))
+                       kafka=find_kafka(spec.kafka, f"sink {spec.name}", bootstrap))
 
 
 def find_catalog_settings(dsn: str, blob_url: str) -> CatalogSettings:

@@ -3,10 +3,12 @@ group instead of its sources' own), ``rebuild__<source>`` per source whose kind 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Collection
 
 from reclock.config import config_path, groups, load_config
+from reclock.errors import ConfigError
 from reclock.orchestration.ingest import build_group_dag, build_ingest_dag
 from reclock.orchestration.rebuild import build_rebuild_dag
 from reclock.settings import check_connections
@@ -14,12 +16,20 @@ from reclock.orchestration.sinks import build_sink_dag
 from reclock.sources.registry import kind_of
 
 
-def build_all(project: Path) -> dict[str, Any]:
+def build_all(project: Path, only: Collection[str] | None = None) -> dict[str, Any]:
     """The DAGs keyed by dag_id. ``project`` is the folder holding ``dags/``: the config is
-    ``$RECLOCK_CONFIG``, else its ``include/reclock.yaml``; rebuild jobs are in its ``spark_jobs/``."""
+    ``$RECLOCK_CONFIG``, else its ``include/reclock.yaml``; rebuild jobs are in its ``spark_jobs/``.
+    ``only``: the DAGs of just these sources and sinks (a team's DAG file in a DAG bundle of its own, so
+    that Airflow's per-team permissions cover them; every name must be in the config)."""
     path = config_path(default=Path(project) / "include" / "reclock.yaml").resolve()
     cfg = load_config(path)
     check_connections(cfg)  # a wrong connection name is the DAG file's import error, not a task failure later
+    if only is not None:
+        unknown = sorted(set(only) - set(cfg.sources) - set(cfg.sinks))
+        if unknown:
+            raise ConfigError(f"{path}: build_all(only=...) names {', '.join(unknown)}, which the config does not have")
+        cfg = replace(cfg, sources={n: s for n, s in cfg.sources.items() if n in only},
+                      sinks={n: s for n, s in cfg.sinks.items() if n in only})
     dags = {spec.ingest_dag: build_ingest_dag(spec) for spec in cfg.sources.values() if not spec.group}
     dags.update({f"ingest_group__{g}": build_group_dag(g, members) for g, members in groups(cfg.sources).items()})
     # a kind whose upstream keeps no history to replay (Postgres: its rebuild is a fresh snapshot) has none

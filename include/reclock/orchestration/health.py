@@ -21,13 +21,19 @@ def check_postgres(dsn: str) -> str:
     return f"schema reclock at migration {row[0]}, wal_level={wal}"
 
 
-def check_kafka(bootstrap: str, timeout: float = 30) -> str:
-    """A transactional producer commits one record and a ``read_committed`` consumer reads it back."""
+def check_kafka(kafka, timeout: float = 30) -> str:
+    """A transactional producer commits one record and a ``read_committed`` consumer reads it back, on the
+    cluster ``kafka`` (a ``KafkaClientConfig``, or an unsecured cluster's address). On a secured cluster
+    the principal needs CREATE (or an existing topic), READ and WRITE on ``_reclock_smoke``, WRITE on the
+    transactional id ``reclock-smoke`` and READ on the groups ``reclock-smoke-*``."""
     from confluent_kafka import Consumer, Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
+    from reclock.kafka_client import client_config
+
+    config = client_config(kafka)
     topic = "_reclock_smoke"
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient(config.librdkafka())
     if topic not in admin.list_topics(timeout=10).topics:
         for fut in admin.create_topics([NewTopic(topic, 1, 1)]).values():
             try:
@@ -36,15 +42,14 @@ def check_kafka(bootstrap: str, timeout: float = 30) -> str:
                 if "TOPIC_ALREADY_EXISTS" not in str(e):
                     raise
     token = uuid.uuid4().hex.encode()
-    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": "reclock-smoke",
-                         "transaction.timeout.ms": 60000})
+    producer = Producer(config.librdkafka({"transactional.id": "reclock-smoke", "transaction.timeout.ms": 60000}))
     producer.init_transactions(timeout)
     producer.begin_transaction()
     producer.produce(topic, token)
     producer.commit_transaction(timeout)
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reclock-smoke-{token.decode()}",
-                         "isolation.level": "read_committed", "auto.offset.reset": "earliest",
-                         "enable.auto.commit": False})
+    consumer = Consumer(config.librdkafka({"group.id": f"reclock-smoke-{token.decode()}",
+                                           "isolation.level": "read_committed", "auto.offset.reset": "earliest",
+                                           "enable.auto.commit": False}))
     consumer.subscribe([topic])
     deadline = time.monotonic() + timeout
     try:
@@ -59,9 +64,9 @@ def check_kafka(bootstrap: str, timeout: float = 30) -> str:
 
 def check_spark_connect(url: str) -> str:
     """A query runs over Spark Connect."""
-    from pyspark.sql import SparkSession
+    from reclock.spark.connect import remote_session
 
-    spark = SparkSession.builder.remote(url).getOrCreate()
+    spark = remote_session(url)
     try:
         n = spark.range(1000).selectExpr("sum(id) AS s").collect()[0]["s"]
     finally:
@@ -89,7 +94,7 @@ def build_health_dag():
 
         @task
         def kafka() -> str:
-            return check_kafka(connections.kafka_bootstrap())
+            return check_kafka(connections.kafka_client_config())
 
         @task
         def spark() -> str:

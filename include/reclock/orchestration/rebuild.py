@@ -36,6 +36,7 @@ from reclock import cycle
 from reclock.config import SourceSpec
 from reclock.connections import DEFAULT_SPARK_SUBMIT
 from reclock.errors import ConfigError
+from reclock.kafka_client import KafkaClientConfig
 from reclock.orchestration.contexts import cycle_context
 from reclock.orchestration.lineage import ReclockTask, collection, reads, writes
 from reclock.orchestration.runs import PARAMS, RunInfo, check_conf, current_run, parse_time_ms, rebuild_params
@@ -50,6 +51,17 @@ JOB = "rebuild.py"
 """The job's file in the project's ``spark_jobs/`` folder."""
 
 
+def _resolved_upstream(spec: SourceSpec) -> dict[str, str]:
+    """``RECLOCK_UPSTREAM``: an address the task resolved (a DSN; an unsecured Kafka cluster's brokers), which
+    the job takes as given; a secured cluster reaches the job as its connection (the kind's job_environment)."""
+    up = kind_of(spec).find_upstream(spec)
+    if isinstance(up, str):
+        return {"RECLOCK_UPSTREAM": up}
+    if isinstance(up, KafkaClientConfig) and up.protocol == "PLAINTEXT":
+        return {"RECLOCK_UPSTREAM": up.bootstrap}
+    return {}
+
+
 def job_environment(spec: SourceSpec, config_file: Path) -> dict[str, str]:
     """What ``spark_jobs/rebuild.py`` reads: the settings as this process finds them, resolved."""
     return {
@@ -58,7 +70,7 @@ def job_environment(spec: SourceSpec, config_file: Path) -> dict[str, str]:
         "RECLOCK_BLOB_URL": find_blob_url(),
         **kind_of(spec).job_environment(spec),  # where the upstream is (Kafka: RECLOCK_BOOTSTRAP)
         # ... as resolved here, which the job takes as given (it has no Airflow connections to look up)
-        **({"RECLOCK_UPSTREAM": up} if isinstance(up := kind_of(spec).find_upstream(spec), str) else {}),
+        **_resolved_upstream(spec),
         # the driver runs beside the task, in the task's interpreter (where reclock is installed)
         "PYSPARK_DRIVER_PYTHON": os.environ.get("PYSPARK_DRIVER_PYTHON") or sys.executable,
     }

@@ -50,10 +50,12 @@ def upstream_asset_uri(source: str) -> str:
     return f"reclock-upstream://{source}"
 
 
-def admin_client(bootstrap: str):
-    from confluent_kafka.admin import AdminClient
+def admin_client(kafka, what: str = "trigger"):
+    """An admin client for the cluster ``kafka`` (a ``KafkaClientConfig``, or an unsecured cluster's
+    address)."""
+    from reclock import kafka_client
 
-    return AdminClient({"bootstrap.servers": bootstrap, "log_level": 2})
+    return kafka_client.admin(kafka_client.client_config(kafka), what).handle
 
 
 def cluster_offsets(admin, timeout: float = 10.0) -> dict[str, dict[int, int]]:
@@ -136,17 +138,17 @@ class UpstreamMoved(_SharedProbe):
         """One probe loop per cluster: every topic's last stable offsets, every ``poll`` seconds. A probe that
         fails (the broker away) is logged and retried; the loop never ends by itself."""
         from reclock.config import KafkaSpec
-        from reclock.settings import find_bootstrap
+        from reclock.settings import find_kafka
 
         spec = KafkaSpec(topic=kwargs["topic"], connection=kwargs["connection"], bootstrap=kwargs["bootstrap"])
-        bootstrap = await asyncio.to_thread(find_bootstrap, spec, f"source {kwargs['source']}")
+        kafka = await asyncio.to_thread(find_kafka, spec, f"source {kwargs['source']}")
         poll = float(kwargs["poll"])
-        admin = admin_client(bootstrap)  # one client for the loop's life: it reconnects by itself
+        admin = admin_client(kafka, f"the upstream trigger of {kafka.describe()}")  # reconnects by itself
         while True:
             try:
                 yield await asyncio.to_thread(cluster_offsets, admin)
             except Exception as e:  # noqa: BLE001 - a broker restart must not end the watch
-                log.warning("reclock: probing %s failed: %s; retrying in %ss", bootstrap, e, poll)
+                log.warning("reclock: probing %s failed: %s; retrying in %ss", kafka.describe(), e, poll)
             await asyncio.sleep(poll)
 
     async def filter_shared_stream(self, shared_stream: AsyncIterator[Any]) -> AsyncIterator[TriggerEvent]:
@@ -163,8 +165,9 @@ class UpstreamMoved(_SharedProbe):
             upper = snapshot.get(self.topic)
             if upper is None:
                 if not missing_logged:
-                    self.log.warning("reclock: topic %s of source %s is not on %s", self.topic, self.source,
-                                     self.bootstrap)
+                    self.log.warning("reclock: topic %s of source %s is not on %s, or its principal may not "
+                                     "DESCRIBE it (an ACL is missing)", self.topic, self.source,
+                                     self.bootstrap or f"connection {self.connection}")
                     missing_logged = True
                 continue
             missing_logged = False

@@ -6,6 +6,11 @@ name, checksum, applied_at)``. It is idempotent (nothing pending: nothing happen
 and safe to run concurrently: every migrator first takes one session-level advisory lock, so a second one
 waits and then finds nothing left to do. It refuses to run when an applied migration's file changed
 (checksum) or the database holds a migration this code does not know (it is newer than the code).
+
+The role that migrates needs to own the ``reclock`` schema, nothing more: when the schema exists (an
+administrator created it, ``CREATE SCHEMA reclock AUTHORIZATION <role>``), no ``CREATE SCHEMA`` is run, since
+Postgres checks the database's CREATE privilege even for ``CREATE SCHEMA IF NOT EXISTS`` of an existing
+schema (docs/security.md lists the grants).
 """
 
 from __future__ import annotations
@@ -119,11 +124,22 @@ def migrate(target: str | psycopg.Connection) -> list[int]:
         conn.autocommit = was
 
 
+_CREATE_SCHEMA = re.compile(r"^CREATE SCHEMA IF NOT EXISTS reclock;$", re.M)
+
+
+def _without_create_schema(sql: str) -> str:
+    """``sql`` without its ``CREATE SCHEMA IF NOT EXISTS reclock;`` line (a no-op when the schema exists, but
+    one that a role without CREATE on the database may not run). The checksum stays the file's."""
+    return _CREATE_SCHEMA.sub("-- (the reclock schema exists)", sql)
+
+
 def _migrate(conn: psycopg.Connection) -> list[int]:
     shipped = available()
     conn.execute("SELECT pg_advisory_lock(%s)", (LOCK_KEY,))
     try:
-        conn.execute("CREATE SCHEMA IF NOT EXISTS reclock")
+        schema_exists = conn.execute("SELECT to_regnamespace('reclock') IS NOT NULL").fetchone()[0]
+        if not schema_exists:
+            conn.execute("CREATE SCHEMA reclock")
         conn.execute("""CREATE TABLE IF NOT EXISTS reclock.schema_migrations (
             version     integer PRIMARY KEY,
             name        text NOT NULL,
@@ -136,7 +152,7 @@ def _migrate(conn: psycopg.Connection) -> list[int]:
             if m.version in done:
                 continue
             with conn.transaction():
-                conn.execute(m.sql)
+                conn.execute(_without_create_schema(m.sql) if schema_exists else m.sql)
                 conn.execute("INSERT INTO reclock.schema_migrations (version, name, checksum) VALUES (%s, %s, %s)",
                              (m.version, m.name, m.checksum))
             versions.append(m.version)

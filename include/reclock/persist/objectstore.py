@@ -42,6 +42,7 @@ class S3Settings:
     access_key: str = field(repr=False)
     secret_key: str = field(repr=False)
     path_style: bool = False
+    ca_bundle: str | None = None  # a PEM file of the CAs to trust for the endpoint (default: the system's)
 
     def __post_init__(self) -> None:
         if self.endpoint_url is not None:
@@ -61,7 +62,8 @@ class S3Settings:
 
     def __repr__(self) -> str:
         return (f"S3Settings(endpoint_url={self.endpoint_url!r}, region={self.region!r}, "
-                f"access_key={_masked(self.access_key)!r}, secret_key='***', path_style={self.path_style})")
+                f"access_key={_masked(self.access_key)!r}, secret_key='***', path_style={self.path_style}, "
+                f"ca_bundle={self.ca_bundle!r})")
 
     __str__ = __repr__
 
@@ -73,8 +75,9 @@ def _masked(key: str) -> str:
 def s3_settings_from_env(env: Mapping[str, str] | None = None) -> S3Settings:
     """The S3 settings in the standard AWS variables: ``AWS_ENDPOINT_URL_S3`` (else ``AWS_ENDPOINT_URL``;
     neither: AWS itself), ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION`` (else
-    ``AWS_DEFAULT_REGION``; required without an endpoint), and :data:`ENV_PATH_STYLE`. A missing or
-    malformed one raises ``ConfigError`` naming the variable."""
+    ``AWS_DEFAULT_REGION``; required without an endpoint), ``AWS_CA_BUNDLE`` (the CAs to trust, botocore's
+    variable) and :data:`ENV_PATH_STYLE`. A missing or malformed one raises ``ConfigError`` naming the
+    variable."""
     env = os.environ if env is None else env
     endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or None
     missing = [k for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY") if not env.get(k)]
@@ -88,7 +91,8 @@ def s3_settings_from_env(env: Mapping[str, str] | None = None) -> S3Settings:
                               "(or AWS_ENDPOINT_URL_S3 for an S3-compatible endpoint)")
         region = DEFAULT_REGION
     return S3Settings(endpoint, region, env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"],
-                      path_style=parse_path_style(env.get(ENV_PATH_STYLE), endpoint, ENV_PATH_STYLE))
+                      path_style=parse_path_style(env.get(ENV_PATH_STYLE), endpoint, ENV_PATH_STYLE),
+                      ca_bundle=env.get("AWS_CA_BUNDLE") or None)
 
 
 def parse_path_style(value: object, endpoint_url: str | None, what: str) -> bool:
@@ -132,6 +136,13 @@ def spark_s3a_conf(settings: S3Settings) -> dict[str, str]:
     return {f"spark.hadoop.{k}": v for k, v in conf.items()}
 
 
+def jvm_trust_options(truststore: str) -> str:
+    """The JVM options (``spark.driver.extraJavaOptions``, ``spark.executor.extraJavaOptions``) that make S3A
+    trust the CAs in the PKCS#12 file ``truststore`` (S3A has no setting of its own for it: it uses the
+    JVM's trust store; the file replaces the JDK's public CAs for that JVM)."""
+    return f"-Djavax.net.ssl.trustStore={truststore} -Djavax.net.ssl.trustStoreType=PKCS12"
+
+
 def jvm_env(settings: S3Settings) -> dict[str, str]:
     """Environment variables a Spark JVM (a driver; a standalone worker, whose executors inherit them) needs
     to reach the store: the keys for S3A's environment-variable credentials provider, and the region."""
@@ -145,9 +156,11 @@ def fsspec_options(settings: S3Settings) -> dict:
     config: dict = {"region_name": settings.region}
     if settings.path_style:
         config["s3"] = {"addressing_style": "path"}
-    return {"key": settings.access_key, "secret": settings.secret_key, "endpoint_url": settings.endpoint_url,
-            "config_kwargs": config,
-            "use_listings_cache": False}
+    options = {"key": settings.access_key, "secret": settings.secret_key, "endpoint_url": settings.endpoint_url,
+               "config_kwargs": config, "use_listings_cache": False}
+    if settings.ca_bundle:
+        options["client_kwargs"] = {"verify": settings.ca_bundle}
+    return options
 
 
 def pyiceberg_options(settings: S3Settings) -> dict[str, str]:
@@ -156,4 +169,8 @@ def pyiceberg_options(settings: S3Settings) -> dict[str, str]:
              "s3.region": settings.region, "s3.force-virtual-addressing": str(not settings.path_style).lower()}
     if settings.endpoint_url is not None:
         props["s3.endpoint"] = settings.endpoint_url
+    if settings.ca_bundle:
+        from reclock.persist.pyarrow_tls import CA_BUNDLE
+
+        props.update({"py-io-impl": "reclock.persist.pyarrow_tls.CaBundleFileIO", CA_BUNDLE: settings.ca_bundle})
     return props

@@ -20,6 +20,8 @@ from datetime import datetime
 
 from psycopg.types.json import Jsonb
 
+from reclock.redaction import redact
+
 STATUSES = ("starting", "running", "stalled", "failed", "paused")
 
 
@@ -49,9 +51,11 @@ COLUMNS = "status, error, at, step, run_id, trace"
 def record_status(conn, name: str, status: str, error: str | None = None, *, step: str | None = None,
                   run_id: str | None = None, trace: str | None = None) -> None:
     """Record ``name``'s status: a new row, or, when the newest row has the same status, error and run, that
-    row's step, trace and time updated; ``ValueError`` for a status not in :data:`STATUSES`."""
+    row's step, trace and time updated; ``ValueError`` for a status not in :data:`STATUSES`. The error and
+    trace are kept with any credential they quote masked (:func:`reclock.redaction.redact`)."""
     if status not in STATUSES:
         raise ValueError(f"{name}: status {status!r} is not one of {', '.join(STATUSES)}")
+    error, trace = redact(error), redact(trace)
     with conn.transaction():
         updated = conn.execute(
             "UPDATE reclock.status_history SET step = %s, trace = %s, at = now() WHERE id = (SELECT id FROM "

@@ -37,6 +37,8 @@ from reclock.config import SinkSpec
 from reclock.errors import AcknowledgedStateLost, MigrationError, ReclockError, SinceViolation, SinkRefused
 from reclock.ahead import read_ahead as _ahead
 from reclock.failpoints import failpoint
+from reclock import kafka_client
+from reclock.kafka_client import KafkaClientConfig
 from reclock.persist import blob as blobs
 from reclock.persist import connect
 from reclock.persist.migrate import check_schema
@@ -68,10 +70,16 @@ class Progress:
 
 @dataclass
 class SinkContext:
+    """A sink's spec and where its consensus, its blobs and its Kafka cluster (``kafka``: its connection's
+    settings, or the address of an unsecured cluster) are."""
+
     spec: SinkSpec
     dsn: str
-    bootstrap: str
+    kafka: KafkaClientConfig | str
     blob: blobs.BlobStore
+
+    def __post_init__(self) -> None:
+        self.kafka = kafka_client.client_config(self.kafka)
 
     @contextlib.contextmanager
     def connect(self) -> Iterator:
@@ -92,36 +100,49 @@ class SinkResult:
 
 
 def ensure_topics(ctx: SinkContext) -> None:
-    """Create the progress topic (compacted, one partition) and the target topic if they are missing."""
-    from confluent_kafka.admin import AdminClient, NewTopic
+    """Create the progress topic (compacted, one partition) and the target topic if they are missing (this
+    needs ``CREATE`` on them; topics created beforehand need none)."""
+    from confluent_kafka.admin import NewTopic
 
-    admin = AdminClient({"bootstrap.servers": ctx.bootstrap})
-    existing = set(admin.list_topics(timeout=15).topics)
+    what = f"sink {ctx.spec.name}"
+    admin = kafka_client.admin(ctx.kafka, what)
+    existing = set(admin.metadata().topics)  # the topics the principal may describe
     wanted = []
     if ctx.spec.progress_topic not in existing:
         wanted.append(NewTopic(ctx.spec.progress_topic, 1, -1, config={"cleanup.policy": "compact"}))
     if ctx.spec.kafka.topic not in existing:
         wanted.append(NewTopic(ctx.spec.kafka.topic, ctx.spec.partitions, -1))
-    for topic, fut in admin.create_topics(wanted).items() if wanted else ():
+    for topic, fut in admin.handle.create_topics(wanted).items() if wanted else ():
         try:
             fut.result(30)
         except Exception as e:  # noqa: BLE001 - a concurrent creator is fine
-            if "TOPIC_ALREADY_EXISTS" not in str(e):
-                raise ReclockError(f"sink {ctx.spec.name}: cannot create topic {topic}: {e}") from e
+            if "TOPIC_ALREADY_EXISTS" in str(e):
+                continue
+            refused = admin.refused(e, f"creating topic {topic} (it is missing, or not visible: DESCRIBE)",
+                                    {"topic": ("CREATE", topic), "cluster": ("CREATE", "kafka-cluster")})
+            raise refused or ReclockError(f"{what}: cannot create topic {topic}: {e}") from e
 
 
-def read_all(bootstrap: str, topic: str, group: str, stop: Callable[[Any], bool] | None = None) -> Iterator:
+def read_all(kafka: KafkaClientConfig | str, topic: str, group: str, stop: Callable[[Any], bool] | None = None,
+             what: str = "reading") -> Iterator:
     """Every committed record of ``topic`` (read_committed, from the start to the end), oldest first per
-    partition; stops early when ``stop(message)`` is true."""
-    from confluent_kafka import Consumer, TopicPartition
+    partition; stops early when ``stop(message)`` is true. A topic that does not exist yields nothing; one
+    the principal may not read raises :class:`~reclock.errors.KafkaAccessDenied`."""
+    from confluent_kafka import KafkaError, TopicPartition
 
     # fetch.wait.max.ms: the broker answers a fetch at the end of a partition at once instead of holding it
     # 500 ms for data that will not come (a sink's start reads two topics to their ends)
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "isolation.level": "read_committed",
-                  "enable.auto.commit": False, "enable.partition.eof": True, "auto.offset.reset": "earliest",
-                  "fetch.wait.max.ms": 10})
+    client = kafka_client.consumer(kafka_client.client_config(kafka), what, {
+        "group.id": group, "isolation.level": "read_committed", "enable.auto.commit": False,
+        "enable.partition.eof": True, "auto.offset.reset": "earliest", "fetch.wait.max.ms": 10})
+    c = client.handle
+    needs = {"topic": ("READ", topic), "group": ("DESCRIBE", group)}  # a consumer of a group: its coordinator
     try:
-        meta = c.list_topics(topic, timeout=15).topics.get(topic)
+        meta = client.metadata(topic).topics.get(topic)
+        if meta is not None and meta.error is not None and meta.error.code() not in (
+                KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC):
+            raise client.refused(meta.error, f"reading {topic}", {"topic": ("DESCRIBE", topic)}) or ReclockError(
+                f"{what}: topic {topic}: {meta.error}")
         if meta is None or meta.error is not None:
             return
         c.assign([TopicPartition(topic, p, -2) for p in meta.partitions])  # -2: OFFSET_BEGINNING
@@ -129,7 +150,7 @@ def read_all(bootstrap: str, topic: str, group: str, stop: Callable[[Any], bool]
         deadline = time.monotonic() + 120
         while len(eof) < len(meta.partitions):
             if time.monotonic() > deadline:
-                raise ReclockError(f"reading {topic}: no end of partition after 120 s")
+                raise ReclockError(f"{what}: reading {topic}: no end of partition after 120 s")
             m = c.poll(0.1)
             if m is None:
                 continue
@@ -137,7 +158,8 @@ def read_all(bootstrap: str, topic: str, group: str, stop: Callable[[Any], bool]
                 if m.error().code() == -191:  # _PARTITION_EOF: at the last stable offset
                     eof.add(m.partition())
                     continue
-                raise ReclockError(f"reading {topic}: {m.error()}")
+                raise client.refused(m.error(), f"reading {topic}", needs) or ReclockError(
+                    f"{what}: reading {topic}: {m.error()}")
             yield m
             if stop is not None and stop(m):
                 return
@@ -145,10 +167,21 @@ def read_all(bootstrap: str, topic: str, group: str, stop: Callable[[Any], bool]
         c.close()
 
 
-def read_progress(bootstrap: str, progress_topic: str, sink: str) -> Progress | None:
+def progress_group(sink: str) -> str:
+    """The group of the consumer that reads ``sink``'s progress at start (assigned, it commits nothing; the
+    broker still checks DESCRIBE on it)."""
+    return f"reclock-sink-{sink}-progress"
+
+
+def check_group(sink: str) -> str:
+    """The group of the consumer that looks whether ``sink``'s topic already holds data."""
+    return f"reclock-sink-{sink}-check"
+
+
+def read_progress(kafka: KafkaClientConfig | str, progress_topic: str, sink: str) -> Progress | None:
     """The latest committed progress record of ``sink`` (None if it never committed one)."""
     latest = None
-    for m in read_all(bootstrap, progress_topic, f"reclock-sink-{sink}-progress"):
+    for m in read_all(kafka, progress_topic, progress_group(sink), what=f"sink {sink}"):
         if m.key() == sink.encode():
             latest = None if m.value() is None else json.loads(m.value())
     if latest is None:
@@ -156,9 +189,10 @@ def read_progress(bootstrap: str, progress_topic: str, sink: str) -> Progress | 
     return Progress(frontier=int(latest["frontier"][0]), version=int(latest.get(PROGRESS_VERSION_KEY, 0)))
 
 
-def topic_holds_data(bootstrap: str, topic: str) -> bool:
-    """Whether ``topic`` holds any committed record (aborted transactions do not count)."""
-    return any(True for _ in read_all(bootstrap, topic, "reclock-sink-check", stop=lambda m: True))
+def topic_holds_data(kafka: KafkaClientConfig | str, topic: str, group: str, what: str = "reading") -> bool:
+    """Whether ``topic`` holds any committed record (aborted transactions do not count), read by a consumer
+    of ``group`` (it commits nothing there)."""
+    return any(True for _ in read_all(kafka, topic, group, stop=lambda m: True, what=what))
 
 
 # -- encoding -------------------------------------------------------------------------------------------------
@@ -178,16 +212,14 @@ def consolidate(table: pa.Table) -> pa.Table:
 # -- the sink ------------------------------------------------------------------------------------------------
 
 
-def _producer(ctx: SinkContext):
-    from confluent_kafka import Producer
-
-    conf = {"bootstrap.servers": ctx.bootstrap, "transactional.id": ctx.spec.transactional_id,
+def _producer(ctx: SinkContext) -> kafka_client.Client:
+    conf = {"transactional.id": ctx.spec.transactional_id,
             "enable.idempotence": True, "acks": "all",
             "transaction.timeout.ms": int(ctx.spec.transaction_timeout_s * 1000),
             "linger.ms": 5, "batch.size": 1_000_000, "queue.buffering.max.messages": 1_000_000,
             "compression.type": "lz4"}
     conf.update(dict(ctx.spec.kafka.options))
-    return Producer(conf)
+    return kafka_client.producer(ctx.kafka, f"sink {ctx.spec.name}", conf)
 
 
 def _fenced(e: Exception) -> bool:
@@ -213,7 +245,7 @@ class _Begin:
 def _start(ctx: SinkContext, fresh: bool) -> _Begin:
     """Resume after the progress record, or start anew (checked for safety); take the read hold."""
     spec = ctx.spec
-    progress = read_progress(ctx.bootstrap, spec.progress_topic, spec.name)
+    progress = read_progress(ctx.kafka, spec.progress_topic, spec.name)
     if progress is not None and not fresh:
         lost = SinkRefused(spec.name, f"its progress record says frontier {progress.frontier}, but "
                            f"{spec.collection} was compacted past it (its read hold was released); it can only "
@@ -224,7 +256,8 @@ def _start(ctx: SinkContext, fresh: bool) -> _Begin:
             except SinceViolation:
                 raise lost from None
         return _Begin(progress.frontier, progress.version)
-    if progress is None and not fresh and topic_holds_data(ctx.bootstrap, spec.kafka.topic):
+    if progress is None and not fresh and topic_holds_data(ctx.kafka, spec.kafka.topic, check_group(spec.name),
+                                                         f"sink {spec.name}"):
         raise SinkRefused(spec.name, f"topic {spec.kafka.topic} already holds data but the progress topic "
                           f"{spec.progress_topic} has no record for this sink: writing would duplicate; "
                           "start fresh (`--fresh`) to write a new snapshot anyway")
@@ -250,16 +283,18 @@ class KafkaSink:
 
     def __init__(self, ctx: SinkContext) -> None:
         self.ctx = ctx
+        self.client: kafka_client.Client | None = None
         self.producer = None
         self.begin: _Begin | None = None
         self.reported = False  # a `running` status row was written since start
 
     def _guard(self, fn, *args):
-        """Run ``fn``; on failure record ``stalled`` with the cause (``SinkFenced`` when fenced) and raise."""
+        """Run ``fn``; on failure record ``stalled`` with the cause (``SinkFenced`` when fenced; an ACL the
+        principal lacks, named) and raise."""
         try:
             return fn(*args)
         except Exception as e:
-            err = SinkFenced(self.ctx.spec.name) if _fenced(e) else e
+            err = SinkFenced(self.ctx.spec.name) if _fenced(e) else self._refused(e) or e
             if not isinstance(e, MigrationError):  # a schema not this release's takes no status row
                 with self.ctx.connect() as conn:
                     record_status(conn, self.ctx.spec.name, "stalled", error=str(err))
@@ -267,12 +302,23 @@ class KafkaSink:
                 raise err from None
             raise
 
+    def _refused(self, e: Exception) -> ReclockError | None:
+        """The ACL a producer error says the principal lacks: the transactional id's, or writing a topic."""
+        if self.client is None:
+            return None
+        spec = self.ctx.spec
+        return self.client.refused(e, "writing in a transaction", {
+            "transactional id": ("WRITE", spec.transactional_id),
+            "topic": ("WRITE", f"{spec.kafka.topic} (or {spec.progress_topic})"),
+            "cluster": ("IDEMPOTENT_WRITE", "kafka-cluster")})
+
     def start(self, fresh: bool = False) -> None:
         def go() -> None:
             with self.ctx.connect() as conn:
                 check_schema(conn, self.ctx.dsn)
             ensure_topics(self.ctx)
-            self.producer = _producer(self.ctx)
+            self.client = _producer(self.ctx)
+            self.producer = self.client.handle
             self.producer.init_transactions(60)  # fences older instances; their open transaction is aborted
             self.begin = _start(self.ctx, fresh)
 

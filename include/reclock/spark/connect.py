@@ -19,6 +19,11 @@ derived from the source's name and a :data:`WINDOW_S` time window:
 
 A URL that names a ``session_id`` itself is used as it is.
 
+TLS: a URL with ``use_ssl=true`` (the Spark provider's connection extra) reaches a TLS endpoint (a proxy in
+front of the server, which has none of its own) and its ``token`` authenticates. The CAs trusted are the
+system's, or those of the file ``GRPC_DEFAULT_SSL_ROOTS_FILE_PATH`` names (gRPC's own variable), read when
+the session is made (:func:`connection`), not only when the process started as gRPC itself reads it.
+
 **When the server goes away.** PySpark's client retries a call that finds the server unreachable for at
 least ten minutes (its ``DefaultPolicy``), and at interpreter exit it sends one more call (its ML cache
 clean-up) under the same policy. A task whose Connect server was restarted (its session and jobs are gone
@@ -31,8 +36,10 @@ anew) from any other.
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
+from pathlib import Path
 
 WINDOW_S = 1800
 """How long one shared session id is asked for (less than the server's idle timeout, an hour)."""
@@ -61,18 +68,49 @@ def names_session(url: str) -> bool:
     return any(p.split("=", 1)[0] == "session_id" for p in params.split(";"))
 
 
+ROOTS = "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH"
+
+
+def connection(url: str):
+    """What a Spark Connect client is made with: ``url``, or, for a TLS URL while :data:`ROOTS` names a file,
+    a channel builder that trusts the CAs in it (and sends the URL's token)."""
+    roots = os.environ.get(ROOTS)
+    if not roots or "use_ssl=true" not in url.lower():
+        return url
+    import grpc
+    from pyspark.sql.connect.client import DefaultChannelBuilder
+
+    pem = Path(roots).read_bytes()
+
+    class TrustingChannelBuilder(DefaultChannelBuilder):
+        def toChannel(self):  # noqa: N802 - pyspark's name
+            creds = grpc.ssl_channel_credentials(root_certificates=pem)
+            if self.token is not None:
+                creds = grpc.composite_channel_credentials(creds, grpc.access_token_call_credentials(self.token))
+            return self._secure_channel(self.endpoint, creds)
+
+    return TrustingChannelBuilder(url)
+
+
+def remote_session(url: str):
+    """A Spark Connect session to ``url`` (see :func:`connection`)."""
+    from pyspark.sql import SparkSession
+
+    target = connection(url)
+    builder = SparkSession.builder
+    return (builder.remote(target) if isinstance(target, str) else builder.channelBuilder(target)).getOrCreate()
+
+
 def shared_session(url: str, scope: str):
     """A Spark Connect session for ``url`` on the server-side session ``scope``'s tasks share (see the
     module doc), or a new one of its own when the server refuses the shared id; with
     :data:`~reclock.spark.session.SESSION_CONF` set."""
-    from pyspark.sql import SparkSession
-
     from reclock.spark.session import SESSION_CONF
 
     if not names_session(url):
         shared = with_session_id(url, shared_session_id(scope))
         url = shared if _accepted(shared) else url
-    session = SparkSession.builder.remote(url).getOrCreate()
+    session = remote_session(url)
     session.client.set_retry_policies([retry_policy()])
     for key, value in SESSION_CONF.items():
         session.conf.set(key, value)
@@ -128,7 +166,7 @@ def _accepted(url: str) -> bool:
     channel.)"""
     from pyspark.sql.connect.client import SparkConnectClient
 
-    client = SparkConnectClient(url)
+    client = SparkConnectClient(connection(url))
     try:
         client._analyze(method="spark_version")
         return True

@@ -28,10 +28,17 @@ SESSION_CONF = {
 """Spark SQL settings every session that runs ``write_batches`` gets: local sessions and the dev stack's
 Spark Connect server at start, a shared Spark Connect session when a task attaches to it."""
 
+REDACTION = r'(?i)key: "[^"]*(password|secret|token|jaas|keystore[.]key)[^"]*"\s*value: "(\\.|[^"\\])*"'
+"""Spark's ``spark.sql.redaction.string.regex`` for Reclock's reads: in a plan's text (Spark Connect's
+statement text, the SQL tab's plans) the value of every option whose key names a secret (a Kafka
+connection's JAAS config and private key, a JDBC password) becomes ``*********(redacted)``. Spark's own
+``spark.redaction.regex`` already redacts such settings and option maps by key."""
+
 SPARK_CONF = {
     **SESSION_CONF,
     "spark.sql.session.timeZone": "UTC",
     "spark.ui.showConsoleProgress": "false",
+    "spark.sql.redaction.string.regex": REDACTION,
 }
 """What every Spark driver Reclock starts gets: local sessions, spark-submit jobs, the Spark Connect servers
 of the dev stack and of ``docker-compose.yaml``."""

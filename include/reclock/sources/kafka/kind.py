@@ -30,6 +30,7 @@ from reclock.batch import BatchDescription, SliceWritten, ranges_for, split_rang
 from reclock.datasets import DatasetName, kafka_topic
 from reclock.errors import DecodeError
 from reclock.failpoints import failpoint
+from reclock.kafka_client import KafkaClientConfig
 from reclock.part_layout import DATA_KIND, DATA_OUTPUT, ERRORS_KIND, ERRORS_OUTPUT
 from reclock.persist.gc import lease_write, release_write
 from reclock.persist.remap_store import register_source
@@ -37,7 +38,7 @@ from reclock.persist.shards import register_shard, shard_info
 from reclock.persist.staged import collect_parts, first_rejected, read_state_changes, slice_folder
 from reclock.persist.upsert_state import apply_changes, load_prior
 from reclock.remap import RemapCollection
-from reclock.settings import find_bootstrap
+from reclock.settings import find_kafka
 from reclock.sources.base import (Acknowledged, CycleServices, JointJobs, JointSlice, Lag, SourceKind, SourceRuntime,
                                   WrittenBatch)
 from reclock.sources.kafka import spark_job
@@ -95,7 +96,8 @@ class KafkaSource(SourceRuntime):
         return written
 
     def lineage_inputs(self) -> tuple[DatasetName, ...]:
-        return (kafka_topic(self.ctx.upstream, self.ctx.spec.kafka.topic),)
+        up = self.ctx.upstream  # a KafkaClientConfig (an address alone where a test gives one)
+        return (kafka_topic(up if isinstance(up, str) else up.bootstrap, self.ctx.spec.kafka.topic),)
 
     def rewrite(self, rc: RemapCollection, desc: BatchDescription, metrics: dict,
                 on_slice: Callable[[int, int], None] | None) -> WrittenBatch:
@@ -214,11 +216,18 @@ class KafkaKind(SourceKind):
     def rebuild_whole(self, spec) -> bool:
         return spec.envelope == "upsert"  # later updates retract the values a window holds
 
-    def find_upstream(self, spec, given: str | None = None) -> str:
-        return find_bootstrap(spec.kafka, f"source {spec.name}", given)
+    def find_upstream(self, spec, given: str | None = None) -> KafkaClientConfig:
+        """The source's cluster: its connection's brokers and security settings (``reclock.kafka_client``),
+        or an unsecured cluster's address given."""
+        return find_kafka(spec.kafka, f"source {spec.name}", given)
 
     def job_environment(self, spec) -> dict[str, str]:
-        return {"RECLOCK_BOOTSTRAP": self.find_upstream(spec)}
+        """An unsecured cluster as ``RECLOCK_BOOTSTRAP``; a secured one as the source's connection
+        (``AIRFLOW_CONN_<ID>``, its certificates as text): in the job's environment, never its argv."""
+        kafka = self.find_upstream(spec)
+        if kafka.protocol == "PLAINTEXT":
+            return {"RECLOCK_BOOTSTRAP": kafka.bootstrap}
+        return {f"AIRFLOW_CONN_{spec.kafka.connection.upper()}": kafka.connection_json()}
 
     def open(self, ctx: CycleServices) -> KafkaSource:
         return KafkaSource(self, ctx)

@@ -18,12 +18,15 @@ description touches are read (``prior``), so a cycle costs what its data costs, 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from reclock.batch import OffsetRange, SliceWritten
 from reclock.config import SourceSpec
+from reclock.kafka_client import KafkaClientConfig, client_config
+from reclock.kafka_client import check as kafka_check
 from reclock.part_layout import (DATA_OUTPUT, ERR_PREFIX, ERROR_COLUMNS, ERRORS_OUTPUT, MEMBER_COLUMN, PACKED_BASE64,
                                  REJECTED_COLUMN, STATE_COLUMNS, STATE_OUTPUT, STATE_PREFIX)
 from reclock.sources.base import JointSlice
@@ -34,8 +37,10 @@ from reclock.spark.reclocking import BindingRange, reclocked
 _STATE_SOURCES = tuple(zip(STATE_COLUMNS, ("_k", "_v", "_p", "_o", "_t_us")))
 PRIOR_SCHEMA = "key BINARY, value BINARY, partition INT, offset BIGINT, timestamp_us BIGINT"
 
-def kafka_read_options(spec: SourceSpec, bootstrap: str, ranges: Sequence[OffsetRange]) -> dict[str, str]:
-    """Spark Kafka batch-source options that read exactly ``ranges`` (and nothing else).
+def kafka_read_options(spec: SourceSpec, kafka: KafkaClientConfig | str,
+                       ranges: Sequence[OffsetRange]) -> dict[str, str]:
+    """Spark Kafka batch-source options that read exactly ``ranges`` (and nothing else), on the cluster
+    ``kafka`` (its connection's ``kafka.*`` options: brokers and security settings).
 
     The consumers get a stable group id per source (:func:`read_group`). Spark's default, a new one per
     query, never finds the consumers its executors pool by group and partition, so every cycle would open
@@ -44,7 +49,7 @@ def kafka_read_options(spec: SourceSpec, bootstrap: str, ranges: Sequence[Offset
     partitions and never commit."""
     parts = sorted({r.partition for r in ranges})
     opts = {
-        "kafka.bootstrap.servers": bootstrap,
+        **client_config(kafka).spark_options(),
         "kafka.group.id": read_group(spec),
         "kafka.isolation.level": "read_committed",
         "kafka.fetch.max.wait.ms": "10",
@@ -74,11 +79,11 @@ def kafka_meta(spec: SourceSpec) -> list[str]:
     return [f"{sql_ident(m)} AS {sql_ident(names.get(m, f'_{m}'))}" for m in spec.include]
 
 
-def _read_kafka(spark, spec: SourceSpec, bootstrap: str, ranges: Sequence[OffsetRange]):
+def _read_kafka(spark, spec: SourceSpec, bootstrap: KafkaClientConfig | str, ranges: Sequence[OffsetRange]):
     return spark.read.format("kafka").options(**kafka_read_options(spec, bootstrap, ranges)).load()
 
 
-def _reclocked(spark, spec: SourceSpec, bootstrap: str, ranges: Sequence[OffsetRange],
+def _reclocked(spark, spec: SourceSpec, bootstrap: KafkaClientConfig | str, ranges: Sequence[OffsetRange],
                bindings: Sequence[BindingRange], read_metrics=None):
     """The records of ``ranges`` read from Kafka, each with the ``ts`` of the binding that covers its offset
     (``reclock.spark.reclocking.reclocked``). ``read_metrics`` (an ``Observation``) counts the records read,
@@ -98,7 +103,7 @@ def _typed_null(col: str):
     return F.when(F.lit(False), F.col(col))
 
 
-def reclock_and_decode(spark, spec: SourceSpec, bootstrap: str, ranges: Sequence[OffsetRange],
+def reclock_and_decode(spark, spec: SourceSpec, bootstrap: KafkaClientConfig | str, ranges: Sequence[OffsetRange],
                        bindings: Sequence[BindingRange], prior: Sequence[tuple] = (), read_metrics=None):
     """The DataFrame of one slice: every record reclocked and decoded.
 
@@ -160,12 +165,28 @@ def reclock_and_decode(spark, spec: SourceSpec, bootstrap: str, ranges: Sequence
             .select(F.explode(F.filter(F.array(*kinds), lambda x: x.isNotNull())).alias("_e")).select("_e.*"))
 
 
-def upsert_keys(spark, spec: SourceSpec, bootstrap: str, ranges: Sequence[OffsetRange]) -> list[bytes]:
+@contextlib.contextmanager
+def kafka_job(what: str, kafka: KafkaClientConfig | str, topics: Sequence[str], groups: Sequence[str]) -> Iterator[None]:
+    """Around a Spark job that reads Kafka: a job failed because the brokers refused the principal an ACL
+    (or its login) raises :class:`~reclock.errors.KafkaAccessDenied` (or
+    :class:`~reclock.errors.KafkaAuthenticationFailed`) naming it, instead of the JVM's stack trace."""
+    try:
+        yield
+    except Exception as e:
+        refused = kafka_check(e, client_config(kafka), f"{what}: Spark reading Kafka",
+                              {"topic": ("READ", ", ".join(topics)), "group": ("READ", ", ".join(groups))})
+        if refused is None:
+            raise
+        raise refused from e
+
+
+def upsert_keys(spark, spec: SourceSpec, bootstrap: KafkaClientConfig | str, ranges: Sequence[OffsetRange]) -> list[bytes]:
     """The distinct non-null Kafka keys in ``ranges`` (whose upsert state a description needs)."""
     from pyspark.sql import functions as F
 
     df = _read_kafka(spark, spec, bootstrap, ranges)
-    return [bytes(r[0]) for r in df.filter(F.col("key").isNotNull()).select("key").distinct().collect()]
+    with kafka_job(f"source {spec.name}", bootstrap, [spec.kafka.topic], [read_group(spec)]):
+        return [bytes(r[0]) for r in df.filter(F.col("key").isNotNull()).select("key").distinct().collect()]
 
 
 def output_columns(spec: SourceSpec) -> tuple[list[str], list[str]]:
@@ -174,7 +195,7 @@ def output_columns(spec: SourceSpec) -> tuple[list[str], list[str]]:
     return field_names(spec) + meta + ["ts", "diff"], [ERR_PREFIX + c for c in ERROR_COLUMNS] + ["ts", "diff"]
 
 
-def write_slice(spark, spec: SourceSpec, bootstrap: str, ranges: Sequence[OffsetRange],
+def write_slice(spark, spec: SourceSpec, bootstrap: KafkaClientConfig | str, ranges: Sequence[OffsetRange],
                 bindings: Sequence[BindingRange], url: str, prior: Sequence[tuple] = (),
                 index: int = 0) -> SliceWritten:
     """Run one Spark job writing the slice's updates as Parquet under ``url``; what it read and wrote.
@@ -197,7 +218,8 @@ def write_slice(spark, spec: SourceSpec, bootstrap: str, ranges: Sequence[Offset
     df = reclock_and_decode(spark, spec, bootstrap, ranges, bindings, prior, read_metrics=read)
     if spec.envelope != "upsert":
         df = df.observe(written, F.count(F.lit(1)).alias("rows"), F.count(REJECTED_COLUMN).alias("rejected"))
-        df.write.mode("error").parquet(url)
+        with kafka_job(f"source {spec.name}", bootstrap, [spec.kafka.topic], [read_group(spec)]):
+            df.write.mode("error").parquet(url)
         w = observed(written, spec.name, url, ("rows", "rejected"))
         rows = {DATA_OUTPUT: w["rows"] - w["rejected"], ERRORS_OUTPUT: w["rejected"]}
     else:
@@ -209,7 +231,8 @@ def write_slice(spark, spec: SourceSpec, bootstrap: str, ranges: Sequence[Offset
         outputs = (DATA_OUTPUT, ERRORS_OUTPUT, STATE_OUTPUT)
         counts = [F.count(F.when(F.col("_output") == o, F.lit(1))).alias(f"output{o}") for o in outputs]
         df = df.selectExpr(*map(sql_ident, keep), "_output").observe(written, *counts)
-        df.write.mode("error").partitionBy("_output").parquet(url)
+        with kafka_job(f"source {spec.name}", bootstrap, [spec.kafka.topic], [read_group(spec)]):
+            df.write.mode("error").partitionBy("_output").parquet(url)
         w = observed(written, spec.name, url, [f"output{o}" for o in outputs])
         rows = {o: w[f"output{o}"] for o in outputs}
     records = observed(read, spec.name, url, ("records",))["records"]
@@ -262,7 +285,9 @@ def write_joint(spark, slices: Sequence[JointSlice], url: str) -> list[SliceWrit
     counts = [c for i in range(len(slices))
               for c in (F.count(F.when(member == i, F.lit(1))).alias(f"rows{i}"),
                         F.count(F.when(member == i, F.col(REJECTED_COLUMN))).alias(f"rejected{i}"))]
-    df.observe(written, *counts).write.mode("error").partitionBy(MEMBER_COLUMN).parquet(url)
+    with kafka_job("sources " + ", ".join(s.spec.name for s in slices), slices[0].upstream,
+                   [s.spec.kafka.topic for s in slices], [read_group(s.spec) for s in slices]):
+        df.observe(written, *counts).write.mode("error").partitionBy(MEMBER_COLUMN).parquet(url)
     w = observed(written, slices[0].spec.name, url,
                  [f"{k}{i}" for i in range(len(slices)) for k in ("rows", "rejected")])
     out = []

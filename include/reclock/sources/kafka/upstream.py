@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient, OffsetSpec
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import OffsetSpec
 
+from reclock import kafka_client
 from reclock.errors import ReclockError, UpstreamDataLost
+from reclock.kafka_client import KafkaClientConfig
 from reclock.time import PartitionedFrontier
 
 
@@ -21,32 +23,49 @@ class UpstreamUnavailable(ReclockError):
 
 @dataclass
 class KafkaUpstream:
+    """A Kafka source's topic on its cluster (``kafka``: its connection's settings, or the address of an
+    unsecured cluster). A call the principal has no ACL for raises
+    :class:`~reclock.errors.KafkaAccessDenied` naming the operation and the resource; a refused login
+    :class:`~reclock.errors.KafkaAuthenticationFailed`."""
+
     source: str
-    bootstrap: str
+    kafka: KafkaClientConfig | str
     topic: str
     timeout: float = 15.0
-    _client: AdminClient | None = field(default=None, init=False, repr=False, compare=False)
+    _client: kafka_client.Client | None = field(default=None, init=False, repr=False, compare=False)
 
-    def _admin(self) -> AdminClient:
+    def __post_init__(self) -> None:
+        self.kafka = kafka_client.client_config(self.kafka)
+
+    @property
+    def config(self) -> KafkaClientConfig:
+        return kafka_client.client_config(self.kafka)
+
+    def _admin(self) -> kafka_client.Client:
         """One admin client for this upstream's calls: each new one connects and fetches metadata anew."""
         if self._client is None:
-            self._client = AdminClient({"bootstrap.servers": self.bootstrap,
-                                        "socket.connection.setup.timeout.ms": 5000, "log_level": 2})
+            self._client = kafka_client.admin(self.config, f"source {self.source}",
+                                              {"socket.connection.setup.timeout.ms": 5000})
         return self._client
+
+    def _denied(self, e, doing: str, needs) -> ReclockError | None:
+        return self._admin().refused(e, doing, needs)
 
     def partitions(self) -> list[int]:
         """The topic's partitions; raises ``UpstreamUnavailable`` naming the source and the cause."""
         try:
-            md = self._admin().list_topics(topic=self.topic, timeout=self.timeout)  # synchronous
+            md = self._admin().metadata(self.topic, self.timeout)  # synchronous
         except KafkaException as e:
-            raise UpstreamUnavailable(f"source {self.source}: Kafka at {self.bootstrap} is unreachable: {e}") from e
+            raise UpstreamUnavailable(f"source {self.source}: Kafka at {self.config.describe()} is unreachable: "
+                                      f"{e}") from e
         t = md.topics.get(self.topic)
         if t is None or t.error is not None:
             if t is not None and t.error.code() not in (KafkaError.UNKNOWN_TOPIC_OR_PART,
                                                           KafkaError._UNKNOWN_TOPIC):
-                raise UpstreamUnavailable(f"source {self.source}: topic {self.topic!r}: {t.error}")
+                raise self._denied(t.error, "reading the topic's metadata", {"topic": ("DESCRIBE", self.topic)}) \
+                    or UpstreamUnavailable(f"source {self.source}: topic {self.topic!r}: {t.error}")
             raise UpstreamUnavailable(
-                f"source {self.source}: topic {self.topic!r} does not exist on {self.bootstrap} "
+                f"source {self.source}: topic {self.topic!r} does not exist on {self.config.bootstrap} "
                 "(create it, or fix `kafka.topic` in the source config)")
         return sorted(t.partitions)
 
@@ -56,11 +75,12 @@ class KafkaUpstream:
         parts = self.partitions()
         req = {TopicPartition(self.topic, p): spec_factory() for p in parts}
         try:
-            futs = self._admin().list_offsets(req, isolation_level=IsolationLevel.READ_COMMITTED,
-                                              request_timeout=self.timeout)
+            futs = self._admin().handle.list_offsets(req, isolation_level=IsolationLevel.READ_COMMITTED,
+                                                     request_timeout=self.timeout)
             return {tp.partition: fut.result(timeout=self.timeout + 5).offset for tp, fut in futs.items()}
         except KafkaException as e:
-            raise UpstreamUnavailable(f"source {self.source}: listing offsets of {self.topic!r} failed: {e}") from e
+            raise self._denied(e, "listing offsets", {"topic": ("DESCRIBE", self.topic)}) or UpstreamUnavailable(
+                f"source {self.source}: listing offsets of {self.topic!r} failed: {e}") from e
 
     def probe_upper(self) -> PartitionedFrontier:
         """Per-partition last stable offsets (what a ``read_committed`` consumer can read up to)."""
@@ -82,15 +102,16 @@ class KafkaUpstream:
         """Commit ``frontier`` (next offsets) to ``group`` so every standard lag tool sees our progress."""
         if frontier.is_minimum():
             return
-        consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": group,
-                             "enable.auto.commit": False, "log_level": 2})
+        client = kafka_client.consumer(self.config, f"source {self.source}",
+                                       {"group.id": group, "enable.auto.commit": False})
         try:
-            consumer.commit(offsets=[TopicPartition(self.topic, p, o) for p, o in frontier],
-                            asynchronous=False)
+            client.handle.commit(offsets=[TopicPartition(self.topic, p, o) for p, o in frontier], asynchronous=False)
         except KafkaException as e:
-            raise UpstreamUnavailable(f"source {self.source}: committing offsets to group {group} failed: {e}") from e
+            raise client.refused(e, f"committing offsets to group {group}",
+                                 {"group": ("READ", group), "topic": ("READ", self.topic)}) or UpstreamUnavailable(
+                f"source {self.source}: committing offsets to group {group} failed: {e}") from e
         finally:
-            consumer.close()
+            client.handle.close()
 
     def acknowledged(self, group: str) -> PartitionedFrontier:
         """What resume has acknowledged upstream: ``group``'s committed offsets."""
@@ -98,11 +119,13 @@ class KafkaUpstream:
 
     def committed(self, group: str) -> PartitionedFrontier:
         """The offsets ``group`` has committed (absent partitions at 0)."""
-        consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": group,
-                             "enable.auto.commit": False, "log_level": 2})
+        client = kafka_client.consumer(self.config, f"source {self.source}",
+                                       {"group.id": group, "enable.auto.commit": False})
         try:
-            tps = consumer.committed([TopicPartition(self.topic, p) for p in self.partitions()],
-                                     timeout=self.timeout)
+            tps = client.handle.committed([TopicPartition(self.topic, p) for p in self.partitions()],
+                                          timeout=self.timeout)
+        except KafkaException as e:
+            raise client.refused(e, f"reading group {group}'s offsets", {"group": ("DESCRIBE", group)}) or e
         finally:
-            consumer.close()
+            client.handle.close()
         return PartitionedFrontier.of((tp.partition, tp.offset) for tp in tps if tp.offset >= 0)

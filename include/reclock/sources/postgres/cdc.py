@@ -21,13 +21,17 @@ diff)`` updates in Parquet parts, one part folder per table, every part proved b
 
 Stalls (``reclock.errors.SourceStalled``: nothing of the description is appended, what it wrote is
 garbage), for a change
-of a table the source outputs, in a transaction the description covers: a ``TRUNCATE``
-(:class:`~reclock.errors.TableTruncated`); a Relation message whose columns differ from those registered
+of a table the source outputs, in a transaction the description covers: a ``TRUNCATE`` in the snapshot's
+seam (:class:`~reclock.errors.TableTruncated`); a Relation message whose columns differ from those registered
 at the first cycle (:class:`~reclock.errors.TableSchemaChanged`); an update or delete without the whole old
 row (:class:`~reclock.errors.ReplicaIdentityNotFull`); a table that was recreated, or (for a source that
 takes every table of its publication) one that joined the publication later
 (:class:`~reclock.errors.PublicationMissing`). An unchanged TOASTed value (``u``) takes the old row's value
 (identity FULL sends it); without one the change is refused, never written as a placeholder.
+
+A ``TRUNCATE`` of an output table lands as the retraction of every row the collection holds at that point
+(its contents before the description, read back, plus what this write wrote of it so far), at the
+transaction's timestamp; only one in the snapshot's seam stalls (``TableTruncated``).
 
 The snapshot of a table is read in this process with ``COPY ... TO STDOUT (FORMAT csv)`` parsed by Arrow a
 block at a time (:func:`read_snapshot`), or, for a large table, by Spark under the same exported snapshot
@@ -43,7 +47,7 @@ import io
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -174,6 +178,29 @@ class PartWriter:
         """Rows of table ``relid`` written by others under this writer's folder (Spark's snapshot parts,
         :data:`SPARK_SNAPSHOT`): :func:`collect` proves them with the rest."""
         self.buffers[relid].emitted += rows
+
+    def flush(self, relid: int) -> None:
+        """Write every update of table ``relid`` buffered so far as parts (the last one maybe short)."""
+        self._flush(self.buffers[relid])
+
+    def written(self, relid: int) -> pa.Table | None:
+        """Every update of table ``relid`` this writer has written as parts so far (after :meth:`flush`, all
+        it was given), read back in its shard's schema; None if none. ``UnaccountedWrite`` for a part of
+        other columns (a re-snapshot's retraction of a collection whose columns changed)."""
+        b = self.buffers[relid]
+        folder = f"{self.prefix}/{b.out.shard}"
+        tables = []
+        for info in self.blob.list(folder):
+            rel = info.path[len(folder) + 1:]
+            if "/" in rel or not rel.endswith(".parquet"):
+                continue  # Spark's snapshot folder: the caller does not read back a table Spark snapshotted
+            with self.blob.open(info.path) as f:
+                table = pq.read_table(f)
+            if table.schema.names != b.out.schema.names:
+                raise UnaccountedWrite(b.out.shard, folder, folder, f"{info.path} holds columns "
+                                       f"{table.schema.names}, not the table's {b.out.schema.names}")
+            tables.append(table.cast(b.out.schema))
+        return pa.concat_tables(tables) if tables else None
 
     def retract(self, relid: int, contents: pa.Table, ts: int) -> None:
         """Retract a collection's ``contents`` (data columns and ``diff``, as a read AS OF gives them) at
@@ -334,8 +361,10 @@ class ChangeDecoder:
 
     def __init__(self, source: str, outputs: Sequence[Output], writer: PartWriter,
                  bindings: Sequence[tuple[int, int]], start: int, end: int, rewind: Rewind | None,
-                 strict_tables: bool) -> None:
+                 strict_tables: bool, truncated: Callable[[Output, int], int] | None = None) -> None:
         self.source, self.writer, self.bindings = source, writer, list(bindings)
+        self.truncated = truncated  # retracts a table's every row at a ts (None: a TRUNCATE stalls)
+        self.rewinding = False  # the current transaction is in the snapshot's seam (see Rewind)
         self.start, self.end, self.rewind = start, end, rewind
         self.strict = strict_tables  # the source takes every table of its publication
         self.by_relid = {o.info.relid: o for o in outputs}
@@ -425,11 +454,11 @@ class ChangeDecoder:
     def _stretch(self, rows, buf, start, end, kind, first: int) -> None:
         """Messages ``first ...`` of the block (changes, Begins and Commits only), read column by column;
         message by message if that meets anything else (see :meth:`feed_blocks`)."""
-        saved = (self.in_txn, self.last_commit, self.targets, replace(self.stats))
+        saved = (self.in_txn, self.last_commit, self.targets, self.rewinding, replace(self.stats))
         try:
             emit = self._read_stretch(rows, buf, start, end, kind, first)
         except (po.Irregular, ReclockError):
-            self.in_txn, self.last_commit, self.targets, self.stats = saved
+            self.in_txn, self.last_commit, self.targets, self.rewinding, self.stats = saved
             self._messages(map(po.decode, rows[first:first + len(kind)]))
             return
         self.stats.messages += len(kind)
@@ -560,7 +589,8 @@ class ChangeDecoder:
             assert ts is not None, "a commit below the last binding's LSN has a binding"
             self.targets.append((ts, 1))
         r = self.rewind
-        if r is not None and r.lo <= commit_lsn < r.hi:
+        self.rewinding = r is not None and r.lo <= commit_lsn < r.hi
+        if self.rewinding:
             self.targets.append((r.ts, r.sign))
         if self.targets:
             self.stats.transactions += 1
@@ -645,13 +675,21 @@ class ChangeDecoder:
         self.stats.changes += len(rows) * len(self.targets)
 
     def _truncate(self, m: po.Truncate) -> None:
+        """A ``TRUNCATE`` of an output table: the retraction of every row it holds at this point, at the
+        transaction's ts (``truncated``). One in the snapshot's seam (a transaction the snapshot's rewind
+        also covers) stalls the source instead: the rows the rewind would put back are not known yet."""
         if not self.targets:
             return
         for relid in m.relids:
             out = self.by_relid.get(relid)
-            if out is not None:
-                raise TableTruncated(self.source, out.info.table, "TRUNCATE (Reclock cannot retract rows it is "
-                                     "not told)", "re-snapshot the source")
+            if out is None:
+                continue
+            if self.truncated is None or self.rewinding:
+                why = "between the first binding and its snapshot" if self.rewinding else "(Reclock cannot retract " \
+                      "rows it is not told)"
+                raise TableTruncated(self.source, out.info.table, f"TRUNCATE {why}", "re-snapshot the source")
+            for ts, _ in self.targets:  # one target outside the seam: (ts, +1)
+                self.stats.changes += self.truncated(out, ts)
 
 
 class _CopyReader(io.RawIOBase):
@@ -691,8 +729,9 @@ SNAPSHOT_BLOCK = 8 << 20
 
 def read_snapshot(conn, outputs: Sequence[Output], writer: PartWriter, ts: int, chunk: int) -> int:
     """Every row of every table, in the snapshot ``conn``'s transaction holds, as +1 at ``ts``; returns the
-    rows read. Each table is read with ``COPY (SELECT col::text, ...) TO STDOUT (FORMAT csv)`` (each
-    column's text form as pgoutput sends it: :func:`reclock.sources.postgres.upstream.text_form`) in the
+    rows read. Each table is read with ``COPY (SELECT col::text, ... FROM ONLY t WHERE <row filter>) TO STDOUT
+    (FORMAT csv)`` (the columns and rows its publication publishes: ``TableInfo``; each column's text form as
+    pgoutput sends it: :func:`reclock.sources.postgres.upstream.text_form`) in the
     session styles the stream is decoded in, parsed by Arrow's streaming CSV reader a block at a time (every
     value a string; an unquoted empty field is NULL, a quoted one the empty string), and converted as the
     stream's values are, so both give equal values."""
@@ -700,11 +739,10 @@ def read_snapshot(conn, outputs: Sequence[Output], writer: PartWriter, ts: int, 
 
     total = 0
     for out in outputs:
-        schema, _, name = out.info.table.partition(".")
         names = [n for n, _, _ in out.info.columns]
         cols = sql.SQL(", ").join(sql.SQL(text_form(n, o)) for n, o, _ in out.info.columns)
-        query = sql.SQL("COPY (SELECT {} FROM {}.{}) TO STDOUT (FORMAT csv)").format(
-            cols, sql.Identifier(schema), sql.Identifier(name))
+        query = sql.SQL("COPY (SELECT {} FROM {}{}) TO STDOUT (FORMAT csv)").format(
+            cols, out.info.relation_sql(), out.info.where_sql())
         keys = [f"c{i}" for i in range(len(names))]  # column names of our own: a table's may repeat in CSV terms
         with conn.cursor() as cur, cur.copy(query) as copy:
             raw = _CopyReader(copy)

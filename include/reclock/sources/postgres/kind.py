@@ -12,7 +12,7 @@ write               the slot's transactions below the bound LSN decoded in the t
                     (``reclock.sources.postgres.cdc``), the first description's snapshot too (large tables on
                     Spark: ``reclock.sources.postgres.spark_snapshot``)
 commit              the replication slot advanced to the LSN
-resnapshot          a fresh snapshot at a new binding (TRUNCATE, DDL, a lost slot); no rebuild (no history)
+resnapshot          a fresh snapshot at a new binding (DDL, a redefined publication, a lost slot); no rebuild (no history)
 trigger, lag        ``PublicationChanged``; the slot's lag is not probed
 ==================  ========================================================================================
 """
@@ -23,11 +23,14 @@ import contextlib
 import uuid
 from typing import Any, ContextManager, Sequence
 
+import pyarrow as pa
+
 from reclock import remap
 from reclock.batch import BatchDescription, mint_descriptions
+from reclock.compaction import contents_as_of
 from reclock.config import parse_pg_table, pg_table_shard
 from reclock.datasets import DatasetName, postgres_table
-from reclock.errors import ConfigError, ShardsDisagree
+from reclock.errors import ConfigError, ShardsDisagree, TableTruncated
 from reclock.failpoints import failpoint
 from reclock.part_layout import DATA_KIND, ERRORS_KIND, ERRORS_OUTPUT, INTERNAL_PREFIX
 from reclock.persist.gc import lease_write, release_write
@@ -151,7 +154,7 @@ class PostgresSource(SourceRuntime):
         return infos
 
     def resnapshot(self, metrics: dict) -> dict:
-        """Start a Postgres source over from a fresh snapshot at a new binding, after a stall (TRUNCATE, DDL,
+        """Start a Postgres source over from a fresh snapshot at a new binding, after a stall (DDL, a publication,
         a lost slot): the tables are described again (their new columns), the slot is dropped and created
         anew, and a binding at a new timestamp (never in the past) is appended with the new registration in
         one transaction. The next cycle's write retracts what each collection held and writes the snapshot,
@@ -245,8 +248,14 @@ class PostgresSource(SourceRuntime):
                              snapshot_on_spark=sorted(spark_done))
                 else:
                     up.check_retained(uconn, start)
+                # the publication as registered (a row filter or column list changed since would land rows
+                # filtered another way): checked after the binding was minted, so a change committed below
+                # the LSN read up to is seen
+                up.check_definitions(uconn, [o.info for o in outputs])
                 decoder = cdc.ChangeDecoder(self.ctx.spec.name, outputs, writer, bindings, start, end, rewind,
-                                            strict_tables=not self.ctx.spec.postgres.tables)
+                                            strict_tables=not self.ctx.spec.postgres.tables,
+                                            truncated=lambda out, ts: self._truncated(writer, desc, out, ts,
+                                                                                      spark_done))
                 # the peek's cursor lives in a transaction; the blocks are closed (the helper thread joined) before
                 # it ends, also when the decoder stops early
                 with uconn.transaction(force_rollback=True), contextlib.closing(
@@ -267,6 +276,34 @@ class PostgresSource(SourceRuntime):
         return WrittenBatch(desc, parts, (), prefix)
 
 
+    def _truncated(self, writer: cdc.PartWriter, desc: BatchDescription, out: cdc.Output, ts: int,
+                   on_spark: set) -> int:
+        """A ``TRUNCATE`` of ``out``'s table at ``ts``: every row its collection holds at that point retracted at
+        ``ts`` (the contents before the description, AS OF its lower - 1, plus this write's updates of the
+        table so far, read back; in memory, as a re-snapshot's retraction is); the rows retracted. A table
+        Spark snapshotted in this write stalls instead (``TableTruncated``: its parts are Spark's)."""
+        if out.shard in on_spark:
+            raise TableTruncated(self.ctx.spec.name, out.info.table, "TRUNCATE in the cycle that took its snapshot "
+                                 "on Spark", "run the cycle again after `reclock resnapshot`")
+        writer.flush(out.info.relid)
+        updates = [writer.written(out.info.relid)]
+        with self.ctx.connect() as conn:
+            if desc.lower > 0 and shard_info(conn, out.shard).upper > 0:
+                held = read_as_of(conn, self.ctx.blob, out.shard, desc.lower - 1)
+                names = [n for n, _, _ in out.info.columns]
+                if held.num_rows and sorted(held.column_names) == sorted([*names, "diff"]):
+                    updates.append(held.select(names).append_column("ts", pa.array([0] * held.num_rows, pa.int64()))
+                                   .append_column("diff", held["diff"]).cast(out.schema))
+                elif held.num_rows:
+                    raise TableTruncated(self.ctx.spec.name, out.info.table, "TRUNCATE of a collection whose columns "
+                                         "changed in this write", "re-snapshot the source")
+        parts = [u for u in updates if u is not None]
+        contents = contents_as_of(pa.concat_tables(parts) if parts else None, ts)
+        if "diff" in contents.column_names and contents.num_rows and len(contents.column_names) > 1:
+            writer.retract(out.info.relid, contents, ts)
+        return contents.num_rows
+
+
     def _snapshot_on_spark(self, sconn, outputs: Sequence[cdc.Output]) -> list[tuple[cdc.Output, list]]:
         """The tables whose snapshot Spark reads, with their partitions' predicates: those of at least the
         source's ``spark_snapshot_min_bytes`` whose columns Spark converts exactly, when the context has Spark."""
@@ -275,6 +312,8 @@ class PostgresSource(SourceRuntime):
             return []
         chosen = []
         for out in outputs:
+            if out.info.partitioned:  # its rows are in its partitions' heaps: no page ranges of its own
+                continue
             size, pages, block = PostgresUpstream.table_size(sconn, out.info.relid)
             if size >= least and spark_snapshot.convertible(out.info):
                 chosen.append((out, spark_snapshot.partition_predicates(pages, spark_snapshot.SPLIT_BYTES // block)))
@@ -286,7 +325,7 @@ class PostgresSource(SourceRuntime):
         """One table's snapshot written by Spark into the write's folder (``reclock.sources.postgres.spark_snapshot``),
         while ``sconn`` holds the exported ``snapshot`` open; its rows (``count(*)`` under the same snapshot) counted
         into ``writer``, so that ``reclock.sources.postgres.cdc.collect`` proves the parts hold exactly them."""
-        rows = PostgresUpstream.count_rows(sconn, out.info.table)
+        rows = PostgresUpstream.count_rows(sconn, out.info)
         spark_snapshot.write_table_snapshot(self.ctx.spark(), spark_snapshot.jdbc_target(self.ctx.upstream), snapshot,
                                             out.info, ts, self.ctx.blob.url(f"{prefix}/{out.shard}/{cdc.SPARK_SNAPSHOT}"),
                                             predicates)

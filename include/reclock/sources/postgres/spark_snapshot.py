@@ -29,6 +29,7 @@ under the same snapshot).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Sequence
 
 from psycopg.conninfo import conninfo_to_dict
@@ -67,11 +68,35 @@ def jdbc_target(dsn: str) -> JdbcTarget:
     if not host or host.startswith("/") or "," in host or "service" in d:
         raise SettingError(f"the upstream DSN's host {host!r} is not one TCP host Spark's executors can reach "
                            "(a snapshot on Spark needs host=<name> port=<n> in the DSN)")
-    props = {"driver": DRIVER, "user": d.get("user", ""), "password": d.get("password", "")}
-    if "sslmode" in d:
-        props["sslmode"] = d["sslmode"]
+    props = {"driver": DRIVER, "user": d.get("user", ""), "password": d.get("password", ""), **jdbc_tls(d)}
     return JdbcTarget(f"jdbc:postgresql://{host}:{d.get('port', '5432')}/{d.get('dbname', d.get('user', ''))}",
                       props)
+
+
+def jdbc_tls(d: dict) -> dict[str, str]:
+    """pgjdbc's TLS properties for a libpq DSN's (``d``): the same ``sslmode``; for ``verify-ca`` and
+    ``verify-full``, the root certificate (``sslrootcert``, else libpq's ``~/.postgresql/root.crt``) read
+    here and given inline (``SingleCertValidatingFactory``), so executors on other hosts need no file of
+    their own; a bundle of several certificates goes as its path (it must be there on every executor)."""
+    mode = d.get("sslmode")
+    if not mode:
+        return {}
+    props = {"sslmode": mode}
+    if mode in ("verify-ca", "verify-full"):
+        root = Path(d.get("sslrootcert") or Path.home() / ".postgresql" / "root.crt")
+        try:
+            pem = root.read_text()
+        except OSError as e:
+            raise SettingError(f"the upstream DSN asks for sslmode={mode}, but its root certificate {root} cannot "
+                               f"be read ({e.strerror}); set sslrootcert to the CA's PEM file") from None
+        if pem.count("-----BEGIN CERTIFICATE-----") == 1:
+            props.update({"sslfactory": "org.postgresql.ssl.SingleCertValidatingFactory", "sslfactoryarg": pem})
+        else:
+            props["sslrootcert"] = str(root)
+    for key in ("sslcert", "sslkey"):
+        if d.get(key):
+            props[key] = d[key]
+    return props
 
 
 def convertible(info: TableInfo) -> bool:
@@ -143,12 +168,14 @@ def _column_sql(c: str, type_oid: int, typmod: int, name: str) -> str | None:
 
 
 def snapshot_query(info: TableInfo) -> str:
-    """The JDBC subquery: the row's ``ctid`` and every column's text form (as pgoutput sends it:
-    :func:`reclock.sources.postgres.upstream.text_form`) as ``c<i>``."""
+    """The JDBC subquery: the row's ``ctid`` and every published column's text form (as pgoutput sends it:
+    :func:`reclock.sources.postgres.upstream.text_form`) as ``c<i>``, of the rows the publication's row filter
+    passes (``ONLY``: a table's inheritance children are tables of their own)."""
     schema, _, name = info.table.partition(".")
     cols = ", ".join(f"{text_form(n, o)} AS c{i}" for i, (n, o, _) in enumerate(info.columns))
-    return (f"(SELECT ctid AS {CTID}{', ' if cols else ''}{cols} FROM {pg_ident(schema)}.{pg_ident(name)}) "
-            "reclock_snapshot")
+    where = "" if info.row_filter is None else f" WHERE ({info.row_filter})"
+    return (f"(SELECT ctid AS {CTID}{', ' if cols else ''}{cols} FROM ONLY {pg_ident(schema)}.{pg_ident(name)}"
+            f"{where}) reclock_snapshot")
 
 
 def write_table_snapshot(spark, target: JdbcTarget, snapshot: str, info: TableInfo, ts: int, url: str,

@@ -38,6 +38,14 @@ Checks that fail loudly (``reclock.errors``): the slot gone, invalidated (``wal_
 past what a shard needs is :class:`~reclock.errors.SlotLost` (an ``UpstreamDataLost``); a missing
 publication or table is :class:`~reclock.errors.PublicationMissing`; a table without ``REPLICA IDENTITY
 FULL`` is :class:`~reclock.errors.ReplicaIdentityNotFull` naming the ``ALTER TABLE`` to run.
+
+**Publications as they are.** A table lands as its publication publishes it: the columns of its column
+list, the rows its row filter passes (the snapshot reads them with the same ``WHERE``; ``pgoutput`` turns
+an update that moves a row into or out of the filter into an insert or a delete), the partitions of a
+partitioned table as tables of their own or, with ``publish_via_partition_root``, the whole tree as its
+root. A publication that leaves out ``update``, ``delete`` or ``truncate`` is refused
+(:class:`~reclock.errors.PublicationUnsupported`); a row filter or column list changed after the snapshot
+stalls the source until a re-snapshot (:class:`~reclock.errors.PublicationRedefined`).
 """
 
 from __future__ import annotations
@@ -52,7 +60,8 @@ from psycopg import sql
 from psycopg.rows import scalar_row
 
 from reclock.ahead import read_ahead
-from reclock.errors import PublicationMissing, ReclockError, ReplicaIdentityNotFull, SlotBusy, SlotLost
+from reclock.errors import (PublicationMissing, PublicationRedefined, PublicationUnsupported, ReclockError,
+                            ReplicaIdentityNotFull, SlotBusy, SlotLost)
 from reclock.lending import ConnectionLender
 from reclock.sources.postgres.pgoutput import BPCHAR, lsn_to_int, lsn_to_str
 from reclock.time import PartitionedFrontier
@@ -84,6 +93,10 @@ def text_form(column: str, type_oid: int) -> str:
     return f"{pg_ident(column)}::text"
 
 
+def _columns(names: Sequence[str] | None) -> str:
+    return "(every column)" if names is None else "(" + ", ".join(names) + ")"
+
+
 def slot_name(source: str) -> str:
     """The replication slot of a source: ``reclock_<source>``."""
     return f"{SLOT_PREFIX}{source}"
@@ -95,19 +108,62 @@ def lsn_frontier(lsn: int) -> PartitionedFrontier:
 
 @dataclass(frozen=True)
 class TableInfo:
-    """A published table as registered at the source's first cycle: its oid and its columns ``(name, type
-    oid, typmod)`` in order. A Relation message with other columns stalls the source."""
+    """A published table as registered at the source's first cycle: its oid and the columns the publication
+    publishes ``(name, type oid, typmod)`` in order (all of them, or its column list's). A Relation message
+    with other columns stalls the source.
+
+    ``row_filter`` is the publication's ``WHERE`` for the table as Postgres prints it
+    (``pg_publication_tables.rowfilter``; None: every row): the snapshot reads only the rows it passes, as
+    ``pgoutput`` sends only their changes (an update moving a row into the filter comes as an insert, out
+    of it as a delete). ``column_list`` is the publication's column list (None: every column, also the
+    columns added later). ``partitions``: of a partitioned table published through its root
+    (``publish_via_partition_root``), the oids of its partitions (its snapshot reads every one, its changes
+    come as the root's; attaching or detaching one moves rows without a change to see, so it stalls the
+    source); None for a table."""
 
     table: str  # schema.table
     relid: int
     columns: tuple[tuple[str, int, int], ...]
+    row_filter: str | None = None
+    column_list: tuple[str, ...] | None = None
+    partitions: tuple[int, ...] | None = None
+
+    @property
+    def partitioned(self) -> bool:
+        return self.partitions is not None
 
     def to_json(self) -> dict:
-        return {"table": self.table, "relid": self.relid, "columns": [list(c) for c in self.columns]}
+        out = {"table": self.table, "relid": self.relid, "columns": [list(c) for c in self.columns]}
+        if self.row_filter is not None:
+            out["row_filter"] = self.row_filter
+        if self.column_list is not None:
+            out["column_list"] = list(self.column_list)
+        if self.partitions is not None:
+            out["partitions"] = list(self.partitions)
+        return out
 
     @staticmethod
     def from_json(d: dict) -> "TableInfo":
-        return TableInfo(d["table"], int(d["relid"]), tuple((str(n), int(o), int(m)) for n, o, m in d["columns"]))
+        columns, partitions = d.get("column_list"), d.get("partitions")
+        return TableInfo(d["table"], int(d["relid"]), tuple((str(n), int(o), int(m)) for n, o, m in d["columns"]),
+                         d.get("row_filter"), None if columns is None else tuple(columns),
+                         None if partitions is None else tuple(int(p) for p in partitions))
+
+    def relation_sql(self) -> sql.Composable:
+        """The table as a snapshot reads it: ``ONLY schema.table`` (a publication takes a table's
+        inheritance children as tables of their own), the whole tree of a partitioned root."""
+        schema, _, name = self.table.partition(".")
+        ident = sql.SQL("{}.{}").format(sql.Identifier(schema), sql.Identifier(name))
+        return ident if self.partitioned else sql.SQL("ONLY {}").format(ident)
+
+    def where_sql(self) -> sql.Composable:
+        """`` WHERE (<row filter>)`` (Postgres's own text of it), or nothing."""
+        return sql.SQL("") if self.row_filter is None else sql.SQL(" WHERE ({})").format(sql.SQL(self.row_filter))
+
+
+PUBLISHED_OPERATIONS = ("insert", "update", "delete", "truncate")
+"""What a publication must publish for its tables to land exactly: without updates, deletes or truncates a
+collection would keep rows its table no longer holds."""
 
 
 @dataclass(frozen=True)
@@ -167,42 +223,144 @@ class PostgresUpstream:
 
     def published_tables(self, conn) -> list[str]:
         """``schema.table`` of every table in the publication; ``PublicationMissing`` if there is none."""
-        if conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (self.publication,)).fetchone() is None:
+        return sorted(self._publication(conn))
+
+    def _publication(self, conn) -> dict[str, tuple[tuple[str, ...], str | None]]:
+        """``{schema.table: (published column names, row filter)}`` of the publication
+        (``pg_publication_tables``: the leaf partitions, or the roots of a ``publish_via_partition_root``
+        one; a ``FOR TABLES IN SCHEMA`` / ``FOR ALL TABLES`` one's tables as of now), after checking it
+        publishes every operation (:data:`PUBLISHED_OPERATIONS`). ``PublicationMissing`` if it does not
+        exist, ``PublicationUnsupported`` if it leaves an operation out."""
+        row = conn.execute("SELECT pubinsert, pubupdate, pubdelete, pubtruncate FROM pg_publication WHERE pubname = %s",
+                           (self.publication,)).fetchone()
+        if row is None:
             raise PublicationMissing(self.source, "(all)", f"publication {self.publication} does not exist",
                                      f"CREATE PUBLICATION {self.publication} FOR TABLE ...")
-        rows = conn.execute("SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s "
-                            "ORDER BY schemaname, tablename", (self.publication,)).fetchall()
-        return [f"{s}.{t}" for s, t in rows]
+        left_out = [op for op, on in zip(PUBLISHED_OPERATIONS, row) if not on]
+        if left_out:
+            published = ", ".join(op for op, on in zip(PUBLISHED_OPERATIONS, row) if on) or "nothing"
+            raise PublicationUnsupported(
+                self.source, "(all)", f"publication {self.publication} publishes {published}, not "
+                f"{' or '.join(left_out)}: the collections would keep rows the tables no longer hold",
+                f"run: ALTER PUBLICATION {pg_ident(self.publication)} SET (publish = "
+                f"'{', '.join(PUBLISHED_OPERATIONS)}');")
+        rows = conn.execute("SELECT schemaname, tablename, attnames, rowfilter FROM pg_publication_tables "
+                            "WHERE pubname = %s", (self.publication,)).fetchall()
+        return {f"{s}.{t}": (tuple(a or ()), f) for s, t, a, f in rows}
 
     def describe(self, conn, tables: Sequence[str]) -> list[TableInfo]:
-        """Each table's oid and columns, after checking it is published and has ``REPLICA IDENTITY FULL``."""
-        published = set(self.published_tables(conn))
+        """Each table's oid, published columns, row filter and column list, after checking the publication
+        (:meth:`_publication`), that the table is in it, and that it (every partition of a partitioned
+        root too) has ``REPLICA IDENTITY FULL``."""
+        published = self._publication(conn)
         out = []
         for table in tables:
             if table not in published:
-                raise PublicationMissing(self.source, table, f"not in publication {self.publication} (dropped, "
-                                         "or removed from the publication)",
-                                         f"ALTER PUBLICATION {self.publication} ADD TABLE {table}, or re-snapshot")
+                self._not_published(conn, table, published)
+            names, row_filter = published[table]
             schema, _, name = table.partition(".")
-            row = conn.execute("SELECT c.oid::int8, c.relreplident FROM pg_class c JOIN pg_namespace n "
+            row = conn.execute("SELECT c.oid::int8, c.relreplident, c.relkind FROM pg_class c JOIN pg_namespace n "
                                "ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = %s",
                                (schema, name)).fetchone()
             if row is None:  # dropped between the two queries
                 raise PublicationMissing(self.source, table, "does not exist", "re-snapshot the source")
-            relid, ident = row
+            relid, ident, relkind = row
             if ident != "f":
                 raise ReplicaIdentityNotFull(self.source, table, IDENTITY.get(ident, ident))
+            partitions = None
+            if relkind == "p":  # published via its root: each partition's WAL must carry the whole old row too
+                members = conn.execute(
+                    "SELECT c.oid::int8, n.nspname || '.' || c.relname, c.relreplident FROM pg_partition_tree(%s::oid) "
+                    "p JOIN pg_class c ON c.oid = p.relid JOIN pg_namespace n ON n.oid = c.relnamespace "
+                    "WHERE p.level > 0 ORDER BY p.level, 2", (relid,)).fetchall()
+                for _, member, member_ident in members:
+                    if member_ident != "f":
+                        raise ReplicaIdentityNotFull(self.source, member, IDENTITY.get(member_ident, member_ident)
+                                                     + f" (a partition of {table}, which the publication publishes "
+                                                     "through its root)")
+                partitions = tuple(sorted(int(oid) for oid, _, _ in members))
             cols = conn.execute("SELECT attname, atttypid::int8, atttypmod FROM pg_attribute WHERE attrelid = %s "
                                 "AND attnum > 0 AND NOT attisdropped ORDER BY attnum", (relid,)).fetchall()
-            out.append(TableInfo(table, relid, tuple((n, o, m) for n, o, m in cols)))
+            listed = conn.execute("SELECT pr.prattrs IS NOT NULL FROM pg_publication_rel pr JOIN pg_publication p "
+                                  "ON p.oid = pr.prpubid WHERE p.pubname = %s AND pr.prrelid = %s",
+                                  (self.publication, relid)).fetchone()
+            column_list = tuple(names) if listed is not None and listed[0] else None
+            if column_list is not None:
+                cols = [c for c in cols if c[0] in column_list]
+            out.append(TableInfo(table, relid, tuple((n, o, m) for n, o, m in cols), row_filter, column_list,
+                                 partitions))
         return out
 
+    def _not_published(self, conn, table: str, published: dict) -> None:
+        """``PublicationMissing`` for a table the publication does not publish; for a partitioned table whose
+        partitions it publishes as tables of their own, saying so and what to choose."""
+        schema, _, name = table.partition(".")
+        parts = conn.execute("SELECT n.nspname || '.' || c.relname FROM pg_class r JOIN pg_namespace rn ON rn.oid = "
+                             "r.relnamespace, pg_partition_tree(r.oid) p JOIN pg_class c ON c.oid = p.relid JOIN "
+                             "pg_namespace n ON n.oid = c.relnamespace WHERE rn.nspname = %s AND r.relname = %s "
+                             "AND r.relkind = 'p' AND p.isleaf ORDER BY 1", (schema, name)).fetchall()
+        leaves = [p for (p,) in parts if p in published]
+        if leaves:
+            raise PublicationMissing(self.source, table, f"is partitioned, and publication {self.publication} "
+                                     f"publishes its partitions as tables of their own ({', '.join(leaves)})",
+                                     f"list the partitions under `tables:`, or run ALTER PUBLICATION "
+                                     f"{pg_ident(self.publication)} SET (publish_via_partition_root = true); to take "
+                                     "the whole tree as one collection")
+        raise PublicationMissing(self.source, table, f"not in publication {self.publication} (dropped, "
+                                 "or removed from the publication)",
+                                 f"ALTER PUBLICATION {self.publication} ADD TABLE {table}, or re-snapshot")
+
     def check_tables(self, conn, registered: Sequence[TableInfo]) -> None:
-        """Every registered table is still there (same oid), published, and of identity FULL."""
+        """Every registered table is still there (same oid), published as it was registered
+        (:meth:`check_definitions`), and of identity FULL (:meth:`describe`)."""
         for info, now in zip(registered, self.describe(conn, [t.table for t in registered])):
             if now.relid != info.relid:
                 raise PublicationMissing(self.source, info.table, f"was dropped and created again (oid {info.relid} "
                                          f"is now {now.relid})", "re-snapshot the source")
+            self._compare(info, now.row_filter, now.column_list, now.partitions)
+
+    def check_definitions(self, conn, registered: Sequence[TableInfo]) -> None:
+        """The publication still publishes every operation, and every registered table with the row filter
+        and column list it was registered with, a partitioned root with the same partitions:
+        ``PublicationUnsupported``, ``PublicationMissing`` or ``PublicationRedefined`` otherwise. At most four
+        queries whatever the number of tables: a write runs it
+        after its binding was minted, so a redefinition committed below the LSN it reads up to is seen."""
+        published = self._publication(conn)
+        listed = {int(r): bool(a) for r, a in conn.execute(
+            "SELECT pr.prrelid::int8, pr.prattrs IS NOT NULL FROM pg_publication_rel pr JOIN pg_publication p "
+            "ON p.oid = pr.prpubid WHERE p.pubname = %s", (self.publication,)).fetchall()}
+        roots = [t.relid for t in registered if t.partitions is not None]
+        trees: dict[int, list[int]] = {r: [] for r in roots}
+        if roots:
+            for root, member in conn.execute("SELECT r.root::int8, p.relid::int8 FROM unnest(%s::oid[]) r(root), "
+                                             "pg_partition_tree(r.root) p WHERE p.level > 0", (roots,)).fetchall():
+                trees[int(root)].append(int(member))
+        for info in registered:
+            if info.table not in published:
+                raise PublicationMissing(self.source, info.table, f"not in publication {self.publication} (dropped, "
+                                         "or removed from the publication)",
+                                         f"ALTER PUBLICATION {self.publication} ADD TABLE {info.table}, or re-snapshot")
+            names, row_filter = published[info.table]
+            self._compare(info, row_filter, tuple(names) if listed.get(info.relid) else None,
+                          None if info.partitions is None else tuple(sorted(trees[info.relid])))
+
+    def _compare(self, info: TableInfo, row_filter: str | None, column_list: tuple[str, ...] | None,
+                 partitions: tuple[int, ...] | None) -> None:
+        changed = []
+        if partitions != info.partitions:
+            was, now = set(info.partitions or ()), set(partitions or ())
+            moved = [f"{len(now - was)} attached" if now - was else "",
+                     f"{len(was - now)} detached" if was - now else ""]
+            changed.append(f"its partitions changed ({', '.join(m for m in moved if m)}: their rows came or went "
+                           "without a change Reclock can read)")
+        if row_filter != info.row_filter:
+            changed.append(f"its row filter changed from {info.row_filter or '(none)'} to {row_filter or '(none)'}")
+        if column_list != info.column_list:
+            changed.append(f"its column list changed from {_columns(info.column_list)} to {_columns(column_list)}")
+        if changed:
+            raise PublicationRedefined(self.source, info.table, f"in publication {self.publication}, "
+                                       + " and ".join(changed) + " since the source took its snapshot",
+                                       f"`reclock resnapshot {self.source}` lands it as now defined")
 
     def slot_state(self, conn) -> SlotState | None:
         row = conn.execute("SELECT confirmed_flush_lsn::text, restart_lsn::text, wal_status, plugin, database "
@@ -372,10 +530,10 @@ class PostgresUpstream:
         return int(row[0] or 0), int(row[1] or 0) // block, block
 
     @staticmethod
-    def count_rows(conn, table: str) -> int:
-        """``count(*)`` of ``schema.table`` in ``conn``'s transaction (under a snapshot: what it holds)."""
-        schema, _, name = table.partition(".")
-        query = sql.SQL("SELECT count(*) FROM {}.{}").format(sql.Identifier(schema), sql.Identifier(name))
+    def count_rows(conn, info: TableInfo) -> int:
+        """``count(*)`` of the rows the publication publishes of a table (its row filter's) in ``conn``'s
+        transaction (under a snapshot: what it holds)."""
+        query = sql.SQL("SELECT count(*) FROM {}{}").format(info.relation_sql(), info.where_sql())
         return int(conn.execute(query).fetchone()[0])
 
     @contextlib.contextmanager

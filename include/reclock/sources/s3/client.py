@@ -121,7 +121,8 @@ DENIED = ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "Invali
 
 def boto_client(service: str, settings: S3Settings, pool: int = 16):
     """A boto3 client of ``service`` (``s3``, ``sqs``) on ``settings``'s endpoint and keys (standard
-    retries; path-style addressing when the settings say so)."""
+    retries; path-style addressing when the settings say so; TLS verified against the settings' CA bundle when
+    they name one)."""
     import boto3
     from botocore.config import Config
 
@@ -130,7 +131,8 @@ def boto_client(service: str, settings: S3Settings, pool: int = 16):
                  s3={"addressing_style": "path" if settings.path_style else "auto"})
     return boto3.session.Session().client(service, endpoint_url=settings.endpoint_url,
                                           aws_access_key_id=settings.access_key,
-                                          aws_secret_access_key=settings.secret_key, config=cfg)
+                                          aws_secret_access_key=settings.secret_key, config=cfg,
+                                          verify=settings.ca_bundle or None)
 
 
 @dataclass
