@@ -49,7 +49,7 @@ def _write(spec: SinkSpec | IcebergSinkSpec) -> dict:
         return {"frontier": r.frontier, "commits": r.commits, "rows": r.rows, "bytes": r.bytes}
     kctx = sink_context(spec)
     reads(collection(kctx.dsn, spec.collection))
-    writes(kafka_topic(kctx.bootstrap, spec.kafka.topic))
+    writes(kafka_topic(kctx.kafka.bootstrap, spec.kafka.topic))
     k = kafka.run_once(kctx)
     return {"frontier": k.frontier, "version": k.version, "transactions": k.transactions,
             "messages": k.messages, "bytes": k.bytes}
