@@ -54,16 +54,16 @@ def runner(source: str, until_idle: bool = False) -> int:
     """``run_cycle`` of ``source`` in a loop, settings from the environment; one line per cycle."""
     from reclock.config import load_config
     from reclock.cycle import run_cycle
-    from reclock.orchestration import settings
+    from reclock.orchestration.contexts import cycle_context
 
-    ctx = settings.cycle_context(load_config(None).source(source))
+    ctx = cycle_context(load_config(None).source(source))
     print("ready", flush=True)
     idle = 0
     for _ in range(200 if until_idle else sys.maxsize):
         out = run_cycle(ctx)
         print(json.dumps(out), flush=True)
         idle = idle + 1 if out["minted"] is None and out["descriptions"] == 0 else 0
-        if until_idle and idle and ctx.spec.s3.discovery == "notifications" and ctx.upstream().queue().depth():
+        if until_idle and idle and ctx.spec.s3.discovery == "notifications" and ctx.source().queue().depth():
             idle = 0  # messages a killed cycle received are hidden until their visibility timeout ends
         if until_idle and idle >= 2:
             return 0

@@ -79,18 +79,21 @@ def fast_producer(bootstrap: str):
                      "acks": "1", "enable.idempotence": False, "log_level": 2})
 
 
-def produce_backlog(bootstrap: str, label: str, topic: str, records: int, keys: int | None = None) -> Backlog:
+def produce_backlog(bootstrap: str, label: str, topic: str, records: int, keys: int | None = None,
+                    start: int = 0) -> Backlog:
     """Create ``topic`` with :data:`PARTITIONS` partitions and fill it with ``records`` records, round robin;
     with ``keys``, record ``i`` has the key ``k<i % keys>`` (so an upsert source's later records of a key
-    retract its earlier ones).
+    retract its earlier ones). With ``start``, the topic exists and holds records ``0 .. start - 1``: records
+    ``start ..`` are added.
 
-    Checks afterwards that the partitions' end offsets add up to ``records`` (nothing lost)."""
-    create_topic(bootstrap, topic)
+    Checks afterwards that the partitions' end offsets add up to ``start + records`` (nothing lost)."""
+    if start == 0:
+        create_topic(bootstrap, topic)
     producer = fast_producer(bootstrap)
     produce = producer.produce
     total = 0
     created = int(time.time() * 1000)
-    for i in range(records):
+    for i in range(start, start + records):
         value = record(i, created)
         key = None if keys is None else b"k%d" % (i % keys)
         total += len(value)
@@ -104,8 +107,8 @@ def produce_backlog(bootstrap: str, label: str, topic: str, records: int, keys: 
     if producer.flush(600) != 0:
         raise RuntimeError(f"topic {topic}: messages still queued after 10 minutes of flushing")
     ends = end_offsets(bootstrap, topic)
-    if sum(ends.values()) != records:
-        raise RuntimeError(f"topic {topic}: produced {records} records but the end offsets add up to "
+    if sum(ends.values()) != start + records:
+        raise RuntimeError(f"topic {topic}: produced {start + records} records but the end offsets add up to "
                            f"{sum(ends.values())}")
     return Backlog(label, topic, records, total, ends)
 

@@ -31,6 +31,11 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need_apt[@]}" >/dev/null
 fi
 
+# Go 1.23+ builds Toxiproxy (the tests' network faults) from its Go module (`reclock dev install`); Debian's
+# golang-go is older, so it comes with the machine (/usr/local/go on ours)
+if ! command -v go >/dev/null 2>&1 && [ -x /usr/local/go/bin/go ]; then export PATH="$PATH:/usr/local/go/bin"; fi
+command -v go >/dev/null 2>&1 || echo "bootstrap: no Go toolchain: Toxiproxy cannot be built; install Go 1.23+" >&2
+
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   echo "bootstrap: creating .venv with $($PY --version)"

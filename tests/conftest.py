@@ -96,7 +96,7 @@ def kafka(stack_state: StackState):
     """A real single-node KRaft broker from the Maven jars."""
     from reclock.dev.kafka import LocalKafka
 
-    broker = LocalKafka(stack_state, heap="512m")
+    broker = LocalKafka(stack_state, heap="512m", proxied=True)  # a listener for the network-fault proxy too
     broker.start()
     yield broker
     broker.stop()
@@ -115,6 +115,20 @@ def kafka_cluster(stack_state: StackState):
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def toxiproxy(stack_state: StackState):
+    """Toxiproxy (built from its Go module by ``reclock dev install``): proxies that put network faults
+    between Reclock and a service (``reclock.dev.toxiproxy``)."""
+    from reclock.dev.toxiproxy import LocalToxiproxy
+
+    server = LocalToxiproxy(stack_state)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -30,10 +30,12 @@ def dev() -> None:
 @dev.command()
 def install() -> None:
     """Install what the stack needs but the machine lacks (Postgres server, Maven jars: the Kafka broker,
-    Spark's Kafka connector, S3A; the local Kinesis endpoint, kinesalite, from npm)."""
+    Spark's Kafka connector, S3A; the local Kinesis endpoint, kinesalite, from npm; Toxiproxy, the network
+    faults of the tests, built from its Go module)."""
     from reclock.dev.jars import PROFILES, ensure_jars
     from reclock.dev.kinesis import ensure_kinesalite
     from reclock.dev.postgres import ensure_installed
+    from reclock.dev.toxiproxy import ensure_toxiproxy
 
     stack = _stack()
     t0 = time.monotonic()
@@ -42,6 +44,7 @@ def install() -> None:
         folder = ensure_jars(stack.state, profile)
         click.echo(f"{profile} jars: {folder} ({len(list(folder.rglob('*.jar')))} jars)")
     click.echo(f"kinesalite: {ensure_kinesalite()}")
+    click.echo(f"toxiproxy: {ensure_toxiproxy()}")
     click.echo(f"installed in {time.monotonic() - t0:.1f}s")
 
 
@@ -204,19 +207,28 @@ def read(collection: str, as_of: int | None, limit: int, dsn: str | None, blob_u
 def progress(source: str, dsn: str | None) -> None:
     """Print SOURCE's bindings (its `<source>_progress` relation), uppers and latest status."""
     from reclock.persist import connect
-    from reclock.persist.remap_store import load_remap, read_progress
+    from reclock.persist.remap_store import load_remap
     from reclock.persist.status import latest_status
+    from reclock.sources.registry import kind_named
 
     with connect(_settings().find_dsn(dsn)) as conn:
         load_remap(conn, source)  # a bad or unregistered name: ConfigError / UnknownSource, not a SQL error
-        columns, rows = read_progress(conn, source)  # in the kind's own columns (an LSN, a key and byte offset)
+        (kind,) = conn.execute("SELECT kind FROM reclock.sources WHERE name = %s", (source,)).fetchone()
+        columns = kind_named(kind).progress_columns
+        quoted = [f'"{c}"' for c in columns]  # the kind's column names ("offset" is a keyword)
+        rows = conn.execute(f'SELECT {", ".join(f"{c}::text" for c in quoted)} FROM reclock."{source}_progress" '
+                            f"ORDER BY {', '.join(quoted[:2])}").fetchall()
         shards = conn.execute("SELECT id, upper, since FROM reclock.shards WHERE source = %s ORDER BY id",
                               (source,)).fetchall()
         status = latest_status(conn, source)
-    widths = [16] + [10] * (len(columns) - 2) + [0]
-    click.echo(" ".join(c.ljust(w) for c, w in zip(columns, widths)))
+    # the columns the kind's progress relation has: (ts, partition, offset), (ts, lsn), (ts, shard_id,
+    # sequence_number; NULL for a shard read to its end)
+    widths = [16] + [20 if c == "shard_id" else 10 for c in columns[1:-1]]
+    click.echo(" ".join(f"{c:<{w}}" for c, w in zip(columns, widths)) + f" {columns[-1]}" if len(columns) > 1
+               else columns[0])
     for row in rows:
-        click.echo(" ".join(str(v).ljust(w) for v, w in zip(row, widths)))
+        *head, last = ["SHARD_END" if v is None else v for v in row]
+        click.echo(" ".join(f"{v:<{w}}" for v, w in zip(head, widths)) + f" {last}")
     for sid, upper, since in shards:
         click.echo(f"shard {sid}: upper {upper}, since {since}")
     _echo_status(status)

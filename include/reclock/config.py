@@ -12,6 +12,12 @@ A config file holds ``sources:`` and ``sinks:``. Example::
           schema: "id BIGINT, customer STRING, amount DOUBLE"   # Spark DDL, for json and csv
           # avro: `schema_file: orders.avsc` (relative to this file) and `wire: plain | confluent`
           # (confluent: a 5-byte schema-registry header precedes each value)
+          # avro | json_schema through a Schema Registry (writer schema per record, by its id):
+          #   registry: {connection: reclock_registry, subject: orders-value}   # subject: default <topic>-value
+          #   (avro: `schema_file:` optional, the reader schema; default the subject's latest version)
+        schema: fixed                      # registry formats: fixed (the reader never changes) | evolve (a
+                                           # compatible new writer adds columns / widens types from the first
+                                           # record carrying it; an incompatible one stalls the source)
         envelope: none                     # none | upsert (upsert keys on the Kafka key; a null value deletes)
         include: [partition, offset, key, timestamp, headers]  # metadata columns (like INCLUDE)
         schedule: interval                 # interval: every `interval:` | upstream: when the topic holds
@@ -73,7 +79,8 @@ from reclock.errors import ConfigError, SettingError
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
 NAME_RE_SHARD = re.compile(r"^[a-z][a-z0-9_]{0,60}$")  # reclock.persist.names.SHARD_RE
-FORMATS = ("json", "avro", "csv", "text", "bytes")
+FORMATS = ("json", "avro", "csv", "text", "bytes", "json_schema")
+SCHEMA_MODES = ("fixed", "evolve")
 WIRES = ("plain", "confluent")
 ENVELOPES = ("none", "upsert")
 METADATA = ("partition", "offset", "key", "timestamp", "headers")
@@ -225,11 +232,24 @@ class S3Spec:
 
 
 @dataclass(frozen=True)
+class RegistrySpec:
+    """Where a source's writer schemas are (``format.registry``): a Confluent-compatible Schema Registry reached
+    through an Airflow connection (credentials and TLS there, never in this file), or a bare ``url`` (no
+    credentials: scripts, tests); ``subject``: the subject whose versions the records' writers are (default
+    ``<topic>-value``)."""
+
+    connection: str = "reclock_registry"
+    url: str | None = None
+    subject: str | None = None
+
+
+@dataclass(frozen=True)
 class FormatSpec:
     type: str = "json"
     schema: str | None = None  # Spark DDL (json, csv) or the Avro schema's JSON text (avro)
     csv_header: bool = False
     wire: str = "plain"  # avro: plain binary, or confluent (magic byte + 4-byte schema id first)
+    registry: RegistrySpec | None = None  # avro, json_schema: writer schemas by id from a Schema Registry
 
     @property
     def avro_fields(self) -> list[str]:
@@ -266,6 +286,8 @@ class SourceSpec:
     resume_s: float = 1.0  # continuous: resume at most this often (and when the lease ends)
     group: str | None = None  # continuous: the group whose one task runs this source's cycles
     postgres: PostgresSpec | None = None
+    schema_mode: str = "fixed"  # registry formats: fixed | evolve (``schema:`` in the config)
+    kinesis: Any = None  # reclock.sources.kinesis.config.KinesisSpec: a Kinesis stream
     s3: S3Spec | None = None
 
     @property
@@ -275,10 +297,10 @@ class SourceSpec:
 
     @property
     def kind(self) -> str:
-        """``kafka``, ``postgres`` or ``s3``: the kind the source is registered as."""
+        """``kafka``, ``postgres``, ``s3`` or ``kinesis``: the kind the source is registered as."""
         if self.s3 is not None:
             return "s3"
-        return "postgres" if self.postgres is not None else "kafka"
+        return "postgres" if self.postgres is not None else "kinesis" if self.kinesis is not None else "kafka"
 
     @property
     def consumer_group(self) -> str:
@@ -372,39 +394,63 @@ def parse_source(name: str, raw: Any, base: Path | None = None) -> SourceSpec:
         return _parse_s3_source(name, d, base)
     if "tables" in d:
         raise ConfigError(f"{what}: `tables` belongs to a Postgres source (a `postgres:` section)")
-    if "kafka" not in d:
+    _unknown(d, {"kafka", "kinesis", "format", "envelope", "include", "interval", "budget", "on_decode_error",
+                 "rebuild", "schedule", "poll", "lease", "resume", "group", "schema"}, what)
+    if "kafka" in d and "kinesis" in d:
+        raise ConfigError(f"{what}: has both a `kafka:` and a `kinesis:` section; a source reads one upstream")
+    if "kafka" not in d and "kinesis" not in d:
         kinds = [k for k in d if isinstance(d[k], dict) and k not in ("format", "budget")]
-        raise ConfigError(f"{what}: no source kind: give one of `kafka:` or `postgres:` (the kinds this Reclock "
-                          "knows)" + (f"; {', '.join(f'`{k}:`' for k in kinds)} is none of them" if kinds else ""))
-    _unknown(d, {"kafka", "format", "envelope", "include", "interval", "budget", "on_decode_error", "rebuild",
-                 "schedule", "poll", "lease", "resume", "group"}, what)
-    kafka = _parse_kafka(d["kafka"], f"{what}.kafka")
+        raise ConfigError(f"{what}: no source kind: give one of `kafka:` (with at least `topic:`), `kinesis:` (with "
+                          "`stream:`), `postgres:` or `s3:` (the kinds this Reclock knows)"
+                          + (f"; {', '.join(f'`{k}:`' for k in kinds)} is none of them" if kinds else ""))
+    kafka = _parse_kafka(d["kafka"], f"{what}.kafka") if "kafka" in d else None
+    kinesis = None
+    if "kinesis" in d:
+        from reclock.sources.kinesis.config import parse_kinesis
+
+        kinesis = parse_kinesis(d["kinesis"], f"{what}.kinesis")
     f = d.get("format", {"type": "json"})
     if isinstance(f, str):
         f = {"type": f}
     f = _require(f, f"{what}.format")
-    _unknown(f, {"type", "schema", "header", "schema_file", "wire"}, f"{what}.format")
+    _unknown(f, {"type", "schema", "header", "schema_file", "wire", "registry"}, f"{what}.format")
     ftype = f.get("type", "json")
     if ftype not in FORMATS:
         raise ConfigError(f"{what}.format: type {ftype!r} is not one of {', '.join(FORMATS)}")
+    if "registry" in f and kafka is None:
+        raise ConfigError(f"{what}.format: `registry:` is read by Kafka sources only (not yet by a Kinesis source)")
+    registry = _parse_registry(f, f"{what}.format", ftype, kafka.topic if kafka is not None else "")
     schema = f.get("schema")
     if ftype in ("json", "csv") and not schema:
         raise ConfigError(f"{what}.format: type {ftype} needs a `schema` (Spark DDL, e.g. \"id BIGINT, name STRING\")")
     if ftype in ("json", "csv"):
         check_schema(schema, f"{what}.format.schema")  # parsed now, not when the first record arrives
-    if ftype == "avro":
+    if ftype == "avro" and (registry is None or "schema_file" in f):
         schema = _avro_schema(f, f"{what}.format", base)
-    wire = f.get("wire", "plain")
+    wire = f.get("wire", "confluent" if registry is not None else "plain")
     if wire not in WIRES:
         raise ConfigError(f"{what}.format: wire {wire!r} is not one of {', '.join(WIRES)}")
-    fmt = FormatSpec(type=ftype, schema=schema, csv_header=bool(f.get("header", False)), wire=wire)
+    if registry is not None and wire != "confluent":
+        raise ConfigError(f"{what}.format: records read through a registry are in the Confluent wire format "
+                          "(leave out `wire:`, or give `wire: confluent`)")
+    fmt = FormatSpec(type=ftype, schema=schema, csv_header=bool(f.get("header", False)), wire=wire,
+                     registry=registry)
+    schema_mode = d.get("schema", "fixed")
+    if schema_mode not in SCHEMA_MODES:
+        raise ConfigError(f"{what}: schema {schema_mode!r} is not one of {', '.join(SCHEMA_MODES)}")
+    if schema_mode == "evolve" and registry is None:
+        raise ConfigError(f"{what}: `schema: evolve` needs writer schemas from a registry (`format.registry:`)")
     envelope = d.get("envelope", "none")
     if envelope not in ENVELOPES:
         raise ConfigError(f"{what}: envelope {envelope!r} is not one of {', '.join(ENVELOPES)}")
     include = tuple(d.get("include", ()) or ())
-    bad = [c for c in include if c not in METADATA]
+    if kinesis is not None:
+        from reclock.sources.kinesis.config import METADATA as allowed
+    else:
+        allowed = METADATA
+    bad = [c for c in include if c not in allowed]
     if bad:
-        raise ConfigError(f"{what}: include {bad} not among {', '.join(METADATA)}")
+        raise ConfigError(f"{what}: include {bad} not among {', '.join(allowed)}")
     if envelope == "upsert" and "headers" in include:
         raise ConfigError(f"{what}: envelope upsert cannot include headers (the upsert state keeps key, value, "
                           "partition, offset and timestamp of each key's current record)")
@@ -423,8 +469,28 @@ def parse_source(name: str, raw: Any, base: Path | None = None) -> SourceSpec:
     if rebuild not in REBUILDS:
         raise ConfigError(f"{what}: rebuild {rebuild!r} is not one of {', '.join(REBUILDS)}")
     sched = _parse_schedule(d, what, SCHEDULES)
-    return SourceSpec(name=name, kafka=kafka, format=fmt, envelope=envelope, include=include, budget=budget,
-                      on_decode_error=on_err, rebuild=rebuild, **sched)
+    return SourceSpec(name=name, kafka=kafka, kinesis=kinesis, format=fmt, envelope=envelope, include=include,
+                      budget=budget, on_decode_error=on_err, rebuild=rebuild, schema_mode=schema_mode, **sched)
+
+
+def _parse_registry(f: dict, what: str, ftype: str, topic: str) -> RegistrySpec | None:
+    """``format.registry`` (required for json_schema, optional for avro, refused for the others)."""
+    if "registry" not in f:
+        if ftype == "json_schema":
+            raise ConfigError(f"{what}: type json_schema needs `registry:` (where the writer schemas are, e.g. "
+                              "{connection: reclock_registry})")
+        return None
+    if ftype not in ("avro", "json_schema"):
+        raise ConfigError(f"{what}: `registry:` is for avro and json_schema, not {ftype}")
+    r = _require(f["registry"] or {}, f"{what}.registry")
+    _unknown(r, {"connection", "url", "subject"}, f"{what}.registry")
+    subject = r.get("subject") or f"{topic}-value"
+    if not isinstance(subject, str):
+        raise ConfigError(f"{what}.registry: subject must be a string, got {subject!r}")
+    url = r.get("url")
+    if url is not None and not (isinstance(url, str) and url.startswith(("http://", "https://"))):
+        raise ConfigError(f"{what}.registry: url {url!r} is not an http(s):// URL")
+    return RegistrySpec(connection=str(r.get("connection", "reclock_registry")), url=url, subject=subject)
 
 
 SCHEDULES = ("interval", "upstream", "continuous")

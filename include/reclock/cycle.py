@@ -293,22 +293,26 @@ def mint(ctx: CycleContext) -> MintResult:
         held = sum(holds_binding(rc, d) for d in descs)
         m.update(upstream_upper=upper.as_dict(), minted_ts=minted.ts if minted else None,
                  descriptions=len(descs), idle_advance=held < len(descs), offsets_known=sum(o for _, o in upper))
+        m.update(source.probe_metrics())
         return MintResult(minted, tuple(descs), held)
 
 
 def check_acknowledged(ctx: CycleContext, conn, rc: RemapCollection, acked) -> None:
-    """``AcknowledgedStateLost`` if what resume acknowledged upstream (``acked``: ``SourceRuntime.
-    acknowledged``, read before ``rc`` and the shards' uppers, which only grow) is beyond the offset
-    resumption frontier the database holds now: the database went back (a failover to an asynchronous
-    standby, a restored backup), and minting would stamp records again at new timestamps. Nothing before
-    the first binding counts (a Postgres slot starts at its creation, at or below the first binding)."""
+    """An error (``AcknowledgedStateLost`` for most kinds: the kind's ``SourceRuntime.acknowledged_beyond``)
+    if what resume acknowledged upstream (``acked``: ``SourceRuntime.acknowledged``, read before ``rc`` and
+    the shards' uppers, which only grow) is beyond the offset resumption frontier the database holds now:
+    the database went back (a failover to an asynchronous standby, a restored backup), and minting would
+    stamp records again at new timestamps. Nothing before the first binding counts (a Postgres slot starts
+    at its creation, at or below the first binding), nor before the binding the kind's
+    ``SourceRuntime.acknowledged_since`` names (a slot a re-snapshot created)."""
     if acked is None or not rc.bindings:
         return
     resumption = min([rc.upper, *(shard_info(conn, s).upper for s in ctx.shards())])
-    ours = remap.source_upper_at(rc, resumption).join(rc.bindings[0].frontier)
+    since = ctx.source().acknowledged_since(conn)
+    start = rc.bindings[0].ts if since is None else since
+    ours = remap.source_upper_at(rc, resumption).join(remap.source_upper_at(rc, start + 1))
     if not acked.frontier.less_equal(ours):
-        raise AcknowledgedStateLost(f"source {ctx.spec.name}", f"{acked.where} {acked.frontier.as_dict()}",
-                                    f"{ours.as_dict()} (the bindings at its shards' upper {resumption})")
+        raise ctx.source().acknowledged_beyond(acked, ours, resumption)
 
 
 def _descriptions(conn, ctx: CycleContext, rc: RemapCollection) -> list[BatchDescription]:
@@ -396,7 +400,7 @@ def append(ctx: CycleContext, written: WrittenBatch) -> list:
     raises ``UpperMismatch`` and changes nothing (the next cycle re-mints from the actual upper).
     """
     with _step(ctx, "append") as m:
-        appends = [Append(s, written.desc, written.parts.get(s, ())) for s in ctx.shards()]
+        appends = [Append(s, written.desc, written.parts.get(s, ()), written.schemas.get(s, ())) for s in ctx.shards()]
         effects = ctx.source().append_effects(written, m)
 
         def also(conn) -> None:

@@ -69,12 +69,13 @@ class UpstreamDataLost(ReclockError):
 class DecodeError(ReclockError):
     """A record could not be decoded with the source's declared format."""
 
-    def __init__(self, source: str, partition: int, offset: int, reason: str) -> None:
+    def __init__(self, source: str, partition, offset, reason: str, where: str | None = None) -> None:
         self.source = source
         self.partition = partition
         self.offset = offset
         self.reason = reason
-        super().__init__(f"source {source}: record at partition {partition} offset {offset}: {reason}")
+        where = where or f"partition {partition} offset {offset}"
+        super().__init__(f"source {source}: record at {where}: {reason}")
 
 
 class UnaccountedWrite(ReclockError):
@@ -264,6 +265,27 @@ class SlotLost(UpstreamDataLost):
                   "it under a new name)")
 
 
+
+class SlotAheadOfConsensus(SlotLost, AcknowledgedStateLost):
+    """A Postgres source's slot is confirmed past the changes its shards need: the consensus database went
+    back (``AcknowledgedStateLost``: it lost commits that had moved the slot), or someone advanced or consumed
+    the slot by hand (``SlotLost``). Reclock cannot tell which; both stop the source, and both are caught as
+    either."""
+
+    def __init__(self, source: str, slot: str, confirmed: str, needed: str, upper: int) -> None:
+        self.source = source
+        self.slot = slot
+        self.what = f"source {source}"
+        self.detail = f"is at {confirmed}, past {needed} where the shards need changes from"
+        ReclockError.__init__(
+            self, f"source {source}: acknowledged state went back: replication slot {slot} is confirmed at "
+                  f"{confirmed}, past {needed} where the shards need changes from (the bindings at their upper "
+                  f"{upper}). Either the consensus database lost commits it had acknowledged (a failover to an "
+                  "asynchronous standby, a restored backup: promote the node that has them if it still exists, see "
+                  "docs/operations.md, Consensus failover), or someone advanced or consumed the slot. The changes "
+                  "it held are gone and will not be skipped silently: re-snapshot the source (`reclock resnapshot`) "
+                  "or create it under a new name")
+
 class SourceStalled(ReclockError):
     """A Postgres source cannot go on past a change it cannot represent: it names the table and the change,
     appends nothing past it, and stays stalled until the user acts (``remedy``)."""
@@ -322,6 +344,50 @@ class SlotBusy(ReclockError):
         self.slot = slot
         super().__init__(f"source {source}: replication slot {slot} is in use by another process ({detail}); "
                          "another cycle of this source runs, this one changed nothing")
+
+
+class KinesisDataLost(UpstreamDataLost):
+    """A Kinesis stream no longer holds records a source bound (or may have bound): retention trimmed them,
+    or their shard expired, before the source read them."""
+
+    def __init__(self, source: str, shard: str, start: int, end: int | None, detail: str) -> None:
+        ReclockError.__init__(
+            self, f"source {source}: shard {shard}, sequence numbers [{start}, {'end' if end is None else end}): "
+                  f"{detail}; the data is gone and will not be skipped silently (raise the stream's retention "
+                  "period, run cycles more often than it; to go on without those records, start a new source)")
+        self.source = source
+        self.shard = shard
+        self.partition = None
+        self.start = start
+        self.end = end
+        self.earliest = None
+        self.detail = detail
+
+
+class KinesisUnavailable(ReclockError):
+    """A Kinesis source's stream cannot be reached, or does not exist."""
+
+
+class UpstreamThrottled(ReclockError):
+    """A Kinesis shard kept answering ``ProvisionedThroughputExceededException`` for longer than the read's
+    patience; nothing was skipped."""
+
+
+class StreamReplaced(ReclockError):
+    """The Kinesis stream a source reads was deleted and created again under the same name: its shards and
+    sequence numbers start over, so the source's frontier means nothing there."""
+
+    def __init__(self, source: str, stream: str, bound_ms: int, now_ms: int) -> None:
+        import datetime as _dt
+
+        def when(ms: int) -> str:
+            return _dt.datetime.fromtimestamp(ms / 1000, _dt.timezone.utc).isoformat(timespec="seconds")
+        self.source, self.stream, self.bound_ms, self.now_ms = source, stream, bound_ms, now_ms
+        super().__init__(
+            f"source {source}: stream {stream!r} was created at {when(now_ms)}, but the source has read the stream "
+            f"of that name created at {when(bound_ms)}: it was deleted and created again. Its shards and sequence "
+            "numbers start over, and Reclock will not restart from zero silently: ingest the new stream as a new "
+            "source (another name), and drop this one when its collections are no longer needed")
 
 
 class KafkaAccessDenied(ReclockError):
@@ -426,7 +492,7 @@ class SchemaIncompatible(ReclockError):
     the change is appended."""
 
     def __init__(self, source: str, collection: str, field: str, change: str, old: str, new: str,
-                 remedy: str) -> None:
+                 remedy: str, old_id: int | None = None, new_id: int | None = None) -> None:
         self.source = source
         self.collection = collection
         self.field = field
@@ -434,5 +500,11 @@ class SchemaIncompatible(ReclockError):
         self.old = old
         self.new = new
         self.remedy = remedy
+        self.old_id = old_id  # the registry ids of the schema in force and of the writer refused, when known
+        self.new_id = new_id
+        ids = ""
+        if new_id is not None:
+            ids = f" in writer schema id {new_id}" + (f" (the collection reads as schema id {old_id})"
+                                                      if old_id is not None else "")
         super().__init__(f"source {source}: collection {collection}: field {field!r} {change} (from {old} to "
-                         f"{new}); the source is stalled and nothing past the change is appended ({remedy})")
+                         f"{new}){ids}; the source is stalled and nothing past the change is appended ({remedy})")

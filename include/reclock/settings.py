@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from reclock import connections
-from reclock.config import KafkaSpec, PostgresSpec, SinkSpec
+from reclock.config import KafkaSpec, PostgresSpec, RegistrySpec, SinkSpec
 from reclock.errors import ConfigError, SettingError
 from reclock.kafka_client import KafkaClientConfig
 from reclock.persist import objectstore
@@ -166,6 +166,20 @@ def _defined(lookup: Callable[[], Any]) -> bool:
     except _not_found():
         return False
     return True
+
+
+def find_registry(registry: RegistrySpec, what: str):
+    """``what``'s Schema Registry settings (``reclock.schema_registry.RegistrySettings``): its ``url:`` (no
+    credentials), else its Airflow connection (credentials and TLS files there)."""
+    from reclock.schema_registry import RegistrySettings
+
+    if registry.url:
+        return RegistrySettings(registry.url)
+    return _from_connection(
+        lambda: connections.registry_settings(registry.connection),
+        f"{what}: the Airflow connection {registry.connection} (its `format.registry.connection`) is not defined "
+        f"(e.g. AIRFLOW_CONN_{registry.connection.upper()}='{{\"conn_type\": \"http\", \"host\": "
+        f"\"https://registry:8081\", \"login\": ..., \"password\": ...}}'), or give `url:`")
 
 
 def find_upstream_dsn(pg: PostgresSpec, what: str) -> str:

@@ -60,6 +60,8 @@ class Cycle:
     bytes: int
     offsets_known: int | None  # the sum of the upstream upper's offsets at mint
     offsets_committed: int | None  # the sum of the offsets resume committed
+    lag_records: int | None = None  # records upstream was ahead of the newest binding at mint (a kind that
+    #                                 says so: Kinesis, whose sequence numbers do not count records)
 
     @property
     def total(self) -> float:
@@ -240,7 +242,7 @@ def cycles_from_statistics(rows: Sequence[tuple[str, dict, datetime]]) -> list[C
         secs = float(m.get("seconds") or 0.0)
         if step == "mint":
             cur = {"started": at.timestamp() - secs, "mint": secs, "write_batches": None, "append": None,
-                   "records": 0, "bytes": 0, "known": m.get("offsets_known")}
+                   "records": 0, "bytes": 0, "known": m.get("offsets_known"), "lag": m.get("lag_records")}
         elif cur is None or step not in STEPS:
             continue
         elif step in ("write_batches", "append"):
@@ -253,7 +255,7 @@ def cycles_from_statistics(rows: Sequence[tuple[str, dict, datetime]]) -> list[C
             out.append(Cycle(
                 started=datetime.fromtimestamp(cur["started"], tz=at.tzinfo or timezone.utc), ended=at,
                 mint=cur["mint"], write_batches=cur["write_batches"], append=cur["append"], resume=secs,
-                records=cur["records"], bytes=cur["bytes"], offsets_known=cur["known"],
+                records=cur["records"], bytes=cur["bytes"], offsets_known=cur["known"], lag_records=cur["lag"],
                 offsets_committed=_sum_values(committed) if committed is not None else None))
             cur = None
     return out
@@ -263,8 +265,8 @@ def series_of(cycles: Sequence[Cycle]) -> list[SeriesPoint]:
     """The plots' points of ``cycles`` (oldest first)."""
     points, committed = [], None
     for c in cycles:
-        lag = None
-        if c.offsets_known is not None and committed is not None:
+        lag = c.lag_records
+        if lag is None and c.offsets_known is not None and committed is not None:
             lag = max(0, c.offsets_known - committed)
         points.append(SeriesPoint(c.ended, c.records / c.total if c.total > 0 else 0.0, lag, c.total))
         if c.offsets_committed is not None:

@@ -231,3 +231,4 @@ def test_a_postgres_snapshot_read_by_the_cluster_into_s3_equals_the_table(db, po
     assert sum("/snapshot/" in p for p in parts) > 2, "several page ranges, each its own part"
     assert all(r["diff"] == 1 for r in got) and len(got) == len(want) == 19990
     assert {r["id"]: (r["id"], r["v"], r["n"], r["at"], r["ch"]) for r in got} == want
+

@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 
 from reclock.dev.kinesis_proxy import KinesisProxy
-from reclock.sources.kinesis.client import KinesisUnavailable, KinesisUpstream, StreamAddress
+from reclock.errors import KinesisUnavailable
+from reclock.sources.kinesis.client import KinesisUpstream, StreamAddress
 from reclock.sources.kinesis.lineage import FINISHED, entry_position, readable
 from reclock.sources.kinesis.sequence import shard_id
 

@@ -78,32 +78,52 @@ def test_a_row_filter_lands_exactly_the_rows_it_passes_snapshot_included(db, ups
     assert len(landed(ctx, shard, first)) == 10 and 22 in landed(ctx, shard, second), "history stays"
 
 
-def test_a_row_filter_holds_across_the_seam_while_writers_write_and_cycles_crash(db, upstream, tmp_path):
-    """Writers move rows into and out of the filter while the first cycle takes its snapshot and while the
-    next ones stream, and every other cycle crashes at a step boundary first: at the end, the collection is
-    the filtered table; at every binding, a set of rows the filter passes."""
-    run(upstream, "CREATE TABLE t (id int PRIMARY KEY, v int)", "ALTER TABLE t REPLICA IDENTITY FULL",
-        "INSERT INTO t SELECT g, g FROM generate_series(1, 2000) g",
-        "CREATE PUBLICATION pub FOR TABLE t WHERE (v % 3 = 0)")
-    ctx = make_ctx(db, upstream, tmp_path, source_name(), ["t"], max_records=97)
-    stop, errors = threading.Event(), []
+PLAIN = ("CREATE TABLE t (id int PRIMARY KEY, v int, p int)", "ALTER TABLE t REPLICA IDENTITY FULL")
+TREE = ("CREATE TABLE t (id int, v int, p int, PRIMARY KEY (id, p)) PARTITION BY LIST (p)",
+        *(f"CREATE TABLE t{i} PARTITION OF t FOR VALUES IN ({i})" for i in range(3)),
+        *(f"ALTER TABLE {t} REPLICA IDENTITY FULL" for t in ("t", "t0", "t1", "t2")))
+SETUPS = {  # name: (DDL, publication, tables taken, {collection suffix: the published view})
+    "row filter": (PLAIN, "FOR TABLE t WHERE (v % 3 = 0)", ["t"], {"t": "SELECT * FROM t WHERE v % 3 = 0"}),
+    "root with a row filter": (TREE, "FOR TABLE t WHERE (v % 3 = 0) WITH (publish_via_partition_root = true)",
+                               ["t"], {"t": "SELECT * FROM t WHERE v % 3 = 0"}),
+    "partitions": (TREE, "FOR TABLE t", None, {f"t{i}": f"SELECT * FROM t{i}" for i in range(3)}),
+    "tables in schema": (PLAIN, "FOR TABLES IN SCHEMA public", None, {"t": "SELECT * FROM t"}),
+}
+
+
+@pytest.mark.parametrize("setup", sorted(SETUPS))
+def test_publications_hold_across_the_seam_while_writers_write_and_cycles_crash(db, upstream, tmp_path, setup):
+    """Writers update rows (into and out of a row filter), move them between partitions, insert and delete,
+    while the first cycle takes its snapshot and while the next ones stream, and every other cycle crashes
+    at a random step boundary first: at the end, each collection is its published view; at every binding,
+    a set of rows (none twice) that the view could hold."""
+    ddl, publication, tables, views = SETUPS[setup]
+    run(upstream, *ddl, "INSERT INTO t SELECT g, g, g % 3 FROM generate_series(1, 2000) g",
+        f"CREATE PUBLICATION pub {publication}")
+    ctx = make_ctx(db, upstream, tmp_path, source_name(), tables, max_records=97)
+    stop, errors, committed = threading.Event(), [], []
 
     def write(seed: int) -> None:
         rng = random.Random(seed)
+        fresh = (seed + 1) * 100_000
         try:
             with writer(upstream) as conn:
                 while not stop.is_set():
                     with conn.transaction():
                         for _ in range(rng.randint(1, 5)):
-                            k = rng.randint(1, 2500)
-                            op = rng.choice(["update", "update", "insert", "delete"])
+                            k = rng.randint(1, 2000)
+                            op = rng.choice(["update", "update", "move", "insert", "delete"])
                             if op == "update":
                                 conn.execute("UPDATE t SET v = v + 1 WHERE id = %s", (k,))
+                            elif op == "move":  # another partition, where there are partitions
+                                conn.execute("UPDATE t SET p = (p + 1) %% 3 WHERE id = %s", (k,))
                             elif op == "insert":
-                                conn.execute("INSERT INTO t VALUES (%s, %s) ON CONFLICT (id) DO UPDATE SET v = "
-                                             "excluded.v", (k, rng.randint(0, 99)))
+                                fresh += 1
+                                conn.execute("INSERT INTO t VALUES (%s, %s, %s)",
+                                             (fresh, rng.randint(0, 99), fresh % 3))
                             else:
                                 conn.execute("DELETE FROM t WHERE id = %s", (k,))
+                    committed.append(seed)
                     time.sleep(0.002)
         except BaseException as e:  # noqa: BLE001 - reported below
             errors.append(e)
@@ -125,11 +145,15 @@ def test_a_row_filter_holds_across_the_seam_while_writers_write_and_cycles_crash
         for th in threads:
             th.join()
     assert not errors, errors
+    assert len(committed) > 50, "the writers wrote while the cycles ran"
     cycle.run_cycle(ctx)
-    shard = f"{ctx.spec.name}__t"
-    assert landed(ctx, shard) == published(upstream, "SELECT * FROM t WHERE v % 3 = 0")
-    for t, _ in bindings(ctx):  # every binding: a set (no row twice), every row one the filter passes
-        assert all(r["v"] % 3 == 0 for r in landed(ctx, shard, t).values())
+    for suffix, view in views.items():
+        shard = f"{ctx.spec.name}__{suffix}"
+        assert landed(ctx, shard) == published(upstream, view), suffix
+        for t, _ in bindings(ctx):  # every binding: a set (no row twice), of rows the filter passes
+            rows = landed(ctx, shard, t).values()
+            assert "WHERE" not in view or all(r["v"] % 3 == 0 for r in rows), (suffix, t)
+            assert suffix == "t" or all(r["p"] == int(suffix[1]) for r in rows), (suffix, t)
 
 
 def test_a_column_list_lands_only_its_columns(db, upstream, tmp_path):

@@ -42,3 +42,20 @@ def test_the_iceberg_file_io_trusts_the_ca_bundle(secured):
     with pytest.raises(Exception, match="(?i)SSL|certificate"):
         load_file_io(plain, f"s3://{secured.s3.bucket}/iceberg").new_input(
             f"s3://{secured.s3.bucket}/iceberg/x.bin").open().read()
+
+
+def test_the_s3_sources_clients_trust_the_ca_bundle(secured):
+    """The S3 source kind's boto3 clients (listing, ranged reads, SQS notifications) over TLS."""
+    from botocore.exceptions import SSLError
+
+    from reclock.sources.s3.client import boto_client
+
+    settings = secured.s3.settings()
+    s3 = boto_client("s3", settings)
+    s3.put_object(Bucket=secured.s3.bucket, Key="source/a.jsonl", Body=b'{"id": 1}\n')
+    assert [o["Key"] for o in s3.list_objects_v2(Bucket=secured.s3.bucket, Prefix="source/")["Contents"]] == [
+        "source/a.jsonl"]
+    assert boto_client("sqs", settings).create_queue(QueueName="tls-check")["QueueUrl"]
+    with pytest.raises(SSLError):
+        boto_client("s3", dataclasses.replace(settings, ca_bundle=None)).list_objects_v2(
+            Bucket=secured.s3.bucket, Prefix="source/")

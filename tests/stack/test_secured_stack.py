@@ -25,7 +25,11 @@ import pytest
 
 from reclock.dev.state import REPO_ROOT, StackState
 
-pytestmark = pytest.mark.stack
+# The whole secured stack under the real Airflow takes many minutes: a deployment test (`make test-deployment`).
+# `make test` keeps its parts' short versions: tests/security/ (Kafka SASL/SCRAM and mTLS with the derived ACLs
+# and each refusal, Postgres TLS/SCRAM with the least-privilege roles, S3 over TLS, Spark Connect's token over
+# TLS, no secret in what a run leaves) and the status report's per-viewer filter (tests/integration).
+pytestmark = [pytest.mark.stack, pytest.mark.deployment]
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CONFIG = """

@@ -9,7 +9,7 @@ import logging
 import pytest
 
 from reclock.errors import ConfigError
-from reclock.persist.objectstore import (S3Settings, fsspec_options, jvm_env, s3_settings_from_env,
+from reclock.persist.objectstore import (S3FS_BOUNDS, S3Settings, fsspec_options, jvm_env, s3_settings_from_env,
                                          spark_s3a_conf, spark_url)
 
 SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
@@ -64,6 +64,8 @@ def test_spark_gets_s3a_settings_and_no_keys():
     assert conf["spark.hadoop.fs.s3a.endpoint.region"] == "us-east-1"
     assert conf["spark.hadoop.fs.s3a.aws.credentials.provider"].endswith("EnvironmentVariableCredentialsProvider")
     assert conf["spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs"] == "true"  # _SUCCESS markers
+    assert conf["spark.hadoop.fs.s3a.connection.timeout"] == "30s"  # a silent endpoint fails a task, not hangs it
+    assert (conf["spark.hadoop.fs.s3a.attempts.maximum"], conf["spark.hadoop.fs.s3a.retry.limit"]) == ("2", "2")
     assert all(k.startswith("spark.hadoop.") for k in conf)
     assert SECRET not in json.dumps(conf) and "AKIAIOSFODNN7EXAMPLE" not in json.dumps(conf)
     assert jvm_env(s) == {"AWS_ACCESS_KEY_ID": "AKIAIOSFODNN7EXAMPLE", "AWS_SECRET_ACCESS_KEY": SECRET,
@@ -76,7 +78,8 @@ def test_fsspec_options_and_spark_urls():
     s = S3Settings("http://127.0.0.1:9000", "us-east-1", "AKIAIOSFODNN7EXAMPLE", SECRET, path_style=True)
     opts = fsspec_options(s)
     assert (opts["key"], opts["secret"], opts["endpoint_url"]) == ("AKIAIOSFODNN7EXAMPLE", SECRET, s.endpoint_url)
-    assert opts["config_kwargs"] == {"region_name": "us-east-1", "s3": {"addressing_style": "path"}}
+    assert opts["config_kwargs"] == {"region_name": "us-east-1", "s3": {"addressing_style": "path"}, **S3FS_BOUNDS}
+    assert opts["config_kwargs"]["read_timeout"] <= 30  # a silent endpoint fails the call
     assert opts["use_listings_cache"] is False  # a part Spark wrote after a listing shows in the next one
     assert spark_url("s3://b/p/x.parquet") == "s3a://b/p/x.parquet"
     assert spark_url("/tmp/x") == "/tmp/x" and spark_url("memory://x") == "memory://x"

@@ -33,8 +33,9 @@ from reclock.persist.objectstore import S3Settings, jvm_env
 DAEMON_MEMORY = "256m"
 """Heap of the master and worker daemons (they schedule; executors do the work)."""
 
-SAVED_OUTPUT = re.compile(r"Saved output of task '(attempt_[0-9]+_[0-9]+_m_[0-9]+_[0-9]+)' to (\S+)")
-"""What Hadoop's FileOutputCommitter logs (INFO) in an executor when it commits a task's files."""
+SAVED_OUTPUT = re.compile(r"(?:Saved|Direct) output of task '(attempt_[0-9]+_[0-9]+_m_[0-9]+_[0-9]+)' to (\S+)")
+"""What an executor logs (INFO) for a task's files: Hadoop's FileOutputCommitter when it commits them, or
+Reclock's direct committer (parts on S3, ``jvm/committer``) when the task starts writing them in place."""
 
 
 @dataclass
@@ -156,7 +157,8 @@ class LocalSparkCluster:
 
     def saved_task_outputs(self) -> dict[int, list[tuple[str, str]]]:
         """Per worker: ``(task attempt, output path)`` of every task whose files an executor of that worker
-        committed (its executors' logs, the FileOutputCommitter's "Saved output of task" lines)."""
+        wrote (its executors' logs: the FileOutputCommitter's "Saved output of task" lines, the direct committer's
+        "Direct output of task")."""
         out: dict[int, list[tuple[str, str]]] = {}
         for i in range(self.workers):
             found = []

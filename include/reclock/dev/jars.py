@@ -15,6 +15,9 @@ _MAVEN_PROFILE = {"kafka": "broker", "spark": "spark", "s3": "s3"}
 PROFILES = (*_MAVEN_PROFILE, "registry")
 """Every folder of ``.reclock/jars``: what ``reclock dev install`` resolves."""
 
+COMMITTER_PROJECT = REPO_ROOT / "jvm" / "committer"
+"""The Maven project of Reclock's direct output committer for parts on S3 (one class, see its pom.xml)."""
+COMMITTER_JAR = "reclock-direct-committer.jar"
 REGISTRY_PROJECT = REPO_ROOT / "jvm" / "registry"
 """The Maven project that builds the Schema Registry for tests (Apicurio Registry, see its pom.xml)."""
 REGISTRY_RUNNER = "reclock-registry-runner.jar"
@@ -28,8 +31,8 @@ def ensure_jars(state: StackState, profile: str) -> Path:
     if profile == "registry":
         return ensure_registry(state)
     folder = state.jars / profile
-    if folder.is_dir() and len(list(folder.glob("*.jar"))) >= _EXPECTED[profile]:
-        return folder
+    if folder.is_dir() and len([p for p in folder.glob("*.jar") if p.name != COMMITTER_JAR]) >= _EXPECTED[profile]:
+        return _with_committer(state, folder) if profile == "s3" else folder
     if shutil.which("mvn") is None:
         raise StackError("Maven (`mvn`) is needed to fetch the JVM jars; install Debian's `maven` package")
     maven_profile = _MAVEN_PROFILE[profile]
@@ -37,6 +40,20 @@ def ensure_jars(state: StackState, profile: str) -> Path:
          f"-Djars.dir={state.jars}"], f"resolve {profile} jars with Maven", cwd=REPO_ROOT, timeout=900)
     if len(list(folder.glob("*.jar"))) < _EXPECTED[profile]:
         raise StackError(f"Maven finished but {folder} holds too few jars")
+    return _with_committer(state, folder) if profile == "s3" else folder
+
+
+def _with_committer(state: StackState, folder: Path) -> Path:
+    """``folder`` (the S3 jars) with Reclock's direct committer in it, built by ``mvn package`` over
+    ``jvm/committer`` when missing (a few seconds; Hadoop's API is ``provided``)."""
+    if (folder / COMMITTER_JAR).is_file():
+        return folder
+    if shutil.which("mvn") is None:
+        raise StackError("Maven (`mvn`) is needed to build Reclock's committer; install Debian's `maven` package")
+    run(["mvn", "-q", "-B", "-f", str(COMMITTER_PROJECT / "pom.xml"), "package", f"-Djars.dir={state.jars}"],
+        "build Reclock's direct output committer with Maven", cwd=COMMITTER_PROJECT, timeout=900)
+    if not (folder / COMMITTER_JAR).is_file():
+        raise StackError(f"Maven finished but {folder / COMMITTER_JAR} is not there")
     return folder
 
 

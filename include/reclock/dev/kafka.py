@@ -68,6 +68,11 @@ class LocalKafka:
     node_id: int = 1
     voters: dict[int, int] | None = None
     cluster_id: str | None = None  # a cluster's nodes share one; a single node makes its own
+    proxied: bool = False
+    """Also a listener for clients behind a proxy (``reclock.dev.toxiproxy``): ``EXTERNAL`` on
+    :attr:`external_port`, advertised at :attr:`proxy_port`, where the proxy listens and forwards to it; a
+    client bootstrapped at :attr:`proxied_bootstrap` reaches every broker through proxies, while the brokers
+    and the controllers (and clients of :attr:`bootstrap`) talk directly."""
 
     @property
     def home(self) -> Path:
@@ -89,6 +94,21 @@ class LocalKafka:
     def bootstrap(self) -> str:
         """PLAINTEXT, or SASL_SSL (SCRAM-SHA-512) when ``secure``."""
         return f"{LOOPBACK}:{self.port}"
+
+    @property
+    def external_port(self) -> int:
+        return self.state.port(f"{self.name}_external")
+
+    @property
+    def proxy_port(self) -> int:
+        return self.state.port(f"{self.name}_proxy")
+
+    @property
+    def proxied_bootstrap(self) -> str:
+        """Where a client behind the proxy bootstraps (``proxied`` nodes only)."""
+        if not self.proxied:
+            raise StackError(f"{self.name} has no proxied listener (LocalKafka(proxied=True))")
+        return f"{LOOPBACK}:{self.proxy_port}"
 
     @property
     def mtls_bootstrap(self) -> str:
@@ -150,9 +170,15 @@ class LocalKafka:
         controller = f"CONTROLLER://{LOOPBACK}:{self.controller_port}"
         if not self.secure:
             listeners = f"PLAINTEXT://{LOOPBACK}:{self.port},{controller}"
-            return {"listeners": listeners, "advertised.listeners": listeners,
+            advertised = listeners
+            if self.proxied:  # clients behind a proxy: the broker listens on its own port, names the proxy's
+                listeners += f",EXTERNAL://{LOOPBACK}:{self.external_port}"
+                advertised += f",EXTERNAL://{LOOPBACK}:{self.proxy_port}"
+            return {"listeners": listeners, "advertised.listeners": advertised,
                     "inter.broker.listener.name": "PLAINTEXT",
-                    "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT"}
+                    "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,EXTERNAL:PLAINTEXT"}
+        if self.proxied:
+            raise StackError(f"{self.name}: a secured broker has no proxied listener (proxied=True needs secure=False)")
         listeners = f"SASL_SSL://{LOOPBACK}:{self.port},SSL://{LOOPBACK}:{self.mtls_port},{controller}"
         issued = self.ca.issue(f"{self.name}-broker", "broker")
         props = {
@@ -239,7 +265,8 @@ class LocalKafka:
         it was started now."""
         if self.running():
             return False
-        for port in (self.port, self.controller_port, *((self.mtls_port,) if self.secure else ())):
+        for port in (self.port, self.controller_port, *((self.mtls_port,) if self.secure else ()),
+                     *((self.external_port,) if self.proxied else ())):
             if procs.port_open(port):
                 raise StackError(f"kafka: port {port} on {LOOPBACK} is taken by another process "
                                  f"(set RECLOCK_{self.name.upper()}_PORT / RECLOCK_{self.name.upper()}_CONTROLLER_PORT "
@@ -294,22 +321,29 @@ class LocalKafkaCluster:
     state: StackState
     size: int = 3
     heap: str = "384m"
+    proxied: bool = False  # each node also behind a proxy (LocalKafka.proxied)
     nodes: dict[int, LocalKafka] = field(init=False)
 
     def __post_init__(self) -> None:
         cid = self.state.secret("kafka_cluster_id", 16)  # token_urlsafe(16): 16 random bytes, base64url (22 chars)
         names = {n: f"kafka-{n}" for n in range(1, self.size + 1)}
         voters = {n: self.state.port(f"{name}_controller") for n, name in names.items()}
-        self.nodes = {n: LocalKafka(self.state, heap=self.heap, name=name, node_id=n, voters=voters, cluster_id=cid)
+        self.nodes = {n: LocalKafka(self.state, heap=self.heap, name=name, node_id=n, voters=voters, cluster_id=cid,
+                                    proxied=self.proxied)
                       for n, name in names.items()}
 
     @property
     def bootstrap(self) -> str:
         return ",".join(node.bootstrap for node in self.nodes.values())
 
+    @property
+    def proxied_bootstrap(self) -> str:
+        return ",".join(node.proxied_bootstrap for node in self.nodes.values())
+
     def start(self, timeout: float = 180) -> float:
         """Start every node that is not running (together: a static quorum needs a majority to elect) and
-        wait until every broker is registered and the offsets and transaction state logs exist."""
+        wait until every broker is registered (the offsets and transaction state logs are made by Kafka at
+        their first use)."""
         t0 = time.monotonic()
         for node in self.nodes.values():
             node.spawn()
@@ -376,6 +410,9 @@ class LocalKafkaCluster:
         ``__transaction_state`` (Kafka's ``abs(id.hashCode()) % partitions``, the Java string hash)."""
         md = self._admin().list_topics("__transaction_state", timeout=5)
         parts = md.topics["__transaction_state"].partitions
+        if not parts:  # Kafka makes the log at the first transactional producer's FindCoordinator
+            raise StackError(f"kafka cluster: no transaction state log yet (no transactional producer has started): "
+                             f"{transactional_id!r} has no coordinator")
         return parts[java_string_hash_partition(transactional_id, len(parts))].leader
 
     def active_controller(self) -> int:

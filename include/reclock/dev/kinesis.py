@@ -151,7 +151,98 @@ class LocalKinesis:
         c.create_stream(StreamName=name, ShardCount=shards)
         self.wait_active(name, timeout)
 
+    def wait_deleted(self, name: str, timeout: float = 30) -> None:
+        c = self.client()
+
+        def gone() -> bool:
+            try:
+                c.describe_stream_summary(StreamName=name)
+                return False
+            except c.exceptions.ResourceNotFoundException:
+                return True
+        procs.wait_until(f"stream {name} deleted", gone, timeout, log=self.log)
+
     def wait_active(self, name: str, timeout: float = 30) -> None:
         c = self.client()
         procs.wait_until(f"stream {name} ACTIVE", lambda: c.describe_stream_summary(StreamName=name)
                          ["StreamDescriptionSummary"]["StreamStatus"] == "ACTIVE", timeout, log=self.log)
+
+
+def read_stream(client, stream: str) -> dict[str, list[dict]]:
+    """Every shard of ``stream`` read by itself from ``TRIM_HORIZON`` to its tip (an open shard) or end (a
+    closed one): shard id -> its records (boto3's dicts) in order. What a test's or the fault campaign's
+    oracle holds a source's collections against; it knows nothing of Reclock."""
+    out: dict[str, list[dict]] = {}
+    token = None
+    while True:
+        resp = client.list_shards(NextToken=token) if token else client.list_shards(StreamName=stream)
+        for s in resp["Shards"]:
+            closed = "EndingSequenceNumber" in s["SequenceNumberRange"]
+            it = client.get_shard_iterator(StreamName=stream, ShardId=s["ShardId"],
+                                           ShardIteratorType="TRIM_HORIZON")["ShardIterator"]
+            got: list[dict] = []
+            while it:
+                r = client.get_records(ShardIterator=it, Limit=10_000)
+                got += r["Records"]
+                it = r.get("NextShardIterator")
+                if not closed and len(r["Records"]) < 10_000:
+                    break
+            out[s["ShardId"]] = got
+        token = resp.get("NextToken")
+        if not token:
+            return out
+
+
+class BackgroundProducer:
+    """Writes records to a stream from a thread until stopped: JSON ``{"id": n, "key": k, ...}`` with
+    partition key ``k`` (``keys`` distinct keys, round robin), ``batch`` records a ``PutRecords`` about
+    every ``pause`` seconds. A record ``PutRecords`` rejects is sent again; ``acked`` holds the ids
+    Kinesis acknowledged, ``errors`` what went wrong (a test asserts it empty)."""
+
+    def __init__(self, client, stream: str, batch: int = 50, pause: float = 0.05, keys: int = 100,
+                 start: int = 0) -> None:
+        import threading
+
+        self.client, self.stream, self.batch, self.pause, self.keys = client, stream, batch, pause, keys
+        self.next_id = start
+        self.acked: list[int] = []
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"producer-{stream}", daemon=True)
+
+    def record(self, i: int) -> dict:
+        import json
+
+        key = f"k{i % self.keys}"
+        return {"Data": json.dumps({"id": i, "key": key, "note": f"record {i}"}).encode(), "PartitionKey": key}
+
+    def put(self, n: int) -> list[int]:
+        """Put the next ``n`` records now (in this thread), until every one is acknowledged."""
+        ids = list(range(self.next_id, self.next_id + n))
+        self.next_id += n
+        pending = ids
+        while pending:
+            resp = self.client.put_records(StreamName=self.stream, Records=[self.record(i) for i in pending])
+            failed = [i for i, r in zip(pending, resp["Records"]) if "ErrorCode" in r]
+            self.acked += [i for i, r in zip(pending, resp["Records"]) if "ErrorCode" not in r]
+            pending = failed
+        return ids
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.put(self.batch)
+            except Exception as e:  # noqa: BLE001 - kept for the test to see
+                self.errors.append(repr(e))
+                if len(self.errors) > 100:
+                    return
+            self._stop.wait(self.pause)
+
+    def start(self) -> "BackgroundProducer":
+        self._thread.start()
+        return self
+
+    def stop(self) -> list[int]:
+        self._stop.set()
+        self._thread.join(60)
+        return self.acked

@@ -6,7 +6,9 @@ limit, so tests that must see throttling put this proxy between their clients (b
 Spark's tasks) and the endpoint: it forwards every request unchanged, and answers a ``GetRecords`` itself with
 that error when the shard's budget of calls per second is spent (a token bucket per shard, ``--reads-per-
 shard-s``). It learns which shard an iterator reads from the ``GetShardIterator`` requests and every
-``NextShardIterator`` it forwards. ``GET /stats`` returns ``{"throttled": n, "forwarded": n}``.
+``NextShardIterator`` it forwards. With ``--expire-every N`` it also answers every N-th read
+``ExpiredIteratorException`` (an injected fault: on AWS an iterator expires after 5 minutes). ``GET /stats``
+returns ``{"throttled": n, "expired": n, "forwarded": n}``.
 
 Run: ``python -m reclock.dev.kinesis_proxy --port P --upstream http://127.0.0.1:Q --reads-per-shard-s 5``
 (listens on 127.0.0.1 only). :class:`KinesisProxy` starts and stops one for a test.
@@ -35,16 +37,33 @@ _HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgra
 
 
 class _State:
-    def __init__(self, upstream: str, rate: float) -> None:
+    def __init__(self, upstream: str, rate: float, expire_every: int = 0) -> None:
         u = urlsplit(upstream)
         self.host, self.port = u.hostname, u.port or 80
         self.rate = rate
+        self.expire_every = expire_every
+        self.reads = 0
+        self.expired = 0
         self.lock = threading.Lock()
         self.iterators: OrderedDict[str, str] = OrderedDict()  # iterator -> "stream/shard"
         self.buckets: dict[str, tuple[float, float]] = {}
         self.local = threading.local()
         self.throttled = 0
         self.forwarded = 0
+
+    def expire(self, iterator: str) -> bool:
+        """Whether to answer this read ``ExpiredIteratorException`` (every ``expire_every``-th read of a known
+        iterator: an injected fault, as an iterator older than 5 minutes gets on AWS)."""
+        if self.expire_every <= 0:
+            return False
+        with self.lock:
+            if iterator not in self.iterators:
+                return False
+            self.reads += 1
+            if self.reads % self.expire_every:
+                return False
+            self.expired += 1
+            return True
 
     def remember(self, iterator: str | None, shard: str) -> None:
         if not iterator:
@@ -96,13 +115,18 @@ def _handler(state: _State):
             self.wfile.write(body)
 
         def do_GET(self) -> None:
-            body = json.dumps({"throttled": state.throttled, "forwarded": state.forwarded}).encode()
+            body = json.dumps({"throttled": state.throttled, "expired": state.expired,
+                               "forwarded": state.forwarded}).encode()
             self._reply(200, [("Content-Type", "application/json")], body)
 
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
             action = self.headers.get("X-Amz-Target", "").rpartition(".")[2]
             request = json.loads(body) if action in ("GetShardIterator", "GetRecords") else {}
+            if action == "GetRecords" and state.expire(request.get("ShardIterator", "")):
+                err = {"__type": "ExpiredIteratorException", "message": "Iterator expired (injected by the proxy)."}
+                self._reply(400, [("Content-Type", "application/x-amz-json-1.1")], json.dumps(err).encode())
+                return
             if action == "GetRecords":
                 shard = state.take(request.get("ShardIterator", ""))
                 if shard is not None:
@@ -138,8 +162,8 @@ def _handler(state: _State):
     return Handler
 
 
-def serve(port: int, upstream: str, reads_per_shard_s: float) -> None:
-    server = ThreadingHTTPServer((LOOPBACK, port), _handler(_State(upstream, reads_per_shard_s)))
+def serve(port: int, upstream: str, reads_per_shard_s: float, expire_every: int = 0) -> None:
+    server = ThreadingHTTPServer((LOOPBACK, port), _handler(_State(upstream, reads_per_shard_s, expire_every)))
     server.daemon_threads = True
     server.serve_forever()
 
@@ -151,6 +175,7 @@ class KinesisProxy:
     state: StackState
     upstream: str
     reads_per_shard_s: float = 5.0
+    expire_every: int = 0
     name: str = "kinesis-proxy"
 
     @property
@@ -176,7 +201,7 @@ class KinesisProxy:
         if not self.running():
             procs.spawn("kinesis-proxy", [sys.executable, "-m", "reclock.dev.kinesis_proxy", "--port", str(self.port),
                                           "--upstream", self.upstream, "--reads-per-shard-s",
-                                          str(self.reads_per_shard_s)],
+                                          str(self.reads_per_shard_s), "--expire-every", str(self.expire_every)],
                         log=self.home / "proxy.log", pidfile=self.pidfile)
         procs.wait_until("kinesis proxy", lambda: procs.port_open(self.port), timeout, log=self.home / "proxy.log",
                          alive=self.running)
@@ -198,8 +223,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--upstream", required=True)
     p.add_argument("--reads-per-shard-s", type=float, default=5.0)
+    p.add_argument("--expire-every", type=int, default=0,
+                   help="answer every N-th GetRecords of a known iterator ExpiredIteratorException (0: never)")
     a = p.parse_args(argv)
-    serve(a.port, a.upstream, a.reads_per_shard_s)
+    serve(a.port, a.upstream, a.reads_per_shard_s, a.expire_every)
 
 
 if __name__ == "__main__":

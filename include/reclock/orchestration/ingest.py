@@ -51,6 +51,7 @@ from reclock.orchestration.contexts import cycle_context
 from reclock.orchestration.lineage import ReclockTask, collection, reads, writes
 from reclock.orchestration.runs import PARAMS, check_conf, current_run, ingest_params, positive_int
 from reclock.orchestration.timetables import ReclockTimetable
+from reclock.schema_evolution import CollectionSchema, SchemaVersion
 from reclock.sources.registry import kind_of
 
 log = logging.getLogger("reclock.ingest")
@@ -63,13 +64,17 @@ def _part_to_x(p) -> list:
 def _written_to_x(w) -> dict:
     return {"desc": [w.desc.lower, w.desc.upper],
             "parts": {s: [_part_to_x(p) for p in ps] for s, ps in w.parts.items()},
-            "state": [_part_to_x(p) for p in w.state], "prefix": w.prefix}
+            "state": [_part_to_x(p) for p in w.state], "prefix": w.prefix,
+            "schemas": {s: [[v.since_ts, v.schema.to_json(), v.upstream, v.cause] for v in vs]
+                        for s, vs in w.schemas.items()}}
 
 
 def _written_from_x(x: dict) -> cycle.WrittenBatch:
     return cycle.WrittenBatch(BatchDescription(*x["desc"]),
                         {s: tuple(Part(*p) for p in ps) for s, ps in x["parts"].items()},
-                        tuple(Part(*p) for p in x.get("state", ())), x.get("prefix"))
+                        tuple(Part(*p) for p in x.get("state", ())), x.get("prefix"),
+                        {s: tuple(SchemaVersion(ts, CollectionSchema.from_json(cols), up, cause)
+                                  for ts, cols, up, cause in vs) for s, vs in x.get("schemas", {}).items()})
 
 
 @contextlib.contextmanager
@@ -126,12 +131,10 @@ def build_ingest_dag(spec: SourceSpec):
         return _continuous_dag(spec)
     with DAG(
         dag_id=f"ingest__{spec.name}",
-        description=(f"Ingest Kafka topic {spec.kafka.topic} into {spec.name}" if spec.kafka is not None else
-                     f"Ingest the objects of {spec.s3.url} into {spec.name}" if spec.s3 is not None else
-                     f"Ingest Postgres publication {spec.postgres.publication} into {spec.name}__<table>")
-        + " exactly once (one run = one cycle)",
+        description=f"Ingest {kind_of(spec).describe(spec)} exactly once (one run = one cycle)",
         schedule=(ReclockTimetable(spec.interval_s) if spec.schedule == "interval" else
-                  AssetOrTimeSchedule(timetable=ReclockTimetable(), assets=[upstream_asset(spec)])),
+                  AssetOrTimeSchedule(timetable=ReclockTimetable(),
+                                      assets=[upstream_asset(spec, kind_of(spec).upstream_trigger(spec))])),
         start_date=datetime(2024, 1, 1, tzinfo=timezone.utc),
         catchup=False,
         max_active_runs=1,

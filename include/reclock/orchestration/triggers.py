@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 
 CLASSPATH = "reclock.orchestration.triggers.UpstreamMoved"
 PG_CLASSPATH = "reclock.orchestration.triggers.PublicationChanged"
+KINESIS_CLASSPATH = "reclock.orchestration.triggers.KinesisMoved"
 REFIRE_S = 60.0
 """A source still behind its upstream this long after the trigger fired is fired for again."""
 IDLE_S = 60.0
@@ -329,20 +330,71 @@ class PublicationChanged(_SharedProbe):
             yield TriggerEvent({"source": self.source, "reason": why.reason, "flush_lsn": flush, "slot": why.slot})
 
 
-def upstream_asset(spec) -> Any:
-    """The Asset ``ingest__<source>`` is scheduled on when the source's schedule is ``upstream``."""
+class KinesisMoved(_SharedProbe):
+    """Fires when Kinesis source ``source``'s stream holds something its next mint would bind: a record at or
+    after the newest binding's position in a readable shard, or a closed shard's end still to be read
+    (``reclock.sources.kinesis.probe.moved``: one small ``GetRecords`` per readable shard, every ``poll``;
+    Kinesis tells no tip without a read). Fired for again every :data:`REFIRE_S` while it stays so.
+
+    :param source: the Reclock source.
+    :param stream: its stream, in ``region``, at ``endpoint_url`` (None: AWS's), found in the triggerer as a
+        task finds them (``RECLOCK_KINESIS_ENDPOINT`` ...); credentials from the triggerer's AWS chain.
+    :param poll: seconds between probes.
+    """
+
+    def __init__(self, *, source: str, stream: str, region: str | None = None, endpoint_url: str | None = None,
+                 poll: float = 1.0) -> None:
+        super().__init__()
+        self.source, self.stream, self.region, self.endpoint_url = source, stream, region, endpoint_url
+        self.poll = float(poll)
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return KINESIS_CLASSPATH, {"source": self.source, "stream": self.stream, "region": self.region,
+                                   "endpoint_url": self.endpoint_url, "poll": self.poll}
+
+    def shared_stream_key(self) -> Hashable | None:
+        return None  # each source probes its stream from its own frontier
+
+    @classmethod
+    async def open_shared_stream(cls, kwargs: dict[str, Any]) -> AsyncIterator[Any]:
+        """One probe of the stream from the source's newest binding every ``poll``: ``(moved, why)``. A probe
+        that fails (the endpoint away, Postgres away) is logged and retried."""
+        from reclock.settings import find_dsn
+        from reclock.sources.kinesis.client import KinesisUpstream
+        from reclock.sources.kinesis.config import KinesisSpec, find_stream
+        from reclock.sources.kinesis.probe import moved
+
+        spec = KinesisSpec(stream=kwargs["stream"], region=kwargs["region"], endpoint_url=kwargs["endpoint_url"])
+        address = await asyncio.to_thread(find_stream, spec, f"source {kwargs['source']}")
+        dsn = await asyncio.to_thread(find_dsn, None)
+        upstream = KinesisUpstream(kwargs["source"], address, throttle_patience_s=5.0)
+        poll = float(kwargs["poll"])
+        while True:
+            try:
+                bound = await asyncio.to_thread(bound_frontier, dsn, kwargs["source"])
+                yield await asyncio.to_thread(moved, upstream, bound)
+            except Exception as e:  # noqa: BLE001 - the endpoint or Postgres away for a moment
+                log.warning("reclock: probing Kinesis stream %s failed: %s; retrying in %ss", kwargs["stream"], e,
+                            poll)
+            await asyncio.sleep(poll)
+
+    async def filter_shared_stream(self, shared_stream: AsyncIterator[Any]) -> AsyncIterator[TriggerEvent]:
+        loop = asyncio.get_running_loop()
+        fired = 0.0
+        async for ahead, why in shared_stream:
+            if not ahead:
+                fired = 0.0
+                continue
+            if fired and loop.time() - fired < REFIRE_S:
+                continue
+            fired = loop.time()
+            yield TriggerEvent({"source": self.source, "reason": why})
+
+
+def upstream_asset(spec, trigger: BaseEventTrigger) -> Any:
+    """The Asset ``ingest__<source>`` is scheduled on when the source's schedule is ``upstream``, watched by
+    ``trigger`` (its kind's: ``SourceKind.upstream_trigger``)."""
     from airflow.sdk import Asset, AssetWatcher
 
-    if spec.s3 is not None:
-        from reclock.sources.s3.trigger import upstream_trigger
-
-        trigger: BaseEventTrigger = upstream_trigger(spec)
-    elif spec.postgres is not None:
-        trigger: BaseEventTrigger = PublicationChanged(
-            source=spec.name, publication=spec.postgres.publication, connection=spec.postgres.connection,
-            dsn_env=spec.postgres.dsn_env, poll=spec.poll_s)
-    else:
-        trigger = UpstreamMoved(source=spec.name, topic=spec.kafka.topic, connection=spec.kafka.connection,
-                                bootstrap=spec.kafka.bootstrap, poll=spec.poll_s)
     return Asset(name=f"upstream__{spec.name}", uri=upstream_asset_uri(spec.name),
                  watchers=[AssetWatcher(name=f"upstream__{spec.name}", trigger=trigger)])

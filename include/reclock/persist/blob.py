@@ -132,6 +132,8 @@ class FsspecBlobStore:
         self.base = url.rstrip("/")
         self.fs, self.root = fsspec.core.url_to_fs(self.base, **(options or {}))
         self.protocol = self.base.split("://", 1)[0]
+        if self.protocol == "s3":
+            self.fs.retries = objectstore.S3FS_RETRIES  # s3fs's tries around botocore's (its default: 5)
 
     def __repr__(self) -> str:
         return f"FsspecBlobStore({self.base!r})"

@@ -119,11 +119,27 @@ def spark_url(url: str) -> str:
     return "s3a://" + url[len("s3://"):] if url.startswith("s3://") else url
 
 
+S3A_BOUNDS = {"fs.s3a.connection.timeout": "30s", "fs.s3a.attempts.maximum": "2", "fs.s3a.retry.limit": "2"}
+"""How long S3A waits on an endpoint that stops answering (a black-holed network, a hung proxy): 30 s of
+silence on a socket (Hadoop's default is 200 s), 2 SDK attempts a try (5), 3 tries (8): at most about 3
+minutes per operation, where Hadoop's defaults would wait hours, so a Spark task (and the step) fails
+instead of hanging. Throttling keeps its own retries (``fs.s3a.retry.throttle.limit``)."""
+
+S3FS_BOUNDS = {"connect_timeout": 10, "read_timeout": 20, "retries": {"max_attempts": 3, "mode": "standard"}}
+"""The same for the cycle's own S3 calls (botocore through s3fs): 20 s of silence, 3 attempts (botocore's
+defaults: 60 s and 5), with s3fs's own :data:`S3FS_RETRIES` tries around them (``FsspecBlobStore`` sets them;
+s3fs's default is 5): about 3 minutes at most."""
+
+S3FS_RETRIES = 3
+
+
 def spark_s3a_conf(settings: S3Settings) -> dict[str, str]:
-    """Spark settings (``spark.hadoop.fs.s3a.*``) for ``s3a://`` on ``settings``'s endpoint. No keys: S3A
-    takes them from the JVM's environment (:func:`jvm_env`). Spark's ``_SUCCESS`` markers stay on (the
-    committer is the FileOutputCommitter: task output is renamed, i.e. copied, into place at commit)."""
+    """Spark settings (``spark.hadoop.fs.s3a.*``) for ``s3a://`` on ``settings``'s endpoint, bounded by
+    :data:`S3A_BOUNDS`. No keys: S3A takes them from the JVM's environment (:func:`jvm_env`). Spark's
+    ``_SUCCESS`` markers stay on (the committer is the FileOutputCommitter: task output is renamed, i.e.
+    copied, into place at commit)."""
     conf = {
+        **S3A_BOUNDS,
         "fs.s3a.aws.credentials.provider":
             "software.amazon.awssdk.auth.credentials.EnvironmentVariableCredentialsProvider",
         "fs.s3a.endpoint.region": settings.region,
@@ -151,9 +167,9 @@ def jvm_env(settings: S3Settings) -> dict[str, str]:
 
 
 def fsspec_options(settings: S3Settings) -> dict:
-    """``s3fs.S3FileSystem`` options for ``settings``. Listings are never cached: a part Spark wrote after
+    """``s3fs.S3FileSystem`` options for ``settings``, bounded by :data:`S3FS_BOUNDS`. Listings are never cached: a part Spark wrote after
     a listing must show in the next one (a stale listing would say "there was nothing")."""
-    config: dict = {"region_name": settings.region}
+    config: dict = {"region_name": settings.region, **S3FS_BOUNDS}
     if settings.path_style:
         config["s3"] = {"addressing_style": "path"}
     options = {"key": settings.access_key, "secret": settings.secret_key, "endpoint_url": settings.endpoint_url,

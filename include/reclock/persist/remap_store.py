@@ -32,7 +32,7 @@ from reclock.time import MAX_TIMESTAMP, PartitionedFrontier, check_timestamp
 OFFSETS_PROGRESS = 'SELECT ts, partition, "offset" FROM reclock.remap_offsets WHERE source = {}'
 """A progress view's body showing the remap collection as it is kept: ``(ts, partition, "offset")``."""
 
-__all__ = ["UnknownSource", "progress_view", "register_source", "load_remap", "append_binding",
+__all__ = ["UnknownSource", "progress_view", "register_source", "load_remap", "append_binding", "drop_partitions",
            "compact_remap"]
 
 
@@ -187,3 +187,15 @@ def compact_remap(conn, name: str, since: int) -> RemapCollection:
             _insert_binding(conn, name, compacted.bindings[0])
         conn.execute("UPDATE reclock.remap_collections SET since = %s WHERE source = %s", (since, name))
     return compacted
+
+
+def drop_partitions(conn, name: str, partitions) -> int:
+    """Delete ``partitions`` from every binding of the source, in the caller's transaction (the collection's
+    row locked, as appends lock it): a kind drops positions that say nothing any more (Kinesis: a shard read
+    to its end, once its children are in every binding, which say it is done). Every binding's frontier
+    loses the same partitions, so the collection stays valid (each frontier still ``less_equal`` the next).
+    Returns how many offset rows went."""
+    validate_source_name(name)
+    _lock(conn, name)
+    return conn.execute("DELETE FROM reclock.remap_offsets WHERE source = %s AND partition = ANY(%s)",
+                        (name, sorted(int(p) for p in partitions))).rowcount

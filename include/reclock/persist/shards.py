@@ -46,6 +46,8 @@ from reclock.batch import BatchDescription, Part
 from reclock.errors import (BeyondUpper, ConfigError, PartAlreadyReferenced, ShardModified, SinceViolation,
                             UnknownReadHold, UnknownShard, UnknownSource, UpperMismatch)
 from reclock.persist.names import validate_shard_id, validate_source_name
+from reclock.persist.schemas import check_versions, insert_versions
+from reclock.schema_evolution import SchemaVersion
 from reclock.time import check_timestamp
 
 __all__ = ["UnknownShard", "ShardInfo", "Append", "AppendOutcome", "BatchRow", "ReadHold", "register_shard",
@@ -72,14 +74,17 @@ class ShardInfo:
 
 @dataclass(frozen=True)
 class Append:
-    """Add ``parts`` to ``shard`` under ``desc`` (zero parts: just advance the upper)."""
+    """Add ``parts`` to ``shard`` under ``desc`` (zero parts: just advance the upper), and record ``schemas``:
+    the versions of the collection's schema that begin in ``desc`` (``reclock.persist.schemas``)."""
 
     shard: str
     desc: BatchDescription
     parts: tuple[Part, ...] = ()
+    schemas: tuple[SchemaVersion, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "parts", tuple(self.parts))
+        object.__setattr__(self, "schemas", tuple(self.schemas))
 
 
 @dataclass(frozen=True)
@@ -222,6 +227,7 @@ def compare_and_append(conn, appends: Sequence[Append],
     for a in appends:
         validate_shard_id(a.shard)
         _check_parts(a)
+        check_versions(a.shard, a.schemas, a.desc.lower, a.desc.upper)
         for p in a.parts:
             if p.path in seen:
                 raise PartAlreadyReferenced(a.shard, p.path, None)
@@ -255,6 +261,9 @@ def compare_and_append(conn, appends: Sequence[Append],
                 raise ShardModified(a.shard, d.lower, actual, "the shard is behind the description: it was "
                                     "modified under us; nothing was appended to any shard")
         _insert_batch_rows(conn, new_rows)
+        for a, o in zip(appends, outcomes):
+            if o.status == APPENDED:
+                insert_versions(conn, a.shard, a.schemas)  # with the parts that need them, or not at all
         for s in ids:
             if uppers[s] != before[s]:
                 conn.execute("UPDATE reclock.shards SET upper = %s WHERE id = %s", (uppers[s], s))

@@ -37,8 +37,8 @@ import pyarrow.parquet as pq
 
 from reclock.batch import Part, SliceWritten
 from reclock.errors import UnaccountedWrite
-from reclock.part_layout import (DATA_OUTPUT, ERR_PREFIX, ERRORS_OUTPUT, OUTPUT_FOLDER, REJECTED_COLUMN,
-                                 STATE_COLUMNS, STATE_OUTPUT, STATE_PREFIX, state_schema, unpack_rejected)
+from reclock.part_layout import (DATA_OUTPUT, ERR_PREFIX, ERRORS_OUTPUT, KAFKA_SHAPE, OUTPUT_FOLDER, REJECTED_COLUMN,
+                                 STATE_OUTPUT, STATE_PREFIX, RecordShape, state_schema, unpack_rejected)
 from reclock.persist.blob import BlobStore
 from reclock.persist.parquet import null_count, parquet_bytes, part_from_footer, uses_int96
 
@@ -71,20 +71,21 @@ def split_joint(blob: BlobStore, source: str, base: str, member_column: str, fol
 
 
 def collect_parts(blob: BlobStore, source: str, shards: Mapping[int, str], prefix: str,
-                  slices: Sequence[SliceWritten], upsert: bool) -> tuple[dict[str, tuple[Part, ...]], tuple[Part, ...]]:
+                  slices: Sequence[SliceWritten], upsert: bool, shape: RecordShape = KAFKA_SHAPE
+                  ) -> tuple[dict[str, tuple[Part, ...]], tuple[Part, ...]]:
     """The parts the ``slices`` of one write left under ``prefix``, per shard (``shards``: output -> shard
     id, for :data:`DATA_OUTPUT` and :data:`ERRORS_OUTPUT`), and the upsert state's change parts; each slice
     proved to hold exactly what its job reported (see the module), else :class:`UnaccountedWrite`."""
     out: dict[int, list[Part]] = {DATA_OUTPUT: [], ERRORS_OUTPUT: [], STATE_OUTPUT: []}
     for s in slices:
-        for output, parts in _collect_slice(blob, source, prefix, s, upsert).items():
+        for output, parts in _collect_slice(blob, source, prefix, s, upsert, shape).items():
             out[output].extend(parts)
     done = {o: tuple(sorted(ps, key=lambda p: p.path)) for o, ps in out.items()}
     return {shards[o]: done[o] for o in (DATA_OUTPUT, ERRORS_OUTPUT)}, done[STATE_OUTPUT]
 
 
 def _collect_slice(blob: BlobStore, source: str, prefix: str, s: SliceWritten,
-                   upsert: bool) -> dict[int, list[Part]]:
+                   upsert: bool, shape: RecordShape = KAFKA_SHAPE) -> dict[int, list[Part]]:
     folder = slice_folder(prefix, s.index)
     looked_at = blob.url(folder)
 
@@ -135,7 +136,7 @@ def _collect_slice(blob: BlobStore, source: str, prefix: str, s: SliceWritten,
                    "Parquet files")
     parts = {o: [part_from_footer(path, size, md) for path, size, md in fs] for o, fs in found.items()}
     for path in mixed:
-        for output, part in split_rejected(blob, source, path):
+        for output, part in split_rejected(blob, source, path, shape):
             parts[output].append(part)
     return parts
 
@@ -165,7 +166,8 @@ def _output_of(folder: str, path: str) -> int:
     raise ValueError(f"{path}: not in an output folder of {folder}")
 
 
-def split_rejected(blob: BlobStore, source: str, path: str) -> list[tuple[int, Part]]:
+def split_rejected(blob: BlobStore, source: str, path: str,
+                   shape: RecordShape = KAFKA_SHAPE) -> list[tuple[int, Part]]:
     """Write the collection's rows of the file at ``path``, and its rejected records unpacked into the error
     collection's columns, to files of their own beside it; the parts they are, by output."""
     with blob.open(path) as f:
@@ -175,7 +177,7 @@ def split_rejected(blob: BlobStore, source: str, path: str) -> list[tuple[int, P
     rejected = pc.is_valid(table[REJECTED_COLUMN])
     good = table.filter(pc.invert(rejected)).drop_columns([REJECTED_COLUMN])
     bad = table.filter(rejected)
-    errors = unpack_rejected(bad[REJECTED_COLUMN].to_pylist())
+    errors = unpack_rejected(bad[REJECTED_COLUMN].to_pylist(), shape)
     errors = pa.table({**{c: errors[c] for c in errors.column_names}, "ts": bad["ts"], "diff": bad["diff"]})
     parts = []
     for output, rows in ((DATA_OUTPUT, good), (ERRORS_OUTPUT, errors)):
@@ -189,26 +191,32 @@ def split_rejected(blob: BlobStore, source: str, path: str) -> list[tuple[int, P
     return parts
 
 
-def first_rejected(blob: BlobStore, error_parts: Sequence[Part]) -> tuple[int, int, str] | None:
-    """``(partition, offset, reason)`` of the first record (by partition, offset) in a write's error parts."""
-    cols = [ERR_PREFIX + c for c in ("partition", "offset", "reason")]
+def first_rejected(blob: BlobStore, error_parts: Sequence[Part], shape: RecordShape = KAFKA_SHAPE
+                   ) -> tuple[object, object, str] | None:
+    """``(position, position, reason)`` of the first record (by the shape's positions: Kafka's partition
+    and offset, Kinesis's shard and sequence number) in a write's error parts."""
+    (first_col, _), (second_col, second_type) = shape.positions
+    cols = [ERR_PREFIX + c for c in (first_col, second_col, "reason")]
+
+    def order(row):  # a sequence number is a decimal string: compare it as the number it is
+        v = row[cols[1]]
+        return (row[cols[0]], int(v) if second_type == "string" else v)
     first = None
     for part in error_parts:
         with blob.open(part.path) as f:
             t = pq.read_table(f, columns=cols)
         t = t.filter(pc.is_valid(t[cols[0]]))
         for row in t.to_pylist():
-            key = (row[cols[0]], row[cols[1]])
-            if first is None or key < first[:2]:
-                first = (*key, row[cols[2]])
-    return first
+            if first is None or order(row) < order(first):
+                first = row
+    return None if first is None else (first[cols[0]], first[cols[1]], first[cols[2]])
 
 
-def read_state_changes(blob: BlobStore, parts: Sequence[Part]) -> pa.Table:
+def read_state_changes(blob: BlobStore, parts: Sequence[Part], shape: RecordShape = KAFKA_SHAPE) -> pa.Table:
     """The upsert state changes a description's parts carry (an empty table when none)."""
     tables = []
     for p in parts:
         with blob.open(p.path) as f:
-            t = pq.read_table(f, columns=[STATE_PREFIX + c for c in STATE_COLUMNS])
-        tables.append(t.rename_columns(list(STATE_COLUMNS)))
-    return pa.concat_tables(tables) if tables else state_schema().empty_table()
+            t = pq.read_table(f, columns=[STATE_PREFIX + c for c in shape.state_columns])
+        tables.append(t.rename_columns(list(shape.state_columns)))
+    return pa.concat_tables(tables) if tables else state_schema(shape).empty_table()

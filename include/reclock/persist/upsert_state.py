@@ -13,10 +13,14 @@ from typing import Sequence
 import pyarrow as pa
 
 from reclock.errors import UpperMismatch
+from reclock.part_layout import KAFKA_SHAPE, RecordShape
 
 
-def load_prior(conn, source: str, shard: str, lower: int, keys: Sequence[bytes]) -> list[tuple]:
-    """``(key, value, partition, offset, timestamp_us)`` of those ``keys`` that have a current record.
+def load_prior(conn, source: str, shard: str, lower: int, keys: Sequence[bytes],
+               shape: RecordShape = KAFKA_SHAPE) -> list[tuple]:
+    """``(key, value, position, position, timestamp_us)`` of those ``keys`` that have a current record, the
+    positions typed as ``shape`` says (the table keeps them as text: Kafka's partition and offset,
+    Kinesis's shard id and sequence number).
 
     The state is that of ``shard``'s upper, which must equal ``lower`` (else ``UpperMismatch``: the
     description is stale and its append could not apply anyway).
@@ -29,21 +33,25 @@ def load_prior(conn, source: str, shard: str, lower: int, keys: Sequence[bytes])
                                 "description's lower; the next cycle re-mints from the actual upper")
         if not keys:
             return []
-        return conn.execute('SELECT key, value, partition, "offset", timestamp_us FROM reclock.upsert_state '
+        rows = conn.execute('SELECT key, value, partition, "offset", timestamp_us FROM reclock.upsert_state '
                             "WHERE source = %s AND key = ANY(%s)", (source, list(keys))).fetchall()
+    (_, a), (_, b) = shape.positions
+    typed = [(lambda v: v) if t == "string" else int for t in (a, b)]
+    return [(k, v, typed[0](p), typed[1](o), t) for k, v, p, o, t in rows]
 
 
-def apply_changes(conn, source: str, changes: pa.Table) -> int:
-    """Apply a description's state changes (columns ``key, value, partition, offset, timestamp_us``; a
-    null value deletes the key) in the caller's transaction; returns the number of keys touched."""
+def apply_changes(conn, source: str, changes: pa.Table, shape: RecordShape = KAFKA_SHAPE) -> int:
+    """Apply a description's state changes (the shape's state columns: ``key, value``, two positions,
+    ``timestamp_us``; a null value deletes the key) in the caller's transaction; returns the number of keys
+    touched."""
     if changes.num_rows == 0:
         return 0
     conn.execute("CREATE TEMP TABLE IF NOT EXISTS reclock_upsert_changes (key bytea PRIMARY KEY, value bytea, "
-                 'partition integer, "offset" bigint, timestamp_us bigint) ON COMMIT DELETE ROWS')
+                 'partition text, "offset" text, timestamp_us bigint) ON COMMIT DELETE ROWS')
     with conn.cursor() as cur, cur.copy('COPY reclock_upsert_changes (key, value, partition, "offset", '
                                        "timestamp_us) FROM STDIN") as copy:
-        for row in zip(*(changes[c].to_pylist() for c in ("key", "value", "partition", "offset", "timestamp_us"))):
-            copy.write_row(row)
+        for key, value, p, o, t in zip(*(changes[c].to_pylist() for c in shape.state_columns)):
+            copy.write_row((key, value, None if p is None else str(p), None if o is None else str(o), t))
     conn.execute("DELETE FROM reclock.upsert_state s USING reclock_upsert_changes c "
                  "WHERE s.source = %s AND s.key = c.key AND c.value IS NULL", (source,))
     conn.execute('INSERT INTO reclock.upsert_state (source, key, value, partition, "offset", timestamp_us) '

@@ -57,7 +57,7 @@ Kinesis     (shard_id, sequence_number)  a partition per shard (the shard id's n
 ``reclock.spark.reclocking``; a reader in the task uses ``reclock.remap.reclock`` or its own mapping.
 
 **Layering.** A kind imports the pure core, ``persist``, ``spark`` and this module; never another kind,
-``reclock.cycle``, ``reclock.orchestration`` or ``reclock.dev`` (``tests/unit/test_imports.py``). What the
+``reclock.cycle``, ``reclock.orchestration`` or the dev stack (``tests/unit/test_imports.py``). What the
 cycle hands a kind is a :class:`CycleServices` (``reclock.cycle.CycleContext`` is one).
 """
 
@@ -71,9 +71,10 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, ContextManager, Liter
 
 from reclock.batch import BatchDescription, OffsetRange, Part, SliceWritten, mint_descriptions
 from reclock.datasets import DatasetName
-from reclock.errors import ConfigError
+from reclock.errors import AcknowledgedStateLost, ConfigError, ReclockError
 from reclock.persist.remap_store import OFFSETS_PROGRESS
 from reclock.remap import RemapCollection
+from reclock.schema_evolution import SchemaVersion
 from reclock.time import PartitionedFrontier
 
 if TYPE_CHECKING:
@@ -94,6 +95,8 @@ class WrittenBatch:
     parts: dict[str, tuple[Part, ...]] = field(default_factory=dict)
     state: tuple[Part, ...] = ()  # upsert: the state changes append applies with the shards
     prefix: str | None = None  # the folder the parts were written under, leased until append is done
+    schemas: dict[str, tuple[SchemaVersion, ...]] = field(default_factory=dict)  # versions of a shard's schema
+    #                                                that begin in desc, recorded with its parts by append
 
 
 @dataclass(frozen=True)
@@ -223,6 +226,13 @@ class SourceRuntime(ABC):
         ``(probe_upper(),)``."""
         return (self.probe_upper(),)
 
+    def probe_metrics(self) -> dict:
+        """What the last :meth:`probe_uppers` learned, for mint's statistics row (merged last, so a kind may
+        set ``offsets_known`` to None where summing its offsets means nothing, and give ``lag_records`` and
+        ``lag_ms``: how far upstream was ahead of the newest binding, which the UI's lag plot shows). By
+        default nothing."""
+        return {}
+
     def descriptions(self, rc: RemapCollection, lower: int) -> list[BatchDescription]:
         """The batch descriptions from ``lower`` (the least shard upper) up to the newest binding, a backlog
         cut so that one write stays within the source's budget. By default ``mint_descriptions`` with
@@ -267,6 +277,19 @@ class SourceRuntime(ABC):
         is not beyond what consensus holds (``cycle.check_acknowledged``: a database that went back). None
         where upstream keeps nothing of ours."""
         return None
+
+    def acknowledged_since(self, conn: Any) -> int | None:
+        """The timestamp of the binding the acknowledgement started at, if not the first (read in ``conn``, the
+        mint's consensus connection): positions up to that binding's frontier are ours whatever the shards'
+        uppers hold. Postgres: a re-snapshot's slot, created anew at or below its binding. By default None."""
+        return None
+
+    def acknowledged_beyond(self, acked: Acknowledged, ours: PartitionedFrontier, upper: int) -> ReclockError:
+        """The error mint raises when ``acked`` is beyond ``ours``, what consensus holds (the bindings at the
+        shards' upper ``upper``): by default ``AcknowledgedStateLost`` (the database went back). A kind whose
+        upstream position can also be moved by hand (a Postgres slot advanced or consumed) says so."""
+        return AcknowledgedStateLost(f"source {self.name}", f"{acked.where} {acked.frontier.as_dict()}",
+                                     f"{ours.as_dict()} (the bindings at its shards' upper {upper})")
 
     def compact(self, conn: Any, since: int) -> None:
         """In resume, in the connection ``conn``, after the remap collection was compacted to ``since``:

@@ -9,10 +9,11 @@ from __future__ import annotations
 from reclock.errors import ConfigError
 from reclock.sources.base import SourceKind
 from reclock.sources.kafka.kind import KAFKA
+from reclock.sources.kinesis.kind import KINESIS
 from reclock.sources.postgres.kind import POSTGRES
 from reclock.sources.s3.kind import S3
 
-KINDS: dict[str, SourceKind] = {k.name: k for k in (KAFKA, POSTGRES, S3)}
+KINDS: dict[str, SourceKind] = {k.name: k for k in (KAFKA, POSTGRES, S3, KINESIS)}
 """Every kind by name (its config section's key)."""
 
 

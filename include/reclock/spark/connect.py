@@ -97,8 +97,12 @@ def remote_session(url: str):
     from pyspark.sql import SparkSession
 
     target = connection(url)
-    builder = SparkSession.builder
-    return (builder.remote(target) if isinstance(target, str) else builder.channelBuilder(target)).getOrCreate()
+    if isinstance(target, str):
+        return SparkSession.builder.remote(target).getOrCreate()
+    # a channel builder is the Connect client's own builder's (the classic builder has no channelBuilder)
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    return ConnectSession.builder.channelBuilder(target).getOrCreate()
 
 
 def shared_session(url: str, scope: str):

@@ -1,38 +1,73 @@
-"""Decoding a record's value (JSON, CSV, text, bytes, Avro) on Spark, for every kind whose records have a
-value: one SQL projection over rows shaped as Kafka shapes a record (``key``, ``value``, ``partition``,
-``offset``, ``timestamp``) plus their ``ts``. Kafka's records are such rows; an S3 source's lines are made
-so (``reclock.sources.s3.read``). What a record that does not decode becomes (an error row's columns) is
-here too: :data:`ERROR_SOURCES`, :func:`packed_error_sql`."""
+"""The decode path every kind's Spark job shares: a slice's records, each with its binding's ``ts``, decoded
+with the source's format (JSON, Avro, CSV, text, bytes), put through its envelope (append-only, or upsert by
+key), routed to outputs (output 0 the collection, 1 the error collection, 2 the upsert state's changes),
+written as Parquet under one fresh folder, and counted (what was read and what was written: the two sides
+of an accounted write, ``reclock.persist.staged``). Nothing is visible until ``append`` puts the parts into
+the shards.
+
+A kind reads its records its own way (Kafka: Spark's Kafka source, reclocked by
+``reclock.spark.reclocking``; Kinesis: its reader in the tasks; S3: its lines, shaped as Kafka shapes a
+record, decoded by :func:`decoded` and written by its own job) and hands over a DataFrame with the columns
+of its :class:`~reclock.part_layout.RecordShape`: ``key`` and ``value`` (binary), ``timestamp``, ``ts``,
+its two position columns, and each metadata column the source includes, by its include name.
+
+Upsert (``envelope: upsert``, keyed by ``key``): per key, the records of the description are ordered by
+``(ts, positions)``; the last one at each ts wins; the output carries ``+1`` for the new value and ``-1`` for
+the value it replaces (the previous record in the description, or the key's entry in the upsert state
+before the description); a null value deletes the key. The state rows of only the keys the description
+touches are read (``prior``), so a cycle costs what its data costs, not the collection's size.
+"""
 
 from __future__ import annotations
 
 import functools
 import json
-from typing import Sequence
+from typing import Callable, Sequence
 
+from reclock.batch import SliceWritten
 from reclock.config import SourceSpec
-from reclock.part_layout import ERROR_COLUMNS, PACKED_BASE64
-from reclock.spark.jobs import sql_ident, sql_string
+from reclock.part_layout import (DATA_OUTPUT, ERR_PREFIX, ERRORS_OUTPUT, KAFKA_SHAPE, PACKED_BASE64,
+                                 REJECTED_COLUMN, STATE_OUTPUT, STATE_PREFIX, RecordShape)
+from reclock.registry_plan import AvroPlan
+from reclock.spark.jobs import observation, observed, parts_writer, sql_ident, sql_string
 
 CORRUPT = "_reclock_corrupt"
 AVRO_OK = "_reclock_ok"
+_RAW = ("_p", "_o", "_k", "_v", "_reason")  # where each error column comes from among the decoded rows
 
-# where each error / state column comes from among the decoded rows' raw columns (see ``_decoded``)
-ERROR_SOURCES = tuple(zip(ERROR_COLUMNS, ("_p", "_o", "_k", "_v", "_reason")))
-
+# Kafka-shaped records (Kafka, S3 lines): where each error column comes from among the decoded rows
+ERROR_SOURCES = tuple(zip(KAFKA_SHAPE.error_columns, _RAW))
 PACKED = {c: f"base64({raw})" for c, raw in ERROR_SOURCES if c in PACKED_BASE64}
 
 
-
-def packed_error_sql() -> str:
+def packed_error_sql(shape: RecordShape = KAFKA_SHAPE) -> str:
     """The SQL of an error row packed as one JSON text (``reclock.part_layout.REJECTED_COLUMN``), over decoded
     rows (:func:`decoded`'s ``_p, _o, _k, _v, _reason``)."""
-    packed = ", ".join(f"{sql_string(c)}, {PACKED.get(c, raw)}" for c, raw in ERROR_SOURCES)
-    return f"to_json(named_struct({packed}))"
+    packed = {c: f"base64({raw})" for c, raw in _error_sources(shape) if c in PACKED_BASE64}
+    return "to_json(named_struct(" + ", ".join(f"{sql_string(c)}, {packed.get(c, raw)}"
+                                                for c, raw in _error_sources(shape)) + "))"
 
 
-def field_names(spec: SourceSpec) -> list[str]:
-    """The names of the decoded value's columns (before metadata columns)."""
+def _error_sources(shape: RecordShape) -> tuple[tuple[str, str], ...]:
+    return tuple(zip(shape.error_columns, _RAW))
+
+
+def _state_sources(shape: RecordShape) -> tuple[tuple[str, str], ...]:
+    return tuple(zip(shape.state_columns, ("_k", "_v", "_p", "_o", "_t_us")))
+
+
+def prior_schema(shape: RecordShape) -> str:
+    """The Spark schema of the upsert state's rows (``prior``) of ``shape``."""
+    spark_types = {"int32": "INT", "int64": "BIGINT", "string": "STRING"}
+    (a, at), (b, bt) = shape.positions
+    return f"key BINARY, value BINARY, {a} {spark_types[at]}, {b} {spark_types[bt]}, timestamp_us BIGINT"
+
+
+def field_names(spec: SourceSpec, plan: AvroPlan | None = None) -> list[str]:
+    """The names of the decoded value's columns (before metadata columns); ``plan``: a registry source's
+    (its reader's columns)."""
+    if plan is not None:
+        return list(plan.decoded_columns.names)
     if spec.format.type == "avro":
         return spec.format.avro_fields
     return [f.name for f in data_schema(spec).fields]
@@ -59,8 +94,9 @@ def _parsed_schema(ddl: str):
     return T._parse_datatype_string(ddl)
 
 
-def decoded(spec: SourceSpec, df, meta: Sequence[str] = (), problem: str | None = None):
-    """``df`` (records shaped as the module says, plus ``ts``) decoded: the collection's columns (fields, then metadata), ``ts``,
+def decoded(spec: SourceSpec, df, meta: Sequence[str] = (), problem: str | None = None,
+            positions: tuple[str, str] = ("partition", "offset"), plan: AvroPlan | None = None):
+    """``df`` (a kind's records: ``key``, ``value``, ``timestamp``, ``ts`` and the two ``positions``) decoded: the collection's columns (fields, then metadata), ``ts``,
     the raw record as ``_k, _v, _p, _o, _t``, ``_reason`` (why the value does not decode, else null) and
     ``_raw``: the value of a record that does not decode. For JSON and CSV that is the parser's
     corrupt-record column (the same bytes) rather than ``value``: ``from_json`` and ``from_csv`` run
@@ -68,16 +104,28 @@ def decoded(spec: SourceSpec, df, meta: Sequence[str] = (), problem: str | None 
     append-only slice, which needs the value only for its rejected records, does not pass the value
     (~200 bytes a record) through it.
 
-    ``meta``: the metadata columns the collection carries, as SQL over ``df`` (a kind's own: Kafka's
-    partition, offset, key, timestamp, headers). ``problem``: the name of a column saying why a record is
-    an error before any decoding (a reader's finding: a damaged object, an overlong line); where it is set,
-    it is the ``_reason``.
+    ``meta``: the metadata columns the collection carries, as SQL over ``df`` (:func:`shape_meta`).
+    ``problem``: the name of a column saying why a record is an error before any decoding (a reader's
+    finding: a damaged object, an overlong line); where it is set, it is the ``_reason``. ``plan``: a
+    registry source's (``format.registry``): each record's writer schema by its header
+    (``reclock.spark.registry_decode``).
 
     Built as SQL expression text, one ``selectExpr`` (a plan of a few JVM calls, not hundreds)."""
     ftype = spec.format.type
     d = sql_ident("_d")
     raw = "value"
-    if ftype in ("json", "csv"):
+    if plan is not None:
+        from reclock.spark.registry_decode import avro_decoded, json_decoded
+
+        if plan.format == "avro":
+            df = avro_decoded(df, plan, out="_d", reason="_reclock_reason")
+        else:
+            ddl = ", ".join(f"{sql_ident(c.name)} {c.type}" for c in plan.decoded_columns.columns)
+            df = json_decoded(df, _parsed_schema(ddl), [w.schema_id for w in plan.writers],
+                              out="_d", reason="_reclock_reason")
+        reason = "_reclock_reason"
+        cols = [f"{d}.{sql_ident(f)} AS {sql_ident(f)}" for f in field_names(spec, plan)]
+    elif ftype in ("json", "csv"):
         from pyspark.sql import types as T
 
         # PERMISSIVE parsing with a corrupt-record column: a value that does not parse (or does not fit
@@ -126,5 +174,142 @@ def decoded(spec: SourceSpec, df, meta: Sequence[str] = (), problem: str | None 
 
     if problem is not None:
         reason = f"coalesce({sql_ident(problem)}, {reason})"
-    return df.selectExpr(*cols, *meta, "ts", "key AS _k", "value AS _v", "partition AS _p", "offset AS _o",
-                         "timestamp AS _t", f"CAST({reason} AS STRING) AS _reason", f"{raw} AS _raw")
+    p, o = positions
+    return df.selectExpr(*cols, *meta, "ts", "key AS _k", "value AS _v", f"{sql_ident(p)} AS _p",
+                         f"{sql_ident(o)} AS _o", "timestamp AS _t", f"CAST({reason} AS STRING) AS _reason",
+                         f"{raw} AS _raw")
+
+
+def shape_meta(spec: SourceSpec, shape: RecordShape) -> list[str]:
+    """The metadata columns a source's collection carries (``include:``), as SQL over records of ``shape``."""
+    return [f"{sql_ident(m)} AS {sql_ident(shape.meta_column(m))}" for m in spec.include]
+
+
+def _shape_decoded(spec: SourceSpec, shape: RecordShape, df, plan: AvroPlan | None = None):
+    (p, _), (o, _) = shape.positions
+    return decoded(spec, df, shape_meta(spec, shape), positions=(p, o), plan=plan)
+
+
+def typed_null(col: str):
+    """A null of ``col``'s type."""
+    from pyspark.sql import functions as F
+
+    return F.when(F.lit(False), F.col(col))
+
+
+def envelope(spark, spec: SourceSpec, shape: RecordShape, records, prior: Sequence[tuple] = (),
+             plan: AvroPlan | None = None):
+    """One slice's ``records`` (the shape's columns, each with its ``ts``) decoded and put through the
+    source's envelope.
+
+    Append-only: the collection's columns, ``ts``, ``diff`` and :data:`REJECTED_COLUMN` (null, or for a
+    record that does not decode, its error row packed as JSON: the only column the collection's rows pay
+    for the error collection). Upsert: the collection's columns, ``ts``, ``diff``, the error columns and
+    the state columns, each null where it does not apply, and ``_output``. ``prior`` (upsert only): the
+    state rows ``(key, value, position, position, timestamp_us)`` of the keys the slice touches, as of its
+    lower. One pass over the records either way: no branch of the plan reads upstream again. ``plan``: a
+    registry source's writers and reader.
+    """
+    from pyspark.sql import functions as F
+
+    dec = _shape_decoded(spec, shape, records, plan)
+    data_cols = output_columns(spec, shape, plan)[0][:-2]
+    errors, states = _error_sources(shape), _state_sources(shape)
+    if spec.envelope != "upsert":
+        return dec.selectExpr(
+            *map(sql_ident, data_cols), "ts", "CAST(1 AS BIGINT) AS diff",
+            f"CASE WHEN _reason IS NOT NULL THEN {packed_error_sql(shape)} END AS {REJECTED_COLUMN}")
+
+    from pyspark.sql import Window
+
+    reason = F.coalesce(F.col("_reason"), F.when(F.col("_k").isNull(), F.lit("an upsert record needs a key")))
+    (p, _), (o, _) = shape.positions
+    before = spark.createDataFrame(list(prior), prior_schema(shape)).select(
+        "key", "value", p, o, F.timestamp_micros("timestamp_us").alias("timestamp"),
+        F.lit(-1).cast("long").alias("ts"))
+    before = before.select("*", *[F.expr(sql).alias(m) for m, sql in shape.derived if m in spec.include])
+    records = (dec.withColumn("_reason", reason).withColumn("_prior", F.lit(False))
+               .unionByName(_shape_decoded(spec, shape, before, plan).withColumn("_prior", F.lit(True))))
+    bad = F.col("_reason").isNotNull()
+    # per key (good records only: bad ones sit in their own window partitions and pass through), the last
+    # record at each ts wins; then each row's predecessor is the value it replaces
+    last_at_ts = Window.partitionBy("_k", bad, "ts").orderBy(F.col("_p").desc(), F.expr(shape.order_sql).desc())
+    by_ts = Window.partitionBy("_k", bad).orderBy("ts")
+    records = (records.withColumn("_rn", F.row_number().over(last_at_ts)).filter(bad | (F.col("_rn") == 1))
+               .withColumn("_row", F.struct(*data_cols, "_v"))
+               .withColumn("_prev", F.lag("_row").over(by_ts))
+               .withColumn("_next_ts", F.lead("ts").over(by_ts))
+               .filter(~F.col("_prior")))
+
+    no_data = {c: typed_null(c) for c in data_cols}
+    no_error = {ERR_PREFIX + c: typed_null(raw) for c, raw in errors}
+    no_state = {STATE_PREFIX + c: typed_null(raw) for c, raw in states}
+
+    def emit(when, output: int, diff: int, data: dict, error: dict, state: dict):
+        cols = {**data, "ts": F.col("ts"), "diff": F.lit(diff).cast("long"), **error, **state,
+                "_output": F.lit(output)}
+        return F.when(when, F.struct(*[v.alias(k) for k, v in cols.items()]))
+
+    kinds = [
+        emit(~bad & F.col("_v").isNotNull(), DATA_OUTPUT, 1, {c: F.col(c) for c in data_cols}, no_error, no_state),
+        emit(~bad & F.col("_prev").getField("_v").isNotNull(), DATA_OUTPUT, -1,
+             {c: F.col("_prev").getField(c) for c in data_cols}, no_error, no_state),
+        emit(bad, ERRORS_OUTPUT, 1, no_data, {ERR_PREFIX + c: F.col(raw) for c, raw in errors}, no_state),
+        emit(~bad & F.col("_next_ts").isNull(), STATE_OUTPUT, 0, no_data, no_error,
+             {STATE_PREFIX + c: F.col(raw) for c, raw in states}),
+    ]
+    return (records.withColumn("_t_us", F.unix_micros("_t"))
+            .select(F.explode(F.filter(F.array(*kinds), lambda x: x.isNotNull())).alias("_e")).select("_e.*"))
+
+
+def output_columns(spec: SourceSpec, shape: RecordShape, plan: AvroPlan | None = None) -> tuple[list[str], list[str]]:
+    """Columns each shard's parts carry: ``(data shard, errors shard)``; both end with ts, diff."""
+    meta = [shape.meta_column(m) for m in spec.include]
+    return (field_names(spec, plan) + meta + ["ts", "diff"],
+            [ERR_PREFIX + c for c in shape.error_columns] + ["ts", "diff"])
+
+
+
+def write_slice(spark, spec: SourceSpec, shape: RecordShape, records: Callable[[object], object], url: str,
+                prior: Sequence[tuple] = (), index: int = 0, offsets: int = 0,
+                plan: AvroPlan | None = None) -> SliceWritten:
+    """Run one Spark job writing the slice's updates as Parquet under ``url``; what it read and wrote.
+    ``records(read_metrics)`` gives the slice's records (the shape's columns, reclocked), counted by the
+    ``Observation`` it is handed right above the upstream scan; ``offsets``: how many records the slice's
+    ranges can hold at most (``SliceWritten.offsets``).
+
+    Append-only (``envelope: none``): plain files of the collection's columns and :data:`REJECTED_COLUMN`;
+    nearly always every row is the collection's, and the rare file that holds rejected records is split
+    into the two collections' parts when its parts are collected (``reclock.persist.staged``). Not
+    partitioning by output spares Spark a sort of each task's rows before writing (a fifth of the job's
+    time at a million records), and one packed column instead of five error columns spares it a seventh
+    of what is left. Upsert: partitioned by output (``_output=N/`` folders), since every file holds state
+    changes too.
+
+    The job counts, as it runs, the records it read (right above the upstream scan) and the rows it hands
+    to the writer per output (right below it): two ``Observation`` metrics, which Spark reports with the
+    job's end, in a local session and over Spark Connect alike. Neither splits the generated code of the
+    plan in between."""
+    from pyspark.sql import functions as F
+
+    read, written = observation(spark), observation(spark)
+    df = envelope(spark, spec, shape, records(read), prior, plan)
+    if spec.envelope != "upsert":
+        df = df.observe(written, F.count(F.lit(1)).alias("rows"), F.count(REJECTED_COLUMN).alias("rejected"))
+        parts_writer(df, url).parquet(url)
+        w = observed(written, spec.name, url, ("rows", "rejected"))
+        rows = {DATA_OUTPUT: w["rows"] - w["rejected"], ERRORS_OUTPUT: w["rejected"]}
+    else:
+        data_cols, err_cols = output_columns(spec, shape, plan)
+        state_cols = [STATE_PREFIX + c for c in shape.state_columns]
+        # one job, several outputs: a row's columns of the other outputs are null and each shard reads only
+        # its own columns (all-null columns cost next to nothing in Parquet)
+        keep = list(dict.fromkeys(data_cols + err_cols + state_cols))
+        outputs = (DATA_OUTPUT, ERRORS_OUTPUT, STATE_OUTPUT)
+        counts = [F.count(F.when(F.col("_output") == o, F.lit(1))).alias(f"output{o}") for o in outputs]
+        df = df.selectExpr(*map(sql_ident, keep), "_output").observe(written, *counts)
+        parts_writer(df, url).partitionBy("_output").parquet(url)
+        w = observed(written, spec.name, url, [f"output{o}" for o in outputs])
+        rows = {o: w[f"output{o}"] for o in outputs}
+    read_count = observed(read, spec.name, url, ("records",))["records"]
+    return SliceWritten(index, url, offsets, read_count, rows)

@@ -1,25 +1,17 @@
-"""``write_batches`` on Spark: read exactly the offset ranges the bindings cover, reclock, decode, route.
-
-One Spark job per slice of a description (a slice is at most the source's record budget): every
-executor reads its Kafka partitions' ranges with Spark's Kafka batch source (``read_committed``; gaps
-from compaction or transaction markers are normal), reclocks each record by the bindings (a ``CASE``
-expression over partition and offset, or a broadcast range join when a slice spans very many bindings;
-never a per-record Python function), decodes it, and writes Parquet under one fresh
-folder, the outputs told apart by a column (append-only) or by folders (upsert) (output 0 the collection,
-1 the error collection, 2 the upsert state's changes). Nothing is visible until ``append`` puts the parts
-into the shards.
-
-Upsert (``envelope: upsert``, keyed by the Kafka key): per key, the records of the description are ordered
-by ``(ts, partition, offset)``; the last one at each ts wins; the output carries ``+1`` for the new value
-and ``-1`` for the value it replaces (the previous record in the description, or the key's entry in the
-upsert state before the description); a null value deletes the key. The state rows of only the keys the
-description touches are read (``prior``), so a cycle costs what its data costs, not the collection's size.
+"""``write_batches`` of a Kafka source on Spark: read exactly the offset ranges the bindings cover with
+Spark's Kafka batch source (``read_committed``; gaps from compaction or transaction markers are normal),
+reclock each record by the bindings (``reclock.spark.reclocking``: a ``CASE`` expression over partition and
+offset, or a broadcast range join when a slice spans very many bindings; never a per-record Python
+function), and hand the records to the decode path every kind shares (``reclock.spark.decode``: decode,
+envelope, route, write, count). One Spark job per slice of a description (a slice is at most the source's
+record budget); a continuous group's append-only slices of several sources may share one job
+(:func:`write_joint`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
+import hashlib
 import json
 from typing import Iterator, Sequence
 
@@ -27,32 +19,31 @@ from reclock.batch import OffsetRange, SliceWritten
 from reclock.config import SourceSpec
 from reclock.kafka_client import KafkaClientConfig, client_config
 from reclock.kafka_client import check as kafka_check
-from reclock.part_layout import (DATA_OUTPUT, ERR_PREFIX, ERROR_COLUMNS, ERRORS_OUTPUT, MEMBER_COLUMN, PACKED_BASE64,
-                                 REJECTED_COLUMN, STATE_COLUMNS, STATE_OUTPUT, STATE_PREFIX)
+from reclock.part_layout import DATA_OUTPUT, ERRORS_OUTPUT, KAFKA_SHAPE, MEMBER_COLUMN, REJECTED_COLUMN
+from reclock.registry_plan import AvroPlan, WriterTally
+from reclock.schema_evolution import Column
 from reclock.sources.base import JointSlice
-from reclock.spark.decode import AVRO_OK, CORRUPT, ERROR_SOURCES, PACKED, data_schema, decoded, field_names
-from reclock.spark.jobs import observation, observed, sql_ident, sql_string
+from reclock.spark import decode
+from reclock.spark.decode import CORRUPT  # noqa: F401 - the benchmarks' bare jobs decode as the cycle does
+from reclock.spark.jobs import observation, observed, parts_writer
 from reclock.spark.reclocking import BindingRange, reclocked
 
-_STATE_SOURCES = tuple(zip(STATE_COLUMNS, ("_k", "_v", "_p", "_o", "_t_us")))
-PRIOR_SCHEMA = "key BINARY, value BINARY, partition INT, offset BIGINT, timestamp_us BIGINT"
 
 def kafka_read_options(spec: SourceSpec, kafka: KafkaClientConfig | str,
                        ranges: Sequence[OffsetRange]) -> dict[str, str]:
     """Spark Kafka batch-source options that read exactly ``ranges`` (and nothing else), on the cluster
     ``kafka`` (its connection's ``kafka.*`` options: brokers and security settings).
 
-    The consumers get a stable group id per source (:func:`read_group`). Spark's default, a new one per
-    query, never finds the consumers its executors pool by group and partition, so every cycle would open
-    and connect a consumer per partition again (0.1-0.2 s of a small cycle, measured). The group is not
-    the one whose committed offsets show the source's progress: these consumers are assigned their
-    partitions and never commit."""
+    The consumers get a stable group id per source and consumer settings (:func:`read_group`). Spark's
+    default, a new one per query, never finds the consumers its executors pool by group and partition, so
+    every cycle would open and connect a consumer per partition again (0.1-0.2 s of a small cycle,
+    measured). The group is not the one whose committed offsets show the source's progress: these consumers
+    are assigned their partitions and never commit."""
     parts = sorted({r.partition for r in ranges})
+    settings = _consumer_settings(spec, kafka)
     opts = {
-        **client_config(kafka).spark_options(),
-        "kafka.group.id": read_group(spec),
-        "kafka.isolation.level": "read_committed",
-        "kafka.fetch.max.wait.ms": "10",
+        **settings,
+        "kafka.group.id": _group_of(spec, settings),
         "assign": json.dumps({spec.kafka.topic: parts}),
         "startingOffsets": json.dumps({spec.kafka.topic: {str(r.partition): r.start for r in ranges}}),
         "endingOffsets": json.dumps({spec.kafka.topic: {str(r.partition): r.end for r in ranges}}),
@@ -60,23 +51,39 @@ def kafka_read_options(spec: SourceSpec, kafka: KafkaClientConfig | str,
         "includeHeaders": "true" if "headers" in spec.include else "false",
     }
     for k, v in spec.kafka.options:
-        opts[k if k.startswith("kafka.") or not _is_librdkafka(k) else f"kafka.{k}"] = v
+        if not (k.startswith("kafka.") or _is_librdkafka(k)):
+            opts[k] = v
     return opts
 
 
-def read_group(spec: SourceSpec) -> str:
-    """The Kafka group id of the consumers Spark reads ``spec``'s topic with."""
-    return f"{spec.consumer_group}-read"
+def _consumer_settings(spec: SourceSpec, kafka: KafkaClientConfig | str) -> dict[str, str]:
+    """The ``kafka.*`` options Spark's consumers are made with (the cluster's, Reclock's, the source's)."""
+    opts = {**client_config(kafka).spark_options(), "kafka.isolation.level": "read_committed",
+            "kafka.fetch.max.wait.ms": "10"}
+    for k, v in spec.kafka.options:
+        if k.startswith("kafka.") or _is_librdkafka(k):
+            opts[k if k.startswith("kafka.") else f"kafka.{k}"] = v
+    return opts
+
+
+def _group_of(spec: SourceSpec, settings: dict[str, str]) -> str:
+    digest = hashlib.sha256(json.dumps(sorted(settings.items())).encode()).hexdigest()[:8]
+    return f"{spec.consumer_group}-read-{digest}"
+
+
+def read_group(spec: SourceSpec, kafka: KafkaClientConfig | str) -> str:
+    """The Kafka group id of the consumers Spark reads ``spec``'s topic with on the cluster ``kafka``.
+
+    It carries a digest of the consumers' settings: Spark pools its executors' consumers by group and
+    partition and refuses a pooled consumer made with other settings ("Kafka parameters for same cache key
+    should be equal"), so consumers of changed settings (a release that sets another option, a source's
+    edited ``options``, rotated credentials) must not share a group with the old ones on a Spark cluster
+    that stayed up."""
+    return _group_of(spec, _consumer_settings(spec, kafka))
 
 
 def _is_librdkafka(key: str) -> bool:
     return "." in key and not key.startswith(("spark.", "kafka."))
-
-
-def kafka_meta(spec: SourceSpec) -> list[str]:
-    """The metadata columns a Kafka source's collection carries (``include:``), as SQL over its records."""
-    names = {"key": "_key", "timestamp": "_kafka_timestamp"}
-    return [f"{sql_ident(m)} AS {sql_ident(names.get(m, f'_{m}'))}" for m in spec.include]
 
 
 def _read_kafka(spark, spec: SourceSpec, bootstrap: KafkaClientConfig | str, ranges: Sequence[OffsetRange]):
@@ -96,73 +103,12 @@ def _reclocked(spark, spec: SourceSpec, bootstrap: KafkaClientConfig | str, rang
     return reclocked(spark, raw, ranges, bindings)
 
 
-def _typed_null(col: str):
-    """A null of ``col``'s type."""
-    from pyspark.sql import functions as F
-
-    return F.when(F.lit(False), F.col(col))
-
-
 def reclock_and_decode(spark, spec: SourceSpec, bootstrap: KafkaClientConfig | str, ranges: Sequence[OffsetRange],
                        bindings: Sequence[BindingRange], prior: Sequence[tuple] = (), read_metrics=None):
-    """The DataFrame of one slice: every record reclocked and decoded.
-
-    Append-only: the collection's columns, ``ts``, ``diff`` and :data:`REJECTED_COLUMN` (null, or for a
-    record that does not decode, its error row packed as JSON: the only column the collection's rows pay
-    for the error collection). Upsert: the collection's columns, ``ts``, ``diff``, the error columns and
-    the state columns, each null where it does not apply, and ``_output``. ``prior`` (upsert only): the
-    state rows ``(key, value, partition, offset, timestamp_us)`` of the keys the slice touches, as of its
-    lower. One pass over the records either way: no branch of the plan reads Kafka again. ``read_metrics``:
-    see :func:`_reclocked`.
-    """
-    from pyspark.sql import functions as F
-
-    dec = decoded(spec, _reclocked(spark, spec, bootstrap, ranges, bindings, read_metrics), kafka_meta(spec))
-    data_cols = output_columns(spec)[0][:-2]
-    if spec.envelope != "upsert":
-        packed = ", ".join(f"{sql_string(c)}, {PACKED.get(c, raw)}" for c, raw in ERROR_SOURCES)
-        return dec.selectExpr(
-            *map(sql_ident, data_cols), "ts", "CAST(1 AS BIGINT) AS diff",
-            f"CASE WHEN _reason IS NOT NULL THEN to_json(named_struct({packed})) END AS {REJECTED_COLUMN}")
-
-    from pyspark.sql import Window
-
-    reason = F.coalesce(F.col("_reason"), F.when(F.col("_k").isNull(), F.lit("an upsert record needs a key")))
-    before = spark.createDataFrame(list(prior), PRIOR_SCHEMA).select(
-        "key", "value", "partition", "offset", F.timestamp_micros("timestamp_us").alias("timestamp"),
-        F.lit(-1).cast("long").alias("ts"))
-    records = (dec.withColumn("_reason", reason).withColumn("_prior", F.lit(False))
-               .unionByName(decoded(spec, before, kafka_meta(spec)).withColumn("_prior", F.lit(True))))
-    bad = F.col("_reason").isNotNull()
-    # per key (good records only: bad ones sit in their own window partitions and pass through), the last
-    # record at each ts wins; then each row's predecessor is the value it replaces
-    last_at_ts = Window.partitionBy("_k", bad, "ts").orderBy(F.col("_p").desc(), F.col("_o").desc())
-    by_ts = Window.partitionBy("_k", bad).orderBy("ts")
-    records = (records.withColumn("_rn", F.row_number().over(last_at_ts)).filter(bad | (F.col("_rn") == 1))
-               .withColumn("_row", F.struct(*data_cols, "_v"))
-               .withColumn("_prev", F.lag("_row").over(by_ts))
-               .withColumn("_next_ts", F.lead("ts").over(by_ts))
-               .filter(~F.col("_prior")))
-
-    no_data = {c: _typed_null(c) for c in data_cols}
-    no_error = {ERR_PREFIX + c: _typed_null(raw) for c, raw in ERROR_SOURCES}
-    no_state = {STATE_PREFIX + c: _typed_null(raw) for c, raw in _STATE_SOURCES}
-
-    def emit(when, output: int, diff: int, data: dict, error: dict, state: dict):
-        cols = {**data, "ts": F.col("ts"), "diff": F.lit(diff).cast("long"), **error, **state,
-                "_output": F.lit(output)}
-        return F.when(when, F.struct(*[v.alias(k) for k, v in cols.items()]))
-
-    kinds = [
-        emit(~bad & F.col("_v").isNotNull(), DATA_OUTPUT, 1, {c: F.col(c) for c in data_cols}, no_error, no_state),
-        emit(~bad & F.col("_prev").getField("_v").isNotNull(), DATA_OUTPUT, -1,
-             {c: F.col("_prev").getField(c) for c in data_cols}, no_error, no_state),
-        emit(bad, ERRORS_OUTPUT, 1, no_data, {ERR_PREFIX + c: F.col(raw) for c, raw in ERROR_SOURCES}, no_state),
-        emit(~bad & F.col("_next_ts").isNull(), STATE_OUTPUT, 0, no_data, no_error,
-             {STATE_PREFIX + c: F.col(raw) for c, raw in _STATE_SOURCES}),
-    ]
-    return (records.withColumn("_t_us", F.unix_micros("_t"))
-            .select(F.explode(F.filter(F.array(*kinds), lambda x: x.isNotNull())).alias("_e")).select("_e.*"))
+    """The DataFrame of one slice: every record of ``ranges`` read from Kafka, reclocked and put through the
+    shared decode path (``reclock.spark.decode.envelope``)."""
+    return decode.envelope(spark, spec, KAFKA_SHAPE, _reclocked(spark, spec, bootstrap, ranges, bindings,
+                                                                  read_metrics), prior)
 
 
 @contextlib.contextmanager
@@ -185,58 +131,66 @@ def upsert_keys(spark, spec: SourceSpec, bootstrap: KafkaClientConfig | str, ran
     from pyspark.sql import functions as F
 
     df = _read_kafka(spark, spec, bootstrap, ranges)
-    with kafka_job(f"source {spec.name}", bootstrap, [spec.kafka.topic], [read_group(spec)]):
+    with kafka_job(f"source {spec.name}", bootstrap, [spec.kafka.topic], [read_group(spec, bootstrap)]):
         return [bytes(r[0]) for r in df.filter(F.col("key").isNotNull()).select("key").distinct().collect()]
-
-
-def output_columns(spec: SourceSpec) -> tuple[list[str], list[str]]:
-    """Columns each shard's parts carry: ``(data shard, errors shard)``; both end with ts, diff."""
-    meta = [{"key": "_key", "timestamp": "_kafka_timestamp"}.get(m, f"_{m}") for m in spec.include]
-    return field_names(spec) + meta + ["ts", "diff"], [ERR_PREFIX + c for c in ERROR_COLUMNS] + ["ts", "diff"]
 
 
 def write_slice(spark, spec: SourceSpec, bootstrap: KafkaClientConfig | str, ranges: Sequence[OffsetRange],
                 bindings: Sequence[BindingRange], url: str, prior: Sequence[tuple] = (),
-                index: int = 0) -> SliceWritten:
-    """Run one Spark job writing the slice's updates as Parquet under ``url``; what it read and wrote.
+                index: int = 0, plan: AvroPlan | None = None, writers: WriterTally | None = None) -> SliceWritten:
+    """One Spark job writing the slice's updates under ``url`` (``reclock.spark.decode.write_slice``): the
+    Kafka records of ``ranges``, counted right above the Kafka scan, reclocked by ``bindings``; a refused ACL
+    or login is named (:func:`kafka_job`). ``plan`` (a registry source): records decode by their writer
+    schemas; ``writers`` gets what the job met of them (:func:`writer_aggregates` of the reclocked records,
+    :func:`tally`)."""
+    met = observation(spark) if plan is not None else None
 
-    Append-only (``envelope: none``): plain files of the collection's columns and :data:`REJECTED_COLUMN`;
-    nearly always every row is the collection's, and the rare file that holds rejected records is split
-    into the two collections' parts when its parts are collected (``reclock.persist.staged``). Not
-    partitioning by output spares Spark a sort of each task's rows before writing (a fifth of the job's
-    time at a million records), and one packed column instead of five error columns spares it a seventh
-    of what is left. Upsert: partitioned by output (``_output=N/`` folders), since every file holds state
-    changes too.
+    def records(read):
+        df = _reclocked(spark, spec, bootstrap, ranges, bindings, read)
+        return df.observe(met, *writer_aggregates(plan)) if met is not None else df
 
-    The job counts, as it runs, the records it read (right above the Kafka scan) and the rows it hands
-    to the writer per output (right below it): two ``Observation`` metrics, which Spark reports with the
-    job's end, in a local session and over Spark Connect alike. Neither splits the generated code of the
-    plan in between."""
+    with kafka_job(f"source {spec.name}", bootstrap, [spec.kafka.topic], [read_group(spec, bootstrap)]):
+        out = decode.write_slice(spark, spec, KAFKA_SHAPE, records, url, prior, index,
+                                 offsets=sum(r.end - r.start for r in ranges), plan=plan)
+    if met is not None and writers is not None:
+        tally(met, plan, spec.name, url, writers)
+    return out
+
+
+KAFKA_META_TYPES = {"partition": "int", "offset": "bigint", "key": "binary", "timestamp": "timestamp",
+                    "headers": "array<struct<key:string,value:binary>>"}
+"""The Spark types of the metadata columns Spark's Kafka source gives."""
+
+
+def meta_columns(spec: SourceSpec) -> tuple[Column, ...]:
+    """The metadata columns a Kafka source's collection carries after its value's (``include:``), as schema
+    columns (a registry source's schema versions hold them too)."""
+    return tuple(Column(KAFKA_SHAPE.meta_column(m), KAFKA_META_TYPES[m], True) for m in spec.include)
+
+
+def writer_aggregates(plan: AvroPlan) -> list:
+    """Aggregates over reclocked wire-format records (``value``, ``ts``): ``n`` (records), ``w<id>`` (the
+    first ts of each writer id the plan knows; null: none met) and ``unknown`` (the ids met that it does
+    not know, as text). Compared as header bytes, as the decode does: no per-record conversion."""
     from pyspark.sql import functions as F
 
-    read, written = observation(spark), observation(spark)
-    df = reclock_and_decode(spark, spec, bootstrap, ranges, bindings, prior, read_metrics=read)
-    if spec.envelope != "upsert":
-        df = df.observe(written, F.count(F.lit(1)).alias("rows"), F.count(REJECTED_COLUMN).alias("rejected"))
-        with kafka_job(f"source {spec.name}", bootstrap, [spec.kafka.topic], [read_group(spec)]):
-            df.write.mode("error").parquet(url)
-        w = observed(written, spec.name, url, ("rows", "rejected"))
-        rows = {DATA_OUTPUT: w["rows"] - w["rejected"], ERRORS_OUTPUT: w["rejected"]}
-    else:
-        data_cols, err_cols = output_columns(spec)
-        state_cols = [STATE_PREFIX + c for c in STATE_COLUMNS]
-        # one job, several outputs: a row's columns of the other outputs are null and each shard reads only
-        # its own columns (all-null columns cost next to nothing in Parquet)
-        keep = list(dict.fromkeys(data_cols + err_cols + state_cols))
-        outputs = (DATA_OUTPUT, ERRORS_OUTPUT, STATE_OUTPUT)
-        counts = [F.count(F.when(F.col("_output") == o, F.lit(1))).alias(f"output{o}") for o in outputs]
-        df = df.selectExpr(*map(sql_ident, keep), "_output").observe(written, *counts)
-        with kafka_job(f"source {spec.name}", bootstrap, [spec.kafka.topic], [read_group(spec)]):
-            df.write.mode("error").partitionBy("_output").parquet(url)
-        w = observed(written, spec.name, url, [f"output{o}" for o in outputs])
-        rows = {o: w[f"output{o}"] for o in outputs}
-    records = observed(read, spec.name, url, ("records",))["records"]
-    return SliceWritten(index, url, sum(r.end - r.start for r in ranges), records, rows)
+    from reclock.spark.registry_decode import header_literal, unknown_ids_metric
+
+    aggs = [F.count(F.lit(1)).alias("n")]
+    for i in plan.ids:
+        aggs.append(F.min(F.when(F.substring(F.col("value"), 1, 5) == F.lit(header_literal(i)), F.col("ts")))
+                    .alias(f"w{i}"))
+    return aggs + [unknown_ids_metric(plan.ids).alias("unknown")]
+
+
+def tally(obs, plan: AvroPlan, source: str, url: str, into: WriterTally) -> None:
+    """Add a finished job's :func:`writer_aggregates` to ``into`` (no report: the write is not accounted for)."""
+    from reclock.errors import UnaccountedWrite
+
+    got = obs.get or {}
+    if got.get("n") is None:
+        raise UnaccountedWrite(source, url, url, f"Spark reported no writer metrics for its job (metrics: {got})")
+    into.add({i: got.get(f"w{i}") for i in plan.ids}, [int(x) for x in got.get("unknown") or ()])
 
 
 JOINT_RECORDS_PER_TASK = 200_000
@@ -249,8 +203,8 @@ def joint_key(spec: SourceSpec) -> tuple | None:
     """Sources with the same key can have their slices written by one Spark job (:func:`write_joint`): their
     parts have the same columns of the same types. None: the source's slices need a job of their own (an
     upsert source's)."""
-    if spec.envelope == "upsert":
-        return None
+    if spec.envelope == "upsert" or spec.format.registry is not None:
+        return None  # a registry source's columns are its reader's, known only when its slice is planned
     return (spec.format.type, spec.format.schema, tuple(spec.include))
 
 
@@ -286,8 +240,8 @@ def write_joint(spark, slices: Sequence[JointSlice], url: str) -> list[SliceWrit
               for c in (F.count(F.when(member == i, F.lit(1))).alias(f"rows{i}"),
                         F.count(F.when(member == i, F.col(REJECTED_COLUMN))).alias(f"rejected{i}"))]
     with kafka_job("sources " + ", ".join(s.spec.name for s in slices), slices[0].upstream,
-                   [s.spec.kafka.topic for s in slices], [read_group(s.spec) for s in slices]):
-        df.observe(written, *counts).write.mode("error").partitionBy(MEMBER_COLUMN).parquet(url)
+                   [s.spec.kafka.topic for s in slices], [read_group(s.spec, s.upstream) for s in slices]):
+        parts_writer(df.observe(written, *counts), url).partitionBy(MEMBER_COLUMN).parquet(url)
     w = observed(written, slices[0].spec.name, url,
                  [f"{k}{i}" for i in range(len(slices)) for k in ("rows", "rejected")])
     out = []

@@ -6,6 +6,7 @@ offset*, so an open or aborted transaction never lets a binding pass data that i
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
@@ -15,6 +16,10 @@ from reclock import kafka_client
 from reclock.errors import ReclockError, UpstreamDataLost
 from reclock.kafka_client import KafkaClientConfig
 from reclock.time import PartitionedFrontier
+
+
+_COORDINATOR_SETTLING = frozenset({KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+                                   KafkaError.COORDINATOR_NOT_AVAILABLE})
 
 
 class UpstreamUnavailable(ReclockError):
@@ -118,14 +123,29 @@ class KafkaUpstream:
         return self.committed(group)
 
     def committed(self, group: str) -> PartitionedFrontier:
-        """The offsets ``group`` has committed (absent partitions at 0)."""
+        """The offsets ``group`` has committed (absent partitions at 0).
+
+        A group's coordinator moves (a new group, a broker restarting, a leader election): the broker answers
+        ``NOT_COORDINATOR`` or ``COORDINATOR_LOAD_IN_PROGRESS`` until it settles, so those are retried until
+        ``timeout``; then ``UpstreamUnavailable`` names the group and the last error."""
+        parts = [TopicPartition(self.topic, p) for p in self.partitions()]
+        deadline = time.monotonic() + self.timeout
         client = kafka_client.consumer(self.config, f"source {self.source}",
                                        {"group.id": group, "enable.auto.commit": False})
         try:
-            tps = client.handle.committed([TopicPartition(self.topic, p) for p in self.partitions()],
-                                          timeout=self.timeout)
-        except KafkaException as e:
-            raise client.refused(e, f"reading group {group}'s offsets", {"group": ("DESCRIBE", group)}) or e
+            while True:
+                try:
+                    tps = client.handle.committed(parts, timeout=max(1.0, deadline - time.monotonic()))
+                    break
+                except KafkaException as e:
+                    err = e.args[0] if e.args and isinstance(e.args[0], KafkaError) else None
+                    if err is None or err.code() not in _COORDINATOR_SETTLING or time.monotonic() >= deadline:
+                        refused = client.refused(e, f"reading group {group}'s offsets", {"group": ("DESCRIBE", group)})
+                        if refused is not None:
+                            raise refused from e
+                        raise UpstreamUnavailable(f"source {self.source}: reading the offsets group {group} "
+                                                  f"committed failed: {e}") from e
+                    time.sleep(0.5)
         finally:
             client.handle.close()
         return PartitionedFrontier.of((tp.partition, tp.offset) for tp in tps if tp.offset >= 0)

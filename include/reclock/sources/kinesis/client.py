@@ -26,20 +26,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Iterator
 
-from reclock.errors import ReclockError
+from reclock.errors import KinesisUnavailable, UpstreamThrottled
 from reclock.sources.kinesis.lineage import FINISHED, ShardInfo, ShardScan, iterator_for
 from reclock.sources.kinesis.sequence import shard_id, shard_number
 
 PAGE_LIMIT = 10_000
 """Records a ``GetRecords`` call asks for (Kinesis's maximum)."""
-
-
-class KinesisUnavailable(ReclockError):
-    """The stream cannot be reached, or does not exist."""
-
-
-class UpstreamThrottled(ReclockError):
-    """A shard kept answering ``ProvisionedThroughputExceededException`` for longer than the read's patience."""
 
 
 @dataclass(frozen=True)
@@ -213,8 +205,10 @@ class KinesisUpstream:
         """Read ``shard`` from ``start`` to its tip (or its end, or about ``cap`` records: whole pages),
         keeping a point every ``stride`` records and at the tip (``reclock.sources.kinesis.lineage``)."""
         points: list[tuple[int, int]] = []
-        n, last, ended = 0, None, False
+        n, last, ended, first = 0, None, False, None
         for page in self.pages(shard, start):
+            if first is None and page.records:
+                first = int(page.records[0]["ApproximateArrivalTimestamp"].timestamp() * 1000)
             for r in page.records:
                 last = int(r["SequenceNumber"])
                 n += 1
@@ -227,7 +221,7 @@ class KinesisUpstream:
             points.append((last + 1, n))
         if ended:
             points.append((FINISHED, n))
-        return ShardScan(shard.number, start, tuple(points), ended)
+        return ShardScan(shard.number, start, tuple(points), ended, first)
 
     def first_retained(self, shard: ShardInfo) -> int | None:
         """The sequence number of the oldest record the shard still holds (None: it holds none)."""

@@ -151,6 +151,7 @@ class ShardScan:
     start: int
     points: tuple[tuple[int, int], ...] = ()
     ended: bool = False
+    first_arrival_ms: int | None = None  # the first record's ApproximateArrivalTimestamp (lag in ms)
 
     def __post_init__(self) -> None:
         prev_pos, prev_n = self.start, 0

@@ -30,7 +30,7 @@ from reclock.batch import BatchDescription, mint_descriptions
 from reclock.compaction import contents_as_of
 from reclock.config import parse_pg_table, pg_table_shard
 from reclock.datasets import DatasetName, postgres_table
-from reclock.errors import ConfigError, ShardsDisagree, TableTruncated
+from reclock.errors import ConfigError, ReclockError, ShardsDisagree, SlotAheadOfConsensus, TableTruncated
 from reclock.failpoints import failpoint
 from reclock.part_layout import DATA_KIND, ERRORS_KIND, ERRORS_OUTPUT, INTERNAL_PREFIX
 from reclock.persist.gc import lease_write, release_write
@@ -44,8 +44,7 @@ from reclock.sources.base import (Acknowledged, CycleServices, Lag, SourceKind, 
 from reclock.sources.postgres import cdc
 from reclock.sources.postgres import spark_snapshot
 from reclock.sources.postgres.registration import register_tables, registered_tables, replace_tables, snapshot_ts
-from reclock.sources.postgres.pgoutput import lsn_to_str
-from reclock.sources.postgres.upstream import LSN_PARTITION, PostgresUpstream, lsn_frontier
+from reclock.sources.postgres.upstream import LSN_PARTITION, PostgresUpstream, lsn_frontier, lsn_to_str
 from reclock.time import PartitionedFrontier
 
 LSN_PROGRESS = ("SELECT ts, '0/0'::pg_lsn + \"offset\" AS lsn FROM reclock.remap_offsets WHERE partition = 0 "
@@ -111,6 +110,16 @@ class PostgresSource(SourceRuntime):
     def acknowledged(self) -> Acknowledged:
         up = self.upstream()
         return Acknowledged(up.acknowledged(), f"replication slot {up.slot} is confirmed at")
+
+    def acknowledged_since(self, conn: Any) -> int | None:
+        return snapshot_ts(conn, self.ctx.spec.name)  # a re-snapshot's slot starts at its binding
+
+    def acknowledged_beyond(self, acked: Acknowledged, ours: PartitionedFrontier, upper: int) -> ReclockError:
+        """A slot past the changes the shards need: the consensus database lost the commits that moved it, or
+        someone moved it by hand (``pg_replication_slot_advance``, a consumer of the slot)."""
+        return SlotAheadOfConsensus(self.ctx.spec.name, self.upstream().slot,
+                                    lsn_to_str(acked.frontier.get(LSN_PARTITION)),
+                                    lsn_to_str(ours.get(LSN_PARTITION)), upper)
 
     def register(self) -> None:
         """Register the source: its tables (oids and columns, once; ``reclock.sources.postgres.registration``),

@@ -37,7 +37,7 @@ from psycopg.conninfo import conninfo_to_dict
 from reclock.errors import SettingError
 from reclock.sources.postgres import pgoutput as po
 from reclock.sources.postgres.upstream import SESSION, TableInfo, pg_ident, text_form
-from reclock.spark.jobs import sql_ident, sql_string
+from reclock.spark.jobs import parts_writer, sql_ident, sql_string
 
 SPLIT_BYTES = 32 << 20
 """Bytes of a table's heap each Spark partition reads (a partition is a range of whole pages)."""
@@ -191,7 +191,7 @@ def write_table_snapshot(spark, target: JdbcTarget, snapshot: str, info: TableIn
     before = spark.conf.get(key)
     spark.conf.set(key, "TIMESTAMP_MICROS")  # a timestamptz reads back as timestamp[us, UTC], as the stream's
     try:
-        df.write.mode("error").parquet(url)
+        parts_writer(df, url).parquet(url)
     except Exception as e:  # noqa: BLE001 - only a missing driver is told apart; the rest goes up as is
         if DRIVER in str(e) and ("ClassNotFound" in str(e) or "No suitable driver" in str(e)):
             raise SettingError(NO_DRIVER) from e

@@ -388,12 +388,13 @@ def write_slice(spark, spec, conf: ReaderConf, units: Sequence[ReadUnit], includ
     from reclock.part_layout import DATA_OUTPUT, ERRORS_OUTPUT, REJECTED_COLUMN
     from reclock.spark.jobs import observation as _observation
     from reclock.spark.jobs import observed as _observed
+    from reclock.spark.jobs import parts_writer
 
     read, written = _observation(spark), _observation(spark)
     df = decoded(spark, spec, conf, units, include, read_metrics=read)
     df = df.observe(written, F.count(F.lit(1)).alias("rows"), F.count(REJECTED_COLUMN).alias("rejected"))
     try:
-        df.write.mode("error").parquet(url)
+        parts_writer(df, url).parquet(url)
     except Exception as e:
         explain_failure(conf, units, e)
         raise

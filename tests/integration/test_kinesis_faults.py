@@ -1,0 +1,123 @@
+"""A Kinesis source under the faults Kinesis throws, against the local endpoint: reads throttled
+(ProvisionedThroughputExceededException from a real proxy enforcing AWS's 5 reads a second per shard) and
+iterators expiring (injected by the proxy) while cycles run across a split: nothing lost or read twice.
+Records past retention (the endpoint's clock moved past 24 hours) are KinesisDataLost naming the shard and
+range; a stream deleted, or created again under the same name, stops the source with a clear error."""
+
+from __future__ import annotations
+
+import pytest
+
+from reclock import cycle
+from reclock.dev.kinesis import BackgroundProducer
+from reclock.dev.kinesis_proxy import KinesisProxy
+from reclock.errors import KinesisDataLost, KinesisUnavailable, StreamReplaced
+from reclock.persist import connect
+from reclock.read import read_as_of
+from reclock.sources.kinesis.sequence import shard_id
+
+from kinesis_support import check_exactly_once, kinesis_ctx
+
+
+def test_throttled_reads_and_expired_iterators_lose_nothing(db, kinesis, stream, spark, tmp_path, stack_state):
+    name = stream(2)
+    c = kinesis.client()
+    # 1 read a second per shard (AWS allows 5): this small test's reads are few and slow enough to stay under 5
+    proxy = KinesisProxy(stack_state, kinesis.endpoint_url, reads_per_shard_s=1, expire_every=7)
+    proxy.start()
+    try:
+        ctx = kinesis_ctx(db, proxy.endpoint_url, spark, tmp_path, name)
+        producer = BackgroundProducer(c, name, batch=5, pause=0.2, keys=20)
+        producer.put(200)
+        producer.start()
+        try:
+            cycle.run_cycle(ctx)
+            c.split_shard(StreamName=name, ShardToSplit=shard_id(1), NewStartingHashKey=str(3 * 2 ** 126))
+            kinesis.wait_active(name)
+            for _ in range(3):
+                cycle.run_cycle(ctx)
+        finally:
+            acked = producer.stop()
+        for _ in range(2):
+            cycle.run_cycle(ctx)
+        stats = proxy.stats()
+        assert check_exactly_once(ctx, c, name)["bound"] == len(acked)
+    finally:
+        proxy.stop()
+    assert stats["throttled"] > 0 and stats["expired"] > 0, stats
+    with connect(db) as conn:
+        mints = [m for (m,) in conn.execute("SELECT metrics FROM reclock.statistics WHERE name = 'clicks' "
+                                             "AND step = 'mint'").fetchall()]
+    assert any(m.get("throttled") for m in mints) and any(m.get("iterators_renewed") for m in mints)
+
+
+def test_a_bound_range_past_retention_is_lost_not_skipped(db, kinesis_server, spark, tmp_path):
+    server = kinesis_server("kinesis-retention-bound")
+    server.create_stream("r", 1)
+    ctx = kinesis_ctx(db, server.endpoint_url, spark, tmp_path, "r")
+    BackgroundProducer(server.client(), "r").put(30)
+    minted = cycle.mint(ctx)  # bound, not yet written: then the stream's retention passes
+    server.advance_clock(25 * 3600)
+    with pytest.raises(KinesisDataLost, match=r"source clicks: shard shardId-000000000000, sequence numbers "
+                                              r"\[0, \d+\): 20 records were bound there but the stream now "
+                                              r"returns 0") as e:
+        cycle.write_batches(ctx, minted.descriptions[0])
+    assert e.value.shard == shard_id(0)
+    with connect(db) as conn:
+        (status, error) = conn.execute("SELECT status, error FROM reclock.status_history WHERE name = 'clicks' "
+                                       "ORDER BY id DESC LIMIT 1").fetchone()
+    assert status == "stalled" and "KinesisDataLost" not in error and "20 records were bound" in error
+
+
+def test_records_retention_trimmed_before_a_scan_saw_them_are_lost(db, kinesis_server, spark, tmp_path):
+    server = kinesis_server("kinesis-retention-scan")
+    server.create_stream("r", 1)
+    ctx = kinesis_ctx(db, server.endpoint_url, spark, tmp_path, "r")
+    producer = BackgroundProducer(server.client(), "r")
+    producer.put(10)
+    cycle.run_cycle(ctx)
+    producer.put(10)  # never scanned: the source stops for longer than the stream keeps records
+    server.advance_clock(25 * 3600)
+    ctx.clock.t += 25 * 3600 * 1000
+    producer.put(5)
+    with pytest.raises(KinesisDataLost, match=r"shard shardId-000000000000, sequence numbers \[\d+, \d+\): the "
+                                              r"source last scanned the stream at \d+ and the stream keeps "
+                                              r"records 24 hours"):
+        cycle.run_cycle(ctx)
+
+
+def test_a_quiet_stream_longer_than_retention_loses_nothing(db, kinesis_server, spark, tmp_path):
+    """The last record read is gone, but the source scanned within the retention period: nothing after it
+    can have been trimmed unread, so no alarm."""
+    server = kinesis_server("kinesis-quiet")
+    server.create_stream("q", 1)
+    ctx = kinesis_ctx(db, server.endpoint_url, spark, tmp_path, "q")
+    producer = BackgroundProducer(server.client(), "q")
+    producer.put(10)
+    cycle.run_cycle(ctx)
+    for _ in range(5):  # a day passes with a cycle every ~5 hours, nothing written
+        server.advance_clock(5 * 3600)
+        ctx.clock.t += 5 * 3600 * 1000
+        cycle.run_cycle(ctx)
+    producer.put(7)
+    cycle.run_cycle(ctx)
+    with connect(db) as conn:
+        got = read_as_of(conn, ctx.blob, "clicks").column("id").to_pylist()
+    assert sorted(got) == list(range(17))  # the first 10 read a day ago (trimmed upstream since), the 7 new
+
+
+def test_a_stream_deleted_or_created_again_is_never_read_from_zero(db, kinesis, spark, tmp_path):
+    c = kinesis.client()
+    kinesis.create_stream("gone", 1)
+    ctx = kinesis_ctx(db, kinesis.endpoint_url, spark, tmp_path, "gone")
+    BackgroundProducer(c, "gone").put(10)
+    cycle.run_cycle(ctx)
+    c.delete_stream(StreamName="gone")
+    kinesis.wait_deleted("gone")
+    with pytest.raises(KinesisUnavailable, match=r"source clicks: .*'gone'.*does not exist"):
+        cycle.run_cycle(ctx)
+    kinesis.create_stream("gone", 1)
+    BackgroundProducer(c, "gone").put(10)
+    with pytest.raises(StreamReplaced, match="source clicks: stream 'gone' was created at .* deleted and created "
+                                             "again"):
+        cycle.run_cycle(ctx)
