@@ -466,6 +466,19 @@ def sink_drop(name: str, **settings: str | None) -> None:
 
 
 @main.command()
+@_config
+def check(config: str | None) -> None:
+    """Validate the config as the DAG file does (kinds, keys, schemas) and resolve every Airflow connection its
+    sources and sinks name (which the DAG file leaves to each task): an error lists every one not defined."""
+    from reclock.config import config_path, load_config
+
+    path = config_path(config)
+    cfg = load_config(path)
+    _settings().check_connections(cfg)
+    click.echo(f"{path}: {len(cfg.sources)} sources, {len(cfg.sinks)} sinks; every connection they name is defined")
+
+
+@main.command()
 @_dsn
 def migrate(dsn: str | None) -> None:
     """Apply pending migrations of the `reclock` schema."""

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from reclock import connections
 from reclock.config import KafkaSpec, PostgresSpec, RegistrySpec, SinkSpec
@@ -142,20 +142,39 @@ def _undefined(what: str, key: str, conn_id: str, why: str = "") -> str:
             f"connections nor as AIRFLOW_CONN_{conn_id.upper()}){why}")
 
 
-def check_connections(cfg) -> None:
-    """Every Airflow connection the config's sources and sinks reach their upstreams and targets through is
-    defined (what the DAG file checks when it loads, so a wrong name is an import error naming the source or
-    sink and the key, not a task failure later); ``ConfigError`` listing every one that is not."""
+def missing_connections(sources: Iterable[Any] = (), sinks: Iterable[Any] = ()) -> list[str]:
+    """What is wrong with the Airflow connections ``sources`` and ``sinks`` (their specs) reach their upstreams
+    and targets through: one message per connection a spec names that is not defined (its Kafka cluster's,
+    also when ``RECLOCK_BOOTSTRAP`` gives the brokers; its Postgres upstream's; its registry's). Each is one
+    connection lookup: run where a task or a command runs, never while a DAG file parses."""
     missing = []
-    for what, kafka in [*((f"source {n}", s.kafka) for n, s in cfg.sources.items() if s.kafka is not None),
-                        *((f"sink {n}", k.kafka) for n, k in cfg.sinks.items() if isinstance(k, SinkSpec))]:
+    kafkas = [*((f"source {s.name}", s.kafka) for s in sources if getattr(s, "kafka", None) is not None),
+              *((f"sink {k.name}", k.kafka) for k in sinks if isinstance(k, SinkSpec))]
+    for what, kafka in kafkas:
         used = kafka.bootstrap is None and (kafka.connection_named or not os.environ.get("RECLOCK_BOOTSTRAP"))
         if used and not _defined(lambda: connections.kafka_client_config(kafka.connection)):
             missing.append(_undefined(what, "kafka.connection", kafka.connection))
-    for n, s in cfg.sources.items():
-        pg = s.postgres
-        if pg is not None and pg.connection and not _defined(lambda: connections.postgres_dsn(pg.connection)):
-            missing.append(_undefined(f"source {n}", "postgres.connection", pg.connection))
+    for s in sources:
+        pg = getattr(s, "postgres", None)
+        if pg is not None and pg.connection and not pg.dsn_env and not _defined(
+                lambda: connections.postgres_dsn(pg.connection)):
+            missing.append(_undefined(f"source {s.name}", "postgres.connection", pg.connection))
+        registry = getattr(getattr(s, "format", None), "registry", None)
+        if registry is not None and not registry.url and not _defined(
+                lambda: connections.registry_settings(registry.connection)):
+            missing.append(_undefined(f"source {s.name}", "format.registry.connection", registry.connection))
+    return missing
+
+
+def check_connections(cfg=None, *, sources: Iterable[Any] = (), sinks: Iterable[Any] = ()) -> None:
+    """Every Airflow connection the config's (``cfg``'s, or just ``sources``' and ``sinks``') specs name is
+    defined; ``ConfigError`` listing every one that is not, naming the source or sink and the key. What
+    ``reclock check`` and each task's context (``reclock.orchestration.contexts``) run before any work, so a
+    wrong name fails the run's first task loudly; never the DAG file (a lookup there goes through the
+    dag-processor's supervisor and can outlast its import timeout)."""
+    if cfg is not None:
+        sources, sinks = [*sources, *cfg.sources.values()], [*sinks, *cfg.sinks.values()]
+    missing = missing_connections(list(sources), list(sinks))
     if missing:
         raise ConfigError("; ".join(missing))
 

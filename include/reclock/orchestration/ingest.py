@@ -52,6 +52,7 @@ from reclock.orchestration.lineage import ReclockTask, collection, reads, writes
 from reclock.orchestration.runs import PARAMS, check_conf, current_run, ingest_params, positive_int
 from reclock.orchestration.timetables import ReclockTimetable
 from reclock.schema_evolution import CollectionSchema, SchemaVersion
+from reclock.settings import check_connections
 from reclock.sources.registry import kind_of
 
 log = logging.getLogger("reclock.ingest")
@@ -92,6 +93,7 @@ def _context(spec: SourceSpec, *, reads_upstream: bool = True,
         rebuild = f"backfill rebuild__{spec.name} over it" if refused is None else f"none can: {refused}"
         log.info("%s: a backfill's run is one catch-up cycle at the current time (bindings are never minted in "
                  "the past); to re-derive the updates of a past range, %s", what, rebuild)
+    check_connections(sources=[spec])  # a wrong `connection:` fails here, named; never at parse
     ctx = cycle_context(spec, {"max_records": max_records} if max_records else None, run_id=run.run_id)
     try:
         yield ctx

@@ -41,7 +41,7 @@ from reclock.orchestration.contexts import cycle_context
 from reclock.orchestration.lineage import ReclockTask, collection, reads, writes
 from reclock.orchestration.runs import PARAMS, RunInfo, check_conf, current_run, parse_time_ms, rebuild_params
 from reclock.orchestration.timetables import ReclockTimetable
-from reclock.settings import find_blob_url, find_dsn
+from reclock.settings import check_connections, find_blob_url, find_dsn
 from reclock.sources.registry import kind_of
 from reclock.spark.session import spark_jars
 
@@ -110,6 +110,7 @@ class RebuildSubmitOperator(SparkSubmitOperator):
         self.config_file = Path(config_file)
 
     def execute(self, context) -> None:
+        check_connections(sources=[self.spec])
         self.application_args = [self.spec.name, *window_args(run_window(self.spec, current_run()))]
         self.env_vars = {**(self.env_vars or {}), **job_environment(self.spec, self.config_file)}
         self.jars = self.jars or spark_jars()
@@ -144,6 +145,7 @@ def build_rebuild_dag(spec: SourceSpec, config_file: Path, spark_jobs: Path):
 
             def rebuild_task() -> dict:
                 run = current_run()
+                check_connections(sources=[spec])
                 ctx = cycle_context(spec, run_id=run.run_id)
                 try:
                     reads(*ctx.source().lineage_inputs())

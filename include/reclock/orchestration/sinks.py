@@ -19,6 +19,7 @@ from reclock.orchestration.lineage import ReclockTask, collection, iceberg_table
 from reclock.orchestration.runs import check_conf, current_run, positive_int, sink_params
 from reclock.orchestration.timetables import ReclockTimetable
 from reclock.sinks import iceberg, kafka
+from reclock.settings import check_connections
 
 log = logging.getLogger("reclock.sink")
 
@@ -39,6 +40,7 @@ def _write(spec: SinkSpec | IcebergSinkSpec) -> dict:
     """Run the sink once; what the task returns (XCom)."""
     run = current_run()
     spec = with_run_values(spec, run.values, run.conf)
+    check_connections(sinks=[spec])
     if run.backfill:
         log.info("sink %s: a backfill's run is one run of the sink: it writes everything complete, once", spec.name)
     if isinstance(spec, IcebergSinkSpec):
