@@ -444,6 +444,13 @@ class KinesisKind(SourceKind):
         return KinesisMoved(source=spec.name, stream=spec.kinesis.stream, region=spec.kinesis.region,
                             endpoint_url=spec.kinesis.endpoint_url, poll=spec.poll_s)
 
+    def position_text(self, partition: int, offset: int) -> str:
+        """``shardId-000000000001 sequence 4959...`` (the least sequence number not yet in), ``... SHARD_END``."""
+        if partition is None:
+            return f"sequence {offset}"
+        end = offset is not None and int(offset) >= FINISHED
+        return f"{shard_id(int(partition))} " + ("SHARD_END" if end else f"sequence {offset}")
+
     def lag(self, spec, given: Any, timeout: float) -> Lag:
         """Records and milliseconds the stream's tip is beyond the source's offset resumption frontier (read
         from the consensus Postgres, ``RECLOCK_DSN``): a count up to ``probe.LAG_CAP`` records per shard."""
