@@ -184,7 +184,9 @@ def test_params_are_typed_and_assets_fire_only_when_data_moved(ops):
     with connect(ops.stack.postgres.dsn()) as conn:
         (binding,) = load_remap(conn, "ops_orders").bindings  # the idle run bound nothing ...
         (upper,) = conn.execute("SELECT upper FROM reclock.shards WHERE id = 'ops_orders'").fetchone()
-    assert (events[0]["extra"]["lower"], events[0]["extra"]["upper"]) == (0, binding.ts + 1)
+    # the event's range holds the binding's updates (its upper is past the binding's ts, and further when a
+    # retried mint found the binding already there and the clock ahead of it: an idle advance in the same append)
+    assert events[0]["extra"]["lower"] == 0 and binding.ts < events[0]["extra"]["upper"] <= upper, (events, binding)
     assert upper > binding.ts + 1  # ... yet moved the upper on (upper age is freshness)
     time.sleep(10)  # a sink run the second cycle could have caused would be queued by now
     runs = ops.wait_runs("sink__ops_out", 1)
