@@ -35,7 +35,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from reclock import remap
 from reclock.batch import BatchDescription, SliceWritten, check_servable
-from reclock.errors import DecodeError, KinesisDataLost, ReclockError
+from reclock.errors import DecodeError, KinesisDataLost, ReclockError, StreamReplaced
 from reclock.failpoints import failpoint
 from reclock.part_layout import DATA_KIND, DATA_OUTPUT, ERRORS_KIND, ERRORS_OUTPUT, RecordShape
 from reclock.persist.gc import lease_write, release_write
@@ -48,7 +48,7 @@ from reclock.sources.base import CycleServices, Lag, SourceKind, SourceRuntime, 
 from reclock.sources.kinesis import store
 from reclock.sources.kinesis.client import KinesisUpstream, StreamAddress
 from reclock.sources.kinesis.lineage import (FINISHED, ShardInfo, ShardScan, done_shards, droppable, entry_position,
-                                             lost_shards, plan_bindings, readable, scan_segments)
+                                             foreign_shards, lost_shards, plan_bindings, readable, scan_segments)
 from reclock.sources.kinesis.reader import (CountsMissing, ReadTask, parse_lost, plan_tasks, read_frame, slices,
                                             units_for)
 from reclock.sources.kinesis.sequence import shard_id
@@ -187,6 +187,12 @@ class KinesisSource(SourceRuntime):
         """Shards gone part way, and records retention may have trimmed after the newest binding before any
         scan saw them (the source did not scan for longer than the stream's retention), are lost."""
         up = self.upstream()
+        for s in foreign_shards(listing, positions):
+            # the creation time alone cannot tell a stream created again within its resolution (whole
+            # seconds on some endpoints); the shards' first sequence numbers can
+            raise StreamReplaced(self.name, self.ctx.upstream.stream, record.created_ms, up.identity().created_ms,
+                                 f"its {shard_id(s.number)} starts at sequence number {s.start}, after position "
+                                 f"{positions[s.number]} the source has read to")
         for n in lost_shards(listing, positions):
             raise KinesisDataLost(self.name, shard_id(n), positions[n], None,
                                   "the shard is no longer in the stream (its records expired before the source "
