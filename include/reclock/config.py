@@ -74,6 +74,7 @@ from typing import Any
 
 import yaml
 
+from reclock.ddl import check_schema
 from reclock.errors import ConfigError, SettingError
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
@@ -103,8 +104,9 @@ def parse_duration(value: Any, what: str) -> float:
 class KafkaSpec:
     topic: str
     connection: str = "reclock_kafka"
-    bootstrap: str | None = None  # overrides the connection (tests, scripts)
+    bootstrap: str | None = None  # instead of a connection (tests, scripts)
     options: tuple[tuple[str, str], ...] = ()  # extra librdkafka / Spark kafka.* options
+    connection_named: bool = False  # the config names `connection:` (else it is the default, reclock_kafka)
 
 
 SPARK_SNAPSHOT_MIN_BYTES = 1 << 30
@@ -347,9 +349,16 @@ def _parse_kafka(raw: Any, what: str) -> KafkaSpec:
     _unknown(k, {"topic", "connection", "bootstrap", "options"}, what)
     if not k.get("topic") or not isinstance(k["topic"], str):
         raise ConfigError(f"{what}: `topic` is required")
+    if "connection" in k and "bootstrap" in k:
+        raise ConfigError(f"{what}: give either `connection:` (an Airflow connection) or `bootstrap:` (host:port), "
+                          "not both")
+    for key in ("connection", "bootstrap"):
+        if key in k and (not isinstance(k[key], str) or not k[key]):
+            raise ConfigError(f"{what}: `{key}` must be a non-empty string")
     opts = _require(k.get("options", {}) or {}, f"{what}.options")
     return KafkaSpec(topic=k["topic"], connection=str(k.get("connection", "reclock_kafka")),
-                     bootstrap=k.get("bootstrap"), options=tuple(sorted((str(a), str(b)) for a, b in opts.items())))
+                     bootstrap=k.get("bootstrap"), options=tuple(sorted((str(a), str(b)) for a, b in opts.items())),
+                     connection_named="connection" in k)
 
 
 def _avro_schema(f: dict, what: str, base: Path | None) -> str:
@@ -390,8 +399,10 @@ def parse_source(name: str, raw: Any, base: Path | None = None) -> SourceSpec:
     if "kafka" in d and "kinesis" in d:
         raise ConfigError(f"{what}: has both a `kafka:` and a `kinesis:` section; a source reads one upstream")
     if "kafka" not in d and "kinesis" not in d:
-        raise ConfigError(f"{what}: needs a `kafka:` section with at least `topic:` (or `kinesis:` with `stream:`, "
-                          "or `postgres:`)")
+        kinds = [k for k in d if isinstance(d[k], dict) and k not in ("format", "budget")]
+        raise ConfigError(f"{what}: no source kind: give one of `kafka:` (with at least `topic:`), `kinesis:` (with "
+                          "`stream:`), `postgres:` or `s3:` (the kinds this Reclock knows)"
+                          + (f"; {', '.join(f'`{k}:`' for k in kinds)} is none of them" if kinds else ""))
     kafka = _parse_kafka(d["kafka"], f"{what}.kafka") if "kafka" in d else None
     kinesis = None
     if "kinesis" in d:
@@ -412,6 +423,8 @@ def parse_source(name: str, raw: Any, base: Path | None = None) -> SourceSpec:
     schema = f.get("schema")
     if ftype in ("json", "csv") and not schema:
         raise ConfigError(f"{what}.format: type {ftype} needs a `schema` (Spark DDL, e.g. \"id BIGINT, name STRING\")")
+    if ftype in ("json", "csv"):
+        check_schema(schema, f"{what}.format.schema")  # parsed now, not when the first record arrives
     if ftype == "avro" and (registry is None or "schema_file" in f):
         schema = _avro_schema(f, f"{what}.format", base)
     wire = f.get("wire", "confluent" if registry is not None else "plain")
@@ -841,6 +854,16 @@ class Config:
             return self.sinks[name]
         except KeyError:
             raise ConfigError(f"no sink named {name!r}; configured: {', '.join(sorted(self.sinks)) or '(none)'}")
+
+    def connections(self) -> set[str]:
+        """The Airflow connections the config's sources and sinks reach their upstreams and targets through
+        (a Kafka section's ``connection:``, ``reclock_kafka`` unless it gives ``bootstrap:``; a Postgres
+        source's ``connection:`` unless it gives ``dsn_env:``)."""
+        kafkas = [s.kafka for s in self.sources.values() if s.kafka is not None]
+        kafkas += [k.kafka for k in self.sinks.values() if isinstance(k, SinkSpec)]
+        out = {k.connection for k in kafkas if k.bootstrap is None}
+        return out | {s.postgres.connection for s in self.sources.values()
+                      if s.postgres is not None and s.postgres.connection}
 
     def source(self, name: str) -> SourceSpec:
         try:

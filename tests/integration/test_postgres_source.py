@@ -83,10 +83,13 @@ def test_snapshot_then_stream(db, upstream, tmp_path):
     assert out.splitlines()[:3] == ["ts               lsn", *(f"{ts:<16d} {po.lsn_to_str(lsn)}" for ts, lsn in bs)]
     assert f"shard {name}__a: upper {bs[-1][0] + 1}, since " in out
     cfg = Config(sources={name: ctx.spec})
-    with connect(db) as conn:  # the status report degrades to "not probed" for a Postgres source's lag
-        detail = sr.source_detail(conn, name, cfg, sr.kafka_lag_probe(cfg, lambda kafka, what: "unused"))
+    with connect(db) as conn:  # the lag in the kind's terms: WAL bytes beyond the slot, positions as LSNs
+        detail = sr.source_detail(conn, name, cfg, sr.lag_probe(cfg, given=lambda spec: ctx.upstream))
     text = "\n".join(sr.detail_lines(detail))
-    assert name in text and "a Postgres source" in text
+    assert detail.source.lag.unit == "bytes" and detail.source.lag.value is not None, detail.source.lag
+    assert "retains" in detail.source.lag.detail and "confirmed " in detail.source.lag.detail
+    assert detail.columns == ("ts", "lsn") and detail.bindings[0].cells == (po.lsn_to_str(bs[-1][1]),)
+    assert name in text and f"bindings (newest first): ts, lsn" in text and po.lsn_to_str(bs[-1][1]) in text
 
 
 class Writer(threading.Thread):

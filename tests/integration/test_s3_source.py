@@ -335,7 +335,7 @@ def test_a_large_object_is_read_in_budget_sized_ranges(db, spark, s3, tmp_path):
     assert len(rows) == n and ns_of(rows) == list(range(n))
 
 
-def test_status_shows_the_lag_in_objects_and_bytes(db, spark, s3, tmp_path):
+def test_status_shows_the_lag_in_objects_and_bytes(db, spark, s3, tmp_path, monkeypatch):
     from reclock import status_report as sr
     from reclock.config import Config
 
@@ -346,12 +346,18 @@ def test_status_shows_the_lag_in_objects_and_bytes(db, spark, s3, tmp_path):
     cycle.run_cycle(ctx)
     late = body(range(5, 9))
     c.put_object(Bucket=bucket, Key="ev/b.json", Body=late)
-    lag = sr.kafka_lag_probe(Config({"ev": ctx.spec}), lambda k, w: "", s3_lag=sr.s3_lag_probe(db, lambda spec: s3.settings()))
+    monkeypatch.setenv("RECLOCK_DSN", db)  # the kind's lag reads its catalog where any Reclock process finds it
+    lag = sr.lag_probe(Config({"ev": ctx.spec}), given=lambda spec: s3.settings())
     with sr.open_readonly(db) as conn:
         ov = sr.overview(conn, Config({"ev": ctx.spec}), lag)
     (src,) = ov.sources
-    assert src.kind == "s3" and src.lag.records == 1 and src.lag.unit == "objects"
+    assert src.kind == "s3" and src.lag.value == 1 and src.lag.unit == "objects"
     assert f"1 object(s), {len(late)} byte(s) not yet ingested" in src.lag.detail
     assert f"lag: 1 objects ({src.lag.detail})" in "\n".join(sr.report_lines(ov))
     cycle.run_cycle(ctx)
-    assert lag("ev").records == 0
+    assert lag("ev").value == 0
+    with connect(db) as conn:  # the bindings in the kind's columns: the object's key and its bytes
+        detail = sr.source_detail(conn, "ev", Config({"ev": ctx.spec}), lag)
+    assert detail.columns == ("ts", "key", "byte_offset")
+    assert detail.bindings[0].cells == ("ev/b.json", str(len(late)))
+    assert "log position" not in "\n".join(sr.detail_lines(detail))

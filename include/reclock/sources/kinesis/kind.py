@@ -421,8 +421,13 @@ class KinesisKind(SourceKind):
     def describe(self, spec) -> str:
         return f"Kinesis stream {spec.kinesis.stream} into {spec.name}"
 
-    def find_upstream(self, spec, given: str | None = None) -> StreamAddress:
+    def find_upstream(self, spec, given: str | StreamAddress | None = None) -> StreamAddress:
+        """The stream's address: ``given`` if a caller already has it, else from an endpoint ``given`` (a
+        command's option), the environment or the config (``find_stream``)."""
         from reclock.sources.kinesis.config import find_stream
+
+        if isinstance(given, StreamAddress):
+            return given
 
         return find_stream(spec.kinesis, f"source {spec.name}", given)
 
@@ -445,7 +450,14 @@ class KinesisKind(SourceKind):
         return KinesisMoved(source=spec.name, stream=spec.kinesis.stream, region=spec.kinesis.region,
                             endpoint_url=spec.kinesis.endpoint_url, poll=spec.poll_s)
 
-    def lag(self, spec, upstream: Any, timeout: float) -> Lag:
+    def position_text(self, partition: int, offset: int) -> str:
+        """``shardId-000000000001 sequence 4959...`` (the least sequence number not yet in), ``... SHARD_END``."""
+        if partition is None:
+            return f"sequence {offset}"
+        end = offset is not None and int(offset) >= FINISHED
+        return f"{shard_id(int(partition))} " + ("SHARD_END" if end else f"sequence {offset}")
+
+    def lag(self, spec, given: Any, timeout: float) -> Lag:
         """Records and milliseconds the stream's tip is beyond the source's offset resumption frontier (read
         from the consensus Postgres, ``RECLOCK_DSN``): a count up to ``probe.LAG_CAP`` records per shard."""
         from reclock.persist import connect
@@ -457,7 +469,7 @@ class KinesisKind(SourceKind):
             rc = load_remap(conn, spec.name)
             resumption = min([rc.upper, *(shard_info(conn, s).upper for s in spec.shards)])
         positions = dict(remap.source_upper_at(rc, resumption))
-        up = KinesisUpstream(spec.name, upstream, throttle_patience_s=timeout)
+        up = KinesisUpstream(spec.name, self.find_upstream(spec, given), throttle_patience_s=timeout)
         lag = stream_lag(up, positions)
         return Lag(lag.records, lag.describe())
 
