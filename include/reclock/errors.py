@@ -106,6 +106,18 @@ class ShardsDisagree(ReclockError):
                          "append brings them together")
 
 
+class RebuildConflict(ReclockError):
+    """A windowed rebuild's swap kept losing to concurrent changes of the rows in its window."""
+
+    def __init__(self, source: str, lower: int, upper: int, attempts: int) -> None:
+        self.source = source
+        self.lower = lower
+        self.upper = upper
+        super().__init__(f"source {source}: the rebuild of [{lower}, {upper}) lost its swap {attempts} times in a row "
+                         "to another change of the rows in that window (another rebuild); nothing was swapped, "
+                         "run it again")
+
+
 class SinkRefused(ReclockError):
     """A sink (Kafka or Iceberg) will not start or go on: it could only write duplicates or leave a gap."""
 

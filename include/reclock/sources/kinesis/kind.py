@@ -420,9 +420,13 @@ class KinesisKind(SourceKind):
     def describe(self, spec) -> str:
         return f"Kinesis stream {spec.upstream.stream} into {spec.name}"
 
-    def find_upstream(self, spec, given: str | None = None) -> StreamAddress:
+    def find_upstream(self, spec, given: str | StreamAddress | None = None) -> StreamAddress:
+        """The stream's address: ``given`` if a caller already has it, else from an endpoint ``given`` (a
+        command's option), the environment or the config (``find_stream``)."""
         from reclock.sources.kinesis.config import find_stream
 
+        if isinstance(given, StreamAddress):
+            return given
         return find_stream(spec.upstream, f"source {spec.name}", given)
 
     def job_environment(self, spec) -> dict[str, str]:
@@ -443,6 +447,13 @@ class KinesisKind(SourceKind):
 
         return KinesisMoved(source=spec.name, stream=spec.upstream.stream, region=spec.upstream.region,
                             endpoint_url=spec.upstream.endpoint_url, poll=spec.poll_s)
+
+    def position_text(self, partition: int, offset: int) -> str:
+        """``shardId-000000000001 sequence 4959...`` (the least sequence number not yet in), ``... SHARD_END``."""
+        if partition is None:
+            return f"sequence {offset}"
+        end = offset is not None and int(offset) >= FINISHED
+        return f"{shard_id(int(partition))} " + ("SHARD_END" if end else f"sequence {offset}")
 
     def lag(self, spec, upstream: Any, timeout: float, dsn: str | None = None) -> Lag:
         """Records and milliseconds the stream's tip is beyond the source's offset resumption frontier (read
