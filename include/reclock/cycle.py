@@ -347,7 +347,7 @@ def rebuild(ctx: CycleContext, on_slice: Callable[[int, int], None] | None = Non
     The window is widened to whole batch rows (``reclock.batch.rebuild_window``: a row's updates are replaced
     whole; bindings at or below the remap collection's since are collapsed into one, so a window reaching
     them starts at 0), clipped to the shards' upper, and taken from 0 to the upper where the kind says its rebuild must be whole
-    (``SourceKind.rebuild_whole``: a Kafka upsert source's later updates retract values the window holds).
+    (``SourceKind.rebuild_whole``: a kind whose later updates retract values the window holds, e.g. an upsert envelope).
     The kind writes it (``SourceRuntime.rewrite``). Keeps
     *replayable*: the same offsets are bound at the same timestamps, so with an unchanged decode the same
     ``(data, ts, diff)`` updates come back; with a fixed decode, a record that landed in ``<source>_errors``

@@ -49,14 +49,14 @@ def test_every_connection_the_config_reaches_through_must_be_defined(monkeypatch
 def test_the_environment_s_brokers_serve_the_default_but_never_hide_a_named_connection(monkeypatch):
     cfg = parse_config(CFG)
     monkeypatch.setenv("RECLOCK_BOOTSTRAP", "env:1")
-    assert find_kafka(cfg.sources["b"].kafka, "source b").bootstrap == "env:1"  # the default: no connection needed
+    assert find_kafka(cfg.sources["b"].upstream, "source b").bootstrap == "env:1"  # the default: no connection needed
     with pytest.raises(SettingError, match="kafka_a.*not defined.*RECLOCK_BOOTSTRAP gives the brokers"):
-        find_kafka(cfg.sources["a"].kafka, "source a")
+        find_kafka(cfg.sources["a"].upstream, "source a")
     with pytest.raises(ConfigError, match="source a: its `kafka.connection: kafka_a`"):
         check_connections(cfg)
     _conn(monkeypatch, "kafka_a")
-    assert find_kafka(cfg.sources["a"].kafka, "source a").bootstrap == "env:1"
-    assert find_kafka(cfg.sources["a"].kafka, "source a", given="opt:2").bootstrap == "opt:2"
+    assert find_kafka(cfg.sources["a"].upstream, "source a").bootstrap == "env:1"
+    assert find_kafka(cfg.sources["a"].upstream, "source a", given="opt:2").bootstrap == "opt:2"
 
 
 def test_connection_and_bootstrap_are_one_or_the_other():
