@@ -181,7 +181,8 @@ def state(objects: int, per_cycle: int, on_s3: bool = False) -> dict:
             url, settings = "s3://landing/in/", s3.settings()
         else:
             url, settings = str(folder), None
-        ctx = _ctx(env, "st", url, settings, s3={"keys": "increasing", "lookback": "10s", "settle": "1s"},
+        ctx = _ctx(env, "st", url, settings, s3={"keys": "increasing", "lookback": "10s",
+                                                 **({} if on_s3 else {"settle": "1s"})},
                    budget={"max_bytes": "1GB", "max_objects": 1_000_000})
         ctx.clock = lambda: clock[0]
         made, rows_out, put_s = 0, [], 0.0
