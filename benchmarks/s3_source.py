@@ -161,32 +161,51 @@ def throughput(objects: int, mb: float, reps: int) -> dict:
         return {"objects": objects, "records": total, "bytes": size, "records_per_s": med, "ratio": ratio}
 
 
-def state(objects: int, per_cycle: int) -> dict:
-    """Flat state and listing cost as a folder source takes ``objects`` files (module doc)."""
+def state(objects: int, per_cycle: int, on_s3: bool = False) -> dict:
+    """Flat state and listing cost as a folder source (``on_s3``: a bucket of moto's S3 server) takes
+    ``objects`` files (module doc)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from reclock import cycle
     from reclock.persist import connect
     from reclock.sources.s3 import catalog
 
-    with services(with_s3=False) as env:
+    with services(with_s3=on_s3) as env:
         folder = env["root"] / "landing"
         folder.mkdir()
         clock = [1_700_000_000_000]
-        ctx = _ctx(env, "st", str(folder), None, s3={"keys": "increasing", "lookback": "10s", "settle": "1s"},
+        s3 = env["s3"]
+        if on_s3:
+            s3.create_bucket("landing")
+            client = s3.client()
+            url, settings = "s3://landing/in/", s3.settings()
+        else:
+            url, settings = str(folder), None
+        ctx = _ctx(env, "st", url, settings, s3={"keys": "increasing", "lookback": "10s",
+                                                 **({} if on_s3 else {"settle": "1s"})},
                    budget={"max_bytes": "1GB", "max_objects": 1_000_000})
         ctx.clock = lambda: clock[0]
-        checks, made, rows_out = [], 0, []
+        made, rows_out, put_s = 0, [], 0.0
         line = _records(0, 1)
         cycles = objects // per_cycle
         stream_chk = env["root"] / "fs.chk"
+        pool = ThreadPoolExecutor(8)
         for k in range(cycles):
-            day = folder / f"{k // 100:04d}" / f"{k % 100:02d}"
-            day.mkdir(parents=True)
-            for j in range(per_cycle):
-                p = day / f"{j:06d}.json"
-                p.write_bytes(line)
-            past = (clock[0] - 60_000) / 1000  # settled: written a minute ago on the source's clock
-            for p in day.iterdir():
-                os.utime(p, (past, past))
+            part = f"{k // 100:04d}/{k % 100:02d}"
+            t0 = time.monotonic()
+            if on_s3:
+                list(pool.map(lambda j: client.put_object(Bucket="landing", Key=f"in/{part}/{j:06d}.json", Body=line),
+                              range(per_cycle)))
+            else:
+                day = folder / part
+                day.mkdir(parents=True)
+                for j in range(per_cycle):
+                    p = day / f"{j:06d}.json"
+                    p.write_bytes(line)
+                past = (clock[0] - 60_000) / 1000  # settled: written a minute ago on the source's clock
+                for p in day.iterdir():
+                    os.utime(p, (past, past))
+            put_s += time.monotonic() - t0
             made += per_cycle
             t0 = time.monotonic()
             minted = cycle.mint(ctx)
@@ -202,11 +221,12 @@ def state(objects: int, per_cycle: int) -> dict:
                                               ).fetchone()[0]
                     offset_rows = conn.execute("SELECT count(*) FROM reclock.remap_offsets WHERE source = 'st'"
                                                ).fetchone()[0]
-                    stats = conn.execute("SELECT metrics FROM reclock.statistics WHERE name = 'st' AND step = 'mint' "
-                                         "ORDER BY id DESC LIMIT 1").fetchone()[0]
+                    stats = conn.execute("SELECT metrics FROM reclock.statistics WHERE name = 'st' AND step = "
+                                         "'discover' ORDER BY id DESC LIMIT 1").fetchone()[0]
                 row = {"objects": made, "catalog_rows": sum(v for s, v in cat.items() if s != "forgotten"),
                        "forgotten": cat["forgotten"], "remap_bindings": remap_rows, "remap_offsets": offset_rows,
-                       "listed": stats["discovered"]["listed"], "mint_s": round(mint_s, 3)}
+                       "listed": stats["listed"], "mint_s": round(mint_s, 3), "discover_s": stats["seconds"],
+                       "put_per_s": round(made / put_s) if put_s else None}
                 rows_out.append(row)
                 echo(json.dumps(row))
         first, last = rows_out[min(1, len(rows_out) - 1)], rows_out[-1]  # the first cycle lists no lookback
@@ -219,7 +239,8 @@ def state(objects: int, per_cycle: int) -> dict:
         spark = env["spark"]
         out = env["root"] / "fs-out"
         sample = max(1, cycles // 10)
-        glob = str(folder) + "/0000/{" + ",".join(f"{k:02d}" for k in range(min(sample, 100))) + "}/"
+        glob = ("s3a://landing/in" if on_s3 else str(folder)) + "/0000/{" + ",".join(
+            f"{k:02d}" for k in range(min(sample, 100))) + "}/"
         q = (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", per_cycle).json(glob)
              .writeStream.format("parquet").option("path", str(out)).option("checkpointLocation", str(stream_chk))
              .trigger(availableNow=True).start())
@@ -232,7 +253,8 @@ def state(objects: int, per_cycle: int) -> dict:
         echo(f"file stream source after {files:,} files: _spark_metadata {log_bytes / 1e6:.1f} MB, source log "
              f"{src_bytes / 1e6:.1f} MB: {(log_bytes + src_bytes) / files:.0f} bytes per file ever read, "
              f"{(log_bytes + src_bytes) / files * made / 1e6:.0f} MB at {made:,} files")
-        return {"checks": rows_out, "growth": growth, "file_stream_files": files, "file_stream_metadata_bytes": log_bytes,
+        pool.shutdown()
+        return {"on": "moto's S3 server" if on_s3 else "a local folder", "checks": rows_out, "growth": growth, "file_stream_files": files, "file_stream_metadata_bytes": log_bytes,
                 "file_stream_source_log_bytes": src_bytes}
 
 
@@ -289,13 +311,14 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("state")
     s.add_argument("--objects", type=int, default=1_000_000)
     s.add_argument("--per-cycle", type=int, default=10_000)
+    s.add_argument("--s3", action="store_true", help="objects in a bucket of moto's S3 server (default: a folder)")
     b = sub.add_parser("big")
     b.add_argument("--gb", type=float, default=5.0)
     a = p.parse_args(argv)
     if a.what == "throughput":
         res = throughput(a.objects, a.mb, a.reps)
     elif a.what == "state":
-        res = state(a.objects, a.per_cycle)
+        res = state(a.objects, a.per_cycle, a.s3)
     else:
         res = big(a.gb)
     print(json.dumps(res, default=str), flush=True)

@@ -133,4 +133,4 @@ def test_checkpoints_match_the_resumption_frontier_and_the_probes_see_the_tip(db
     assert lag.records == 7 and lag.millis >= 0
     monkeypatch.setenv("RECLOCK_DSN", db)
     status = ctx.kind.lag(ctx.spec, ctx.upstream, 5.0)
-    assert status.records == 7 and "7 records" in status.detail
+    assert status.value == 7 and "7 records" in status.detail
