@@ -39,6 +39,15 @@ kafka_restart       the broker SIGKILLed and started again
 spark_restart       the Spark Connect server (the driver) SIGKILLed and started again
 spark_worker_kill   a cluster worker SIGKILLed with its executor (often mid-job: its tasks are retried on the
                     other), started again 0-10 s later
+scheduler_kill      one of Airflow's two schedulers (highly available, ``HA_SETTINGS``) SIGKILLed with its
+                    executor's task processes; a service manager starts it again
+net_latency         the network between Reclock and Postgres or Kafka (a Toxiproxy proxy, ``reclock.dev.toxiproxy``,
+                    on every path from cycles, the sink, Airflow's tasks and Spark's Kafka reader) delays each
+                    chunk 300 +- 200 ms, for 5-20 s
+net_reset           every connection through one of those proxies reset (TCP RST), new ones too, for 1-3 s
+net_blackhole       one of those proxies accepts data and delivers none for 3-12 s (only clients' own
+                    timeouts end the wait: ``RECLOCK_PG_TIMEOUT_S`` is 30 s here); connections that lived
+                    through it lost data and are unusable after
 ==================  =======================================================================================
 
 After each fault the system catches up as an operator's rerun would: a dead cycle or sink process is
@@ -56,10 +65,12 @@ to the shard's upper, and the ORACLE checks, from a ``read_committed`` reading o
   contents equal the tables themselves; the source's slot is never ahead of the last binding;
 - sink: the target topic (read_committed) equals the shard's updates exactly once, in timestamp order.
 
-It prints faults by kind, records checked, lost, duplicated, wrong timestamps, the seed and the wall time,
-and exits 1 on any discrepancy, or when Airflow stalled: no run of ``ingest__afl`` succeeded for more than
-``AIRFLOW_STALL_S`` while the faults ran (the catch-up lands ``afl`` without Airflow, so the oracle alone would
-not see it). :func:`campaign` is what ``tests/chaos/test_chaos_short.py`` runs.
+The faults begin once every source has finished a cycle and a run of ``ingest__afl`` succeeded (the warm-up,
+at most ``WARMUP_S``). It prints faults by kind, records checked, lost, duplicated, wrong timestamps, the seed,
+the wall time and Airflow's longest stall (no run of ``ingest__afl`` succeeded) and longest idle stretch (no
+try of it running either) while the faults ran, and exits 1 on any discrepancy, or when Airflow stayed idle for
+more than ``AIRFLOW_STALL_S`` (the catch-up lands ``afl`` without Airflow, so the oracle alone would not see
+it). :func:`campaign` is what ``tests/chaos/test_chaos_short.py`` runs.
 """
 
 from __future__ import annotations
@@ -81,12 +92,16 @@ import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 FAULT_KINDS = ("cycle_sigkill", "cycle_failpoint", "airflow_task_kill", "sink_sigkill", "sink_failpoint",
-               "pg_restart", "kafka_restart", "spark_restart", "spark_worker_kill")
+               "pg_restart", "kafka_restart", "spark_restart", "spark_worker_kill", "scheduler_kill",
+               "net_latency", "net_reset", "net_blackhole")
 WEIGHTS = {"cycle_sigkill": 25, "cycle_failpoint": 15, "airflow_task_kill": 15, "sink_sigkill": 15,
-           "sink_failpoint": 8, "pg_restart": 10, "kafka_restart": 10, "spark_restart": 8, "spark_worker_kill": 10}
+           "sink_failpoint": 8, "pg_restart": 10, "kafka_restart": 10, "spark_restart": 8, "spark_worker_kill": 10,
+           "scheduler_kill": 8, "net_latency": 8, "net_reset": 8, "net_blackhole": 8}
+NET_TARGETS = ("postgres", "kafka")  # the services behind a proxy
+PG_TIMEOUT_S = 30  # RECLOCK_PG_TIMEOUT_S of the campaign's processes: a black hole to Postgres ends a step in 30 s
 CYCLE_FAILPOINTS = ("mint:after_binding", "write_batches:before_job", "write_batches:after_slice",
                     "append:in_transaction", "resume:after_commit")
 SOURCES = {"app": 2, "ups": 3, "txn": 3, "afl": 2}  # the Kafka sources: name -> partitions
@@ -97,10 +112,19 @@ OBSERVER_SLOT = "chaos_observer"  # the oracle's own slot: every commit's LSN, r
 RUNNERS = ("app", "ups", "txn", PG_SOURCE)  # the sources whose cycles run in runner processes; afl's under Airflow
 AIRFLOW_SOURCE = "afl"
 AIRFLOW_STALL_S = 300
-"""The longest the faults may keep ``ingest__afl`` from succeeding: Airflow's own recovery time of a task whose
-process died (``task_instance_heartbeat_timeout``, 300 s) or that a dead scheduler left queued (300 s). Until
-issue 37 a run's write grew with every failed try and, under a fault every ~45 s, no try finished for 52-56
-minutes; a run now writes for about one interval (``cycle.mint_and_write``)."""
+"""The longest Airflow may leave ``ingest__afl`` with no try running and no run succeeding while the faults run
+(its *idle* stretch; the campaign fails beyond it): Airflow's own default recovery time of a task whose process
+died (``task_instance_heartbeat_timeout``, 300 s) or that a dead scheduler left behind (``orphaned_tasks_check_
+interval``, 300 s). The dev stack's ``reclock.dev.airflow.HA_SETTINGS`` bring both under 100 s. The *stall*
+(no run succeeded, tries running or not) is reported beside it, not checked: a try's own length is the
+machine's speed (a Spark Connect server killed mid-try comes back with cold executors; on a loaded 2-core
+machine its first jobs take minutes). Until issue 37 a run's write grew with every failed try and, under a
+fault every ~45 s, no try finished for 52-56 minutes; a run now writes for about one interval
+(``cycle.mint_and_write``)."""
+FIRST_TRIES = 3  # how often a kind that missed (its process never got there) is tried before the others go on
+WARMUP_S = 600.0
+"""The faults start once every source has finished a cycle and a run of ``ingest__afl`` succeeded (cold Spark
+executors on a loaded machine take minutes over the first jobs), or after this long."""
 BIG_EVERY = 150  # every this many writer transactions, a large one (700 rows of items: above the budget)
 UPSERT_KEYS = 12
 REPO = Path(__file__).resolve().parents[1]
@@ -113,10 +137,15 @@ def _echo(msg: str) -> None:
 
 # ---------------------------------------------------------------------------------------------- the runner
 
-def runner(source: str, once: bool = False, until_idle: bool = False) -> int:
-    """``run_cycle`` of ``source`` in a loop, settings from the environment; one line per cycle. ``once``: one
-    cycle (exit 0 if it found nothing new, else 3); ``until_idle``: until a cycle finds nothing new (the
-    catch-up; exit 3 after 30 cycles that all found something)."""
+def run_cycles(source: str, *, once: bool = False, until_idle: bool = False, catch_up_cycles: int = 30,
+               idle_cycles: int = 1, pause: float = 0.3, idle_pause: float | None = None,
+               busy: Callable[[Any], bool] | None = None) -> int:
+    """A campaign's cycle process (``--runner SOURCE``): ``run_cycle`` of ``source`` in a loop, settings from
+    the environment; a line ``ready``, then one JSON line per cycle (its result and ``s``, its seconds),
+    ``pause`` seconds between cycles. ``once``: one cycle (exit 0 if it found nothing new, else 3);
+    ``until_idle`` (the catch-up after the faults): until ``idle_cycles`` cycles in a row found nothing new
+    while ``busy(ctx)`` (upstream holds what no cycle could see yet) is false, ``idle_pause`` between cycles;
+    exit 3 after ``catch_up_cycles`` cycles that did not get there. A watchdog's SIGUSR1 prints where it is."""
     from reclock.config import load_config
     from reclock.cycle import run_cycle
     from reclock.orchestration.contexts import cycle_context
@@ -124,14 +153,40 @@ def runner(source: str, once: bool = False, until_idle: bool = False) -> int:
     faulthandler.register(signal.SIGUSR1)  # the watchdog asks where a silent runner is stuck
     ctx = cycle_context(load_config(None).source(source))
     print("ready", flush=True)
-    for _ in range(30 if until_idle else 1 if once else sys.maxsize):
+    idle = 0
+    for _ in range(catch_up_cycles if until_idle else 1 if once else sys.maxsize):
+        t0 = time.monotonic()
         out = run_cycle(ctx)
-        print(json.dumps(out), flush=True)
-        if (once or until_idle) and out["minted"] is None and out["descriptions"] == 0:
+        print(json.dumps({**out, "s": round(time.monotonic() - t0, 2)}, default=str), flush=True)
+        found_nothing = out["minted"] is None and out["descriptions"] == 0
+        if once:
+            return 0 if found_nothing else 3
+        idle = idle + 1 if found_nothing else 0
+        if until_idle and idle and busy is not None and busy(ctx):
+            idle = 0
+        if until_idle and idle >= idle_cycles:
             return 0
-        if not once:
-            time.sleep(0.3)
+        time.sleep(idle_pause if until_idle and idle_pause is not None else pause)
     return 3
+
+
+def catch_up(module: str, source: str, env: dict[str, str], log: Path, timeout: float = 1800) -> list[dict] | None:
+    """Run ``python -m <module> --runner <source> --until-idle`` (its :func:`run_cycles`) to the end, its output
+    in ``log``: the cycles' results, or None (said, with the log's end) if the process failed."""
+    with open(log, "w") as f:
+        r = subprocess.run([sys.executable, "-m", module, "--runner", source, "--until-idle"], env=env, cwd=REPO,
+                           stdout=f, stderr=subprocess.STDOUT, timeout=timeout)
+    text = log.read_text()
+    if r.returncode != 0:
+        _echo(f"catch-up of {source} failed (exit {r.returncode}):\n{text[-5000:]}")
+        return None
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+
+def runner(source: str, once: bool = False, until_idle: bool = False) -> int:
+    """The Kafka and Postgres sources' cycle process (:func:`run_cycles`): the catch-up ends at the first
+    cycle that finds nothing new."""
+    return run_cycles(source, once=once, until_idle=until_idle)
 
 
 # ------------------------------------------------------------------------------------------- the services
@@ -143,14 +198,24 @@ class Services:
     postgres: object
     kafka: object
     spark: object
+    toxiproxy: object
+    proxies: dict = field(default_factory=dict)  # NET_TARGETS -> reclock.dev.toxiproxy.Proxy
+
+    def proxied_dsn(self, db: str = "reclock") -> str:
+        """A DSN of database ``db`` of the campaign's Postgres through its proxy (what Reclock's processes
+        use)."""
+        from psycopg.conninfo import make_conninfo
+
+        return make_conninfo(self.postgres.dsn(db), port=str(self.proxies["postgres"].port))
 
     def env(self, config: Path) -> dict[str, str]:
         path = os.pathsep.join([str(REPO / "include"), str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
-        return {**os.environ, "PYTHONPATH": path, "RECLOCK_CONFIG": str(config), "RECLOCK_DSN": self.postgres.dsn(),
+        return {**os.environ, "PYTHONPATH": path, "RECLOCK_CONFIG": str(config), "RECLOCK_DSN": self.proxied_dsn(),
                 "RECLOCK_BLOB_URL": str(self.root / "blobs"), "RECLOCK_SPARK_REMOTE": self.spark.url,
                 "RECLOCK_RETAIN_HISTORY_S": "1000000000",  # keep every time readable: the oracle checks each
                 "RECLOCK_GC_GRACE_S": "20", "RECLOCK_GC_INTERVAL_S": "5",  # GC runs often, beside the faults
-                "RECLOCK_FAILPOINTS": "", "CHAOS_UPSTREAM_DSN": self.postgres.dsn(UPSTREAM_DB)}
+                "RECLOCK_PG_TIMEOUT_S": str(PG_TIMEOUT_S),
+                "RECLOCK_FAILPOINTS": "", "CHAOS_UPSTREAM_DSN": self.proxied_dsn(UPSTREAM_DB)}
 
 
 def start_services(root: Path) -> Services:
@@ -158,18 +223,22 @@ def start_services(root: Path) -> Services:
     from reclock.dev.kafka import LocalKafka
     from reclock.dev.postgres import LocalPostgres
     from reclock.dev.state import StackState
+    from reclock.dev.toxiproxy import LocalToxiproxy
     from reclock.persist.migrate import migrate
 
     state = StackState(root / "state")
     pg = LocalPostgres(state, fast=True)
-    kafka = LocalKafka(state, heap="512m")
+    kafka = LocalKafka(state, heap="512m", proxied=True)  # clients of the config reach it through a proxy
     spark = LocalSparkCluster(state, workers=2, worker_cores=1, worker_memory="1g", executor_memory="768m",
                               driver_memory="1g")
-    svc = Services(root, state, pg, kafka, spark)
+    svc = Services(root, state, pg, kafka, spark, LocalToxiproxy(state))
     try:
         pg.start()
         migrate(pg.dsn())
         kafka.start()
+        svc.toxiproxy.start()
+        svc.proxies = {"postgres": svc.toxiproxy.proxy("postgres", pg.port),
+                       "kafka": svc.toxiproxy.proxy("kafka", kafka.external_port, listen_port=kafka.proxy_port)}
         spark.start()
     except BaseException:  # a failed start, or SIGTERM meanwhile: stop what did start
         stop_services(svc)
@@ -180,7 +249,7 @@ def start_services(root: Path) -> Services:
 def stop_services(svc: Services | None) -> None:
     if svc is None:
         return
-    for s in (svc.spark, svc.kafka, svc.postgres):
+    for s in (svc.spark, svc.toxiproxy, svc.kafka, svc.postgres):
         try:
             s.stop()
         except Exception as e:  # noqa: BLE001 - stop the others anyway
@@ -236,9 +305,26 @@ def kill_spark_worker(svc: Services, worker: int, down_s: float) -> None:
     _start_again(svc.spark, f"spark worker {worker}")
 
 
+def network_fault(svc: Services, kind: str, rng: random.Random, echo: Callable[[str], None]) -> None:
+    """``kind`` (``net_latency``, ``net_reset``, ``net_blackhole``) on the proxy of a service the seed picks,
+    for a while, then healed."""
+    target = rng.choice(NET_TARGETS)
+    fault, hold = {"net_latency": ("latency", rng.uniform(5, 20)), "net_reset": ("reset", rng.uniform(1, 3)),
+                   "net_blackhole": ("blackhole", rng.uniform(3, 12))}[kind]
+    proxy = svc.proxies[target]
+    echo(f"{kind}: {fault} to {target} for {hold:.0f} s")
+    proxy.inject(fault)
+    try:
+        time.sleep(hold)
+    finally:
+        proxy.heal()
+
+
 # ------------------------------------------------------------------------------------------ the workload
 
 def write_config(root: Path, bootstrap: str) -> Path:
+    """The campaign's sources and sink; ``bootstrap``: where Reclock's processes (cycles, the sink, Spark's
+    Kafka reader) reach the broker (its proxy)."""
     import yaml
 
     schema = "id BIGINT, name STRING"
@@ -719,13 +805,17 @@ class AirflowSide:
         extra = {k: v for k, v in env.items() if k.startswith("RECLOCK_") or k == "PYTHONPATH"}
         extra.update(AIRFLOW__CORE__DEFAULT_TASK_RETRIES="30", AIRFLOW__CORE__DEFAULT_TASK_RETRY_DELAY="2",
                      AIRFLOW__CORE__PARALLELISM="2")
-        self.af = LocalAirflow(svc.state, svc.postgres.dsn("airflow"), extra)
+        # two schedulers (highly available): scheduler_kill kills one; the metadata database is reached
+        # directly (the network faults are between Reclock and its services)
+        self.af = LocalAirflow(svc.state, svc.postgres.dsn("airflow"), extra, schedulers=2)
         self.dsn = svc.postgres.dsn("airflow")
         self.echo = echo
         self.revived = 0
         self.lock = threading.Lock()
-        self.unpaused_at: datetime.datetime | None = None  # the window report() measures stalls in
-        self.faults_done_at: datetime.datetime | None = None
+        self.unpaused_at: datetime.datetime | None = None
+        self.warm_at: datetime.datetime | None = None  # report() measures stalls from here (the faults' start)
+        self.faults_done_at: datetime.datetime | None = None  # ... to here
+        self.alive_at: list[datetime.datetime] = []  # the samples (:meth:`sample`) that saw a task process
 
     def start(self) -> None:
         t = self.af.start(timeout=600)
@@ -762,13 +852,30 @@ class AirflowSide:
                 return False
             return True
 
+    def kill_scheduler(self, rng: random.Random) -> bool:
+        """SIGKILL one of the two schedulers (its process group: its executor's task processes too); the next
+        :meth:`tick` starts it again."""
+        with self.lock:
+            return self.af.kill(rng.choice(("scheduler", "scheduler-2")))
+
+    def sample(self) -> None:
+        """Note the moment if a task of ``ingest__afl`` has a process now (:meth:`report`'s idle stretches)."""
+        if self.task_pids():
+            self.alive_at.append(datetime.datetime.now(datetime.timezone.utc))
+
+    def succeeded(self) -> bool:
+        """Whether a run of ``ingest__afl`` has succeeded."""
+        import psycopg
+
+        with psycopg.connect(self.dsn, connect_timeout=10) as conn:
+            return conn.execute("SELECT 1 FROM dag_run WHERE dag_id = %s AND state = 'success' LIMIT 1",
+                                (self.DAG_ID,)).fetchone() is not None
+
     def tick(self) -> None:
         """Start again an Airflow process that died (as a service manager would: that process only; if it
         dies again, the next tick starts it again)."""
-        from reclock.dev.airflow import COMPONENTS
-
         with self.lock:
-            for c in COMPONENTS:
+            for c in self.af.components:
                 if not self.af.running(c):
                     self.echo(f"airflow {c} died; starting it again")
                     self.revived += 1
@@ -784,29 +891,37 @@ class AirflowSide:
         self.af.stop()
 
     def report(self) -> dict:
-        """Runs by state, task tries that failed, task instances that succeeded after a retry, and the
-        longest stall: the longest stretch from the unpause to the end of the faults in which no run of
-        ``ingest__afl`` succeeded (the catch-up lands ``afl`` without Airflow, so the oracle alone cannot
-        tell an Airflow that stopped driving cycles from one that drove them), from the metadata database."""
+        """Runs by state, task tries that failed, task instances that succeeded after a retry, the longest
+        try, and in the window of the faults (from the warm-up's end to the last fault): the longest *stall*,
+        a stretch in which no run of ``ingest__afl`` succeeded, and the longest *idle* stretch, in which
+        moreover no task of it had a process (sampled every 2 s): the time Airflow itself took to notice a
+        dead try, start a retry or the next run, or to come back after its scheduler died. The catch-up lands
+        ``afl`` without Airflow, so the oracle alone cannot tell an Airflow that stopped driving cycles from
+        one that drove them."""
         import psycopg
 
         with psycopg.connect(self.dsn) as conn:
             ends = [e for (e,) in conn.execute("SELECT end_date FROM dag_run WHERE dag_id = %s AND state = 'success' "
                                                 "ORDER BY end_date", (self.DAG_ID,))]
+            longest_try = conn.execute(
+                "SELECT max(extract(epoch FROM end_date - start_date)) FROM (SELECT start_date, end_date FROM "
+                "task_instance WHERE dag_id = %s UNION ALL SELECT start_date, end_date FROM task_instance_history "
+                "WHERE dag_id = %s) t", (self.DAG_ID, self.DAG_ID)).fetchone()[0]
             runs = dict(conn.execute("SELECT state, count(*) FROM dag_run WHERE dag_id = %s GROUP BY state",
                                      (self.DAG_ID,)).fetchall())
             failed = conn.execute("SELECT count(*) FROM task_instance_history WHERE dag_id = %s AND state = 'failed'",
                                   (self.DAG_ID,)).fetchone()[0]
             retried = conn.execute("SELECT count(*) FROM task_instance WHERE dag_id = %s AND try_number > 1 "
                                    "AND state = 'success'", (self.DAG_ID,)).fetchone()[0]
-        stall = stall_from = None
-        if self.unpaused_at is not None and self.faults_done_at is not None:
-            marks = [self.unpaused_at, *(e for e in ends if self.unpaused_at < e < self.faults_done_at),
-                     self.faults_done_at]
-            gap, stall_from = max(((b - a).total_seconds(), a) for a, b in zip(marks, marks[1:]))
-            stall, stall_from = round(gap), stall_from.strftime("%H:%M:%S")
+        start = self.warm_at or self.unpaused_at
+        stall = stall_from = idle = idle_from = None
+        if start is not None and self.faults_done_at is not None:
+            stall, stall_from = _longest_gap(start, self.faults_done_at, ends)
+            idle, idle_from = _longest_gap(start, self.faults_done_at, [*ends, *self.alive_at])
         return {"runs": runs, "failed_tries": failed, "retried_to_success": retried, "revived": self.revived,
                 "longest_stall_s": stall, "longest_stall_from": stall_from,
+                "longest_idle_s": idle, "longest_idle_from": idle_from,
+                "longest_try_s": None if longest_try is None else round(float(longest_try)),
                 "failed_try_causes": dict(self.failure_causes().most_common())}
 
     def failure_causes(self) -> collections.Counter:
@@ -835,6 +950,14 @@ class AirflowSide:
             elif not ended and log.stat().st_size and time.time() - log.stat().st_mtime > 60:
                 causes["no error logged"] += 1
         return causes
+
+
+def _longest_gap(start: datetime.datetime, end: datetime.datetime, marks) -> tuple[int, str]:
+    """The longest stretch between ``start``, the ``marks`` between it and ``end``, and ``end``: its length in
+    seconds and when it began."""
+    points = [start, *sorted(m for m in marks if start < m < end), end]
+    gap, began = max(((b - a).total_seconds(), a) for a, b in zip(points, points[1:]))
+    return round(gap), began.strftime("%H:%M:%S")
 
 
 class _Delayed:
@@ -1043,15 +1166,21 @@ class Result:
                f"wrong timestamps {sum(v.wrong_ts.values())}",
                f"produced: {dict(self.produced)}; {json.dumps(self.extra)}"]
         out += [f"  discrepancy: {e}" for e in v.examples]
+        af = self.extra.get("airflow", {})
+        if af:
+            out.append(f"airflow: longest stall {af.get('longest_stall_s')} s (no run of ingest__{AIRFLOW_SOURCE} "
+                       f"succeeded, from {af.get('longest_stall_from')}), longest idle {af.get('longest_idle_s')} s "
+                       f"(no try running either, from {af.get('longest_idle_from')}), longest try "
+                       f"{af.get('longest_try_s')} s")
         if self.airflow_stalled:
-            out.append(f"  airflow stalled: no run of ingest__{AIRFLOW_SOURCE} succeeded for "
-                       f"{self.extra['airflow']['longest_stall_s']} s (more than {AIRFLOW_STALL_S} s)")
+            out.append(f"  airflow stalled: ingest__{AIRFLOW_SOURCE} had no try running and no run succeeding for "
+                       f"{af['longest_idle_s']} s (more than {AIRFLOW_STALL_S} s)")
         return out
 
     @property
     def airflow_stalled(self) -> bool:
-        stall = self.extra.get("airflow", {}).get("longest_stall_s")
-        return stall is not None and stall > AIRFLOW_STALL_S
+        idle = self.extra.get("airflow", {}).get("longest_idle_s")
+        return idle is not None and idle > AIRFLOW_STALL_S
 
     @property
     def ok(self) -> bool:
@@ -1081,7 +1210,7 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
     try:
         echo(f"chaos: seed {seed}, {faults} faults, state in {root}")
         svc = start_services(root)
-        config = write_config(root, svc.kafka.bootstrap)
+        config = write_config(root, svc.kafka.proxied_bootstrap)
         create_topics(svc.kafka.bootstrap)
         upstream = setup_upstream(svc)
         env = svc.env(config)
@@ -1105,6 +1234,7 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
         def airflow_ticker() -> None:
             while not stop_ticks.is_set():
                 try:
+                    airflow.sample()
                     airflow.tick()
                 except Exception as e:  # noqa: BLE001 - try again at the next tick
                     echo(f"airflow: {e}")
@@ -1124,27 +1254,34 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
         tickers += [ticks, airflow_ticks]
         for t in tickers:
             t.start()
-        time.sleep(10)  # let the first cycles register the sources
+        warm_s = _warm_up(cycles, airflow, echo)
+        t_faults = time.monotonic()
         total, attempts = 0, 0
         kind_list = list(kinds)
-        first = rng.sample(kind_list, len(kind_list))  # every kind once first, in an order the seed picks
-        while total < faults and time.monotonic() - t0 < max_seconds and attempts < faults * 20:
+        # every kind once first, in an order the seed picks, whatever max_seconds says (each try of a kind is
+        # bounded: a fail point waits 180 s for its process to get there, a kill 120 s for its target); a kind
+        # that missed comes again later, up to FIRST_TRIES times in all
+        first = rng.sample(kind_list, len(kind_list))
+        tries: collections.Counter = collections.Counter()
+        while attempts < faults * 20 and (first or (total < faults and time.monotonic() - t_faults < max_seconds)):
             attempts += 1
             time.sleep(rng.uniform(*gap))
             kind = first.pop(0) if first else rng.choices(kind_list, [WEIGHTS[k] for k in kind_list])[0]
+            tries[kind] += 1
             hit = False
             try:
                 if kind == "cycle_sigkill":
-                    hit = cycles[rng.choice(RUNNERS)].kill()
+                    victim = cycles[rng.choice(RUNNERS)]
+                    hit = _wait_for(victim.kill, 120)
                 elif kind == "airflow_task_kill":
-                    hit = airflow.kill(rng)
+                    hit = _wait_for(lambda: airflow.kill(rng), 120)  # a task runs every few seconds
                 elif kind == "cycle_failpoint":
                     d = cycles[rng.choice(RUNNERS)]
                     before = d.failpoint_exits
                     d.arm({"RECLOCK_FAILPOINTS": f"{rng.choice(CYCLE_FAILPOINTS)}=exit"})
                     hit = _wait_for(lambda: d.failpoint_exits > before, 180)
                 elif kind == "sink_sigkill":
-                    hit = sink.kill()
+                    hit = _wait_for(sink.kill, 120)
                 elif kind == "sink_failpoint":
                     before = sink.failpoint_exits
                     sink.arm({"RECLOCK_FAILPOINTS": "sink:in_transaction=exit"})
@@ -1161,6 +1298,11 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
                 elif kind == "spark_worker_kill":
                     kill_spark_worker(svc, rng.randrange(svc.spark.workers), rng.uniform(0, 10))
                     hit = True
+                elif kind == "scheduler_kill":
+                    hit = _wait_for(lambda: airflow.kill_scheduler(rng), 120)
+                elif kind in ("net_latency", "net_reset", "net_blackhole"):
+                    network_fault(svc, kind, rng, echo)
+                    hit = True
             except Exception as e:  # noqa: BLE001 - a harness error is reported, the campaign goes on
                 harness_errors.append(f"{kind}: {type(e).__name__}: {e}")
                 echo(f"harness error injecting {kind}: {e!r}")
@@ -1169,7 +1311,7 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
                 injected[kind] += 1
                 total += 1
                 echo(f"fault {total}/{faults}: {kind}")
-            elif not injected[kind] and kind not in first:
+            elif not injected[kind] and kind not in first and tries[kind] < FIRST_TRIES:
                 first.append(kind)  # missed (its process was between runs): every kind still comes once
         echo(f"faults done: {dict(injected)}; catching up")
         airflow.faults_done_at = datetime.datetime.now(datetime.timezone.utc)
@@ -1206,7 +1348,7 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
             check_upsert(verdict, conn, blob, svc.kafka.bootstrap, "ups")
             check_sink(verdict, conn, blob, svc.kafka.bootstrap, config, "out")
             pg_report = check_postgres(verdict, conn, blob, observer)
-        extra = {"launches": {d.name: d.launches for d in drivers},
+        extra = {"warm_up_s": round(warm_s), "launches": {d.name: d.launches for d in drivers},
                  "exits": {d.name: {str(k): v for k, v in d.exits.items()} for d in drivers},
                  "watchdog_kills": sum(d.watchdog_kills for d in drivers), "airflow": airflow_report,
                  "harness_errors": harness_errors,
@@ -1235,6 +1377,33 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
         stop_services(svc)
         if not keep:
             shutil.rmtree(root, ignore_errors=True)
+
+
+def _warm_up(cycles: dict[str, Driver], airflow: AirflowSide, echo: Callable[[str], None]) -> float:
+    """Wait until every runner has finished a cycle and a run of ``ingest__afl`` succeeded (at most
+    :data:`WARMUP_S`), so the faults meet a system that ran; mark the start of Airflow's stall window. Returns
+    the seconds it took."""
+    t0 = time.monotonic()
+
+    def cycled(d: Driver) -> bool:
+        return any(line.startswith("{") for log in d.logdir.glob(f"{d.name}-*.log")
+                   for line in log.read_text(errors="replace").splitlines())
+
+    waiting = set(cycles)
+    afl = False
+    while time.monotonic() - t0 < WARMUP_S and (waiting or not afl):
+        time.sleep(2)
+        waiting = {s for s in waiting if not cycled(cycles[s])}
+        if not afl:
+            try:
+                afl = airflow.succeeded()
+            except Exception:  # noqa: BLE001 - the metadata database was busy: ask again
+                pass
+    took = time.monotonic() - t0
+    left = [*sorted(waiting), *([] if afl else [AirflowSide.DAG_ID])]
+    echo(f"warm in {took:.0f}s" + (f" (still no cycle of {', '.join(left)}: faults start anyway)" if left else ""))
+    airflow.warm_at = datetime.datetime.now(datetime.timezone.utc)
+    return took
 
 
 def _catch_up(py: str, source: str, env: dict[str, str], echo: Callable[[str], None]) -> bool:
@@ -1288,7 +1457,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate", type=float, default=20.0, help="records/s per producer")
     ap.add_argument("--gap", type=float, nargs=2, default=(2.0, 7.0), metavar=("MIN", "MAX"),
                     help="seconds between faults (uniform)")
-    ap.add_argument("--max-seconds", type=float, default=3600.0, help="stop injecting after this long")
+    ap.add_argument("--max-seconds", type=float, default=3600.0,
+                    help="stop injecting this long after the faults began (after the warm-up)")
     ap.add_argument("--keep", action="store_true", help="keep the state folder (logs) afterwards")
     ap.add_argument("--blob-bound", action="store_true", help="the blob-bound figure instead (1,000 cycles)")
     ap.add_argument("--cycles", type=int, default=1000, help="--blob-bound: cycles")

@@ -1,5 +1,5 @@
 """Parts on S3 beside local parts: one Reclock cycle over the same backlog with its parts in a local folder,
-on S3 through Reclock's direct committer (the default for parts on S3), and on S3 through Hadoop's
+on S3 through Reclock's direct committer (what the dev servers with S3 use), and on S3 through Hadoop's
 FileOutputCommitter (what Spark does unless told otherwise), in one run, on one ``local[2]`` Spark Connect
 server (issue 31 part 3: parts on S3 >= 0.8x local parts).
 

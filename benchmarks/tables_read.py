@@ -109,7 +109,7 @@ def _changes(env, blob, n: int, echo: Callable[[str], None]) -> str:
         return tuple(df.agg(F.count(F.lit(1)).alias("n"), F.sum("amount").alias("amount")).collect()[0])
 
     def duck_agg(rel):
-        return rel.aggregate("count(*), sum(amount)").fetchone()
+        return rel.aggregate("count(*), sum(amount)").fetchall()[0]
 
     con = duckdb.connect()
     contenders = {

@@ -148,11 +148,14 @@ def sum_by_row(updates: pa.Table, keys: list[str]) -> pa.Table:
 
 def contents_as_of(updates: pa.Table | None, t: int) -> pa.Table:
     """A collection's contents AS OF ``t`` given its updates (every part a read AS OF ``t`` needs): the
-    updates at ``ts <= t`` summed by row, zero rows dropped; data columns plus ``diff``."""
-    if updates is None or updates.num_rows == 0:
+    updates at ``ts <= t`` summed by row, zero rows dropped; data columns plus ``diff`` (with no update at or
+    before ``t``, an empty table of those columns)."""
+    if updates is None:
         return pa.table({"diff": pa.array([], pa.int64())})
     updates = updates.filter(pc.less_equal(updates["ts"], t))
     keys = [c for c in updates.column_names if c not in ("ts", "diff")]
+    if updates.num_rows == 0:
+        return updates.select([*keys, "diff"])
     if not keys:
         return pa.table({"diff": [pc.sum(updates["diff"]).as_py() or 0]})
     grouped = sum_by_row(updates, keys)

@@ -12,6 +12,12 @@ A config file holds ``sources:`` and ``sinks:``. Example::
           schema: "id BIGINT, customer STRING, amount DOUBLE"   # Spark DDL, for json and csv
           # avro: `schema_file: orders.avsc` (relative to this file) and `wire: plain | confluent`
           # (confluent: a 5-byte schema-registry header precedes each value)
+          # avro | json_schema through a Schema Registry (writer schema per record, by its id):
+          #   registry: {connection: reclock_registry, subject: orders-value}   # subject: default <topic>-value
+          #   (avro: `schema_file:` optional, the reader schema; default the subject's latest version)
+        schema: fixed                      # registry formats: fixed (the reader never changes) | evolve (a
+                                           # compatible new writer adds columns / widens types from the first
+                                           # record carrying it; an incompatible one stalls the source)
         envelope: none                     # none | upsert (upsert keys on the Kafka key; a null value deletes)
         include: [partition, offset, key, timestamp, headers]  # metadata columns (like INCLUDE)
         schedule: interval                 # interval: every `interval:` | upstream: when the topic holds
@@ -72,6 +78,7 @@ import yaml
 from reclock.errors import ConfigError, SettingError
 from reclock.sources.registry import KINDS
 from reclock.specs import NAME_RE, KafkaSpec, SourceSpec, parse_duration, parse_kafka, refuse_unknown, require
+from reclock.specs import RegistrySpec  # noqa: F401 - reclock.config.RegistrySpec, as before the move
 
 def parse_source(name: str, raw: Any, base: Path | None = None) -> SourceSpec:
     """Validate one source's config: its kind is the one whose section it has (``kafka:``, ``postgres:``, ...;

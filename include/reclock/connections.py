@@ -16,6 +16,7 @@ DEFAULT_KAFKA = "reclock_kafka"
 DEFAULT_SPARK = "reclock_spark"
 DEFAULT_SPARK_SUBMIT = "reclock_spark_submit"
 DEFAULT_S3 = "reclock_s3"
+DEFAULT_REGISTRY = "reclock_registry"
 CONNECTIONS = (DEFAULT_POSTGRES, DEFAULT_KAFKA, DEFAULT_SPARK, DEFAULT_SPARK_SUBMIT, DEFAULT_S3)
 """Every Airflow connection Reclock reads (a deployment defines them, e.g. as ``AIRFLOW_CONN_*``)."""
 

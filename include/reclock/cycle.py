@@ -245,17 +245,18 @@ def mint(ctx: CycleContext) -> MintResult:
 
 
 def check_acknowledged(ctx: CycleContext, conn, rc: RemapCollection, acked) -> None:
-    """An error (``AcknowledgedStateLost`` for most kinds) if what resume acknowledged upstream (``acked``: ``SourceRuntime.
-    acknowledged``, read before ``rc`` and the shards' uppers, which only grow) is beyond the offset
-    resumption frontier the database holds now: the database went back (a failover to an asynchronous
-    standby, a restored backup), and minting would stamp records again at new timestamps. Nothing before
-    the first binding counts (upstream may acknowledge from its own start, e.g. a replication slot created at or
-    below the first binding), nor before the binding ``acked.since_ts`` names (a slot a re-snapshot created).
-    The error is the kind's (``SourceRuntime.acknowledged_beyond``)."""
+    """An error (``AcknowledgedStateLost`` for most kinds: the kind's ``SourceRuntime.acknowledged_beyond``)
+    if what resume acknowledged upstream (``acked``: ``SourceRuntime.acknowledged``, read before ``rc`` and
+    the shards' uppers, which only grow) is beyond the offset resumption frontier the database holds now:
+    the database went back (a failover to an asynchronous standby, a restored backup), and minting would
+    stamp records again at new timestamps. Nothing before the first binding counts (upstream may acknowledge
+    from its own start, e.g. a replication slot created at or below the first binding), nor before the binding
+    the kind's ``SourceRuntime.acknowledged_since`` names (a slot a re-snapshot created)."""
     if acked is None or not rc.bindings:
         return
     resumption = min([rc.upper, *(shard_info(conn, s).upper for s in ctx.shards())])
-    start = rc.bindings[0].ts if acked.since_ts is None else acked.since_ts
+    since = ctx.source().acknowledged_since(conn)
+    start = rc.bindings[0].ts if since is None else since
     ours = remap.source_upper_at(rc, resumption).join(remap.source_upper_at(rc, start + 1))
     if not acked.frontier.less_equal(ours):
         raise ctx.source().acknowledged_beyond(acked, ours, resumption)
@@ -318,7 +319,7 @@ def append(ctx: CycleContext, written: WrittenBatch) -> list:
     raises ``UpperMismatch`` and changes nothing (the next cycle re-mints from the actual upper).
     """
     with _step(ctx, "append") as m:
-        appends = [Append(s, written.desc, written.parts.get(s, ())) for s in ctx.shards()]
+        appends = [Append(s, written.desc, written.parts.get(s, ()), written.schemas.get(s, ())) for s in ctx.shards()]
         effects = ctx.source().append_effects(written, m)
 
         def also(conn) -> None:

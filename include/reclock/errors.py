@@ -492,7 +492,7 @@ class SchemaIncompatible(ReclockError):
     the change is appended."""
 
     def __init__(self, source: str, collection: str, field: str, change: str, old: str, new: str,
-                 remedy: str) -> None:
+                 remedy: str, old_id: int | None = None, new_id: int | None = None) -> None:
         self.source = source
         self.collection = collection
         self.field = field
@@ -500,5 +500,11 @@ class SchemaIncompatible(ReclockError):
         self.old = old
         self.new = new
         self.remedy = remedy
+        self.old_id = old_id  # the registry ids of the schema in force and of the writer refused, when known
+        self.new_id = new_id
+        ids = ""
+        if new_id is not None:
+            ids = f" in writer schema id {new_id}" + (f" (the collection reads as schema id {old_id})"
+                                                      if old_id is not None else "")
         super().__init__(f"source {source}: collection {collection}: field {field!r} {change} (from {old} to "
-                         f"{new}); the source is stalled and nothing past the change is appended ({remedy})")
+                         f"{new}){ids}; the source is stalled and nothing past the change is appended ({remedy})")

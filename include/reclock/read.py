@@ -4,6 +4,11 @@ A read AS OF ``t`` (``since <= t < upper``) takes the shard's updates with ``ts 
 by row, dropping rows whose sum is zero. Parts are read with pyarrow straight from the blob store, so
 DuckDB, pandas or Spark can consume the result (``spark.createDataFrame(table.to_pandas())`` or read the
 part paths directly).
+
+A collection whose schema evolved (a recorded history, ``reclock.persist.schemas``) is read AS OF ``t`` with
+the schema in force at ``t``, each part projected from the schema it was written with
+(``reclock.schema_projection``); :class:`UpdateReader` gives a range's updates with the newest schema of the
+range, and :meth:`UpdateReader.by_version` cuts them where the schema changes, each piece with its own.
 """
 
 from __future__ import annotations
@@ -22,7 +27,10 @@ from reclock.errors import BeyondUpper, NothingComplete, SinceViolation
 from reclock.part_layout import own_columns
 from reclock.persist.blob import BlobStore
 from reclock.persist.parquet import check_rows, column_stats, conform, dictionary_columns, may_retract
+from reclock.persist.schemas import load_history
 from reclock.persist.shards import BatchRow, batches, shard_info
+from reclock.schema_evolution import CollectionSchema, SchemaHistory
+from reclock.schema_projection import part_schema, project_part, target_arrow_schema, unify_tables
 
 
 def _read_part(blob: BlobStore, path: str, kind: str, row_groups: Sequence[int] | None = None,
@@ -39,8 +47,17 @@ def _read_part(blob: BlobStore, path: str, kind: str, row_groups: Sequence[int] 
     return t.rename_columns([renames.get(n, n) for n in t.column_names]) if renames else t
 
 
-def _read_parts(blob: BlobStore, rows: Sequence[BatchRow], kind: str) -> pa.Table | None:
+def _read_parts(blob: BlobStore, rows: Sequence[BatchRow], kind: str,
+                target: CollectionSchema | None = None, as_of: int | None = None) -> pa.Table | None:
+    """The parts' updates in one table: unified by name (a column a part lacks is null there), or, with
+    ``target``, each part projected to it (``reclock.schema_projection.project_part``). With ``as_of``, only
+    the updates at ``ts <= as_of``, kept before projecting: a part of a newer schema may hold updates after
+    ``as_of`` whose values the older ``target`` cannot hold (a widened type), and they are not read."""
     tables = [_read_part(blob, row.path, kind, row=row) for row in rows]
+    if as_of is not None:
+        tables = [t.filter(pc.less_equal(t["ts"], as_of)) for t in tables]
+    if target is not None:
+        tables = unify_tables([project_part(t, target) for t in tables]) or [target_arrow_schema(target, []).empty_table()]
     return pa.concat_tables(tables, promote_options="default") if tables else None
 
 
@@ -50,7 +67,8 @@ def read_updates(conn, blob: BlobStore, shard: str, lower: int = 0, upper: int |
     rows, hi = updates_parts(conn, shard, lower, upper)
     if not rows:
         return None
-    reader = UpdateReader(blob, shard, rows, lower, hi, shard_info(conn, shard).kind)
+    reader = UpdateReader(blob, shard, rows, lower, hi, shard_info(conn, shard).kind,
+                          history=load_history(conn, shard))
     tables = list(reader.tables())
     return pa.concat_tables(tables) if tables else reader.schema.empty_table()
 
@@ -86,12 +104,18 @@ class UpdateReader:
     hold a retraction (nothing is grouped by row), a string column that every row group of a cluster keeps
     as a small dictionary (:func:`reclock.persist.parquet.dictionary_columns`) comes as a dictionary array
     of its type, not decoded.
+
+    With a ``history`` (the shard's recorded schemas), :attr:`schema` is the schema a read AS OF
+    ``upper - 1`` gives (:attr:`target`), every part projected to it; :meth:`by_version` cuts the tables where
+    the schema changes and gives each piece the schema of its time.
     """
 
     def __init__(self, blob: BlobStore, shard: str, rows: Sequence[BatchRow], lower: int, upper: int,
-                 kind: str, dictionaries: bool = False) -> None:
+                 kind: str, dictionaries: bool = False, history: SchemaHistory | None = None) -> None:
         self.blob, self.shard, self.lower, self.upper, self.kind = blob, shard, lower, upper, kind
         self.dictionaries = dictionaries
+        self.history = history if history is not None else SchemaHistory()
+        self.target = self.history.read_as(max(lower, upper - 1))
         self.rows: list[BatchRow] = list(rows)
         self.parts: list[str] = []  # paths
         self.footers: list[pq.FileMetaData] = []
@@ -115,7 +139,11 @@ class UpdateReader:
                     self.groups.append(_RowGroup(lo, hi, len(self.parts), i))
             self.parts.append(row.path)
             self.footers.append(md)
-        self.schema = pa.unify_schemas(schemas, promote_options="default") if schemas else pa.schema([])
+        self.part_schemas = [part_schema(s, [n for n in s.names if n not in ("ts", "diff")]) for s in schemas]
+        if self.target is not None:
+            self.schema = target_arrow_schema(self.target, schemas)
+        else:
+            self.schema = pa.unify_schemas(schemas, promote_options="default") if schemas else pa.schema([])
 
     def without(self, parts: Collection[int]) -> UpdateReader:
         """This reader less the parts at indexes ``parts`` (of :attr:`rows`): their updates are not read.
@@ -138,9 +166,28 @@ class UpdateReader:
         if cluster:
             yield from self._read(cluster, top)
 
+    def by_version(self, tables: Iterator[pa.Table]) -> Iterator[tuple[CollectionSchema | None, pa.Table]]:
+        """``tables`` (of :meth:`tables`) cut where the recorded schema changes, each piece read as the schema
+        in force at its times: ``(that schema, the piece)`` (``(None, table)`` without a history)."""
+        for table in tables:
+            if self.target is None or table.num_rows == 0:
+                yield self.target, table
+                continue
+            ts = table["ts"]
+            lo, hi = pc.min(ts).as_py(), pc.max(ts).as_py()
+            cuts = [v.since_ts for v in self.history.versions if lo < v.since_ts <= hi]
+            bounds = [lo, *cuts, hi + 1]
+            for a, b in zip(bounds, bounds[1:]):
+                piece = table if len(bounds) == 2 else table.filter(
+                    pc.and_(pc.greater_equal(ts, a), pc.less(ts, b)))
+                schema = self.history.read_as(a)
+                yield schema, (piece if schema == self.target else project_part(piece, schema))
+
     def conform(self, table: pa.Table) -> pa.Table:
         """``table`` with :attr:`schema`'s columns, in its order (a missing one null; a dictionary of a
-        column's type kept)."""
+        column's type kept; with a history, the part's columns projected to :attr:`target` first)."""
+        if self.target is not None and table.schema != self.schema:
+            table = project_part(table, self.target)
         if table.schema == self.schema:
             return table
         batches = [conform(b, self.schema) for b in table.to_batches()]
@@ -186,4 +233,5 @@ def read_as_of(conn, blob: BlobStore, shard: str, t: int | None = None) -> pa.Ta
         raise SinceViolation(shard, t, info.since)
     if t >= info.upper:
         raise BeyondUpper(shard, t, info.upper)
-    return contents_as_of(_read_parts(blob, batches(conn, shard, as_of=t), info.kind), t)
+    target = load_history(conn, shard).read_as(t)
+    return contents_as_of(_read_parts(blob, batches(conn, shard, as_of=t), info.kind, target, as_of=t), t)

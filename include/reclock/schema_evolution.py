@@ -257,10 +257,15 @@ def evolve(current: CollectionSchema, incoming: CollectionSchema,
 
 @dataclass(frozen=True)
 class SchemaVersion:
-    """From ``since_ts`` on (until the next version), the collection's schema is ``schema``."""
+    """From ``since_ts`` on (until the next version), the collection's schema is ``schema``. ``upstream``: what
+    the source kind needs to decode records as this version (JSON text: an Avro reader schema and its
+    writers' ids, a declared DDL, a relation's columns; ``{}`` when nothing); ``cause``: why it begins (for
+    people: ``writer schema 7 adds note``)."""
 
     since_ts: int
     schema: CollectionSchema
+    upstream: str = "{}"
+    cause: str = ""
 
 
 @dataclass(frozen=True)
@@ -276,23 +281,35 @@ class SchemaHistory:
 
     def at(self, ts: int) -> CollectionSchema | None:
         """The schema in force at ``ts`` (None before the first version)."""
+        v = self.version_at(ts)
+        return v.schema if v is not None else None
+
+    def version_at(self, ts: int) -> SchemaVersion | None:
+        """The version in force at ``ts`` (None before the first one)."""
         found = None
         for v in self.versions:
             if v.since_ts > ts:
                 break
-            found = v.schema
+            found = v
         return found
+
+    def read_as(self, ts: int) -> CollectionSchema | None:
+        """The schema a read AS OF ``ts`` gives: the one in force then, or before the first version the first
+        (a collection's columns are known before its first row); None for a collection without a history."""
+        if not self.versions:
+            return None
+        return self.at(ts) or self.versions[0].schema
 
     def latest(self) -> CollectionSchema | None:
         return self.versions[-1].schema if self.versions else None
 
-    def with_change(self, ts: int, schema: CollectionSchema) -> "SchemaHistory":
+    def with_change(self, ts: int, schema: CollectionSchema, upstream: str = "{}", cause: str = "") -> "SchemaHistory":
         """The history with ``schema`` from ``ts`` on: a version at or after the newest one's time (at the same
         time, it replaces it: two changes at one timestamp are one)."""
         if self.versions and ts < self.versions[-1].since_ts:
             raise ValueError(f"a schema change at {ts} is before the newest version's {self.versions[-1].since_ts}")
         kept = tuple(v for v in self.versions if v.since_ts != ts)
-        return SchemaHistory(kept + (SchemaVersion(ts, schema),))
+        return SchemaHistory(kept + (SchemaVersion(ts, schema, upstream, cause),))
 
 
 @dataclass(frozen=True)

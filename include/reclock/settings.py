@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from reclock import connections
-from reclock.specs import KafkaSpec
+from reclock.specs import KafkaSpec, RegistrySpec
 from reclock.errors import SettingError
 from reclock.kafka_client import KafkaClientConfig
 from reclock.persist import objectstore
@@ -130,6 +130,20 @@ def find_kafka(kafka: KafkaSpec, what: str, given: str | None = None) -> KafkaCl
         "bootstrap.servers and the security settings, e.g. AIRFLOW_CONN_"
         f"{kafka.connection.upper()}), or, for an unsecured cluster, set RECLOCK_BOOTSTRAP (host:port,...; "
         "reclock commands: --bootstrap) or give it `bootstrap:` in the config")
+
+
+def find_registry(registry: RegistrySpec, what: str):
+    """``what``'s Schema Registry settings (``reclock.schema_registry.RegistrySettings``): its ``url:`` (no
+    credentials), else its Airflow connection (credentials and TLS files there)."""
+    from reclock.schema_registry import RegistrySettings
+
+    if registry.url:
+        return RegistrySettings(registry.url)
+    return from_connection(
+        lambda: connections.registry_settings(registry.connection),
+        f"{what}: the Airflow connection {registry.connection} (its `format.registry.connection`) is not defined "
+        f"(e.g. AIRFLOW_CONN_{registry.connection.upper()}='{{\"conn_type\": \"http\", \"host\": "
+        f"\"https://registry:8081\", \"login\": ..., \"password\": ...}}'), or give `url:`")
 
 
 def seconds_setting(var: str, default: float) -> float:

@@ -22,6 +22,9 @@ from reclock.errors import ConfigError
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
 NAME_RE_SHARD = re.compile(r"^[a-z][a-z0-9_]{0,60}$")  # reclock.persist.names.SHARD_RE
 FORMATS = ("json", "avro", "csv", "text", "bytes")
+REGISTRY_FORMATS = ("avro", "json_schema")
+"""Formats whose writer schemas a Schema Registry may hold (``format.registry``; json_schema needs one)."""
+SCHEMA_MODES = ("fixed", "evolve")
 WIRES = ("plain", "confluent")
 ENVELOPES = ("none", "upsert")
 REBUILDS = ("task", "spark_submit")
@@ -99,11 +102,24 @@ def parse_kafka(raw: Any, what: str) -> KafkaSpec:
 
 
 @dataclass(frozen=True)
+class RegistrySpec:
+    """Where a source's writer schemas are (``format.registry``): a Confluent-compatible Schema Registry reached
+    through an Airflow connection (credentials and TLS there, never in this file), or a bare ``url`` (no
+    credentials: scripts, tests); ``subject``: the subject whose versions the records' writers are (default
+    ``<topic>-value``)."""
+
+    connection: str = "reclock_registry"
+    url: str | None = None
+    subject: str | None = None
+
+
+@dataclass(frozen=True)
 class FormatSpec:
     type: str = "json"
     schema: str | None = None  # Spark DDL (json, csv) or the Avro schema's JSON text (avro)
     csv_header: bool = False
     wire: str = "plain"  # avro: plain binary, or confluent (magic byte + 4-byte schema id first)
+    registry: RegistrySpec | None = None  # avro, json_schema: writer schemas by id from a Schema Registry
 
     @property
     def avro_fields(self) -> list[str]:
@@ -135,27 +151,66 @@ SCHEMA_FORMATS = ("json", "csv", "parquet")
 
 
 def parse_format(raw: Any, what: str, base: Path | None, formats: tuple[str, ...] = FORMATS,
-                 wires: tuple[str, ...] = WIRES) -> FormatSpec:
+                 wires: tuple[str, ...] = WIRES, subject: str | None = None) -> FormatSpec:
     """A source's ``format:`` (a type name, or a mapping with ``type``, ``schema``, ``header`` (csv),
-    ``schema_file`` (avro), ``wire`` (when the kind has ``wires``)), a type among the kind's ``formats``;
+    ``schema_file`` (avro), ``wire`` (when the kind has ``wires``), ``registry`` (when the kind reads writer
+    schemas from a registry: it gives the default ``subject``)), a type among the kind's ``formats``;
     ``base`` is the folder a relative ``schema_file`` is found in."""
     f = {"type": raw} if isinstance(raw, str) else raw
     f = require(f, what)
-    refuse_unknown(f, {"type", "schema", "header", "schema_file", *(("wire",) if wires else ())}, what)
+    refuse_unknown(f, {"type", "schema", "header", "schema_file", "registry", *(("wire",) if wires else ())}, what)
     ftype = f.get("type", "json")
     if ftype not in formats:
         raise ConfigError(f"{what}: type {ftype!r} is not one of {', '.join(formats)}")
+    if "registry" in f and subject is None:
+        raise ConfigError(f"{what}: `registry:` is read by Kafka sources only (not by this kind of source yet)")
+    registry = parse_registry(f, what, ftype, subject or "")
     schema = f.get("schema")
     if ftype in SCHEMA_FORMATS and not schema:
         raise ConfigError(f"{what}: type {ftype} needs a `schema` (Spark DDL, e.g. \"id BIGINT, name STRING\")")
-    if ftype == "avro":
+    if ftype == "avro" and (registry is None or "schema_file" in f):
         schema = avro_schema(f, what, base)
     if "header" in f and ftype != "csv":
         raise ConfigError(f"{what}: `header:` is for csv")
-    wire = f.get("wire", "plain")
+    wire = f.get("wire", "confluent" if registry is not None else "plain")
     if wires and wire not in wires:
         raise ConfigError(f"{what}: wire {wire!r} is not one of {', '.join(wires)}")
-    return FormatSpec(type=ftype, schema=schema, csv_header=bool(f.get("header", False)), wire=wire)
+    if registry is not None and wire != "confluent":
+        raise ConfigError(f"{what}: records read through a registry are in the Confluent wire format "
+                          "(leave out `wire:`, or give `wire: confluent`)")
+    return FormatSpec(type=ftype, schema=schema, csv_header=bool(f.get("header", False)), wire=wire,
+                      registry=registry)
+
+
+def parse_registry(f: dict, what: str, ftype: str, subject: str) -> RegistrySpec | None:
+    """``format.registry`` of the format mapping ``f`` (required for json_schema, optional for avro, refused for
+    the others); ``subject``: the default subject (a Kafka topic's ``<topic>-value``)."""
+    if "registry" not in f:
+        if ftype == "json_schema":
+            raise ConfigError(f"{what}: type json_schema needs `registry:` (where the writer schemas are, e.g. "
+                              "{connection: reclock_registry})")
+        return None
+    if ftype not in REGISTRY_FORMATS:
+        raise ConfigError(f"{what}: `registry:` is for avro and json_schema, not {ftype}")
+    r = require(f["registry"] or {}, f"{what}.registry")
+    refuse_unknown(r, {"connection", "url", "subject"}, f"{what}.registry")
+    subject = r.get("subject") or subject
+    if not isinstance(subject, str):
+        raise ConfigError(f"{what}.registry: subject must be a string, got {subject!r}")
+    url = r.get("url")
+    if url is not None and not (isinstance(url, str) and url.startswith(("http://", "https://"))):
+        raise ConfigError(f"{what}.registry: url {url!r} is not an http(s):// URL")
+    return RegistrySpec(connection=str(r.get("connection", "reclock_registry")), url=url, subject=subject)
+
+
+def parse_schema_mode(d: dict, fmt: FormatSpec, what: str) -> str:
+    """A source's ``schema:`` (fixed | evolve; evolve needs writer schemas from a registry)."""
+    mode = d.get("schema", "fixed")
+    if mode not in SCHEMA_MODES:
+        raise ConfigError(f"{what}: schema {mode!r} is not one of {', '.join(SCHEMA_MODES)}")
+    if mode == "evolve" and fmt.registry is None:
+        raise ConfigError(f"{what}: `schema: evolve` needs writer schemas from a registry (`format.registry:`)")
+    return mode
 
 
 def parse_include(d: dict, metadata: tuple[str, ...], what: str) -> tuple[str, ...]:
@@ -242,6 +297,7 @@ class SourceSpec:
     lease_s: float = 600.0  # continuous: how long one run keeps cycling before the next run takes over
     resume_s: float = 1.0  # continuous: resume at most this often (and when the lease ends)
     group: str | None = None  # continuous: the group whose one task runs this source's cycles
+    schema_mode: str = "fixed"  # registry formats: fixed | evolve (``schema:`` in the config)
 
     @property
     def kind(self) -> str:

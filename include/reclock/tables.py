@@ -13,6 +13,11 @@ a rebuild replaced, internal columns, and updates with ``diff`` rather than rows
    dropped. When the parts' footers show that no update retracts (every ``diff`` is 1, as in an append-only
    collection) the rows are taken as they are, without an aggregation.
 
+A collection whose schema evolved (a recorded history, ``reclock.persist.schemas``) is read AS OF ``t`` with
+the schema in force at ``t``: the parts are scanned in groups of one schema each, every group filtered to
+the read's times and projected to that schema (``reclock.schema_projection``: a column a part lacks is
+null, a widened one cast), and the groups' rows unioned before they are consolidated.
+
 Consolidation is bit for bit, as ``read_as_of``'s and compaction's (``reclock.compaction``): an engine's own
 grouping is not (Spark and DuckDB put ``0.0`` and ``-0.0``, and every NaN, in one group), so each groups
 by a bit-exact key instead and carries every value through as it was (``reclock.bitexact``). A column
@@ -53,8 +58,11 @@ from reclock.part_layout import own_columns
 from reclock.persist import connect
 from reclock.persist.blob import BlobStore, FsspecBlobStore
 from reclock.persist.parquet import check_rows, column_stats, may_retract
+from reclock.persist.schemas import load_history
 from reclock.persist.shards import (BatchRow, acquire_read_hold, batches, release_read_hold, renew_read_hold,
                                     shard_info)
+from reclock.schema_evolution import CollectionSchema
+from reclock.schema_projection import duckdb_sql, duckdb_type, part_schema, spark_sql
 
 MAX_ENGINE_DECIMAL = 38
 """The most digits a decimal of Spark or DuckDB holds (Reclock writes wider ones for ``numeric(p, s)`` with
@@ -88,6 +96,8 @@ class PartList:
     schema_path: str | None  # a part of the shard to take the columns from when ``paths`` is empty
     uniform: bool = True  # every part has the same columns and types (no schema merging needed)
     wide_decimals: tuple[str, ...] = ()  # the shard's columns that are decimals of more than 38 digits
+    target: CollectionSchema | None = None  # the schema read (the one in force at as_of), if recorded
+    part_schemas: tuple[CollectionSchema, ...] = ()  # with a target: each part's own user columns
 
 
 def _footer(blob: BlobStore, row: BatchRow) -> tuple[bool, bool, Any]:
@@ -113,15 +123,22 @@ def list_parts(conn, blob: BlobStore, shard: str, as_of: int, lower: int = 0) ->
         retractions, multiples = retractions or r, multiples or m
         schemas.append(schema)
     schema_path = None
-    if not rows:
+    target = load_history(conn, shard).read_as(as_of)
+    if not rows and target is None:
         every = batches(conn, shard)
         schema_path = every[-1].path if every else None
     own, renames = own_columns(info.kind, sorted({f.name for s in schemas for f in s}))
     wide = sorted({renames.get(f.name, f.name) for s in schemas for f in s if f.name in own
                    and pa.types.is_decimal(f.type) and f.type.precision > MAX_ENGINE_DECIMAL})
+    own_schemas = []
+    if target is not None:
+        for schema in schemas:
+            own, renames = own_columns(info.kind, schema.names)
+            fields = [schema.field(c).with_name(renames.get(c, c)) for c in own]
+            own_schemas.append(part_schema(pa.schema(fields), [f.name for f in fields if f.name not in ("ts", "diff")]))
     return PartList(shard, info.kind, as_of, lower, tuple(b.path for b in rows), sum(b.rows for b in rows),
                     retractions, multiples, schema_path, all(s.equals(schemas[0]) for s in schemas[1:]),
-                    tuple(wide))
+                    tuple(wide), target, tuple(own_schemas))
 
 
 def _holder() -> str:
@@ -279,18 +296,15 @@ def spark_frame(spark, parts: PartList, blob: BlobStore, updates: bool = False) 
     without columns."""
     from pyspark.sql import functions as F
 
-    paths = _read_paths(parts)
-    if not paths:
-        return spark.createDataFrame([], "diff BIGINT").drop("diff")
-    # recursiveFileLookup: no partition discovery (upsert parts sit in _output=N/ folders, no column of ours);
-    # a listed part that is missing or corrupt fails the read, whatever the session's ignore* settings say
-    df = spark.read.options(mergeSchema=str(not parts.uniform).lower(), recursiveFileLookup="true",
-                            ignoreMissingFiles="false",
-                            ignoreCorruptFiles="false").parquet(*[blob.url(p) for p in paths])
-    own, renames = own_columns(parts.kind, df.columns)
-    df = df.select(*[F.col(f"`{c}`").alias(renames.get(c, c)) for c in own])
-    if not parts.paths:
-        df = df.limit(0)
+    if parts.target is not None:
+        df = _spark_projected(spark, parts, blob)
+    else:
+        paths = _read_paths(parts)
+        if not paths:
+            return spark.createDataFrame([], "diff BIGINT").drop("diff")
+        df = _spark_scan(spark, parts, blob, paths, mergeSchema=not parts.uniform)
+        if not parts.paths:
+            df = df.limit(0)
     df = df.where((F.col("ts") <= parts.as_of) & (F.col("ts") >= parts.lower))
     if updates:
         return df
@@ -301,6 +315,58 @@ def spark_frame(spark, parts: PartList, blob: BlobStore, updates: bool = False) 
         return df.select(*data)
     return df.select(*data, F.explode(F.sequence(F.lit(1), F.col("diff").cast("int"))).alias("_reclock_n")) \
         .drop("_reclock_n")
+
+
+def _spark_scan(spark, parts: PartList, blob: BlobStore, paths: list[str], mergeSchema: bool) -> Any:
+    """The parts at ``paths`` scanned, their own columns named as the shard names them."""
+    from pyspark.sql import functions as F
+
+    # recursiveFileLookup: no partition discovery (upsert parts sit in _output=N/ folders, no column of ours);
+    # a listed part that is missing or corrupt fails the read, whatever the session's ignore* settings say
+    df = spark.read.options(mergeSchema=str(mergeSchema).lower(), recursiveFileLookup="true",
+                            ignoreMissingFiles="false",
+                            ignoreCorruptFiles="false").parquet(*[blob.url(p) for p in paths])
+    own, renames = own_columns(parts.kind, df.columns)
+    return df.select(*[F.col(f"`{c}`").alias(renames.get(c, c)) for c in own])
+
+
+def _groups(parts: PartList) -> list[list[str]]:
+    """The listed parts in groups of one schema each (``parts.part_schemas``), in the order first met."""
+    groups: dict = {}
+    for path, schema in zip(parts.paths, parts.part_schemas):
+        groups.setdefault(schema, []).append(path)
+    return list(groups.values())
+
+
+def _spark_projected(spark, parts: PartList, blob: BlobStore) -> Any:
+    """The parts' updates at ``parts.lower <= ts <= parts.as_of`` read as ``parts.target``: each group of one
+    schema scanned, filtered to the range first (a part of a newer schema may hold later values the target's
+    narrower type cannot), projected (``reclock.schema_projection.spark_sql``), the groups unioned."""
+    from pyspark.sql import functions as F
+
+    target = parts.target
+    frames = []
+    for paths in _groups(parts):
+        schema = parts.part_schemas[parts.paths.index(paths[0])]
+        df = _spark_scan(spark, parts, blob, paths, mergeSchema=False)
+        df = df.where((F.col("ts") <= parts.as_of) & (F.col("ts") >= parts.lower))
+        cols = []
+        for c in target.columns:
+            have = schema.column(c.name)
+            expr = spark_sql(_bq(c.name), have.type if have is not None and c.name in df.columns else None, c.type)
+            cols.append(f"{expr} AS {_bq(c.name)}")
+        frames.append(df.selectExpr(*cols, "ts", "diff"))
+    if not frames:
+        ddl = ", ".join([f"{_bq(c.name)} {c.type}" for c in target.columns] + ["ts BIGINT", "diff BIGINT"])
+        return spark.createDataFrame([], ddl)
+    out = frames[0]
+    for f in frames[1:]:
+        out = out.unionByName(f)
+    return out
+
+
+def _bq(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
 
 
 def _spark_consolidated(df) -> Any:
@@ -337,22 +403,20 @@ def _ident(c: str) -> str:
 def duckdb_relation(con, parts: PartList, blob: BlobStore) -> Any:
     """A DuckDB relation over ``parts`` (the contents AS OF ``parts.as_of``). The blob store's files are read
     by DuckDB itself: a local folder directly, an object store through the store's fsspec filesystem. A
-    collection without a single part yet is an empty relation of one column, ``_reclock_empty``."""
+    collection without a single part yet is an empty relation of one column, ``_reclock_empty`` (of its
+    recorded schema's columns, when it has one)."""
     paths = _read_paths(parts)
-    if not paths:
+    if not paths and parts.target is None:
         return con.sql("SELECT NULL::BOOLEAN AS _reclock_empty WHERE false")
-    if isinstance(blob, FsspecBlobStore):
-        name = blob.fs.protocol if isinstance(blob.fs.protocol, str) else blob.fs.protocol[0]
-        if not con.filesystem_is_registered(name):
-            con.register_filesystem(blob.fs)
-        urls = [f"{blob.protocol}://{blob._p(p)}" for p in paths]
-    else:
-        urls = [blob.url(p) for p in paths]
     if parts.wide_decimals:
         raise ValueNotCarried(f"collection {parts.shard}", parts.wide_decimals[0],
                               f"a decimal of more than {MAX_ENGINE_DECIMAL} digits, which DuckDB reads as a "
                               "DOUBLE (rounded)", "read it with `reclock read` or reclock.read.read_as_of")
-    src = f"read_parquet([{', '.join(map(_sql_str, urls))}], union_by_name = true, hive_partitioning = false)"
+    if parts.target is not None:
+        src = _duckdb_projected(con, parts, blob)
+    else:
+        src = (f"read_parquet([{', '.join(map(_sql_str, _duckdb_urls(con, blob, paths)))}], union_by_name = true, "
+               "hive_partitioning = false)")
     scan = con.sql(f"SELECT * FROM {src}")
     own, renames = own_columns(parts.kind, scan.columns)
     types = dict(zip(scan.columns, scan.types))
@@ -371,3 +435,39 @@ def duckdb_relation(con, parts: PartList, blob: BlobStore) -> Any:
     if parts.multiples:
         return con.sql(f"SELECT {sel} FROM ({base}) AS a, range(a.diff::BIGINT) WHERE {where}")
     return con.sql(f"SELECT {sel} FROM ({base}) WHERE {where}")
+
+
+def _duckdb_urls(con, blob: BlobStore, paths: list[str]) -> list[str]:
+    """The parts' URLs as DuckDB reads them (an object store through the blob store's fsspec filesystem)."""
+    if isinstance(blob, FsspecBlobStore):
+        name = blob.fs.protocol if isinstance(blob.fs.protocol, str) else blob.fs.protocol[0]
+        if not con.filesystem_is_registered(name):
+            con.register_filesystem(blob.fs)
+        return [f"{blob.protocol}://{blob._p(p)}" for p in paths]
+    return [blob.url(p) for p in paths]
+
+
+def _duckdb_projected(con, parts: PartList, blob: BlobStore) -> str:
+    """SQL of the parts' updates read as ``parts.target``, named as the shard names them: each group of one
+    schema scanned and projected, the groups unioned (no parts: no rows, the target's columns)."""
+    target = parts.target
+    selects = []
+    for paths in _groups(parts):
+        schema = parts.part_schemas[parts.paths.index(paths[0])]
+        src = (f"read_parquet([{', '.join(map(_sql_str, _duckdb_urls(con, blob, paths)))}], "
+               "hive_partitioning = false)")
+        names = con.sql(f"SELECT * FROM {src}").columns
+        own, renames = own_columns(parts.kind, names)
+        file_name = {renames.get(c, c): c for c in own}
+        cols = []
+        for c in target.columns:
+            have = schema.column(c.name)
+            expr = _ident(file_name[c.name]) if have is not None and c.name in file_name else "NULL"
+            cols.append(f"{duckdb_sql(expr, have.type if expr != 'NULL' else None, c.type)} AS {_ident(c.name)}")
+        # filtered before projected: a part of a newer schema may hold later values the target cannot
+        selects.append(f"SELECT {', '.join(cols + ['ts', 'diff'])} FROM {src} "
+                       f"WHERE ts <= {int(parts.as_of)} AND ts >= {int(parts.lower)}")
+    if not selects:
+        cols = [f"NULL::{duckdb_type(c.type)} AS {_ident(c.name)}" for c in target.columns]
+        selects.append(f"SELECT {', '.join(cols + ['NULL::BIGINT AS ts', 'NULL::BIGINT AS diff'])} WHERE false")
+    return "(" + " UNION ALL ".join(selects) + ")"

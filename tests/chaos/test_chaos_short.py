@@ -1,8 +1,12 @@
-"""The fault campaign, short (issue 15): ~12 faults (fewer if 7 minutes of start-up and faults on a loaded machine do not
-allow 12) of every kind ``benchmarks.chaos`` injects (cycle, Airflow task and sink processes SIGKILLed or
-stopped at fail points, Postgres restarted immediate (with the CDC source's upstream in it), the Kafka broker, the Spark Connect server and a Spark cluster worker killed and restarted), a
-fixed seed, the same code as ``python -m benchmarks.chaos``. The oracle reads the topics itself; nothing may
-be lost, duplicated or at a wrong timestamp."""
+"""The fault campaign, short (issues 15 and 37): one fault of each kind ``benchmarks.chaos`` injects (cycle,
+Airflow task and sink processes SIGKILLed or stopped at fail points, Postgres restarted immediate (with the CDC
+source's upstream in it), the Kafka broker, the Spark Connect server and a Spark cluster worker killed and
+restarted, one of two Airflow schedulers killed, latency, resets and a black hole on the network to Postgres or
+Kafka), a fixed seed, the same code as ``python -m benchmarks.chaos``. The oracle reads the topics itself;
+nothing may be lost, duplicated or at a wrong timestamp, and Airflow may not leave its source without a try
+running for longer than its own recovery time (``AIRFLOW_STALL_S``; the campaign exits 1). Nothing here asserts
+a speed: a fail point counts only once the process reached it (a loaded machine may not get there in the
+window), and the stall (no run succeeded, tries running) is reported, not checked."""
 
 from __future__ import annotations
 
@@ -18,17 +22,18 @@ import pytest
 from benchmarks.chaos import FAULT_KINDS, REPO
 
 SEED = 15
-FAULTS = 12
+FAULTS = len(FAULT_KINDS)  # each kind comes once first (in an order the seed picks), a missed one again later
+ALWAYS_HIT = tuple(k for k in FAULT_KINDS if not k.endswith("_failpoint"))
 
 
-@pytest.mark.timeout(1500)
+@pytest.mark.timeout(1800)
 def test_short_campaign_loses_and_duplicates_nothing():
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
     p = subprocess.Popen([sys.executable, "-m", "benchmarks.chaos", "--faults", str(FAULTS), "--seed", str(SEED),
-                          "--gap", "1", "4", "--max-seconds", "420"],
+                          "--gap", "1", "2", "--max-seconds", "300"],
                          cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        out, err = p.communicate(timeout=1400)
+        out, err = p.communicate(timeout=1650)
     except subprocess.TimeoutExpired:
         p.send_signal(signal.SIGTERM)  # the campaign stops its services on the way out
         out, err = p.communicate(120)
@@ -37,10 +42,11 @@ def test_short_campaign_loses_and_duplicates_nothing():
     assert "lost 0, duplicated 0, wrong timestamps 0" in out, out[-6000:] + err[-2000:]
     assert p.returncode == 0, out[-4000:] + err[-4000:]
     kinds = dict(re.findall(r"(\w+) (\d+)", re.search(r"faults by kind: (.*)", out).group(1)))
-    assert all(int(kinds[k]) >= 1 for k in FAULT_KINDS), kinds  # every kind comes first, once each
+    assert all(int(kinds[k]) >= 1 for k in ALWAYS_HIT), kinds
     checked = int(re.search(r"records checked: (\d+)", out).group(1))
     assert checked > 1000, out
     extra = json.loads(re.search(r"produced: \{.*?\}; (\{.*\})", out).group(1))
     airflow = extra["airflow"]
     assert extra["postgres"]["transactions"] > 50 and re.search(r"pgs \d+", out), out  # the CDC source was checked
-    assert airflow["retried_to_success"] >= 1 and airflow["runs"].get("success", 0) >= 1, (airflow, out[-3000:])  # Airflow ran it
+    assert airflow["runs"].get("success", 0) >= 1 and airflow["longest_idle_s"] is not None, (airflow, out[-3000:])
+    print("\n".join(out.splitlines()[-12:]))  # the figures (pytest -s shows them)

@@ -232,3 +232,88 @@ def test_a_postgres_snapshot_read_by_the_cluster_into_s3_equals_the_table(db, po
     assert all(r["diff"] == 1 for r in got) and len(got) == len(want) == 19990
     assert {r["id"]: (r["id"], r["v"], r["n"], r["at"], r["ch"]) for r in got} == want
 
+
+
+def test_parts_written_in_place_on_s3_read_back_bit_for_bit(db, kafka, topic, cluster, s3):
+    """The cluster's parts go to S3 through Reclock's direct committer (jvm/committer): each file PUT once at
+    its final name, no ``_temporary/`` copies; what the collection reads back from them is every value of
+    the topic bit for bit (-0.0, NaN, infinities, subnormals, Unicode), and every part recorded in
+    Postgres is the object on S3, byte count for byte count."""
+    import math
+    import struct
+
+    name = topic(partitions=2)
+    doubles = ["-0.0", "0.0", "NaN", "Infinity", "-Infinity", "5e-324", "1.7976931348623157e308",
+               "0.30000000000000004", "-2.2250738585072014e-308"]
+    texts = ["", "ü", "日本語 \u2028", "a\\u0000b", "emoji \U0001F600"]
+    values = [(i, doubles[i % len(doubles)], texts[i % len(texts)]) for i in range(300)]
+    produce(kafka, name, [(i % 2, None, ('{"id": %d, "x": %s, "name": %s}' % (i, d, json.dumps(t))).encode())
+                          for i, d, t in values])
+    raw = {"kafka": {"topic": name, "bootstrap": kafka.bootstrap},
+           "format": {"type": "json", "schema": "id BIGINT, x DOUBLE, name STRING"}}
+    ctx = cycle.CycleContext(spec=parse_source("cl_bits", raw), dsn=db, upstream=kafka.bootstrap,
+                             blob=blob_store_from_url(s3.url(f"cl_bits-{uuid.uuid4().hex[:8]}"), s3.settings()),
+                             spark_factory=lambda: cluster.connect.session(scope="cl_bits"), clock=Clock())
+    session = cluster.connect.session(scope="cl_bits")
+    assert session.conf.get("spark.reclock.parts.committer") == "direct"
+    cycle.run_cycle(ctx)
+
+    with connect(db) as conn:
+        rows = read_updates(conn, ctx.blob, ctx.spec.data_shard).to_pylist()
+        recorded = {b.path: b.bytes for b in batches(conn, ctx.spec.data_shard)}
+    bits = lambda x: struct.pack(">d", x)  # noqa: E731 - NaN != NaN; its bits are equal
+    want = sorted((i, bits(float(d.replace("Infinity", "inf"))), json.loads(json.dumps(t))) for i, d, t in values)
+    got = sorted((r["id"], bits(r["x"]), r["name"]) for r in rows)
+    assert got == want and any(math.copysign(1, r["x"]) < 0 and r["x"] == 0 for r in rows)
+    blobs = {b.path: b.size for b in ctx.blob.list(ctx.spec.name)}
+    assert recorded and all(blobs.get(p) == n for p, n in recorded.items()), (recorded, blobs)
+    assert not [p for p in blobs if "_temporary" in p]  # written in place: nothing staged, nothing left over
+    ours = [a for found in cluster.saved_task_outputs().values() for a, path in found
+            if f"/{ctx.blob.base.split('/')[-1]}/" in path]
+    assert ours  # the executors' logs name the direct committer's task outputs
+
+
+def test_a_task_attempt_that_fails_part_way_leaves_no_counted_part_on_s3(cluster, s3, tmp_path):
+    """A task attempt failing part-way through its file: Spark's abort closes its writer, so the Parquet file
+    of the rows it wrote so far is completed on S3. Through the direct committer that file bears the
+    attempt's own name, and the attempt's abort deletes it before the retry runs; the retry writes the
+    partition whole under its name. The folder then holds exactly the rows the job reported, each once: the
+    accounted write (``reclock.persist.staged.collect_parts``) takes it. (Under Spark's shared file names a
+    killed speculative twin could have replaced the committed file after the job ended.)"""
+    import pyarrow.parquet as pq
+    from pyspark.sql.functions import col, count, udf
+
+    from reclock.spark.jobs import observation, observed, parts_writer
+
+    blob = blob_store_from_url(s3.url(f"retry-{uuid.uuid4().hex[:8]}"), s3.settings())
+    url = blob.url("slice-0000")
+    failed = tmp_path / "failed"  # the executors run on this host: the first attempt leaves this mark
+
+    @udf("bigint")
+    def fail_first_attempt(i):
+        from pyspark import TaskContext
+
+        task = TaskContext.get()
+        if task.partitionId() == 0 and task.attemptNumber() == 0 and i == 3000:
+            open(failed, "w").close()
+            raise RuntimeError("the first attempt fails after writing 3000 rows")
+        return i
+
+    spark = cluster.connect.session(scope="retry")
+    assert spark.conf.get("spark.reclock.parts.committer") == "direct"
+    obs = observation(spark)
+    df = spark.range(0, 8000, 1, 2).select(fail_first_attempt(col("id")).alias("id"))
+    df = df.observe(obs, count("*").alias("rows"))
+    parts_writer(df, url).parquet(url)
+    assert failed.exists()  # the first attempt did fail
+    logs = "".join(p.read_text(errors="replace") for i in range(cluster.workers)
+                   for p in cluster.worker_dir(i).glob("*/*/stderr"))
+    assert "deleted 1 file(s) it wrote under " + url in logs  # its abort found the partial file and deleted it
+    files = [b for b in blob.list("slice-0000") if b.path.endswith(".parquet")]
+    assert len(files) == 2 and all(b.path.rsplit("/", 1)[-1].startswith("part-a") for b in files), files
+    ids = []
+    for b in files:
+        with blob.open(b.path) as f:
+            ids += pq.read_table(f)["id"].to_pylist()
+    assert observed(obs, "retry", url, ["rows"]) == {"rows": 8000}
+    assert sorted(ids) == list(range(8000))

@@ -395,7 +395,7 @@ def test_an_upsert_of_zero_and_minus_zero_reads_back_exactly_everywhere(db, kafk
     out = topic(partitions=1)
     spec = SinkSpec(name="amounts_out", collection="amounts", kafka=KafkaSpec(topic=out, bootstrap=kafka.bootstrap),
                     key=("id",), progress_topic=f"_progress_{out}", budget=SinkBudget(max_messages=100))
-    kafka_sink.run_once(SinkContext(spec=spec, dsn=db, bootstrap=kafka.bootstrap, blob=ctx.blob))
+    kafka_sink.run_once(SinkContext(spec=spec, dsn=db, kafka=kafka.bootstrap, blob=ctx.blob))
     afters = [json.loads(m.value())["after"] for m in read_all(kafka.bootstrap, out, "check")]
     last = {a["id"]: a for a in afters if a is not None}
     assert [last[i]["amount"] for i in (3, 4)] == ["NaN", "-Infinity"] and str(last[1]["amount"]) == "-0.0"
@@ -489,5 +489,5 @@ def test_the_readers_the_iceberg_export_and_the_kafka_sink_carry_every_value_bit
     spec = SinkSpec(name="bx_out", collection=shard, kafka=KafkaSpec(topic=out, bootstrap=kafka.bootstrap),
                     progress_topic=f"_progress_{out}", budget=SinkBudget(max_messages=1000))
     with pytest.raises(ValueNotCarried, match="column d: .* NaN value"):
-        kafka_sink.run_once(SinkContext(spec=spec, dsn=db, bootstrap=kafka.bootstrap, blob=blob))
+        kafka_sink.run_once(SinkContext(spec=spec, dsn=db, kafka=kafka.bootstrap, blob=blob))
     assert list(read_all(kafka.bootstrap, out, "check")) == []

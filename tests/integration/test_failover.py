@@ -74,7 +74,7 @@ def _sink_ctx(dsn: str, kafka, ctx, topic: str) -> SinkContext:
                                        "kafka": {"topic": f"{topic}_out", "bootstrap": kafka.bootstrap},
                                        "progress_topic": f"_progress_{topic}", "transaction_timeout": "20s"},
                       {ctx.spec.name: ctx.spec})
-    return SinkContext(spec=spec, dsn=dsn, bootstrap=kafka.bootstrap, blob=ctx.blob)
+    return SinkContext(spec=spec, dsn=dsn, kafka=kafka.bootstrap, blob=ctx.blob)
 
 
 def _check_sink(sink_ctx: SinkContext, ctx) -> None:
@@ -83,11 +83,11 @@ def _check_sink(sink_ctx: SinkContext, ctx) -> None:
         ups = read_updates(conn, ctx.blob, ctx.spec.name)
         (upper,) = conn.execute("SELECT upper FROM reclock.shards WHERE id = %s", (ctx.spec.name,)).fetchone()
     got = [(int(dict(m.headers())[TS_HEADER]), m.key(), m.value())
-           for m in read_all(sink_ctx.bootstrap, sink_ctx.spec.kafka.topic, "failover-oracle")]
+           for m in read_all(sink_ctx.kafka.bootstrap, sink_ctx.spec.kafka.topic, "failover-oracle")]
     first = min(t for t, _, _ in got)
     ups = ups.set_column(ups.schema.get_field_index("ts"), "ts", pc.max_element_wise(ups["ts"], first))
     assert collections.Counter(got) == collections.Counter(encode_updates(sink_ctx.spec, consolidate(ups)))
-    assert read_progress(sink_ctx.bootstrap, sink_ctx.spec.progress_topic, sink_ctx.spec.name).frontier == upper
+    assert read_progress(sink_ctx.kafka.bootstrap, sink_ctx.spec.progress_topic, sink_ctx.spec.name).frontier == upper
 
 
 @pytest.mark.parametrize("shape", [(100, 1, 1), pytest.param((200, 2, 3), marks=pytest.mark.deployment)],

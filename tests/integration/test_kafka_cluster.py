@@ -133,7 +133,7 @@ def _exactly_once_while_killed(kafka_cluster, db, spark, tmp_path, tag: str, pla
                             "kafka": {"topic": out, "bootstrap": bootstrap},
                             "progress_topic": f"_progress_{tag}", "budget": {"max_messages": 100},
                             "transaction_timeout": "20s"}, {tag: ctx.spec})
-    sink_ctx = SinkContext(spec=spec, dsn=db, bootstrap=bootstrap, blob=ctx.blob)
+    sink_ctx = SinkContext(spec=spec, dsn=db, kafka=bootstrap, blob=ctx.blob)
 
     stop_producing = threading.Event()
     acked: list[int] = []

@@ -280,3 +280,14 @@ def test_the_certificates_compose_mounts_are_the_ones_make_certs_makes(tmp_path)
     for path in mounted:
         assert (tmp_path / path[len("./docker/certs/"):]).exists(), path
     assert (REPO / ".gitignore").read_text().count("docker/certs") == 1
+
+
+def test_airflow_recovers_a_dead_scheduler_or_task_as_the_dev_stack_does():
+    """Airflow's recovery settings (docs/failures.md): the compose file's are the dev stack's ``HA_SETTINGS``,
+    and failed steps are retried."""
+    from reclock.dev.airflow import HA_SETTINGS
+
+    for name in AIRFLOW:
+        env = SERVICES[name]["environment"]
+        assert {k: str(env.get(k)) for k in HA_SETTINGS} == HA_SETTINGS, name
+        assert int(env["AIRFLOW__CORE__DEFAULT_TASK_RETRIES"]) >= 3, name

@@ -10,7 +10,8 @@ from reclock.config import IcebergSinkSpec, SinkSpec, parse_config
 from reclock.errors import ConfigError
 from reclock.orchestration.contexts import find_catalog_settings
 from reclock.persist.objectstore import S3Settings, pyiceberg_options
-from reclock.sinks.iceberg import RetractionInAppendTable, SchemaMismatch, catalog_uri, shape, table_schema
+from reclock.errors import SinkRefused
+from reclock.sinks.iceberg import RetractionInAppendTable, catalog_uri, shape, table_schema
 
 SOURCES = {"orders": {"kafka": {"topic": "orders", "bootstrap": "127.0.0.1:9"}, "format": {"type": "bytes"}},
            "users": {"kafka": {"topic": "users", "bootstrap": "127.0.0.1:9"}, "format": {"type": "bytes"},
@@ -95,7 +96,7 @@ def test_shape_append_repeats_rows_by_multiplicity_and_refuses_retractions():
                                                                                    "_reclock_ts": 5}]
     with pytest.raises(RetractionInAppendTable, match="at ts 5"):
         shape(_updates([1, 2], [1, -1]), schema, spec)
-    with pytest.raises(SchemaMismatch, match="no column"):
+    with pytest.raises(SinkRefused, match="no column"):
         shape(_updates([1], [1]).append_column("extra", pa.array([1])), schema, spec)
 
 

@@ -58,3 +58,28 @@ def test_an_unreachable_server_is_retried_for_about_a_minute_not_ten():
     assert 45_000 <= sum(waits) <= 75_000
     policy = retry_policy()
     assert (policy.max_retries, policy.max_backoff) == (RETRY["max_retries"], RETRY["max_backoff"])
+
+
+def test_every_client_reclock_makes_retries_under_its_policy(monkeypatch):
+    """The session-id probe's bare client and a session both give up on an unreachable server under
+    :data:`RETRY` (here shortened to two retries): PySpark's default would wait ten minutes (issue 37)."""
+    import socket
+    import time
+
+    from reclock.spark import connect
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setattr(connect, "RETRY", {**RETRY, "max_retries": 2, "max_backoff": 100})
+    url = f"sc://127.0.0.1:{port}"
+    t0 = time.monotonic()
+    with pytest.raises(Exception) as probe:
+        connect._accepted(connect.with_session_id(url, connect.shared_session_id("s")))
+    assert session_lost(probe.value)
+    session = connect.remote_session(url)
+    try:
+        assert [(p.max_retries, p.max_backoff) for p in session.client.get_retry_policies()] == [(2, 100)]
+    finally:
+        connect.close(session)
+    assert time.monotonic() - t0 < 30

@@ -273,9 +273,10 @@ class LocalAirflow:
             time.sleep(0.5)
 
     def kill(self, component: str) -> bool:
-        """SIGKILL ``component``'s process group, as a crash of its host would: a scheduler with its
-        LocalExecutor's workers and the tasks they run. True if it ran."""
-        return procs.kill_group(self.pidfile(component))
+        """SIGKILL ``component``'s process group and its descendants, as a crash of its host would: a scheduler
+        with its LocalExecutor's workers and the tasks they run (each task process is a group of its own, so
+        killing the group alone left them running, orphaned). True if it ran."""
+        return procs.kill_tree(self.pidfile(component))
 
     def stop(self) -> list[str]:
         stopped = []

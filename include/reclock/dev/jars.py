@@ -45,8 +45,11 @@ def ensure_jars(state: StackState, profile: str) -> Path:
 
 def _with_committer(state: StackState, folder: Path) -> Path:
     """``folder`` (the S3 jars) with Reclock's direct committer in it, built by ``mvn package`` over
-    ``jvm/committer`` when missing (a few seconds; Hadoop's API is ``provided``)."""
-    if (folder / COMMITTER_JAR).is_file():
+    ``jvm/committer`` when missing or older than a file of that project (a few seconds; Hadoop's API is
+    ``provided``)."""
+    jar = folder / COMMITTER_JAR
+    if jar.is_file() and all(p.stat().st_mtime <= jar.stat().st_mtime
+                             for p in COMMITTER_PROJECT.rglob("*") if p.is_file()):
         return folder
     if shutil.which("mvn") is None:
         raise StackError("Maven (`mvn`) is needed to build Reclock's committer; install Debian's `maven` package")

@@ -129,6 +129,47 @@ def kill_group(pidfile: Path, timeout: float = 30.0) -> bool:
     return True
 
 
+def kill_tree(pidfile: Path, timeout: float = 30.0) -> bool:
+    """SIGKILL the process group recorded in ``pidfile`` and every descendant of its processes, also those
+    that made a group of their own (Airflow's task processes do), as a crash of the host would; wait until
+    they are gone. True if the group was running."""
+    pid = read_pid(pidfile)
+    if pid is None:
+        return False
+    procs = _proc_table()
+    doomed = {p for p, (_, _, pgid) in procs.items() if pgid == pid}
+    while True:
+        more = {p for p, (_, ppid, _) in procs.items() if ppid in doomed} - doomed
+        if not more:
+            break
+        doomed |= more
+    for p in doomed:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(pid_alive(p) for p in doomed):
+        time.sleep(0.1)
+    pidfile.unlink(missing_ok=True)
+    return bool(doomed)
+
+
+def _proc_table() -> dict[int, tuple[str, int, int]]:
+    """Every process: pid -> (state, parent pid, process group)."""
+    table = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                rest = f.read().split(") ", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        table[int(entry)] = (rest[0], int(rest[1]), int(rest[2]))
+    return table
+
+
 def _group_alive(pgid: int) -> bool:
     for entry in os.listdir("/proc"):
         if not entry.isdigit():

@@ -23,6 +23,7 @@ from reclock.dev.jars import spark_kafka_jars, spark_s3a_jars
 from reclock.dev.procs import LOOPBACK
 from reclock.dev.state import StackState
 from reclock.persist.objectstore import S3Settings, jvm_env, jvm_trust_options, spark_s3a_conf
+from reclock.spark.jobs import PARTS_COMMITTER_CONF
 from reclock.spark.session import LOCAL_CONF, SPARK_CONF, driver_session
 
 
@@ -134,6 +135,7 @@ class LocalSparkConnect:
                 "spark.sql.warehouse.dir": str(self.home / "warehouse"),
                 "spark.local.dir": str(self.home / "tmp"),
                 **(spark_s3a_conf(self.s3) if self.s3 else {}),
+                **({PARTS_COMMITTER_CONF: "direct"} if self.s3 else {}),  # its jar is among the S3 jars
                 **java,
                 **self.conf,
             }

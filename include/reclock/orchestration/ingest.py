@@ -41,6 +41,7 @@ from reclock.batch import BatchDescription, Part
 from reclock.specs import SourceSpec
 from reclock.orchestration.assets import shard_assets
 from reclock.orchestration.contexts import cycle_context
+from reclock.schema_evolution import CollectionSchema, SchemaVersion
 from reclock.sources.registry import kind_of
 
 
@@ -51,13 +52,17 @@ def _part_to_x(p) -> list:
 def _written_to_x(w) -> dict:
     return {"desc": [w.desc.lower, w.desc.upper],
             "parts": {s: [_part_to_x(p) for p in ps] for s, ps in w.parts.items()},
-            "state": [_part_to_x(p) for p in w.state], "prefix": w.prefix}
+            "state": [_part_to_x(p) for p in w.state], "prefix": w.prefix,
+            "schemas": {s: [[v.since_ts, v.schema.to_json(), v.upstream, v.cause] for v in vs]
+                        for s, vs in w.schemas.items()}}
 
 
 def _written_from_x(x: dict) -> cycle.WrittenBatch:
     return cycle.WrittenBatch(BatchDescription(*x["desc"]),
                         {s: tuple(Part(*p) for p in ps) for s, ps in x["parts"].items()},
-                        tuple(Part(*p) for p in x.get("state", ())), x.get("prefix"))
+                        tuple(Part(*p) for p in x.get("state", ())), x.get("prefix"),
+                        {s: tuple(SchemaVersion(ts, CollectionSchema.from_json(cols), up, cause)
+                                  for ts, cols, up, cause in vs) for s, vs in x.get("schemas", {}).items()})
 
 
 @contextlib.contextmanager

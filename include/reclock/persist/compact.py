@@ -24,6 +24,10 @@ Reads cannot tell: AS OF every ``t >= since`` a read takes all of a merged part'
 of the candidates'; ``read_updates`` from above ``since`` (what a sink reads) skips both. Below ``since``
 reads were never exact.
 
+A collection whose schema evolved (``reclock.persist.schemas``) has each part of a run read as the schema in
+force at the run's last time (``reclock.schema_projection``), the newest of its parts' schemas, so a merged
+part holds one schema like any other part.
+
 The merged part keeps the column names the parts carry in their files (an error collection's columns keep
 their ``_reclock_err_`` prefix), so every reader reads it like the parts it replaces. It is written under
 ``<shard>/<lower>-<upper>/`` (:func:`reclock.persist.blob.new_part_path`): garbage collection of a source's
@@ -48,9 +52,12 @@ from reclock.compaction import advance, consolidate, has_retractions, merged_des
 from reclock.failpoints import failpoint
 from reclock.persist.blob import BlobStore, new_part_path
 from reclock.persist.shards import CONFLICT, MERGED, BatchRow, Merge, batches, merge_batches, shard_info
-from reclock.part_layout import own_columns
+from reclock.part_layout import DATA_KIND, own_columns
 from reclock.persist.parquet import (check_reads_back, check_rows, conform, may_retract, parquet_bytes,
                                      uses_int96)
+from reclock.persist.schemas import load_history
+from reclock.schema_evolution import CollectionSchema
+from reclock.schema_projection import project_part, target_arrow_schema
 
 __all__ = ["CompactReport", "compact_parts", "DEFAULT_TARGET_BYTES", "DEFAULT_SMALL_BYTES", "DEFAULT_MIN_PARTS",
            "MERGED", "NOTHING_TO_DO", "CONFLICT"]
@@ -112,14 +119,20 @@ class _Footer:
 class _RunFiles:
     """What a run's footers tell together."""
 
-    schema: pa.Schema  # the run's own columns, unified over its parts
+    schema: pa.Schema  # the run's own columns, unified over its parts (or its recorded schema's)
     int96: bool  # some file keeps timestamps as INT96: the merged part keeps them so
     retractions: bool  # some part may hold an update with diff <= 0
+    target: CollectionSchema | None = None  # the recorded schema every part is read as
 
     @classmethod
-    def of(cls, footers: Sequence[_Footer]) -> "_RunFiles":
-        return cls(pa.unify_schemas([f.schema for f in footers]), any(f.int96 for f in footers),
-                   any(f.may_retract for f in footers))
+    def of(cls, footers: Sequence[_Footer], target: CollectionSchema | None = None) -> "_RunFiles":
+        schemas = [f.schema for f in footers]
+        schema = pa.unify_schemas(schemas) if target is None else target_arrow_schema(target, schemas)
+        return cls(schema, any(f.int96 for f in footers), any(f.may_retract for f in footers), target)
+
+    def read_as(self, table: pa.Table) -> pa.Table:
+        """A part's table (its own columns) with the run's columns."""
+        return table if self.target is None else project_part(table, self.target)
 
 
 def _footer(blob: BlobStore, kind: str, row: BatchRow) -> _Footer:
@@ -132,13 +145,18 @@ def _footer(blob: BlobStore, kind: str, row: BatchRow) -> _Footer:
                        sum(md.row_group(i).total_byte_size for i in range(md.num_row_groups)))
 
 
-def _read_run(blob: BlobStore, shard: str, run: Sequence[BatchRow], schema: pa.Schema) -> pa.Table:
+def _read_run(blob: BlobStore, shard: str, run: Sequence[BatchRow], files: _RunFiles) -> pa.Table:
     """The run's updates with the shard's own columns, named as in the files, all in memory."""
+    schema = files.schema
     tables = []
     for row in run:
         with blob.open(row.path) as f:
             pf = pq.ParquetFile(f)
-            tables.append(pf.read(columns=[n for n in schema.names if n in pf.schema_arrow.names]))
+            if files.target is None:
+                tables.append(pf.read(columns=[n for n in schema.names if n in pf.schema_arrow.names]))
+            else:
+                own, _ = own_columns(DATA_KIND, pf.schema_arrow.names)
+                tables.append(files.read_as(pf.read(columns=own)).cast(schema))
     return pa.concat_tables(tables, promote_options="default").select(schema.names).cast(schema)
 
 
@@ -150,7 +168,12 @@ def _stream_advanced(blob: BlobStore, run: Sequence[BatchRow], files: _RunFiles,
     with pq.ParquetWriter(buf, files.schema, use_deprecated_int96_timestamps=files.int96) as writer:
         for row in run:
             with blob.open(row.path) as f:
-                for batch in pq.ParquetFile(f).iter_batches(batch_size=STREAM_BATCH_ROWS, columns=files.schema.names):
+                pf = pq.ParquetFile(f)
+                names = files.schema.names if files.target is None else own_columns(DATA_KIND, pf.schema_arrow.names)[0]
+                for batch in pf.iter_batches(batch_size=STREAM_BATCH_ROWS, columns=names):
+                    if files.target is not None:
+                        batch = files.read_as(pa.Table.from_batches([batch])).combine_chunks().to_batches()[0] \
+                            if batch.num_rows else batch
                     batch = conform(batch, files.schema)
                     writer.write_table(advance(pa.Table.from_batches([batch]), to))
                     rows += batch.num_rows
@@ -163,7 +186,7 @@ def _merge_run(blob: BlobStore, shard: str, run: Sequence[BatchRow], files: _Run
     to = desc.upper - 1  # every update of the run is there now (<= since)
     what = f"shard {shard}: a merged part (nothing was merged)"
     if files.retractions:  # consolidation groups the whole run: in memory (its decoded size is capped)
-        table = _read_run(blob, shard, run, files.schema)
+        table = _read_run(blob, shard, run, files)
         before = table.num_rows
         merged = consolidate(table, advance_to=to) if has_retractions(table) else advance(table, to)
         del table
@@ -204,6 +227,7 @@ def compact_parts(conn, blob: BlobStore, shard: str, *, target_bytes: int = DEFA
     info = shard_info(conn, shard)
     since = info.since
     rows = batches(conn, shard)
+    history = load_history(conn, shard)
     runs = plan_compaction(rows, since, target_bytes=target_bytes, min_parts=min_parts, small_bytes=small_bytes)
     merges: list[Merge] = []
     rows_before = rows_after = 0
@@ -214,7 +238,8 @@ def compact_parts(conn, blob: BlobStore, shard: str, *, target_bytes: int = DEFA
             if n < 2:
                 continue
             run, footers = run[:n], footers[:n]
-        merge, before, after = _merge_run(blob, shard, run, _RunFiles.of(footers))
+        target = history.read_as(merged_description(run).upper - 1)
+        merge, before, after = _merge_run(blob, shard, run, _RunFiles.of(footers, target))
         merges.append(merge)
         rows_before, rows_after = rows_before + before, rows_after + after
     status = NOTHING_TO_DO

@@ -43,6 +43,8 @@ from reclock.batch import BatchDescription, Part
 from reclock.errors import (BeyondUpper, ConfigError, PartAlreadyReferenced, ShardModified, SinceViolation,
                             UnknownReadHold, UnknownShard, UnknownSource, UpperMismatch)
 from reclock.persist.names import validate_shard_id, validate_source_name
+from reclock.persist.schemas import check_versions, insert_versions, replace_history
+from reclock.schema_evolution import SchemaVersion
 from reclock.time import check_timestamp
 
 __all__ = ["UnknownShard", "ShardInfo", "Append", "AppendOutcome", "BatchRow", "ReadHold", "register_shard",
@@ -67,14 +69,18 @@ class ShardInfo:
 
 @dataclass(frozen=True)
 class Append:
-    """Add ``parts`` to ``shard`` under ``desc`` (zero parts: just advance the upper)."""
+    """Add ``parts`` to ``shard`` under ``desc`` (zero parts: just advance the upper), and record ``schemas``:
+    the versions of the collection's schema that begin in ``desc`` (``reclock.persist.schemas``; for
+    ``replace_batches``, the whole history, or none to keep the recorded one)."""
 
     shard: str
     desc: BatchDescription
     parts: tuple[Part, ...] = ()
+    schemas: tuple[SchemaVersion, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "parts", tuple(self.parts))
+        object.__setattr__(self, "schemas", tuple(self.schemas))
 
 
 @dataclass(frozen=True)
@@ -217,6 +223,7 @@ def compare_and_append(conn, appends: Sequence[Append],
     for a in appends:
         validate_shard_id(a.shard)
         _check_parts(a)
+        check_versions(a.shard, a.schemas, a.desc.lower, a.desc.upper)
         for p in a.parts:
             if p.path in seen:
                 raise PartAlreadyReferenced(a.shard, p.path, None)
@@ -250,6 +257,9 @@ def compare_and_append(conn, appends: Sequence[Append],
                 raise ShardModified(a.shard, d.lower, actual, "the shard is behind the description: it was "
                                     "modified under us; nothing was appended to any shard")
         _insert_batch_rows(conn, new_rows)
+        for a, o in zip(appends, outcomes):
+            if o.status == APPENDED:
+                insert_versions(conn, a.shard, a.schemas)  # with the parts that need them, or not at all
         for s in ids:
             if uppers[s] != before[s]:
                 conn.execute("UPDATE reclock.shards SET upper = %s WHERE id = %s", (uppers[s], s))
@@ -389,12 +399,14 @@ def replace_batches(conn, appends: Sequence[Append]) -> None:
 
     Each append's ``desc`` must be ``[0, upper)`` with ``upper`` the shard's current upper, so a rebuild
     that raced with a cycle (the upper moved) raises ``UpperMismatch`` and changes nothing. The old parts
-    are no longer referenced; garbage collection removes them after its grace period.
+    are no longer referenced; garbage collection removes them after its grace period. An append that
+    carries ``schemas`` replaces the shard's schema history with them in the same transaction.
     """
     appends = list(appends)
     for a in appends:
         validate_shard_id(a.shard)
         _check_parts(a)
+        check_versions(a.shard, a.schemas, a.desc.lower, a.desc.upper)
         if a.desc.lower != 0:
             raise ValueError(f"shard {a.shard}: a replacement must cover [0, upper), got [{a.desc.lower}, "
                              f"{a.desc.upper})")
@@ -414,6 +426,9 @@ def replace_batches(conn, appends: Sequence[Append]) -> None:
         _retire(conn, [p for (p,) in conn.execute(
             "DELETE FROM reclock.shard_batches WHERE shard = ANY(%s) RETURNING path", (ids,))])
         _insert_batch_rows(conn, [r for a in appends for r in _batch_rows(a)])
+        for a in appends:
+            if a.schemas:
+                replace_history(conn, a.shard, a.schemas)
 
 
 def _retire(conn, paths: Sequence[str]) -> None:

@@ -71,6 +71,15 @@ data file, up to its footer, and a new footer follows them (:mod:`reclock.parque
 names and field ids, ``diff`` and the internal columns dropped), so the export costs a file copy. A commit
 never ends inside a copied part's ts range; the budget cuts only what is written anew.
 
+**Schemas that change.** When the collection's schema evolves (``reclock.persist.schemas``: a new column, a
+struct field, a widened type), the table evolves with it in the commit that first holds an update of the
+new schema: a run's commits stop before the first timestamp whose schema the table cannot hold, and the
+next commit adds the columns and widens the types (pyiceberg ``update_schema().union_by_name``) in the same
+catalog transaction as its data files, which are written with the evolved schema's field ids. Rows
+exported before have null in a column added later (Iceberg's reading of an older data file). A change
+Iceberg cannot make (a decimal's scale, ``date`` to ``timestamp``) stops the sink with ``SinkRefused``
+naming the column; nothing is committed.
+
 The table is created by the sink (unpartitioned, format version 2) when it does not exist; a table that
 already holds data written by anyone but this sink is refused unless the sink starts ``fresh``, which
 replaces the table's contents with the snapshot in its first commit. The sink holds a read hold on the
@@ -108,7 +117,10 @@ from reclock.persist.parquet import column_stats, holds_type
 from reclock.persist.shards import (BatchRow, acquire_read_hold, downgrade_read_hold, release_read_hold,
                                     shard_info)
 from reclock.persist.status import record_statistics, record_status
+from reclock.persist.schemas import load_history
 from reclock.read import UpdateReader, updates_parts
+from reclock.schema_evolution import CollectionSchema, SchemaHistory
+from reclock.schema_projection import arrow_type
 
 FRONTIER = "reclock.frontier"
 """Snapshot summary property: every update at ``ts <`` it is in the table."""
@@ -143,15 +155,6 @@ class RetractionInAppendTable(ReclockError):
         super().__init__(f"sink {sink}: {collection} retracts a row at ts {ts}, but the sink's layout is append; "
                          "nothing was committed (use `layout: changelog`, and start it fresh into a new table)")
         self.sink, self.collection, self.ts = sink, collection, ts
-
-
-class SchemaMismatch(ReclockError):
-    """The collection has a column the Iceberg table lacks: writing would drop it."""
-
-    def __init__(self, sink: str, table: str, columns: list[str]) -> None:
-        super().__init__(f"sink {sink}: {table} has no column(s) {', '.join(columns)} that the collection now "
-                         "has; nothing was committed (add them to the table, or start fresh into a new table)")
-        self.sink, self.table, self.columns = sink, table, columns
 
 
 # -- settings ------------------------------------------------------------------------------------------------
@@ -273,11 +276,13 @@ def table_schema(columns: pa.Schema, layout: str) -> pa.Schema:
 def shape(updates: pa.Table, schema: pa.Schema, spec: IcebergSinkSpec) -> pa.Table:
     """Consolidated ``updates`` (data, ts, diff) as rows of the table with ``schema``: a changelog keeps
     ``diff``; an append layout repeats each row ``diff`` times (``RetractionInAppendTable`` for a
-    retraction). A data column the table lacks is a ``SchemaMismatch``; one it has but the updates lack
-    is null; one read as a dictionary of the table's type stays one (the data files are written from it)."""
+    retraction). A data column the table lacks is refused (the run evolves the table first: the module's
+    "Schemas that change"); one it has but the updates lack is null; one read as a dictionary of the table's
+    type stays one (the data files are written from it)."""
     missing = [n for n in updates.column_names if n not in ("ts", "diff") and schema.get_field_index(n) < 0]
     if missing:
-        raise SchemaMismatch(spec.name, spec.table, missing)
+        raise SinkRefused(spec.name, f"table {spec.table} has no column(s) {', '.join(missing)} that the collection "
+                          "has at this time; nothing was committed")
     if spec.layout == "append" and updates.num_rows:
         diff = updates["diff"].to_numpy()
         if (diff <= 0).any():
@@ -461,19 +466,23 @@ class IcebergSink:
 
     # -- reading -----------------------------------------------------------------------------------------
 
-    def _readers(self, conn, begin: _Begin, upper: int) -> tuple[UpdateReader | None, UpdateReader]:
+    def _readers(self, conn, begin: _Begin, upper: int,
+                 history: SchemaHistory) -> tuple[UpdateReader | None, UpdateReader]:
         """The readers of what to export: a new sink's snapshot (the updates at ``ts <= snapshot_at``, None
-        for a sink that has a frontier) and the rest, up to ``upper``."""
+        for a sink that has a frontier) and the rest, up to ``upper``; each with the collection's schema at its
+        last time (``history``)."""
         spec, blob = self.ctx.spec, self.ctx.blob
         lower = begin.frontier
         snap = None
         kind = shard_info(conn, spec.collection).kind
         if begin.snapshot_at is not None:
             rows, _ = updates_parts(conn, spec.collection, 0, begin.snapshot_at + 1)
-            snap = UpdateReader(blob, spec.collection, rows, 0, begin.snapshot_at + 1, kind, dictionaries=True)
+            snap = UpdateReader(blob, spec.collection, rows, 0, begin.snapshot_at + 1, kind, dictionaries=True,
+                                history=history)
             lower = begin.snapshot_at + 1
         rows, upper = updates_parts(conn, spec.collection, lower, upper) if lower < upper else ([], upper)
-        return snap, UpdateReader(blob, spec.collection, rows, lower, upper, kind, dictionaries=True)
+        return snap, UpdateReader(blob, spec.collection, rows, lower, upper, kind, dictionaries=True,
+                                  history=history)
 
     def _stream(self, snap: UpdateReader | None, rest: UpdateReader) -> Iterator[tuple[pa.Table, bool]]:
         """The consolidated updates to export, in ts order: ``(table, cut)`` pairs, ``cut`` false inside the
@@ -501,28 +510,74 @@ class IcebergSink:
         return self.table
 
     def _write_on(self, conn) -> SinkResult:
+        """Export every complete time not yet in the table, in runs (:meth:`_write_run`): a run stops before
+        the first time whose schema the table cannot hold, and the next one evolves the table in its first
+        commit."""
+        total = SinkResult(self.begin.frontier, 0, 0, 0)
+        while True:
+            r, more = self._write_run(conn)
+            total = SinkResult(r.frontier, total.commits + r.commits, total.rows + r.rows, total.bytes + r.bytes)
+            if not more:
+                return total
+
+    def _write_run(self, conn) -> tuple[SinkResult, bool]:
+        """One run of commits from the frontier, up to the shard's upper or to the first time after the
+        frontier whose schema the table cannot hold (then True: another run follows)."""
         spec = self.ctx.spec
         begin = self.begin
         upper = shard_info(conn, spec.collection).upper
         first = begin.snapshot_at if begin.snapshot_at is not None else begin.frontier
         if upper <= first:
-            return SinkResult(begin.frontier, 0, 0, 0)  # nothing complete beyond the frontier
+            return SinkResult(begin.frontier, 0, 0, 0), False  # nothing complete beyond the frontier
         t0 = time.monotonic()
-        snap, rest = self._readers(conn, begin, upper)
+        history = load_history(conn, spec.collection)
+        cut = self._schema_cut(history, first, upper)
+        snap, rest = self._readers(conn, begin, cut or upper, history)
         schemas = [r.schema for r in (snap, rest) if r is not None and len(r.schema)]
         if self.table is None and not schemas:
-            return SinkResult(begin.frontier, 0, 0, 0)  # no part yet: no schema to create the table with
-        table = self._ensure_table(pa.unify_schemas(schemas, promote_options="default") if schemas else None)
-        copies = _Copies(copy_plan(self.ctx.blob, table, rest, spec.copy_min_bytes)
+            return SinkResult(begin.frontier, 0, 0, 0), False  # no part yet: no schema to create the table with
+        table = self._ensure_table(pa.unify_schemas(schemas, promote_options="permissive") if schemas else None)
+        evolve, metadata = self._evolution(table, schemas)
+        copies = _Copies(copy_plan(self.ctx.blob, table, rest, spec.copy_min_bytes, metadata)
                          if spec.layout == "append" and spec.copy_min_bytes is not None else [])
         ahead = read_ahead(self._stream(snap, rest.without(copies.indexes)), READ_AHEAD, "iceberg-read")
         try:
-            return self._commit_all(conn, table, table.schema().as_arrow(), _Peek(ahead), copies, upper, t0)
+            arrow = (metadata or table.metadata).schema().as_arrow()
+            r = self._commit_all(conn, table, arrow, _Peek(ahead), copies, cut or upper, t0, evolve, metadata)
         finally:
             ahead.close()
+        return r, cut is not None
+
+    def _schema_cut(self, history: SchemaHistory, first: int, upper: int) -> int | None:
+        """The first time in ``(first, upper)`` at which the collection's schema holds a column or a type the
+        table lacks (None: none; the table as it is, or as the run's first commit evolves it, holds every
+        update up to ``upper``)."""
+        if self.table is None:
+            return None
+        current = self.table.schema()
+        at_first = history.read_as(first)
+        for v in history.versions:
+            if first < v.since_ts < upper and v.schema != at_first:
+                new, _ = _union(self.ctx.spec, self.table, _data_schema(v.schema))
+                if new != current:
+                    return v.since_ts
+        return None
+
+    def _evolution(self, table, schemas: list[pa.Schema]) -> tuple[pa.Schema | None, object | None]:
+        """What the run's first commit adds to the table's schema: the collection's columns as Arrow (for
+        ``update_schema().union_by_name``) and the table's metadata with the schema evolved, to write data files
+        with; ``(None, None)`` when the table holds the columns already."""
+        if not schemas:
+            return None, None
+        columns = pa.unify_schemas(schemas, promote_options="permissive")
+        data = pa.schema([f.with_nullable(True) for f in columns if f.name not in ("ts", "diff")])
+        new, metadata = _union(self.ctx.spec, table, data)
+        if new == table.schema():
+            return None, None
+        return data, metadata
 
     def _commit_all(self, conn, table, schema: pa.Schema, items: _Peek, copies: "_Copies", upper: int,
-                    t0: float) -> SinkResult:
+                    t0: float, evolve: pa.Schema | None = None, metadata=None) -> SinkResult:
         """Commit ``items`` in budget-sized commits, each with its frontier, up to ``upper``.
 
         A commit's data files are written a chunk (a file's worth) at a time on :data:`WRITERS` threads,
@@ -531,22 +586,25 @@ class IcebergSink:
         chunks are gathered and written while the files of the one before are still being written: each
         commit is staged (its files handed to the writers, its frontier known), then committed once the
         next is staged (or the run ends or fails), so every core writes even when a commit is one file.
+        ``evolve``: columns the first commit adds to the table (``metadata``: the table's metadata with them,
+        which the data files are written with).
         ``copies`` (parts exported as copies of their bytes) go into the commit whose range holds them: a
         commit never ends inside one's range."""
         spec = self.ctx.spec
         commits = rows = nbytes = 0
         frontier = self.begin.frontier
         replace = self.begin.replace
-        with _DataFileWriter(table, self.ctx.blob, WRITERS, WRITING_FILES * _chunk_bytes(table)) as writer:
+        with _DataFileWriter(table, self.ctx.blob, WRITERS, WRITING_FILES * _chunk_bytes(table),
+                             metadata) as writer:
             pending: _Staged | None = None
             while True:
                 try:
-                    staged = self._stage(items, copies, upper, schema, writer, replace)
+                    staged = self._stage(items, copies, upper, schema, writer, replace, evolve)
                 except Exception:
                     if pending is not None:  # what was staged before the failure is whole: commit it
                         self._commit(conn, table, pending)
                     raise
-                replace = False
+                replace, evolve = False, None
                 if pending is not None:
                     self._commit(conn, table, pending)
                     commits, rows, nbytes = commits + 1, rows + pending.rows, nbytes + pending.bytes
@@ -563,7 +621,7 @@ class IcebergSink:
         return SinkResult(frontier, commits, rows, nbytes)
 
     def _stage(self, items: _Peek, copies: "_Copies", upper: int, schema: pa.Schema, writer: "_DataFileWriter",
-               replace: bool) -> "_Staged":
+               replace: bool, evolve: pa.Schema | None = None) -> "_Staged":
         """The next commit's updates from ``items``, handed to ``writer`` a chunk at a time, up to where the
         budget lets the commit end (its frontier), and the ``copies`` below that frontier."""
         props = {SINK: self.ctx.spec.name, COLLECTION: self.ctx.spec.collection}
@@ -575,7 +633,7 @@ class IcebergSink:
             files.append(writer.submit_copy(c))
             counts[0] += c.row.rows
             counts[1] += c.row.bytes
-        return _Staged(props, frontier, files, counts[0], counts[1], replace)
+        return _Staged(props, frontier, files, counts[0], counts[1], replace, evolve)
 
     def _commit(self, conn, table, staged: "_Staged") -> None:
         """One catalog transaction: ``staged``'s data files (waited for) and its frontier in the snapshot
@@ -590,6 +648,9 @@ class IcebergSink:
                               "conflicting commit would be re-applied (a duplicate); nothing was committed")
         parent = table.metadata.current_snapshot_id
         tx = table.transaction()
+        if staged.evolve is not None:  # the collection's new columns, in the commit that first holds them
+            with tx.update_schema() as update:
+                _evolve_schema(update, table.schema(), staged.evolve)
         if staged.replace:
             tx.delete(AlwaysTrue())
         with tx.update_snapshot(snapshot_properties=staged.props).fast_append() as append:
@@ -635,6 +696,39 @@ class IcebergSink:
             counts[1] += size
             last_ts = int(updates["ts"][-1].as_py())
             yield shaped, size
+
+
+def _data_schema(schema: CollectionSchema) -> pa.Schema:
+    """A collection schema's columns as the nullable Arrow fields a table takes."""
+    return pa.schema([pa.field(c.name, arrow_type(c.type)) for c in schema.columns])
+
+
+def _union(spec: IcebergSinkSpec, table, data: pa.Schema):
+    """The table's schema with ``data``'s columns added and types widened (pyiceberg's ``union_by_name``,
+    not committed), and the table's metadata with it; ``SinkRefused`` naming what Iceberg cannot change."""
+    from pyiceberg.exceptions import ValidationError
+
+    tx = table.transaction()
+    try:
+        with tx.update_schema() as update:
+            _evolve_schema(update, table.schema(), data)
+    except (ValidationError, ValueError, TypeError) as e:
+        raise SinkRefused(spec.name, f"table {spec.table} cannot take the collection's schema change ({e}); "
+                          "nothing was committed (Iceberg adds columns and widens int to long, float to double "
+                          "and a decimal's precision only; export into a new table)") from None
+    metadata = tx.table_metadata
+    return metadata.schema(), metadata
+
+
+def _evolve_schema(update, current, data: pa.Schema) -> None:
+    """In a schema update of a table whose schema is ``current``: ``data``'s columns added and types widened
+    (``union_by_name``), each new top-level column placed before the sink's own columns (the table's user
+    columns stay first, as in the collection)."""
+    update.union_by_name(data)
+    have = {f.name for f in current.fields}
+    for f in data:
+        if f.name not in have and TS_COLUMN in have:
+            update.move_before(f.name, TS_COLUMN)
 
 
 def decoded_bytes(data: pa.Table | pa.RecordBatch) -> int:
@@ -698,6 +792,7 @@ class _Staged:
     rows: int
     bytes: int
     replace: bool
+    evolve: pa.Schema | None = None  # the collection's columns the table takes in this commit (update_schema)
 
 
 class _DataFileWriter:
@@ -706,10 +801,11 @@ class _DataFileWriter:
     beyond that (one chunk is always let through). Leaving the ``with`` block waits for every write (an
     abandoned commit's files stay unreferenced)."""
 
-    def __init__(self, table, blob: blobs.BlobStore, threads: int, max_bytes: int) -> None:
+    def __init__(self, table, blob: blobs.BlobStore, threads: int, max_bytes: int, metadata=None) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
         self.table, self.blob, self.max_bytes = table, blob, max_bytes
+        self._metadata = metadata  # the table's metadata with its schema evolved (not committed yet), if it is
         self.chunk_bytes = _chunk_bytes(table)
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="iceberg-write")
         self._in_flight: collections.deque[tuple[Future, int]] = collections.deque()
@@ -720,14 +816,19 @@ class _DataFileWriter:
         """A future of ``chunk``'s data files."""
         while self._in_flight and sum(n for _, n in self._in_flight) + chunk.nbytes > self.max_bytes:
             self._in_flight.popleft()[0].result()
-        future = self._pool.submit(self._write, self.table.metadata, self.table.io, chunk)
+        future = self._pool.submit(self._write, self.metadata, self.table.io, chunk)
         self._in_flight.append((future, chunk.nbytes))
         return future
 
     def submit_copy(self, part: "_Copy") -> Future:
         """A future of the data file copied from ``part`` (read and written a block at a time)."""
-        return self._pool.submit(lambda: [copy_data_file(self.table.metadata, self.table.io, self.blob, part,
+        return self._pool.submit(lambda: [copy_data_file(self.metadata, self.table.io, self.blob, part,
                                                          self._name())])
+
+    @property
+    def metadata(self):
+        """The metadata data files are written with: the evolved schema's, else the table's."""
+        return self._metadata if self._metadata is not None else self.table.metadata
 
     def _name(self) -> str:
         return f"00000-{next(self._counter)}-{self._uuid}.parquet"
@@ -874,7 +975,7 @@ def _read_footer(blob: blobs.BlobStore, path: str) -> pf.Footer:
                 want = e.need
 
 
-def copy_plan(blob: blobs.BlobStore, table, reader: UpdateReader, min_bytes: int) -> list[_Copy]:
+def copy_plan(blob: blobs.BlobStore, table, reader: UpdateReader, min_bytes: int, metadata=None) -> list[_Copy]:
     """The parts of ``reader`` (a data collection's updates at ``reader.lower <= ts < reader.upper``, for an
     append layout) that become data files of ``table`` as copies of their bytes with a new footer
     (:mod:`reclock.parquet_footer`) instead of being read and written again: parts of at least
@@ -882,13 +983,14 @@ def copy_plan(blob: blobs.BlobStore, table, reader: UpdateReader, min_bytes: int
     group's ``ts`` inside the range and ``diff`` 1, the internal columns all null; whose other columns
     are the table's (``ts`` becomes ``_reclock_ts``; ``diff`` and the internal columns are dropped from the
     footer), each of exactly the type, and nullable where the table's is, that the table has. Everything
-    else is read and written as rows. An unpartitioned table only."""
+    else is read and written as rows. An unpartitioned table only. ``metadata``: the table's with its schema
+    evolved by the run (its fields are what the copies must match), else the table's."""
     from pyiceberg.io.pyarrow import pyarrow_to_schema
     from pyiceberg.schema import sanitize_column_names
 
     if not table.metadata.spec().is_unpartitioned() or reader.kind != DATA_KIND:
         return []
-    schema = table.schema()
+    schema = (metadata or table.metadata).schema()
     file_names = {f.field_id: f.name for f in sanitize_column_names(schema).fields}
     names = {f.name: file_names[f.field_id] for f in schema.fields}  # the table's name -> the files' name
     ids = {file_names[f.field_id]: f.field_id for f in schema.fields}
@@ -910,7 +1012,7 @@ def copy_plan(blob: blobs.BlobStore, table, reader: UpdateReader, min_bytes: int
             elif c != "diff" and not c.startswith(INTERNAL_PREFIX):
                 keep[c] = names.get(c, "")
         if "" in keep.values():
-            continue  # a column the table lacks: the rows' path says so (SchemaMismatch)
+            continue  # a column the table lacks: the rows' path says so
         try:
             footer = _read_footer(blob, row.path)
             tail = pf.rewrite(footer, keep, ids)

@@ -44,6 +44,7 @@ from reclock.persist import connect
 from reclock.persist.migrate import check_schema
 from reclock.persist.shards import acquire_read_hold, downgrade_read_hold, release_read_hold, shard_info
 from reclock.persist.status import record_statistics, record_status
+from reclock.persist.schemas import load_history
 from reclock.read import UpdateReader, read_as_of, updates_parts
 from reclock.sinks.encode import TsRun, dumps, encode_runs
 
@@ -352,7 +353,9 @@ def updates(ctx: SinkContext, begin: _Begin, upper: int) -> Iterator[pa.Table]:
     new sink: the collection AS OF ``snapshot_at``, at that ts), then the updates at
     ``frontier <= ts < upper``, a cluster of row groups at a time (:class:`reclock.read.UpdateReader`), so
     the first messages go out while later parts are still unread. A ts spans two tables only when the
-    sink's format is unkeyed and nothing retracts: then no message depends on another."""
+    sink's format is unkeyed and nothing retracts: then no message depends on another. A collection whose
+    schema evolved gives each update the schema in force at its ts (a table is cut where it changes:
+    :meth:`reclock.read.UpdateReader.by_version`), so a message carries the columns of its time."""
     spec = ctx.spec
     lower = begin.frontier
     snapshot = None
@@ -364,10 +367,11 @@ def updates(ctx: SinkContext, begin: _Begin, upper: int) -> Iterator[pa.Table]:
             lower = begin.snapshot_at + 1
         rows, upper = updates_parts(conn, spec.collection, lower, upper) if lower < upper else ([], upper)
         kind = shard_info(conn, spec.collection).kind
-    reader = UpdateReader(ctx.blob, spec.collection, rows, lower, upper, kind)
+        history = load_history(conn, spec.collection)
+    reader = UpdateReader(ctx.blob, spec.collection, rows, lower, upper, kind, history=history)
     if snapshot is not None:
-        yield reader.conform(snapshot) if rows else snapshot
-    for table in reader.tables(split_ts=not spec.key):
+        yield reader.conform(snapshot) if rows and reader.target is None else snapshot
+    for _, table in reader.by_version(reader.tables(split_ts=not spec.key)):
         yield consolidate(table)
 
 

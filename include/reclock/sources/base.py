@@ -66,7 +66,7 @@ its own progress relation is :meth:`SourceKind.progress_view`.
 
 **Layering.** A kind imports the pure core, ``persist``, ``spark``, ``reclock.settings``, ``reclock.specs``
 and this module; never another kind, the registry, ``reclock.cycle``, ``reclock.orchestration`` or
-``reclock.dev`` (``tests/unit/test_imports.py``). What the cycle hands a kind is a :class:`CycleServices`
+the dev stack (``tests/unit/test_imports.py``). What the cycle hands a kind is a :class:`CycleServices`
 (``reclock.cycle.CycleContext`` is one).
 """
 
@@ -82,6 +82,7 @@ from reclock.batch import BatchDescription, OffsetRange, Part, SliceWritten, min
 from reclock.errors import AcknowledgedStateLost, ConfigError, ReclockError
 from reclock.persist.remap_store import OFFSETS_PROGRESS
 from reclock.remap import RemapCollection
+from reclock.schema_evolution import SchemaVersion
 from reclock.specs import SourceSpec
 from reclock.time import PartitionedFrontier
 
@@ -102,6 +103,8 @@ class WrittenBatch:
     parts: dict[str, tuple[Part, ...]] = field(default_factory=dict)
     state: tuple[Part, ...] = ()  # upsert: the state changes append applies with the shards
     prefix: str | None = None  # the folder the parts were written under, leased until append is done
+    schemas: dict[str, tuple[SchemaVersion, ...]] = field(default_factory=dict)  # versions of a shard's schema
+    #                                                that begin in desc, recorded with its parts by append
 
 
 @dataclass(frozen=True)
@@ -165,10 +168,6 @@ class Acknowledged:
 
     frontier: PartitionedFrontier
     where: str
-    since_ts: int | None = None
-    """The timestamp of the binding the acknowledgement started at, if not the first (a Postgres source's
-    slot, created anew by a re-snapshot at or below that binding): positions up to that binding's frontier
-    are ours whatever the shards' uppers hold."""
 
 
 class SourceRuntime(ABC):
@@ -262,6 +261,12 @@ class SourceRuntime(ABC):
         """What :meth:`commit` has told upstream so far (read upstream, not from consensus): mint checks it
         is not beyond what consensus holds (``cycle.check_acknowledged``: a database that went back). None
         where upstream keeps nothing of ours."""
+        return None
+
+    def acknowledged_since(self, conn: Any) -> int | None:
+        """The timestamp of the binding the acknowledgement started at, if not the first (read in ``conn``, the
+        mint's consensus connection): positions up to that binding's frontier are ours whatever the shards'
+        uppers hold. Postgres: a re-snapshot's slot, created anew at or below its binding. By default None."""
         return None
 
     def acknowledged_beyond(self, acked: Acknowledged, ours: PartitionedFrontier, upper: int) -> ReclockError:

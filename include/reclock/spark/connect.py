@@ -93,16 +93,20 @@ def connection(url: str):
 
 
 def remote_session(url: str):
-    """A Spark Connect session to ``url`` (see :func:`connection`)."""
+    """A Spark Connect session to ``url`` (see :func:`connection`) that retries an unreachable server for
+    about a minute (:data:`RETRY`)."""
     from pyspark.sql import SparkSession
 
     target = connection(url)
     if isinstance(target, str):
-        return SparkSession.builder.remote(target).getOrCreate()
-    # a channel builder is the Connect client's own builder's (the classic builder has no channelBuilder)
-    from pyspark.sql.connect.session import SparkSession as ConnectSession
+        session = SparkSession.builder.remote(target).getOrCreate()
+    else:
+        # a channel builder is the Connect client's own builder's (the classic builder has no channelBuilder)
+        from pyspark.sql.connect.session import SparkSession as ConnectSession
 
-    return ConnectSession.builder.channelBuilder(target).getOrCreate()
+        session = ConnectSession.builder.channelBuilder(target).getOrCreate()
+    session.client.set_retry_policies([retry_policy()])
+    return session
 
 
 def shared_session(url: str, scope: str):
@@ -115,7 +119,6 @@ def shared_session(url: str, scope: str):
         shared = with_session_id(url, shared_session_id(scope))
         url = shared if _accepted(shared) else url
     session = remote_session(url)
-    session.client.set_retry_policies([retry_policy()])
     for key, value in SESSION_CONF.items():
         session.conf.set(key, value)
     return session
@@ -167,10 +170,12 @@ def close(session) -> None:
 def _accepted(url: str) -> bool:
     """Whether the server takes ``url``'s session id: one round trip (~5 ms) on a bare client, closed at
     once. (A session object refused its id, left to the interpreter's exit, hangs there closing its
-    channel.)"""
+    channel.) The client retries an unreachable server as a session does (:data:`RETRY`, about a minute):
+    with PySpark's default policy a task that came up while the server was down waited here ten minutes,
+    and up to a minute after the server was back (issue 37's Airflow stall)."""
     from pyspark.sql.connect.client import SparkConnectClient
 
-    client = SparkConnectClient(connection(url))
+    client = SparkConnectClient(connection(url), retry_policy=RETRY)
     try:
         client._analyze(method="spark_version")
         return True

@@ -28,6 +28,7 @@ from reclock.batch import SliceWritten
 from reclock.specs import SourceSpec
 from reclock.part_layout import (DATA_OUTPUT, ERR_PREFIX, ERRORS_OUTPUT, KAFKA_SHAPE, PACKED_BASE64,
                                  REJECTED_COLUMN, STATE_OUTPUT, STATE_PREFIX, RecordShape)
+from reclock.registry_plan import AvroPlan
 from reclock.spark.jobs import observation, observed, parts_writer, sql_ident, sql_string
 
 CORRUPT = "_reclock_corrupt"
@@ -62,8 +63,11 @@ def prior_schema(shape: RecordShape) -> str:
     return f"key BINARY, value BINARY, {a} {spark_types[at]}, {b} {spark_types[bt]}, timestamp_us BIGINT"
 
 
-def field_names(spec: SourceSpec) -> list[str]:
-    """The names of the decoded value's columns (before metadata columns)."""
+def field_names(spec: SourceSpec, plan: AvroPlan | None = None) -> list[str]:
+    """The names of the decoded value's columns (before metadata columns); ``plan``: a registry source's
+    (its reader's columns)."""
+    if plan is not None:
+        return list(plan.decoded_columns.names)
     if spec.format.type == "avro":
         return spec.format.avro_fields
     return [f.name for f in data_schema(spec).fields]
@@ -91,7 +95,7 @@ def _parsed_schema(ddl: str):
 
 
 def decoded(spec: SourceSpec, df, meta: Sequence[str] = (), problem: str | None = None,
-            positions: tuple[str, str] = ("partition", "offset")):
+            positions: tuple[str, str] = ("partition", "offset"), plan: AvroPlan | None = None):
     """``df`` (a kind's records: ``key``, ``value``, ``timestamp``, ``ts`` and the two ``positions``) decoded: the collection's columns (fields, then metadata), ``ts``,
     the raw record as ``_k, _v, _p, _o, _t``, ``_reason`` (why the value does not decode, else null) and
     ``_raw``: the value of a record that does not decode. For JSON and CSV that is the parser's
@@ -102,13 +106,26 @@ def decoded(spec: SourceSpec, df, meta: Sequence[str] = (), problem: str | None 
 
     ``meta``: the metadata columns the collection carries, as SQL over ``df`` (:func:`shape_meta`).
     ``problem``: the name of a column saying why a record is an error before any decoding (a reader's
-    finding: a damaged object, an overlong line); where it is set, it is the ``_reason``.
+    finding: a damaged object, an overlong line); where it is set, it is the ``_reason``. ``plan``: a
+    registry source's (``format.registry``): each record's writer schema by its header
+    (``reclock.spark.registry_decode``).
 
     Built as SQL expression text, one ``selectExpr`` (a plan of a few JVM calls, not hundreds)."""
     ftype = spec.format.type
     d = sql_ident("_d")
     raw = "value"
-    if ftype in ("json", "csv"):
+    if plan is not None:
+        from reclock.spark.registry_decode import avro_decoded, json_decoded
+
+        if plan.format == "avro":
+            df = avro_decoded(df, plan, out="_d", reason="_reclock_reason")
+        else:
+            ddl = ", ".join(f"{sql_ident(c.name)} {c.type}" for c in plan.decoded_columns.columns)
+            df = json_decoded(df, _parsed_schema(ddl), [w.schema_id for w in plan.writers],
+                              out="_d", reason="_reclock_reason")
+        reason = "_reclock_reason"
+        cols = [f"{d}.{sql_ident(f)} AS {sql_ident(f)}" for f in field_names(spec, plan)]
+    elif ftype in ("json", "csv"):
         from pyspark.sql import types as T
 
         # PERMISSIVE parsing with a corrupt-record column: a value that does not parse (or does not fit
@@ -168,9 +185,9 @@ def shape_meta(spec: SourceSpec, shape: RecordShape) -> list[str]:
     return [f"{sql_ident(m)} AS {sql_ident(shape.meta_column(m))}" for m in spec.include]
 
 
-def _shape_decoded(spec: SourceSpec, shape: RecordShape, df):
+def _shape_decoded(spec: SourceSpec, shape: RecordShape, df, plan: AvroPlan | None = None):
     (p, _), (o, _) = shape.positions
-    return decoded(spec, df, shape_meta(spec, shape), positions=(p, o))
+    return decoded(spec, df, shape_meta(spec, shape), positions=(p, o), plan=plan)
 
 
 def typed_null(col: str):
@@ -180,7 +197,8 @@ def typed_null(col: str):
     return F.when(F.lit(False), F.col(col))
 
 
-def envelope(spark, spec: SourceSpec, shape: RecordShape, records, prior: Sequence[tuple] = ()):
+def envelope(spark, spec: SourceSpec, shape: RecordShape, records, prior: Sequence[tuple] = (),
+             plan: AvroPlan | None = None):
     """One slice's ``records`` (the shape's columns, each with its ``ts``) decoded and put through the
     source's envelope.
 
@@ -189,12 +207,13 @@ def envelope(spark, spec: SourceSpec, shape: RecordShape, records, prior: Sequen
     for the error collection). Upsert: the collection's columns, ``ts``, ``diff``, the error columns and
     the state columns, each null where it does not apply, and ``_output``. ``prior`` (upsert only): the
     state rows ``(key, value, position, position, timestamp_us)`` of the keys the slice touches, as of its
-    lower. One pass over the records either way: no branch of the plan reads upstream again.
+    lower. One pass over the records either way: no branch of the plan reads upstream again. ``plan``: a
+    registry source's writers and reader.
     """
     from pyspark.sql import functions as F
 
-    dec = _shape_decoded(spec, shape, records)
-    data_cols = output_columns(spec, shape)[0][:-2]
+    dec = _shape_decoded(spec, shape, records, plan)
+    data_cols = output_columns(spec, shape, plan)[0][:-2]
     errors, states = _error_sources(shape), _state_sources(shape)
     if spec.envelope != "upsert":
         return dec.selectExpr(
@@ -210,7 +229,7 @@ def envelope(spark, spec: SourceSpec, shape: RecordShape, records, prior: Sequen
         F.lit(-1).cast("long").alias("ts"))
     before = before.select("*", *[F.expr(sql).alias(m) for m, sql in shape.derived if m in spec.include])
     records = (dec.withColumn("_reason", reason).withColumn("_prior", F.lit(False))
-               .unionByName(_shape_decoded(spec, shape, before).withColumn("_prior", F.lit(True))))
+               .unionByName(_shape_decoded(spec, shape, before, plan).withColumn("_prior", F.lit(True))))
     bad = F.col("_reason").isNotNull()
     # per key (good records only: bad ones sit in their own window partitions and pass through), the last
     # record at each ts wins; then each row's predecessor is the value it replaces
@@ -243,16 +262,17 @@ def envelope(spark, spec: SourceSpec, shape: RecordShape, records, prior: Sequen
             .select(F.explode(F.filter(F.array(*kinds), lambda x: x.isNotNull())).alias("_e")).select("_e.*"))
 
 
-def output_columns(spec: SourceSpec, shape: RecordShape) -> tuple[list[str], list[str]]:
+def output_columns(spec: SourceSpec, shape: RecordShape, plan: AvroPlan | None = None) -> tuple[list[str], list[str]]:
     """Columns each shard's parts carry: ``(data shard, errors shard)``; both end with ts, diff."""
     meta = [shape.meta_column(m) for m in spec.include]
-    return (field_names(spec) + meta + ["ts", "diff"],
+    return (field_names(spec, plan) + meta + ["ts", "diff"],
             [ERR_PREFIX + c for c in shape.error_columns] + ["ts", "diff"])
 
 
 
 def write_slice(spark, spec: SourceSpec, shape: RecordShape, records: Callable[[object], object], url: str,
-                prior: Sequence[tuple] = (), index: int = 0, offsets: int = 0) -> SliceWritten:
+                prior: Sequence[tuple] = (), index: int = 0, offsets: int = 0,
+                plan: AvroPlan | None = None) -> SliceWritten:
     """Run one Spark job writing the slice's updates as Parquet under ``url``; what it read and wrote.
     ``records(read_metrics)`` gives the slice's records (the shape's columns, reclocked), counted by the
     ``Observation`` it is handed right above the upstream scan; ``offsets``: how many records the slice's
@@ -273,14 +293,14 @@ def write_slice(spark, spec: SourceSpec, shape: RecordShape, records: Callable[[
     from pyspark.sql import functions as F
 
     read, written = observation(spark), observation(spark)
-    df = envelope(spark, spec, shape, records(read), prior)
+    df = envelope(spark, spec, shape, records(read), prior, plan)
     if spec.envelope != "upsert":
         df = df.observe(written, F.count(F.lit(1)).alias("rows"), F.count(REJECTED_COLUMN).alias("rejected"))
         parts_writer(df, url).parquet(url)
         w = observed(written, spec.name, url, ("rows", "rejected"))
         rows = {DATA_OUTPUT: w["rows"] - w["rejected"], ERRORS_OUTPUT: w["rejected"]}
     else:
-        data_cols, err_cols = output_columns(spec, shape)
+        data_cols, err_cols = output_columns(spec, shape, plan)
         state_cols = [STATE_PREFIX + c for c in shape.state_columns]
         # one job, several outputs: a row's columns of the other outputs are null and each shard reads only
         # its own columns (all-null columns cost next to nothing in Parquet)

@@ -10,7 +10,9 @@ descriptions        a backlog cut by ``budget.max_records`` offsets; upsert: one
                     retractions read the state its predecessor's append produces)
 write               one Spark job per budget slice (``reclock.sources.kafka.spark_job``), reclocked by
                     ``reclock.spark.reclocking``, decoded, proved by ``reclock.persist.staged``; upsert: one
-                    job with the touched keys' state; ``on_decode_error: stall`` refuses the description
+                    job with the touched keys' state; ``on_decode_error: stall`` refuses the description;
+                    a registry format: each record by its writer schema (``reclock.registry_plan``), the
+                    collection's schema versions handed to append with the parts
 append_effects      upsert: the state's changes (``reclock.persist.upsert_state``)
 commit              the offsets, to the consumer group ``reclock-<source>`` (lag tools see them)
 rewrite             the same jobs from offset 0 of the bindings (rebuild)
@@ -22,22 +24,28 @@ trigger, lag        ``UpstreamMoved``; the consumer group's lag
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import uuid
 from typing import Any, Callable, Sequence
 
 from reclock import remap
 from reclock.batch import BatchDescription, SliceWritten, ranges_for, split_ranges
-from reclock.errors import DecodeError
+from reclock.errors import DecodeError, ReclockError, SchemaIncompatible
 from reclock.failpoints import failpoint
 from reclock.kafka_client import KafkaClientConfig
 from reclock.part_layout import DATA_KIND, DATA_OUTPUT, ERRORS_KIND, ERRORS_OUTPUT
 from reclock.persist.gc import lease_write, release_write
 from reclock.persist.remap_store import register_source
+from reclock.persist.schemas import load_history
 from reclock.persist.shards import register_shard, shard_info
 from reclock.persist.staged import collect_parts, first_rejected, read_state_changes, slice_folder
 from reclock.persist.upsert_state import apply_changes, load_prior
+from reclock.registry_plan import (AvroPlan, Reader, WriterTally, avro_plan, choose_reader, initial_reader,
+                                   versions_seen)
 from reclock.remap import RemapCollection
-from reclock.settings import find_kafka
+from reclock.schema_evolution import CollectionSchema, SchemaHistory, SchemaVersion
+from reclock.schema_registry import RegistryClient
+from reclock.settings import find_kafka, find_registry
 from reclock.sources.base import (Acknowledged, CycleServices, JointJobs, JointSlice, Lag, SourceKind, SourceRuntime,
                                   WrittenBatch)
 from reclock.sources.kafka import spark_job
@@ -53,6 +61,9 @@ class KafkaSource(SourceRuntime):
     def __init__(self, kind: SourceKind, ctx: CycleServices) -> None:
         super().__init__(kind, ctx)
         self._upstream: KafkaUpstream | None = None
+        self._registry: RegistryClient | None = None
+        self._pending: tuple[SchemaVersion, ...] = ()  # versions written by this context, maybe not appended
+        self._met: set[int] = set()  # writer ids met by this context's jobs
 
     def upstream(self) -> KafkaUpstream:
         if self._upstream is None:
@@ -101,6 +112,114 @@ class KafkaSource(SourceRuntime):
 
     def _write(self, rc: RemapCollection, desc: BatchDescription, m: dict,
                on_slice: Callable[[int, int], None] | None = None, rebuilding: bool = False) -> WrittenBatch:
+        if self.ctx.spec.format.registry is None:
+            return self._write_once(rc, desc, m, on_slice, rebuilding)
+        return self._write_registry(rc, desc, m, on_slice, rebuilding)
+
+    def registry(self) -> RegistryClient:
+        """The context's registry client (its schemas cached by id for the context's life)."""
+        if self._registry is None:
+            spec = self.ctx.spec
+            self._registry = RegistryClient(find_registry(spec.format.registry, f"source {spec.name}"))
+        return self._registry
+
+    def history(self) -> SchemaHistory:
+        """The collection's recorded schema history, with the versions this context wrote since (appended or
+        not yet: a cycle writes its descriptions before it appends them)."""
+        with self.ctx.connect() as conn:
+            h = load_history(conn, self.ctx.spec.data_shard)
+            upper = shard_info(conn, self.ctx.spec.data_shard).upper
+        # a version below the shard's upper that is not recorded was never appended (its append failed, or
+        # another run appended the range): forgotten; one at or above it waits for its description's append
+        self._pending = tuple(v for v in self._pending if v.since_ts >= upper)
+        for v in self._pending:
+            if not h.versions or v.since_ts > h.versions[-1].since_ts:
+                h = h.with_change(v.since_ts, v.schema, v.upstream, v.cause)
+        return h
+
+    def _write_registry(self, rc: RemapCollection, desc: BatchDescription, m: dict,
+                        on_slice: Callable[[int, int], None] | None, rebuilding: bool) -> WrittenBatch:
+        """A registry source's description: the reader chosen (``reclock.registry_plan``), the slices written
+        with the plan of every writer the subject holds and every id met before; ids the jobs met that the
+        plan did not know are asked of the registry and the description written again (the first folder is
+        garbage). ``schema: evolve``: the versions the description begins go to append with its parts, or a
+        writer the collection cannot take is :class:`~reclock.errors.SchemaIncompatible` (nothing is
+        appended). The first description records the reader as the collection's first version. A rebuild
+        decodes with the newest recorded reader and records nothing."""
+        ctx, spec = self.ctx, self.ctx.spec
+        fmt, subject = spec.format.type, spec.format.registry.subject
+        client = self.registry()
+        history = self.history()
+        # the collection's columns are the value's, then the metadata columns (``include:``): the registry's
+        # schemas reason about the value's; the recorded versions hold both
+        meta = spark_job.meta_columns(spec)
+
+        def with_meta(cs: CollectionSchema) -> CollectionSchema:
+            return CollectionSchema(cs.columns + meta)
+
+        first: list[SchemaVersion] = []
+        if history.versions:
+            reader = Reader.from_upstream(history.versions[-1].upstream)
+            if reader is None:
+                raise ReclockError(f"source {spec.name}: collection {spec.data_shard} has a schema history not "
+                                   f"recorded by a registry source; its format changed: rebuild into a new source")
+            collection = CollectionSchema(tuple(c for c in history.latest().columns if c not in meta))
+        else:
+            reader = initial_reader(client, fmt, subject, spec.format.schema if fmt == "avro" else None)
+            collection = reader.columns()
+            which = f"schema id {reader.schema_id}" if reader.schema_id is not None else "schema_file"
+            first = [SchemaVersion(desc.lower, with_meta(collection), reader.upstream(), f"the reader: {which}")]
+        mode = "fixed" if rebuilding else spec.schema_mode
+        ids = set(self._met)
+        for _attempt in range(3):
+            writers = {v.schema.id: v.schema.text for v in client.subject_versions(subject)}
+            for w in avro_plan(client, reader.text, None, ids, fmt).writers:
+                writers.setdefault(w.schema_id, w.schema)
+            choice = choose_reader(mode, reader, collection, writers)
+            plan = avro_plan(client, choice.reader.text, subject, ids, fmt,
+                             choice.columns if fmt == "json_schema" else None)
+            tally = WriterTally()
+            written = self._write_once(rc, desc, m, on_slice, rebuilding, plan, tally)
+            unknown = tally.unknown - set(plan.ids)
+            if not unknown:
+                break
+            self._release(written)  # its records of unknown writers are no errors yet: write it again
+            ids |= unknown
+            m.update(replanned_for=sorted(unknown))
+        else:
+            raise ReclockError(f"source {spec.name}: the registry's answers for writer ids {sorted(unknown)} changed "
+                               "while the description was written; the next cycle tries again")
+        self._met |= set(tally.first_ts)
+        m.update(writers={str(i): ts for i, ts in sorted(tally.first_ts.items())},
+                 reader=choice.reader.schema_id)
+        if rebuilding:
+            return written
+        versions: list[SchemaVersion] = []
+        if mode == "evolve":
+            versions, refusal = versions_seen(choice, plan, collection, tally.first_ts)
+            if refusal is not None:
+                self._release(written)
+                inc = refusal.incompatibility
+                raise SchemaIncompatible(
+                    spec.name, spec.data_shard, inc.field, inc.change, inc.old, inc.new,
+                    f"register a schema the collection can take (a new optional field, a widened type) and "
+                    f"produce with it, or read the topic as a new source, or set `schema: fixed` (records its "
+                    f"reader cannot read become errors, per on_decode_error)", refusal.reader, refusal.writer)
+        merged = {v.since_ts: v for v in first}
+        merged.update({v.since_ts: dataclasses.replace(v, schema=with_meta(v.schema)) for v in versions})
+        recorded = tuple(merged[t] for t in sorted(merged))
+        self._pending = self._pending + recorded
+        return dataclasses.replace(written, schemas={spec.data_shard: recorded}) if recorded else written
+
+    def _release(self, written: WrittenBatch) -> None:
+        """Let garbage collection take a written description's folder (its parts will not be appended)."""
+        if written.prefix is not None:
+            with contextlib.suppress(Exception), self.ctx.connect() as conn:
+                release_write(conn, written.prefix)
+
+    def _write_once(self, rc: RemapCollection, desc: BatchDescription, m: dict,
+                    on_slice: Callable[[int, int], None] | None = None, rebuilding: bool = False,
+                    plan: AvroPlan | None = None, writers: WriterTally | None = None) -> WrittenBatch:
         """Read the ranges the bindings in ``desc`` cover, one Spark job per budget slice, and collect the
         parts, each slice proved to hold what its job read (``reclock.persist.staged``: else
         ``UnaccountedWrite``, and nothing is appended); ``on_slice(done, total)`` after each job (the
@@ -139,7 +258,8 @@ class KafkaSource(SourceRuntime):
         try:
             failpoint("write_batches:before_job")
             written: list[SliceWritten] = []
-            joinable = ctx.joint_writer is not None and len(slices) == 1 and not upsert and not rebuilding
+            joinable = ctx.joint_writer is not None and len(slices) == 1 and not upsert and not rebuilding \
+                and plan is None
             joint = ctx.joint_writer(ctx, slices[0], bindings, slice_folder(prefix, 0)) if joinable else None
             if joint is not None:
                 written.append(joint[0])
@@ -148,7 +268,8 @@ class KafkaSource(SourceRuntime):
             first = 1 if joinable else 0  # a joint job that failed may have left files in slice 0's folder
             for i, sl in enumerate(slices if joint is None else (), start=first):
                 written.append(spark_job.write_slice(spark, spec, ctx.upstream, sl, bindings,
-                                                     ctx.blob.url(slice_folder(prefix, i)), prior, index=i))
+                                                     ctx.blob.url(slice_folder(prefix, i)), prior, index=i,
+                                                     plan=plan, writers=writers))
                 with ctx.connect() as conn:
                     lease_write(conn, spec.name, prefix)  # renewed: a long rebuild keeps its first slices
                 if on_slice is not None:

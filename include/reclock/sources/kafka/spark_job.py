@@ -11,6 +11,7 @@ record budget); a continuous group's append-only slices of several sources may s
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 from typing import Iterator, Sequence
 
@@ -19,6 +20,8 @@ from reclock.specs import SourceSpec
 from reclock.kafka_client import KafkaClientConfig, client_config
 from reclock.kafka_client import check as kafka_check
 from reclock.part_layout import DATA_OUTPUT, ERRORS_OUTPUT, KAFKA_SHAPE, MEMBER_COLUMN, REJECTED_COLUMN
+from reclock.registry_plan import AvroPlan, WriterTally
+from reclock.schema_evolution import Column
 from reclock.sources.base import JointSlice
 from reclock.spark import decode
 from reclock.spark.decode import CORRUPT  # noqa: F401 - the benchmarks' bare jobs decode as the cycle does
@@ -31,17 +34,16 @@ def kafka_read_options(spec: SourceSpec, kafka: KafkaClientConfig | str,
     """Spark Kafka batch-source options that read exactly ``ranges`` (and nothing else), on the cluster
     ``kafka`` (its connection's ``kafka.*`` options: brokers and security settings).
 
-    The consumers get a stable group id per source (:func:`read_group`). Spark's default, a new one per
-    query, never finds the consumers its executors pool by group and partition, so every cycle would open
-    and connect a consumer per partition again (0.1-0.2 s of a small cycle, measured). The group is not
-    the one whose committed offsets show the source's progress: these consumers are assigned their
-    partitions and never commit."""
+    The consumers get a stable group id per source and consumer settings (:func:`read_group`). Spark's
+    default, a new one per query, never finds the consumers its executors pool by group and partition, so
+    every cycle would open and connect a consumer per partition again (0.1-0.2 s of a small cycle,
+    measured). The group is not the one whose committed offsets show the source's progress: these consumers
+    are assigned their partitions and never commit."""
     parts = sorted({r.partition for r in ranges})
+    settings = _consumer_settings(spec, kafka)
     opts = {
-        **client_config(kafka).spark_options(),
-        "kafka.group.id": read_group(spec),
-        "kafka.isolation.level": "read_committed",
-        "kafka.fetch.max.wait.ms": "10",
+        **settings,
+        "kafka.group.id": _group_of(spec, settings),
         "assign": json.dumps({spec.upstream.topic: parts}),
         "startingOffsets": json.dumps({spec.upstream.topic: {str(r.partition): r.start for r in ranges}}),
         "endingOffsets": json.dumps({spec.upstream.topic: {str(r.partition): r.end for r in ranges}}),
@@ -49,13 +51,35 @@ def kafka_read_options(spec: SourceSpec, kafka: KafkaClientConfig | str,
         "includeHeaders": "true" if "headers" in spec.include else "false",
     }
     for k, v in spec.upstream.options:
-        opts[k if k.startswith("kafka.") or not _is_librdkafka(k) else f"kafka.{k}"] = v
+        if not (k.startswith("kafka.") or _is_librdkafka(k)):
+            opts[k] = v
     return opts
 
 
-def read_group(spec: SourceSpec) -> str:
-    """The Kafka group id of the consumers Spark reads ``spec``'s topic with."""
-    return f"{spec.consumer_group}-read"
+def _consumer_settings(spec: SourceSpec, kafka: KafkaClientConfig | str) -> dict[str, str]:
+    """The ``kafka.*`` options Spark's consumers are made with (the cluster's, Reclock's, the source's)."""
+    opts = {**client_config(kafka).spark_options(), "kafka.isolation.level": "read_committed",
+            "kafka.fetch.max.wait.ms": "10"}
+    for k, v in spec.upstream.options:
+        if k.startswith("kafka.") or _is_librdkafka(k):
+            opts[k if k.startswith("kafka.") else f"kafka.{k}"] = v
+    return opts
+
+
+def _group_of(spec: SourceSpec, settings: dict[str, str]) -> str:
+    digest = hashlib.sha256(json.dumps(sorted(settings.items())).encode()).hexdigest()[:8]
+    return f"{spec.consumer_group}-read-{digest}"
+
+
+def read_group(spec: SourceSpec, kafka: KafkaClientConfig | str) -> str:
+    """The Kafka group id of the consumers Spark reads ``spec``'s topic with on the cluster ``kafka``.
+
+    It carries a digest of the consumers' settings: Spark pools its executors' consumers by group and
+    partition and refuses a pooled consumer made with other settings ("Kafka parameters for same cache key
+    should be equal"), so consumers of changed settings (a release that sets another option, a source's
+    edited ``options``, rotated credentials) must not share a group with the old ones on a Spark cluster
+    that stayed up."""
+    return _group_of(spec, _consumer_settings(spec, kafka))
 
 
 def _is_librdkafka(key: str) -> bool:
@@ -107,20 +131,66 @@ def upsert_keys(spark, spec: SourceSpec, bootstrap: KafkaClientConfig | str, ran
     from pyspark.sql import functions as F
 
     df = _read_kafka(spark, spec, bootstrap, ranges)
-    with kafka_job(f"source {spec.name}", bootstrap, [spec.upstream.topic], [read_group(spec)]):
+    with kafka_job(f"source {spec.name}", bootstrap, [spec.upstream.topic], [read_group(spec, bootstrap)]):
         return [bytes(r[0]) for r in df.filter(F.col("key").isNotNull()).select("key").distinct().collect()]
 
 
 def write_slice(spark, spec: SourceSpec, bootstrap: KafkaClientConfig | str, ranges: Sequence[OffsetRange],
                 bindings: Sequence[BindingRange], url: str, prior: Sequence[tuple] = (),
-                index: int = 0) -> SliceWritten:
+                index: int = 0, plan: AvroPlan | None = None, writers: WriterTally | None = None) -> SliceWritten:
     """One Spark job writing the slice's updates under ``url`` (``reclock.spark.decode.write_slice``): the
     Kafka records of ``ranges``, counted right above the Kafka scan, reclocked by ``bindings``; a refused ACL
-    or login is named (:func:`kafka_job`)."""
-    with kafka_job(f"source {spec.name}", bootstrap, [spec.upstream.topic], [read_group(spec)]):
-        return decode.write_slice(spark, spec, KAFKA_SHAPE,
-                                  lambda read: _reclocked(spark, spec, bootstrap, ranges, bindings, read), url,
-                                  prior, index, offsets=sum(r.end - r.start for r in ranges))
+    or login is named (:func:`kafka_job`). ``plan`` (a registry source): records decode by their writer
+    schemas; ``writers`` gets what the job met of them (:func:`writer_aggregates` of the reclocked records,
+    :func:`tally`)."""
+    met = observation(spark) if plan is not None else None
+
+    def records(read):
+        df = _reclocked(spark, spec, bootstrap, ranges, bindings, read)
+        return df.observe(met, *writer_aggregates(plan)) if met is not None else df
+
+    with kafka_job(f"source {spec.name}", bootstrap, [spec.upstream.topic], [read_group(spec, bootstrap)]):
+        out = decode.write_slice(spark, spec, KAFKA_SHAPE, records, url, prior, index,
+                                 offsets=sum(r.end - r.start for r in ranges), plan=plan)
+    if met is not None and writers is not None:
+        tally(met, plan, spec.name, url, writers)
+    return out
+
+
+KAFKA_META_TYPES = {"partition": "int", "offset": "bigint", "key": "binary", "timestamp": "timestamp",
+                    "headers": "array<struct<key:string,value:binary>>"}
+"""The Spark types of the metadata columns Spark's Kafka source gives."""
+
+
+def meta_columns(spec: SourceSpec) -> tuple[Column, ...]:
+    """The metadata columns a Kafka source's collection carries after its value's (``include:``), as schema
+    columns (a registry source's schema versions hold them too)."""
+    return tuple(Column(KAFKA_SHAPE.meta_column(m), KAFKA_META_TYPES[m], True) for m in spec.include)
+
+
+def writer_aggregates(plan: AvroPlan) -> list:
+    """Aggregates over reclocked wire-format records (``value``, ``ts``): ``n`` (records), ``w<id>`` (the
+    first ts of each writer id the plan knows; null: none met) and ``unknown`` (the ids met that it does
+    not know, as text). Compared as header bytes, as the decode does: no per-record conversion."""
+    from pyspark.sql import functions as F
+
+    from reclock.spark.registry_decode import header_literal, unknown_ids_metric
+
+    aggs = [F.count(F.lit(1)).alias("n")]
+    for i in plan.ids:
+        aggs.append(F.min(F.when(F.substring(F.col("value"), 1, 5) == F.lit(header_literal(i)), F.col("ts")))
+                    .alias(f"w{i}"))
+    return aggs + [unknown_ids_metric(plan.ids).alias("unknown")]
+
+
+def tally(obs, plan: AvroPlan, source: str, url: str, into: WriterTally) -> None:
+    """Add a finished job's :func:`writer_aggregates` to ``into`` (no report: the write is not accounted for)."""
+    from reclock.errors import UnaccountedWrite
+
+    got = obs.get or {}
+    if got.get("n") is None:
+        raise UnaccountedWrite(source, url, url, f"Spark reported no writer metrics for its job (metrics: {got})")
+    into.add({i: got.get(f"w{i}") for i in plan.ids}, [int(x) for x in got.get("unknown") or ()])
 
 
 JOINT_RECORDS_PER_TASK = 200_000
@@ -133,8 +203,8 @@ def joint_key(spec: SourceSpec) -> tuple | None:
     """Sources with the same key can have their slices written by one Spark job (:func:`write_joint`): their
     parts have the same columns of the same types. None: the source's slices need a job of their own (an
     upsert source's)."""
-    if spec.envelope == "upsert":
-        return None
+    if spec.envelope == "upsert" or spec.format.registry is not None:
+        return None  # a registry source's columns are its reader's, known only when its slice is planned
     return (spec.format.type, spec.format.schema, tuple(spec.include))
 
 
@@ -170,7 +240,7 @@ def write_joint(spark, slices: Sequence[JointSlice], url: str) -> list[SliceWrit
               for c in (F.count(F.when(member == i, F.lit(1))).alias(f"rows{i}"),
                         F.count(F.when(member == i, F.col(REJECTED_COLUMN))).alias(f"rejected{i}"))]
     with kafka_job("sources " + ", ".join(s.spec.name for s in slices), slices[0].upstream,
-                   [s.spec.upstream.topic for s in slices], [read_group(s.spec) for s in slices]):
+                   [s.spec.upstream.topic for s in slices], [read_group(s.spec, s.upstream) for s in slices]):
         parts_writer(df.observe(written, *counts), url).partitionBy(MEMBER_COLUMN).parquet(url)
     w = observed(written, slices[0].spec.name, url,
                  [f"{k}{i}" for i in range(len(slices)) for k in ("rows", "rejected")])

@@ -1,5 +1,5 @@
 """A Kafka source's config: its ``kafka:`` section (``reclock.specs.KafkaSpec``, shared with Kafka sinks) and the
-keys beside it that a Kafka source takes: ``format``, ``envelope``, ``include``, ``budget``,
+keys beside it that a Kafka source takes: ``format`` (with ``registry:``), ``schema``, ``envelope``, ``include``, ``budget``,
 ``on_decode_error``, ``rebuild`` and the schedule's (``interval``, ``upstream``, ``continuous``)."""
 
 from __future__ import annotations
@@ -7,12 +7,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from reclock.errors import ConfigError
-from reclock.specs import (ENVELOPES, REBUILDS, SourceSpec, parse_budget, parse_format, parse_include, parse_kafka,
-                           parse_on_decode_error, parse_schedule, refuse_unknown, require)
+from reclock.specs import (ENVELOPES, FORMATS, REBUILDS, SourceSpec, parse_budget, parse_format, parse_include,
+                           parse_kafka, parse_on_decode_error, parse_schedule, parse_schema_mode, refuse_unknown,
+                           require)
 
 METADATA = ("partition", "offset", "key", "timestamp", "headers")
 """The metadata columns a Kafka source may include (like Materialize's ``INCLUDE``)."""
 SCHEDULES = ("interval", "upstream", "continuous")
+KAFKA_FORMATS = (*FORMATS, "json_schema")
+"""A Kafka source's formats: the decoded ones and json_schema (writer schemas from a Schema Registry)."""
 
 
 def parse_kafka_source(name: str, d: dict, base: Path | None) -> SourceSpec:
@@ -21,9 +24,11 @@ def parse_kafka_source(name: str, d: dict, base: Path | None) -> SourceSpec:
     if "tables" in d:
         raise ConfigError(f"{what}: `tables` belongs to a Postgres source (a `postgres:` section)")
     refuse_unknown(d, {"kafka", "format", "envelope", "include", "interval", "budget", "on_decode_error", "rebuild",
-                       "schedule", "poll", "lease", "resume", "group"}, what)
+                       "schedule", "poll", "lease", "resume", "group", "schema"}, what)
     kafka = parse_kafka(d["kafka"], f"{what}.kafka")
-    fmt = parse_format(d.get("format", {"type": "json"}), f"{what}.format", base)
+    fmt = parse_format(d.get("format", {"type": "json"}), f"{what}.format", base, KAFKA_FORMATS,
+                       subject=f"{kafka.topic}-value")
+    schema_mode = parse_schema_mode(d, fmt, what)
     envelope = d.get("envelope", "none")
     if envelope not in ENVELOPES:
         raise ConfigError(f"{what}: envelope {envelope!r} is not one of {', '.join(ENVELOPES)}")
@@ -42,4 +47,4 @@ def parse_kafka_source(name: str, d: dict, base: Path | None) -> SourceSpec:
         raise ConfigError(f"{what}: rebuild {rebuild!r} is not one of {', '.join(REBUILDS)}")
     sched = parse_schedule(d, what, SCHEDULES)
     return SourceSpec(name=name, upstream=kafka, format=fmt, envelope=envelope, include=include, budget=budget,
-                      on_decode_error=on_err, rebuild=rebuild, **sched)
+                      on_decode_error=on_err, rebuild=rebuild, schema_mode=schema_mode, **sched)

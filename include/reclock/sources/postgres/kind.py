@@ -104,9 +104,10 @@ class PostgresSource(SourceRuntime):
 
     def acknowledged(self) -> Acknowledged:
         up = self.upstream()
-        with self.ctx.connect() as conn:
-            since = snapshot_ts(conn, self.ctx.spec.name)  # a re-snapshot's slot starts at its binding
-        return Acknowledged(up.acknowledged(), f"replication slot {up.slot} is confirmed at", since)
+        return Acknowledged(up.acknowledged(), f"replication slot {up.slot} is confirmed at")
+
+    def acknowledged_since(self, conn: Any) -> int | None:
+        return snapshot_ts(conn, self.ctx.spec.name)  # a re-snapshot's slot starts at its binding
 
     def acknowledged_beyond(self, acked: Acknowledged, ours: PartitionedFrontier, upper: int) -> ReclockError:
         """A slot past the changes the shards need: the consensus database lost the commits that moved it, or

@@ -1,0 +1,64 @@
+"""``reclock.dev.procs.kill_tree``: a crash of a host kills a process group and what its processes started in
+groups of their own (Airflow's task processes), which ``kill_group`` leaves running."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+from reclock.dev import procs
+
+CHILD = """
+import os, sys, time
+pid = os.fork()
+if pid == 0:
+    os.setpgid(0, 0)  # a group of its own, as Airflow's task process makes
+    time.sleep(600)
+    os._exit(0)
+print(pid, flush=True)
+time.sleep(600)
+"""
+
+
+def _spawn(tmp_path):
+    pidfile = tmp_path / "leader.pid"
+    p = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    grandchild = int(p.stdout.readline())
+    pidfile.write_text(str(p.pid))
+    return p, grandchild, pidfile
+
+
+def test_kill_tree_kills_descendants_in_groups_of_their_own(tmp_path):
+    p, grandchild, pidfile = _spawn(tmp_path)
+    try:
+        assert procs.kill_tree(pidfile)
+        p.wait(10)
+        deadline = time.monotonic() + 10
+        while procs.pid_alive(grandchild) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not procs.pid_alive(grandchild)
+        assert not pidfile.exists() and not procs.kill_tree(pidfile)
+    finally:
+        for pid in (p.pid, grandchild):
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+
+
+def test_kill_group_alone_leaves_them(tmp_path):
+    """What ``kill_tree`` is for: the group's SIGKILL does not reach a descendant that left the group."""
+    p, grandchild, pidfile = _spawn(tmp_path)
+    try:
+        assert procs.kill_group(pidfile)
+        p.wait(10)
+        time.sleep(0.2)
+        assert procs.pid_alive(grandchild)
+    finally:
+        for pid in (p.pid, grandchild):
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
