@@ -89,25 +89,30 @@ def check_servable(rc: RemapCollection, shard_upper: int) -> None:
 
 
 def mint_descriptions(shard_upper: int, rc: RemapCollection, max_records: int) -> list[BatchDescription]:
-    """The descriptions that bring a shard from ``shard_upper`` to ``last binding ts + 1``.
+    """The descriptions that bring a shard from ``shard_upper`` to the remap upper.
 
     Laws: *contiguous* -- the first ``lower`` is ``shard_upper``, each ``upper`` is the next ``lower``,
-    the last ``upper`` is the newest binding's ``ts + 1``; every description holds at least one binding;
-    *budget* -- consecutive bindings are grouped so that a description covers at most ``max_records``
-    offsets (``record_count_since`` between frontiers) unless one binding alone exceeds it, and then that
-    binding is its own description; *exact cover* -- together their :func:`ranges_for` are exactly the
-    offsets between ``source_upper_at(rc, shard_upper)`` and the newest frontier; *compaction-invariant*
-    -- compacting ``rc`` to any ``since < shard_upper`` never changes the answer.
+    the last ``upper`` is ``rc.upper`` (the newest binding's ``ts + 1``, or later where the remap upper was
+    advanced without a binding: ``reclock.remap.advance_upper``); every description but an idle one holds at
+    least one binding, and only when no binding is pending is there one description holding none
+    (``[shard_upper, rc.upper)``: it writes nothing and moves the shard's upper); *budget* -- consecutive
+    bindings are grouped so that a description covers at most ``max_records`` offsets
+    (``record_count_since`` between frontiers) unless one binding alone exceeds it, and then that binding is
+    its own description; *exact cover* -- together their :func:`ranges_for` are exactly the offsets between
+    ``source_upper_at(rc, shard_upper)`` and the newest frontier; *compaction-invariant* -- compacting ``rc``
+    to any ``since < shard_upper`` never changes the answer.
 
-    Empty if the shard is caught up (no binding at ``ts >= shard_upper``, e.g. ``shard_upper >=
-    rc.upper``). ``ValueError`` if the shard cannot be served (:func:`check_servable`) or
-    ``max_records`` is not positive.
+    Empty if the shard is caught up (``shard_upper >= rc.upper``) or nothing was ever bound. ``ValueError``
+    if a shard with bindings pending cannot be served (:func:`check_servable`) or ``max_records`` is not
+    positive.
     """
     if max_records <= 0:
         raise ValueError(f"max_records must be positive, got {max_records}")
-    pending = [b for b in rc.bindings if b.ts >= shard_upper]
-    if not pending:
+    if shard_upper >= rc.upper or not rc.bindings:
         return []
+    pending = [b for b in rc.bindings if b.ts >= shard_upper]
+    if not pending:  # nothing to read: the shard's upper follows the remap upper
+        return [BatchDescription(shard_upper, rc.upper)]
     check_servable(rc, shard_upper)
     descs: list[BatchDescription] = []
     lower = shard_upper
@@ -121,8 +126,13 @@ def mint_descriptions(shard_upper: int, rc: RemapCollection, max_records: int) -
         count += n
         grouped += 1
         prev = b.frontier
-    descs.append(BatchDescription(lower, pending[-1].ts + 1))
+    descs.append(BatchDescription(lower, rc.upper))
     return descs
+
+
+def holds_binding(rc: RemapCollection, desc: BatchDescription) -> bool:
+    """Whether ``desc`` holds a binding (else it is an idle advance of the uppers, writing nothing)."""
+    return any(desc.lower <= b.ts < desc.upper for b in rc.bindings)
 
 
 def ranges_for(rc: RemapCollection, desc: BatchDescription) -> list[OffsetRange]:
@@ -188,3 +198,30 @@ def split_ranges(ranges: Sequence[OffsetRange], max_records: int) -> list[list[O
     if current:
         slices.append(current)
     return slices
+
+
+def rebuild_window(rows: Sequence[tuple[int, int]], since: int, upper: int, lower_ts: int | None,
+                   upper_ts: int | None) -> BatchDescription | None:
+    """The description a rebuild of the bindings at ``lower_ts <= ts < upper_ts`` (None: unbounded) writes
+    and swaps in, given the ``(lower, upper)`` descriptions of the source's batch rows (every shard's), the
+    remap collection's ``since`` and the shards' ``upper``; None when the window holds no time below the upper.
+
+    Laws: the result covers ``[lower_ts, upper_ts)`` clipped to ``[0, upper)`` and lies inside ``[0, upper)``;
+    every row lies inside it or outside it (a row's updates are replaced whole or not at all); if it reaches
+    down to ``since`` or below it starts at 0 and ends above ``since`` (the bindings at or below ``since`` are
+    collapsed into one at ``since``, which covers every offset from the first: their updates are re-derived
+    together, all at ``since``).
+    """
+    lo = 0 if lower_ts is None else max(0, lower_ts)
+    hi = upper if upper_ts is None else min(upper, upper_ts)
+    if lo >= hi:
+        return None
+    while True:
+        if lo <= since:
+            lo, hi = 0, min(upper, max(hi, since + 1))
+        meeting = [(a, b) for a, b in rows if a < hi and b > lo]
+        new_lo = min([lo, *(a for a, _ in meeting)])
+        new_hi = max([hi, *(b for _, b in meeting)])
+        if (new_lo, new_hi) == (lo, hi):
+            return BatchDescription(lo, hi)
+        lo, hi = new_lo, new_hi

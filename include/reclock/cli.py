@@ -105,11 +105,27 @@ def smoke() -> None:
 
 @dev.command()
 def env() -> None:
-    """Print the stack's settings as shell exports: `eval "$(reclock dev env)"`, then `reclock read ...`."""
+    """Print the stack's settings as shell exports: `eval "$(reclock dev env)"`, then `reclock read ...` or
+    `airflow dags list` (the Airflow settings and every connection of the stack are exported too)."""
     import shlex
 
-    for key, value in _stack().settings().items():
+    exports, undefined = _stack().shell_env()
+    for key, value in exports.items():
         click.echo(f"export {key}={shlex.quote(value)}")
+    for cid in undefined:
+        click.echo(f"reclock dev env: the config names connection {cid}, which the dev stack does not define; "
+                   f"export AIRFLOW_CONN_{cid.upper()} yourself", err=True)
+
+
+@dev.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True,
+                               "help_option_names": []})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def airflow(args: tuple[str, ...]) -> None:
+    """Run any `airflow` command against the stack: its metadata database, settings and connections
+    (e.g. `reclock dev airflow backfill create --dag-id rebuild__orders --from-date ... --to-date ...`)."""
+    if not _stack().airflow.home.is_dir():
+        raise click.ClickException("the stack has no Airflow yet: run `reclock dev up` first")
+    _stack().airflow.exec(list(args))
 
 
 @main.command()
@@ -231,17 +247,22 @@ def status_command(source: str | None, as_json: bool, probe_timeout: float, conf
     from reclock import status_report as sr
     from reclock.config import load_config
 
+    from reclock.orchestration import airflow_state
+
     s = _settings()
     cfg = load_config(config)
     blob = s.find_blob_store(blob_url) if blob_url or os.environ.get("RECLOCK_BLOB_URL") else None
-    # --bootstrap is a Kafka source's brokers (a kind finds its upstream as its cycles do: given, else ...)
-    lag = sr.lag_probe(cfg, probe_timeout, given=bootstrap, dsn=s.find_dsn(dsn))
+    # --bootstrap is a Kafka source's brokers; every kind finds its upstream as its cycles do otherwise
+    lag = sr.lag_probe(cfg, probe_timeout, given=lambda spec: bootstrap if spec.kind == "kafka" else None,
+                       dsn=s.find_dsn(dsn))
+    # pause flags and failed runs, where this process reaches Airflow's metadata database
+    dags = airflow_state.dag_states(airflow_state.all_dag_ids(cfg)) if airflow_state.configured() else None
     with sr.open_readonly(s.find_dsn(dsn)) as conn:
         if source is None:
-            ov = sr.overview(conn, cfg, lag, blob=blob)
+            ov = sr.overview(conn, cfg, lag, blob=blob, dags=dags)
             click.echo(json.dumps(sr.to_json(ov), indent=2) if as_json else "\n".join(sr.report_lines(ov)))
             return
-        detail = sr.source_detail(conn, source, cfg, lag, blob=blob)
+        detail = sr.source_detail(conn, source, cfg, lag, blob=blob, dags=dags)
     if detail is None:
         raise click.ClickException(f"source {source}: not registered and not in the config")
     if as_json:
@@ -292,20 +313,31 @@ def resnapshot(source: str, **settings: str | None) -> None:
 
 @main.command()
 @click.argument("source")
+@click.option("--from", "from_", metavar="TIME", help="Rebuild only the bindings at or after TIME (ISO 8601, e.g. "
+              "2026-01-02T03:04:05Z, or ms since the epoch); widened to whole batches.")
+@click.option("--to", "to", metavar="TIME", help="... and before TIME.")
 @_cycle_settings
-def rebuild(source: str, **settings: str | None) -> None:
-    """Rebuild SOURCE's shards from its recorded bindings and swap them in (same updates, same timestamps)."""
+def rebuild(source: str, from_: str | None, to: str | None, **settings: str | None) -> None:
+    """Re-derive SOURCE's updates from upstream (today's decode, the recorded bindings: same offsets, same
+    timestamps) and swap them in while cycles go on; --from/--to: only that window."""
     from reclock.cycle import rebuild as run_rebuild
+    from reclock.orchestration.runs import parse_time_ms
 
+    window = tuple(parse_time_ms(f"source {source}", opt, int(v) if v and v.isdigit() else v)
+                   for opt, v in (("--from", from_), ("--to", to)))
     ctx = _cycle_context(source, **settings)
     with click.progressbar(length=1, label=f"rebuilding {source}", show_pos=True) as bar:
         def on_slice(done: int, total: int) -> None:
             bar.length = total
             bar.update(done - bar.pos)
 
-        out = run_rebuild(ctx, on_slice=on_slice)
-    click.echo(f"rebuilt {', '.join(ctx.spec.shards)} up to {out['upper']}: {out['parts']} parts, "
-               f"records {out.get('records')}")
+        out = run_rebuild(ctx, on_slice=on_slice, window=window)
+    if out["window"] is None:
+        click.echo(f"{source}: nothing to rebuild (the window holds no time below the upper {out['upper']})")
+        return
+    lo, hi = out["window"]
+    click.echo(f"rebuilt {', '.join(ctx.spec.shards)} over [{lo}, {hi}) (upper {out['upper']}): {out['parts']} "
+               f"parts, records {out.get('records')}")
 
 
 def _echo_status(status) -> None:
@@ -430,6 +462,19 @@ def sink_drop(name: str, **settings: str | None) -> None:
 
 
 @main.command()
+@_config
+def check(config: str | None) -> None:
+    """Validate the config as the DAG file does (kinds, keys, schemas) and resolve every Airflow connection its
+    sources and sinks name (which the DAG file leaves to each task): an error lists every one not defined."""
+    from reclock.config import config_path, load_config
+
+    path = config_path(config)
+    cfg = load_config(path)
+    _settings().check_connections(cfg)
+    click.echo(f"{path}: {len(cfg.sources)} sources, {len(cfg.sinks)} sinks; every connection they name is defined")
+
+
+@main.command()
 @_dsn
 def migrate(dsn: str | None) -> None:
     """Apply pending migrations of the `reclock` schema."""
@@ -516,10 +561,27 @@ def _print_login(stack) -> None:
 
 
 def run() -> None:
+    """The command's entry point: a failure prints ``error: <one line>`` and exits 1, never a traceback (the
+    short trace with ``RECLOCK_DEBUG=1``; the whole one with ``RECLOCK_DEBUG=full``)."""
+    import os
+
     try:
         main(standalone_mode=True)
     except ReclockError as e:
         click.echo(f"error: {e}", err=True)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        click.echo("error: interrupted", err=True)
+        sys.exit(130)
+    except Exception as e:  # noqa: BLE001 - the last resort: one line, not a traceback
+        from reclock.explain import summary
+
+        debug = os.environ.get("RECLOCK_DEBUG", "")
+        if debug == "full":
+            raise
+        s = summary(e)
+        click.echo(f"error: {s.message}", err=True)
+        click.echo(s.trace if debug else "(RECLOCK_DEBUG=1 prints where it happened)", err=True)
         sys.exit(1)
 
 

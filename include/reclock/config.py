@@ -90,8 +90,10 @@ def parse_source(name: str, raw: Any, base: Path | None = None) -> SourceSpec:
     d = require(raw, what)
     sections = [k for k in KINDS if k in d]
     if not sections:
-        raise ConfigError(f"{what}: needs a section naming its kind and its upstream: one of "
-                          + ", ".join(f"`{k}:`" for k in KINDS) + " (e.g. `kafka: {topic: orders}`)")
+        others = [k for k in d if isinstance(d[k], dict) and k not in ("format", "budget")]
+        raise ConfigError(f"{what}: no source kind: give one of " + ", ".join(f"`{k}:`" for k in KINDS)
+                          + " (the kinds this Reclock knows; e.g. `kafka: {topic: orders}`)"
+                          + (f"; {', '.join(f'`{k}:`' for k in others)} is none of them" if others else ""))
     if len(sections) > 1:
         raise ConfigError(f"{what}: a source is of one kind; it has " + " and ".join(f"`{k}:`" for k in sections)
                           + " (give one, not both)")
@@ -299,6 +301,18 @@ class Config:
             return self.sinks[name]
         except KeyError:
             raise ConfigError(f"no sink named {name!r}; configured: {', '.join(sorted(self.sinks)) or '(none)'}")
+
+    def connections(self) -> set[str]:
+        """The Airflow connections the config's sources and sinks reach their upstreams and targets through
+        (a Kafka section's ``connection:``, ``reclock_kafka`` unless it gives ``bootstrap:``; a Postgres
+        source's ``connection:`` unless it gives ``dsn_env:``)."""
+        from reclock.sources.postgres.spec import PostgresSpec
+
+        ups = [s.upstream for s in self.sources.values()]
+        kafkas = [u for u in ups if isinstance(u, KafkaSpec)]
+        kafkas += [k.kafka for k in self.sinks.values() if isinstance(k, SinkSpec)]
+        out = {k.connection for k in kafkas if k.bootstrap is None}
+        return out | {u.connection for u in ups if isinstance(u, PostgresSpec) and u.connection}
 
     def source(self, name: str) -> SourceSpec:
         try:

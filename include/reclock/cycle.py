@@ -42,12 +42,14 @@ import contextlib
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 from reclock import remap
-from reclock.batch import BatchDescription, SliceWritten
+from reclock.batch import BatchDescription, SliceWritten, holds_binding, rebuild_window
 from reclock.specs import SourceSpec
-from reclock.errors import ConfigError, RemapUpperMismatch, ShardsDisagree, UpperMismatch
+from reclock.errors import (AcknowledgedStateLost, ConfigError, MigrationError, RebuildConflict, RemapUpperMismatch,
+                            ShardsDisagree, UpperMismatch)
+from reclock.explain import summary
 from reclock.failpoints import failpoint
 from reclock.lending import ConnectionLender
 from reclock.persist import blob as blobs
@@ -55,9 +57,10 @@ from reclock.persist import connect
 from reclock.persist.compact import compact_parts
 from reclock.persist.gc import claim_gc, collect_garbage, release_write
 from reclock.persist.migrate import check_schema
-from reclock.persist.remap_store import append_binding, compact_remap, load_remap
-from reclock.persist.shards import (Append, advance_since, compare_and_append, drop_lapsed_holds, read_holds,
-                                    replace_batches, shard_info)
+from reclock.persist.remap_store import advance_remap_upper, append_binding, compact_remap, load_remap
+from reclock.persist.shards import (APPENDED, SWAPPED, Append, Swap, advance_since, batches, compare_and_append,
+                                    drop_lapsed_holds, holding_rebuild_lock, read_holds, shard_info, swap_batches,
+                                    window_rows)
 from reclock.persist.status import prune_history, record_statistics, record_status
 from reclock.remap import RemapCollection
 from reclock.sources.base import SourceKind, SourceRuntime, WrittenBatch
@@ -91,6 +94,10 @@ class CycleContext:
     # group's ``reclock.continuous.JointWriter``): (ctx, ranges, bindings, folder) -> (SliceWritten, how
     # many sources the job wrote), or None when this one must run its own job
     joint_writer: Callable[..., tuple[SliceWritten, int] | None] | None = None
+    run_id: str | None = None  # the Airflow run the steps belong to (status rows name it)
+    # what the context's appends added, per append that added updates (what an Airflow task reports as asset
+    # events: downstream work runs only when data moved, and reads exactly the new range)
+    added: list[Added] = field(default_factory=list, init=False, repr=False, compare=False)
     _source: SourceRuntime | None = field(default=None, init=False, repr=False, compare=False)
     _spark: object | None = field(default=None, init=False, repr=False, compare=False)
     connections: ConnectionLender = field(init=False, repr=False, compare=False)
@@ -150,9 +157,34 @@ class CycleContext:
 
 
 @dataclass(frozen=True)
+class Added:
+    """One append that added updates to ``shard``: its description ``[lower, upper)`` and the rows (updates)
+    it added. An append that only moved the upper (nothing upstream, or nothing for this shard), or found
+    its range already present, adds none."""
+
+    shard: str
+    lower: int
+    upper: int
+    rows: int
+
+
+def merge_added(added: Sequence[Added]) -> dict[str, Added]:
+    """Per shard, the range covering every append in ``added`` (``[least lower, greatest upper)``) and their
+    rows: a reader of that range's updates reads exactly what they added (the appends between them added
+    nothing to the shard)."""
+    out: dict[str, Added] = {}
+    for a in added:
+        b = out.get(a.shard)
+        out[a.shard] = a if b is None else Added(a.shard, min(a.lower, b.lower), max(a.upper, b.upper),
+                                                 a.rows + b.rows)
+    return out
+
+
+@dataclass(frozen=True)
 class MintResult:
     binding: remap.Binding | None  # the (newest) binding this cycle minted, if upstream moved
     descriptions: tuple[BatchDescription, ...]  # what write_batches must write, in order
+    with_bindings: int = 0  # how many of them hold a binding (the rest: an idle advance of the uppers)
 
 
 @contextlib.contextmanager
@@ -166,7 +198,8 @@ def _holding(ctx: CycleContext) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _step(ctx: CycleContext, step: str) -> Iterator[dict]:
-    """Record ``running`` and statistics around a step; on failure record ``stalled`` with the cause."""
+    """Record ``running`` and statistics around a step; on failure record ``stalled`` with the cause (one line,
+    and a short trace beside it: ``reclock.explain``). Status rows name the step and the Airflow run."""
     metrics: dict = {}
     t0 = time.monotonic()
     with _holding(ctx):
@@ -174,14 +207,18 @@ def _step(ctx: CycleContext, step: str) -> Iterator[dict]:
             yield metrics
         except Exception as e:
             ctx.drop_spark(e)
+            if isinstance(e, MigrationError):  # a schema not this release's takes no status row; the error says why
+                raise
+            s = summary(e)
             with ctx.connect() as conn:
-                record_status(conn, ctx.spec.name, "stalled", error=f"{step}: {e}")
+                record_status(conn, ctx.spec.name, "stalled", error=f"{step}: {s.message}", step=step,
+                              run_id=ctx.run_id, trace=s.trace)
             raise
         metrics["seconds"] = round(time.monotonic() - t0, 3)
         with ctx.connect() as conn:
             with conn.transaction():
                 record_statistics(conn, ctx.spec.name, step, metrics)
-                record_status(conn, ctx.spec.name, "running")
+                record_status(conn, ctx.spec.name, "running", step=step, run_id=ctx.run_id)
 
 
 def ensure_registered(ctx: CycleContext) -> None:
@@ -204,8 +241,14 @@ def resnapshot(ctx: CycleContext) -> dict:
         return ctx.source().resnapshot(m)
 
 
+IDLE_ADVANCE_MS = 1000
+"""A mint that finds nothing new moves the remap upper to the clock once it is this far behind (at most a
+small write a second for a source cycling back to back)."""
+
+
 def mint(ctx: CycleContext) -> MintResult:
-    """Probe upstream, append a binding if it moved, mint descriptions for the output shards.
+    """Probe upstream, append a binding if it moved (else move the remap upper to now), mint descriptions
+    for the output shards.
 
     Keeps *definite*: a binding is appended with compare-and-set on the remap upper at
     ``max(now, last + 1)``, never in the past; two concurrent minters cannot both succeed.
@@ -236,12 +279,22 @@ def mint(ctx: CycleContext) -> MintResult:
                     rc = load_remap(conn, ctx.spec.name)
                     break
             failpoint("mint:after_binding")
+            now = ctx.clock()
+            if minted is None and rc.bindings and now - rc.upper >= IDLE_ADVANCE_MS:
+                # nothing new upstream: the times up to now are complete, so the remap upper (and, through
+                # an empty description, the shards' uppers) follow the clock and an idle source's upper age
+                # is its freshness
+                try:
+                    rc = advance_remap_upper(conn, ctx.spec.name, rc.upper, now)
+                except RemapUpperMismatch:
+                    rc = load_remap(conn, ctx.spec.name)
             descs = _descriptions(conn, ctx, rc)
         upper = uppers[-1] if uppers else remap.last_frontier(rc)
+        held = sum(holds_binding(rc, d) for d in descs)
         m.update(upstream_upper=upper.as_dict(), minted_ts=minted.ts if minted else None,
-                 descriptions=len(descs), offsets_known=sum(o for _, o in upper))
+                 descriptions=len(descs), idle_advance=held < len(descs), offsets_known=sum(o for _, o in upper))
         m.update(source.probe_metrics())
-        return MintResult(minted, tuple(descs))
+        return MintResult(minted, tuple(descs), held)
 
 
 def check_acknowledged(ctx: CycleContext, conn, rc: RemapCollection, acked) -> None:
@@ -281,35 +334,63 @@ def write_batches(ctx: CycleContext, desc: BatchDescription) -> WrittenBatch:
         return ctx.source().write(rc, desc, m)
 
 
-def rebuild(ctx: CycleContext, on_slice: Callable[[int, int], None] | None = None) -> dict:
-    """Rebuild the source's shards from the recorded bindings (while upstream still holds the data) and
-    swap them in atomically: the same ``(data, ts, diff)`` updates at the same timestamps (*replayable*),
-    at every time at or after the shards' since (``SourceRuntime.rewrite``). Raises ``UpstreamDataLost`` if
-    retention ran past them, ``UnaccountedWrite`` if what was written cannot be found whole (nothing is
-    swapped then); ``ConfigError`` for a kind whose upstream keeps no history to replay.
+REBUILD_ATTEMPTS = 3
+"""A windowed rebuild whose swap lost to a concurrent change of its window's rows plans and writes again at
+most this many times in all."""
+
+
+def rebuild(ctx: CycleContext, on_slice: Callable[[int, int], None] | None = None,
+            window: tuple[int | None, int | None] = (None, None)) -> dict:
+    """Re-derive the updates of the bindings at ``window[0] <= ts < window[1]`` (None: unbounded; both: every
+    binding) from upstream, with today's decode, and swap them in atomically while cycles go on.
+
+    The window is widened to whole batch rows (``reclock.batch.rebuild_window``: a row's updates are replaced
+    whole; bindings at or below the remap collection's since are collapsed into one, so a window reaching
+    them starts at 0), clipped to the shards' upper, and taken from 0 to the upper where the kind says its rebuild must be whole
+    (``SourceKind.rebuild_whole``: a Kafka upsert source's later updates retract values the window holds).
+    The kind writes it (``SourceRuntime.rewrite``). Keeps
+    *replayable*: the same offsets are bound at the same timestamps, so with an unchanged decode the same
+    ``(data, ts, diff)`` updates come back; with a fixed decode, a record that landed in ``<source>_errors``
+    comes back in the collection at its original timestamp. Appends above the window go on meanwhile
+    (``reclock.persist.shards.swap_batches``); compaction of the source's shards waits; a swap that lost to
+    another rebuild plans again (:data:`REBUILD_ATTEMPTS`). Raises ``UpstreamDataLost`` if retention ran past
+    the window's offsets, ``UnaccountedWrite`` if what Spark wrote cannot be found whole (nothing is swapped
+    then). Never mints a binding; ``ConfigError`` for a kind whose upstream keeps no history to replay.
     """
     refused = ctx.kind.rebuild_refused(ctx.spec)
     if refused is not None:
         raise ConfigError(refused)
-    with _step(ctx, "rebuild") as m:
+    name = ctx.spec.name
+    with _step(ctx, "rebuild") as m, holding_rebuild_lock(ctx.dsn, name):
         shards = ctx.shards()
-        with ctx.connect() as conn:
-            rc = load_remap(conn, ctx.spec.name)
-            uppers = {s: shard_info(conn, s).upper for s in shards}
-        upper = min(uppers.values())
-        if len(set(uppers.values())) != 1:
-            raise ShardsDisagree(ctx.spec.name, uppers)
-        if upper == 0:
-            return {"upper": 0, "parts": 0}
-        written = ctx.source().rewrite(rc, BatchDescription(0, upper), m, on_slice)
-        with ctx.connect() as conn:
-            try:
-                replace_batches(conn, [Append(s, written.desc, written.parts.get(s, ())) for s in shards])
-            finally:
-                if written.prefix is not None:
-                    release_write(conn, written.prefix)
-        return {"upper": upper, "parts": sum(len(p) for p in written.parts.values()),
-                "records": m.get("records")}
+        for attempt in range(1, REBUILD_ATTEMPTS + 1):
+            with ctx.connect() as conn:
+                rc = load_remap(conn, name)
+                uppers = {s: shard_info(conn, s).upper for s in shards}
+                if len(set(uppers.values())) != 1:
+                    raise ShardsDisagree(name, uppers)
+                upper = min(uppers.values())
+                rows = [(b.lower, b.upper) for s in shards for b in batches(conn, s)]
+                lo, hi = (None, None) if ctx.kind.rebuild_whole(ctx.spec) else window
+                desc = rebuild_window(rows, rc.since, upper, lo, hi)
+                if desc is None:
+                    m.update(window=list(window), upper=upper, parts=0)
+                    return {"upper": upper, "lower": None, "parts": 0, "records": {}, "window": None}
+                old = {s: window_rows(conn, s, desc.lower, desc.upper) for s in shards}
+            written = ctx.source().rewrite(rc, desc, m, on_slice)
+            with ctx.connect() as conn:
+                try:
+                    outcome = swap_batches(conn, [Swap(s, old[s], desc, written.parts.get(s, ())) for s in shards])
+                finally:
+                    if written.prefix is not None:
+                        release_write(conn, written.prefix)
+            if outcome == SWAPPED:
+                records = {s: sum(p.rows for p in written.parts.get(s, ())) for s in shards}
+                m.update(window=list(window), rebuilt=[desc.lower, desc.upper], upper=upper, attempts=attempt,
+                         replaced={s: len(old[s]) for s in shards})
+                return {"upper": upper, "lower": desc.lower, "window": [desc.lower, desc.upper],
+                        "parts": sum(len(p) for p in written.parts.values()), "records": records}
+        raise RebuildConflict(name, desc.lower, desc.upper, REBUILD_ATTEMPTS)
 
 
 def append(ctx: CycleContext, written: WrittenBatch) -> list:
@@ -334,6 +415,10 @@ def append(ctx: CycleContext, written: WrittenBatch) -> list:
                 _release(conn, written)  # our parts became garbage
                 raise
             _release(conn, written)  # appended, or already present (our parts are garbage)
+        for o in outcomes:
+            rows = sum(p.rows for p in written.parts.get(o.shard, ()))
+            if o.status == APPENDED and rows:
+                ctx.added.append(Added(o.shard, written.desc.lower, written.desc.upper, rows))
         m.update(lower=written.desc.lower, upper=written.desc.upper,
                  outcomes=[str(o) for o in outcomes],
                  committed={s: sum(p.rows for p in written.parts.get(s, ())) for s in ctx.shards()})
@@ -422,12 +507,12 @@ def mint_and_write(ctx: CycleContext, run_s: float | None = None) -> list[Writte
 
 def mint_and_append(ctx: CycleContext) -> tuple[int | None, int]:
     """mint, then write_batches and append for every description: the binding minted (or None) and how
-    many descriptions were appended."""
+    many descriptions holding a binding were appended (an idle cycle's advance of the uppers not counted)."""
     with _holding(ctx):
         minted = mint(ctx)
         for desc in minted.descriptions:
             append(ctx, write_batches(ctx, desc))
-    return (minted.binding.ts if minted.binding else None), len(minted.descriptions)
+    return (minted.binding.ts if minted.binding else None), minted.with_bindings
 
 
 def run_cycle(ctx: CycleContext) -> dict:

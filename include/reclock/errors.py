@@ -106,6 +106,18 @@ class ShardsDisagree(ReclockError):
                          "append brings them together")
 
 
+class RebuildConflict(ReclockError):
+    """A windowed rebuild's swap kept losing to concurrent changes of the rows in its window."""
+
+    def __init__(self, source: str, lower: int, upper: int, attempts: int) -> None:
+        self.source = source
+        self.lower = lower
+        self.upper = upper
+        super().__init__(f"source {source}: the rebuild of [{lower}, {upper}) lost its swap {attempts} times in a row "
+                         "to another change of the rows in that window (another rebuild); nothing was swapped, "
+                         "run it again")
+
+
 class SinkRefused(ReclockError):
     """A sink (Kafka or Iceberg) will not start or go on: it could only write duplicates or leave a gap."""
 
@@ -377,17 +389,18 @@ class StreamReplaced(ReclockError):
     """The Kinesis stream a source reads was deleted and created again under the same name: its shards and
     sequence numbers start over, so the source's frontier means nothing there."""
 
-    def __init__(self, source: str, stream: str, bound_ms: int, now_ms: int) -> None:
+    def __init__(self, source: str, stream: str, bound_ms: int, now_ms: int, evidence: str = "") -> None:
         import datetime as _dt
 
         def when(ms: int) -> str:
             return _dt.datetime.fromtimestamp(ms / 1000, _dt.timezone.utc).isoformat(timespec="seconds")
         self.source, self.stream, self.bound_ms, self.now_ms = source, stream, bound_ms, now_ms
+        why = f" ({evidence})" if evidence else ""
         super().__init__(
             f"source {source}: stream {stream!r} was created at {when(now_ms)}, but the source has read the stream "
-            f"of that name created at {when(bound_ms)}: it was deleted and created again. Its shards and sequence "
-            "numbers start over, and Reclock will not restart from zero silently: ingest the new stream as a new "
-            "source (another name), and drop this one when its collections are no longer needed")
+            f"of that name created at {when(bound_ms)}: it was deleted and created again{why}. Its shards and "
+            "sequence numbers start over, and Reclock will not restart from zero silently: ingest the new stream as "
+            "a new source (another name), and drop this one when its collections are no longer needed")
 
 
 class KafkaAccessDenied(ReclockError):

@@ -107,6 +107,21 @@ def append(rc: RemapCollection, binding: Binding) -> RemapCollection:
     return RemapCollection(rc.source, rc.bindings + (binding,), rc.since, binding.ts + 1)
 
 
+def advance_upper(rc: RemapCollection, upper: int) -> RemapCollection:
+    """``rc`` with its upper moved forward to ``upper`` without a binding: a probe found upstream where the
+    newest binding has it, so nothing is bound at ``[rc.upper, upper)`` and those times are complete (an idle
+    source's upper follows the clock, so its age is its freshness).
+
+    Laws: bindings and ``since`` unchanged, so :func:`reclock` and :func:`source_upper_at` give what they gave
+    (for every ``t``); never backwards (``upper <= rc.upper`` returns ``rc``); the next binding is at or
+    after ``upper`` (:func:`next_binding_ts`).
+    """
+    check_timestamp(upper)
+    if upper <= rc.upper:
+        return rc
+    return RemapCollection(rc.source, rc.bindings, rc.since, upper)
+
+
 def _check_record(partition: int, offset: int) -> None:
     if partition < 0 or offset < 0:
         raise ValueError(f"a record needs a non-negative partition and offset, got ({partition}, {offset})")

@@ -35,11 +35,11 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from reclock import connections
 from reclock.specs import KafkaSpec, RegistrySpec
-from reclock.errors import SettingError
+from reclock.errors import ConfigError, SettingError
 from reclock.kafka_client import KafkaClientConfig
 from reclock.persist import objectstore
 from reclock.persist.blob import BlobStore, blob_store_from_url
@@ -118,11 +118,17 @@ def find_source_s3_settings(connection: str, what: str) -> objectstore.S3Setting
 def find_kafka(kafka: KafkaSpec, what: str, given: str | None = None) -> KafkaClientConfig:
     """``what``'s (a source's or a sink's) Kafka cluster: the address ``given``, else ``RECLOCK_BOOTSTRAP``,
     else its ``bootstrap:`` (each an unsecured cluster: tests, scripts), else its Airflow connection, with
-    the connection's security settings (``reclock.kafka_client``)."""
+    the connection's security settings (``reclock.kafka_client``). A connection the config names is never
+    silently passed over: when ``RECLOCK_BOOTSTRAP`` or ``bootstrap:`` gives the brokers instead, the named
+    connection must still be defined."""
     found = given or os.environ.get("RECLOCK_BOOTSTRAP") or kafka.bootstrap
     if found:
         origin = ("--bootstrap" if given else "RECLOCK_BOOTSTRAP" if os.environ.get("RECLOCK_BOOTSTRAP")
                   else f"{what}'s bootstrap:")
+        if not given and kafka.connection_named:
+            from_connection(lambda: connections.kafka_client_config(kafka.connection), _undefined(
+                what, "kafka.connection", kafka.connection, " (RECLOCK_BOOTSTRAP gives the brokers, but a connection "
+                "the config names is not passed over: define it, or drop `connection:` from the config)"))
         return KafkaClientConfig.plaintext(found, origin)
     return from_connection(
         lambda: connections.kafka_client_config(kafka.connection),
@@ -130,6 +136,57 @@ def find_kafka(kafka: KafkaSpec, what: str, given: str | None = None) -> KafkaCl
         "bootstrap.servers and the security settings, e.g. AIRFLOW_CONN_"
         f"{kafka.connection.upper()}), or, for an unsecured cluster, set RECLOCK_BOOTSTRAP (host:port,...; "
         "reclock commands: --bootstrap) or give it `bootstrap:` in the config")
+
+
+def _undefined(what: str, key: str, conn_id: str, why: str = "") -> str:
+    return (f"{what}: its `{key}: {conn_id}` names an Airflow connection that is not defined (neither in Airflow's "
+            f"connections nor as AIRFLOW_CONN_{conn_id.upper()}){why}")
+
+
+def missing_connections(sources: Iterable[Any] = (), sinks: Iterable[Any] = ()) -> list[str]:
+    """What is wrong with the Airflow connections ``sources`` and ``sinks`` (their specs) reach their upstreams
+    and targets through: one message per connection a spec names that is not defined (its Kafka cluster's,
+    also when ``RECLOCK_BOOTSTRAP`` gives the brokers; its Postgres upstream's; its registry's). Each is one
+    connection lookup: run where a task or a command runs, never while a DAG file parses."""
+    missing = []
+    sources, sinks = list(sources), list(sinks)
+    kafkas = [*((f"source {s.name}", s.upstream) for s in sources if isinstance(s.upstream, KafkaSpec)),
+              *((f"sink {k.name}", k.kafka) for k in sinks if isinstance(getattr(k, "kafka", None), KafkaSpec))]
+    for what, kafka in kafkas:
+        used = kafka.bootstrap is None and (kafka.connection_named or not os.environ.get("RECLOCK_BOOTSTRAP"))
+        if used and not _defined(lambda: connections.kafka_client_config(kafka.connection)):
+            missing.append(_undefined(what, "kafka.connection", kafka.connection))
+    for s in sources:
+        up = s.upstream
+        if getattr(up, "publication", None) is not None and getattr(up, "connection", None) and \
+                not getattr(up, "dsn_env", None) and not _defined(lambda: connections.postgres_dsn(up.connection)):
+            missing.append(_undefined(f"source {s.name}", "postgres.connection", up.connection))
+        registry = getattr(s.format, "registry", None)
+        if registry is not None and not registry.url and not _defined(
+                lambda: connections.registry_settings(registry.connection)):
+            missing.append(_undefined(f"source {s.name}", "format.registry.connection", registry.connection))
+    return missing
+
+
+def check_connections(cfg=None, *, sources: Iterable[Any] = (), sinks: Iterable[Any] = ()) -> None:
+    """Every Airflow connection the config's (``cfg``'s, or just ``sources``' and ``sinks``') specs name is
+    defined; ``ConfigError`` listing every one that is not, naming the source or sink and the key. What
+    ``reclock check`` and each task's context (``reclock.orchestration.contexts``) run before any work, so a
+    wrong name fails the run's first task loudly; never the DAG file (a lookup there goes through the
+    dag-processor's supervisor and can outlast its import timeout)."""
+    if cfg is not None:
+        sources, sinks = [*sources, *cfg.sources.values()], [*sinks, *cfg.sinks.values()]
+    missing = missing_connections(list(sources), list(sinks))
+    if missing:
+        raise ConfigError("; ".join(missing))
+
+
+def _defined(lookup: Callable[[], Any]) -> bool:
+    try:
+        lookup()
+    except _not_found():
+        return False
+    return True
 
 
 def find_registry(registry: RegistrySpec, what: str):

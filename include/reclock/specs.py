@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
+from reclock.ddl import check_schema
 from reclock.errors import ConfigError
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
@@ -82,8 +83,9 @@ class KafkaSpec:
     kind: ClassVar[str] = "kafka"
     topic: str
     connection: str = "reclock_kafka"
-    bootstrap: str | None = None  # overrides the connection (tests, scripts)
+    bootstrap: str | None = None  # instead of a connection (tests, scripts)
     options: tuple[tuple[str, str], ...] = ()  # extra librdkafka / Spark kafka.* options
+    connection_named: bool = False  # the config names `connection:` (else it is the default, reclock_kafka)
 
     def shards(self, source: SourceSpec) -> tuple[str, ...]:
         """The source's collection (output 0) and its error collection."""
@@ -96,9 +98,16 @@ def parse_kafka(raw: Any, what: str) -> KafkaSpec:
     refuse_unknown(k, {"topic", "connection", "bootstrap", "options"}, what)
     if not k.get("topic") or not isinstance(k["topic"], str):
         raise ConfigError(f"{what}: `topic` is required")
+    if "connection" in k and "bootstrap" in k:
+        raise ConfigError(f"{what}: give either `connection:` (an Airflow connection) or `bootstrap:` (host:port), "
+                          "not both")
+    for key in ("connection", "bootstrap"):
+        if key in k and (not isinstance(k[key], str) or not k[key]):
+            raise ConfigError(f"{what}: `{key}` must be a non-empty string")
     opts = require(k.get("options", {}) or {}, f"{what}.options")
     return KafkaSpec(topic=k["topic"], connection=str(k.get("connection", "reclock_kafka")),
-                     bootstrap=k.get("bootstrap"), options=tuple(sorted((str(a), str(b)) for a, b in opts.items())))
+                     bootstrap=k.get("bootstrap"), options=tuple(sorted((str(a), str(b)) for a, b in opts.items())),
+                     connection_named="connection" in k)
 
 
 @dataclass(frozen=True)
@@ -168,6 +177,8 @@ def parse_format(raw: Any, what: str, base: Path | None, formats: tuple[str, ...
     schema = f.get("schema")
     if ftype in SCHEMA_FORMATS and not schema:
         raise ConfigError(f"{what}: type {ftype} needs a `schema` (Spark DDL, e.g. \"id BIGINT, name STRING\")")
+    if ftype in SCHEMA_FORMATS:
+        check_schema(schema, f"{what}.schema")  # parsed now, not when the first record arrives
     if ftype == "avro" and (registry is None or "schema_file" in f):
         schema = avro_schema(f, what, base)
     if "header" in f and ftype != "csv":

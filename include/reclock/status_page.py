@@ -5,12 +5,14 @@ is escaped. The Airflow plugin (``plugins/reclock_status.py``) serves these page
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from html import escape
 from typing import Sequence
 from urllib.parse import quote
 
-from reclock.status_report import (Overview, SinkStatus, SourceDetail, SourceStatus, age, secs, status_text,
-                                   ts_text)
+from reclock.sources.base import human_bytes
+from reclock.status_report import (Overview, SinkStatus, SourceDetail, SourceStatus, age, airflow_text, secs,
+                                   status_text, ts_text)
 
 STYLE = """
 body{font:14px/1.4 system-ui,sans-serif;margin:16px;color:#1d2433;background:#fff}
@@ -65,16 +67,17 @@ def _source_row(s: SourceStatus, airflow_root: str) -> str:
     holds = "".join(f"<div>{escape(h.holder)} <span class='muted'>on {escape(h.shard)} at</span> {h.ts}</div>"
                     for h in s.read_holds) or "none"
     newest = s.errors_latest[0] if s.errors_latest else None
-    latest = (f"<div class='muted' title='{escape(str(newest.get('reason', '')))}'>newest: partition "
-              f"{escape(str(newest.get('partition')))} offset {escape(str(newest.get('offset')))}</div>"
-              if newest else "")
-    err = f"<div class='err' data-field='error'>{escape(s.error)}</div>" if s.status == "stalled" and s.error else ""
-    lag = "unknown" if s.lag.records is None else f"{s.lag.records:,}" + ("" if s.lag.unit == "records" else
-                                                                          f" {s.lag.unit}")
+    latest = (f"<div class='muted' title='{escape(str(newest.get('reason', '')))}'>newest: "
+              f"{escape(str(newest.get('position') or newest.get('offset')))}</div>" if newest else "")
+    err = (f"<div class='err' data-field='error'>{escape(s.error)}</div>"
+           if s.status in ("stalled", "failed") and s.error else "")
+    runs = (f"<div class='muted' data-field='airflow'>{escape(airflow_text(s.airflow))}</div>"
+            if s.airflow is not None and s.airflow.failed_since_success else "")
+    lag = s.lag.text()
     return (
         f"<tr data-source='{escape(s.name)}'><td><a href='source/{quote(s.name)}'><b>{escape(s.name)}</b></a>"
         f"<div class='muted'>{escape(s.kind)}</div></td>"
-        f"<td><span data-field='status'>{_badge(s.status, s.paused)}</span>{err}</td>"
+        f"<td><span data-field='status'>{_badge(s.status, s.paused)}</span>{err}{runs}</td>"
         f"<td><span data-field='upper'>{s.upper}</span><div>{ts_text(s.upper)}</div>"
         f"<div class='muted'>{_ago(s.upper_age_s)}</div></td>"
         f"<td><span data-field='since'>{s.since}</span><div>{ts_text(s.since)}</div>"
@@ -114,46 +117,92 @@ def overview_html(ov: Overview, airflow_root: str = "/") -> str:
     return _page("Reclock", body)
 
 
+def _value_text(y: float, unit: str) -> str:
+    if unit == "bytes":
+        return human_bytes(y)
+    if unit == "s":
+        return f"{y:.2f} s" if y < 100 else f"{y:,.0f} s"
+    return f"{y:,.0f}" if y >= 100 else f"{y:,.3g}"
+
+
+def _time_text(x: float, span: float) -> str:
+    return datetime.fromtimestamp(x, tz=timezone.utc).strftime("%H:%M:%S" if span < 3600 else
+                                                               "%H:%M" if span < 86400 else "%m-%d %H:%M")
+
+
 def svg_plot(title: str, xs: Sequence[float], ys: Sequence[float | None], unit: str = "",
-             width: int = 420, height: int = 160) -> str:
-    """A line plot of ``ys`` over ``xs`` (None: a gap) as inline SVG, with its range labelled."""
+             width: int = 460, height: int = 190) -> str:
+    """A line plot of ``ys`` (in ``unit``: ``bytes``, ``s``, or a word) over ``xs`` (epoch seconds) as inline
+    SVG: a time axis with three labelled ticks (UTC), a value axis from 0 to the largest value with its
+    unit, each point marked."""
     pts = [(x, y) for x, y in zip(xs, ys) if y is not None]
-    head = f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' role='img' " \
-           f"aria-label='{escape(title)}'><text x='4' y='14' font-size='12' font-weight='600'>{escape(title)}</text>"
+    head = (f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' role='img' "
+            f"aria-label='{escape(title)}' data-unit='{escape(unit)}'><text x='4' y='14' font-size='12' "
+            f"font-weight='600'>{escape(title)}</text>")
     if not pts:
         return head + f"<text x='4' y='{height // 2}' font-size='12' fill='#6b7385'>no data yet</text></svg>"
-    left, top, right, bottom = 48, 22, width - 8, height - 18
+    left, top, right, bottom = 72, 24, width - 12, height - 34
     x0, x1 = min(p[0] for p in pts), max(p[0] for p in pts)
     y1 = max(p[1] for p in pts) or 1.0
     sx = (right - left) / ((x1 - x0) or 1.0)
     sy = (bottom - top) / y1
     line = " ".join(f"{left + (x - x0) * sx:.1f},{bottom - y * sy:.1f}" for x, y in pts)
+    dots = "".join(f"<circle cx='{left + (x - x0) * sx:.1f}' cy='{bottom - y * sy:.1f}' r='2' fill='#1f5fbf'/>"
+                   for x, y in pts)
+    span = x1 - x0
+    ticks = [x0] if span == 0 else [x0, x0 + span / 2, x1]
+    xlabels = "".join(
+        f"<line x1='{left + (x - x0) * sx:.1f}' y1='{bottom}' x2='{left + (x - x0) * sx:.1f}' y2='{bottom + 4}' "
+        f"stroke='#999'/><text class='xtick' x='{left + (x - x0) * sx:.1f}' y='{bottom + 16}' font-size='10' "
+        f"text-anchor='{anchor}'>{_time_text(x, span)}</text>"
+        for x, anchor in zip(ticks, ("start", "middle", "end") if len(ticks) == 3 else ("start",)))
     return (head + f"<line x1='{left}' y1='{bottom}' x2='{right}' y2='{bottom}' stroke='#ccc'/>"
             f"<line x1='{left}' y1='{top}' x2='{left}' y2='{bottom}' stroke='#ccc'/>"
-            f"<text x='{left - 4}' y='{top + 8}' font-size='10' text-anchor='end'>{y1:,.4g}</text>"
-            f"<text x='{left - 4}' y='{bottom}' font-size='10' text-anchor='end'>0</text>"
-            f"<text x='{right}' y='{height - 4}' font-size='10' text-anchor='end' fill='#6b7385'>{len(pts)} cycles"
-            f"{(' · ' + escape(unit)) if unit else ''}</text>"
-            f"<polyline fill='none' stroke='#1f5fbf' stroke-width='1.5' points='{line}'/></svg>")
+            f"<text class='ytick' x='{left - 4}' y='{top + 8}' font-size='10' text-anchor='end'>"
+            f"{escape(_value_text(y1, unit))}</text>"
+            f"<text class='ytick' x='{left - 4}' y='{bottom}' font-size='10' text-anchor='end'>0</text>"
+            f"{xlabels}<text x='{right}' y='{height - 4}' font-size='10' text-anchor='end' fill='#6b7385'>"
+            f"time (UTC), {len(pts)} cycles</text>"
+            f"<polyline fill='none' stroke='#1f5fbf' stroke-width='1.5' points='{line}'/>{dots}</svg>")
+
+
+def _run_link(run_id: str | None, dag_id: str | None, airflow_root: str) -> str:
+    if not run_id:
+        return "<span class='muted'>outside Airflow</span>"
+    if not dag_id:
+        return escape(run_id)
+    return (f"<a target='_top' href='{escape(airflow_root)}dags/{quote(dag_id)}/runs/{quote(run_id, safe='')}'>"
+            f"{escape(run_id)}</a>")
 
 
 def source_html(d: SourceDetail, airflow_root: str = "/") -> str:
-    """One source's page: its row of the overview, plots of throughput, lag and cycle time, its bindings
-    and its status history."""
+    """One source's page: its row of the overview, plots of throughput, lag and cycle time over time, its
+    errors, its bindings (as its kind prints positions) and its status history (a row per run and status,
+    with the step and the Airflow run)."""
     s = d.source
     xs = [p.at.timestamp() for p in d.series]
+    lag_unit = s.lag.unit
     plots = "".join((
-        svg_plot("throughput (records/s)", xs, [p.throughput for p in d.series], "records per second of cycle"),
-        svg_plot("lag at mint (records)", xs, [p.lag for p in d.series], "offsets beyond the last commit"),
-        svg_plot("cycle time (s)", xs, [p.cycle_s for p in d.series], "wall time, mint to resume"),
+        svg_plot("throughput (records/s)", xs, [p.throughput for p in d.series], "records/s"),
+        svg_plot(f"lag at mint ({'bytes of WAL' if lag_unit == 'bytes' else lag_unit})", xs,
+                 [p.lag for p in d.series], lag_unit),
+        svg_plot("cycle time (s, mint to resume)", xs, [p.cycle_s for p in d.series], "s"),
     ))
-    bindings = "".join(f"<tr><td class='n'>{b.ts}</td><td>{ts_text(b.ts)}</td><td class='n'>{b.partition}</td>"
-                       f"<td class='n'>{b.offset}</td></tr>" for b in d.bindings)
-    errors = "".join(f"<tr><td class='n'>{escape(str(e.get('ts')))}</td><td class='n'>{escape(str(e.get('partition')))}"
-                     f"</td><td class='n'>{escape(str(e.get('offset')))}</td><td class='err'>"
+    cols = d.columns[1:]
+    bindings = "".join(f"<tr><td class='n'>{b.ts}</td><td>{ts_text(b.ts)}</td>"
+                       + "".join(f"<td class='n'>{escape(c)}</td>" for c in b.cells)
+                       + "</tr>" for b in d.bindings)
+    errors = "".join(f"<tr><td class='n'>{escape(str(e.get('ts')))}</td><td>"
+                     f"{escape(str(e.get('position') or e.get('offset')))}</td><td class='err'>"
                      f"{escape(str(e.get('reason')))}</td></tr>" for e in s.errors_latest)
-    history = "".join(f"<tr><td>{h.at:%Y-%m-%d %H:%M:%S}</td><td>{_badge(h.status, None)}</td>"
-                      f"<td class='err'>{escape(h.error or '')}</td></tr>" for h in d.history)
+    ingest_dag = s.dags[0] if s.dags else None
+    history = "".join(
+        f"<tr data-field='history'><td>{h.at:%Y-%m-%d %H:%M:%S}</td><td>{_badge(h.status, None)}</td>"
+        f"<td data-field='step'>{escape(h.step or '-')}</td>"
+        f"<td data-field='run'>{_run_link(h.run_id, ingest_dag, airflow_root)}</td>"
+        f"<td class='err'>{escape(h.error or '')}"
+        + (f"<details><summary class='muted'>trace</summary><pre class='muted'>{escape(h.trace)}</pre></details>"
+           if h.trace else "") + "</td></tr>" for h in d.history)
     body = (
         f"<div><a href='../'>&larr; all sources</a></div><h1>{escape(s.name)}</h1>"
         f"<div class='muted'><a href='../api/source/{quote(s.name)}'>JSON</a></div>"
@@ -162,9 +211,10 @@ def source_html(d: SourceDetail, airflow_root: str = "/") -> str:
         f"</tr>{_source_row(s, airflow_root).replace(chr(39) + 'source/', chr(39))}</table>"
         f"<h2>Over time</h2><div class='charts'>{plots}</div>"
         f"<h2>Errors <span class='muted'>({s.errors_count} in the error collection; newest first)</span></h2>"
-        f"<table><tr><th>ts</th><th>partition</th><th>offset</th><th>reason</th></tr>{errors}</table>"
+        f"<table><tr><th>ts</th><th>position</th><th>reason</th></tr>{errors}</table>"
         f"<h2>Bindings <span class='muted'>(the {escape(s.name)}_progress relation, newest first)</span></h2>"
-        f"<table><tr><th>ts</th><th>time</th><th>partition</th><th>offset</th></tr>{bindings}</table>"
-        f"<h2>Status history <span class='muted'>(newest first)</span></h2>"
-        f"<table><tr><th>at</th><th>status</th><th>error</th></tr>{history}</table>")
+        f"<table data-field='bindings'><tr><th>ts</th><th>time</th>"
+        + "".join(f"<th>{escape(c)}</th>" for c in cols) + f"</tr>{bindings}</table>"
+        f"<h2>Status history <span class='muted'>(newest first: a row per run and status)</span></h2>"
+        f"<table><tr><th>at</th><th>status</th><th>step</th><th>Airflow run</th><th>error</th></tr>{history}</table>")
     return _page(f"Reclock: {s.name}", body)

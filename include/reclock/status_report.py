@@ -29,11 +29,12 @@ from reclock.config import Config
 from reclock.part_layout import ERRORS_KIND
 from reclock.redaction import redact
 from reclock.persist import connect
+from reclock.persist.remap_store import read_progress
 from reclock.persist.shards import ReadHold
-from reclock.persist.status import Status
+from reclock.persist.status import COLUMNS as STATUS_COLUMNS, Status
 from reclock.read import read_updates
-from reclock.sources.base import Lag
-from reclock.sources.registry import kind_of
+from reclock.sources.base import Lag, human_bytes
+from reclock.sources.registry import kind_named, kind_of
 
 STATEMENT_TIMEOUT_MS = 2000
 RECENT_ROWS = 60  # statistics rows per source read for the overview: the last cycle and a half, at least
@@ -74,6 +75,52 @@ class Cycle:
 
 
 @dataclass(frozen=True)
+class DagRunState:
+    """One run of a DAG as Airflow records it."""
+
+    dag_id: str
+    run_id: str
+    state: str  # queued / running / success / failed
+    run_type: str
+    started: datetime | None
+    ended: datetime | None
+    failed_tasks: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class DagState:
+    """What Airflow knows of a DAG: its pause flag and its newest runs (newest first)."""
+
+    dag_id: str
+    paused: bool | None
+    runs: tuple[DagRunState, ...] = ()
+
+    @property
+    def failed_since_success(self) -> int:
+        """Failed runs newer than the newest successful one."""
+        n = 0
+        for r in self.runs:
+            if r.state == "success":
+                break
+            n += r.state == "failed"
+        return n
+
+    @property
+    def newest_finished(self) -> DagRunState | None:
+        return next((r for r in self.runs if r.state in ("success", "failed")), None)
+
+
+def run_failure(dag: DagState | None, status_at: datetime | None, status_run: str | None = None) -> DagRunState | None:
+    """The newest finished run of ``dag`` if it failed and the source's newest status row is not that run's
+    own and older than its end (a run that failed before any step could record why: a task killed, a
+    setting missing, a refused conf); None otherwise (a step that stalled in that run says why itself)."""
+    run = dag.newest_finished if dag is not None else None
+    if run is None or run.state != "failed" or run.ended is None or run.run_id == status_run:
+        return None
+    return run if status_at is None or run.ended > status_at else None
+
+
+@dataclass(frozen=True)
 class SourceStatus:
     name: str
     kind: str
@@ -90,6 +137,7 @@ class SourceStatus:
     errors_count: int
     errors_latest: tuple[dict, ...] = ()
     dags: tuple[str, ...] = ()
+    airflow: DagState | None = None  # the ingest DAG's pause flag and newest runs, when Airflow can say
 
     @property
     def upper_age_s(self) -> float | None:
@@ -109,7 +157,7 @@ class SinkStatus:
     status_at: datetime | None
     paused: bool | None
     frontier: int | None  # the sink's upper, from its last statistics row
-    lag_ms: int | None  # the collection's upper minus the frontier at that row
+    lag_ms: int | None  # the collection's upper minus the frontier, while updates wait beyond the frontier
     last_at: datetime | None
     messages: int | None
     bytes: int | None
@@ -127,15 +175,18 @@ class Overview:
 
 @dataclass(frozen=True)
 class BindingRow:
+    """A row of the source's ``<source>_progress`` relation: a binding's ``ts`` and the rest of the row as
+    text, in the kind's columns (Kafka: partition, offset; Postgres: the LSN; S3: key, byte offset)."""
+
     ts: int
-    partition: int
-    offset: int
+    cells: tuple[str, ...]
 
 
 @dataclass(frozen=True)
 class SeriesPoint:
-    """One cycle on the plots: when it ended, records per second of its wall time, lag at its mint (records
-    upstream beyond what the previous cycle committed), and its wall time."""
+    """One cycle on the plots: when it ended, records per second of its wall time, lag at its mint (what
+    upstream held beyond what the previous cycle committed, in the kind's lag unit: Kafka records, Postgres
+    bytes of WAL), and its wall time."""
 
     at: datetime
     throughput: float
@@ -149,6 +200,7 @@ class SourceDetail:
     bindings: tuple[BindingRow, ...]
     history: tuple[Status, ...]  # newest first
     series: tuple[SeriesPoint, ...]
+    columns: tuple[str, ...] = ("ts", "partition", "offset")  # the kind's progress relation's columns
 
 
 def to_json(value: Any) -> Any:
@@ -236,20 +288,31 @@ LagProbe = Callable[[str], Lag]
 """A source's name -> its lag."""
 
 
-def lag_probe(config: Config | None, timeout: float = 2.0, given: str | None = None,
+def _kind_named(name: str):
+    """A registered source's kind by its name (None: a kind this Reclock does not know)."""
+    try:
+        return kind_named(name)
+    except Exception:  # noqa: BLE001 - an unknown kind shows without its kind's words
+        return None
+
+
+def lag_probe(config: Config | None, timeout: float = 2.0, given: Any = None,
               dsn: str | None = None) -> LagProbe:
     """A source's lag as its kind probes it (``SourceKind.lag``: Kafka, the consumer group ``reclock-<source>``
-    at its brokers, the sum over partitions of the last stable offset minus the committed offset; S3, objects
-    and bytes not yet ingested, from its catalog in the consensus database ``dsn``, else the one the settings name), its upstream found as
-    its cycles find it (``given``: a command's option, e.g. ``--bootstrap``: ``SourceKind.find_upstream``). Any failure (no
-    config, an unreachable upstream, a missing topic) is an unknown lag with the reason."""
+    at its brokers, the sum over partitions of the last stable offset minus the committed offset; Postgres,
+    the WAL flushed beyond the slot; S3, objects and bytes not yet ingested, from its catalog in the consensus
+    database ``dsn``, else the one the settings name), its upstream found as its cycles find it (``given``: a
+    command's option, e.g. ``--bootstrap``, or a function of the spec giving it for the sources it is for:
+    ``SourceKind.find_upstream``). Any failure (no config, an unreachable upstream, a missing topic or slot)
+    is an unknown lag with the reason."""
     def probe(name: str) -> Lag:
         spec = config.sources.get(name) if config else None
         if spec is None:
             return Lag(None, "not in the config")
         kind = kind_of(spec)
         try:
-            return kind.lag(spec, kind.find_upstream(spec, given), timeout, dsn)
+            upstream = kind.find_upstream(spec, given(spec) if callable(given) else given)
+            return kind.lag(spec, upstream, timeout, dsn)
         except Exception as e:  # a status page degrades, it never fails on a probe
             first = str(e).splitlines()[0][:160] if str(e) else ""
             return Lag(None, redact(f"unknown: {type(e).__name__}: {first}"), kind.lag_unit)
@@ -275,9 +338,10 @@ def _probe_all(lag: LagProbe, names: Sequence[str], deadline_s: float) -> dict[s
 
 
 def _latest_status(conn, names: Sequence[str]) -> dict[str, tuple]:
-    return {n: (st, redact(err), at) for n, st, err, at in conn.execute(
-        "SELECT n, s.status, s.error, s.at FROM unnest(%s::text[]) n, LATERAL (SELECT status, error, at "
-        "FROM reclock.status_history WHERE name = n ORDER BY id DESC LIMIT 1) s", (list(names),))}
+    """name -> (status, error, at, run_id) of its newest status row."""
+    return {n: (st, redact(err), at, run) for n, st, err, at, run in conn.execute(
+        "SELECT n, s.status, s.error, s.at, s.run_id FROM unnest(%s::text[]) n, LATERAL (SELECT status, error, "
+        "at, run_id FROM reclock.status_history WHERE name = n ORDER BY id DESC LIMIT 1) s", (list(names),))}
 
 
 def _recent_statistics(conn, names: Sequence[str], limit: int) -> dict[str, list]:
@@ -290,7 +354,7 @@ def _recent_statistics(conn, names: Sequence[str], limit: int) -> dict[str, list
     return out
 
 
-def _errors_latest(conn, blob, shard: str, limit: int = 5) -> tuple[dict, ...]:
+def _errors_latest(conn, blob, shard: str, limit: int = 5, kind=None) -> tuple[dict, ...]:
     """The newest rows of an error collection (raw bytes left out), newest first, from its ``limit`` newest
     parts (through its part list)."""
     row = conn.execute("SELECT min(min_ts) FROM (SELECT min_ts FROM reclock.shard_batches WHERE shard = %s "
@@ -302,18 +366,24 @@ def _errors_latest(conn, blob, shard: str, limit: int = 5) -> tuple[dict, ...]:
         return ()
     keep = [c for c in ("ts", "partition", "offset", "reason") if c in table.column_names]
     rows = table.select(keep).to_pylist()
+    if kind is not None:  # the record's position as its kind prints it
+        rows = [{**r, "position": kind.position_text(r["partition"], r["offset"])} if "offset" in r else r
+                for r in rows]
     return tuple(rows[-limit:][::-1])
 
 
 def overview(conn, config: Config | None = None, lag: LagProbe = no_lag,
              paused: Mapping[str, bool] | None = None, blob=None, now_ms: int | None = None,
-             only: str | None = None, readable: Collection[str] | None = None) -> Overview:
+             only: str | None = None, dags: Mapping[str, DagState] | None = None,
+             readable: Collection[str] | None = None) -> Overview:
     """Every source (registered in ``reclock.sources`` or configured) and sink (configured, or holding a
-    read hold ``sink:<name>``). ``lag`` probes a source's lag (in parallel, a thread each); ``paused`` maps
-    DAG ids to their pause flag (what Airflow knows); with ``blob`` the error collections' newest rows are
-    read too. ``only``: just that source. ``readable``: the DAG ids the viewer may read (Airflow's per-DAG
-    permissions); a source whose ingest DAG, or a sink whose ``sink__<name>`` is not among them is left out
-    before anything of it is read or probed (None: everything)."""
+    read hold ``sink:<name>``). ``lag`` probes a source's lag (in parallel, a thread each); ``dags`` maps DAG
+    ids to what Airflow knows of them (pause flags and newest runs: a source whose newest ingest run failed
+    after its last status row shows ``failed`` with that run), ``paused`` their pause flags alone; with
+    ``blob`` the error collections' newest rows are read too. ``only``: just that source. ``readable``: the
+    DAG ids the viewer may read (Airflow's per-DAG permissions); a source whose ingest DAG, or a sink whose
+    ``sink__<name>`` is not among them is left out before anything of it is read or probed (None:
+    everything)."""
     now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
     kinds = dict(conn.execute("SELECT name, kind FROM reclock.sources").fetchall())
     for name, spec in (config.sources if config else {}).items():
@@ -346,7 +416,8 @@ def overview(conn, config: Config | None = None, lag: LagProbe = no_lag,
         holds = {sid: hs for sid, hs in holds.items() if sid in visible}
     statuses = _latest_status(conn, [*names, *sink_names])
     stats = _recent_statistics(conn, [*names, *sink_names], RECENT_ROWS)
-    paused = paused or {}
+    dags = dags or {}
+    paused = {**{d: s.paused for d, s in dags.items() if s.paused is not None}, **(paused or {})}
     lags = _probe_all(lag, names, LAG_DEADLINE_S)
 
     sources = []
@@ -355,27 +426,40 @@ def overview(conn, config: Config | None = None, lag: LagProbe = no_lag,
         own = shards.get(n, [])
         upper = min([rc_upper, *(u for _, _, u, _ in own)])
         since = max([rc_since, *(s for _, _, _, s in own)]) if own else rc_since
-        st = statuses.get(n, (None, None, None))
+        st = statuses.get(n, (None, None, None, None))
         cycles = cycles_from_statistics(stats.get(n, []))
         err_shard = next((sid for sid, kind, _, _ in own if kind == ERRORS_KIND), None)
         count = int(errors.get(err_shard, 0)) if err_shard else 0
-        latest = _errors_latest(conn, blob, err_shard) if blob is not None and count else ()
         spec = config.sources.get(n) if config else None
-        replays = spec is None or kind_of(spec).rebuild_refused(spec) is None  # else it has no rebuild DAG
-        dags = (ingest_dag(n, config), *((f"rebuild__{n}",) if replays else ()))
+        source_kind = kind_of(spec) if spec else _kind_named(kinds[n])
+        latest = _errors_latest(conn, blob, err_shard, kind=source_kind) if blob is not None and count else ()
+        # the source's DAGs: its ingest DAG, and a rebuild DAG for a kind that replays (a Kafka source); only
+        # those Airflow has, when it was asked
+        replays = source_kind is not None and (spec is None or source_kind.rebuild_refused(spec) is None)
+        ingest_id = ingest_dag(n, config)
+        dag_ids = (ingest_id, *((f"rebuild__{n}",) if replays else ()))
+        dag_ids = tuple(d for d in dag_ids if not dags or d in dags)
+        failed = run_failure(dags.get(ingest_id), st[2], st[3])
+        if failed is not None:
+            tasks = f" (task {', '.join(failed.failed_tasks)} failed)" if failed.failed_tasks else ""
+            st = ("failed", f"Airflow run {failed.run_id} of {failed.dag_id} failed at "
+                            f"{failed.ended:%Y-%m-%d %H:%M:%S}{tasks} before any step recorded why; see its log",
+                  failed.ended, failed.run_id)
         sources.append(SourceStatus(
-            name=n, kind=kinds[n], status=st[0], error=st[1], status_at=st[2], paused=paused.get(dags[0]),
+            name=n, kind=kinds[n], status=st[0], error=st[1], status_at=st[2], paused=paused.get(ingest_id),
             upper=upper, since=since, now_ms=now_ms, last_cycle=cycles[-1] if cycles else None, lag=lags[n],
             read_holds=tuple(h for sid, *_ in own for h in holds.get(sid, ())), errors_count=count,
-            errors_latest=latest, dags=dags))
+            errors_latest=latest, dags=dag_ids, airflow=dags.get(ingest_id)))
 
     sinks = []
     shard_upper = {sid: u for v in shards.values() for sid, _, u, _ in v}
+    newest = dict(conn.execute("SELECT shard, max(max_ts) FROM reclock.shard_batches WHERE shard = ANY(%s) "
+                               "GROUP BY shard", ([k.collection for k in sink_specs.values()],)).fetchall())
     for n in sink_names:
         spec = sink_specs.get(n)
         collection = spec.collection if spec else next(
             (h.shard for hs in holds.values() for h in hs if h.holder == f"sink:{n}"), None)
-        st = statuses.get(n, (None, None, None))
+        st = statuses.get(n, (None, None, None, None))
         last = next(((m, at) for step, m, at in reversed(stats.get(n, [])) if step == "sink"), None)
         hold = next((h.ts for h in holds.get(collection, ()) if h.holder == f"sink:{n}"), None)
         frontier = last[0].get("frontier") if last else None
@@ -383,7 +467,10 @@ def overview(conn, config: Config | None = None, lag: LagProbe = no_lag,
         sinks.append(SinkStatus(
             name=n, collection=collection, status=st[0], error=st[1], status_at=st[2],
             paused=paused.get(f"sink__{n}"), frontier=frontier,
-            lag_ms=max(0, upper_now - frontier) if frontier is not None and upper_now is not None else None,
+            # the collection's upper beyond the frontier, while updates wait there (an idle collection's upper
+            # moves on without any: nothing to write is no lag)
+            lag_ms=(None if frontier is None or upper_now is None else
+                    0 if newest.get(collection) is None or newest[collection] < frontier else max(0, upper_now - frontier)),
             last_at=last[1] if last else None, messages=last[0].get("messages") if last else None,
             bytes=last[0].get("bytes") if last else None, seconds=last[0].get("seconds") if last else None,
             read_hold=hold, dags=(f"sink__{n}",)))
@@ -399,23 +486,22 @@ def ingest_dag(source: str, config: Config | None) -> str:
 
 def source_detail(conn, name: str, config: Config | None = None, lag: LagProbe = no_lag,
                   paused: Mapping[str, bool] | None = None, blob=None, bindings: int = 200,
-                  history: int = 50, readable: Collection[str] | None = None) -> SourceDetail | None:
+                  history: int = 50, dags: Mapping[str, DagState] | None = None,
+                  readable: Collection[str] | None = None) -> SourceDetail | None:
     """One source's status, its newest ``bindings`` bindings (the ``<source>_progress`` relation), its
     newest ``history`` status rows and its series over the last :data:`SERIES_ROWS` statistics rows.
     None if there is no such source, or ``readable`` (see :func:`overview`) hides it."""
-    ov = overview(conn, config, lag, paused, blob, only=name, readable=readable)
+    ov = overview(conn, config, lag, paused, blob, only=name, dags=dags, readable=readable)
     if not ov.sources:
         return None
-    rows = conn.execute(
-        'SELECT b.ts, o.partition, o."offset" FROM (SELECT ts FROM reclock.remap_bindings WHERE source = %s '
-        "ORDER BY ts DESC LIMIT %s) b JOIN reclock.remap_offsets o ON o.source = %s AND o.ts = b.ts "
-        "ORDER BY b.ts DESC, o.partition", (name, bindings, name)).fetchall()
-    hist = conn.execute("SELECT status, error, at FROM reclock.status_history WHERE name = %s "
+    columns, rows = read_progress(conn, name, newest=bindings)
+    hist = conn.execute(f"SELECT {STATUS_COLUMNS} FROM reclock.status_history WHERE name = %s "
                         "ORDER BY id DESC LIMIT %s", (name, history)).fetchall()
     stats = _recent_statistics(conn, [name], SERIES_ROWS)[name]
-    return SourceDetail(ov.sources[0], tuple(BindingRow(ts, p, int(o)) for ts, p, o in rows),
-                        tuple(Status(name, st, redact(err), at) for st, err, at in hist),
-                        tuple(series_of(cycles_from_statistics(stats))))
+    return SourceDetail(ov.sources[0], tuple(BindingRow(r[0], r[1:]) for r in reversed(rows)),
+                        tuple(Status(name, st, redact(err), at, step, run, redact(trace))
+                              for st, err, at, step, run, trace in hist),
+                        tuple(series_of(cycles_from_statistics(stats))), columns)
 
 
 # -- words and figures shared by the command and the page --------------------------------------------------
@@ -470,12 +556,31 @@ def _source_lines(s: SourceStatus) -> list[str]:
                      f"{c.bytes} bytes")
     else:
         lines.append("  last cycle: none complete")
-    lines.append(f"  lag: {s.lag.records if s.lag.records is not None else 'unknown'} {s.lag.unit} ({s.lag.detail})")
+    lines.append(f"  lag: {s.lag.text()} ({s.lag.detail})")
     holds = ", ".join(f"{h.holder} on {h.shard} at {h.ts}" for h in s.read_holds) or "none"
     lines.append(f"  read holds: {holds}")
     lines.append(f"  errors: {s.errors_count}")
-    lines += [f"    {e}" for e in s.errors_latest]
+    lines += [f"    ts {e.get('ts')} at {e.get('position') or e.get('offset')}: {e.get('reason')}" for e in s.errors_latest]
+    lines.append(f"  airflow: {airflow_text(s.airflow)}")
     return lines
+
+
+def airflow_text(dag: DagState | None) -> str:
+    """A DAG's newest runs in a few words: ``ingest__x: 2 failed runs since the last success (newest: <run>
+    at <time>, task append)``."""
+    if dag is None:
+        return "unknown (no answer from Airflow's metadata database)"
+    if not dag.runs:
+        return f"{dag.dag_id}: no runs yet"
+    newest = dag.runs[0]
+    failed = dag.failed_since_success
+    if failed:
+        f = next(r for r in dag.runs if r.state == "failed")
+        when = f" at {f.ended:%Y-%m-%d %H:%M:%S}" if f.ended else ""
+        tasks = f", task {', '.join(f.failed_tasks)}" if f.failed_tasks else ""
+        return f"{dag.dag_id}: {failed} failed run{'s' if failed > 1 else ''} since the last success (newest: " \
+               f"{f.run_id}{when}{tasks}); newest run {newest.state}"
+    return f"{dag.dag_id}: newest run {newest.run_id} {newest.state}"
 
 
 def _sink_lines(k: SinkStatus) -> list[str]:
@@ -498,8 +603,10 @@ def report_lines(ov: Overview) -> list[str]:
 def detail_lines(d: SourceDetail) -> list[str]:
     """``reclock status SOURCE``: the source's figures, its bindings and its status history."""
     lines = _source_lines(d.source)
-    lines.append("bindings (newest first): ts, partition, offset")
-    lines += [f"  {b.ts} ({ts_text(b.ts)})  {b.partition}  {b.offset}" for b in d.bindings]
-    lines.append("status history (newest first):")
-    lines += [f"  {h.at:%Y-%m-%d %H:%M:%S} {h.status}" + (f" -- {h.error}" if h.error else "") for h in d.history]
+    lines.append(f"bindings (newest first): {', '.join(d.columns)}")
+    lines += [f"  {b.ts} ({ts_text(b.ts)})  " + "  ".join(b.cells)
+              for b in d.bindings]
+    lines.append("status history (newest first): at, status, step, Airflow run")
+    lines += [f"  {h.at:%Y-%m-%d %H:%M:%S} {h.status} {h.step or '-'} {h.run_id or '-'}"
+              + (f" -- {h.error}" if h.error else "") for h in d.history]
     return lines

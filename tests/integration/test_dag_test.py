@@ -67,16 +67,16 @@ def test_ingest_and_sink_dags_under_dag_test(db, postgres, kafka, topic, stack_s
            "AIRFLOW_HOME": str(tmp_path / "airflow"),
            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": postgres.dsn(airflow_db).replace("postgresql://",
                                                                                   "postgresql+psycopg2://"),
-           "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "AIRFLOW__CORE__DAGS_FOLDER": str(REPO_ROOT / "dags")}
+           "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "AIRFLOW__CORE__DAGS_FOLDER": str(REPO_ROOT / "dags"),
+           "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO_ROOT / "plugins")}  # registers Reclock's timetable
     migrate = subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=env, capture_output=True,
                              text=True, timeout=300)
     assert migrate.returncode == 0, migrate.stdout[-3000:] + migrate.stderr[-3000:]
     # and the example query DAG: a @task.pyspark job reading the collection through reclock.tables
     query_env = {**env, "RECLOCK_QUERY_EXAMPLE": "dt_orders",
                  "AIRFLOW_CONN_RECLOCK_SPARK": json.dumps({"conn_type": "spark", "host": "local[2]"})}
-    run = subprocess.run([sys.executable, "-c", SCRIPT, "ingest__dt_orders", "ingest__dt_orders", "sink__dt_out",
-                          "sink__dt_lake", "query__dt_orders", "ingest__dt_cont", "ingest_group__dtg"], env=query_env,
-                         capture_output=True, text=True, timeout=600)
+    run = _run_script(["ingest__dt_orders", "ingest__dt_orders", "sink__dt_out", "sink__dt_lake", "query__dt_orders",
+                       "ingest__dt_cont", "ingest_group__dtg"], query_env)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
     results = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]
     assert results == ["RESULT ingest__dt_orders success", "RESULT ingest__dt_orders success",
@@ -118,8 +118,7 @@ def test_ingest_and_sink_dags_under_dag_test(db, postgres, kafka, topic, stack_s
     })
     watcher = ArgvWatcher(pg["password"])
     with watcher:
-        run = subprocess.run([sys.executable, "-c", SCRIPT, "rebuild__dt_orders"], env=env, capture_output=True,
-                             text=True, timeout=600)
+        run = _run_script(["rebuild__dt_orders"], env)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
     assert "RESULT rebuild__dt_orders success" in run.stdout
     after = _updates(db, blobs)
@@ -131,6 +130,17 @@ def test_ingest_and_sink_dags_under_dag_test(db, postgres, kafka, topic, stack_s
         rendered = conn.execute("SELECT rendered_fields::text FROM rendered_task_instance_fields "
                                 "WHERE dag_id = 'rebuild__dt_orders'").fetchall()
     assert rendered and all(pg["password"] not in r[0] for r in rendered)
+
+
+def _run_script(dag_ids: list[str], env: dict, timeout: float = 480) -> subprocess.CompletedProcess:
+    """SCRIPT over ``dag_ids``; one that does not end within ``timeout`` fails with what it printed."""
+    try:
+        return subprocess.run([sys.executable, "-c", SCRIPT, *dag_ids], env=env, capture_output=True, text=True,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        err = (e.stderr or b"").decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+        raise AssertionError(f"{dag_ids} did not end in {timeout:.0f}s:\n{out[-3000:]}\n{err[-6000:]}") from None
 
 
 def _updates(dsn: str, blobs) -> tuple[list, set[str]]:

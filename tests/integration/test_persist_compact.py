@@ -30,7 +30,7 @@ from reclock.persist.compact import compact_parts
 from reclock.persist.gc import collect_garbage
 from reclock.persist.remap_store import register_source
 from reclock.persist.shards import (Append, Merge, acquire_read_hold, advance_since, batches, compare_and_append,
-                                    merge_batches, register_shard, replace_batches, shard_info)
+                                    merge_batches, register_shard, shard_info, swap_batches, Swap)
 from reclock.read import read_as_of, read_updates
 
 DATA, ERRORS = "orders", "orders_errors"
@@ -288,9 +288,9 @@ def test_a_rebuild_or_another_compaction_between_read_and_swap_is_a_conflict_tha
 
     def rebuild() -> None:  # what cycle.rebuild swaps in: the same updates in fresh parts
         with connect(db) as other:
-            parts = [write_part(store, D(0, upper), 0, _read(store, b.path).to_pylist())
-                     for b in batches(other, DATA)]
-            replace_batches(other, [Append(DATA, D(0, upper), parts)])
+            old = batches(other, DATA)
+            parts = [write_part(store, D(0, upper), 0, _read(store, b.path).to_pylist()) for b in old]
+            assert swap_batches(other, [Swap(DATA, old, D(0, upper), parts)]) == "swapped"
 
     before = reads(conn, store, DATA)
     report = compact_parts(conn, store, DATA, min_parts=4, before_swap=rebuild)

@@ -26,7 +26,7 @@ TABLES = {
     "shard_batches": ["id", "shard", "lower", "upper", "path", "rows", "bytes", "min_ts", "max_ts", "created_at"],
     "read_holds": ["shard", "holder", "ts", "created_at", "updated_at", "expires_at"],
     "statistics": ["id", "name", "step", "metrics", "at"],
-    "status_history": ["id", "name", "status", "error", "at"],
+    "status_history": ["id", "name", "status", "error", "at", "step", "run_id", "trace"],
     "schema_migrations": ["version", "name", "checksum", "applied_at"],
 }
 
@@ -187,6 +187,15 @@ def test_status_and_statistics_helpers(conn):
     s = latest_status(conn, "orders")
     assert (s.name, s.status, s.error) == ("orders", "stalled", "append: shard orders_0: upper is 7, append expected 5")
     assert [h.status for h in status_history(conn, "orders")] == ["stalled", "starting"]
+    # a run's steps leave one row (its newest step), a new run or a new status a new one
+    for step in ("mint", "write_batches", "append", "resume"):
+        record_status(conn, "orders", "running", step=step, run_id="manual__1")
+    record_status(conn, "orders", "running", step="mint", run_id="manual__2")
+    record_status(conn, "orders", "stalled", error="x", step="append", run_id="manual__2", trace="cycle.py:1 in f")
+    hist = status_history(conn, "orders")
+    assert [(h.status, h.step, h.run_id, h.trace) for h in hist[:3]] == [
+        ("stalled", "append", "manual__2", "cycle.py:1 in f"), ("running", "mint", "manual__2", None),
+        ("running", "resume", "manual__1", None)]
     with pytest.raises(ValueError, match="not one of"):
         record_status(conn, "orders", "sleeping")
     record_statistics(conn, "orders", "mint", {"minted_ts": 100, "offsets_known": 12})

@@ -84,11 +84,14 @@ def test_snapshot_then_stream(db, upstream, tmp_path, monkeypatch):
     assert out.splitlines()[:3] == ["ts               lsn", *(f"{ts:<16d} {po.lsn_to_str(lsn)}" for ts, lsn in bs)]
     assert f"shard {name}__a: upper {bs[-1][0] + 1}, since " in out
     cfg = Config(sources={name: ctx.spec})
-    with connect(db) as conn:  # the status report degrades to "not probed" for a Postgres source's lag
+    with connect(db) as conn:  # the lag in the kind's terms: WAL bytes beyond the slot, positions as LSNs
         monkeypatch.setenv("UNUSED", upstream)  # the probe finds the upstream as a task does (its dsn_env)
         detail = sr.source_detail(conn, name, cfg, sr.lag_probe(cfg))
     text = "\n".join(sr.detail_lines(detail))
-    assert name in text and "a Postgres source" in text
+    assert detail.source.lag.unit == "bytes" and detail.source.lag.value is not None, detail.source.lag
+    assert "retains" in detail.source.lag.detail and "confirmed " in detail.source.lag.detail
+    assert detail.columns == ("ts", "lsn") and detail.bindings[0].cells == (po.lsn_to_str(bs[-1][1]),)
+    assert name in text and f"bindings (newest first): ts, lsn" in text and po.lsn_to_str(bs[-1][1]) in text
 
 
 class Writer(threading.Thread):

@@ -355,8 +355,13 @@ def test_status_shows_the_lag_in_objects_and_bytes(db, spark, s3, tmp_path, monk
     with sr.open_readonly(db) as conn:
         ov = sr.overview(conn, Config({"ev": ctx.spec}), lag)
     (src,) = ov.sources
-    assert src.kind == "s3" and src.lag.records == 1 and src.lag.unit == "objects"
+    assert src.kind == "s3" and src.lag.value == 1 and src.lag.unit == "objects"
     assert f"1 object(s), {len(late)} byte(s) not yet ingested" in src.lag.detail
     assert f"lag: 1 objects ({src.lag.detail})" in "\n".join(sr.report_lines(ov))
     cycle.run_cycle(ctx)
-    assert lag("ev").records == 0
+    assert lag("ev").value == 0
+    with connect(db) as conn:  # the bindings in the kind's columns: the object's key and its bytes
+        detail = sr.source_detail(conn, "ev", Config({"ev": ctx.spec}), lag)
+    assert detail.columns == ("ts", "key", "byte_offset")
+    assert detail.bindings[0].cells == ("ev/b.json", str(len(late)))
+    assert "log position" not in "\n".join(sr.detail_lines(detail))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -37,6 +38,14 @@ sources:
     format: {type: json, schema: "id BIGINT"}
     interval: 1h
     on_decode_error: stall
+  ui_shop:
+    postgres: {connection: reclock_demo_shop, publication: ui_shop_pub}
+    tables: [public.orders, public.items]
+    interval: 1h
+  ui_events:
+    s3: {connection: reclock_s3, url: "s3://ui-landing/events/"}
+    format: {type: json, schema: "id BIGINT"}
+    interval: 1h
 sinks:
   ui_out:
     from: ui_orders
@@ -79,7 +88,33 @@ def _run_cycles(stack) -> None:
     assert producer.flush(30) == 0, "records left unsent: the broker did not acknowledge them in time"
     run_id = stack.airflow.trigger("ingest__ui_payments")
     with pytest.raises(StackError, match="failed"):
-        stack.airflow.wait_run("ingest__ui_payments", run_id, timeout=300)
+        stack.airflow.wait_run("ingest__ui_payments", run_id, timeout=400)
+    # a Postgres source: two transactions, one run each
+    import psycopg
+
+    from reclock.dev.demo import shop_upstream
+
+    dsn = shop_upstream(stack, "ui_shop_pub", ["orders", "items"])
+    stack.airflow.wait_for_dag("ingest__ui_shop")
+    for lo in (1, 21):
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("INSERT INTO orders SELECT g, 'c', 'open', 1, now() FROM generate_series(%s::int, %s::int) g",
+                         (lo, lo + 19))
+        stack.airflow.wait_run("ingest__ui_shop", stack.airflow.trigger("ingest__ui_shop"), timeout=300)
+    # an idle cycle: nothing new upstream, yet the upper follows the clock (its age is the freshness)
+    stack.airflow.wait_run("ingest__ui_orders", stack.airflow.trigger("ingest__ui_orders"), timeout=300)
+    # an S3 source: two objects ingested, a third waiting (its lag counts objects)
+    stack.s3.create_bucket("ui-landing")
+    s3 = stack.s3.client()
+    s3.put_object(Bucket="ui-landing", Key="events/a.json", Body=b'{"id": 1}\n{"id": 2}\n')
+    s3.put_object(Bucket="ui-landing", Key="events/b.json", Body=b'{"id": 3}\n')
+    stack.airflow.wait_for_dag("ingest__ui_events")
+    stack.airflow.wait_run("ingest__ui_events", stack.airflow.trigger("ingest__ui_events"), timeout=300)
+    s3.put_object(Bucket="ui-landing", Key="events/c.json", Body=b'{"id": 4}\n')
+    # a reader's lease that lapsed holds nothing and shows nowhere
+    with connect(stack.postgres.dsn()) as conn:
+        conn.execute("INSERT INTO reclock.read_holds (shard, holder, ts, expires_at) SELECT 'ui_orders', "
+                     "'reader:lapsed', since, now() - interval '1 minute' FROM reclock.shards WHERE id = 'ui_orders'")
 
 
 def _truth(dsn: str) -> dict:
@@ -88,7 +123,7 @@ def _truth(dsn: str) -> dict:
 
     with psycopg.connect(dsn) as conn:
         out = {}
-        for name in ("ui_orders", "ui_payments"):
+        for name in ("ui_orders", "ui_payments", "ui_shop"):
             (upper,) = conn.execute(
                 "SELECT least((SELECT upper FROM reclock.remap_collections WHERE source = %s), "
                 "(SELECT min(upper) FROM reclock.shards WHERE source = %s))", (name, name)).fetchone()
@@ -101,6 +136,15 @@ def _truth(dsn: str) -> dict:
     return out
 
 
+def _history_is_runs_and_steps(page) -> None:
+    """Status history rows: each names its step and Airflow run; none repeats the one before it."""
+    rows = [(r.locator("td").nth(1).inner_text(), r.locator("[data-field=step]").inner_text(),
+             r.locator("[data-field=run]").inner_text(), r.locator("td").nth(4).inner_text())
+            for r in page.locator("tr[data-field=history]").all()]
+    assert rows and all(step != "-" and run.startswith(("manual__", "scheduled__")) for _, step, run, _ in rows), rows
+    assert all(a != b for a, b in zip(rows, rows[1:])), rows
+
+
 def _browse(stack, truth: dict, secrets: list[str]) -> None:
     from playwright.sync_api import sync_playwright
 
@@ -110,15 +154,30 @@ def _browse(stack, truth: dict, secrets: list[str]) -> None:
                                      args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"])
         try:
             page = browser.new_page(viewport={"width": 1500, "height": 820})
-            # not logged in: the plugin's page is refused
-            assert page.goto(f"{base}/reclock/").status == 401
-            # log in through Airflow's own login form
-            page.goto(f"{base}/auth/login")
+            page.set_default_timeout(120_000)  # a loaded machine: the UI's first render can be slow
+            # not logged in: the page (even without its slash) sends the browser to Airflow's login form, which
+            # sends it back after the login
+            page.goto(f"{base}/reclock")
+            page.wait_for_url(lambda url: "/auth/login" in url, timeout=60_000)
+            assert "next=" in page.url, page.url
             page.locator("input[name=username]").fill("admin")
             page.locator("input[name=password]").fill(stack.airflow.admin_password)
             page.get_by_role("button", name="Sign in").click()
-            page.wait_for_url(lambda url: "/auth/login" not in url, timeout=60_000)
-            # the navigation links the page (Browse > Reclock), which shows it inside Airflow's UI
+            page.wait_for_url(lambda url: url.rstrip("/").endswith("/reclock"), timeout=60_000)
+            page.locator("tr[data-source='ui_orders']").wait_for(timeout=60_000)
+            # the trigger form offers the DAG's typed params: no letters, nothing below the minimum
+            page.goto(f"{base}/dags/ingest__ui_orders")
+            page.get_by_role("button", name="Trigger").first.click()
+            dialog = page.get_by_role("dialog")
+            dialog.get_by_text("Records per Spark job").wait_for()
+            field = dialog.locator("input[name=element_max_records]")
+            field.fill("lots")
+            assert field.input_value() == ""
+            field.fill("0")
+            field.blur()
+            assert field.input_value() == "1"
+            page.keyboard.press("Escape")
+                        # the navigation links the page (Browse > Reclock), which shows it inside Airflow's UI
             page.goto(f"{base}/plugin/reclock")
             frame = page.frame_locator("iframe")
             frame.locator("tr[data-source='ui_orders']").wait_for(timeout=60_000)
@@ -138,12 +197,31 @@ def _browse(stack, truth: dict, secrets: list[str]) -> None:
                     assert row.locator("[data-field=error]").inner_text() == t["error"]
             SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(SCREENSHOT), full_page=True)
-            # one source's page: bindings, history and the three plots
+            shop = page.locator("tr[data-source='ui_shop']")
+            assert re.fullmatch(r"\d+(\.\d)? (B|KiB|MiB|GiB)", shop.locator("[data-field=lag]").inner_text())
+            assert "rebuild__ui_shop" not in shop.inner_html()
+            assert "reader:lapsed" not in page.content()
+            # one source's page: bindings as its kind prints them, history, the three plots with time axes
             page.locator("tr[data-source='ui_orders'] a", has_text="ui_orders").first.click()
             page.wait_for_url("**/reclock/source/ui_orders")
-            assert page.locator("svg polyline").count() == 3
-            assert "ui_orders_progress" in page.content()
+            assert page.locator("svg polyline").count() == 3 and page.locator("svg .xtick").count() >= 3
+            assert "ui_orders_progress" in page.content() and "<th>partition</th><th>offset</th>" in page.content()
+            _history_is_runs_and_steps(page)
             page.screenshot(path=str(SCREENSHOT.with_name(SCREENSHOT.stem + "-source.png")), full_page=True)
+            page.goto(f"{base}/reclock/source/ui_shop")
+            cells = page.locator("table[data-field=bindings] tr td:nth-child(3)").all_inner_texts()
+            assert cells and all(re.fullmatch(r"[0-9A-F]+/[0-9A-F]+", c) for c in cells), cells  # LSNs
+            assert "lag at mint (bytes of WAL)" in page.content()
+            _history_is_runs_and_steps(page)
+            # an S3 source's page: lag in objects, bindings as (key, byte_offset)
+            page.goto(f"{base}/reclock/")
+            events = page.locator("tr[data-source='ui_events']")
+            assert events.locator("[data-field=lag]").inner_text() == "1 objects"
+            page.goto(f"{base}/reclock/source/ui_events")
+            assert "<th>key</th><th>byte_offset</th>" in page.content()
+            keys = page.locator("table[data-field=bindings] tr td:nth-child(3)").all_inner_texts()
+            assert keys and keys[0] == "events/b.json", keys
+            assert "lag at mint (objects)" in page.content()
         finally:
             browser.close()
 
@@ -152,7 +230,10 @@ def _browse(stack, truth: dict, secrets: list[str]) -> None:
 def test_status_pages_in_the_airflow_ui(stack_home: Path):
     config = stack_home / "reclock.yaml"
     config.write_text(CONFIG)
-    env = {**os.environ, "RECLOCK_HOME": str(stack_home / "stack"), "RECLOCK_CONFIG": str(config)}
+    # the stack's processes inherit this environment: without the placeholder AWS keys tests/conftest.py sets
+    # for Kinesis clients, which an S3 source would take over its `connection:` (reclock.settings)
+    env = {**{k: v for k, v in os.environ.items() if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")},
+           "RECLOCK_HOME": str(stack_home / "stack"), "RECLOCK_CONFIG": str(config)}
     reclock = [sys.executable, "-m", "reclock.cli"]
     up = subprocess.run([*reclock, "dev", "up", "--no-smoke"], env=env, capture_output=True, text=True, timeout=600)
     assert up.returncode == 0, up.stdout + up.stderr
@@ -182,14 +263,29 @@ def test_status_pages_in_the_airflow_ui(stack_home: Path):
         for name, t in truth.items():
             assert (by_name[name]["upper"], by_name[name]["status"], by_name[name]["errors_count"]) == (
                 t["upper"], t["status"], t["errors"])
-        assert by_name["ui_orders"]["lag"]["records"] == 0  # the group committed everything
+        assert by_name["ui_orders"]["lag"] == {"value": 0, "unit": "records", "detail": "group reclock-ui_orders"}
+        shop_lag = by_name["ui_shop"]["lag"]  # the kind's own terms: WAL bytes beyond the slot, LSNs
+        assert shop_lag["unit"] == "bytes" and shop_lag["value"] is not None and "retains" in shop_lag["detail"]
+        assert by_name["ui_shop"]["dags"] == ["ingest__ui_shop"]  # no rebuild__ for a kind that cannot replay
+        events = by_name["ui_events"]
+        assert (events["kind"], events["status"], events["lag"]["value"], events["lag"]["unit"]) == (
+            "s3", "running", 1, "objects"), events
+        assert "1 object(s), 10 byte(s) not yet ingested" in events["lag"]["detail"]
+        assert by_name["ui_orders"]["dags"] == ["ingest__ui_orders", "rebuild__ui_orders"]
         assert by_name["ui_orders"]["paused"] is False
         assert len(by_name["ui_orders"]["errors_latest"]) == 2
+        assert all(e["position"].startswith("partition ") for e in by_name["ui_orders"]["errors_latest"])
+        assert [h["holder"] for h in by_name["ui_orders"]["read_holds"]] == ["sink:ui_out"]  # the lapsed one: not
+        # the idle cycle moved the upper to its mint: upper age is freshness
+        with connect(stack.postgres.dsn()) as conn:
+            (minted_at,) = conn.execute("SELECT extract(epoch FROM max(at)) * 1000 FROM reclock.statistics WHERE "
+                                        "name = 'ui_orders' AND step = 'mint'").fetchone()
+        assert by_name["ui_orders"]["upper"] >= float(minted_at) - 10_000
         (sink,) = ov["sinks"]
         with connect(stack.postgres.dsn()) as conn:
             (hold,) = conn.execute("SELECT ts FROM reclock.read_holds WHERE holder = 'sink:ui_out'").fetchone()
-            (upper,) = conn.execute("SELECT upper FROM reclock.shards WHERE id = 'ui_orders'").fetchone()
-        assert (sink["name"], sink["status"], sink["read_hold"], sink["frontier"]) == ("ui_out", "running", hold, upper)
+        # the idle cycle added nothing: the sink did not run, and nothing waits for it
+        assert (sink["name"], sink["status"], sink["read_hold"], sink["lag_ms"]) == ("ui_out", "running", hold, 0)
         assert _get(base + "/reclock/api/source/ui_orders", token)[0] == 200
         assert _get(base + "/reclock/api/source/nope", token)[0] == 404
 
@@ -203,14 +299,14 @@ def test_status_pages_in_the_airflow_ui(stack_home: Path):
         assert out.returncode == 0, out.stderr
         for s in ov["sources"]:
             c = s["last_cycle"]
-            assert f"source {s['name']} (kafka): {s['status']}" in out.stdout
+            assert f"source {s['name']} ({s['kind']}): {s['status']}" in out.stdout
             assert f"upper {s['upper']} (" in out.stdout and f"since {s['since']} (" in out.stdout
             assert f"errors: {s['errors_count']}" in out.stdout
             if c:
                 assert f"mint {c['mint']:.2f}s + write_batches {c['write_batches']:.2f}s" in out.stdout
                 assert f"; {c['records']} records, {c['bytes']} bytes" in out.stdout
-            if s["lag"]["records"] is not None:
-                assert f"lag: {s['lag']['records']} records" in out.stdout
+            if s["lag"]["value"] is not None and s["lag"]["unit"] in ("records", "objects"):
+                assert f"lag: {s['lag']['value']:,} {s['lag']['unit']}" in out.stdout
         assert f"error: {by_name['ui_payments']['error']}" in out.stdout
     finally:
         down = subprocess.run([*reclock, "dev", "down"], env=env, capture_output=True, text=True, timeout=300)

@@ -186,6 +186,16 @@ def test_the_project_folders_are_mounted(folder):
     assert (REPO / "include" / "reclock.yaml").is_file() and (REPO / "spark_jobs" / "rebuild.py").is_file()
 
 
+def test_every_airflow_service_retries_as_the_dev_stack_and_the_docs_say():
+    from reclock.orchestration.deployment import AIRFLOW_ENV, TASK_RETRIES, TASK_RETRY_DELAY_S
+
+    for service in AIRFLOW:
+        env = _env(service)
+        assert {k: env.get(k) for k in AIRFLOW_ENV} == AIRFLOW_ENV, service
+    ops = (REPO / "docs" / "operations.md").read_text()
+    assert f"set {TASK_RETRIES} retries {TASK_RETRY_DELAY_S} s apart" in ops
+
+
 # -- security: every service authenticated and encrypted, each principal with exactly what it needs -------------
 
 CERTS = "/etc/reclock/certs/"

@@ -13,7 +13,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from reclock.sources.kinesis.lineage import (FINISHED, Segment, ShardInfo, ShardScan, done_shards, droppable,
-                                             entry_position, iterator_for, kcl_checkpoint, lost_shards,
+                                             entry_position, foreign_shards, iterator_for, kcl_checkpoint, lost_shards,
                                              plan_bindings, position_of_checkpoint, readable, scan_segments)
 
 HASHES = 64  # partition keys hash to 0..63 in the model
@@ -259,3 +259,13 @@ def test_a_finished_parent_is_dropped_once_its_children_are_in():
 def test_scan_segments_count_between_points():
     scan = ShardScan(4, 100, ((120, 2), (151, 5), (FINISHED, 5)), ended=True)
     assert scan_segments(scan) == [Segment(4, 100, 120, 2), Segment(4, 120, 151, 3), Segment(4, 151, FINISHED, 0)]
+
+
+def test_a_shard_that_begins_after_the_position_read_under_its_number_is_foreign():
+    # a stream created again under its name (whose creation time a coarse clock may not tell apart): its
+    # shard 0 begins after the position the source had read shard 0 to
+    listing = [ShardInfo(0, start=500), ShardInfo(1, start=100)]
+    assert foreign_shards(listing, {0: 120, 1: 180}) == [listing[0]]
+    assert foreign_shards(listing, {0: 500, 1: 100}) == []  # at the start: nothing read yet
+    assert foreign_shards(listing, {0: FINISHED}) == []
+    assert foreign_shards(listing, {}) == []  # never read

@@ -64,8 +64,9 @@ def test_spark_gets_s3a_settings_and_no_keys():
     assert conf["spark.hadoop.fs.s3a.endpoint.region"] == "us-east-1"
     assert conf["spark.hadoop.fs.s3a.aws.credentials.provider"].endswith("EnvironmentVariableCredentialsProvider")
     assert conf["spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs"] == "true"  # _SUCCESS markers
-    assert conf["spark.hadoop.fs.s3a.connection.timeout"] == "30s"  # a silent endpoint fails a task, not hangs it
-    assert (conf["spark.hadoop.fs.s3a.attempts.maximum"], conf["spark.hadoop.fs.s3a.retry.limit"]) == ("2", "2")
+    assert conf["spark.hadoop.fs.s3a.connection.timeout"] == "15s"  # a silent endpoint fails a task, not hangs it
+    assert conf["spark.hadoop.fs.s3a.connection.request.timeout"] == "20s"  # the SDK call as a whole
+    assert (conf["spark.hadoop.fs.s3a.attempts.maximum"], conf["spark.hadoop.fs.s3a.retry.limit"]) == ("1", "1")
     assert all(k.startswith("spark.hadoop.") for k in conf)
     assert SECRET not in json.dumps(conf) and "AKIAIOSFODNN7EXAMPLE" not in json.dumps(conf)
     assert jvm_env(s) == {"AWS_ACCESS_KEY_ID": "AKIAIOSFODNN7EXAMPLE", "AWS_SECRET_ACCESS_KEY": SECRET,

@@ -293,3 +293,14 @@ def test_progress_rows_give_back_the_frontiers(rc):
     assert rows == sorted(rows)
     by_ts = {ts: F((p, o) for _, p, o in grp) for ts, grp in groupby(rows, key=lambda r: r[0])}
     assert by_ts == {b.ts: b.frontier for b in rc.bindings if not b.frontier.is_minimum()}
+
+
+@given(remap_collections(), st.integers(0, 2000), st.integers(0, 5000))
+def test_advancing_the_upper_changes_no_answer_and_no_binding(rc, extra, now):
+    adv = remap.advance_upper(rc, rc.upper + extra)
+    assert (adv.bindings, adv.since, adv.upper) == (rc.bindings, rc.since, rc.upper + extra)
+    assert remap.advance_upper(adv, rc.upper) == adv  # never backwards
+    for t in range(0, rc.upper + extra + 2, max(1, (rc.upper + extra) // 20)):
+        assert remap.source_upper_at(adv, t) == remap.source_upper_at(rc, t)
+    assert remap.next_binding_ts(adv, now) >= adv.upper
+    remap.validate(adv)

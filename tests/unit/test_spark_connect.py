@@ -47,3 +47,13 @@ def test_the_url_of_a_spark_connect_connection_comes_from_the_providers_hook(mon
     monkeypatch.setenv("AIRFLOW_CONN_RECLOCK_SPARK", json.dumps({"conn_type": "spark_connect", "host": "h",
                                                                  "port": 15002}))
     assert with_session_id(spark_connect_url(), "S") == "sc://h:15002/;session_id=S"
+
+
+def test_every_connect_client_has_keepalive_so_a_silent_connection_fails_a_call():
+    """A black-holed path to the server otherwise holds a call forever (tests/integration/test_network_faults.py
+    shows the bound end to end)."""
+    from reclock.spark.connect import KEEPALIVE, connection
+
+    options = dict(connection("sc://127.0.0.1:15002/;session_id=x")._channel_options)
+    assert all(options[k] == v for k, v in KEEPALIVE)
+    assert options["grpc.keepalive_time_ms"] <= 60_000 and options["grpc.http2.max_pings_without_data"] == 0

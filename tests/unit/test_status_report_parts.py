@@ -64,9 +64,16 @@ def test_overview_html_escapes_and_stays_self_contained():
     assert "data-field='upper'>1767225600500<" in html and "0.5s ago" in html
 
 
-def test_plots_are_inline_svg_with_gaps_for_unknowns():
-    svg = sp.svg_plot("lag", [1, 2, 3], [None, 5, 7])
-    assert svg.startswith("<svg") and "2 cycles" in svg and svg.count(",") == 2
+def test_plots_are_inline_svg_with_gaps_for_unknowns_a_time_axis_and_units():
+    import re
+
+    t0 = 1767225600  # 2026-01-01 00:00:00 UTC
+    svg = sp.svg_plot("lag", [t0 + 1, t0 + 61, t0 + 121], [None, 5, 3 * 2**20], "bytes")
+    assert svg.startswith("<svg") and "2 cycles" in svg
+    assert len(re.findall(r"<circle ", svg)) == 2  # the unknown is a gap, not a 0
+    assert re.findall(r"class='xtick'[^>]*>([^<]+)<", svg) == ["00:01:01", "00:01:31", "00:02:01"]
+    assert re.findall(r"class='ytick'[^>]*>([^<]+)<", svg) == ["3.0 MiB", "0"] and "time (UTC)" in svg
+    assert re.findall(r"class='ytick'[^>]*>([^<]+)<", sp.svg_plot("t", [1, 2], [0.5, 2.5], "s"))[0] == "2.50 s"
     assert "no data yet" in sp.svg_plot("lag", [], [])
 
 
@@ -86,6 +93,29 @@ def test_a_probe_that_does_not_answer_in_time_is_an_unknown_lag():
     release.set()
     assert time.monotonic() - t < 2
     assert lags == {"fast": sr.Lag(1, "ok"), "slow": sr.Lag(None, "unknown: no answer in 0.3s")}
+
+
+def test_a_postgres_source_s_page_speaks_in_lsns_and_wal_bytes_and_its_history_names_steps_and_runs():
+    from reclock.persist.status import Status
+    from reclock.sources.registry import kind_named
+
+    pg = kind_named("postgres")
+    src = sr.SourceStatus(name="shop", kind="postgres", status="running", error=None, status_at=T0, paused=False,
+                          upper=1_767_225_600_500, since=0, now_ms=1_767_225_601_000, last_cycle=None,
+                          lag=sr.Lag(3 * 2**20, "slot x: confirmed 0/16B3748", "bytes"), read_holds=(),
+                          errors_count=0, dags=("ingest__shop",))
+    d = sr.SourceDetail(src, (sr.BindingRow(1_767_225_600_499, ("0/16B3748",)),),
+                        (Status("shop", "stalled", "append: boom", T0, "append", "manual__1", "cycle.py:1 in f"),
+                         Status("shop", "running", None, T0, "resume", None)), (), pg.progress_columns)
+    html = sp.source_html(d)
+    assert "<th>lsn</th>" in html and ">0/16B3748<" in html and "partition" not in html
+    assert "3.0 MiB" in html and "lag at mint (bytes of WAL)" in html
+    assert "data-field='step'>append<" in html and "/dags/ingest__shop/runs/manual__1" in html
+    assert "<summary class='muted'>trace</summary><pre class='muted'>cycle.py:1 in f</pre>" in html
+    assert "outside Airflow" in html  # a step run by `reclock cycle`
+    assert pg.position_text(0, 0x16B3748) == "LSN 0/16B3748" and kind_named("kafka").position_text(2, 40) == \
+        "partition 2 offset 40"
+    assert sr.Lag(1234, "g").text() == "1,234 records" and sr.Lag(None).text() == "unknown"
 
 
 def test_redact_hides_every_kind_of_credential_a_message_may_quote():

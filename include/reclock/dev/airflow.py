@@ -23,6 +23,7 @@ from reclock.dev import procs
 from reclock.dev.procs import LOOPBACK
 from reclock.dev.state import REPO_ROOT, StackState
 from reclock.errors import StackError
+from reclock.orchestration.deployment import AIRFLOW_ENV
 
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 """One of each process Airflow needs; :attr:`LocalAirflow.components` adds the extra schedulers."""
@@ -82,6 +83,13 @@ class LocalAirflow:
         return str(Path(sys.executable).parent / "airflow")
 
     def env(self) -> dict[str, str]:
+        """This process's environment with :meth:`settings` over it: what every ``airflow`` call runs with."""
+        return {**os.environ, **self.settings()}
+
+    def settings(self) -> dict[str, str]:
+        """The stack's Airflow settings (``AIRFLOW_HOME``, the metadata database, the folders, keys, ports) and
+        :attr:`extra_env`: what an ``airflow`` command needs to act on this stack (``reclock dev airflow``,
+        ``reclock dev env``)."""
         fernet = base64.urlsafe_b64encode(self.state.secret("airflow_fernet", 24).encode()[:32].ljust(32, b"0"))
         passwords = self.home / "simple_auth_manager_passwords.json"
         users = {ADMIN_USER: ("admin", None), **(self.users or {})}
@@ -91,7 +99,6 @@ class LocalAirflow:
             with os.fdopen(fd, "w") as f:
                 f.write(json.dumps(wanted))
         env = {
-            **os.environ,
             "AIRFLOW_HOME": str(self.home),
             "AIRFLOW__CORE__DAGS_FOLDER": str(REPO_ROOT / "dags"),
             "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO_ROOT / "plugins"),
@@ -122,6 +129,7 @@ class LocalAirflow:
             **HA_SETTINGS,
             "SPARK_LOCAL_IP": LOOPBACK,
             "NO_PROXY": "*",
+            **AIRFLOW_ENV,  # retries, as every deployment of the DAGs has them
         }
         if self.teams:
             # the teams' folders only: the project's dags/ would build every source's DAGs a second time
@@ -131,6 +139,10 @@ class LocalAirflow:
             env["AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST"] = json.dumps(bundles)
         env.update(self.extra_env or {})
         return env
+
+    def exec(self, args: list[str]) -> None:
+        """Replace this process by ``airflow ARGS`` run against the stack (its exit code is the command's)."""
+        os.execve(self._bin(), [self._bin(), *args], self.env())
 
     def airflow(self, *args: str, timeout: float = 300) -> str:
         """Run one ``airflow`` CLI command with the stack's environment."""

@@ -23,6 +23,7 @@ security in miniature, every certificate signed by the stack's own CA (``reclock
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -140,6 +141,20 @@ class Stack:
         st = self.s3.settings()
         return (f"aws://{quote(st.access_key, safe='')}:{quote(st.secret_key, safe='')}@/?endpoint_url="
                 f"{quote(self.s3.endpoint_url, safe='')}&region_name={st.region}")
+
+    def shell_env(self) -> tuple[dict[str, str], list[str]]:
+        """What ``reclock dev env`` exports: :meth:`settings`, the Airflow settings an ``airflow`` command
+        needs to act on this stack, and ``AIRFLOW_CONN_<ID>`` for every connection the stack defines (all
+        those the demo config names), so a ``reclock`` command finds a source's ``connection:`` as a task
+        does. Also the connections the stack's config names but the stack does not define (to warn of)."""
+        from reclock.config import load_config
+
+        conns = self.connections()
+        env = {**self.settings(), **self.airflow.settings()}
+        env.update({f"AIRFLOW_CONN_{cid.upper()}": json.dumps({k: v for k, v in c.items() if k != "description"})
+                    for cid, c in sorted(conns.items())})
+        named = load_config(self.config_file).connections() if self.config_file.is_file() else set()
+        return env, sorted(named - set(conns))
 
     def connections(self) -> dict[str, dict]:
         """Airflow connections for the stack's services (the credentials come from ``stack.json``)."""

@@ -10,7 +10,7 @@ from typing import Any
 
 from reclock.config import IcebergSinkSpec, SinkSpec
 from reclock.cycle import CycleContext
-from reclock.errors import ConfigError, SettingError
+from reclock.errors import SettingError
 from reclock.persist import objectstore
 from reclock.settings import (SparkTarget, find_blob_store, find_blob_url, find_dsn, find_kafka, find_s3_settings,
                               find_spark, retain_history_ms, seconds_setting)
@@ -21,26 +21,23 @@ from reclock.specs import BudgetSpec, SourceSpec
 
 
 def with_run_conf(spec: SourceSpec, conf: dict[str, Any] | None) -> SourceSpec:
-    """``spec`` with the budget a run's conf overrides (``max_records``); any other key is refused."""
+    """``spec`` with the budget a run's conf overrides (``max_records``, a positive integer); any other key is
+    refused (``ConfigError`` naming it)."""
+    from reclock.orchestration.runs import check_conf, positive_int
+
     conf = conf or {}
-    unknown = sorted(set(conf) - {"max_records"})
-    if unknown:
-        raise ConfigError(f"source {spec.name}: run conf keys {', '.join(unknown)} are not known (a run's conf "
-                          'may set only max_records, e.g. {"max_records": 1000})')
-    if "max_records" not in conf:
-        return spec
-    mr = int(conf["max_records"])
-    if mr <= 0:
-        raise ConfigError(f"source {spec.name}: run conf max_records must be positive, got {mr}")
-    return replace(spec, budget=BudgetSpec(max_records=mr))
+    check_conf(f"source {spec.name}", conf, ("max_records",))
+    mr = positive_int(f"source {spec.name}", "max_records", conf.get("max_records"))
+    return spec if mr is None else replace(spec, budget=BudgetSpec(max_records=mr))
 
 
 def cycle_context(spec: SourceSpec, conf: dict[str, Any] | None = None, *, dsn: str | None = None,
                   blob_url: str | None = None, upstream: str | None = None,
-                  spark: SparkTarget | None = None) -> CycleContext:
+                  spark: SparkTarget | None = None, run_id: str | None = None) -> CycleContext:
     """A cycle's context for ``spec`` from the settings (arguments first; ``upstream``: where the upstream is,
     as a command's option gives it, e.g. Kafka's ``--bootstrap``). Spark is found when a step first needs it,
-    unless ``spark`` is given. Run conf may override the budget: ``{"max_records": 1000}``."""
+    unless ``spark`` is given. Run conf may override the budget: ``{"max_records": 1000}``. ``run_id``: the
+    Airflow run whose steps these are (status rows name it)."""
     spec = with_run_conf(spec, conf)
     dsn = find_dsn(dsn)
     return CycleContext(
@@ -53,6 +50,7 @@ def cycle_context(spec: SourceSpec, conf: dict[str, Any] | None = None, *, dsn: 
         gc_grace_s=seconds_setting("RECLOCK_GC_GRACE_S", 3600.0),
         gc_interval_s=seconds_setting("RECLOCK_GC_INTERVAL_S", 300.0),
         stats_keep_s=seconds_setting("RECLOCK_STATS_RETAIN_S", 7 * 86400.0),
+        run_id=run_id,
     )
 
 

@@ -20,7 +20,13 @@ def build_all(project: Path, only: Collection[str] | None = None) -> dict[str, A
     """The DAGs keyed by dag_id. ``project`` is the folder holding ``dags/``: the config is
     ``$RECLOCK_CONFIG``, else its ``include/reclock.yaml``; rebuild jobs are in its ``spark_jobs/``.
     ``only``: the DAGs of just these sources and sinks (a team's DAG file in a DAG bundle of its own, so
-    that Airflow's per-team permissions cover them; every name must be in the config)."""
+    that Airflow's per-team permissions cover them; every name must be in the config).
+
+    The config is validated whole here (kinds, keys, schemas parsed), but no Airflow connection is looked up:
+    the dag-processor parses this file every 30 s under an import timeout, and a lookup goes through its
+    supervisor. Each task checks its source's or sink's connections when it runs
+    (``reclock.settings.check_connections``: a wrong name fails the run's first task, naming the source and
+    the key), and ``reclock check`` checks them all."""
     path = config_path(default=Path(project) / "include" / "reclock.yaml").resolve()
     cfg = load_config(path)
     if only is not None:

@@ -51,7 +51,7 @@ from reclock.batch import Part
 from reclock.compaction import advance, consolidate, has_retractions, merged_description, plan_compaction
 from reclock.failpoints import failpoint
 from reclock.persist.blob import BlobStore, new_part_path
-from reclock.persist.shards import CONFLICT, MERGED, BatchRow, Merge, batches, merge_batches, shard_info
+from reclock.persist.shards import CONFLICT, MERGED, BatchRow, Merge, batches, compacting, merge_batches, shard_info
 from reclock.part_layout import DATA_KIND, own_columns
 from reclock.persist.parquet import (check_reads_back, check_rows, conform, may_retract, parquet_bytes,
                                      uses_int96)
@@ -221,10 +221,21 @@ def compact_parts(conn, blob: BlobStore, shard: str, *, target_bytes: int = DEFA
     parts whose decoded size stays under ``decoded_limit`` (fewer than two left: it waits).
 
     ``before_swap``, when given, runs after the merged parts are written and before the swap (tests use it
-    to race a rebuild); the fail point ``compact:before_swap`` sits at the same place.
+    to race a rebuild); the fail point ``compact:before_swap`` sits at the same place. While a rebuild of
+    the shard's source holds its rebuild lock, nothing is merged (``nothing_to_do``).
     """
     t0 = time.monotonic()
     info = shard_info(conn, shard)
+    with compacting(conn, info.source) as free:
+        if not free:  # a rebuild of the source is writing: its window's rows stay as it read them
+            n = len(batches(conn, shard))
+            return CompactReport(shard, NOTHING_TO_DO, info.since, n, n, 0, 0, 0, 0, 0, 0,
+                                 round(time.monotonic() - t0, 3))
+        return _compact(conn, blob, shard, info, t0, target_bytes, small_bytes, min_parts, decoded_limit, before_swap)
+
+
+def _compact(conn, blob: BlobStore, shard: str, info, t0: float, target_bytes: int, small_bytes: int, min_parts: int,
+             decoded_limit: int, before_swap: Callable[[], None] | None) -> CompactReport:
     since = info.since
     rows = batches(conn, shard)
     history = load_history(conn, shard)

@@ -1,5 +1,5 @@
 """Garbage collection of parts no batch references: failed writes, the parts of a replay whose
-range was ``already_present``, and the parts a rebuild (``replace_batches``) or a compaction
+range was ``already_present``, and the parts a rebuild (``swap_batches``) or a compaction
 (``merge_batches``) replaced.
 
 A part is written before its ``compare_and_append``, so an unreferenced part may be one that is about to

@@ -119,11 +119,20 @@ def spark_url(url: str) -> str:
     return "s3a://" + url[len("s3://"):] if url.startswith("s3://") else url
 
 
-S3A_BOUNDS = {"fs.s3a.connection.timeout": "30s", "fs.s3a.attempts.maximum": "2", "fs.s3a.retry.limit": "2"}
-"""How long S3A waits on an endpoint that stops answering (a black-holed network, a hung proxy): 30 s of
-silence on a socket (Hadoop's default is 200 s), 2 SDK attempts a try (5), 3 tries (8): at most about 3
-minutes per operation, where Hadoop's defaults would wait hours, so a Spark task (and the step) fails
-instead of hanging. Throttling keeps its own retries (``fs.s3a.retry.throttle.limit``)."""
+S3A_BOUNDS = {"fs.s3a.connection.timeout": "15s", "fs.s3a.connection.request.timeout": "20s",
+              "fs.s3a.attempts.maximum": "1", "fs.s3a.retry.limit": "1"}
+"""How long S3A waits on an endpoint that stops answering (a black-holed network, a hung proxy). Each S3A
+operation is a few tries (S3A's own retries, ``fs.s3a.retry.limit``: here 2 tries; Hadoop's default 8) of
+one AWS SDK call, and the SDK call is bounded as a whole by ``fs.s3a.connection.request.timeout`` (the SDK's
+apiCallTimeout and apiCallAttemptTimeout: here 20 s; Hadoop's default 60 s), within which the SDK retries
+once (``fs.s3a.attempts.maximum``) after 15 s of silence on a socket (``fs.s3a.connection.timeout``; 200 s).
+So an operation gives up after about 40 s, where Hadoop's defaults take 8 minutes and the earlier bounds (30 s
+socket, 2 + 2 retries) 3 minutes: a Spark write makes several S3A operations on the failing path (the
+driver's existence check; a task's create, upload and abort; the job's abort), and at 3 minutes each a black
+hole mid-write outlived the step bound of 300 s (the Connect server's stack: ``S3AFileSystem.exists`` in
+``Invoker.retryUntranslated`` for 3 minutes). Uploads are PUTs of one part file each: a file must go up within
+20 s (at least ~3 MB/s for a 64 MB multipart block); on a slower link raise the request timeout.
+Throttling keeps its own retries (``fs.s3a.retry.throttle.limit``)."""
 
 S3FS_BOUNDS = {"connect_timeout": 10, "read_timeout": 20, "retries": {"max_attempts": 3, "mode": "standard"}}
 """The same for the cycle's own S3 calls (botocore through s3fs): 20 s of silence, 3 attempts (botocore's

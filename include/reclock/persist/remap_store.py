@@ -41,6 +41,20 @@ def progress_view(name: str) -> sql.Composed:
     return sql.SQL("reclock.{}").format(sql.Identifier(f"{validate_source_name(name)}_progress"))
 
 
+def read_progress(conn, name: str, newest: int | None = None) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
+    """The source's ``<source>_progress`` relation in its kind's columns (``ts`` first), oldest binding first,
+    every value after ``ts`` as text (an LSN as ``0/16B3748``, a key as itself; null as ``-``); ``newest``:
+    only the rows of the newest that many bindings. What ``reclock progress`` and the status page show."""
+    where, args = sql.SQL(""), ()
+    if newest is not None:
+        where = sql.SQL(" WHERE ts IN (SELECT ts FROM reclock.remap_bindings WHERE source = %s ORDER BY ts DESC "
+                        "LIMIT %s)")
+        args = (name, newest)
+    cur = conn.execute(sql.SQL("SELECT * FROM {}{} ORDER BY 1, 2").format(progress_view(name), where), args)
+    columns = tuple(d.name for d in cur.description)
+    return columns, [(r[0], *("-" if v is None else str(v) for v in r[1:])) for r in cur.fetchall()]
+
+
 def register_source(conn, name: str, kind: str = "kafka", config: dict | None = None,
                     progress: str = OFFSETS_PROGRESS) -> None:
     """Create the source, its empty remap collection (upper 0, since 0) and its progress view (``progress``:
@@ -134,6 +148,21 @@ def append_binding(conn, name: str, expected_upper: int, binding: Binding) -> Re
         _insert_binding(conn, name, binding)
         conn.execute("UPDATE reclock.remap_collections SET upper = %s WHERE source = %s", (appended.upper, name))
     return appended
+
+
+def advance_remap_upper(conn, name: str, expected_upper: int, upper: int) -> RemapCollection:
+    """Move the remap upper from ``expected_upper`` to ``upper`` without a binding (``reclock.remap.advance_upper``:
+    the probe found nothing new), with the same compare-and-set as :func:`append_binding`:
+    ``RemapUpperMismatch`` if another minter came first (nothing changes)."""
+    validate_source_name(name)
+    check_timestamp(upper)
+    with conn.transaction():
+        current, _ = _lock(conn, name)
+        if current != expected_upper:
+            raise RemapUpperMismatch(name, expected_upper, current)
+        advanced = remap.advance_upper(load_remap(conn, name), upper)
+        conn.execute("UPDATE reclock.remap_collections SET upper = %s WHERE source = %s", (advanced.upper, name))
+    return advanced
 
 
 def compact_remap(conn, name: str, since: int) -> RemapCollection:

@@ -5,7 +5,7 @@ Postgres table's DDL) records each version of its schema (:class:`~reclock.schem
 at the timestamp of the first update that carries it. A write hands its versions to
 ``compare_and_append`` with its parts (``Append.schemas``), which records them in the same transaction, so
 the history and the parts never disagree: a version is durable exactly when the updates that need it are.
-A rebuild's ``replace_batches`` replaces the history with its own when it gives one.
+A rebuild (``swap_batches``) replays the same updates at the same timestamps and keeps the recorded history.
 
 Readers (``reclock.read``, ``reclock.tables``, the sinks) read a collection AS OF ``t`` with the schema
 ``load_history(...).read_as(t)``, each part through ``reclock.schema_projection``. A collection with no
@@ -19,7 +19,7 @@ from typing import Sequence
 
 from reclock.schema_evolution import CollectionSchema, SchemaHistory, SchemaVersion
 
-__all__ = ["load_history", "insert_versions", "replace_history", "check_versions"]
+__all__ = ["load_history", "insert_versions", "check_versions"]
 
 
 def load_history(conn, shard: str) -> SchemaHistory:
@@ -56,12 +56,6 @@ def insert_versions(conn, shard: str, versions: Sequence[SchemaVersion]) -> None
     if newest is not None and versions[0].since_ts <= newest:
         raise ValueError(f"shard {shard}: a schema version at {versions[0].since_ts} is not after the newest "
                          f"recorded one at {newest}")
-    _insert(conn, shard, versions)
-
-
-def replace_history(conn, shard: str, versions: Sequence[SchemaVersion]) -> None:
-    """Replace ``shard``'s whole history by ``versions``, in the caller's transaction (a rebuild's swap)."""
-    conn.execute("DELETE FROM reclock.collection_schemas WHERE shard = %s", (shard,))
     _insert(conn, shard, versions)
 
 

@@ -21,9 +21,11 @@ shard's actual upper     meaning                                          outcom
                                                                           changes in any shard
 =======================  ===============================================  ==============================
 
-``replace_batches`` swaps all of a shard's batches for a rebuild's; ``merge_batches`` swaps some of them
-(parts at or below ``since``) for the merged parts compaction wrote (``reclock.persist.compact``), and
-changes nothing if any of them is gone or changed.
+``swap_batches`` swaps the batches whose descriptions meet a window ``[lower, upper)`` below the upper for
+a rebuild's, while appends go on above it; ``merge_batches`` swaps some of them (parts at or below ``since``) for the merged parts compaction
+wrote (``reclock.persist.compact``). The last two change nothing if any of the rows they replace is gone or
+changed (``conflict``). A rebuild holds its source's rebuild lock (:func:`holding_rebuild_lock`) while it
+writes, and compaction leaves the source's shards alone meanwhile (:func:`compacting`).
 
 Concurrency: every writer locks the shard rows it touches (``SELECT ... FOR UPDATE``) in one fixed order,
 sorted by id, so concurrent appenders over overlapping sets of shards serialize and never deadlock.
@@ -31,10 +33,11 @@ sorted by id, so concurrent appenders over overlapping sets of shards serialize 
 
 from __future__ import annotations
 
+import contextlib
 import re
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import psycopg
 
@@ -43,17 +46,19 @@ from reclock.batch import BatchDescription, Part
 from reclock.errors import (BeyondUpper, ConfigError, PartAlreadyReferenced, ShardModified, SinceViolation,
                             UnknownReadHold, UnknownShard, UnknownSource, UpperMismatch)
 from reclock.persist.names import validate_shard_id, validate_source_name
-from reclock.persist.schemas import check_versions, insert_versions, replace_history
+from reclock.persist.schemas import check_versions, insert_versions
 from reclock.schema_evolution import SchemaVersion
 from reclock.time import check_timestamp
 
 __all__ = ["UnknownShard", "ShardInfo", "Append", "AppendOutcome", "BatchRow", "ReadHold", "register_shard",
            "shard_info", "compare_and_append", "batches", "acquire_read_hold", "downgrade_read_hold",
-           "release_read_hold", "renew_read_hold", "drop_lapsed_holds", "read_holds", "advance_since", "replace_batches", "Merge", "merge_batches"]
+           "release_read_hold", "renew_read_hold", "drop_lapsed_holds", "read_holds", "advance_since", "Merge", "merge_batches", "Swap", "swap_batches",
+           "window_rows", "holding_rebuild_lock", "compacting"]
 
 APPENDED = "appended"
 ALREADY_PRESENT = "already_present"
 MERGED = "merged"
+SWAPPED = "swapped"
 CONFLICT = "conflict"
 
 
@@ -70,8 +75,7 @@ class ShardInfo:
 @dataclass(frozen=True)
 class Append:
     """Add ``parts`` to ``shard`` under ``desc`` (zero parts: just advance the upper), and record ``schemas``:
-    the versions of the collection's schema that begin in ``desc`` (``reclock.persist.schemas``; for
-    ``replace_batches``, the whole history, or none to keep the recorded one)."""
+    the versions of the collection's schema that begin in ``desc`` (``reclock.persist.schemas``)."""
 
     shard: str
     desc: BatchDescription
@@ -394,41 +398,100 @@ def advance_since(conn, shard: str, since: int) -> int:
     return target
 
 
-def replace_batches(conn, appends: Sequence[Append]) -> None:
-    """Swap every listed shard's batches for the given parts, in ONE transaction (what a rebuild does).
+@dataclass(frozen=True)
+class Swap:
+    """Replace ``old`` -- exactly ``shard``'s batch rows whose descriptions meet ``[desc.lower, desc.upper)``
+    -- by ``parts`` under ``desc`` (a windowed rebuild; no parts: the window holds no updates)."""
 
-    Each append's ``desc`` must be ``[0, upper)`` with ``upper`` the shard's current upper, so a rebuild
-    that raced with a cycle (the upper moved) raises ``UpperMismatch`` and changes nothing. The old parts
-    are no longer referenced; garbage collection removes them after its grace period. An append that
-    carries ``schemas`` replaces the shard's schema history with them in the same transaction.
+    shard: str
+    old: tuple[BatchRow, ...]
+    desc: BatchDescription
+    parts: tuple[Part, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "old", tuple(self.old))
+        object.__setattr__(self, "parts", tuple(self.parts))
+
+
+def window_rows(conn, shard: str, lower: int, upper: int) -> list[BatchRow]:
+    """``shard``'s batch rows whose descriptions meet ``[lower, upper)`` (``b.lower < upper and b.upper >
+    lower``), in ``(lower, path)`` order."""
+    return [BatchRow(shard, *r) for r in conn.execute(
+        "SELECT lower, upper, path, rows, bytes, min_ts, max_ts FROM reclock.shard_batches "
+        'WHERE shard = %s AND lower < %s AND upper > %s ORDER BY lower, path COLLATE "C"', (shard, upper, lower))]
+
+
+def swap_batches(conn, swaps: Sequence[Swap]) -> str:
+    """Swap, in ONE transaction over every listed shard, each swap's ``old`` rows for its parts.
+
+    A swap's window must lie below its shard's upper (the updates there are final; appends above it go on
+    meanwhile) and cover its old rows' descriptions whole; a window's parts must hold updates in the window
+    only. Locks the shard rows in the fixed order; if any shard's rows meeting its window are no longer
+    exactly ``old`` (a compaction or another rebuild replaced some), nothing changes and the result is
+    ``"conflict"``; else ``"swapped"``. The old parts are retired (garbage after the grace period).
     """
-    appends = list(appends)
-    for a in appends:
-        validate_shard_id(a.shard)
-        _check_parts(a)
-        check_versions(a.shard, a.schemas, a.desc.lower, a.desc.upper)
-        if a.desc.lower != 0:
-            raise ValueError(f"shard {a.shard}: a replacement must cover [0, upper), got [{a.desc.lower}, "
-                             f"{a.desc.upper})")
-    ids = sorted({a.shard for a in appends})
-    if len(ids) != len(appends):
-        raise ValueError("replace_batches takes one append per shard")
+    swaps = list(swaps)
+    ids = sorted({s.shard for s in swaps})
+    if len(ids) != len(swaps):
+        raise ValueError("swap_batches takes one swap per shard")
+    for s in swaps:
+        validate_shard_id(s.shard)
+        _check_parts(Append(s.shard, s.desc, s.parts))
+        for r in s.old:
+            if r.shard != s.shard or r.lower < s.desc.lower or r.upper > s.desc.upper:
+                raise ValueError(f"shard {s.shard}: batch row [{r.lower}, {r.upper}) {r.path} is not inside the "
+                                 f"window [{s.desc.lower}, {s.desc.upper}) that replaces it")
     with conn.transaction():
-        rows = conn.execute('SELECT id, upper FROM reclock.shards WHERE id = ANY(%s) ORDER BY id COLLATE "C" '
-                            "FOR UPDATE", (ids,)).fetchall()
-        uppers = dict(rows)
-        for a in appends:
-            if a.shard not in uppers:
-                raise UnknownShard(a.shard)
-            if uppers[a.shard] != a.desc.upper:
-                raise UpperMismatch(a.shard, a.desc.upper, uppers[a.shard],
-                                    "the shard moved during the rebuild; nothing was replaced, rebuild again")
-        _retire(conn, [p for (p,) in conn.execute(
-            "DELETE FROM reclock.shard_batches WHERE shard = ANY(%s) RETURNING path", (ids,))])
-        _insert_batch_rows(conn, [r for a in appends for r in _batch_rows(a)])
-        for a in appends:
-            if a.schemas:
-                replace_history(conn, a.shard, a.schemas)
+        uppers = dict(conn.execute('SELECT id, upper FROM reclock.shards WHERE id = ANY(%s) ORDER BY id COLLATE "C" '
+                                   "FOR UPDATE", (ids,)).fetchall())
+        for s in swaps:
+            if s.shard not in uppers:
+                raise UnknownShard(s.shard)
+            if s.desc.upper > uppers[s.shard]:
+                raise ValueError(f"shard {s.shard}: window [{s.desc.lower}, {s.desc.upper}) reaches beyond the "
+                                 f"upper {uppers[s.shard]}")
+            if set(window_rows(conn, s.shard, s.desc.lower, s.desc.upper)) != set(s.old):
+                return CONFLICT
+        for s in swaps:
+            conn.execute("DELETE FROM reclock.shard_batches WHERE shard = %s AND path = ANY(%s)",
+                         (s.shard, [r.path for r in s.old]))
+            _retire(conn, [r.path for r in s.old])
+        _insert_batch_rows(conn, [r for s in swaps for r in _batch_rows(Append(s.shard, s.desc, s.parts))])
+    return SWAPPED
+
+
+def _rebuild_key(source: str) -> str:
+    return f"reclock.rebuild:{source}"
+
+
+@contextlib.contextmanager
+def holding_rebuild_lock(dsn: str, source: str) -> Iterator[None]:
+    """Hold ``source``'s rebuild lock (a Postgres advisory lock on a connection of its own, so a rebuild that
+    dies releases it with its connection) while the block runs: compaction of the source's shards waits, and
+    a second rebuild of the source waits for this one. Waits for a compaction under way to end."""
+    from reclock.persist import connect
+
+    with connect(dsn) as conn:
+        conn.execute("SELECT pg_advisory_lock(hashtext(%s))", (_rebuild_key(source),))
+        try:
+            yield
+        finally:
+            conn.execute("SELECT pg_advisory_unlock(hashtext(%s))", (_rebuild_key(source),))
+
+
+@contextlib.contextmanager
+def compacting(conn, source: str | None) -> Iterator[bool]:
+    """While the block runs, hold ``source``'s rebuild lock shared, if no rebuild holds it; yields whether it
+    got it (False: a rebuild of the source is under way, and compaction leaves its shards alone)."""
+    if source is None:
+        yield True
+        return
+    (got,) = conn.execute("SELECT pg_try_advisory_lock_shared(hashtext(%s))", (_rebuild_key(source),)).fetchone()
+    try:
+        yield bool(got)
+    finally:
+        if got:
+            conn.execute("SELECT pg_advisory_unlock_shared(hashtext(%s))", (_rebuild_key(source),))
 
 
 def _retire(conn, paths: Sequence[str]) -> None:
@@ -445,7 +508,7 @@ def merge_batches(conn, shard: str, merges: Sequence[Merge]) -> str:
     ``[min lower, max upper)`` of the old rows with ``upper <= since + 1``: only parts whose updates all lie
     at or below the shard's since are merged (their times may be advanced to ``desc.upper - 1``, and no read
     at or after since can tell). Locks the shard row; if any old row is no longer there exactly as given (a
-    rebuild's ``replace_batches`` or another compaction replaced it), nothing changes and the result is
+    rebuild's ``swap_batches`` or another compaction replaced it), nothing changes and the result is
     ``"conflict"`` (the merged parts become garbage); else ``"merged"``. The old parts are no longer
     referenced; garbage collection removes them after its grace period.
     """

@@ -1,7 +1,10 @@
 """Statistics and status history rows, per source, sink or shard (``name``).
 
-``reclock.status_history(name, status, error, at)``: status is one of starting, running, stalled (with the
-error), failed, paused; the latest row is the current status. ``reclock.statistics(name, step, metrics,
+``reclock.status_history(name, status, error, at, step, run_id, trace)``: status is one of starting,
+running, stalled (with the error: one line, and a short trace beside it), failed, paused; the step it was
+recorded at and the Airflow run that recorded it; the latest row is the current status. A row that would
+repeat the newest one (the same status, error and run) updates it instead (its step and time), so a cycle
+leaves one ``running`` row, not one per step. ``reclock.statistics(name, step, metrics,
 at)``: what one step of a cycle did (records, bytes, updates staged and committed, offsets ...).
 
 Both are history, kept for a while and then pruned (:func:`prune_history`, run by resume's garbage-collection
@@ -28,6 +31,9 @@ class Status:
     status: str
     error: str | None
     at: datetime
+    step: str | None = None
+    run_id: str | None = None
+    trace: str | None = None
 
 
 @dataclass(frozen=True)
@@ -38,19 +44,31 @@ class Statistics:
     at: datetime
 
 
-def record_status(conn, name: str, status: str, error: str | None = None) -> None:
-    """Append a status row; ``ValueError`` for a status not in :data:`STATUSES`. The error is kept with any
-    credential it quotes masked (:func:`reclock.redaction.redact`)."""
+COLUMNS = "status, error, at, step, run_id, trace"
+"""The columns a :class:`Status` is read from, after its name."""
+
+
+def record_status(conn, name: str, status: str, error: str | None = None, *, step: str | None = None,
+                  run_id: str | None = None, trace: str | None = None) -> None:
+    """Record ``name``'s status: a new row, or, when the newest row has the same status, error and run, that
+    row's step, trace and time updated; ``ValueError`` for a status not in :data:`STATUSES`. The error and
+    trace are kept with any credential they quote masked (:func:`reclock.redaction.redact`)."""
     if status not in STATUSES:
         raise ValueError(f"{name}: status {status!r} is not one of {', '.join(STATUSES)}")
+    error, trace = redact(error), redact(trace)
     with conn.transaction():
-        conn.execute("INSERT INTO reclock.status_history (name, status, error) VALUES (%s, %s, %s)",
-                     (name, status, redact(error)))
+        updated = conn.execute(
+            "UPDATE reclock.status_history SET step = %s, trace = %s, at = now() WHERE id = (SELECT id FROM "
+            "reclock.status_history WHERE name = %s ORDER BY id DESC LIMIT 1) AND status = %s AND error IS NOT "
+            "DISTINCT FROM %s AND run_id IS NOT DISTINCT FROM %s", (step, trace, name, status, error, run_id)).rowcount
+        if not updated:
+            conn.execute("INSERT INTO reclock.status_history (name, status, error, step, run_id, trace) "
+                         "VALUES (%s, %s, %s, %s, %s, %s)", (name, status, error, step, run_id, trace))
 
 
 def latest_status(conn, name: str) -> Status | None:
     """The newest status row of ``name`` (None if there is none)."""
-    row = conn.execute("SELECT status, error, at FROM reclock.status_history WHERE name = %s "
+    row = conn.execute(f"SELECT {COLUMNS} FROM reclock.status_history WHERE name = %s "
                        "ORDER BY id DESC LIMIT 1", (name,)).fetchone()
     return Status(name, *row) if row else None
 
@@ -58,7 +76,7 @@ def latest_status(conn, name: str) -> Status | None:
 def status_history(conn, name: str, limit: int = 20) -> list[Status]:
     """The newest ``limit`` status rows of ``name``, newest first."""
     return [Status(name, *r) for r in conn.execute(
-        "SELECT status, error, at FROM reclock.status_history WHERE name = %s ORDER BY id DESC LIMIT %s",
+        f"SELECT {COLUMNS} FROM reclock.status_history WHERE name = %s ORDER BY id DESC LIMIT %s",
         (name, limit))]
 
 

@@ -106,7 +106,7 @@ from reclock import compaction
 from reclock import parquet_footer as pf
 from reclock.ahead import read_ahead
 from reclock.config import IcebergSinkSpec
-from reclock.errors import ReclockError, SinceViolation, SinkRefused
+from reclock.errors import MigrationError, ReclockError, SinceViolation, SinkRefused
 from reclock.failpoints import failpoint
 from reclock.part_layout import DATA_KIND, INTERNAL_PREFIX
 from reclock.persist import blob as blobs
@@ -366,8 +366,9 @@ class IcebergSink:
         try:
             return fn(*args)
         except Exception as e:
-            with self.ctx.connect() as conn:
-                record_status(conn, self.ctx.spec.name, "stalled", error=str(e))
+            if not isinstance(e, MigrationError):  # a schema not this release's takes no status row
+                with self.ctx.connect() as conn:
+                    record_status(conn, self.ctx.spec.name, "stalled", error=str(e))
             raise
 
     def start(self, fresh: bool = False) -> None:

@@ -34,7 +34,7 @@ import pyarrow as pa
 
 from reclock import compaction
 from reclock.config import SinkSpec
-from reclock.errors import AcknowledgedStateLost, ReclockError, SinceViolation, SinkRefused
+from reclock.errors import AcknowledgedStateLost, MigrationError, ReclockError, SinceViolation, SinkRefused
 from reclock.ahead import read_ahead as _ahead
 from reclock.failpoints import failpoint
 from reclock import kafka_client
@@ -296,8 +296,9 @@ class KafkaSink:
             return fn(*args)
         except Exception as e:
             err = SinkFenced(self.ctx.spec.name) if _fenced(e) else self._refused(e) or e
-            with self.ctx.connect() as conn:
-                record_status(conn, self.ctx.spec.name, "stalled", error=str(err))
+            if not isinstance(e, MigrationError):  # a schema not this release's takes no status row
+                with self.ctx.connect() as conn:
+                    record_status(conn, self.ctx.spec.name, "stalled", error=str(err))
             if err is not e:
                 raise err from None
             raise

@@ -79,6 +79,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, ContextManager, Literal, Protocol, Sequence
 
 from reclock.batch import BatchDescription, OffsetRange, Part, SliceWritten, mint_descriptions
+from reclock.datasets import DatasetName
 from reclock.errors import AcknowledgedStateLost, ConfigError, ReclockError
 from reclock.persist.remap_store import OFFSETS_PROGRESS
 from reclock.remap import RemapCollection
@@ -109,12 +110,29 @@ class WrittenBatch:
 
 @dataclass(frozen=True)
 class Lag:
-    """How far a source's upstream is ahead of what it committed, in ``unit`` (Kafka: records; S3: objects),
-    None when unknown (``detail`` says why): what ``reclock status`` and the UI page show."""
+    """How far a source's upstream is ahead of what it committed, in the kind's own unit (Kafka: records;
+    Postgres: bytes of WAL), ``value`` None when unknown (``detail`` says why); ``detail`` also carries the
+    kind's own words (the consumer group; the LSN distance and the WAL the slot retains): what ``reclock
+    status``, the UI page and the metrics show."""
 
-    records: int | None
+    value: int | None
     detail: str = ""
     unit: str = "records"
+
+    def text(self) -> str:
+        """``1,234 records`` / ``16.0 MiB`` / ``unknown``."""
+        if self.value is None:
+            return "unknown"
+        return human_bytes(self.value) if self.unit == "bytes" else f"{self.value:,} {self.unit}"
+
+
+def human_bytes(n: float) -> str:
+    """``512 B``, ``1.5 KiB``, ``16.0 MiB``, ``2.3 GiB``."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
 
 
 class CycleServices(Protocol):
@@ -241,10 +259,16 @@ class SourceRuntime(ABC):
 
     def rewrite(self, rc: RemapCollection, desc: BatchDescription, metrics: dict,
                 on_slice: Callable[[int, int], None] | None) -> WrittenBatch:
-        """A rebuild's write of ``desc`` (from 0): the same updates as the cycles wrote, at the same
-        timestamps, from upstream's retained history; ``on_slice(done, total)`` shows progress. Only for a
-        kind whose :meth:`SourceKind.rebuild_refused` is None."""
+        """A rebuild's write of ``desc`` (a window of whole batches, from 0 where
+        :meth:`SourceKind.rebuild_whole`): the updates of the bindings in it, at their timestamps, decoded as
+        the config says today, from upstream's retained history; ``on_slice(done, total)`` shows progress.
+        Only for a kind whose :meth:`SourceKind.rebuild_refused` is None."""
         raise ConfigError(self.kind.rebuild_refused(self.ctx.spec) or f"source {self.name}: no rebuild")
+
+    def lineage_inputs(self) -> tuple[DatasetName, ...]:
+        """The upstream datasets a write reads, as OpenLineage names them (``reclock.datasets``): what an
+        Airflow task reports as its inputs. By default none."""
+        return ()
 
     def append_effects(self, written: WrittenBatch, metrics: dict) -> Callable[[Any], None] | None:
         """What must change in consensus in append's one transaction with the shards (Kafka upsert: the
@@ -353,6 +377,12 @@ class SourceKind(ABC):
         ``rebuild__<source>`` DAG)."""
         return None
 
+    def rebuild_whole(self, spec: SourceSpec) -> bool:
+        """Whether a rebuild of the source must re-derive everything from the first binding to the upper
+        (a window's updates are retracted by later ones that name their values, as an upsert's are), rather
+        than a window of bindings (``reclock.cycle.rebuild``)."""
+        return False
+
     def resnapshot_refused(self, spec: SourceSpec) -> str | None:
         """Why the source cannot be re-snapshotted (None: it can)."""
         return (f"source {spec.name}: a {self.title} source is not re-snapshotted (a re-snapshot starts a "
@@ -366,8 +396,14 @@ class SourceKind(ABC):
         ``schedule: upstream``: upstream moved past the newest binding, or it must run to release upstream
         retention. Imports Airflow only when called."""
 
+    def position_text(self, partition: int, offset: int) -> str:
+        """A position of the kind's FromTime (a remap offset row, an error row's) as the kind prints it:
+        ``partition 0 offset 40``; Postgres: ``LSN 0/16B3748``."""
+        return f"partition {partition} offset {offset}"
+
     lag_unit: ClassVar[str] = "records"
-    """The unit of :meth:`lag` (``Lag.unit``)."""
+    """The unit of :meth:`lag` (``Lag.unit``) and of the distance between two bindings' offsets (the page's
+    lag plot)."""
 
     @abstractmethod
     def lag(self, spec: SourceSpec, upstream: Any, timeout: float, dsn: str | None = None) -> Lag:

@@ -71,15 +71,27 @@ def names_session(url: str) -> bool:
 ROOTS = "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH"
 
 
+KEEPALIVE = (("grpc.keepalive_time_ms", 60_000), ("grpc.keepalive_timeout_ms", 20_000),
+             ("grpc.http2.max_pings_without_data", 0), ("grpc.min_reconnect_backoff_ms", 5_000))
+"""gRPC channel options of every Reclock Connect client. Without keepalive a call waits forever on a
+connection that went silent (a black-holed network path, a peer gone without a reset): the client pings
+after a minute without a frame and drops a connection whose ping is not answered within 20 s, so the call
+fails and PySpark's retries (:data:`RETRY`) take over; a connection attempt that gets no answer gives up
+after 5 s (gRPC's default is 20 s), so a retry against a dead path costs seconds, not minutes. A ping a
+minute stays within what Spark's server (gRPC-Java, which permits one every five minutes while idle and
+forgives two more) accepts, since its answers and the reattachment of long executions every two minutes
+reset that count."""
+
+
 def connection(url: str):
-    """What a Spark Connect client is made with: ``url``, or, for a TLS URL while :data:`ROOTS` names a file,
-    a channel builder that trusts the CAs in it (and sends the URL's token)."""
-    roots = os.environ.get(ROOTS)
-    if not roots or "use_ssl=true" not in url.lower():
-        return url
+    """What a Spark Connect client is made with: a channel builder for ``url`` with :data:`KEEPALIVE`; for a
+    TLS URL while :data:`ROOTS` names a file, one that trusts the CAs in it (and sends the URL's token)."""
     import grpc
     from pyspark.sql.connect.client import DefaultChannelBuilder
 
+    roots = os.environ.get(ROOTS)
+    if not roots or "use_ssl=true" not in url.lower():
+        return DefaultChannelBuilder(url, channelOptions=list(KEEPALIVE))
     pem = Path(roots).read_bytes()
 
     class TrustingChannelBuilder(DefaultChannelBuilder):
@@ -89,22 +101,19 @@ def connection(url: str):
                 creds = grpc.composite_channel_credentials(creds, grpc.access_token_call_credentials(self.token))
             return self._secure_channel(self.endpoint, creds)
 
-    return TrustingChannelBuilder(url)
+    return TrustingChannelBuilder(url, channelOptions=list(KEEPALIVE))
 
 
 def remote_session(url: str):
     """A Spark Connect session to ``url`` (see :func:`connection`) that retries an unreachable server for
     about a minute (:data:`RETRY`)."""
-    from pyspark.sql import SparkSession
+    # the Connect client's own builder: the classic builder refuses a remote session in a process that also
+    # runs a classic one (SESSION_ALREADY_EXIST), and has no channelBuilder
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
 
     target = connection(url)
-    if isinstance(target, str):
-        session = SparkSession.builder.remote(target).getOrCreate()
-    else:
-        # a channel builder is the Connect client's own builder's (the classic builder has no channelBuilder)
-        from pyspark.sql.connect.session import SparkSession as ConnectSession
-
-        session = ConnectSession.builder.channelBuilder(target).getOrCreate()
+    os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"  # pyspark.sql.functions dispatch on it (as remote() sets it)
+    session = ConnectSession.builder.channelBuilder(target).getOrCreate()
     session.client.set_retry_policies([retry_policy()])
     return session
 

@@ -30,6 +30,7 @@ from typing import Any, Callable, Sequence
 
 from reclock import remap
 from reclock.batch import BatchDescription, SliceWritten, ranges_for, split_ranges
+from reclock.datasets import DatasetName, kafka_topic
 from reclock.errors import DecodeError, ReclockError, SchemaIncompatible
 from reclock.failpoints import failpoint
 from reclock.kafka_client import KafkaClientConfig
@@ -105,6 +106,10 @@ class KafkaSource(SourceRuntime):
                 partition, offset, reason = first
                 raise DecodeError(spec.name, partition, offset, f"{reason} (on_decode_error: stall)")
         return written
+
+    def lineage_inputs(self) -> tuple[DatasetName, ...]:
+        up = self.ctx.upstream  # a KafkaClientConfig (an address alone where a test gives one)
+        return (kafka_topic(up if isinstance(up, str) else up.bootstrap, self.ctx.spec.upstream.topic),)
 
     def rewrite(self, rc: RemapCollection, desc: BatchDescription, metrics: dict,
                 on_slice: Callable[[int, int], None] | None) -> WrittenBatch:
@@ -327,6 +332,9 @@ class KafkaKind(SourceKind):
 
     def describe(self, spec) -> str:
         return f"Kafka topic {spec.upstream.topic} into {spec.name}"
+
+    def rebuild_whole(self, spec) -> bool:
+        return spec.envelope == "upsert"  # later updates retract the values a window holds
 
     def find_upstream(self, spec, given: str | None = None) -> KafkaClientConfig:
         """The source's cluster: its connection's brokers and security settings (``reclock.kafka_client``),

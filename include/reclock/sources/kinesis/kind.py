@@ -35,7 +35,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from reclock import remap
 from reclock.batch import BatchDescription, SliceWritten, check_servable
-from reclock.errors import DecodeError, KinesisDataLost, ReclockError
+from reclock.errors import DecodeError, KinesisDataLost, ReclockError, StreamReplaced
 from reclock.failpoints import failpoint
 from reclock.part_layout import DATA_KIND, DATA_OUTPUT, ERRORS_KIND, ERRORS_OUTPUT, RecordShape
 from reclock.persist.gc import lease_write, release_write
@@ -48,7 +48,7 @@ from reclock.sources.base import CycleServices, Lag, SourceKind, SourceRuntime, 
 from reclock.sources.kinesis import store
 from reclock.sources.kinesis.client import KinesisUpstream, StreamAddress
 from reclock.sources.kinesis.lineage import (FINISHED, ShardInfo, ShardScan, done_shards, droppable, entry_position,
-                                             lost_shards, plan_bindings, readable, scan_segments)
+                                             foreign_shards, lost_shards, plan_bindings, readable, scan_segments)
 from reclock.sources.kinesis.reader import (CountsMissing, ReadTask, parse_lost, plan_tasks, read_frame, slices,
                                             units_for)
 from reclock.sources.kinesis.sequence import shard_id
@@ -188,6 +188,12 @@ class KinesisSource(SourceRuntime):
         """Shards gone part way, and records retention may have trimmed after the newest binding before any
         scan saw them (the source did not scan for longer than the stream's retention), are lost."""
         up = self.upstream()
+        for s in foreign_shards(listing, positions):
+            # the creation time alone cannot tell a stream created again within its resolution (whole
+            # seconds on some endpoints); the shards' first sequence numbers can
+            raise StreamReplaced(self.name, self.ctx.upstream.stream, record.created_ms, up.identity().created_ms,
+                                 f"its {shard_id(s.number)} starts at sequence number {s.start}, after position "
+                                 f"{positions[s.number]} the source has read to")
         for n in lost_shards(listing, positions):
             raise KinesisDataLost(self.name, shard_id(n), positions[n], None,
                                   "the shard is no longer in the stream (its records expired before the source "
@@ -414,9 +420,13 @@ class KinesisKind(SourceKind):
     def describe(self, spec) -> str:
         return f"Kinesis stream {spec.upstream.stream} into {spec.name}"
 
-    def find_upstream(self, spec, given: str | None = None) -> StreamAddress:
+    def find_upstream(self, spec, given: str | StreamAddress | None = None) -> StreamAddress:
+        """The stream's address: ``given`` if a caller already has it, else from an endpoint ``given`` (a
+        command's option), the environment or the config (``find_stream``)."""
         from reclock.sources.kinesis.config import find_stream
 
+        if isinstance(given, StreamAddress):
+            return given
         return find_stream(spec.upstream, f"source {spec.name}", given)
 
     def job_environment(self, spec) -> dict[str, str]:
@@ -437,6 +447,13 @@ class KinesisKind(SourceKind):
 
         return KinesisMoved(source=spec.name, stream=spec.upstream.stream, region=spec.upstream.region,
                             endpoint_url=spec.upstream.endpoint_url, poll=spec.poll_s)
+
+    def position_text(self, partition: int, offset: int) -> str:
+        """``shardId-000000000001 sequence 4959...`` (the least sequence number not yet in), ``... SHARD_END``."""
+        if partition is None:
+            return f"sequence {offset}"
+        end = offset is not None and int(offset) >= FINISHED
+        return f"{shard_id(int(partition))} " + ("SHARD_END" if end else f"sequence {offset}")
 
     def lag(self, spec, upstream: Any, timeout: float, dsn: str | None = None) -> Lag:
         """Records and milliseconds the stream's tip is beyond the source's offset resumption frontier (read

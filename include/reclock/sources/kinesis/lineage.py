@@ -138,6 +138,13 @@ def lost_shards(shards: Sequence[ShardInfo], positions: Mapping[int, int]) -> li
     return sorted(n for n, p in positions.items() if 0 < p < FINISHED and n not in listed)
 
 
+def foreign_shards(shards: Sequence[ShardInfo], positions: Mapping[int, int]) -> list[ShardInfo]:
+    """Listed shards that begin after the position the frontier holds for their number: a shard's first
+    sequence number never changes, so the shard the source read under that number was another one (the
+    stream was deleted and created again)."""
+    return [s for s in shards if 0 < positions.get(s.number, 0) < s.start]
+
+
 @dataclass(frozen=True)
 class ShardScan:
     """What a scan of one shard found: from ``start`` on, ``points`` are ``(position, records)`` pairs,

@@ -29,6 +29,7 @@ import pyarrow as pa
 from reclock import remap
 from reclock.batch import BatchDescription, mint_descriptions
 from reclock.compaction import contents_as_of
+from reclock.datasets import DatasetName, postgres_table
 from reclock.errors import ConfigError, ReclockError, ShardsDisagree, SlotAheadOfConsensus, TableTruncated
 from reclock.failpoints import failpoint
 from reclock.part_layout import DATA_KIND, ERRORS_KIND, ERRORS_OUTPUT, INTERNAL_PREFIX
@@ -37,7 +38,8 @@ from reclock.persist.remap_store import append_binding, load_remap, register_sou
 from reclock.persist.shards import Append, compare_and_append, register_shard, shard_info
 from reclock.read import read_as_of
 from reclock.remap import RemapCollection
-from reclock.sources.base import Acknowledged, CycleServices, Lag, SourceKind, SourceRuntime, WrittenBatch
+from reclock.sources.base import (Acknowledged, CycleServices, Lag, SourceKind, SourceRuntime, WrittenBatch,
+                                  human_bytes)
 from reclock.sources.postgres import cdc
 from reclock.sources.postgres import spark_snapshot
 from reclock.sources.postgres.registration import (record_snapshot_lsn, register_tables, registered_tables,
@@ -87,6 +89,13 @@ class PostgresSource(SourceRuntime):
                 raise ConfigError(f"source {self.name}: no tables registered yet (run mint first)")
             self._outputs = tuple(cdc.Output(t, pg_table_shard(self.name, t.table)) for t in tables)
         return self._outputs
+
+    def lineage_inputs(self) -> tuple[DatasetName, ...]:
+        """The published tables the source takes (none before its first mint registers them)."""
+        try:
+            return tuple(postgres_table(self.ctx.upstream, o.info.table) for o in self.outputs())
+        except ConfigError:
+            return ()
 
     def shards(self) -> tuple[str, ...]:
         """The registered tables' shards and the error collection."""
@@ -380,7 +389,7 @@ class PostgresKind(SourceKind):
         return f"Postgres publication {spec.upstream.publication} into {spec.name}__<table>"
 
     def find_upstream(self, spec, given: str | None = None) -> str:
-        return find_upstream_dsn(spec.upstream, f"source {spec.name}")
+        return given or find_upstream_dsn(spec.upstream, f"source {spec.name}")
 
     def open(self, ctx: CycleServices) -> PostgresSource:
         return PostgresSource(self, ctx)
@@ -403,8 +412,23 @@ class PostgresKind(SourceKind):
                                   connection=spec.upstream.connection, dsn_env=spec.upstream.dsn_env,
                                   poll=spec.poll_s)
 
+    lag_unit = "bytes"
+
+    def position_text(self, partition: int, offset: int) -> str:
+        return f"LSN {lsn_to_str(offset)}"
+
     def lag(self, spec, upstream: Any, timeout: float, dsn: str | None = None) -> Lag:
-        return Lag(None, "a Postgres source: its slot's lag is not probed here")
+        """The WAL the server flushed beyond the slot's confirmed position (bytes; what the next cycle has
+        to look at), with the WAL the slot retains (from its restart LSN) in ``detail``."""
+        up = PostgresUpstream(spec.name, upstream, spec.upstream.publication, timeout=timeout)
+        with up.session() as conn:
+            state = up.slot_state(conn)
+            flush = up.flush_lsn(conn)
+        if state is None:
+            return Lag(None, f"unknown: slot {up.slot} does not exist", "bytes")
+        return Lag(max(0, flush - state.confirmed_flush),
+                   f"slot {up.slot}: confirmed {lsn_to_str(state.confirmed_flush)}, flush {lsn_to_str(flush)}; "
+                   f"retains {human_bytes(max(0, flush - state.restart))} of WAL", "bytes")
 
 
 POSTGRES = PostgresKind()

@@ -295,12 +295,18 @@ class S3Source(SourceRuntime):
         placed = [p for p in (r.placed() for r in rows_by_id.values()) if p is not None]
         return bound_ranges(bindings, before, Layout(placed), forgotten_below), rows_by_id
 
+    def lineage_inputs(self) -> tuple:
+        """The bucket's prefix (or the folder) the source takes its objects from."""
+        from reclock.datasets import objects
+
+        return (objects(self.spec.upstream.url),)
+
     def write(self, rc: RemapCollection, desc: BatchDescription, metrics: dict) -> WrittenBatch:
         return self._write(rc, desc, metrics)
 
     def rewrite(self, rc: RemapCollection, desc: BatchDescription, metrics: dict,
                 on_slice: Callable[[int, int], None] | None) -> WrittenBatch:
-        """A rebuild's write from 0: the catalog's objects as the bindings place them, and the objects it
+        """A rebuild's write of a window of whole batches (from 0 where it reaches since): the catalog's objects as the bindings place them, and the objects it
         forgot (all bound at or below since, so at since now) found again by listing. With keys increasing
         those are the objects before the key frontier that the catalog no longer holds; their count, bytes
         and digest of ``(key, ETag, size)`` must be what was forgotten, else the rebuild cannot give the
@@ -312,7 +318,7 @@ class S3Source(SourceRuntime):
 
         with self.ctx.connect() as conn:
             row = catalog.source_row(conn, self.name)
-        if not row.forgotten:
+        if not row.forgotten or desc.lower > 0:  # a window above since (from 0 iff it reaches since) holds none
             return self._write(rc, desc, metrics, on_slice=on_slice)
         s3 = self.spec.upstream
         if s3.discovery != Discovery.LISTING.value or s3.keys != "increasing":
@@ -507,10 +513,13 @@ class S3Kind(SourceKind):
     def describe(self, spec) -> str:
         return f"the objects of {spec.upstream.url} into {spec.name}"
 
-    def find_upstream(self, spec, given: str | None = None) -> S3Settings | None:
-        """The S3 endpoint and keys of the source's ``connection:`` (None for a folder)."""
+    def find_upstream(self, spec, given: Any = None) -> S3Settings | None:
+        """The S3 endpoint and keys of the source's ``connection:`` (None for a folder); ``given``: settings a
+        caller already has."""
         if spec.upstream.is_folder:
             return None
+        if given is not None:
+            return given
         from reclock.settings import find_source_s3_settings
 
         return find_source_s3_settings(spec.upstream.connection, f"source {spec.name}")
@@ -537,6 +546,13 @@ class S3Kind(SourceKind):
         from reclock.sources.s3.trigger import upstream_trigger
 
         return upstream_trigger(spec)
+
+    def position_text(self, partition: int | None, offset: int) -> str:
+        """An error row names its object by key beside this (its partition null): the byte offset; a binding's
+        row, its place in the log of sealed objects or in a growing file's own partition."""
+        if partition is None:
+            return f"byte {offset}"
+        return f"log position {offset}" if partition == 0 else f"object {partition} byte {offset}"
 
     def lag(self, spec, upstream: Any, timeout: float, dsn: str | None = None) -> Lag:
         from reclock.settings import find_dsn
