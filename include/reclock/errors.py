@@ -326,6 +326,18 @@ class TableTruncated(SourceStalled):
     """A ``TRUNCATE`` of a published table: Reclock cannot retract rows it is not told."""
 
 
+class TruncatedUnderSnapshot(ReclockError):
+    """A table was truncated after a snapshot was exported and before the snapshot read it: ``TRUNCATE`` is
+    not MVCC-safe, so the snapshot would read it empty. Nothing is appended; the next cycle's write takes
+    the snapshot again."""
+
+    def __init__(self, source: str, table: str) -> None:
+        self.source, self.table = source, table
+        super().__init__(f"source {source}: table {table} was truncated after the snapshot was exported and before "
+                         "it was read (TRUNCATE is not MVCC-safe: the snapshot would read the table empty); nothing "
+                         "was appended, and the next cycle takes the snapshot again")
+
+
 class TableSchemaChanged(SourceStalled):
     """DDL changed a published table's columns (a Relation message differs from the registered columns)."""
 

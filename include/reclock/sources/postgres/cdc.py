@@ -73,11 +73,12 @@ from psycopg import sql
 from reclock.batch import Part
 from reclock.compaction import contents_as_of
 from reclock.errors import (KeyedRowMissing, PublicationMissing, ReclockError, ReplicaIdentityChanged,
-                            ReplicaIdentityMissing, TableSchemaChanged, TableTruncated, UnaccountedWrite)
+                            ReplicaIdentityMissing, TableSchemaChanged, TableTruncated, TruncatedUnderSnapshot,
+                            UnaccountedWrite)
 from reclock.persist.blob import BlobStore
 from reclock.persist.parquet import part_from_footer
 from reclock.sources.postgres import pgoutput as po
-from reclock.sources.postgres.upstream import IDENTITY, TableInfo, text_form
+from reclock.sources.postgres.upstream import IDENTITY, PostgresUpstream, TableInfo, text_form
 
 
 @dataclass(frozen=True)
@@ -930,14 +931,15 @@ SNAPSHOT_BLOCK = 8 << 20
 """Bytes of CSV Arrow parses at a time: a snapshot's memory is a block and a part, not the table."""
 
 
-def read_snapshot(conn, outputs: Sequence[Output], writer: PartWriter, ts: int, chunk: int) -> int:
+def read_snapshot(conn, outputs: Sequence[Output], writer: PartWriter, ts: int, chunk: int, source: str = "?") -> int:
     """Every row of every table, in the snapshot ``conn``'s transaction holds, as +1 at ``ts``; returns the
     rows read. Each table is read with ``COPY (SELECT col::text, ... FROM ONLY t WHERE <row filter>) TO STDOUT
     (FORMAT csv)`` (the columns and rows its publication publishes: ``TableInfo``; each column's text form as
     pgoutput sends it: :func:`reclock.sources.postgres.upstream.text_form`) in the
     session styles the stream is decoded in, parsed by Arrow's streaming CSV reader a block at a time (every
     value a string; an unquoted empty field is NULL, a quoted one the empty string), and converted as the
-    stream's values are, so both give equal values."""
+    stream's values are, so both give equal values. A table truncated after the snapshot was exported (which
+    the snapshot reads as empty) is ``TruncatedUnderSnapshot``."""
     from pyarrow import csv
 
     total = 0
@@ -960,4 +962,7 @@ def read_snapshot(conn, outputs: Sequence[Output], writer: PartWriter, ts: int, 
             for batch in reader:
                 writer.add_columns(out.info.relid, batch.columns, ts, 1)
                 total += batch.num_rows
+    for out in outputs:  # the COPYs' locks are held to the end of the transaction: a TRUNCATE before them shows
+        if PostgresUpstream.truncated_since(conn, out.info):
+            raise TruncatedUnderSnapshot(source, out.info.table)
     return total

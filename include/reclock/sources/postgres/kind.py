@@ -30,7 +30,8 @@ from reclock import remap
 from reclock.batch import BatchDescription, mint_descriptions
 from reclock.compaction import contents_as_of
 from reclock.datasets import DatasetName, postgres_table
-from reclock.errors import ConfigError, ReclockError, ShardsDisagree, SlotAheadOfConsensus, TableTruncated
+from reclock.errors import (ConfigError, ReclockError, ShardsDisagree, SlotAheadOfConsensus, TableTruncated,
+                            TruncatedUnderSnapshot)
 from reclock.failpoints import failpoint
 from reclock.part_layout import DATA_KIND, ERRORS_KIND, ERRORS_OUTPUT, INTERNAL_PREFIX
 from reclock.persist.gc import lease_write, release_write
@@ -256,7 +257,7 @@ class PostgresSource(SourceRuntime):
                                                                  prefix)
                             spark_done = {out.shard for out, _ in on_spark}
                             snapshot_rows += cdc.read_snapshot(sconn, [o for o in outputs if o.shard not in spark_done],
-                                                               writer, t1, chunk)
+                                                               writer, t1, chunk, self.ctx.spec.name)
                     key_from = snap.lsn
                     if snap.lsn != l1:
                         rewind = cdc.Rewind(t1, min(l1, snap.lsn), max(l1, snap.lsn), -1 if snap.lsn > l1 else 1)
@@ -370,6 +371,8 @@ class PostgresSource(SourceRuntime):
                                             out.info, ts, self.ctx.blob.url(f"{prefix}/{out.shard}/{cdc.SPARK_SNAPSHOT}"),
                                             predicates)
         writer.add_written(out.info.relid, rows)
+        if PostgresUpstream.truncated_since(sconn, out.info):  # Spark's sessions may have read it truncated
+            raise TruncatedUnderSnapshot(self.ctx.spec.name, out.info.table)
         failpoint("write_batches:after_spark_snapshot")
         return rows
 

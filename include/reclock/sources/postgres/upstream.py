@@ -588,6 +588,17 @@ class PostgresUpstream:
         return int(row[0] or 0), int(row[1] or 0) // block, block
 
     @staticmethod
+    def truncated_since(conn, info: TableInfo) -> bool:
+        """Whether the table (every partition of a root) has another storage now than ``conn``'s snapshot
+        sees in ``pg_class``: a ``TRUNCATE`` (or a rewrite) committed after the snapshot was taken. A
+        snapshot reads a table truncated after it as empty (``TRUNCATE`` is not MVCC-safe): call it after
+        reading the table, in the reading transaction (whose lock keeps the table as it was read)."""
+        oids = [info.relid, *(info.partitions or ())]
+        rows = conn.execute("SELECT c.relfilenode::int8, pg_relation_filenode(c.oid)::int8 FROM pg_class c WHERE "
+                            "c.oid = ANY(%s::oid[]) AND c.relkind IN ('r', 'm')", (oids,)).fetchall()
+        return any(seen != now for seen, now in rows)
+
+    @staticmethod
     def count_rows(conn, info: TableInfo) -> int:
         """``count(*)`` of the rows the publication publishes of a table (its row filter's) in ``conn``'s
         transaction (under a snapshot: what it holds)."""
