@@ -299,19 +299,43 @@ class SourceStalled(ReclockError):
                          f"it is appended ({remedy})")
 
 
-class ReplicaIdentityNotFull(SourceStalled):
-    """A published table without ``REPLICA IDENTITY FULL``: its updates and deletes would not carry the old
-    row, which a retraction needs."""
+class ReplicaIdentityMissing(SourceStalled):
+    """A published table whose updates and deletes carry neither the whole old row (``REPLICA IDENTITY
+    FULL``) nor a key (a primary key under ``DEFAULT``, or ``USING INDEX``): a retraction has nothing to go
+    by. ``alter`` is the statement that gives it the whole old row; a primary key works as well."""
 
     def __init__(self, source: str, table: str, identity: str) -> None:
         schema, _, name = table.partition(".")
         self.alter = f'ALTER TABLE "{schema}"."{name}" REPLICA IDENTITY FULL;'
-        super().__init__(source, table, f"replica identity is {identity}, not FULL (updates and deletes must "
-                                        "carry the whole old row)", f"run: {self.alter}")
+        super().__init__(source, table, f"replica identity is {identity}: its updates and deletes carry neither "
+                                        "the old row nor a key", f"give it a primary key (ALTER TABLE \"{schema}\"."
+                                        f"\"{name}\" ADD PRIMARY KEY (...)), or run: {self.alter}")
+
+
+class ReplicaIdentityChanged(SourceStalled):
+    """A table's replica identity (FULL, or which key) is not what it was when the source took its
+    snapshot: the changes would be matched to rows another way."""
+
+
+class KeyedRowMissing(SourceStalled):
+    """An update or delete of a table of key identity names a key whose row the collection does not hold
+    (or holds twice): the collection and the table disagree, and no exact retraction exists."""
 
 
 class TableTruncated(SourceStalled):
     """A ``TRUNCATE`` of a published table: Reclock cannot retract rows it is not told."""
+
+
+class TruncatedUnderSnapshot(ReclockError):
+    """A table was truncated after a snapshot was exported and before the snapshot read it: ``TRUNCATE`` is
+    not MVCC-safe, so the snapshot would read it empty. Nothing is appended; the next cycle's write takes
+    the snapshot again."""
+
+    def __init__(self, source: str, table: str) -> None:
+        self.source, self.table = source, table
+        super().__init__(f"source {source}: table {table} was truncated after the snapshot was exported and before "
+                         "it was read (TRUNCATE is not MVCC-safe: the snapshot would read the table empty); nothing "
+                         "was appended, and the next cycle takes the snapshot again")
 
 
 class TableSchemaChanged(SourceStalled):

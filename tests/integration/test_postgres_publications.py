@@ -14,7 +14,7 @@ import pytest
 from pg_support import bindings, contents, make_ctx, source_name, upstream_database, writer
 
 from reclock import cycle, failpoints
-from reclock.errors import (PublicationMissing, PublicationRedefined, PublicationUnsupported, ReplicaIdentityNotFull,
+from reclock.errors import (PublicationMissing, PublicationRedefined, PublicationUnsupported, ReplicaIdentityMissing,
                             TableSchemaChanged)
 from reclock.persist import connect
 from reclock.persist.shards import shard_info
@@ -253,7 +253,7 @@ def test_a_partitioned_table_lands_as_its_partitions_or_through_its_root(db, ups
         "INSERT INTO m SELECT g, 'v' || g FROM generate_series(1, 150, 7) g",
         f"CREATE PUBLICATION pub FOR TABLE m {row_filter}WITH (publish_via_partition_root = {via_root})")
     ctx = make_ctx(db, upstream, tmp_path, source_name(), None)
-    with pytest.raises(ReplicaIdentityNotFull, match=r'public\.m2: replica identity is DEFAULT.*ALTER TABLE "public"'
+    with pytest.raises(ReplicaIdentityMissing, match=r'public\.m2: replica identity is DEFAULT.*ALTER TABLE "public"'
                        r'\."m2" REPLICA IDENTITY FULL;'):
         cycle.run_cycle(ctx)
     run(upstream, "ALTER TABLE m2 REPLICA IDENTITY FULL")

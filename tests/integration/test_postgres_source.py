@@ -18,7 +18,8 @@ from reclock import cycle, failpoints
 from reclock import status_report as sr
 from reclock.config import Config
 from reclock.cli import main
-from reclock.errors import (ConfigError, PublicationMissing, ReplicaIdentityNotFull, SlotBusy, SlotLost,
+from reclock.errors import (ConfigError, PublicationMissing, ReplicaIdentityChanged, ReplicaIdentityMissing, SlotBusy,
+                            SlotLost,
                             TableSchemaChanged, UpperMismatch, UpstreamDataLost)
 from reclock.sources.postgres.cdc import reclock_lsn
 from reclock.persist import connect
@@ -355,22 +356,28 @@ def _stalls(ctx, error, match):
         assert latest_status(conn, ctx.spec.name).status == "stalled"
 
 
-def test_a_table_without_replica_identity_full_is_refused_with_the_alter_to_run(db, upstream, tmp_path):
+def test_a_table_without_an_identity_is_refused_and_one_whose_identity_changes_stalls(db, upstream, tmp_path):
     _setup(upstream)
     with writer(upstream) as conn:
-        conn.execute("ALTER TABLE b REPLICA IDENTITY DEFAULT")
+        conn.execute("ALTER TABLE b REPLICA IDENTITY NOTHING")
     ctx = make_ctx(db, upstream, tmp_path, source_name(), list(TABLES))
-    with pytest.raises(ReplicaIdentityNotFull, match=r'table public\.b: .*run: ALTER TABLE "public"\."b" REPLICA '
+    with pytest.raises(ReplicaIdentityMissing, match=r'table public\.b: .*run: ALTER TABLE "public"\."b" REPLICA '
                                                      r"IDENTITY FULL;"):
         cycle.run_cycle(ctx)
     with writer(upstream) as conn:
-        conn.execute('ALTER TABLE "public"."b" REPLICA IDENTITY FULL')
+        conn.execute('ALTER TABLE "public"."b" REPLICA IDENTITY DEFAULT')  # its primary key
         conn.execute("INSERT INTO b VALUES (1, 'x', 1, 0)")
     cycle.run_cycle(ctx)
     assert set(contents(ctx, f"{ctx.spec.name}__b", bindings(ctx)[-1][0])) == {1}
-    with writer(upstream) as conn:  # changed back later: the next cycle stalls
+    with writer(upstream) as conn:  # changed later: the next cycle stalls until it is set back
+        conn.execute("ALTER TABLE b REPLICA IDENTITY FULL")
+    _stalls(ctx, ReplicaIdentityChanged, r"table public\.b: its replica identity is FULL, not DEFAULT \(primary key "
+            r"\(id\)\) as when the source took its snapshot")
+    with writer(upstream) as conn:
         conn.execute("ALTER TABLE b REPLICA IDENTITY DEFAULT")
-    _stalls(ctx, ReplicaIdentityNotFull, "table public.b")
+        conn.execute("UPDATE b SET v = 'y' WHERE id = 1")
+    cycle.run_cycle(ctx)
+    assert contents(ctx, f"{ctx.spec.name}__b", bindings(ctx)[-1][0])[1]["v"] == "y"
 
 
 @pytest.mark.parametrize("change,error,match", [
@@ -519,9 +526,13 @@ def test_an_idle_source_follows_the_wal_and_pins_none(db, upstream, postgres, tm
     assert all(contents(ctx, s, bs[-1][0]) == {} for s in ctx.shards()[:-1])
 
 
-@pytest.mark.parametrize("snapshot_on", ["task", "spark"])
+@pytest.mark.parametrize("snapshot_on,identity", [("task", "FULL"), ("spark", "FULL"), ("task", "DEFAULT"),
+                                                  ("spark", "DEFAULT")])
 def test_every_type_reads_the_same_from_the_snapshot_and_the_stream_and_toast_is_filled(db, upstream, tmp_path,
-                                                                                       snapshot_on, request):
+                                                                                       snapshot_on, identity, request):
+    """Every type, read by the snapshot (in the task or on Spark) and by the stream, lands the same values;
+    an update leaving a TOASTed value alone (``u``) takes it from the old row: sent whole under FULL, the
+    collection's own under DEFAULT (whose update carries no old row), taken back bit for bit."""
     cols = ("b bool, s int2, i int4, n numeric(12,2), f4 float4, f8 float8, txt text, vc varchar(20), "
             "tsp timestamp, tz timestamptz, d date, j jsonb, js json, u uuid, by bytea, big text, nul text, "
             "word text, empty varchar(3), un numeric, o oid, bf bool, f4x float4, f8x float8, l int8, iv interval, "
@@ -534,7 +545,7 @@ def test_every_type_reads_the_same_from_the_snapshot_and_the_stream_and_toast_is
     nulls = ", ".join(["NULL"] * (cols.count(",") + 1 - cols.count("(12,2)")))
     with writer(upstream) as conn:
         conn.execute(f"CREATE TABLE t (id int8 PRIMARY KEY, {cols})")
-        conn.execute("ALTER TABLE t REPLICA IDENTITY FULL")
+        conn.execute(f"ALTER TABLE t REPLICA IDENTITY {identity}")
         conn.execute("ALTER TABLE t ALTER COLUMN big SET STORAGE EXTERNAL")
         conn.execute("CREATE PUBLICATION pub FOR TABLE t")
         conn.execute(f"INSERT INTO t VALUES (1, {values}), (3, {nulls})")
@@ -548,6 +559,8 @@ def test_every_type_reads_the_same_from_the_snapshot_and_the_stream_and_toast_is
     with writer(upstream) as conn:
         conn.execute(f"INSERT INTO t VALUES (2, {values}), (4, {nulls})")
         conn.execute("UPDATE t SET i = 8 WHERE id = 1")  # big is unchanged: sent as 'u', taken from the old row
+        conn.execute("UPDATE t SET i = 9 WHERE id = 3")
+        conn.execute("UPDATE t SET i = NULL WHERE id = 3")  # and back: the old row's retraction cancels the first
     cycle.run_cycle(ctx)
     with connect(ctx.dsn) as conn:  # the snapshot's parts and the stream's hold the same types
         types = {tuple((f.name, f.type) for f in pq.read_schema(ctx.blob.url(b.path)))

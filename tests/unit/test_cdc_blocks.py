@@ -5,7 +5,8 @@ Law: over any stream, cut into blocks anyhow, both write the same parts (same fi
 order), emit the same rows per shard and count the same stats, or both raise the same error. The streams
 mix what the fast reading takes (inserts, updates and deletes with the whole old row, text and NULL
 values, several tables, rewinds, skipped transactions) with everything that sends it message by message:
-unchanged TOASTed values, key-only and missing old rows, Relation messages mid-stream (also changed
+unchanged TOASTed values, key-only and missing old rows (also of a table of key identity, whose old rows
+the decoder keeps), Relation messages mid-stream (also changed
 columns or identity), Truncate, Type and Origin messages, tables of no output, malformed and truncated
 messages, changes outside a transaction, and tuples of another column count.
 """
@@ -26,15 +27,18 @@ from reclock.sources.postgres import pgoutput as po
 from reclock.sources.postgres.upstream import TableInfo
 
 COLUMNS = (("id", po.INT8, -1), ("v", po.TEXT, -1), ("n", po.NUMERIC, (12 << 16 | 2) + 4))
-TABLES = [TableInfo("public.t0", 100, COLUMNS), TableInfo("public.t1", 101, COLUMNS[:2])]
+TABLES = [TableInfo("public.t0", 100, COLUMNS), TableInfo("public.t1", 101, COLUMNS[:2]),
+          TableInfo("public.t2", 103, COLUMNS[:2], identity="default", key=("id",))]  # old rows by key
 OTHER = TableInfo("public.other", 102, COLUMNS[:1])  # published, no output of the source
 OUTPUTS = [cdc.Output(t, f"s__t{k}") for k, t in enumerate(TABLES)]
 
 
-def _relation(info: TableInfo, identity: str = "f", columns=None) -> po.Relation:
+def _relation(info: TableInfo, identity: str | None = None, columns=None) -> po.Relation:
     schema, _, name = info.table.partition(".")
     cols = info.columns if columns is None else columns
-    return po.Relation(info.relid, schema, name, identity, tuple(po.Column(0, n, o, m) for n, o, m in cols))
+    identity = identity or ("d" if info.keyed else "f")
+    return po.Relation(info.relid, schema, name, identity,
+                       tuple(po.Column(int(n in info.key), n, o, m) for n, o, m in cols))
 
 
 values = st.one_of(st.none(), st.just(po.UNCHANGED_TOAST) | st.none(), st.text(max_size=6).map(str.encode),
@@ -75,7 +79,7 @@ def streams(draw):
         for _ in range(draw(st.integers(0, 30))):
             info = draw(st.sampled_from(tables))
             if info.relid not in sent or (irregular and draw(st.integers(0, 30)) == 0):
-                ident, cols = "f", None
+                ident, cols = None, None
                 if irregular and draw(st.integers(0, 10)) == 0:
                     ident = draw(st.sampled_from("dni"))
                 if irregular and draw(st.integers(0, 10)) == 0:
@@ -84,6 +88,8 @@ def streams(draw):
                 sent.add(info.relid)
             op = draw(st.sampled_from(["insert", "update", "delete"]))
             tag = "O" if not irregular or draw(st.integers(0, 8)) else draw(st.sampled_from(["K", None]))
+            if info.keyed:  # its updates name the old row by its key, or not at all
+                tag = draw(st.sampled_from(["K", None]))
             new, old = draw(tuples(info, irregular)), draw(tuples(info, irregular))
             if op == "insert":
                 m = po.Insert(info.relid, new)

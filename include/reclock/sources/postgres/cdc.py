@@ -19,15 +19,30 @@ diff)`` updates in Parquet parts, one part folder per table, every part proved b
     prove: every file under the prefix read back by its footer; rows per shard == rows the decoder emitted,
     no file missing, none extra (else ``UnaccountedWrite``, and nothing is appended)
 
+**Old rows.** A table of identity FULL sends an update's and a delete's whole old row: it is taken back as
+sent. A table of a key identity (``DEFAULT`` with a primary key, or ``USING INDEX``) sends only the key of
+the old row (and nothing for an update that keeps its key; an unchanged TOASTed value as ``u``): the old row
+is the current row of that key, which the write keeps per table (:class:`_KeyState`, as the Kafka upsert
+envelope keeps a key's record): the collection's contents before the write (read AS OF the description's
+lower - 1, once, when the table's first update or delete in the write comes) and the write's own updates
+since. The old row is taken back as the collection holds it (Arrow values, never a text form again) and
+an unchanged TOASTed value of the new row is the old row's. Only where a snapshot was taken past the first
+binding (the snapshot's seam) is it otherwise: a key table's changes committed between the binding's LSN
+and the snapshot's are in the snapshot at the first binding, and are not taken back there (their old rows
+are not in the WAL), nor at their own bindings in later writes (``key_from``: the snapshot's LSN, recorded
+when the snapshot is appended): such a table holds, at the bindings below the snapshot's LSN, the table as
+of that LSN; from the first binding past it, the table as of each binding's LSN.
+
 Stalls (``reclock.errors.SourceStalled``: nothing of the description is appended, what it wrote is
 garbage), for a change
 of a table the source outputs, in a transaction the description covers: a ``TRUNCATE`` in the snapshot's
-seam (:class:`~reclock.errors.TableTruncated`); a Relation message whose columns differ from those registered
-at the first cycle (:class:`~reclock.errors.TableSchemaChanged`); an update or delete without the whole old
-row (:class:`~reclock.errors.ReplicaIdentityNotFull`); a table that was recreated, or (for a source that
-takes every table of its publication) one that joined the publication later
-(:class:`~reclock.errors.PublicationMissing`). An unchanged TOASTed value (``u``) takes the old row's value
-(identity FULL sends it); without one the change is refused, never written as a placeholder.
+seam of a table of identity FULL (:class:`~reclock.errors.TableTruncated`); a Relation message whose columns
+differ from those registered at the first cycle (:class:`~reclock.errors.TableSchemaChanged`) or whose
+replica identity does (:class:`~reclock.errors.ReplicaIdentityChanged`); a key table's update or delete of a
+key its collection has no row of (:class:`~reclock.errors.KeyedRowMissing`); a table that was recreated, or
+(for a source that takes every table of its publication) one that joined the publication later
+(:class:`~reclock.errors.PublicationMissing`). An unchanged TOASTed value (``u``) is never written as a
+placeholder.
 
 A ``TRUNCATE`` of an output table lands as the retraction of every row the collection holds at that point
 (its contents before the description, read back, plus what this write wrote of it so far), at the
@@ -56,12 +71,14 @@ import pyarrow.parquet as pq
 from psycopg import sql
 
 from reclock.batch import Part
-from reclock.errors import (PublicationMissing, ReclockError, ReplicaIdentityNotFull, TableSchemaChanged,
-                            TableTruncated, UnaccountedWrite)
+from reclock.compaction import contents_as_of
+from reclock.errors import (KeyedRowMissing, PublicationMissing, ReclockError, ReplicaIdentityChanged,
+                            ReplicaIdentityMissing, TableSchemaChanged, TableTruncated, TruncatedUnderSnapshot,
+                            UnaccountedWrite)
 from reclock.persist.blob import BlobStore
 from reclock.persist.parquet import part_from_footer
 from reclock.sources.postgres import pgoutput as po
-from reclock.sources.postgres.upstream import TableInfo, text_form
+from reclock.sources.postgres.upstream import IDENTITY, PostgresUpstream, TableInfo, text_form
 
 
 @dataclass(frozen=True)
@@ -85,6 +102,8 @@ class _Buffer:
     held: int = 0  # rows in pieces
     emitted: int = 0
     parts: int = 0
+    typed: list[pa.Table] = field(default_factory=list)  # updates already in the shard's types (add_typed)
+    typed_rows: int = 0
 
 
 CLOSE_WORKERS = 4
@@ -157,6 +176,24 @@ class PartWriter:
             self._put(b, _part_table(b.out, columns, np.concatenate([p[1] for p in pieces]),
                                      np.concatenate([p[2] for p in pieces])), "part")
 
+    def add_typed(self, relid: int, rows: pa.Table) -> None:
+        """Updates of table ``relid`` already in its shard's schema (data columns, ``ts``, ``diff``): a key
+        table's old rows, taken from its collection as they are (never through a text form again). Written
+        as parts of their own at :meth:`flush` and :meth:`close`, or once ``chunk`` of them are held."""
+        b = self.buffers[relid]
+        b.typed.append(rows)
+        b.typed_rows += rows.num_rows
+        b.emitted += rows.num_rows
+        if b.typed_rows >= self.chunk:
+            self._flush_typed(b)
+
+    def _flush_typed(self, b: _Buffer) -> None:
+        if b.typed_rows:
+            table = pa.concat_tables(b.typed).cast(b.out.schema)
+            b.typed, b.typed_rows = [], 0
+            for start in range(0, table.num_rows, self.chunk):
+                self._put(b, table.slice(start, self.chunk), "keyed")
+
     def add_columns(self, relid: int, columns: Sequence[pa.Array], ts: int, diff: int) -> None:
         """Many updates of table ``relid`` at once: its columns' text forms as Arrow string arrays (a
         snapshot's block), written as parts of at most ``chunk`` rows."""
@@ -181,19 +218,24 @@ class PartWriter:
 
     def flush(self, relid: int) -> None:
         """Write every update of table ``relid`` buffered so far as parts (the last one maybe short)."""
-        self._flush(self.buffers[relid])
+        b = self.buffers[relid]
+        self._flush(b)
+        self._flush_typed(b)
 
     def written(self, relid: int) -> pa.Table | None:
         """Every update of table ``relid`` this writer has written as parts so far (after :meth:`flush`, all
-        it was given), read back in its shard's schema; None if none. ``UnaccountedWrite`` for a part of
-        other columns (a re-snapshot's retraction of a collection whose columns changed)."""
+        it was given; Spark's snapshot parts of it too), read back in its shard's schema; None if none.
+        ``UnaccountedWrite`` for a part of other columns (a re-snapshot's retraction of a collection whose
+        columns changed)."""
         b = self.buffers[relid]
         folder = f"{self.prefix}/{b.out.shard}"
         tables = []
         for info in self.blob.list(folder):
             rel = info.path[len(folder) + 1:]
-            if "/" in rel or not rel.endswith(".parquet"):
-                continue  # Spark's snapshot folder: the caller does not read back a table Spark snapshotted
+            name = rel.rpartition("/")[2]
+            if not rel.endswith(".parquet") or name.startswith((".", "_")) or (
+                    "/" in rel and rel.partition("/")[0] != SPARK_SNAPSHOT):
+                continue  # Spark's markers and hidden files
             with self.blob.open(info.path) as f:
                 table = pq.read_table(f)
             if table.schema.names != b.out.schema.names:
@@ -216,6 +258,8 @@ class PartWriter:
     def close(self) -> dict[str, int]:
         """Write what is buffered, the tables side by side (Arrow's casts and Parquet's writer release the
         GIL; a table's first error is raised, in the tables' order); the rows emitted per shard."""
+        for b in self.buffers.values():
+            self._flush_typed(b)
         pending = [b for b in self.buffers.values() if b.held or b.rows]
         workers = min(len(pending), os.cpu_count() or 1, CLOSE_WORKERS)
         if workers > 1:
@@ -356,14 +400,72 @@ class _Tuples:
         return t.start[row], t.length[row], t.null[row]
 
 
+_Row = tuple  # ("text", text forms) or ("typed", a table of the shard's data columns, its row)
+
+
+class _KeyState:
+    """The current row of every key of one key-identity table in a write: the collection's contents before
+    the write and the write's own updates so far (read back once, when the table's first update or delete
+    needs an old row), then kept up to date change by change. A row is kept as the text forms a change
+    brought, or as a row of the collection's own Arrow data (taken back as it is: bit for bit)."""
+
+    def __init__(self, source: str, out: Output, contents: pa.Table) -> None:
+        self.source, self.out = source, out
+        names = [n for n, _, _ in out.info.columns]
+        self.key_at = [names.index(k) for k in out.info.key]
+        self.key_types = [out.info.columns[j][1:] for j in self.key_at]
+        self.rows: dict[tuple, _Row] = {}
+        if not contents.num_rows:
+            return
+        if contents.schema.names != [*names, "diff"]:
+            contents = contents.select([*names, "diff"])
+        if not pc.all(pc.equal(contents["diff"], 1)).as_py():
+            raise KeyedRowMissing(source, out.info.table, "its collection holds a row more than once, which a table "
+                                  f"with a key ({', '.join(out.info.key)}) cannot", "re-snapshot the source")
+        data = pa.Table.from_arrays(contents.columns[:-1], schema=pa.schema(list(out.schema)[:-2]))
+        keys = zip(*(data.column(j).to_pylist() for j in self.key_at))
+        for i, k in enumerate(keys):
+            if k in self.rows:
+                raise KeyedRowMissing(source, out.info.table, f"its collection holds key {k} twice",
+                                      "re-snapshot the source")
+            self.rows[k] = ("typed", data, i)
+
+    def key(self, values: Sequence, old: tuple | None = None) -> tuple:
+        """The key of a change's tuple (its text forms), as the collection's values of it are compared; an
+        unchanged TOASTed key column (``u``) is the ``old`` key's."""
+        return tuple(old[i] if values[j] is po.UNCHANGED_TOAST and old is not None else
+                     po.convert(o, m, values[j], self.out.info.columns[j][0])
+                     for i, (j, (o, m)) in enumerate(zip(self.key_at, self.key_types)))
+
+    def take(self, key: tuple, what: str) -> _Row:
+        """The current row of ``key``, no longer current (an update or delete takes it back)."""
+        row = self.rows.pop(key, None)
+        if row is None:
+            raise KeyedRowMissing(self.source, self.out.info.table, f"{what} of key {key} "
+                                  f"({', '.join(self.out.info.key)}) found no row of it in the collection",
+                                  "re-snapshot the source")
+        return row
+
+    def put(self, key: tuple, row: _Row) -> None:
+        if key in self.rows:
+            raise KeyedRowMissing(self.source, self.out.info.table, f"an insert of key {key} found a row of it "
+                                  "in the collection already", "re-snapshot the source")
+        self.rows[key] = row
+
+
 class ChangeDecoder:
     """Turns the slot's messages into updates on a :class:`PartWriter` (see the module)."""
 
     def __init__(self, source: str, outputs: Sequence[Output], writer: PartWriter,
                  bindings: Sequence[tuple[int, int]], start: int, end: int, rewind: Rewind | None,
-                 strict_tables: bool, truncated: Callable[[Output, int], int] | None = None) -> None:
+                 strict_tables: bool, truncated: Callable[[Output, int], int] | None = None,
+                 prior: Callable[[Output], pa.Table | None] | None = None, key_from: int = 0) -> None:
         self.source, self.writer, self.bindings = source, writer, list(bindings)
         self.truncated = truncated  # retracts a table's every row at a ts (None: a TRUNCATE stalls)
+        self.prior = prior  # a key table's collection before this write (data columns and diff; None: empty)
+        self.key_from = key_from  # the snapshot's LSN: a key table takes no transaction committed below it
+        self.states: dict[int, _KeyState] = {}  # key tables whose current rows are known, by relid
+        self.key_targets: list[tuple[int, int]] = []  # the current transaction's (ts, sign) for key tables
         self.rewinding = False  # the current transaction is in the snapshot's seam (see Rewind)
         self.start, self.end, self.rewind = start, end, rewind
         self.strict = strict_tables  # the source takes every table of its publication
@@ -454,11 +556,11 @@ class ChangeDecoder:
     def _stretch(self, rows, buf, start, end, kind, first: int) -> None:
         """Messages ``first ...`` of the block (changes, Begins and Commits only), read column by column;
         message by message if that meets anything else (see :meth:`feed_blocks`)."""
-        saved = (self.in_txn, self.last_commit, self.targets, self.rewinding, replace(self.stats))
+        saved = (self.in_txn, self.last_commit, self.targets, self.key_targets, self.rewinding, replace(self.stats))
         try:
             emit = self._read_stretch(rows, buf, start, end, kind, first)
         except (po.Irregular, ReclockError):
-            self.in_txn, self.last_commit, self.targets, self.rewinding, self.stats = saved
+            self.in_txn, self.last_commit, self.targets, self.key_targets, self.rewinding, self.stats = saved
             self._messages(map(po.decode, rows[first:first + len(kind)]))
             return
         self.stats.messages += len(kind)
@@ -478,11 +580,13 @@ class ChangeDecoder:
             raise po.Irregular("a Begin or Commit of another length")
         final_lsn = po.be_u64(buf, start[control] + 1)  # a Begin's final LSN (a Commit's flags and more: unused)
         run_from, run_targets = [], []  # per run of changes between two of them: (first index, targets)
+        run_keyed = []  # per run: its key tables take the same targets as the others
         at = 0
         for i, begin, lsn in zip(control.tolist(), begins.tolist(), final_lsn.tolist()):
             if i > at:
                 run_from.append(at)
                 run_targets.append(self.targets if self.in_txn else None)
+                run_keyed.append(self.key_targets is self.targets)
             if begin:
                 self._begin(lsn)
             elif not self.in_txn:
@@ -493,6 +597,7 @@ class ChangeDecoder:
         if len(kind) > at:
             run_from.append(at)
             run_targets.append(self.targets if self.in_txn else None)
+            run_keyed.append(self.key_targets is self.targets)
         ch = np.flatnonzero((kind == _I) | (kind == _U) | (kind == _D))
         if not len(ch):
             return []
@@ -537,6 +642,10 @@ class ChangeDecoder:
             if out is None:
                 continue
             sel = np.flatnonzero((relid == r) & (nt > 0))
+            if out.info.keyed and (r in self.states or np.any(k[sel] != _I)
+                                   or not all(run_keyed[i] for i in set(run[sel].tolist()))):
+                raise po.Irregular("a key table's update or delete, a change of one whose current rows are kept, "
+                                   "or one in the snapshot")
             cols = len(out.info.columns)
             if np.any(first_t.count[sel] != cols) or (second_t is not None and np.any(
                     second_t.count[np.searchsorted(u, sel[is_u[sel]])] != cols)):
@@ -592,6 +701,9 @@ class ChangeDecoder:
         self.rewinding = r is not None and r.lo <= commit_lsn < r.hi
         if self.rewinding:
             self.targets.append((r.ts, r.sign))
+        # a key table's transaction below the snapshot its collection starts from is in it already, and is not
+        # taken back at the snapshot's binding: its old rows are not in the WAL (see the module)
+        self.key_targets = [] if commit_lsn < self.key_from else self.targets
         if self.targets:
             self.stats.transactions += 1
         else:
@@ -626,10 +738,14 @@ class ChangeDecoder:
         if got != out.info.columns:
             raise TableSchemaChanged(self.source, out.info.table, _describe_change(out.info, rel),
                                      "re-snapshot the source to take the new columns")
-        if rel.replica_identity != "f":
-            raise ReplicaIdentityNotFull(self.source, out.info.table,
-                                         {"d": "DEFAULT", "n": "NOTHING", "i": "USING INDEX"}.get(
-                                             rel.replica_identity, rel.replica_identity))
+        key = tuple(c.name for c in rel.columns if c.flags & 1)
+        if rel.replica_identity == "f" and out.info.keyed or rel.replica_identity in "di" and (
+                not out.info.keyed or set(key) != set(out.info.key)) or rel.replica_identity not in "fdi":
+            now = {"f": "FULL", "n": "NOTHING"}.get(rel.replica_identity, f"{IDENTITY.get(rel.replica_identity)} "
+                                                    f"(key {', '.join(key) or 'none'})")
+            raise ReplicaIdentityChanged(self.source, out.info.table, f"its replica identity is {now} in the WAL, not "
+                                         f"{out.info.identity_text()} as when the source took its snapshot",
+                                         f"set it back, or `reclock resnapshot {self.source}` to take it as it is")
         return out
 
     def _values(self, out: Output, tup: po.Tuple, old: po.Tuple | None, what: str) -> tuple:
@@ -645,7 +761,7 @@ class ChangeDecoder:
             if v is po.UNCHANGED_TOAST:
                 v = old[i] if old is not None else po.UNCHANGED_TOAST
                 if v is po.UNCHANGED_TOAST:
-                    raise ReplicaIdentityNotFull(self.source, out.info.table, "without the old value of an "
+                    raise ReplicaIdentityMissing(self.source, out.info.table, "without the old value of an "
                                                  f"unchanged TOASTed column {cols[i][0]}")
                 vals[i] = v
         return tuple(vals)
@@ -658,12 +774,16 @@ class ChangeDecoder:
         out = self._output(m.relid)
         if out is None:
             return
+        if out.info.keyed:
+            self._keyed_change(out, m)
+            return
         if type(m) is po.Insert:
             rows = [(self._values(out, m.new, None, "new"), 1)]
         else:
             if m.old_kind != "O":
-                raise ReplicaIdentityNotFull(self.source, out.info.table,
-                                             "not FULL (an update or delete came without the whole old row)")
+                raise ReplicaIdentityChanged(self.source, out.info.table, "an update or delete came without the "
+                                             "whole old row, and its identity was FULL when the source took its "
+                                             f"snapshot", f"set it back, or `reclock resnapshot {self.source}`")
             old = self._values(out, m.old, None, "old")
             rows = [(old, -1)]
             if type(m) is po.Update:
@@ -674,6 +794,89 @@ class ChangeDecoder:
                 add(out.info.relid, values, ts, diff * sign)
         self.stats.changes += len(rows) * len(self.targets)
 
+    def _state(self, out: Output) -> _KeyState:
+        """The current rows of key table ``out`` (read once a write: its collection before the write, from
+        ``prior``, and what the write wrote of it so far)."""
+        st = self.states.get(out.info.relid)
+        if st is None:
+            relid = out.info.relid
+            self.writer.flush(relid)
+            updates = [self.writer.written(relid)]
+            held = self.prior(out) if self.prior is not None else None
+            if held is not None and held.num_rows:
+                names = [n for n, _, _ in out.info.columns]
+                if sorted(held.column_names) != sorted([*names, "diff"]):
+                    raise KeyedRowMissing(self.source, out.info.table, f"its collection holds columns "
+                                          f"{held.column_names}, not the table's {names}", "re-snapshot the source")
+                updates.append(held.select(names).append_column("ts", pa.array([0] * held.num_rows, pa.int64()))
+                               .append_column("diff", held["diff"]).cast(out.schema))
+            parts = [u for u in updates if u is not None and u.num_rows]
+            contents = contents_as_of(pa.concat_tables(parts) if parts else None, 2**63 - 1)
+            st = self.states[relid] = _KeyState(self.source, out, contents if parts else
+                                                pa.table({"diff": pa.array([], pa.int64())}))
+        return st
+
+    def _keyed_change(self, out: Output, m) -> None:
+        """A change of a table of key identity: an update or delete names its old row by its key (the
+        whole key; none at all for an update that keeps it), and the old row is the current row of that
+        key (:class:`_KeyState`): it is taken back, and an unchanged TOASTed value of the new row is taken
+        from it."""
+        targets = self.key_targets
+        if not targets:
+            return
+        relid = out.info.relid
+        kind = type(m)
+        st = self.states.get(relid)
+        if kind is po.Insert:
+            new = self._values(out, m.new, None, "new")
+            if st is not None:
+                st.put(st.key(new), ("text", new))
+            rows = [(("text", new), 1)]
+        else:
+            st = self._state(out)
+            if m.old is not None:
+                if len(m.old) != len(out.info.columns):
+                    raise po.ProtocolError(f"source {self.source}: table {out.info.table}: an old key tuple of "
+                                           f"{len(m.old)} columns, {len(out.info.columns)} registered")
+                old_key = st.key(m.old)
+            else:
+                old_key = st.key(m.new)
+            old = st.take(old_key, "an update" if kind is po.Update else "a delete")
+            rows = [(old, -1)]
+            if kind is po.Update:
+                new = self._filled(out, m.new, old)
+                st.put(st.key(m.new, old_key), new)
+                rows.append((new, 1))
+        add, typed = self.writer.add, self.writer.add_typed
+        for ts, sign in targets:
+            for row, diff in rows:
+                if row[0] == "text":
+                    add(relid, row[1], ts, diff * sign)
+                else:
+                    _, data, i = row
+                    one = data.slice(i, 1)
+                    typed(relid, one.append_column("ts", pa.array([ts], pa.int64()))
+                          .append_column("diff", pa.array([diff * sign], pa.int64())))
+        self.stats.changes += len(rows) * len(targets)
+
+    def _filled(self, out: Output, new: po.Tuple, old: _Row) -> _Row:
+        """An update's new row, each unchanged TOASTed value (``u``) taken from the old row: text forms when
+        the old row is (or there is none), else a row of the shard's types, the new values converted as a
+        part's are and the unchanged ones the old row's own."""
+        cols = out.info.columns
+        if len(new) != len(cols):
+            raise po.ProtocolError(f"source {self.source}: table {out.info.table}: a new tuple of {len(new)} "
+                                   f"columns, {len(cols)} registered")
+        if po.UNCHANGED_TOAST not in new:
+            return ("text", new)
+        if old[0] == "text":
+            return ("text", tuple(o if v is po.UNCHANGED_TOAST else v for v, o in zip(new, old[1])))
+        _, data, i = old
+        arrays = [data.column(j).slice(i, 1) if v is po.UNCHANGED_TOAST else
+                  pa.chunked_array([po.text_column(o, tm, [v], f"{out.info.table}.{n}")], data.schema.field(j).type)
+                  for j, (v, (n, o, tm)) in enumerate(zip(new, cols))]
+        return ("typed", pa.Table.from_arrays(arrays, schema=data.schema), 0)
+
     def _truncate(self, m: po.Truncate) -> None:
         """A ``TRUNCATE`` of an output table: the retraction of every row it holds at this point, at the
         transaction's ts (``truncated``). One in the snapshot's seam (a transaction the snapshot's rewind
@@ -682,8 +885,9 @@ class ChangeDecoder:
             return
         for relid in m.relids:
             out = self.by_relid.get(relid)
-            if out is None:
-                continue
+            if out is None or out.info.keyed and not self.key_targets:
+                continue  # a key table's TRUNCATE in the snapshot already
+            self.states.pop(relid, None)  # its rows are read back again when needed
             if self.truncated is None or self.rewinding:
                 why = "between the first binding and its snapshot" if self.rewinding else "(Reclock cannot retract " \
                       "rows it is not told)"
@@ -727,14 +931,15 @@ SNAPSHOT_BLOCK = 8 << 20
 """Bytes of CSV Arrow parses at a time: a snapshot's memory is a block and a part, not the table."""
 
 
-def read_snapshot(conn, outputs: Sequence[Output], writer: PartWriter, ts: int, chunk: int) -> int:
+def read_snapshot(conn, outputs: Sequence[Output], writer: PartWriter, ts: int, chunk: int, source: str = "?") -> int:
     """Every row of every table, in the snapshot ``conn``'s transaction holds, as +1 at ``ts``; returns the
     rows read. Each table is read with ``COPY (SELECT col::text, ... FROM ONLY t WHERE <row filter>) TO STDOUT
     (FORMAT csv)`` (the columns and rows its publication publishes: ``TableInfo``; each column's text form as
     pgoutput sends it: :func:`reclock.sources.postgres.upstream.text_form`) in the
     session styles the stream is decoded in, parsed by Arrow's streaming CSV reader a block at a time (every
     value a string; an unquoted empty field is NULL, a quoted one the empty string), and converted as the
-    stream's values are, so both give equal values."""
+    stream's values are, so both give equal values. A table truncated after the snapshot was exported (which
+    the snapshot reads as empty) is ``TruncatedUnderSnapshot``."""
     from pyarrow import csv
 
     total = 0
@@ -757,4 +962,7 @@ def read_snapshot(conn, outputs: Sequence[Output], writer: PartWriter, ts: int, 
             for batch in reader:
                 writer.add_columns(out.info.relid, batch.columns, ts, 1)
                 total += batch.num_rows
+    for out in outputs:  # the COPYs' locks are held to the end of the transaction: a TRUNCATE before them shows
+        if PostgresUpstream.truncated_since(conn, out.info):
+            raise TruncatedUnderSnapshot(source, out.info.table)
     return total

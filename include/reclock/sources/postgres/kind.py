@@ -11,6 +11,7 @@ descriptions        one: LSN distances are WAL bytes, not changes; memory is bou
 write               the slot's transactions below the bound LSN decoded in the task
                     (``reclock.sources.postgres.cdc``), the first description's snapshot too (large tables on
                     Spark: ``reclock.sources.postgres.spark_snapshot``)
+append_effects      a write that took a snapshot: its LSN, recorded with the append
 commit              the replication slot advanced to the LSN
 resnapshot          a fresh snapshot at a new binding (DDL, a redefined publication, a lost slot); no rebuild (no history)
 trigger, lag        ``PublicationChanged``; the slot's lag is not probed
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from typing import Any, ContextManager, Sequence
+from typing import Any, Callable, ContextManager, Sequence
 
 import pyarrow as pa
 
@@ -29,7 +30,8 @@ from reclock import remap
 from reclock.batch import BatchDescription, mint_descriptions
 from reclock.compaction import contents_as_of
 from reclock.datasets import DatasetName, postgres_table
-from reclock.errors import ConfigError, ReclockError, ShardsDisagree, SlotAheadOfConsensus, TableTruncated
+from reclock.errors import (ConfigError, ReclockError, ShardsDisagree, SlotAheadOfConsensus, TableTruncated,
+                            TruncatedUnderSnapshot)
 from reclock.failpoints import failpoint
 from reclock.part_layout import DATA_KIND, ERRORS_KIND, ERRORS_OUTPUT, INTERNAL_PREFIX
 from reclock.persist.gc import lease_write, release_write
@@ -41,11 +43,15 @@ from reclock.sources.base import (Acknowledged, CycleServices, Lag, SourceKind, 
                                   human_bytes)
 from reclock.sources.postgres import cdc
 from reclock.sources.postgres import spark_snapshot
-from reclock.sources.postgres.registration import register_tables, registered_tables, replace_tables, snapshot_ts
+from reclock.sources.postgres.registration import (record_snapshot_lsn, register_tables, registered_tables,
+                                                   replace_tables, snapshot_lsn, snapshot_ts)
 from reclock.sources.postgres.spec import find_upstream_dsn, parse_pg_table, parse_postgres_source, pg_table_shard
 from reclock.sources.postgres.upstream import LSN_PARTITION, PostgresUpstream, lsn_frontier, lsn_to_str
 from reclock.time import PartitionedFrontier
 
+SNAPSHOT_LSN_FILE = "snapshot_lsn"
+"""Under a write's folder, after its parts were proved: the LSN of the snapshot it took, which its append
+records."""
 LSN_PROGRESS = ("SELECT ts, '0/0'::pg_lsn + \"offset\" AS lsn FROM reclock.remap_offsets WHERE partition = 0 "
                 "AND source = {}")
 """The ``<source>_progress`` view of a Postgres source: ``(ts, lsn)``."""
@@ -123,7 +129,8 @@ class PostgresSource(SourceRuntime):
     def register(self) -> None:
         """Register the source: its tables (oids and columns, once; ``reclock.sources.postgres.registration``),
         a shard per table (``<source>__<table>``, outputs 0, 2, 3, ...) and its error collection (output 1).
-        Every cycle checks the tables are still published with ``REPLICA IDENTITY FULL``. The slot is created
+        Every cycle checks the tables are still published with the replica identity they were registered
+        with (FULL, or a key: ``reclock.sources.postgres.upstream``). The slot is created
         here while the source has no binding, so the first binding's LSN is at or after the slot's start."""
         name = self.ctx.spec.name
         up = self.upstream()
@@ -149,7 +156,8 @@ class PostgresSource(SourceRuntime):
 
     def _describe_tables(self, uconn) -> list:
         """The tables a Postgres source takes (its ``tables:``, else every table of its publication), described
-        upstream (published, identity FULL) and checked for column names a collection keeps for its own."""
+        upstream (published, with an identity that names old rows) and checked for column names a collection
+        keeps for its own."""
         up, name = self.upstream(), self.ctx.spec.name
         names = self.ctx.spec.upstream.tables or [parse_pg_table(name, t) for t in up.published_tables(uconn)]
         infos = up.describe(uconn, names)
@@ -218,6 +226,7 @@ class PostgresSource(SourceRuntime):
         bindings = [(b.ts, b.frontier.get(LSN_PARTITION)) for b in rc.bindings]
         with self.ctx.connect() as conn:
             snap_ts = snapshot_ts(conn, self.ctx.spec.name)
+            key_from = snapshot_lsn(conn, self.ctx.spec.name) or 0
         if snap_ts is None and start == 0:
             snap_ts = bindings[0][0]  # no data written yet: this description holds the first binding
         snapshot = snap_ts is not None and desc.lower <= snap_ts < desc.upper
@@ -248,7 +257,8 @@ class PostgresSource(SourceRuntime):
                                                                  prefix)
                             spark_done = {out.shard for out, _ in on_spark}
                             snapshot_rows += cdc.read_snapshot(sconn, [o for o in outputs if o.shard not in spark_done],
-                                                               writer, t1, chunk)
+                                                               writer, t1, chunk, self.ctx.spec.name)
+                    key_from = snap.lsn
                     if snap.lsn != l1:
                         rewind = cdc.Rewind(t1, min(l1, snap.lsn), max(l1, snap.lsn), -1 if snap.lsn > l1 else 1)
                         upto = max(upto, snap.lsn)
@@ -263,7 +273,8 @@ class PostgresSource(SourceRuntime):
                 decoder = cdc.ChangeDecoder(self.ctx.spec.name, outputs, writer, bindings, start, end, rewind,
                                             strict_tables=not self.ctx.spec.upstream.tables,
                                             truncated=lambda out, ts: self._truncated(writer, desc, out, ts,
-                                                                                      spark_done))
+                                                                                      spark_done),
+                                            prior=lambda out: self._held(desc, out), key_from=key_from)
                 # the peek's cursor lives in a transaction; the blocks are closed (the helper thread joined) before
                 # it ends, also when the decoder stops early
                 with uconn.transaction(force_rollback=True), contextlib.closing(
@@ -272,6 +283,8 @@ class PostgresSource(SourceRuntime):
             failpoint("write_batches:after_slice")
             emitted = writer.close()
             parts = cdc.collect(self.ctx.blob, self.ctx.spec.name, prefix, emitted, sorted(spark_done))
+            if snapshot:  # the append that makes the snapshot visible records its LSN (append_effects)
+                self.ctx.blob.put_bytes(f"{prefix}/{SNAPSHOT_LSN_FILE}", str(key_from).encode())
         except BaseException:
             with contextlib.suppress(Exception), self.ctx.connect() as conn:
                 release_write(conn, prefix)
@@ -283,6 +296,26 @@ class PostgresSource(SourceRuntime):
                  bytes={s: sum(p.bytes for p in ps) for s, ps in parts.items()})
         return WrittenBatch(desc, parts, (), prefix)
 
+
+    def append_effects(self, written: WrittenBatch, metrics: dict) -> Callable[[Any], None] | None:
+        """A write that took a snapshot: its LSN recorded with the append (``registration.snapshot_lsn``: the
+        key tables of the following writes take no change below it)."""
+        path = f"{written.prefix}/{SNAPSHOT_LSN_FILE}"
+        if written.prefix is None or not self.ctx.blob.exists(path):
+            return None
+        lsn = int(self.ctx.blob.get_bytes(path))
+        metrics.update(snapshot_lsn=lsn)
+        return lambda conn: record_snapshot_lsn(conn, self.ctx.spec.name, lsn)
+
+    def _held(self, desc: BatchDescription, out: cdc.Output) -> pa.Table | None:
+        """What ``out``'s collection holds before ``desc`` (AS OF its lower - 1: data columns and diff), None
+        if nothing: a key table's current rows start from it (``reclock.sources.postgres.cdc``)."""
+        if desc.lower == 0:
+            return None
+        with self.ctx.connect() as conn:
+            if shard_info(conn, out.shard).upper == 0:
+                return None
+            return read_as_of(conn, self.ctx.blob, out.shard, desc.lower - 1)
 
     def _truncated(self, writer: cdc.PartWriter, desc: BatchDescription, out: cdc.Output, ts: int,
                    on_spark: set) -> int:
@@ -338,6 +371,8 @@ class PostgresSource(SourceRuntime):
                                             out.info, ts, self.ctx.blob.url(f"{prefix}/{out.shard}/{cdc.SPARK_SNAPSHOT}"),
                                             predicates)
         writer.add_written(out.info.relid, rows)
+        if PostgresUpstream.truncated_since(sconn, out.info):  # Spark's sessions may have read it truncated
+            raise TruncatedUnderSnapshot(self.ctx.spec.name, out.info.table)
         failpoint("write_batches:after_spark_snapshot")
         return rows
 

@@ -1,6 +1,7 @@
 """The tables a Postgres source registered at its first cycle, kept in its row of ``reclock.sources``
 (``config -> 'postgres'``): each table's oid and columns, in output order (``tables``), and the timestamp
-of the binding whose write takes a snapshot (``snapshot_ts``; absent: the first binding).
+of the binding whose write takes a snapshot (``snapshot_ts``; absent: the first binding), and the LSN of
+the snapshot the collections start from (``snapshot_lsn``, recorded when it is appended).
 
 Written once, with the source's first binding still to come, and replaced only by a re-snapshot, in the
 transaction that appends the re-snapshot's binding: cycles compare the stream's Relation messages against
@@ -30,6 +31,22 @@ def snapshot_ts(conn, source: str) -> int | None:
     row = conn.execute("SELECT (config -> 'postgres' ->> 'snapshot_ts')::bigint FROM reclock.sources WHERE name = %s",
                        (source,)).fetchone()
     return None if row is None else row[0]
+
+
+def snapshot_lsn(conn, source: str) -> int | None:
+    """The LSN of the snapshot the source's collections start from (the exported snapshot's consistent
+    point), recorded by the append of the write that took it; None before that (or for a source registered
+    before it was recorded). A table of key identity takes no change committed below it: the snapshot holds
+    it (``reclock.sources.postgres.cdc``)."""
+    row = conn.execute("SELECT (config -> 'postgres' ->> 'snapshot_lsn')::bigint FROM reclock.sources WHERE name = %s",
+                       (source,)).fetchone()
+    return None if row is None else row[0]
+
+
+def record_snapshot_lsn(conn, source: str, lsn: int) -> None:
+    """Record :func:`snapshot_lsn` (in the transaction of the append that makes the snapshot visible)."""
+    conn.execute("UPDATE reclock.sources SET config = jsonb_set(config, '{postgres,snapshot_lsn}', to_jsonb(%s::int8)) "
+                 "WHERE name = %s", (lsn, source))
 
 
 def replace_tables(conn, source: str, tables: Sequence[TableInfo], snapshot_at: int) -> None:

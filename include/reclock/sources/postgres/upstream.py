@@ -36,8 +36,10 @@ added instead). A retried write takes a new snapshot and gives the same contents
 
 Checks that fail loudly (``reclock.errors``): the slot gone, invalidated (``wal_status = lost``) or advanced
 past what a shard needs is :class:`~reclock.errors.SlotLost` (an ``UpstreamDataLost``); a missing
-publication or table is :class:`~reclock.errors.PublicationMissing`; a table without ``REPLICA IDENTITY
-FULL`` is :class:`~reclock.errors.ReplicaIdentityNotFull` naming the ``ALTER TABLE`` to run.
+publication or table is :class:`~reclock.errors.PublicationMissing`; a table whose updates and deletes carry
+neither the old row (``REPLICA IDENTITY FULL``) nor a key (a primary key under ``DEFAULT``, or ``USING
+INDEX``) is :class:`~reclock.errors.ReplicaIdentityMissing` naming the ``ALTER TABLE`` to run; one whose
+identity changed since the snapshot is :class:`~reclock.errors.ReplicaIdentityChanged`.
 
 **Publications as they are.** A table lands as its publication publishes it: the columns of its column
 list, the rows its row filter passes (the snapshot reads them with the same ``WHERE``; ``pgoutput`` turns
@@ -53,7 +55,7 @@ from __future__ import annotations
 import contextlib
 import uuid
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Iterator, Literal, Sequence
 
 import psycopg
 from psycopg import sql
@@ -61,7 +63,7 @@ from psycopg.rows import scalar_row
 
 from reclock.ahead import read_ahead
 from reclock.errors import (PublicationMissing, PublicationRedefined, PublicationUnsupported, ReclockError,
-                            ReplicaIdentityNotFull, SlotBusy, SlotLost)
+                            ReplicaIdentityChanged, ReplicaIdentityMissing, SlotBusy, SlotLost)
 from reclock.lending import ConnectionLender
 from reclock.sources.postgres.pgoutput import BPCHAR, lsn_to_int, lsn_to_str
 from reclock.time import PartitionedFrontier
@@ -74,6 +76,10 @@ SESSION = ("SET DateStyle = ISO", "SET IntervalStyle = postgres", "SET bytea_out
 """The text forms ``reclock.sources.postgres.pgoutput.convert`` reads (pgoutput writes values in the session's
 styles)."""
 IDENTITY = {"d": "DEFAULT", "n": "NOTHING", "f": "FULL", "i": "USING INDEX"}
+Identity = Literal["full", "default", "index"]
+"""How a table's updates and deletes name the old row: the whole row (``full``), or its key (``default``: the
+primary key; ``index``: ``REPLICA IDENTITY USING INDEX``)."""
+_IDENTITY_OF: dict[str, Identity] = {"f": "full", "d": "default", "i": "index"}
 
 
 class UpstreamUnavailable(ReclockError):
@@ -119,7 +125,11 @@ class TableInfo:
     columns added later). ``partitions``: of a partitioned table published through its root
     (``publish_via_partition_root``), the oids of its partitions (its snapshot reads every one, its changes
     come as the root's; attaching or detaching one moves rows without a change to see, so it stalls the
-    source); None for a table."""
+    source); None for a table.
+
+    ``identity`` and ``key``: how its updates and deletes name the old row (:data:`Identity`), and for a
+    key identity the key's columns in the key's order (``()`` for ``full``). A key table's old rows come
+    from the collection (``reclock.sources.postgres.cdc``)."""
 
     table: str  # schema.table
     relid: int
@@ -127,6 +137,8 @@ class TableInfo:
     row_filter: str | None = None
     column_list: tuple[str, ...] | None = None
     partitions: tuple[int, ...] | None = None
+    identity: Identity = "full"
+    key: tuple[str, ...] = ()
 
     @property
     def partitioned(self) -> bool:
@@ -140,6 +152,8 @@ class TableInfo:
             out["column_list"] = list(self.column_list)
         if self.partitions is not None:
             out["partitions"] = list(self.partitions)
+        if self.identity != "full":
+            out["identity"], out["key"] = self.identity, list(self.key)
         return out
 
     @staticmethod
@@ -147,7 +161,20 @@ class TableInfo:
         columns, partitions = d.get("column_list"), d.get("partitions")
         return TableInfo(d["table"], int(d["relid"]), tuple((str(n), int(o), int(m)) for n, o, m in d["columns"]),
                          d.get("row_filter"), None if columns is None else tuple(columns),
-                         None if partitions is None else tuple(int(p) for p in partitions))
+                         None if partitions is None else tuple(int(p) for p in partitions),
+                         d.get("identity", "full"), tuple(d.get("key", ())))
+
+    @property
+    def keyed(self) -> bool:
+        """Its old rows are named by a key, not sent whole."""
+        return self.identity != "full"
+
+    def identity_text(self) -> str:
+        """``FULL``, or ``DEFAULT (primary key (id))`` / ``USING INDEX (a, b)``."""
+        if not self.keyed:
+            return "FULL"
+        cols = ", ".join(self.key)
+        return f"DEFAULT (primary key ({cols}))" if self.identity == "default" else f"USING INDEX ({cols})"
 
     def relation_sql(self) -> sql.Composable:
         """The table as a snapshot reads it: ``ONLY schema.table`` (a publication takes a table's
@@ -251,7 +278,7 @@ class PostgresUpstream:
     def describe(self, conn, tables: Sequence[str]) -> list[TableInfo]:
         """Each table's oid, published columns, row filter and column list, after checking the publication
         (:meth:`_publication`), that the table is in it, and that it (every partition of a partitioned
-        root too) has ``REPLICA IDENTITY FULL``."""
+        root too) has an identity that names its old rows (:meth:`_identity`)."""
         published = self._publication(conn)
         out = []
         for table in tables:
@@ -265,19 +292,21 @@ class PostgresUpstream:
             if row is None:  # dropped between the two queries
                 raise PublicationMissing(self.source, table, "does not exist", "re-snapshot the source")
             relid, ident, relkind = row
-            if ident != "f":
-                raise ReplicaIdentityNotFull(self.source, table, IDENTITY.get(ident, ident))
+            identity, key = self._identity(conn, table, relid, ident)
             partitions = None
-            if relkind == "p":  # published via its root: each partition's WAL must carry the whole old row too
+            if relkind == "p":  # published via its root: each partition's WAL must name old rows as the root's does
                 members = conn.execute(
                     "SELECT c.oid::int8, n.nspname || '.' || c.relname, c.relreplident FROM pg_partition_tree(%s::oid) "
                     "p JOIN pg_class c ON c.oid = p.relid JOIN pg_namespace n ON n.oid = c.relnamespace "
                     "WHERE p.level > 0 ORDER BY p.level, 2", (relid,)).fetchall()
-                for _, member, member_ident in members:
-                    if member_ident != "f":
-                        raise ReplicaIdentityNotFull(self.source, member, IDENTITY.get(member_ident, member_ident)
-                                                     + f" (a partition of {table}, which the publication publishes "
-                                                     "through its root)")
+                for member_oid, member, member_ident in members:
+                    member_identity, _ = self._identity(conn, member, member_oid, member_ident,
+                                                        f" (a partition of {table}, which the publication publishes "
+                                                        "through its root)")
+                    if (member_identity == "full") != (identity == "full"):
+                        raise ReplicaIdentityMissing(self.source, member, f"{IDENTITY[member_ident]}, and its root "
+                                                     f"{table}'s is {IDENTITY[ident]} (the publication publishes the "
+                                                     "partitions through their root: give them one kind of identity)")
                 partitions = tuple(sorted(int(oid) for oid, _, _ in members))
             cols = conn.execute("SELECT attname, atttypid::int8, atttypmod FROM pg_attribute WHERE attrelid = %s "
                                 "AND attnum > 0 AND NOT attisdropped ORDER BY attnum", (relid,)).fetchall()
@@ -287,9 +316,33 @@ class PostgresUpstream:
             column_list = tuple(names) if listed is not None and listed[0] else None
             if column_list is not None:
                 cols = [c for c in cols if c[0] in column_list]
+                outside = [k for k in key if k not in column_list]
+                if outside:
+                    raise PublicationUnsupported(
+                        self.source, table, f"publication {self.publication}'s column list {_columns(column_list)} "
+                        f"leaves out key column(s) {', '.join(outside)} of its replica identity",
+                        f"add them to the column list: ALTER PUBLICATION {pg_ident(self.publication)} SET TABLE "
+                        f"{table} ({', '.join([*column_list, *outside])})")
             out.append(TableInfo(table, relid, tuple((n, o, m) for n, o, m in cols), row_filter, column_list,
-                                 partitions))
+                                 partitions, identity, key))
         return out
+
+    def _identity(self, conn, table: str, relid: int, ident: str, where: str = "") -> tuple[Identity, tuple[str, ...]]:
+        """``(identity, key columns)`` of a table whose ``relreplident`` is ``ident``: ``FULL``, ``DEFAULT``
+        with a primary key, or ``USING INDEX``; ``ReplicaIdentityMissing`` for ``NOTHING`` and for ``DEFAULT``
+        without a primary key (its updates and deletes name no old row)."""
+        if ident == "f":
+            return "full", ()
+        if ident in ("d", "i"):
+            key = tuple(n for (n,) in conn.execute(
+                "SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = "
+                "ANY(i.indkey::int2[]) WHERE i.indrelid = %s AND " + ("i.indisprimary" if ident == "d" else
+                                                                         "i.indisreplident")
+                + " ORDER BY array_position(i.indkey::int2[], a.attnum)", (relid,)).fetchall())
+            if key:
+                return _IDENTITY_OF[ident], key
+            raise ReplicaIdentityMissing(self.source, table, f"{IDENTITY[ident]} without a primary key{where}")
+        raise ReplicaIdentityMissing(self.source, table, IDENTITY.get(ident, ident) + where)
 
     def _not_published(self, conn, table: str, published: dict) -> None:
         """``PublicationMissing`` for a table the publication does not publish; for a partitioned table whose
@@ -312,11 +365,16 @@ class PostgresUpstream:
 
     def check_tables(self, conn, registered: Sequence[TableInfo]) -> None:
         """Every registered table is still there (same oid), published as it was registered
-        (:meth:`check_definitions`), and of identity FULL (:meth:`describe`)."""
+        (:meth:`check_definitions`), and of the replica identity it had (:meth:`describe`;
+        ``ReplicaIdentityChanged`` otherwise)."""
         for info, now in zip(registered, self.describe(conn, [t.table for t in registered])):
             if now.relid != info.relid:
                 raise PublicationMissing(self.source, info.table, f"was dropped and created again (oid {info.relid} "
                                          f"is now {now.relid})", "re-snapshot the source")
+            if (now.keyed, now.key) != (info.keyed, info.key):
+                raise ReplicaIdentityChanged(self.source, info.table, f"its replica identity is {now.identity_text()}, "
+                                             f"not {info.identity_text()} as when the source took its snapshot",
+                                             f"set it back, or `reclock resnapshot {self.source}` to take it as it is")
             self._compare(info, now.row_filter, now.column_list, now.partitions)
 
     def check_definitions(self, conn, registered: Sequence[TableInfo]) -> None:
@@ -528,6 +586,17 @@ class PostgresUpstream:
                            "current_setting('block_size')::int8", (relid, relid)).fetchone()
         block = int(row[2])
         return int(row[0] or 0), int(row[1] or 0) // block, block
+
+    @staticmethod
+    def truncated_since(conn, info: TableInfo) -> bool:
+        """Whether the table (every partition of a root) has another storage now than ``conn``'s snapshot
+        sees in ``pg_class``: a ``TRUNCATE`` (or a rewrite) committed after the snapshot was taken. A
+        snapshot reads a table truncated after it as empty (``TRUNCATE`` is not MVCC-safe): call it after
+        reading the table, in the reading transaction (whose lock keeps the table as it was read)."""
+        oids = [info.relid, *(info.partitions or ())]
+        rows = conn.execute("SELECT c.relfilenode::int8, pg_relation_filenode(c.oid)::int8 FROM pg_class c WHERE "
+                            "c.oid = ANY(%s::oid[]) AND c.relkind IN ('r', 'm')", (oids,)).fetchall()
+        return any(seen != now for seen, now in rows)
 
     @staticmethod
     def count_rows(conn, info: TableInfo) -> int:
