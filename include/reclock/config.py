@@ -12,7 +12,7 @@ A config file holds ``sources:`` and ``sinks:``. Example::
           schema: "id BIGINT, customer STRING, amount DOUBLE"   # Spark DDL, for json and csv
           # avro: `schema_file: orders.avsc` (relative to this file) and `wire: plain | confluent`
           # (confluent: a 5-byte schema-registry header precedes each value)
-          # avro | json_schema through a Schema Registry (writer schema per record, by its id):
+          # avro | json_schema | protobuf through a Schema Registry (writer schema per record, by its id):
           #   registry: {connection: reclock_registry, subject: orders-value}   # subject: default <topic>-value
           #   (avro: `schema_file:` optional, the reader schema; default the subject's latest version)
         schema: fixed                      # registry formats: fixed (the reader never changes) | evolve (a
@@ -78,7 +78,7 @@ from reclock.errors import ConfigError, SettingError
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
 NAME_RE_SHARD = re.compile(r"^[a-z][a-z0-9_]{0,60}$")  # reclock.persist.names.SHARD_RE
-FORMATS = ("json", "avro", "csv", "text", "bytes", "json_schema")
+FORMATS = ("json", "avro", "csv", "text", "bytes", "json_schema", "protobuf")
 SCHEMA_MODES = ("fixed", "evolve")
 WIRES = ("plain", "confluent")
 ENVELOPES = ("none", "upsert")
@@ -463,12 +463,12 @@ def parse_source(name: str, raw: Any, base: Path | None = None) -> SourceSpec:
 def _parse_registry(f: dict, what: str, ftype: str, topic: str) -> RegistrySpec | None:
     """``format.registry`` (required for json_schema, optional for avro, refused for the others)."""
     if "registry" not in f:
-        if ftype == "json_schema":
-            raise ConfigError(f"{what}: type json_schema needs `registry:` (where the writer schemas are, e.g. "
+        if ftype in ("json_schema", "protobuf"):
+            raise ConfigError(f"{what}: type {ftype} needs `registry:` (where the writer schemas are, e.g. "
                               "{connection: reclock_registry})")
         return None
-    if ftype not in ("avro", "json_schema"):
-        raise ConfigError(f"{what}: `registry:` is for avro and json_schema, not {ftype}")
+    if ftype not in ("avro", "json_schema", "protobuf"):
+        raise ConfigError(f"{what}: `registry:` is for avro, json_schema and protobuf, not {ftype}")
     r = _require(f["registry"] or {}, f"{what}.registry")
     _unknown(r, {"connection", "url", "subject"}, f"{what}.registry")
     subject = r.get("subject") or f"{topic}-value"
