@@ -18,6 +18,7 @@ import collections
 import io
 import json
 import socket
+import struct
 import time
 
 import duckdb
@@ -246,3 +247,81 @@ def test_registry_down_stalls_the_cycle(db, kafka, topic, spark, tmp_path):
     with pytest.raises(RegistryUnavailable, match="refused"):
         cycle.run_cycle(ctx)
     assert upper(db, "down") == 0
+
+
+PB_V1 = """syntax = "proto3";
+package shop;
+message Row {
+  int32 i32 = 1; int64 i64 = 2; uint32 u32 = 3; uint64 u64 = 4; sint32 s32 = 5; sint64 s64 = 6;
+  fixed32 f32 = 7; fixed64 f64 = 8; sfixed32 sf32 = 9; sfixed64 sf64 = 10; float fl = 11; double db = 12;
+  bool b = 13; string s = 14; bytes by = 15; Kind kind = 16; Inner inner = 17; repeated sint64 r = 18;
+  map<string, double> m = 19;
+  enum Kind { A = 0; B = 1; }
+  message Inner { string name = 1; optional int32 n = 2; }
+}
+message Other { int32 x = 1; }
+"""
+PB_V2 = PB_V1.replace("map<string, double> m = 19;", "map<string, double> m = 19; optional string note = 20;")
+
+
+def test_protobuf_bit_for_bit_and_evolves(db, kafka, topic, spark, tmp_path, registry_conn):
+    """Protobuf through the registry: every scalar type and nested messages bit for bit (Spark and the part
+    files), a new optional field a new column under ``schema: evolve``, and the bad records as errors."""
+    from google.protobuf import message_factory
+
+    from reclock.protobuf_schema import compiled
+
+    client = registry_conn
+    name = topic(partitions=1)
+    i1 = client.register(f"{name}-value", PB_V1, "PROTOBUF")
+    ctx = make_ctx(db, kafka, spark, tmp_path, name, "pb", {"type": "protobuf", "registry": {}}, schema="evolve")
+    Row1 = message_factory.GetMessageClass(compiled(PB_V1).message)
+    nan32 = struct.unpack("<f", struct.pack("<I", 0x7FC00123))[0]
+    nan64 = struct.unpack("<d", struct.pack("<Q", 0xFFF8000000000ABC))[0]
+    m = Row1(i32=-2**31, i64=-2**63, u32=2**32 - 1, u64=2**64 - 1, s32=-1, s64=2**63 - 1, f32=2**32 - 1,
+             f64=2**64 - 1, sf32=-7, sf64=-2**63, fl=nan32, db=nan64, b=True, s="żółw", by=b"\x00\xff", kind=1,
+             r=[-1, 2**62])
+    m.inner.name = "in"
+    m.m["k"] = -0.0
+    produce(kafka, name, [(0, None, encode(i1, m.SerializeToString(), [0])),
+                          (0, None, encode(i1, Row1(fl=-0.0).SerializeToString(), [0])),
+                          (0, None, b"\x01no header"),
+                          (0, None, encode(i1, b"\x08\x01", [1])),  # message Other: not the source's
+                          (0, None, encode(654_321, b"", [0]))])
+    cycle.run_cycle(ctx)
+    t1 = upper(db, "pb") - 1
+    i2 = client.register(f"{name}-value", PB_V2, "PROTOBUF")
+    Row2 = message_factory.GetMessageClass(compiled(PB_V2).message)
+    produce(kafka, name, [(0, None, encode(i2, Row2(i32=2, note="new").SerializeToString(), [0])),
+                          (0, None, encode(i1, Row1(i32=3).SerializeToString(), [0]))])
+    cycle.run_cycle(ctx)
+    t2 = upper(db, "pb") - 1
+    with connect(db) as conn:
+        versions = load_history(conn, "pb").versions
+        assert [v.since_ts > t1 for v in versions] == [False, True]
+        assert versions[-1].schema.columns[19].name == "note" and f"writer schema {i2}" in versions[-1].cause
+        first = read_as_of(conn, ctx.blob, "pb", t1)
+        errors = read_as_of(conn, ctx.blob, "pb_errors", t2).to_pylist()
+        got = read_as_of(conn, ctx.blob, "pb", t2).to_pylist()
+    assert "note" not in first.column_names
+    assert [str(first.schema.field(c).type) for c in ("u32", "u64", "f32", "fl", "kind")] == \
+        ["int64", "decimal128(20, 0)", "int64", "float", "string"]
+    assert str(first.schema.field("m").type).startswith("map<string, double")
+    by_i32 = {r["i32"]: r for r in got}
+    assert set(by_i32) == {-2**31, 0, 2, 3}
+    r = by_i32[-2**31]
+    assert (r["i64"], r["u32"], r["u64"], r["s32"], r["s64"], r["f32"], r["f64"], r["sf32"], r["sf64"]) == \
+        (-2**63, 2**32 - 1, 2**64 - 1, -1, 2**63 - 1, 2**32 - 1, 2**64 - 1, -7, -2**63)
+    assert struct.pack("<f", r["fl"]) == struct.pack("<I", 0x7FC00123)
+    assert struct.pack("<d", r["db"]) == struct.pack("<Q", 0xFFF8000000000ABC)
+    assert (r["b"], r["s"], r["by"], r["kind"], r["r"], r["note"]) == (True, "żółw", b"\x00\xff", "B", [-1, 2**62],
+                                                                      None)
+    assert r["inner"] == {"name": "in", "n": None} and str(r["m"][0][1]) == "-0.0"
+    assert str(by_i32[0]["fl"]) == "-0.0" and by_i32[0]["inner"] is None and by_i32[0]["kind"] == "A"
+    assert by_i32[2]["note"] == "new" and by_i32[3]["note"] is None
+    reasons = sorted(e["reason"] for e in errors)
+    assert len(reasons) == 3
+    assert "no Confluent wire header" in reasons[2] and reasons[1] == \
+        "schema id 654321 is not known to the schema registry"
+    assert reasons[0] == (f"the message indexes [1] name message shop.Other of writer schema {i1}; the source "
+                          "reads shop.Row")

@@ -160,10 +160,12 @@ def protobuf_decoded(df, plan: AvroPlan, spark_type, out: str = "_d", reason: st
     arrow_type = to_arrow_type(ret)
     args = json.dumps(plan.protobuf_decoder_args(), sort_keys=True)
 
-    def decode(values: pa.Array) -> pa.Array:
+    def decode(values):
         dec = _decoder(args)
         return pa.array([dict(zip(("d", "r"), dec.decode(v))) for v in values.to_pylist()], type=arrow_type)
 
+    # the hints as objects: this module's annotations are strings (``from __future__``), which Spark cannot read
+    decode.__annotations__ = {"values": pa.Array, "return": pa.Array}
     udf = F.arrow_udf(decode, ret)
     tmp = "_reclock_pb"
     return (df.withColumn(tmp, udf(F.col("value")))
