@@ -77,7 +77,8 @@ def blob_bound(cycles: int = 1000, echo: Callable[[str], None] = print) -> int:
     from benchmarks.workload import PARTITIONS, SCHEMA, create_topic, record
     from confluent_kafka import Producer
 
-    from reclock.config import BudgetSpec, parse_source
+    from reclock.config import parse_source
+    from reclock.specs import BudgetSpec
     from reclock.cycle import CycleContext, rebuild, run_cycle
     from reclock.persist import connect
     from reclock.persist.blob import LocalBlobStore

@@ -81,7 +81,7 @@ import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 FAULT_KINDS = ("cycle_sigkill", "cycle_failpoint", "airflow_task_kill", "sink_sigkill", "sink_failpoint",
                "pg_restart", "kafka_restart", "spark_restart", "spark_worker_kill")
@@ -113,10 +113,15 @@ def _echo(msg: str) -> None:
 
 # ---------------------------------------------------------------------------------------------- the runner
 
-def runner(source: str, once: bool = False, until_idle: bool = False) -> int:
-    """``run_cycle`` of ``source`` in a loop, settings from the environment; one line per cycle. ``once``: one
-    cycle (exit 0 if it found nothing new, else 3); ``until_idle``: until a cycle finds nothing new (the
-    catch-up; exit 3 after 30 cycles that all found something)."""
+def run_cycles(source: str, *, once: bool = False, until_idle: bool = False, catch_up_cycles: int = 30,
+               idle_cycles: int = 1, pause: float = 0.3, idle_pause: float | None = None,
+               busy: Callable[[Any], bool] | None = None) -> int:
+    """A campaign's cycle process (``--runner SOURCE``): ``run_cycle`` of ``source`` in a loop, settings from
+    the environment; a line ``ready``, then one JSON line per cycle (its result and ``s``, its seconds),
+    ``pause`` seconds between cycles. ``once``: one cycle (exit 0 if it found nothing new, else 3);
+    ``until_idle`` (the catch-up after the faults): until ``idle_cycles`` cycles in a row found nothing new
+    while ``busy(ctx)`` (upstream holds what no cycle could see yet) is false, ``idle_pause`` between cycles;
+    exit 3 after ``catch_up_cycles`` cycles that did not get there. A watchdog's SIGUSR1 prints where it is."""
     from reclock.config import load_config
     from reclock.cycle import run_cycle
     from reclock.orchestration.contexts import cycle_context
@@ -124,14 +129,40 @@ def runner(source: str, once: bool = False, until_idle: bool = False) -> int:
     faulthandler.register(signal.SIGUSR1)  # the watchdog asks where a silent runner is stuck
     ctx = cycle_context(load_config(None).source(source))
     print("ready", flush=True)
-    for _ in range(30 if until_idle else 1 if once else sys.maxsize):
+    idle = 0
+    for _ in range(catch_up_cycles if until_idle else 1 if once else sys.maxsize):
+        t0 = time.monotonic()
         out = run_cycle(ctx)
-        print(json.dumps(out), flush=True)
-        if (once or until_idle) and out["minted"] is None and out["descriptions"] == 0:
+        print(json.dumps({**out, "s": round(time.monotonic() - t0, 2)}, default=str), flush=True)
+        found_nothing = out["minted"] is None and out["descriptions"] == 0
+        if once:
+            return 0 if found_nothing else 3
+        idle = idle + 1 if found_nothing else 0
+        if until_idle and idle and busy is not None and busy(ctx):
+            idle = 0
+        if until_idle and idle >= idle_cycles:
             return 0
-        if not once:
-            time.sleep(0.3)
+        time.sleep(idle_pause if until_idle and idle_pause is not None else pause)
     return 3
+
+
+def catch_up(module: str, source: str, env: dict[str, str], log: Path, timeout: float = 1800) -> list[dict] | None:
+    """Run ``python -m <module> --runner <source> --until-idle`` (its :func:`run_cycles`) to the end, its output
+    in ``log``: the cycles' results, or None (said, with the log's end) if the process failed."""
+    with open(log, "w") as f:
+        r = subprocess.run([sys.executable, "-m", module, "--runner", source, "--until-idle"], env=env, cwd=REPO,
+                           stdout=f, stderr=subprocess.STDOUT, timeout=timeout)
+    text = log.read_text()
+    if r.returncode != 0:
+        _echo(f"catch-up of {source} failed (exit {r.returncode}):\n{text[-5000:]}")
+        return None
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+
+def runner(source: str, once: bool = False, until_idle: bool = False) -> int:
+    """The Kafka and Postgres sources' cycle process (:func:`run_cycles`): the catch-up ends at the first
+    cycle that finds nothing new."""
+    return run_cycles(source, once=once, until_idle=until_idle)
 
 
 # ------------------------------------------------------------------------------------------- the services

@@ -38,7 +38,7 @@ from benchmarks.env import SPARK_MASTER, Env
 from benchmarks.workload import FIELDS, SCHEMA, Backlog
 
 if TYPE_CHECKING:
-    from reclock.config import SourceSpec
+    from reclock.specs import SourceSpec
 
 
 @dataclass(frozen=True)

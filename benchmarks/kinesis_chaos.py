@@ -47,14 +47,14 @@ import os
 import random
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from benchmarks.chaos import REPO, catch_up, run_cycles
+
 SOURCE = "clicks"
 STREAM = "clicks"
 FAILPOINTS = ("mint:after_scan", "write_batches:before_job", "write_batches:after_slice", "append:in_transaction",
@@ -66,23 +66,9 @@ def _echo(msg: str) -> None:
 
 
 def runner(source: str, until_idle: bool = False) -> int:
-    """``run_cycle`` of ``source`` in a loop, settings from the environment; one line per cycle."""
-    from reclock.config import load_config
-    from reclock.cycle import run_cycle
-    from reclock.orchestration.contexts import cycle_context
-
-    ctx = cycle_context(load_config(None).source(source))
-    print("ready", flush=True)
-    idle = 0
-    for _ in range(300 if until_idle else sys.maxsize):
-        t0 = time.monotonic()
-        out = run_cycle(ctx)
-        print(json.dumps({**out, "s": round(time.monotonic() - t0, 2)}, default=str), flush=True)
-        idle = idle + 1 if out["minted"] is None and out["descriptions"] == 0 else 0
-        if until_idle and idle >= 2:
-            return 0
-        time.sleep(0.2 if not until_idle else 0.5)
-    return 3
+    """``run_cycle`` of ``source`` in a loop (``benchmarks.chaos.run_cycles``); the catch-up ends after two
+    cycles in a row found nothing new."""
+    return run_cycles(source, until_idle=until_idle, catch_up_cycles=300, idle_cycles=2, pause=0.2, idle_pause=0.5)
 
 
 def open_shards(client) -> list[dict]:
@@ -285,14 +271,9 @@ def campaign(seconds: float, seed: int, gap: tuple[float, float], reshard: tuple
         _echo(f"producer: {len(acked)} records acknowledged ({len(producer.errors)} errors); resharder: "
               f"{resharder.splits} splits, {resharder.merges} merges ({len(resharder.errors)} errors)")
         _echo("catching up without faults")
-        with open(logs / "catch-up.log", "w") as f:
-            r = subprocess.run([sys.executable, "-m", "benchmarks.kinesis_chaos", "--runner", SOURCE, "--until-idle"],
-                               env=env, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, timeout=1800)
-        if r.returncode != 0:
-            _echo(f"catch-up failed:\n{(logs / 'catch-up.log').read_text()[-5000:]}")
+        cycles = catch_up("benchmarks.kinesis_chaos", SOURCE, env, logs / "catch-up.log")
+        if cycles is None:
             return 1
-        cycles = [json.loads(line) for line in (logs / "catch-up.log").read_text().splitlines()
-                  if line.startswith("{")]
         _echo(f"caught up in {len(cycles)} cycles ({sum(c['descriptions'] for c in cycles)} descriptions; "
               f"{', '.join(str(c['s']) for c in cycles)} s)")
         verdict = check(pg.dsn(), LocalBlobStore(root / "blobs"), StreamAddress(STREAM, "us-east-1", kin.endpoint_url),

@@ -41,7 +41,8 @@ import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from benchmarks.chaos import REPO, catch_up, run_cycles
+
 SOURCES = {"evl": "l/", "evn": "n/"}
 LOOKBACK = "4s"
 
@@ -50,25 +51,17 @@ def _echo(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def runner(source: str, until_idle: bool = False) -> int:
-    """``run_cycle`` of ``source`` in a loop, settings from the environment; one line per cycle."""
-    from reclock.config import load_config
-    from reclock.cycle import run_cycle
-    from reclock.orchestration.contexts import cycle_context
+def _notifications_pending(ctx) -> bool:
+    """Messages a killed cycle received are hidden until their visibility timeout ends: a notifications
+    source is not idle while its queue holds any."""
+    return ctx.spec.upstream.discovery == "notifications" and ctx.source().queue().depth() > 0
 
-    ctx = cycle_context(load_config(None).source(source))
-    print("ready", flush=True)
-    idle = 0
-    for _ in range(200 if until_idle else sys.maxsize):
-        out = run_cycle(ctx)
-        print(json.dumps(out), flush=True)
-        idle = idle + 1 if out["minted"] is None and out["descriptions"] == 0 else 0
-        if until_idle and idle and ctx.spec.s3.discovery == "notifications" and ctx.source().queue().depth():
-            idle = 0  # messages a killed cycle received are hidden until their visibility timeout ends
-        if until_idle and idle >= 2:
-            return 0
-        time.sleep(0.2 if not until_idle else 1.0)
-    return 3
+
+def runner(source: str, until_idle: bool = False) -> int:
+    """``run_cycle`` of ``source`` in a loop (``benchmarks.chaos.run_cycles``); the catch-up ends after two
+    cycles in a row found nothing new and the source's queue is empty."""
+    return run_cycles(source, until_idle=until_idle, catch_up_cycles=200, idle_cycles=2, pause=0.2, idle_pause=1.0,
+                      busy=_notifications_pending)
 
 
 class Writer(threading.Thread):
@@ -231,13 +224,8 @@ def campaign(seconds: float, seed: int, gap: tuple[float, float]) -> int:
             d.stop()
         _echo(f"writer: {writer.objects} objects, {writer.records} records; kills {dict(kills)}")
         time.sleep(float(LOOKBACK[:-1]) + 1)
-        import subprocess
-
         for name in SOURCES:  # catch up, without faults
-            r = subprocess.run([sys.executable, "-m", "benchmarks.s3_chaos", "--runner", name, "--until-idle"],
-                               env=env, cwd=REPO, capture_output=True, text=True, timeout=1800)
-            if r.returncode != 0:
-                _echo(f"catch-up of {name} failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+            if catch_up("benchmarks.s3_chaos", name, env, logs / f"catch-up-{name}.log") is None:
                 return 1
         client = s3.client()
         total = {"lost": 0, "duplicated": 0, "wrong": 0}

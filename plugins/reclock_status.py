@@ -67,10 +67,7 @@ def _paused(dag_ids: list[str]) -> dict[str, bool]:
 def _inputs():
     config = load_config(default=PROJECT / "include" / "reclock.yaml")
     blob = settings.find_blob_store() if os.environ.get("RECLOCK_BLOB_URL") else None
-    s3_lag = status_report.s3_lag_probe(settings.find_dsn(), lambda spec: settings.find_source_s3_settings(
-        spec.s3.connection, f"source {spec.name}"))
-    lag = status_report.kafka_lag_probe(config, lambda kafka, what: settings.find_kafka(kafka, what),
-                                        s3_lag=s3_lag)
+    lag = status_report.lag_probe(config, dsn=settings.find_dsn())
     dags = [d for n, spec in config.sources.items() for d in (spec.ingest_dag, f"rebuild__{n}")]
     dags += [f"sink__{n}" for n in config.sinks]
     return config, blob, lag, _paused(dags)

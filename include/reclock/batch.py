@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence, TypeVar
 
 from reclock.remap import RemapCollection, source_upper_at
 from reclock.time import check_timestamp
@@ -137,6 +137,29 @@ def ranges_for(rc: RemapCollection, desc: BatchDescription) -> list[OffsetRange]
     end = source_upper_at(rc, desc.upper)
     before = start.as_dict()
     return [OffsetRange(p, before.get(p, 0), o) for p, o in end if o > before.get(p, 0)]
+
+
+T = TypeVar("T")
+
+
+def pack(items: Sequence[T], weight: Callable[[T], int], max_weight: int,
+         max_items: int | None = None) -> list[list[T]]:
+    """``items`` grouped, in order, into runs (a reader's slices: a Spark job each) of at most ``max_weight``
+    (records, bytes) and ``max_items`` items; an item heavier than ``max_weight`` is a run alone. Laws: every
+    item in exactly one run, in order; no run empty."""
+    out: list[list[T]] = []
+    current: list[T] = []
+    total = 0
+    for item in items:
+        w = weight(item)
+        if current and (total + w > max_weight or (max_items is not None and len(current) >= max_items)):
+            out.append(current)
+            current, total = [], 0
+        current.append(item)
+        total += w
+    if current:
+        out.append(current)
+    return out
 
 
 def split_ranges(ranges: Sequence[OffsetRange], max_records: int) -> list[list[OffsetRange]]:

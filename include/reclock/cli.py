@@ -198,21 +198,16 @@ def progress(source: str, dsn: str | None) -> None:
     with connect(_settings().find_dsn(dsn)) as conn:
         load_remap(conn, source)  # a bad or unregistered name: ConfigError / UnknownSource, not a SQL error
         (kind,) = conn.execute("SELECT kind FROM reclock.sources WHERE name = %s", (source,)).fetchone()
-        columns = kind_named(kind).progress_columns
-        quoted = [f'"{c}"' for c in columns]  # the kind's column names ("offset" is a keyword)
-        rows = conn.execute(f'SELECT {", ".join(f"{c}::text" for c in quoted)} FROM reclock."{source}_progress" '
-                            f"ORDER BY {', '.join(quoted[:2])}").fetchall()
+        columns = kind_named(kind).progress_columns  # (ts, the kind's FromTime...)
+        cells = ", ".join(f'p."{c}"::text' for c in columns[1:])
+        rows = conn.execute(f'SELECT p.ts, {cells} FROM reclock."{source}_progress" p '
+                            f'ORDER BY p.ts, p."{columns[1]}"').fetchall()
         shards = conn.execute("SELECT id, upper, since FROM reclock.shards WHERE source = %s ORDER BY id",
                               (source,)).fetchall()
         status = latest_status(conn, source)
-    # the columns the kind's progress relation has: (ts, partition, offset), (ts, lsn), (ts, shard_id,
-    # sequence_number; NULL for a shard read to its end)
-    widths = [16] + [20 if c == "shard_id" else 10 for c in columns[1:-1]]
-    click.echo(" ".join(f"{c:<{w}}" for c, w in zip(columns, widths)) + f" {columns[-1]}" if len(columns) > 1
-               else columns[0])
-    for row in rows:
-        *head, last = ["SHARD_END" if v is None else v for v in row]
-        click.echo(" ".join(f"{v:<{w}}" for v, w in zip(head, widths)) + f" {last}")
+    click.echo(f"{'ts':<16} " + " ".join(f"{c:<10}" for c in columns[1:]).rstrip())
+    for ts, *cells in rows:
+        click.echo(f"{ts:<16d} " + " ".join(f"{'-' if c is None else c:<10}" for c in cells).rstrip())
     for sid, upper, since in shards:
         click.echo(f"shard {sid}: upper {upper}, since {since}")
     _echo_status(status)
@@ -239,10 +234,8 @@ def status_command(source: str | None, as_json: bool, probe_timeout: float, conf
     s = _settings()
     cfg = load_config(config)
     blob = s.find_blob_store(blob_url) if blob_url or os.environ.get("RECLOCK_BLOB_URL") else None
-    s3_lag = sr.s3_lag_probe(s.find_dsn(dsn), lambda spec: s.find_source_s3_settings(spec.s3.connection,
-                                                                                      f"source {spec.name}"))
-    lag = sr.kafka_lag_probe(cfg, lambda kafka, what: s.find_kafka(kafka, what, bootstrap), probe_timeout,
-                             s3_lag=s3_lag)
+    # --bootstrap is a Kafka source's brokers (a kind finds its upstream as its cycles do: given, else ...)
+    lag = sr.lag_probe(cfg, probe_timeout, given=bootstrap, dsn=s.find_dsn(dsn))
     with sr.open_readonly(s.find_dsn(dsn)) as conn:
         if source is None:
             ov = sr.overview(conn, cfg, lag, blob=blob)
@@ -470,6 +463,7 @@ def grants(kafka_principal: str, consensus_role: str, consensus_database: str, c
     Run them as an administrator; Reclock needs nothing more. --apply-kafka creates the ACLs itself."""
     from reclock.config import load_config
     from reclock.grants import apply_acls, cdc_grants, consensus_grants, kafka_acls, set_scram_password
+    from reclock.sources.postgres.spec import PostgresSpec
 
     cfg = load_config(config)
     acls = kafka_acls(cfg)
@@ -499,11 +493,12 @@ def grants(kafka_principal: str, consensus_role: str, consensus_database: str, c
     click.echo(f"\n-- the consensus database {consensus_database}: role {consensus_role}")
     click.echo(";\n".join(consensus_grants(consensus_role, consensus_database)) + ";")
     for name, spec in cfg.sources.items():
-        if spec.postgres is None:
+        pg = spec.upstream
+        if not isinstance(pg, PostgresSpec):  # the grants of a Postgres source's upstream database
             continue
-        tables = list(spec.postgres.tables)
+        tables = list(pg.tables)
         click.echo(f"\n-- source {name}: role {cdc_role} in its upstream database (the publication "
-                   f"{spec.postgres.publication} is created by the tables' owner)")
+                   f"{pg.publication} is created by the tables' owner)")
         if not tables:
             click.echo("-- (the config names no tables: grant SELECT on every table of the publication)")
         click.echo(";\n".join(cdc_grants(cdc_role, tables, "<upstream database>")) + ";")

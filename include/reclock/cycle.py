@@ -46,7 +46,7 @@ from typing import Any, Callable, Iterator
 
 from reclock import remap
 from reclock.batch import BatchDescription, SliceWritten
-from reclock.config import SourceSpec
+from reclock.specs import SourceSpec
 from reclock.errors import ConfigError, RemapUpperMismatch, ShardsDisagree, UpperMismatch
 from reclock.failpoints import failpoint
 from reclock.lending import ConnectionLender
@@ -249,9 +249,9 @@ def check_acknowledged(ctx: CycleContext, conn, rc: RemapCollection, acked) -> N
     if what resume acknowledged upstream (``acked``: ``SourceRuntime.acknowledged``, read before ``rc`` and
     the shards' uppers, which only grow) is beyond the offset resumption frontier the database holds now:
     the database went back (a failover to an asynchronous standby, a restored backup), and minting would
-    stamp records again at new timestamps. Nothing before the first binding counts (a Postgres slot starts
-    at its creation, at or below the first binding), nor before the binding the kind's
-    ``SourceRuntime.acknowledged_since`` names (a slot a re-snapshot created)."""
+    stamp records again at new timestamps. Nothing before the first binding counts (upstream may acknowledge
+    from its own start, e.g. a replication slot created at or below the first binding), nor before the binding
+    the kind's ``SourceRuntime.acknowledged_since`` names (a slot a re-snapshot created)."""
     if acked is None or not rc.bindings:
         return
     resumption = min([rc.upper, *(shard_info(conn, s).upper for s in ctx.shards())])

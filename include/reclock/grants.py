@@ -19,7 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Literal
 
-from reclock.config import Config, SinkSpec, SourceSpec
+from reclock.config import Config, SinkSpec
+from reclock.specs import KafkaSpec, SourceSpec
 from reclock.kafka_client import KafkaClientConfig
 
 AclOperation = Literal["READ", "WRITE", "DESCRIBE", "CREATE", "IDEMPOTENT_WRITE"]
@@ -47,10 +48,11 @@ class KafkaAcl:
 def source_acls(spec: SourceSpec) -> tuple[KafkaAcl, ...]:
     """A Kafka source's: its topic (DESCRIBE for the probe and the triggers, READ for Spark's reader and the
     offset commit) and its consumer group (READ: the offset commit; it covers DESCRIBE, the lag)."""
-    if spec.kafka is None:
+    kafka = spec.upstream
+    if not isinstance(kafka, KafkaSpec):  # a source not on a Kafka cluster needs no ACL
         return ()
     why = f"source {spec.name}"
-    return (KafkaAcl("TOPIC", spec.kafka.topic, "DESCRIBE", why), KafkaAcl("TOPIC", spec.kafka.topic, "READ", why),
+    return (KafkaAcl("TOPIC", kafka.topic, "DESCRIBE", why), KafkaAcl("TOPIC", kafka.topic, "READ", why),
             KafkaAcl("GROUP", spec.consumer_group, "READ", why))
 
 
@@ -74,7 +76,7 @@ def kafka_acls(config: Config, connection: str | None = None) -> tuple[KafkaAcl,
     found: dict[tuple[str, str, str], set[str]] = {}
     acls: list[KafkaAcl] = []
     for spec in config.sources.values():
-        if spec.kafka is not None and connection in (None, spec.kafka.connection):
+        if isinstance(spec.upstream, KafkaSpec) and connection in (None, spec.upstream.connection):
             acls.extend(source_acls(spec))
     for sink in config.sinks.values():
         if isinstance(sink, SinkSpec) and connection in (None, sink.kafka.connection):

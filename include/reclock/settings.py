@@ -17,7 +17,8 @@ Kafka cluster         ``--bootstrap``     ``RECLOCK_BOOTSTRAP``        the confi
                                                                        ``connection:`` (``reclock_kafka``),
                                                                        security settings included
 upstream Postgres     --                  the config's ``dsn_env:``    the config's ``connection:`` (a
-                                          variable                     postgres connection)
+                                          variable                     postgres connection; the kind's
+                                                                       ``find_upstream_dsn``)
 Spark in-process      ``--spark-master``  ``RECLOCK_SPARK_MASTER``     (checked first)
 Spark Connect         ``--spark-remote``  ``RECLOCK_SPARK_REMOTE``     connection ``reclock_spark``
 Spark's Kafka jars    --                  ``RECLOCK_SPARK_JARS``       Spark's own ``spark.jars``/packages
@@ -37,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from reclock import connections
-from reclock.config import KafkaSpec, PostgresSpec, RegistrySpec
+from reclock.specs import KafkaSpec, RegistrySpec
 from reclock.errors import SettingError
 from reclock.kafka_client import KafkaClientConfig
 from reclock.persist import objectstore
@@ -64,7 +65,7 @@ def _not_found() -> type[Exception]:
     return AirflowNotFoundException
 
 
-def _from_connection(lookup: Callable[[], Any], missing: str) -> Any:
+def from_connection(lookup: Callable[[], Any], missing: str) -> Any:
     """``lookup()`` (an Airflow connection's setting), or ``SettingError(missing)`` if it is not defined."""
     try:
         return lookup()
@@ -74,7 +75,7 @@ def _from_connection(lookup: Callable[[], Any], missing: str) -> Any:
 
 def find_dsn(given: str | None = None) -> str:
     """The consensus Postgres: ``given``, else ``RECLOCK_DSN``, else the ``reclock_postgres`` connection."""
-    return given or os.environ.get("RECLOCK_DSN") or _from_connection(connections.postgres_dsn, NO_DSN)
+    return given or os.environ.get("RECLOCK_DSN") or from_connection(connections.postgres_dsn, NO_DSN)
 
 
 def find_blob_url(given: str | None = None) -> str:
@@ -96,7 +97,7 @@ def find_s3_settings() -> objectstore.S3Settings:
     ``reclock_s3`` connection (type aws)."""
     if os.environ.get("AWS_ACCESS_KEY_ID") or os.environ.get("AWS_SECRET_ACCESS_KEY"):
         return objectstore.s3_settings_from_env()
-    return _from_connection(connections.s3_settings, NO_S3)
+    return from_connection(connections.s3_settings, NO_S3)
 
 
 def find_source_s3_settings(connection: str, what: str) -> objectstore.S3Settings:
@@ -123,7 +124,7 @@ def find_kafka(kafka: KafkaSpec, what: str, given: str | None = None) -> KafkaCl
         origin = ("--bootstrap" if given else "RECLOCK_BOOTSTRAP" if os.environ.get("RECLOCK_BOOTSTRAP")
                   else f"{what}'s bootstrap:")
         return KafkaClientConfig.plaintext(found, origin)
-    return _from_connection(
+    return from_connection(
         lambda: connections.kafka_client_config(kafka.connection),
         f"{what}: no Kafka brokers: define the Airflow connection {kafka.connection} (its extra gives "
         "bootstrap.servers and the security settings, e.g. AIRFLOW_CONN_"
@@ -138,26 +139,11 @@ def find_registry(registry: RegistrySpec, what: str):
 
     if registry.url:
         return RegistrySettings(registry.url)
-    return _from_connection(
+    return from_connection(
         lambda: connections.registry_settings(registry.connection),
         f"{what}: the Airflow connection {registry.connection} (its `format.registry.connection`) is not defined "
         f"(e.g. AIRFLOW_CONN_{registry.connection.upper()}='{{\"conn_type\": \"http\", \"host\": "
         f"\"https://registry:8081\", \"login\": ..., \"password\": ...}}'), or give `url:`")
-
-
-def find_upstream_dsn(pg: PostgresSpec, what: str) -> str:
-    """A Postgres source's upstream DSN: the environment variable its ``dsn_env:`` names, else its Airflow
-    connection (``connection:``)."""
-    if pg.dsn_env:
-        dsn = os.environ.get(pg.dsn_env)
-        if not dsn:
-            raise SettingError(f"{what}: the environment variable {pg.dsn_env} (its `dsn_env:`) is not set; set it "
-                               "to the upstream's DSN (postgresql://user:password@host:5432/db)")
-        return dsn
-    return _from_connection(
-        lambda: connections.postgres_dsn(pg.connection),
-        f"{what}: the Airflow connection {pg.connection} (its `connection:`) is not defined (e.g. "
-        f"AIRFLOW_CONN_{str(pg.connection).upper()}=postgresql://user:password@host:5432/db)")
 
 
 def seconds_setting(var: str, default: float) -> float:
@@ -211,4 +197,4 @@ def find_spark(master: str | None = None, remote: str | None = None) -> SparkTar
     remote = remote or os.environ.get("RECLOCK_SPARK_REMOTE")
     if remote:
         return SparkTarget(remote=remote)
-    return SparkTarget(remote=_from_connection(connections.spark_connect_url, NO_SPARK))
+    return SparkTarget(remote=from_connection(connections.spark_connect_url, NO_SPARK))

@@ -69,7 +69,8 @@ def _source_row(s: SourceStatus, airflow_root: str) -> str:
               f"{escape(str(newest.get('partition')))} offset {escape(str(newest.get('offset')))}</div>"
               if newest else "")
     err = f"<div class='err' data-field='error'>{escape(s.error)}</div>" if s.status == "stalled" and s.error else ""
-    lag = "unknown" if s.lag.records is None else f"{s.lag.records:,}"
+    lag = "unknown" if s.lag.records is None else f"{s.lag.records:,}" + ("" if s.lag.unit == "records" else
+                                                                          f" {s.lag.unit}")
     return (
         f"<tr data-source='{escape(s.name)}'><td><a href='source/{quote(s.name)}'><b>{escape(s.name)}</b></a>"
         f"<div class='muted'>{escape(s.kind)}</div></td>"

@@ -5,7 +5,7 @@
     shards, shard_batches, read_holds ──┤
     statistics (a cycle's steps) ───────┼──> overview() ──> Overview(sources, sinks)
     status_history ─────────────────────┤    source_detail() ──> SourceDetail(bindings, history, series)
-    Kafka group reclock-<source> ───────┘    (the lag probe; "unknown" when the brokers do not answer)
+    the kind's lag probe ───────────────┘    (Kafka: group reclock-<source>; "unknown" when it does not answer)
 
 A cycle is read back from its statistics rows: a ``mint`` row opens it, ``write_batches`` rows (one per
 description) and ``append`` rows follow, a ``resume`` row closes it. Each row's ``seconds`` is the step's own
@@ -13,7 +13,7 @@ time and ``at`` its end, so the cycle's wall time (first step's start to resume'
 seconds is the *scheduler gap*: task start-up and the scheduler between the two tasks.
 
 Never blocks a cycle: it only reads, on a read-only connection with a statement timeout and a lock timeout,
-with queries bounded by the index on ``(name, id DESC)``; the Kafka probe has a short timeout and degrades to
+with queries bounded by the index on ``(name, id DESC)``; the lag probe has a short timeout and degrades to
 an unknown lag with the reason, never an exception.
 """
 
@@ -32,26 +32,17 @@ from reclock.persist import connect
 from reclock.persist.shards import ReadHold
 from reclock.persist.status import Status
 from reclock.read import read_updates
-from reclock.sources.kafka.upstream import KafkaUpstream
+from reclock.sources.base import Lag
+from reclock.sources.registry import kind_of
 
 STATEMENT_TIMEOUT_MS = 2000
 RECENT_ROWS = 60  # statistics rows per source read for the overview: the last cycle and a half, at least
-LAG_DEADLINE_S = 3.0  # the page waits no longer for the Kafka lag probes
+LAG_DEADLINE_S = 3.0  # the page waits no longer for the lag probes
 SERIES_ROWS = 2000  # statistics rows per source read for its plots
 STEPS = ("mint", "write_batches", "append", "resume")
 
 
 # -- values ----------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Lag:
-    """What the source has not committed yet: records of a Kafka consumer group, objects of an S3 source
-    (``unit``; None: unknown, ``detail`` says why)."""
-
-    records: int | None
-    detail: str = ""
-    unit: str = "records"
 
 
 @dataclass(frozen=True)
@@ -68,8 +59,6 @@ class Cycle:
     bytes: int
     offsets_known: int | None  # the sum of the upstream upper's offsets at mint
     offsets_committed: int | None  # the sum of the offsets resume committed
-    lag_records: int | None = None  # records upstream was ahead of the newest binding at mint (a kind that
-    #                                 says so: Kinesis, whose sequence numbers do not count records)
 
     @property
     def total(self) -> float:
@@ -199,7 +188,7 @@ def cycles_from_statistics(rows: Sequence[tuple[str, dict, datetime]]) -> list[C
         secs = float(m.get("seconds") or 0.0)
         if step == "mint":
             cur = {"started": at.timestamp() - secs, "mint": secs, "write_batches": None, "append": None,
-                   "records": 0, "bytes": 0, "known": m.get("offsets_known"), "lag": m.get("lag_records")}
+                   "records": 0, "bytes": 0, "known": m.get("offsets_known")}
         elif cur is None or step not in STEPS:
             continue
         elif step in ("write_batches", "append"):
@@ -212,7 +201,7 @@ def cycles_from_statistics(rows: Sequence[tuple[str, dict, datetime]]) -> list[C
             out.append(Cycle(
                 started=datetime.fromtimestamp(cur["started"], tz=at.tzinfo or timezone.utc), ended=at,
                 mint=cur["mint"], write_batches=cur["write_batches"], append=cur["append"], resume=secs,
-                records=cur["records"], bytes=cur["bytes"], offsets_known=cur["known"], lag_records=cur["lag"],
+                records=cur["records"], bytes=cur["bytes"], offsets_known=cur["known"],
                 offsets_committed=_sum_values(committed) if committed is not None else None))
             cur = None
     return out
@@ -222,8 +211,8 @@ def series_of(cycles: Sequence[Cycle]) -> list[SeriesPoint]:
     """The plots' points of ``cycles`` (oldest first)."""
     points, committed = [], None
     for c in cycles:
-        lag = c.lag_records
-        if lag is None and c.offsets_known is not None and committed is not None:
+        lag = None
+        if c.offsets_known is not None and committed is not None:
             lag = max(0, c.offsets_known - committed)
         points.append(SeriesPoint(c.ended, c.records / c.total if c.total > 0 else 0.0, lag, c.total))
         if c.offsets_committed is not None:
@@ -247,49 +236,23 @@ LagProbe = Callable[[str], Lag]
 """A source's name -> its lag."""
 
 
-def kafka_lag_probe(config: Config | None, bootstrap: Callable[[Any, str], str],
-                    timeout: float = 2.0, s3_lag: Callable[[Any], Lag] | None = None) -> LagProbe:
-    """The lag of a source's consumer group ``reclock-<source>`` at its brokers (``bootstrap(kafka_spec,
-    what)`` finds them): the sum over partitions of the last stable offset minus the committed offset; of
-    an S3 source, ``s3_lag(spec)`` (:func:`s3_lag_probe`). Any failure (no config, unreachable brokers, a
-    missing topic) is an unknown lag with the reason."""
+def lag_probe(config: Config | None, timeout: float = 2.0, given: str | None = None,
+              dsn: str | None = None) -> LagProbe:
+    """A source's lag as its kind probes it (``SourceKind.lag``: Kafka, the consumer group ``reclock-<source>``
+    at its brokers, the sum over partitions of the last stable offset minus the committed offset; S3, objects
+    and bytes not yet ingested, from its catalog in the consensus database ``dsn``, else the one the settings name), its upstream found as
+    its cycles find it (``given``: a command's option, e.g. ``--bootstrap``: ``SourceKind.find_upstream``). Any failure (no
+    config, an unreachable upstream, a missing topic) is an unknown lag with the reason."""
     def probe(name: str) -> Lag:
         spec = config.sources.get(name) if config else None
         if spec is None:
             return Lag(None, "not in the config")
-        if spec.s3 is not None:
-            return s3_lag(spec) if s3_lag is not None else Lag(None, "not probed")
-        if spec.kafka is None and spec.kinesis is None:
-            return Lag(None, "a Postgres source: its slot's lag is not probed here")
+        kind = kind_of(spec)
         try:
-            if spec.kinesis is not None:
-                from reclock.sources.registry import kind_of
-
-                kind = kind_of(spec)
-                return kind.lag(spec, kind.find_upstream(spec), timeout)
-            up = KafkaUpstream(name, bootstrap(spec.kafka, f"source {name}"), spec.kafka.topic, timeout=timeout)
-            end = up.probe_upper()
-            committed = up.committed(spec.consumer_group)
-            return Lag(sum(max(0, o - committed.get(p)) for p, o in end), f"group {spec.consumer_group}")
+            return kind.lag(spec, kind.find_upstream(spec, given), timeout, dsn)
         except Exception as e:  # a status page degrades, it never fails on a probe
             first = str(e).splitlines()[0][:160] if str(e) else ""
-            return Lag(None, redact(f"unknown: {type(e).__name__}: {first}"))
-
-    return probe
-
-
-def s3_lag_probe(dsn: str, settings: Callable[[Any], Any]) -> Callable[[Any], Lag]:
-    """The lag of an S3 source: objects and bytes upstream not yet in its collection
-    (``reclock.sources.s3.kind.S3Source.lag``); ``settings(spec)`` finds its S3 keys."""
-    def probe(spec) -> Lag:
-        from reclock.sources.s3.kind import probe_lag
-
-        try:
-            objects, _, detail = probe_lag(spec, None if spec.s3.is_folder else settings(spec), dsn)
-            return Lag(objects, detail, "objects")
-        except Exception as e:  # noqa: BLE001 - a status page degrades, it never fails on a probe
-            first = str(e).splitlines()[0][:160] if str(e) else ""
-            return Lag(None, redact(f"unknown: {type(e).__name__}: {first}"), "objects")
+            return Lag(None, redact(f"unknown: {type(e).__name__}: {first}"), kind.lag_unit)
 
     return probe
 
@@ -353,8 +316,8 @@ def overview(conn, config: Config | None = None, lag: LagProbe = no_lag,
     before anything of it is read or probed (None: everything)."""
     now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
     kinds = dict(conn.execute("SELECT name, kind FROM reclock.sources").fetchall())
-    for name in (config.sources if config else {}):
-        kinds.setdefault(name, "kafka")
+    for name, spec in (config.sources if config else {}).items():
+        kinds.setdefault(name, spec.kind)
     names = sorted(n for n in kinds if (only is None or n == only)
                    and (readable is None or ingest_dag(n, config) in readable))
     remaps = {r[0]: r[1:] for r in conn.execute(
@@ -397,7 +360,9 @@ def overview(conn, config: Config | None = None, lag: LagProbe = no_lag,
         err_shard = next((sid for sid, kind, _, _ in own if kind == ERRORS_KIND), None)
         count = int(errors.get(err_shard, 0)) if err_shard else 0
         latest = _errors_latest(conn, blob, err_shard) if blob is not None and count else ()
-        dags = (ingest_dag(n, config), f"rebuild__{n}")
+        spec = config.sources.get(n) if config else None
+        replays = spec is None or kind_of(spec).rebuild_refused(spec) is None  # else it has no rebuild DAG
+        dags = (ingest_dag(n, config), *((f"rebuild__{n}",) if replays else ()))
         sources.append(SourceStatus(
             name=n, kind=kinds[n], status=st[0], error=st[1], status_at=st[2], paused=paused.get(dags[0]),
             upper=upper, since=since, now_ms=now_ms, last_cycle=cycles[-1] if cycles else None, lag=lags[n],

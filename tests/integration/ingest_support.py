@@ -91,6 +91,6 @@ def check_invariants(ctx: cycle.CycleContext, expected_ids: set[int]) -> dict:
         # the binding that covers the offset gave the ts (compaction may since have advanced it to since)
         assert max(r["ts"], rc.since) == remap.reclock(rc, r["_partition"], r["_offset"])
         assert r["diff"] == 1
-    committed = KafkaUpstream(ctx.spec.name, ctx.upstream, ctx.spec.kafka.topic).committed(ctx.spec.consumer_group)
+    committed = KafkaUpstream(ctx.spec.name, ctx.upstream, ctx.spec.upstream.topic).committed(ctx.spec.consumer_group)
     assert committed == remap.source_upper_at(rc, min(rc.upper, info.upper)), "group offsets = resumption frontier"
     return {"rc": rc, "info": info, "rows": rows}

@@ -41,7 +41,7 @@ def _nothing_landed(ctx) -> None:
             assert shard_info(conn, s).upper == 0 and batches(conn, s) == []
         status = latest_status(conn, ctx.spec.name)
     assert status.status == "stalled"
-    committed = KafkaUpstream(ctx.spec.name, ctx.upstream, ctx.spec.kafka.topic).committed(ctx.spec.consumer_group)
+    committed = KafkaUpstream(ctx.spec.name, ctx.upstream, ctx.spec.upstream.topic).committed(ctx.spec.consumer_group)
     assert not committed or all(o == 0 for o in committed.as_dict().values())
 
 

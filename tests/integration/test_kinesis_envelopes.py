@@ -121,7 +121,7 @@ def test_checkpoints_match_the_resumption_frontier_and_the_probes_see_the_tip(db
         rc = load_remap(conn, "clicks")
     positions = effective(listing, dict(rc.bindings[-1].frontier))
     want = {shard_id(s.number): kcl_checkpoint(s, positions.get(s.number, 0)) for s in listing}
-    assert read_checkpoints(ctx.spec.kinesis.checkpoints) == want
+    assert read_checkpoints(ctx.spec.upstream.checkpoints) == want
     assert want[shard_id(0)] == "SHARD_END" and want[shard_id(1)] not in ("TRIM_HORIZON", "SHARD_END")
 
     assert moved(up, dict(rc.bindings[-1].frontier)) == (False, "no readable shard has anything beyond the newest "

@@ -44,7 +44,7 @@ def _setup(dsn: str, tables=("a", "b", "c")) -> None:
         conn.execute(f"CREATE PUBLICATION pub FOR TABLE {', '.join(tables)}")
 
 
-def test_snapshot_then_stream(db, upstream, tmp_path):
+def test_snapshot_then_stream(db, upstream, tmp_path, monkeypatch):
     _setup(upstream)
     with writer(upstream) as up:
         up.execute("INSERT INTO a SELECT g, 'a' || g, g / 4.0, 0 FROM generate_series(1, 50) g")
@@ -84,7 +84,8 @@ def test_snapshot_then_stream(db, upstream, tmp_path):
     assert f"shard {name}__a: upper {bs[-1][0] + 1}, since " in out
     cfg = Config(sources={name: ctx.spec})
     with connect(db) as conn:  # the status report degrades to "not probed" for a Postgres source's lag
-        detail = sr.source_detail(conn, name, cfg, sr.kafka_lag_probe(cfg, lambda kafka, what: "unused"))
+        monkeypatch.setenv("UNUSED", upstream)  # the probe finds the upstream as a task does (its dsn_env)
+        detail = sr.source_detail(conn, name, cfg, sr.lag_probe(cfg))
     text = "\n".join(sr.detail_lines(detail))
     assert name in text and "a Postgres source" in text
 

@@ -10,15 +10,16 @@ import uuid
 import pyarrow.parquet as pq
 import pytest
 
-from reclock.config import FormatSpec, SourceSpec
 from reclock.errors import ObjectChanged, ObjectLost
 from reclock.part_layout import REJECTED_COLUMN
 from reclock.sources.s3.client import open_store
 from reclock.sources.s3.discovery import Known, OnOverwrite, State
 from reclock.sources.s3.log import BoundRange
 from reclock.sources.s3.read import ReaderConf, units_for, write_slice
+from reclock.sources.s3.spec import S3Spec
+from reclock.specs import FormatSpec, SourceSpec
 
-SPEC = SourceSpec(name="ev", format=FormatSpec("json", schema="n BIGINT, s STRING"))
+SPEC = SourceSpec(name="ev", upstream=S3Spec(url="s3://unused/ev/"), format=FormatSpec("json", schema="n BIGINT, s STRING"))
 
 
 def lines(n: int, base: int = 0) -> bytes:

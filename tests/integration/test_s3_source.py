@@ -335,7 +335,7 @@ def test_a_large_object_is_read_in_budget_sized_ranges(db, spark, s3, tmp_path):
     assert len(rows) == n and ns_of(rows) == list(range(n))
 
 
-def test_status_shows_the_lag_in_objects_and_bytes(db, spark, s3, tmp_path):
+def test_status_shows_the_lag_in_objects_and_bytes(db, spark, s3, tmp_path, monkeypatch):
     from reclock import status_report as sr
     from reclock.config import Config
 
@@ -346,7 +346,12 @@ def test_status_shows_the_lag_in_objects_and_bytes(db, spark, s3, tmp_path):
     cycle.run_cycle(ctx)
     late = body(range(5, 9))
     c.put_object(Bucket=bucket, Key="ev/b.json", Body=late)
-    lag = sr.kafka_lag_probe(Config({"ev": ctx.spec}), lambda k, w: "", s3_lag=sr.s3_lag_probe(db, lambda spec: s3.settings()))
+    st = s3.settings()  # the probe finds the keys as a task does: here, the AWS environment
+    monkeypatch.delenv("AIRFLOW_CONN_RECLOCK_S3", raising=False)
+    for var, value in (("AWS_ACCESS_KEY_ID", st.access_key), ("AWS_SECRET_ACCESS_KEY", st.secret_key),
+                       ("AWS_ENDPOINT_URL", st.endpoint_url), ("AWS_REGION", st.region)):
+        monkeypatch.setenv(var, value)
+    lag = sr.lag_probe(Config({"ev": ctx.spec}), dsn=db)
     with sr.open_readonly(db) as conn:
         ov = sr.overview(conn, Config({"ev": ctx.spec}), lag)
     (src,) = ov.sources

@@ -142,7 +142,7 @@ def test_the_reading_connection_cannot_write_nor_wait(db):
 
 
 def test_unreachable_brokers_are_an_unknown_lag_not_an_error():
-    probe = sr.kafka_lag_probe(parse_config(CONFIG), lambda kafka, what: kafka.bootstrap, timeout=1.0)
+    probe = sr.lag_probe(parse_config(CONFIG), timeout=1.0)
     lag = probe("orders")
     assert lag.records is None and lag.detail.startswith("unknown")
     assert probe("missing") == sr.Lag(None, "not in the config")

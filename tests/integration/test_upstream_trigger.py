@@ -18,7 +18,7 @@ from ingest_support import make_ctx, produce, rec
 from reclock import cycle
 from reclock.config import parse_source
 from reclock.errors import ConfigError
-from reclock.orchestration.triggers import UpstreamMoved, admin_client, cluster_offsets
+from reclock.sources.kafka.trigger import UpstreamMoved, admin_client, cluster_offsets
 
 
 async def _events(trigger: UpstreamMoved, seconds: float) -> list:
@@ -115,7 +115,7 @@ def test_a_postgres_source_fires_on_published_changes_idle_wal_and_errors_only(d
     from pg_support import make_ctx as pg_ctx
     from pg_support import slot_confirmed, source_name, writer
 
-    from reclock.orchestration.triggers import PublicationChanged
+    from reclock.sources.postgres.trigger import PublicationChanged
     from reclock.sources.postgres.upstream import slot_name
 
     with writer(upstream) as conn:

@@ -93,14 +93,14 @@ def test_compose_kafka_config_certificates_and_kafka_init(stack_state, tmp_path,
         from reclock.settings import find_kafka
 
         spec = parse_config(yaml.safe_load(config.read_text())).source("c_orders")
-        kafka = find_kafka(spec.kafka, "source c_orders")
+        kafka = find_kafka(spec.upstream, "source c_orders")
         assert kafka.protocol == "SASL_SSL" and kafka.ca_pem == (certs / "ca.pem").read_text()
         assert KafkaUpstream("c_orders", kafka, "c_orders").probe_upper().get(0) == 0
         wrong = json.loads(reclock_conn)
         wrong["password"] = "not-the-password"
         monkeypatch.setenv("AIRFLOW_CONN_RECLOCK_KAFKA", json.dumps(wrong))
         with pytest.raises(KafkaAuthenticationFailed):
-            KafkaUpstream("c_orders", find_kafka(spec.kafka, "source c_orders"), "c_orders").probe_upper()
+            KafkaUpstream("c_orders", find_kafka(spec.upstream, "source c_orders"), "c_orders").probe_upper()
         for leaked in (password, kafka_pw):
             assert leaked not in (home / "kafka.out").read_text() + out.stdout + out.stderr
     finally:

@@ -29,7 +29,7 @@ from reclock.persist.migrate import migrate
 from reclock.read import read_as_of
 from reclock.sinks.kafka import read_all, run_once
 from reclock.sources.kafka.upstream import KafkaUpstream, UpstreamUnavailable
-from reclock.status_report import kafka_lag_probe
+from reclock.status_report import lag_probe
 
 _n = itertools.count()
 
@@ -134,7 +134,7 @@ def test_source_lag_and_sink_with_exactly_their_acls(world):
     world.produce(100)
     run_cycle(world.ctx())
     assert world.rows() == world.produced
-    lag = kafka_lag_probe(world.config, settings.find_kafka, timeout=10)(world.source)
+    lag = lag_probe(world.config, timeout=10)(world.source)
     assert lag.records == 0, lag  # the group's committed offsets, read back as the principal
     result = run_once(world.sink_ctx())
     assert result.messages == world.produced
@@ -147,7 +147,7 @@ def test_mutual_tls_principal_with_the_same_acls(secured, spark):
     ``ssl.principal.mapping.rules``): the same ACLs serve it."""
     w = _world(secured, spark, "reclock_kafka_mtls")
     try:
-        assert settings.find_kafka(w.config.source(w.source).kafka, "t").protocol == "SSL"
+        assert settings.find_kafka(w.config.source(w.source).upstream, "t").protocol == "SSL"
         w.produce(50)
         run_cycle(w.ctx())
         assert w.rows() == 50

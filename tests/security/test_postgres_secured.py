@@ -78,7 +78,9 @@ def test_postgres_source_with_the_cdc_role_over_tls(secured, spark, tmp_path, mo
     monkeypatch.setenv("AIRFLOW_CONN_SHOP_DB", conn_uri)
     spec = parse_source("shop", {"postgres": {"connection": "shop_db", "publication": "pub",
                                               "spark_snapshot_min_bytes": 0}})
-    assert "sslmode=verify-full" in settings.find_upstream_dsn(spec.postgres, "source shop")
+    from reclock.sources.postgres.spec import find_upstream_dsn
+
+    assert "sslmode=verify-full" in find_upstream_dsn(spec.upstream, "source shop")
     ctx = contexts.cycle_context(spec, dsn=consensus, blob_url=str(tmp_path / "blobs"),
                                  spark=settings.SparkTarget(master="local[2]"))
     ctx.spark_factory = lambda: spark

@@ -165,3 +165,18 @@ def test_split_edges():
     for bad in ((0, 5, 5), (0, 6, 5), (0, -1, 5), (-1, 0, 5)):
         with pytest.raises(ValueError):
             OffsetRange(*bad)
+
+
+@given(st.lists(st.integers(0, 50), max_size=40), st.integers(1, 100), st.none() | st.integers(1, 6))
+def test_pack_keeps_every_item_once_in_order_within_the_limits(weights, max_weight, max_items):
+    from reclock.batch import pack
+
+    items = list(enumerate(weights))
+    runs = pack(items, lambda i: i[1], max_weight, max_items)
+    assert [i for run in runs for i in run] == items
+    for run in runs:
+        assert run, "no run is empty"
+        assert len(run) == 1 or sum(w for _, w in run) <= max_weight  # a heavier item alone
+        assert max_items is None or len(run) <= max_items
+    for a, b in zip(runs, runs[1:]):  # a run closes only when the next item would not fit
+        assert sum(w for _, w in a) + b[0][1] > max_weight or (max_items is not None and len(a) == max_items)

@@ -130,8 +130,8 @@ def test_every_connection_the_code_reads_is_defined():
         conns = {k[len("AIRFLOW_CONN_"):].lower(): json.loads(v) for k, v in env.items()
                  if k.startswith("AIRFLOW_CONN_")}
         assert set(CONNECTIONS) | {"reclock_s3"} <= set(conns), name
-        named = {spec.postgres.connection for spec in load_config(REPO / "include" / "reclock.yaml").sources.values()
-                 if spec.postgres is not None and spec.postgres.connection}
+        named = {spec.upstream.connection for spec in load_config(REPO / "include" / "reclock.yaml").sources.values()
+                 if spec.kind == "postgres" and spec.upstream.connection}
         assert named and all(conns[c]["conn_type"] == "postgres" for c in named), (name, named)  # demo_shop's
         assert conns["reclock_spark"]["conn_type"] == "spark_connect"
         assert conns["reclock_spark_submit"]["conn_type"] == "spark"
@@ -229,7 +229,7 @@ def test_postgres_accepts_only_tls_and_its_roles_have_exactly_the_grants():
     init = (REPO / "docker" / "postgres-init.sh").read_text()
     statements = {s.strip() for s in init.split(";")}
     config = load_config(REPO / "include" / "reclock.yaml")
-    shop = config.source("demo_shop").postgres
+    shop = config.source("demo_shop").upstream
     for sql in (*consensus_grants("reclock_app", "reclock"), *cdc_grants("reclock_cdc", shop.tables, "demo_shop")):
         assert any(s.endswith(sql) for s in statements), sql
     assert f"CREATE PUBLICATION {shop.publication} FOR TABLE {', '.join(shop.tables)}" in init

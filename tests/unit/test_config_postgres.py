@@ -6,18 +6,19 @@ import pytest
 
 from reclock.config import parse_config, parse_source
 from reclock.errors import ConfigError
+from reclock.sources.postgres.spec import PostgresSpec
 
 PG = {"postgres": {"connection": "shop_db", "publication": "shop_pub"}}
 
 
 def test_tables_become_collections_named_after_the_source():
     spec = parse_source("shop", {**PG, "tables": ["public.orders", "items", "sales.orders"]})
-    assert spec.kind == "postgres" and spec.kafka is None
-    assert spec.postgres.tables == ("public.orders", "public.items", "sales.orders")
+    assert spec.kind == "postgres" and isinstance(spec.upstream, PostgresSpec)
+    assert spec.upstream.tables == ("public.orders", "public.items", "sales.orders")
     assert spec.shards == ("shop__orders", "shop__items", "shop__sales__orders", "shop_errors")
     assert parse_source("shop", PG).shards == ("shop_errors",)  # learned at the first cycle
     env = parse_source("shop", {"postgres": {"dsn_env": "SHOP_DSN", "publication": "p"}})
-    assert env.postgres.dsn_env == "SHOP_DSN" and env.postgres.connection is None
+    assert env.upstream.dsn_env == "SHOP_DSN" and env.upstream.connection is None
 
 
 def test_a_postgres_source_runs_on_an_interval_or_when_upstream_has_news():
@@ -60,11 +61,11 @@ def test_a_sink_may_read_a_table_collection():
 
 def test_the_upstream_dsn_comes_from_the_named_environment_variable(monkeypatch):
     from reclock.errors import SettingError
-    from reclock.settings import find_upstream_dsn
+    from reclock.sources.postgres.spec import find_upstream_dsn
 
     spec = parse_source("shop", {"postgres": {"dsn_env": "SHOP_DSN", "publication": "p"}})
     monkeypatch.setenv("SHOP_DSN", "postgresql://u@h/db")
-    assert find_upstream_dsn(spec.postgres, "source shop") == "postgresql://u@h/db"
+    assert find_upstream_dsn(spec.upstream, "source shop") == "postgresql://u@h/db"
     monkeypatch.delenv("SHOP_DSN")
     with pytest.raises(SettingError, match="SHOP_DSN"):
-        find_upstream_dsn(spec.postgres, "source shop")
+        find_upstream_dsn(spec.upstream, "source shop")

@@ -6,6 +6,7 @@ import pytest
 
 from reclock.config import parse_source
 from reclock.errors import ConfigError
+from reclock.sources.s3.spec import S3Spec
 
 S3 = {"s3": {"url": "s3://landing/events/"}, "format": {"type": "json", "schema": "n BIGINT"}}
 
@@ -16,27 +17,27 @@ def s3(**keys):
 
 def test_defaults_and_a_local_folder():
     spec = parse_source("ev", S3)
-    assert spec.kind == "s3" and spec.kafka is None
-    s = spec.s3
+    assert spec.kind == "s3" and isinstance(spec.upstream, S3Spec)
+    s = spec.upstream
     assert (s.connection, s.discovery, s.keys, s.on_overwrite, s.compression) == (
         "reclock_s3", "listing", "any", "stall", "auto")
     assert (s.lookback_s, s.max_objects_per_cycle, s.backfill) == (3600, 100_000, True)
     assert spec.schedule == "interval" and spec.shards == ("ev", "ev_errors")
     folder = parse_source("ev", {**S3, "s3": {"url": "/data/landing", "settle": "5s"}})
-    assert folder.s3.connection is None and folder.s3.settle_s == 5
+    assert folder.upstream.connection is None and folder.upstream.settle_s == 5
     notified = parse_source("ev", s3(discovery="notifications", queue="landing-events", dedupe="2d", backfill=False))
-    assert (notified.s3.queue, notified.s3.dedupe_s, notified.s3.backfill) == ("landing-events", 2 * 86400, False)
+    assert (notified.upstream.queue, notified.upstream.dedupe_s, notified.upstream.backfill) == ("landing-events", 2 * 86400, False)
     sized = parse_source("ev", {**S3, "budget": {"max_bytes": "64MB", "max_objects": 10}})
-    assert (sized.s3.max_bytes, sized.s3.max_objects) == (64 * 1024 * 1024, 10)
+    assert (sized.upstream.max_bytes, sized.upstream.max_objects) == (64 * 1024 * 1024, 10)
 
 
 @pytest.mark.parametrize("raw,match", [
     ({"s3": {}}, r"source ev\.s3: `url` is required"),
     ({"s3": {"url": "s3:///events/"}}, "names no bucket"),
     ({"s3": {"url": "landing/events"}}, "neither s3://bucket/prefix/ nor an absolute folder"),
-    ({"s3": {"url": "https://landing.s3.amazonaws.com/e/"}}, "neither s3://"),
+    ({"s3": {"url": "https://landing.upstream.amazonaws.com/e/"}}, "neither s3://"),
     ({"s3": {"url": "/data/landing", "connection": "reclock_s3"}}, "`connection:` is for an s3:// url"),
-    ({**S3, "kafka": {"topic": "t"}}, "one upstream section; `s3:` and `kafka:`"),
+    ({**S3, "kafka": {"topic": "t"}}, "a source is of one kind; it has `kafka:` and `s3:`"),
     ({**S3, "tables": ["a"]}, r"source ev: unknown key\(s\) tables"),
     (s3(bucket="landing"), r"source ev\.s3: unknown key\(s\) bucket"),
     (s3(discovery="events"), r"source ev\.s3\.discovery: 'events' is not one of listing, notifications"),
@@ -57,7 +58,7 @@ def test_defaults_and_a_local_folder():
     (s3(compression="zstd"), r"compression: 'zstd' is not one of auto, gzip, none"),
     (s3(max_objects_per_cycle=0), "max_objects_per_cycle: a positive number"),
     (s3(max_objects_per_cycle=True), "max_objects_per_cycle: a positive number"),
-    ({**S3, "format": {"type": "orc"}}, r"format\.type: 'orc' is not one of json, csv, text, parquet, avro"),
+    ({**S3, "format": {"type": "orc"}}, r"source ev\.format: type 'orc' is not one of json, csv, text, parquet, avro"),
     ({**S3, "format": {"type": "json"}}, "type json needs a `schema`"),
     ({**S3, "format": {"type": "parquet"}}, "type parquet needs a `schema`"),
     ({**S3, "format": {"type": "json", "schema": "n BIGINT", "header": True}}, "`header:` is for csv"),

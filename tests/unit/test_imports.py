@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "include" / "reclock"
@@ -118,3 +119,76 @@ def test_only_the_dev_commands_reach_the_dev_stack():
         imports_dev = any(isinstance(n, ast.ImportFrom) and (n.module or "").startswith("reclock.dev")
                           for n in ast.walk(fn))
         assert not imports_dev or fn.name in {"_stack", "install", "up", "demo"}, fn.name
+
+
+# -- the layering (STYLE.md, issue 31): arrows point from adapters to the core, from wiring to the library --
+
+PURE_CORE = ("reclock.time", "reclock.remap", "reclock.batch", "reclock.compaction", "reclock.bitexact")
+READERS = ("reclock.tables", "reclock.read")
+SOURCES = PACKAGE / "sources"
+KINDS = sorted(p.name for p in SOURCES.iterdir() if (p / "__init__.py").is_file())
+"""The source kinds' folders under ``reclock/sources/`` (a kind under way may have no ``kind.py`` yet)."""
+
+
+@functools.cache
+def _graph() -> dict[str, set[str]]:
+    return {n: _imports(n, module_level_only=False) for n in MODULES}
+
+
+def _reaches(name: str) -> set[str]:
+    """Every ``reclock`` module ``name`` imports, directly or through others, at any level."""
+    graph = _graph()
+    seen: set[str] = set()
+    todo = [name]
+    while todo:
+        for target in graph.get(todo.pop(), ()):
+            if target not in seen:
+                seen.add(target)
+                todo.append(target)
+    return seen
+
+
+def _under(modules: set[str], *packages: str) -> set[str]:
+    return {m for m in modules if any(m == p or m.startswith(p + ".") for p in packages)}
+
+
+def test_the_pure_core_imports_only_itself():
+    for name in PURE_CORE:
+        assert _reaches(name) <= set(PURE_CORE), (name, sorted(_reaches(name) - set(PURE_CORE)))
+
+
+def test_persist_imports_no_source():
+    for name in _under(set(MODULES), "reclock.persist"):
+        assert not _under(_reaches(name), "reclock.sources"), name
+
+
+def test_readers_import_no_orchestration():
+    for name in READERS:
+        assert not _under(_reaches(name), "reclock.orchestration", "reclock.cycle", "reclock.sources"), name
+
+
+def test_every_kind_with_a_kind_object_is_registered():
+    """A kind is its folder and its line in the registry: the folders with a ``kind.py`` are the registry's."""
+    from reclock.sources.registry import KINDS as REGISTERED
+
+    assert sorted(REGISTERED) == [k for k in KINDS if (SOURCES / k / "kind.py").is_file()]
+    assert {"kafka", "postgres"} <= set(REGISTERED)
+
+
+def test_a_kind_imports_no_other_kind_nor_the_cycle_nor_the_wiring():
+    for kind in KINDS:
+        others = [f"reclock.sources.{k}" for k in KINDS if k != kind]
+        for name in _under(set(MODULES), f"reclock.sources.{kind}"):
+            reached = _reaches(name)
+            assert not _under(reached, *others), (name, sorted(_under(reached, *others)))
+            assert not _under(reached, "reclock.cycle", "reclock.orchestration", "reclock.dev",
+                              "reclock.sources.registry"), name
+
+
+def test_the_cycle_names_no_kind():
+    """``cycle.py`` reaches every kind through ``reclock.sources.base`` and the registry: it imports no kind's
+    module and its text names none (a branch on ``spec.postgres`` would)."""
+    direct = _imports("reclock.cycle", module_level_only=False)
+    assert not _under(direct, *(f"reclock.sources.{k}" for k in KINDS)), sorted(direct)
+    text = MODULES["reclock.cycle"].read_text().lower()
+    assert [k for k in KINDS if k in text] == []

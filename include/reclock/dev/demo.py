@@ -78,10 +78,10 @@ def run_demo(stack: Stack, waves: int = 2, per_wave: int = 20_000, echo: Callabl
     if sink is not None:
         stack.airflow.wait_for_dag(f"sink__{DEMO_SINK}")
         stack.airflow.unpause(f"sink__{DEMO_SINK}")  # runs on the asset events of the ingest appends
-    start = topic_size(stack.kafka.admin_config(), spec.kafka.topic)  # a rerun of the demo adds to the topic
+    start = topic_size(stack.kafka.admin_config(), spec.upstream.topic)  # a rerun of the demo adds to the topic
 
     def wave(i: int) -> str:
-        fill(stack.kafka.admin_config(), spec.kafka.topic, start + i * per_wave, per_wave)
+        fill(stack.kafka.admin_config(), spec.upstream.topic, start + i * per_wave, per_wave)
         return f"produced {per_wave} records"
 
     _run_waves(stack, dag_id, waves, wave, echo)
@@ -95,13 +95,13 @@ def run_demo(stack: Stack, waves: int = 2, per_wave: int = 20_000, echo: Callabl
         ).fetchall()
         upper, since = conn.execute("SELECT upper, since FROM reclock.shards WHERE id = %s",
                                     (spec.data_shard,)).fetchone()
-    total = topic_size(stack.kafka.admin_config(), spec.kafka.topic)
+    total = topic_size(stack.kafka.admin_config(), spec.upstream.topic)
     echo(f"\n{spec.data_shard}: {rows} rows; the topic holds {total} records ({produced} produced by this run); "
          f"upper {upper}, since {since}")
     echo(f"SELECT * FROM reclock.{DEMO_SOURCE}_progress  -- the bindings (ts, partition, offset):")
     for ts, p, o in progress[-12:]:
         echo(f"  {ts}  {p}  {o}")
-    lag = consumer_lag(stack.kafka.admin_config(), spec.kafka.topic, spec.consumer_group)
+    lag = consumer_lag(stack.kafka.admin_config(), spec.upstream.topic, spec.consumer_group)
     echo(f"consumer group {spec.consumer_group} lag per partition: {lag} (total {sum(lag.values())})")
     if sink is not None:
         _show_sink(stack, sink, upper, echo)
@@ -213,11 +213,11 @@ def _run_postgres_demo(stack: Stack, spec, waves: int, per_wave: int, echo: Call
     from reclock.persist.blob import blob_store_from_url
     from reclock.sources.postgres.upstream import slot_name
 
-    tables = list(spec.postgres.tables) or ["public.orders", "public.items"]
-    dsn = shop_upstream(stack, spec.postgres.publication, tables)
+    tables = list(spec.upstream.tables) or ["public.orders", "public.items"]
+    dsn = shop_upstream(stack, spec.upstream.publication, tables)
     dag_id = f"ingest__{DEMO_PG_SOURCE}"
     stack.airflow.wait_for_dag(dag_id)
-    echo(f"\n{DEMO_PG_SOURCE}: a Postgres source over publication {spec.postgres.publication} "
+    echo(f"\n{DEMO_PG_SOURCE}: a Postgres source over publication {spec.upstream.publication} "
          f"({', '.join(tables)}) in the database {DEMO_PG_DB}")
     seed = int(time.time())
     _run_waves(stack, dag_id, waves,
@@ -285,15 +285,15 @@ def _run_s3_demo(stack: Stack, spec, waves: int, objects: int, echo: Callable[[s
     found through the bucket's notifications in the SQS queue), and what landed beside the bucket itself."""
     from reclock.persist.blob import blob_store_from_url
 
-    bucket, _, prefix = spec.s3.url[len("s3://"):].partition("/")
+    bucket, _, prefix = spec.upstream.url[len("s3://"):].partition("/")
     stack.s3.create_bucket(bucket)
-    _, arn = stack.s3.queue(spec.s3.queue)
+    _, arn = stack.s3.queue(spec.upstream.queue)
     stack.s3.notify(bucket, prefix, arn)
     client = stack.s3.client()
     dag_id = f"ingest__{DEMO_S3_SOURCE}"
     stack.airflow.wait_for_dag(dag_id)
-    echo(f"\n{DEMO_S3_SOURCE}: an S3 source over {spec.s3.url}, its objects named by S3 event notifications in the "
-         f"SQS queue {spec.s3.queue}")
+    echo(f"\n{DEMO_S3_SOURCE}: an S3 source over {spec.upstream.url}, its objects named by S3 event notifications in the "
+         f"SQS queue {spec.upstream.queue}")
     seed = int(time.time())
     _run_waves(stack, dag_id, waves,
                lambda i: f"uploaded {objects} objects, {events_wave(client, bucket, prefix, objects, 500, seed + i)} "

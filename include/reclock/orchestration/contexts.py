@@ -8,7 +8,7 @@ import os
 from dataclasses import replace
 from typing import Any
 
-from reclock.config import BudgetSpec, IcebergSinkSpec, SinkSpec, SourceSpec
+from reclock.config import IcebergSinkSpec, SinkSpec
 from reclock.cycle import CycleContext
 from reclock.errors import ConfigError, SettingError
 from reclock.persist import objectstore
@@ -17,6 +17,7 @@ from reclock.settings import (SparkTarget, find_blob_store, find_blob_url, find_
 from reclock.sinks.iceberg import CatalogSettings, IcebergSinkContext, catalog_uri
 from reclock.sinks.kafka import SinkContext
 from reclock.sources.registry import kind_of
+from reclock.specs import BudgetSpec, SourceSpec
 
 
 def with_run_conf(spec: SourceSpec, conf: dict[str, Any] | None) -> SourceSpec:

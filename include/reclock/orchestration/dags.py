@@ -1,5 +1,6 @@
 """Every DAG of a Reclock config: ``ingest__<source>`` per source (``ingest_group__<group>`` per continuous
-group instead of its sources' own), ``rebuild__<source>`` per source whose kind replays its bindings, ``sink__<sink>`` per sink. The DAG file (``dags/reclock_ingest.py``) calls :func:`build_all` and nothing else."""
+group instead of its sources' own), ``rebuild__<source>`` per source whose kind replays its bindings
+(``SourceKind.rebuild_refused``), ``sink__<sink>`` per sink. The DAG file (``dags/reclock_ingest.py``) calls :func:`build_all` and nothing else."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def build_all(project: Path, only: Collection[str] | None = None) -> dict[str, A
                       sinks={n: s for n, s in cfg.sinks.items() if n in only})
     dags = {spec.ingest_dag: build_ingest_dag(spec) for spec in cfg.sources.values() if not spec.group}
     dags.update({f"ingest_group__{g}": build_group_dag(g, members) for g, members in groups(cfg.sources).items()})
-    # a kind whose upstream keeps no history to replay (Postgres: its rebuild is a fresh snapshot) has none
+    # an upstream that keeps no history to replay (Postgres) has no rebuild DAG: its kind says why
     dags.update({f"rebuild__{name}": build_rebuild_dag(spec, path, Path(project) / "spark_jobs")
                  for name, spec in cfg.sources.items() if kind_of(spec).rebuild_refused(spec) is None})
     dags.update({f"sink__{name}": build_sink_dag(spec) for name, spec in cfg.sinks.items()})

@@ -20,8 +20,8 @@ task of its own, the one place that makes a cycle's parts visible.
 ``append`` has the source's shards as outlets (Assets ``reclock://<shard>``), so sinks can be scheduled
 on the appends. ``max_active_runs=1`` and ``catchup=False``; a backfill or a manual run is safe anyway:
 minting never goes back in time and an append whose range is in the shards is a no-op. A source with
-``schedule: upstream`` runs when its topic moves (``reclock.orchestration.triggers``) instead of every
-``interval``, its four steps in one task ``cycle`` (a run exists because upstream moved, and the second
+``schedule: upstream`` runs when its upstream moves (its kind's trigger, ``reclock.orchestration.triggers``)
+instead of every ``interval``, its four steps in one task ``cycle`` (a run exists because upstream moved, and the second
 task's scheduling and start-up would be most of the data's wait: the event-driven mode is chosen for
 freshness); one with ``schedule: continuous`` runs cycles back to back in one task a run
 (``reclock.continuous``), and a continuous ``group:`` shares that task with its other sources (one running
@@ -38,7 +38,7 @@ from typing import Iterator, Sequence
 
 from reclock import continuous, cycle
 from reclock.batch import BatchDescription, Part
-from reclock.config import SourceSpec
+from reclock.specs import SourceSpec
 from reclock.orchestration.assets import shard_assets
 from reclock.orchestration.contexts import cycle_context
 from reclock.schema_evolution import CollectionSchema, SchemaVersion
@@ -93,7 +93,7 @@ def build_ingest_dag(spec: SourceSpec):
     with DAG(
         dag_id=f"ingest__{spec.name}",
         description=f"Ingest {kind_of(spec).describe(spec)} exactly once (one run = one cycle)",
-        schedule=(timedelta(seconds=spec.interval_s) if spec.schedule == "interval" else [upstream_asset(spec, kind_of(spec).upstream_trigger(spec))]),
+        schedule=(timedelta(seconds=spec.interval_s) if spec.schedule == "interval" else [upstream_asset(spec)]),
         start_date=datetime(2024, 1, 1, tzinfo=timezone.utc),
         catchup=False,
         max_active_runs=1,
@@ -136,7 +136,7 @@ def _continuous_dag(spec: SourceSpec):
 
     with DAG(
         dag_id=f"ingest__{spec.name}",
-        description=f"Ingest Kafka topic {spec.kafka.topic} into {spec.name} exactly once, continuously "
+        description=f"Ingest {kind_of(spec).describe(spec)} exactly once, continuously "
                     f"(one run = cycles back to back for {spec.lease_s:.0f}s)",
         schedule=timedelta(seconds=spec.lease_s),
         start_date=datetime(2024, 1, 1, tzinfo=timezone.utc),
@@ -165,9 +165,10 @@ def build_group_dag(group: str, specs: Sequence[SourceSpec]):
 
     lease_s = specs[0].lease_s
     names = ", ".join(s.name for s in specs)
+    titles = " or ".join(dict.fromkeys(kind_of(s).title for s in specs))
     with DAG(
         dag_id=f"ingest_group__{group}",
-        description=f"Ingest {len(specs)} Kafka sources ({names}) exactly once, continuously, in one task "
+        description=f"Ingest {len(specs)} {titles} sources ({names}) exactly once, continuously, in one task "
                     f"(one run = each source's cycles back to back for {lease_s:.0f}s)",
         schedule=timedelta(seconds=lease_s),
         start_date=datetime(2024, 1, 1, tzinfo=timezone.utc),

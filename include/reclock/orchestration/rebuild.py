@@ -24,7 +24,7 @@ from pathlib import Path
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
 from reclock import cycle
-from reclock.config import SourceSpec
+from reclock.specs import SourceSpec
 from reclock.connections import DEFAULT_SPARK_SUBMIT
 from reclock.errors import ConfigError
 from reclock.orchestration.assets import shard_assets

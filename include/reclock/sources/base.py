@@ -56,9 +56,18 @@ Kinesis     (shard_id, sequence_number)  a partition per shard (the shard id's n
 :meth:`SourceRuntime.descriptions`. Spark jobs that read ``(partition, offset)`` records reclock them with
 ``reclock.spark.reclocking``; a reader in the task uses ``reclock.remap.reclock`` or its own mapping.
 
-**Layering.** A kind imports the pure core, ``persist``, ``spark`` and this module; never another kind,
-``reclock.cycle``, ``reclock.orchestration`` or the dev stack (``tests/unit/test_imports.py``). What the
-cycle hands a kind is a :class:`CycleServices` (``reclock.cycle.CycleContext`` is one).
+**A new kind** is a folder ``reclock/sources/<kind>/`` and one line of ``reclock.sources.registry``; by the
+kinds' example: ``spec.py`` parses its config section into its ``reclock.specs.UpstreamSpec`` (the
+helpers of ``reclock.specs``), ``upstream.py`` (S3: ``client.py``) is its upstream's client, ``kind.py`` holds its
+:class:`SourceKind` and :class:`SourceRuntime` (a module constant the registry imports), ``trigger.py`` its
+``schedule: upstream`` trigger (on ``reclock.sources.trigger``), and whatever its reading needs (Kafka's Spark
+job, Postgres's decoder and snapshot, S3's discovery, catalog and reader). Its own consensus tables come as migrations of ``reclock.persist``;
+its own progress relation is :meth:`SourceKind.progress_view`.
+
+**Layering.** A kind imports the pure core, ``persist``, ``spark``, ``reclock.settings``, ``reclock.specs``
+and this module; never another kind, the registry, ``reclock.cycle``, ``reclock.orchestration`` or
+the dev stack (``tests/unit/test_imports.py``). What the cycle hands a kind is a :class:`CycleServices`
+(``reclock.cycle.CycleContext`` is one).
 """
 
 from __future__ import annotations
@@ -74,10 +83,10 @@ from reclock.errors import AcknowledgedStateLost, ConfigError, ReclockError
 from reclock.persist.remap_store import OFFSETS_PROGRESS
 from reclock.remap import RemapCollection
 from reclock.schema_evolution import SchemaVersion
+from reclock.specs import SourceSpec
 from reclock.time import PartitionedFrontier
 
 if TYPE_CHECKING:
-    from reclock.config import SourceSpec
     from reclock.persist.blob import BlobStore
 
 Schedule = Literal["interval", "upstream", "continuous"]
@@ -100,11 +109,12 @@ class WrittenBatch:
 
 @dataclass(frozen=True)
 class Lag:
-    """How far a source's upstream is ahead of what it committed (None: unknown, ``detail`` says why):
-    what ``reclock status`` and the UI page show."""
+    """How far a source's upstream is ahead of what it committed, in ``unit`` (Kafka: records; S3: objects),
+    None when unknown (``detail`` says why): what ``reclock status`` and the UI page show."""
 
     records: int | None
     detail: str = ""
+    unit: str = "records"
 
 
 class CycleServices(Protocol):
@@ -305,14 +315,10 @@ class SourceKind(ABC):
     @abstractmethod
     def parse(self, name: str, raw: dict, base: Path | None) -> SourceSpec:
         """The source ``name``'s whole mapping (``raw`` holds the kind's section, ``raw[self.name]``),
-        validated: its section and the top-level keys the kind allows (schedule, budget, format, ...);
-        an unknown or misplaced key is a ``ConfigError`` naming it. ``base``: the folder relative files in
-        the config are found in."""
-
-    def shards(self, spec: SourceSpec) -> tuple[str, ...]:
-        """The collections the config alone tells (sinks name them in ``from:``): by default the main
-        collection and the error collection."""
-        return (spec.data_shard, spec.errors_shard)
+        validated: its section (into the kind's ``reclock.specs.UpstreamSpec``, ``SourceSpec.upstream``,
+        which also tells the collections the config names) and the top-level keys the kind allows
+        (schedule, budget, format, ...; the helpers of ``reclock.specs``); an unknown or misplaced key is a
+        ``ConfigError`` naming it. ``base``: the folder relative files in the config are found in."""
 
     def describe(self, spec: SourceSpec) -> str:
         """The source in words for its DAG's description: ``Kafka topic orders into orders``."""
@@ -360,8 +366,13 @@ class SourceKind(ABC):
         ``schedule: upstream``: upstream moved past the newest binding, or it must run to release upstream
         retention. Imports Airflow only when called."""
 
+    lag_unit: ClassVar[str] = "records"
+    """The unit of :meth:`lag` (``Lag.unit``)."""
+
     @abstractmethod
-    def lag(self, spec: SourceSpec, upstream: Any, timeout: float) -> Lag:
+    def lag(self, spec: SourceSpec, upstream: Any, timeout: float, dsn: str | None = None) -> Lag:
         """How far upstream is ahead of what the source committed, for ``reclock status`` and the UI page,
-        probed within ``timeout`` seconds; ``Lag(None, why)`` where it is not probed. May raise (the status
-        report turns a failure into an unknown lag with the reason)."""
+        probed within ``timeout`` seconds (``upstream``: what :meth:`find_upstream` found; ``dsn``: the
+        consensus database, where a kind keeps its own tables; None: the one the settings name,
+        ``reclock.settings.find_dsn``); ``Lag(None, why)`` where it is not probed.
+        May raise (the status report turns a failure into an unknown lag with the reason)."""

@@ -25,7 +25,7 @@ import json
 from typing import Callable, Sequence
 
 from reclock.batch import SliceWritten
-from reclock.config import SourceSpec
+from reclock.specs import SourceSpec
 from reclock.part_layout import (DATA_OUTPUT, ERR_PREFIX, ERRORS_OUTPUT, KAFKA_SHAPE, PACKED_BASE64,
                                  REJECTED_COLUMN, STATE_OUTPUT, STATE_PREFIX, RecordShape)
 from reclock.registry_plan import AvroPlan

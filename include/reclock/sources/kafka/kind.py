@@ -49,6 +49,7 @@ from reclock.settings import find_kafka, find_registry
 from reclock.sources.base import (Acknowledged, CycleServices, JointJobs, JointSlice, Lag, SourceKind, SourceRuntime,
                                   WrittenBatch)
 from reclock.sources.kafka import spark_job
+from reclock.sources.kafka.spec import parse_kafka_source
 from reclock.sources.kafka.upstream import KafkaUpstream
 from reclock.spark.reclocking import BindingRange
 from reclock.time import PartitionedFrontier
@@ -66,7 +67,7 @@ class KafkaSource(SourceRuntime):
 
     def upstream(self) -> KafkaUpstream:
         if self._upstream is None:
-            self._upstream = KafkaUpstream(self.name, self.ctx.upstream, self.ctx.spec.kafka.topic)
+            self._upstream = KafkaUpstream(self.name, self.ctx.upstream, self.ctx.spec.upstream.topic)
         return self._upstream
 
     def register(self) -> None:
@@ -322,17 +323,15 @@ class KafkaKind(SourceKind):
     joint = KafkaJointJobs()
 
     def parse(self, name, raw, base):
-        from reclock.config import parse_source
-
-        return parse_source(name, raw, base)
+        return parse_kafka_source(name, raw, base)
 
     def describe(self, spec) -> str:
-        return f"Kafka topic {spec.kafka.topic} into {spec.name}"
+        return f"Kafka topic {spec.upstream.topic} into {spec.name}"
 
     def find_upstream(self, spec, given: str | None = None) -> KafkaClientConfig:
         """The source's cluster: its connection's brokers and security settings (``reclock.kafka_client``),
         or an unsecured cluster's address given."""
-        return find_kafka(spec.kafka, f"source {spec.name}", given)
+        return find_kafka(spec.upstream, f"source {spec.name}", given)
 
     def job_environment(self, spec) -> dict[str, str]:
         """An unsecured cluster as ``RECLOCK_BOOTSTRAP``; a secured one as the source's connection
@@ -340,19 +339,19 @@ class KafkaKind(SourceKind):
         kafka = self.find_upstream(spec)
         if kafka.protocol == "PLAINTEXT":
             return {"RECLOCK_BOOTSTRAP": kafka.bootstrap}
-        return {f"AIRFLOW_CONN_{spec.kafka.connection.upper()}": kafka.connection_json()}
+        return {f"AIRFLOW_CONN_{spec.upstream.connection.upper()}": kafka.connection_json()}
 
     def open(self, ctx: CycleServices) -> KafkaSource:
         return KafkaSource(self, ctx)
 
     def upstream_trigger(self, spec) -> Any:
-        from reclock.orchestration.triggers import UpstreamMoved
+        from reclock.sources.kafka.trigger import UpstreamMoved
 
-        return UpstreamMoved(source=spec.name, topic=spec.kafka.topic, connection=spec.kafka.connection,
-                             bootstrap=spec.kafka.bootstrap, poll=spec.poll_s)
+        return UpstreamMoved(source=spec.name, topic=spec.upstream.topic, connection=spec.upstream.connection,
+                             bootstrap=spec.upstream.bootstrap, poll=spec.poll_s)
 
-    def lag(self, spec, upstream: Any, timeout: float) -> Lag:
-        up = KafkaUpstream(spec.name, upstream, spec.kafka.topic, timeout=timeout)
+    def lag(self, spec, upstream: Any, timeout: float, dsn: str | None = None) -> Lag:
+        up = KafkaUpstream(spec.name, upstream, spec.upstream.topic, timeout=timeout)
         end = up.probe_upper()
         committed = up.committed(spec.consumer_group)
         return Lag(sum(max(0, o - committed.get(p)) for p, o in end), f"group {spec.consumer_group}")

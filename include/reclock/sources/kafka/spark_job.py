@@ -16,7 +16,7 @@ import json
 from typing import Iterator, Sequence
 
 from reclock.batch import OffsetRange, SliceWritten
-from reclock.config import SourceSpec
+from reclock.specs import SourceSpec
 from reclock.kafka_client import KafkaClientConfig, client_config
 from reclock.kafka_client import check as kafka_check
 from reclock.part_layout import DATA_OUTPUT, ERRORS_OUTPUT, KAFKA_SHAPE, MEMBER_COLUMN, REJECTED_COLUMN
@@ -44,13 +44,13 @@ def kafka_read_options(spec: SourceSpec, kafka: KafkaClientConfig | str,
     opts = {
         **settings,
         "kafka.group.id": _group_of(spec, settings),
-        "assign": json.dumps({spec.kafka.topic: parts}),
-        "startingOffsets": json.dumps({spec.kafka.topic: {str(r.partition): r.start for r in ranges}}),
-        "endingOffsets": json.dumps({spec.kafka.topic: {str(r.partition): r.end for r in ranges}}),
+        "assign": json.dumps({spec.upstream.topic: parts}),
+        "startingOffsets": json.dumps({spec.upstream.topic: {str(r.partition): r.start for r in ranges}}),
+        "endingOffsets": json.dumps({spec.upstream.topic: {str(r.partition): r.end for r in ranges}}),
         "failOnDataLoss": "true",
         "includeHeaders": "true" if "headers" in spec.include else "false",
     }
-    for k, v in spec.kafka.options:
+    for k, v in spec.upstream.options:
         if not (k.startswith("kafka.") or _is_librdkafka(k)):
             opts[k] = v
     return opts
@@ -60,7 +60,7 @@ def _consumer_settings(spec: SourceSpec, kafka: KafkaClientConfig | str) -> dict
     """The ``kafka.*`` options Spark's consumers are made with (the cluster's, Reclock's, the source's)."""
     opts = {**client_config(kafka).spark_options(), "kafka.isolation.level": "read_committed",
             "kafka.fetch.max.wait.ms": "10"}
-    for k, v in spec.kafka.options:
+    for k, v in spec.upstream.options:
         if k.startswith("kafka.") or _is_librdkafka(k):
             opts[k if k.startswith("kafka.") else f"kafka.{k}"] = v
     return opts
@@ -131,7 +131,7 @@ def upsert_keys(spark, spec: SourceSpec, bootstrap: KafkaClientConfig | str, ran
     from pyspark.sql import functions as F
 
     df = _read_kafka(spark, spec, bootstrap, ranges)
-    with kafka_job(f"source {spec.name}", bootstrap, [spec.kafka.topic], [read_group(spec, bootstrap)]):
+    with kafka_job(f"source {spec.name}", bootstrap, [spec.upstream.topic], [read_group(spec, bootstrap)]):
         return [bytes(r[0]) for r in df.filter(F.col("key").isNotNull()).select("key").distinct().collect()]
 
 
@@ -149,7 +149,7 @@ def write_slice(spark, spec: SourceSpec, bootstrap: KafkaClientConfig | str, ran
         df = _reclocked(spark, spec, bootstrap, ranges, bindings, read)
         return df.observe(met, *writer_aggregates(plan)) if met is not None else df
 
-    with kafka_job(f"source {spec.name}", bootstrap, [spec.kafka.topic], [read_group(spec, bootstrap)]):
+    with kafka_job(f"source {spec.name}", bootstrap, [spec.upstream.topic], [read_group(spec, bootstrap)]):
         out = decode.write_slice(spark, spec, KAFKA_SHAPE, records, url, prior, index,
                                  offsets=sum(r.end - r.start for r in ranges), plan=plan)
     if met is not None and writers is not None:
@@ -240,7 +240,7 @@ def write_joint(spark, slices: Sequence[JointSlice], url: str) -> list[SliceWrit
               for c in (F.count(F.when(member == i, F.lit(1))).alias(f"rows{i}"),
                         F.count(F.when(member == i, F.col(REJECTED_COLUMN))).alias(f"rejected{i}"))]
     with kafka_job("sources " + ", ".join(s.spec.name for s in slices), slices[0].upstream,
-                   [s.spec.kafka.topic for s in slices], [read_group(s.spec, s.upstream) for s in slices]):
+                   [s.spec.upstream.topic for s in slices], [read_group(s.spec, s.upstream) for s in slices]):
         parts_writer(df.observe(written, *counts), url).partitionBy(MEMBER_COLUMN).parquet(url)
     w = observed(written, slices[0].spec.name, url,
                  [f"{k}{i}" for i in range(len(slices)) for k in ("rows", "rejected")])

@@ -52,6 +52,7 @@ from reclock.sources.kinesis.lineage import (FINISHED, ShardInfo, ShardScan, don
 from reclock.sources.kinesis.reader import (CountsMissing, ReadTask, parse_lost, plan_tasks, read_frame, slices,
                                             units_for)
 from reclock.sources.kinesis.sequence import shard_id
+from reclock.sources.kinesis.spec import parse_kinesis_source
 from reclock.time import PartitionedFrontier
 
 PROGRESS = ("SELECT ts, 'shardId-' || lpad(partition::text, 12, '0') AS shard_id, "
@@ -144,7 +145,7 @@ class KinesisSource(SourceRuntime):
         """Scan every readable shard from the newest binding to its tip (children once their parents' ends
         are in the scans), count, and cut what was found into frontiers to bind (see the module)."""
         spec, up = self.ctx.spec, self.upstream()
-        settings = spec.kinesis
+        settings = spec.upstream
         began = self.ctx.clock()
         with self.ctx.connect() as conn:
             record = self._check_stream(conn)
@@ -282,7 +283,7 @@ class KinesisSource(SourceRuntime):
             segs = store.load_segments(conn, self.name, list(ranges))
             dropped = store.stream_record(conn, self.name).dropped_records if rebuilding else 0
         units = units_for(ranges, segs) if not rebuilding else self._rebuild_units(ranges, segs, listing, dropped)
-        tasks = plan_tasks(units, listing, self.ctx.spec.kinesis.task_records)
+        tasks = plan_tasks(units, listing, self.ctx.spec.upstream.task_records)
         return tasks, sum(u.records for u in units)
 
     def _rebuild_units(self, ranges, segs, listing, dropped: int):
@@ -295,7 +296,7 @@ class KinesisSource(SourceRuntime):
             found = 0
             fresh = {}
             for n, rs in rest.items():
-                scan = self.upstream().scan(listing[n], 0, self.ctx.spec.kinesis.stride)
+                scan = self.upstream().scan(listing[n], 0, self.ctx.spec.upstream.stride)
                 fresh[n] = scan_segments(scan)
                 found += scan.records
             if found != dropped:
@@ -383,7 +384,7 @@ class KinesisSource(SourceRuntime):
         spec, up = self.ctx.spec, self.upstream()
         listing = up.shards()
         positions = dict(frontier)
-        table = spec.kinesis.checkpoints
+        table = spec.upstream.checkpoints
         if table is not None and positions:
             from reclock.sources.kinesis.checkpoints import ensure_table, write_checkpoints
 
@@ -408,17 +409,15 @@ class KinesisKind(SourceKind):
     schedules = ("interval", "upstream", "continuous")
 
     def parse(self, name, raw, base):
-        from reclock.config import parse_source
-
-        return parse_source(name, raw, base)
+        return parse_kinesis_source(name, raw, base)
 
     def describe(self, spec) -> str:
-        return f"Kinesis stream {spec.kinesis.stream} into {spec.name}"
+        return f"Kinesis stream {spec.upstream.stream} into {spec.name}"
 
     def find_upstream(self, spec, given: str | None = None) -> StreamAddress:
         from reclock.sources.kinesis.config import find_stream
 
-        return find_stream(spec.kinesis, f"source {spec.name}", given)
+        return find_stream(spec.upstream, f"source {spec.name}", given)
 
     def job_environment(self, spec) -> dict[str, str]:
         addr = self.find_upstream(spec)
@@ -434,20 +433,21 @@ class KinesisKind(SourceKind):
         return PROGRESS
 
     def upstream_trigger(self, spec) -> Any:
-        from reclock.orchestration.triggers import KinesisMoved
+        from reclock.sources.kinesis.trigger import KinesisMoved
 
-        return KinesisMoved(source=spec.name, stream=spec.kinesis.stream, region=spec.kinesis.region,
-                            endpoint_url=spec.kinesis.endpoint_url, poll=spec.poll_s)
+        return KinesisMoved(source=spec.name, stream=spec.upstream.stream, region=spec.upstream.region,
+                            endpoint_url=spec.upstream.endpoint_url, poll=spec.poll_s)
 
-    def lag(self, spec, upstream: Any, timeout: float) -> Lag:
+    def lag(self, spec, upstream: Any, timeout: float, dsn: str | None = None) -> Lag:
         """Records and milliseconds the stream's tip is beyond the source's offset resumption frontier (read
-        from the consensus Postgres, ``RECLOCK_DSN``): a count up to ``probe.LAG_CAP`` records per shard."""
+        from the consensus Postgres ``dsn``, else the settings'): a count up to ``probe.LAG_CAP`` records per
+        shard."""
         from reclock.persist import connect
         from reclock.persist.shards import shard_info
         from reclock.settings import find_dsn
         from reclock.sources.kinesis.probe import stream_lag
 
-        with connect(find_dsn(None)) as conn:
+        with connect(find_dsn(dsn)) as conn:
             rc = load_remap(conn, spec.name)
             resumption = min([rc.upper, *(shard_info(conn, s).upper for s in spec.shards)])
         positions = dict(remap.source_upper_at(rc, resumption))

@@ -14,7 +14,7 @@ bound with (retention trimmed them, the stream was replaced) fails the task with
 the driver turns into ``UpstreamDataLost`` naming the shard and range; never a silent skip.
 
 The pure planning (:func:`units_for`, :func:`plan_tasks`, :func:`slices`) imports nothing but the lineage
-rules; :func:`read_task` runs in a Spark task (or anywhere) with boto3.
+rules and ``reclock.batch.pack``; :func:`read_task` runs in a Spark task (or anywhere) with boto3.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import bisect
 from dataclasses import dataclass
 from typing import Iterator, Mapping, Sequence
 
+from reclock.batch import pack
 from reclock.sources.kinesis.lineage import FINISHED, Segment, ShardInfo
 
 
@@ -140,18 +141,7 @@ def plan_tasks(units: Sequence[Unit], shards: Mapping[int, ShardInfo], task_reco
 def slices(tasks: Sequence[ReadTask], max_records: int) -> list[list[ReadTask]]:
     """Group tasks into slices (one Spark job each) of at most ``max_records`` records (a task larger than
     that is a slice alone). Law: every task in exactly one slice, in order."""
-    out: list[list[ReadTask]] = []
-    current: list[ReadTask] = []
-    total = 0
-    for t in tasks:
-        if current and total + t.records > max_records:
-            out.append(current)
-            current, total = [], 0
-        current.append(t)
-        total += t.records
-    if current:
-        out.append(current)
-    return out
+    return pack(tasks, lambda t: t.records, max_records)
 
 
 class RangeLost(Exception):

@@ -28,7 +28,6 @@ import pyarrow as pa
 from reclock import remap
 from reclock.batch import BatchDescription, mint_descriptions
 from reclock.compaction import contents_as_of
-from reclock.config import parse_pg_table, pg_table_shard
 from reclock.errors import ConfigError, ReclockError, ShardsDisagree, SlotAheadOfConsensus, TableTruncated
 from reclock.failpoints import failpoint
 from reclock.part_layout import DATA_KIND, ERRORS_KIND, ERRORS_OUTPUT, INTERNAL_PREFIX
@@ -37,11 +36,11 @@ from reclock.persist.remap_store import append_binding, load_remap, register_sou
 from reclock.persist.shards import Append, compare_and_append, register_shard, shard_info
 from reclock.read import read_as_of
 from reclock.remap import RemapCollection
-from reclock.settings import find_upstream_dsn
 from reclock.sources.base import Acknowledged, CycleServices, Lag, SourceKind, SourceRuntime, WrittenBatch
 from reclock.sources.postgres import cdc
 from reclock.sources.postgres import spark_snapshot
 from reclock.sources.postgres.registration import register_tables, registered_tables, replace_tables, snapshot_ts
+from reclock.sources.postgres.spec import find_upstream_dsn, parse_pg_table, parse_postgres_source, pg_table_shard
 from reclock.sources.postgres.upstream import LSN_PARTITION, PostgresUpstream, lsn_frontier, lsn_to_str
 from reclock.time import PartitionedFrontier
 
@@ -66,7 +65,7 @@ class PostgresSource(SourceRuntime):
             if not self.ctx.upstream:
                 raise ConfigError(f"source {self.name}: this cycle context has no upstream (the upstream "
                                   "Postgres's DSN)")
-            self._upstream = PostgresUpstream(self.name, self.ctx.upstream, self.ctx.spec.postgres.publication)
+            self._upstream = PostgresUpstream(self.name, self.ctx.upstream, self.ctx.spec.upstream.publication)
         return self._upstream
 
     def holding(self) -> ContextManager[None]:
@@ -143,7 +142,7 @@ class PostgresSource(SourceRuntime):
         """The tables a Postgres source takes (its ``tables:``, else every table of its publication), described
         upstream (published, identity FULL) and checked for column names a collection keeps for its own."""
         up, name = self.upstream(), self.ctx.spec.name
-        names = self.ctx.spec.postgres.tables or [parse_pg_table(name, t) for t in up.published_tables(uconn)]
+        names = self.ctx.spec.upstream.tables or [parse_pg_table(name, t) for t in up.published_tables(uconn)]
         infos = up.describe(uconn, names)
         for info in infos:
             taken = [c for c, _, _ in info.columns if c in ("ts", "diff") or c.startswith(INTERNAL_PREFIX)]
@@ -253,7 +252,7 @@ class PostgresSource(SourceRuntime):
                 # the LSN read up to is seen
                 up.check_definitions(uconn, [o.info for o in outputs])
                 decoder = cdc.ChangeDecoder(self.ctx.spec.name, outputs, writer, bindings, start, end, rewind,
-                                            strict_tables=not self.ctx.spec.postgres.tables,
+                                            strict_tables=not self.ctx.spec.upstream.tables,
                                             truncated=lambda out, ts: self._truncated(writer, desc, out, ts,
                                                                                       spark_done))
                 # the peek's cursor lives in a transaction; the blocks are closed (the helper thread joined) before
@@ -307,7 +306,7 @@ class PostgresSource(SourceRuntime):
     def _snapshot_on_spark(self, sconn, outputs: Sequence[cdc.Output]) -> list[tuple[cdc.Output, list]]:
         """The tables whose snapshot Spark reads, with their partitions' predicates: those of at least the
         source's ``spark_snapshot_min_bytes`` whose columns Spark converts exactly, when the context has Spark."""
-        least = self.ctx.spec.postgres.spark_snapshot_min_bytes
+        least = self.ctx.spec.upstream.spark_snapshot_min_bytes
         if least is None or self.ctx.spark_factory is None:
             return []
         chosen = []
@@ -343,18 +342,13 @@ class PostgresKind(SourceKind):
     writes_on_spark = False
 
     def parse(self, name, raw, base):
-        from reclock.config import parse_source
-
-        return parse_source(name, raw, base)
-
-    def shards(self, spec) -> tuple[str, ...]:
-        return spec.shards
+        return parse_postgres_source(name, raw, base)
 
     def describe(self, spec) -> str:
-        return f"Postgres publication {spec.postgres.publication} into {spec.name}__<table>"
+        return f"Postgres publication {spec.upstream.publication} into {spec.name}__<table>"
 
     def find_upstream(self, spec, given: str | None = None) -> str:
-        return find_upstream_dsn(spec.postgres, f"source {spec.name}")
+        return find_upstream_dsn(spec.upstream, f"source {spec.name}")
 
     def open(self, ctx: CycleServices) -> PostgresSource:
         return PostgresSource(self, ctx)
@@ -371,13 +365,13 @@ class PostgresKind(SourceKind):
         return None
 
     def upstream_trigger(self, spec) -> Any:
-        from reclock.orchestration.triggers import PublicationChanged
+        from reclock.sources.postgres.trigger import PublicationChanged
 
-        return PublicationChanged(source=spec.name, publication=spec.postgres.publication,
-                                  connection=spec.postgres.connection, dsn_env=spec.postgres.dsn_env,
+        return PublicationChanged(source=spec.name, publication=spec.upstream.publication,
+                                  connection=spec.upstream.connection, dsn_env=spec.upstream.dsn_env,
                                   poll=spec.poll_s)
 
-    def lag(self, spec, upstream: Any, timeout: float) -> Lag:
+    def lag(self, spec, upstream: Any, timeout: float, dsn: str | None = None) -> Lag:
         return Lag(None, "a Postgres source: its slot's lag is not probed here")
 
 

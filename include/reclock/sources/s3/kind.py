@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 from reclock import remap
 from reclock.batch import BatchDescription, SliceWritten, mint_descriptions
-from reclock.config import SourceSpec
+from reclock.specs import SourceSpec
 from reclock.errors import ConfigError, DecodeError, S3Unavailable
 from reclock.failpoints import failpoint
 from reclock.part_layout import DATA_KIND, DATA_OUTPUT, ERRORS_KIND, ERRORS_OUTPUT
@@ -48,6 +48,7 @@ from reclock.sources.s3.lines import complete_upto
 from reclock.sources.s3.log import LOG, BoundRange, Layout, bound_ranges
 from reclock.sources.s3.read import (SPLIT_BYTES, WHOLE_FORMATS, ReaderConf, is_gzip, slices_of, units_for, whole_schema,
                                      write_slice)
+from reclock.sources.s3.spec import parse_s3_source
 from reclock.time import PartitionedFrontier
 
 TAIL_STEP = 1 << 16
@@ -72,14 +73,14 @@ the catalog has forgotten is null."""
 
 
 def rules_of(spec: SourceSpec) -> Rules:
-    s3 = spec.s3
+    s3 = spec.upstream
     return Rules(mutable=s3.is_folder, settle_ms=int(s3.settle_s * 1000), on_overwrite=OnOverwrite(s3.on_overwrite),
                  lookback_ms=int(s3.lookback_s * 1000) if s3.keys == "increasing" and s3.discovery == "listing" else None,
                  whole=lambda key: spec.format.type in ("parquet", "avro") or is_gzip(key, s3.compression))
 
 
 def reader_conf(spec: SourceSpec, settings: S3Settings | None) -> ReaderConf:
-    s3 = spec.s3
+    s3 = spec.upstream
     return ReaderConf(spec.name, s3.url, settings, spec.format.type, s3.compression, spec.format.csv_header,
                       OnOverwrite(s3.on_overwrite))
 
@@ -116,12 +117,12 @@ class S3Source(SourceRuntime):
 
     def store(self) -> ObjectStore:
         if self._store is None:
-            self._store = open_store(self.name, self.spec.s3.url, self.settings)
+            self._store = open_store(self.name, self.spec.upstream.url, self.settings)
         return self._store
 
     def queue(self) -> EventQueue:
         if self._queue is None:
-            self._queue = EventQueue(self.name, self.spec.s3.queue, self.settings)
+            self._queue = EventQueue(self.name, self.spec.upstream.queue, self.settings)
         return self._queue
 
     # -- register -------------------------------------------------------------------------------------
@@ -146,7 +147,7 @@ class S3Source(SourceRuntime):
 
         t0 = time.monotonic()
         self.last = Discovered()
-        if self.spec.s3.discovery == Discovery.NOTIFICATIONS.value:
+        if self.spec.upstream.discovery == Discovery.NOTIFICATIONS.value:
             frontier = self._notified()
         else:
             frontier = self._listed()
@@ -156,7 +157,7 @@ class S3Source(SourceRuntime):
         return frontier
 
     def _listed(self) -> PartitionedFrontier:
-        store, rules, limit = self.store(), rules_of(self.spec), self.spec.s3.max_objects_per_cycle
+        store, rules, limit = self.store(), rules_of(self.spec), self.spec.upstream.max_objects_per_cycle
         with self.ctx.connect() as conn:
             row = catalog.source_row(conn, self.name)
             known_keys = {r.key for r in catalog.rows(conn, self.name, row.start_after)}
@@ -176,7 +177,7 @@ class S3Source(SourceRuntime):
         spec, now = self.spec, self.ctx.clock()
         with self.ctx.connect() as conn:
             row = catalog.source_row(conn, self.name)
-        if spec.s3.backfill and not row.backfilled:
+        if spec.upstream.backfill and not row.backfilled:
             listed = list(self.store().list())
             self.last.listed = len(listed)
             self._reconcile(listed, now, complete_listing=False, backfilled=True)
@@ -189,9 +190,9 @@ class S3Source(SourceRuntime):
     def _receive(self) -> tuple[list[ObjectInfo], list[str]]:
         """Messages from the queue until it is empty or ``max_objects_per_cycle`` objects are named: the
         objects created (a removal needs nothing: a bound object that is gone fails its read, naming it)."""
-        store, loc = self.store(), self.spec.s3.url.split("://", 1)[1]
+        store, loc = self.store(), self.spec.upstream.url.split("://", 1)[1]
         bucket, _, prefix = loc.partition("/")
-        limit = self.spec.s3.max_objects_per_cycle
+        limit = self.spec.upstream.max_objects_per_cycle
         events: dict[str, Any] = {}
         receipts: list[str] = []
         while len(events) < limit:
@@ -203,8 +204,8 @@ class S3Source(SourceRuntime):
                 for e in m.events:
                     if e.bucket != bucket or not e.key.startswith(prefix):
                         raise S3Unavailable(
-                            f"source {self.name}: SQS queue {self.spec.s3.queue} delivered an event for "
-                            f"s3://{e.bucket}/{e.key}, outside the source's {self.spec.s3.url}; a queue serves one "
+                            f"source {self.name}: SQS queue {self.spec.upstream.queue} delivered an event for "
+                            f"s3://{e.bucket}/{e.key}, outside the source's {self.spec.upstream.url}; a queue serves one "
                             "source: filter the bucket's notification by the source's prefix (docs/s3.md)")
                     if not e.created or e.key.endswith("/"):
                         self.last.ignored_events += 1
@@ -254,7 +255,7 @@ class S3Source(SourceRuntime):
         rows a listing compares with are those after the key frontier (keys: any: all of them); a
         notification's, those of its keys."""
         rules, store = rules_of(self.spec), self.store()
-        notified = self.spec.s3.discovery == Discovery.NOTIFICATIONS.value
+        notified = self.spec.upstream.discovery == Discovery.NOTIFICATIONS.value
         with self.ctx.connect() as conn, conn.transaction():
             row = catalog.source_row(conn, self.name, lock=True)
             if row.start_after is not None and row.start_after != listed_from:
@@ -277,7 +278,7 @@ class S3Source(SourceRuntime):
 
     def descriptions(self, rc: RemapCollection, lower: int) -> list[BatchDescription]:
         """A backlog cut by ``budget.max_bytes``: a log position is a byte (plus one per object)."""
-        return mint_descriptions(lower, rc, self.spec.s3.max_bytes)
+        return mint_descriptions(lower, rc, self.spec.upstream.max_bytes)
 
     def bound(self, rc: RemapCollection, desc: BatchDescription, forgotten_below: int = 0):
         """The byte ranges the bindings in ``desc`` bind, per object with its ts, and the catalog rows."""
@@ -313,7 +314,7 @@ class S3Source(SourceRuntime):
             row = catalog.source_row(conn, self.name)
         if not row.forgotten:
             return self._write(rc, desc, metrics, on_slice=on_slice)
-        s3 = self.spec.s3
+        s3 = self.spec.upstream
         if s3.discovery != Discovery.LISTING.value or s3.keys != "increasing":
             raise ConfigError(f"source {self.name}: the catalog forgot {row.forgotten} objects bound before since "
                               "(notifications: past the dedupe horizon), which only a listing in key order finds "
@@ -349,8 +350,8 @@ class S3Source(SourceRuntime):
         bound = list(extra[0]) + bound
         rows = {**{r.id: r for r in extra[1]}, **rows}
         conf = reader_conf(spec, self.settings)
-        units = units_for(bound, rows, conf, split_bytes=min(SPLIT_BYTES, spec.s3.max_bytes))
-        slices = slices_of(units, spec.s3.max_bytes, spec.s3.max_objects)
+        units = units_for(bound, rows, conf, split_bytes=min(SPLIT_BYTES, spec.upstream.max_bytes))
+        slices = slices_of(units, spec.upstream.max_bytes, spec.upstream.max_objects)
         objects = len({r.id for r in bound})
         if not slices:
             m.update(lower=desc.lower, upper=desc.upper, slices=0, objects=objects, bytes_read=0, records_read=0)
@@ -400,7 +401,7 @@ class S3Source(SourceRuntime):
         remap collection's binding at since: no cycle reads them again, a rebuild gives them ts since) that
         no listing or notification can name again: before the key frontier (listing, keys increasing), or
         older than the dedupe horizon (notifications). With keys in any order every key stays known."""
-        s3 = self.spec.s3
+        s3 = self.spec.upstream
         rc = load_remap(conn, self.name)
         at_since = remap.source_upper_at(rc, since + 1) if rc.bindings else PartitionedFrontier()
         with conn.transaction():
@@ -430,7 +431,7 @@ class S3Source(SourceRuntime):
             uppers = [shard_info(conn, s).upper for s in self.shards()]
             committed = remap.source_upper_at(rc, min([rc.upper, *uppers]))
             row = catalog.source_row(conn, self.name)
-            listing = self.spec.s3.discovery == Discovery.LISTING.value
+            listing = self.spec.upstream.discovery == Discovery.LISTING.value
             rows = catalog.rows(conn, self.name, row.start_after if listing else None)
         objects = bytes_ = 0
         for r in rows:
@@ -498,22 +499,21 @@ class S3Kind(SourceKind):
     from_time = "(key, byte_offset)"
     progress_columns = ("ts", "key", "byte_offset")
     schedules = ("interval", "upstream")
+    lag_unit = "objects"
 
     def parse(self, name, raw, base):
-        from reclock.config import parse_source
-
-        return parse_source(name, raw, base)
+        return parse_s3_source(name, raw, base)
 
     def describe(self, spec) -> str:
-        return f"the objects of {spec.s3.url} into {spec.name}"
+        return f"the objects of {spec.upstream.url} into {spec.name}"
 
     def find_upstream(self, spec, given: str | None = None) -> S3Settings | None:
         """The S3 endpoint and keys of the source's ``connection:`` (None for a folder)."""
-        if spec.s3.is_folder:
+        if spec.upstream.is_folder:
             return None
         from reclock.settings import find_source_s3_settings
 
-        return find_source_s3_settings(spec.s3.connection, f"source {spec.name}")
+        return find_source_s3_settings(spec.upstream.connection, f"source {spec.name}")
 
     def job_environment(self, spec) -> dict[str, str]:
         settings = self.find_upstream(spec)
@@ -538,11 +538,11 @@ class S3Kind(SourceKind):
 
         return upstream_trigger(spec)
 
-    def lag(self, spec, upstream: Any, timeout: float) -> Lag:
+    def lag(self, spec, upstream: Any, timeout: float, dsn: str | None = None) -> Lag:
         from reclock.settings import find_dsn
 
-        objects, _, detail = probe_lag(spec, upstream, find_dsn())
-        return Lag(objects, detail)
+        objects, _, detail = probe_lag(spec, upstream, find_dsn(dsn))
+        return Lag(objects, detail, self.lag_unit)
 
 
 S3 = S3Kind()

@@ -36,7 +36,7 @@ from typing import Iterator, Sequence
 import numpy as np
 import pyarrow as pa
 
-from reclock.batch import SliceWritten
+from reclock.batch import SliceWritten, pack
 from reclock.errors import ObjectChanged, ObjectLost
 from reclock.persist.objectstore import S3Settings
 from reclock.sources.s3.client import READ_CHUNK, ObjectInfo, open_store
@@ -143,18 +143,7 @@ def units_for(bound: Sequence[BoundRange], rows: dict[int, Known], conf: ReaderC
 def slices_of(units: Sequence[ReadUnit], max_bytes: int, max_objects: int) -> list[list[ReadUnit]]:
     """Units grouped, in order, into slices (Spark jobs) of at most ``max_bytes`` bytes and ``max_objects``
     units (a unit larger than ``max_bytes`` alone)."""
-    out: list[list[ReadUnit]] = []
-    cur: list[ReadUnit] = []
-    size = 0
-    for u in units:
-        if cur and (size + u.bytes > max_bytes or len(cur) >= max_objects):
-            out.append(cur)
-            cur, size = [], 0
-        cur.append(u)
-        size += u.bytes
-    if cur:
-        out.append(cur)
-    return out
+    return pack(units, lambda u: u.bytes, max_bytes, max_objects)
 
 
 def assign_tasks(units: Sequence[ReadUnit], task_bytes: int = TASK_BYTES, min_tasks: int = 2) -> list[list[ReadUnit]]:
@@ -346,8 +335,6 @@ def s3_output_meta(include: Sequence[str]) -> list[str]:
     exprs = {"key": "CAST(_k AS STRING) AS _key", "offset": "_o AS _offset", "last_modified": "_t AS _last_modified"}
     return [exprs[m] for m in include]
 
-
-S3_METADATA = ("key", "offset", "last_modified")
 
 
 def output_names(spec, include: Sequence[str]) -> list[str]:

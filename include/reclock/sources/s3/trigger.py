@@ -25,10 +25,11 @@ from typing import Any, AsyncIterator
 
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
+from reclock.sources.trigger import REFIRE_S
+
 log = logging.getLogger(__name__)
 
 CLASSPATH = "reclock.sources.s3.trigger.ObjectsArrived"
-REFIRE_S = 60.0
 SEEN_IDS = 10_000
 """Message ids remembered (a look returns up to 10 of the queue's messages, not necessarily new ones)."""
 
@@ -130,6 +131,6 @@ class ObjectsArrived(BaseEventTrigger):
 
 
 def upstream_trigger(spec) -> ObjectsArrived:
-    s3 = spec.s3
+    s3 = spec.upstream
     return ObjectsArrived(source=spec.name, url=s3.url, connection=None if s3.is_folder else s3.connection,
                           queue=s3.queue if s3.discovery == "notifications" else None, poll=spec.poll_s)
