@@ -112,11 +112,9 @@ def avro_plan(client: RegistryClient, reader: str, subject: str | None, ids: Ite
             writers.append(AvroWriter(i, s.text, None if s.type == "JSON" else f"schema {i} is {s.type}, not JSON"))
         elif s.type != "AVRO":
             writers.append(AvroWriter(i, s.text, f"schema {i} is {s.type}, not Avro"))
-        elif s.references:
-            writers.append(AvroWriter(i, s.text, "it refers to other schemas (references), which Reclock does not "
-                                                 "resolve yet"))
         else:
-            writers.append(AvroWriter(i, s.text, problem(reader, s.text)))
+            text = schema_text(fmt, s)
+            writers.append(AvroWriter(i, text, problem(reader, text)))
     return AvroPlan(reader, tuple(writers), tuple(sorted(missing)), fmt, columns)
 
 
@@ -150,8 +148,22 @@ class Reader:
 
 def schema_text(fmt: RegistryFormat, schema: RegisteredSchema) -> str:
     """The text a plan holds of a registered schema: Protobuf's is a bundle of its ``.proto`` and every file it
-    imports (``reclock.protobuf_schema.bundle``); Avro's and JSON Schema's their own."""
-    return protobuf_schema.bundle(schema) if fmt == "protobuf" and schema.type == "PROTOBUF" else schema.text
+    imports (``reclock.protobuf_schema.bundle``); Avro's has the named types it references inlined
+    (``reclock.avro_schema.inline_references``); JSON Schema's is its own."""
+    if fmt == "protobuf" and schema.type == "PROTOBUF":
+        return protobuf_schema.bundle(schema)
+    if schema.type == "AVRO" and schema.references:
+        refs: dict[str, str] = {}
+
+        def walk(s: RegisteredSchema) -> None:
+            for ref, sub in s.references:
+                if ref.name not in refs:
+                    refs[ref.name] = sub.text
+                    walk(sub)
+
+        walk(schema)
+        return avro_schema.inline_references(schema.text, refs)
+    return schema.text
 
 
 def writer_columns(fmt: RegistryFormat, text: str) -> CollectionSchema:

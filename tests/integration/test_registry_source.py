@@ -325,3 +325,23 @@ def test_protobuf_bit_for_bit_and_evolves(db, kafka, topic, spark, tmp_path, reg
         "schema id 654321 is not known to the schema registry"
     assert reasons[0] == (f"the message indexes [1] name message shop.Other of writer schema {i1}; the source "
                           "reads shop.Row")
+
+
+def test_avro_references(db, kafka, topic, spark, tmp_path, registry_conn):
+    """An Avro writer whose named type lives in another subject (a registry reference) is read with it inlined."""
+    from reclock.schema_registry import SchemaReference
+
+    client = registry_conn
+    name = topic(partitions=1)
+    money = {"type": "record", "name": "Money", "namespace": "fin", "fields": [{"name": "cents", "type": "long"}]}
+    client.register(f"{name}-money", json.dumps(money))
+    order = {"type": "record", "name": "Order", "namespace": "shop",
+             "fields": [{"name": "id", "type": "long"}, {"name": "price", "type": "fin.Money"}]}
+    i = client.register(f"{name}-value", json.dumps(order), references=(SchemaReference("fin.Money", f"{name}-money", 1),))
+    ctx = make_ctx(db, kafka, spark, tmp_path, name, "refs", {"type": "avro", "registry": {}})
+    inlined = {**order, "fields": [order["fields"][0], {"name": "price", "type": money}]}
+    produce(kafka, name, [(0, None, encode(i, avro(inlined, {"id": 1, "price": {"cents": -2**63}})))])
+    cycle.run_cycle(ctx)
+    with connect(db) as conn:
+        got = read_as_of(conn, ctx.blob, "refs", upper(db, "refs") - 1).to_pylist()
+    assert [(r["id"], r["price"]) for r in got] == [(1, {"cents": -2**63})]
