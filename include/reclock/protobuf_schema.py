@@ -42,10 +42,13 @@ import functools
 import json
 import os
 import tempfile
+import threading
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 from reclock.schema_evolution import CollectionSchema, Column
+
+_PROTOC = threading.Lock()  # protoc's complaints are caught by pointing file descriptor 2 away: one at a time
 
 MAIN = "reclock_schema.proto"
 """The file name the main ``.proto`` text is compiled under (imports keep their own paths)."""
@@ -101,21 +104,26 @@ def compile_bundle(text: str) -> bytes:
         out = os.path.join(d, "set.pb")
         errors = os.path.join(d, "errors.txt")
         # protoc writes its complaints to file descriptor 2: catch them in a file, not on the worker's stderr
-        saved = os.dup(2)
-        try:
-            with open(errors, "w") as err:
-                os.dup2(err.fileno(), 2)
-                rc = protoc.main(["protoc", f"-I{d}", f"-I{well_known}", "--include_imports",
-                                  f"--descriptor_set_out={out}", MAIN])
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
+        with _PROTOC:
+            rc = _protoc(protoc, d, well_known, out, errors)
         if rc != 0:
             with open(errors, encoding="utf-8", errors="replace") as f:
                 why = f.read().replace(d + os.sep, "").strip()
             raise ProtobufSchemaError(f"the .proto text does not compile: {why or f'protoc exit {rc}'}")
         with open(out, "rb") as f:
             return f.read()
+
+
+def _protoc(protoc, d: str, well_known: str, out: str, errors: str) -> int:
+    saved = os.dup(2)
+    try:
+        with open(errors, "w") as err:
+            os.dup2(err.fileno(), 2)
+            return protoc.main(["protoc", f"-I{d}", f"-I{well_known}", "--include_imports",
+                                f"--descriptor_set_out={out}", MAIN])
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 @dataclass(frozen=True)
@@ -141,9 +149,15 @@ class Compiled:
 @functools.lru_cache(maxsize=256)
 def compiled(text: str) -> Compiled:
     """The bundle compiled into a descriptor pool of its own."""
+    return from_descriptor_set(compile_bundle(text))
+
+
+@functools.lru_cache(maxsize=64)
+def from_descriptor_set(data: bytes) -> Compiled:
+    """A compiled bundle from its serialized ``FileDescriptorSet`` (what a job's workers get: no protoc there)."""
     from google.protobuf import descriptor_pb2, descriptor_pool
 
-    fds = descriptor_pb2.FileDescriptorSet.FromString(compile_bundle(text))
+    fds = descriptor_pb2.FileDescriptorSet.FromString(data)
     pool = descriptor_pool.DescriptorPool()
     for f in fds.file:
         pool.Add(f)
@@ -272,15 +286,15 @@ def problem(reader: str, writer: str) -> str | None:
 class Decoder:
     """Decodes wire-format records of the writers of a plan with the reader's message class.
 
-    ``reader``: the reader's bundle; ``writers``: per known writer id, the message index paths of its file
+    ``reader``: the reader's serialized ``FileDescriptorSet`` (:func:`compile_bundle`); ``writers``: per known writer id, the message index paths of its file
     that name the reader's message (any other path names another message); ``unreadable``: writers the
     reader cannot read, with why. :meth:`decode` gives ``(row, None)`` or ``(None, reason)``."""
 
-    def __init__(self, reader: str, writers: Mapping[int, Mapping[tuple[int, ...], str]],
+    def __init__(self, reader: bytes, writers: Mapping[int, Mapping[tuple[int, ...], str]],
                  unreadable: Mapping[int, str]) -> None:
         from google.protobuf import message_factory
 
-        c = compiled(reader)
+        c = from_descriptor_set(reader)
         self.name = c.message.full_name
         self.cls = message_factory.GetMessageClass(c.message)
         self.writers = {int(k): dict(v) for k, v in writers.items()}

@@ -15,6 +15,7 @@ of it is met.
 
 from __future__ import annotations
 
+import base64
 import json
 from dataclasses import dataclass, field
 from typing import Iterable, Literal, Mapping
@@ -69,11 +70,13 @@ class AvroPlan:
         return tuple(sorted({w.schema_id for w in self.writers} | set(self.missing)))
 
     def protobuf_decoder_args(self) -> dict:
-        """What a job's :class:`reclock.protobuf_schema.Decoder` is built from: the reader, the message index
+        """What a job's :class:`reclock.protobuf_schema.Decoder` is built from: the reader's compiled descriptor
+        set (base64: the workers run no protoc), the message index
         paths of each readable writer's file with the message each names, and the unreadable writers."""
         writers = {str(w.schema_id): [[list(p), n] for p, n in protobuf_schema.compiled(w.schema).paths().items()]
                    for w in self.writers if w.unreadable is None}
-        return {"reader": self.reader, "writers": writers,
+        descriptor = base64.b64encode(protobuf_schema.compile_bundle(self.reader)).decode("ascii")
+        return {"reader": descriptor, "writers": writers,
                 "unreadable": {str(i): why for i, why in self.unreadable.items()}}
 
     @property

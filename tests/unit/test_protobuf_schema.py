@@ -58,7 +58,7 @@ def test_decode_bit_for_bit_and_presence():
     m.items.add(name="a")
     m.tags["k"] = -5
     header_paths = {1: pb.compiled(ROW).paths()}
-    dec = pb.Decoder(ROW, header_paths, {})
+    dec = pb.Decoder(pb.compile_bundle(ROW), header_paths, {})
     row, why = dec.decode(encode(1, m.SerializeToString(), [0]))
     assert why is None
     assert (row["i32"], row["i64"], row["u32"], row["u64"]) == (-2**31, -2**63, 2**32 - 1, decimal.Decimal(2**64 - 1))
@@ -77,7 +77,7 @@ def test_decode_bit_for_bit_and_presence():
 
 
 def test_decode_errors_name_the_cause():
-    dec = pb.Decoder(ROW, {1: pb.compiled(ROW).paths()}, {2: "s: singular int32 in the writer"})
+    dec = pb.Decoder(pb.compile_bundle(ROW), {1: pb.compiled(ROW).paths()}, {2: "s: singular int32 in the writer"})
     assert dec.decode(b"{}")[1] == pb.NO_HEADER
     assert dec.decode(encode(9, b"", [0]))[1] == "schema id 9 is not known to the schema registry"
     assert dec.decode(encode(2, b"", [0]))[1] == \

@@ -30,6 +30,7 @@ its own and only the header is checked.
 
 from __future__ import annotations
 
+import base64
 import json
 import struct
 from typing import Sequence
@@ -142,7 +143,7 @@ def _decoder(args: str):
 
         d = json.loads(args)
         writers = {int(i): {tuple(p): n for p, n in paths} for i, paths in d["writers"].items()}
-        dec = _DECODERS[args] = Decoder(d["reader"], writers, {int(i): r for i, r in d["unreadable"].items()})
+        dec = _DECODERS[args] = Decoder(base64.b64decode(d["reader"]), writers, {int(i): r for i, r in d["unreadable"].items()})
     return dec
 
 
