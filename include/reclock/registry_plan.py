@@ -71,8 +71,8 @@ class AvroPlan:
 
     def protobuf_decoder_args(self) -> dict:
         """What a job's :class:`reclock.protobuf_schema.Decoder` is built from: the reader's compiled descriptor
-        set (base64: the workers run no protoc), the message index
-        paths of each readable writer's file with the message each names, and the unreadable writers."""
+        set (base64: the workers run no protoc), the message index paths of each readable writer's file with
+        the message each names, and the unreadable writers."""
         writers = {str(w.schema_id): [[list(p), n] for p, n in protobuf_schema.compiled(w.schema).paths().items()]
                    for w in self.writers if w.unreadable is None}
         descriptor = base64.b64encode(protobuf_schema.compile_bundle(self.reader)).decode("ascii")
