@@ -113,8 +113,16 @@ class LocalConnect:
             "decimal.handling.mode": "string",
             "time.precision.mode": "connect",
             "poll.interval.ms": 100,
+            # the broker creates no topic by itself: the worker creates each table's (and the transaction one)
+            "topic.creation.default.replication.factor": 1,
+            "topic.creation.default.partitions": 1,
             **self.extra,
         }
+        (self.home / "log4j2.properties").write_text(
+            "rootLogger.level=WARN\nrootLogger.appenderRef.out.ref=out\nappender.out.type=Console\n"
+            "appender.out.name=out\nappender.out.layout.type=PatternLayout\n"
+            "appender.out.layout.pattern=%d{HH:mm:ss.SSS} %-5p %c{1} - %m%n\n"
+            "logger.dbz.name=io.debezium\nlogger.dbz.level=INFO\n")
         files = []
         for name, props in (("worker.properties", worker), ("connector.properties", connector)):
             path = self.home / name
@@ -136,7 +144,7 @@ class LocalConnect:
                                  "(set RECLOCK_CONNECT_PORT or free it)")
             worker, connector = self._write_config()
             procs.spawn("connect", [java, f"-Xmx{self.heap}", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC",
-                                    "-cp", f"{jars}/*", "org.apache.kafka.connect.cli.ConnectStandalone",
+                                    f"-Dlog4j2.configurationFile={self.home / 'log4j2.properties'}", "-cp", f"{jars}/*", "org.apache.kafka.connect.cli.ConnectStandalone",
                                     str(worker), str(connector)],
                         log=self.log, pidfile=self.pidfile, cwd=self.home)
         try:
