@@ -230,3 +230,47 @@ def collection_schema(schema: str | Any):
         t, nullable = spark_type(f["type"], names)
         cols.append(Column(f["name"], t, nullable))
     return CollectionSchema(tuple(cols))
+
+
+def inline_references(schema: str | Any, references: dict[str, str | Any]) -> str:
+    """``schema`` with every named type it refers to by name and does not define itself replaced, at its first
+    use, by its definition from ``references`` (full name -> schema text, as a registry's Avro references name
+    them), recursively; the result is one self-contained schema (JSON text) that ``from_avro`` and
+    :func:`problem` read. A name neither defined nor referenced is left as it is (Avro's parser refuses it)."""
+    parsed = json.loads(schema) if isinstance(schema, str) else schema
+    refs = {k: json.loads(v) if isinstance(v, str) else v for k, v in references.items()}
+    defined: set[str] = set()
+
+    def walk(s: Any, namespace: str | None) -> Any:
+        if isinstance(s, list):
+            return [walk(x, namespace) for x in s]
+        if isinstance(s, str):
+            if s in PRIMITIVES:
+                return s
+            full = s if "." in s or not namespace else f"{namespace}.{s}"
+            for name in (full, s):
+                if name not in defined and name in refs:
+                    ref = dict(refs[name])
+                    if "." not in ref.get("name", "") and "namespace" not in ref:
+                        ref["namespace"] = ""  # its own (null) namespace, not the one it is inlined into
+                    return walk(ref, namespace)
+            return s
+        if not isinstance(s, dict):
+            return s
+        t = s.get("type")
+        out = dict(s)
+        if t in ("record", "error", "enum", "fixed"):
+            full = _fullname(s, namespace)
+            defined.add(full)
+            ns = full.rsplit(".", 1)[0] if "." in full else (s.get("namespace") or None)
+            if t in ("record", "error"):
+                out["fields"] = [dict(f, type=walk(f.get("type"), ns)) for f in s.get("fields", ())]
+        elif t == "array":
+            out["items"] = walk(s.get("items"), namespace)
+        elif t == "map":
+            out["values"] = walk(s.get("values"), namespace)
+        elif isinstance(t, (dict, list, str)):
+            out["type"] = walk(t, namespace)
+        return out
+
+    return json.dumps(walk(parsed, None))

@@ -12,7 +12,7 @@ A config file holds ``sources:`` and ``sinks:``. Example::
           schema: "id BIGINT, customer STRING, amount DOUBLE"   # Spark DDL, for json and csv
           # avro: `schema_file: orders.avsc` (relative to this file) and `wire: plain | confluent`
           # (confluent: a 5-byte schema-registry header precedes each value)
-          # avro | json_schema through a Schema Registry (writer schema per record, by its id):
+          # avro | json_schema | protobuf through a Schema Registry (writer schema per record, by its id):
           #   registry: {connection: reclock_registry, subject: orders-value}   # subject: default <topic>-value
           #   (avro: `schema_file:` optional, the reader schema; default the subject's latest version)
         schema: fixed                      # registry formats: fixed (the reader never changes) | evolve (a

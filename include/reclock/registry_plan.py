@@ -15,17 +15,18 @@ of it is met.
 
 from __future__ import annotations
 
+import base64
 import json
 from dataclasses import dataclass, field
 from typing import Iterable, Literal, Mapping
 
-from reclock import avro_schema, json_schema
+from reclock import avro_schema, json_schema, protobuf_schema
 from reclock.avro_schema import problem
 from reclock.errors import SchemaNotFound
 from reclock.schema_evolution import CollectionSchema, Incompatibility, SchemaVersion, evolve
-from reclock.schema_registry import RegistryClient
+from reclock.schema_registry import RegisteredSchema, RegistryClient
 
-RegistryFormat = Literal["avro", "json_schema"]
+RegistryFormat = Literal["avro", "json_schema", "protobuf"]
 
 OK_FIELD = "_reclock_ok"
 """A boolean field with default ``true`` that the reader schema gets: every record that decodes has it set
@@ -56,7 +57,7 @@ class AvroPlan:
     @property
     def decoded_columns(self) -> CollectionSchema:
         """The columns a decoded record has: the Avro reader's fields, or the JSON plan's ``columns``."""
-        return self.columns if self.columns is not None else avro_schema.collection_schema(self.reader)
+        return self.columns if self.columns is not None else writer_columns(self.format, self.reader)
 
     @property
     def unreadable(self) -> dict[int, str]:
@@ -67,6 +68,16 @@ class AvroPlan:
     def ids(self) -> tuple[int, ...]:
         """Every id the plan has an answer for (a writer, or the registry's "no such schema")."""
         return tuple(sorted({w.schema_id for w in self.writers} | set(self.missing)))
+
+    def protobuf_decoder_args(self) -> dict:
+        """What a job's :class:`reclock.protobuf_schema.Decoder` is built from: the reader's compiled descriptor
+        set (base64: the workers run no protoc), the message index paths of each readable writer's file with
+        the message each names, and the unreadable writers."""
+        writers = {str(w.schema_id): [[list(p), n] for p, n in protobuf_schema.compiled(w.schema).paths().items()]
+                   for w in self.writers if w.unreadable is None}
+        descriptor = base64.b64encode(protobuf_schema.compile_bundle(self.reader)).decode("ascii")
+        return {"reader": descriptor, "writers": writers,
+                "unreadable": {str(i): why for i, why in self.unreadable.items()}}
 
     @property
     def reader_with_ok(self) -> str:
@@ -96,15 +107,17 @@ def avro_plan(client: RegistryClient, reader: str, subject: str | None, ids: Ite
                 missing.append(i)
     writers = []
     for i, s in sorted(schemas.items()):
-        if fmt == "json_schema":
+        if fmt == "protobuf":
+            text = schema_text(fmt, s)
+            writers.append(AvroWriter(i, text, f"schema {i} is {s.type}, not Protobuf" if s.type != "PROTOBUF"
+                                      else protobuf_schema.problem(reader, text)))
+        elif fmt == "json_schema":
             writers.append(AvroWriter(i, s.text, None if s.type == "JSON" else f"schema {i} is {s.type}, not JSON"))
         elif s.type != "AVRO":
             writers.append(AvroWriter(i, s.text, f"schema {i} is {s.type}, not Avro"))
-        elif s.references:
-            writers.append(AvroWriter(i, s.text, "it refers to other schemas (references), which Reclock does not "
-                                                 "resolve yet"))
         else:
-            writers.append(AvroWriter(i, s.text, problem(reader, s.text)))
+            text = schema_text(fmt, s)
+            writers.append(AvroWriter(i, text, problem(reader, text)))
     return AvroPlan(reader, tuple(writers), tuple(sorted(missing)), fmt, columns)
 
 
@@ -131,15 +144,38 @@ class Reader:
     def from_upstream(text: str) -> "Reader | None":
         """The reader a recorded version names (None: the version was not recorded by a registry source)."""
         d = json.loads(text or "{}")
-        if "reader" not in d or d.get("format") not in ("avro", "json_schema"):
+        if "reader" not in d or d.get("format") not in ("avro", "json_schema", "protobuf"):
             return None
         return Reader(d["format"], d["reader"], d.get("reader_id"))
 
 
+def schema_text(fmt: RegistryFormat, schema: RegisteredSchema) -> str:
+    """The text a plan holds of a registered schema: Protobuf's is a bundle of its ``.proto`` and every file it
+    imports (``reclock.protobuf_schema.bundle``); Avro's has the named types it references inlined
+    (``reclock.avro_schema.inline_references``); JSON Schema's is its own."""
+    if fmt == "protobuf" and schema.type == "PROTOBUF":
+        return protobuf_schema.bundle(schema)
+    if schema.type == "AVRO" and schema.references:
+        refs: dict[str, str] = {}
+
+        def walk(s: RegisteredSchema) -> None:
+            for ref, sub in s.references:
+                if ref.name not in refs:
+                    refs[ref.name] = sub.text
+                    walk(sub)
+
+        walk(schema)
+        return avro_schema.inline_references(schema.text, refs)
+    return schema.text
+
+
 def writer_columns(fmt: RegistryFormat, text: str) -> CollectionSchema:
-    """A writer (or reader) schema's columns; ``ValueError`` (a ``JsonSchemaError`` for JSON) when it has none."""
+    """A writer (or reader) schema's columns; ``ValueError`` (a ``JsonSchemaError`` for JSON, a
+    ``ProtobufSchemaError`` for Protobuf) when it has none."""
     if fmt == "json_schema":
         return json_schema.collection_schema(text)
+    if fmt == "protobuf":
+        return protobuf_schema.collection_schema(text)
     try:
         parsed = json.loads(text)
     except json.JSONDecodeError as e:
@@ -156,7 +192,7 @@ def initial_reader(client: RegistryClient, fmt: RegistryFormat, subject: str, sc
         return Reader(fmt, schema_file, None)
     versions = client.subject_versions(subject)
     latest = versions[-1].schema
-    return Reader(fmt, latest.text, latest.id)
+    return Reader(fmt, schema_text(fmt, latest), latest.id)
 
 
 @dataclass(frozen=True)
@@ -180,7 +216,7 @@ def choose_reader(mode: Literal["fixed", "evolve"], reader: Reader, collection: 
     default)."""
     fmt = reader.format
     if mode == "fixed":
-        return Choice(reader, reader.columns() if fmt == "avro" else collection)
+        return Choice(reader, collection if fmt == "json_schema" else reader.columns())
     cols, best, prev = collection, reader, reader.columns()
     incompatible: dict[int, Incompatibility] = {}
     for i in sorted(writers):
@@ -199,9 +235,10 @@ def choose_reader(mode: Literal["fixed", "evolve"], reader: Reader, collection: 
             continue
         if not newer:
             continue
-        if ev.changed and fmt == "avro":
+        if ev.changed and fmt != "json_schema":
+            check = problem if fmt == "avro" else protobuf_schema.problem
             others = [t for j, t in writers.items() if j < i and j not in incompatible] + [best.text]
-            why = next((p for p in (problem(writers[i], t) for t in others) if p is not None), None)
+            why = next((p for p in (check(writers[i], t) for t in others) if p is not None), None)
             if why is not None:
                 path, _, reason = why.partition(": ")
                 incompatible[i] = Incompatibility(path or "(record)", f"older records cannot be read as it "
@@ -210,7 +247,7 @@ def choose_reader(mode: Literal["fixed", "evolve"], reader: Reader, collection: 
         if ev.changed:
             cols, best = ev.schema, Reader(fmt, writers[i], i)
         prev = wc
-    return Choice(best, best.columns() if fmt == "avro" else cols, incompatible)
+    return Choice(best, cols if fmt == "json_schema" else best.columns(), incompatible)
 
 
 class WriterTally:

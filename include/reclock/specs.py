@@ -23,8 +23,9 @@ from reclock.errors import ConfigError
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
 NAME_RE_SHARD = re.compile(r"^[a-z][a-z0-9_]{0,60}$")  # reclock.persist.names.SHARD_RE
 FORMATS = ("json", "avro", "csv", "text", "bytes")
-REGISTRY_FORMATS = ("avro", "json_schema")
-"""Formats whose writer schemas a Schema Registry may hold (``format.registry``; json_schema needs one)."""
+REGISTRY_FORMATS = ("avro", "json_schema", "protobuf")
+"""Formats whose writer schemas a Schema Registry may hold (``format.registry``; json_schema and protobuf need
+one)."""
 SCHEMA_MODES = ("fixed", "evolve")
 WIRES = ("plain", "confluent")
 ENVELOPES = ("none", "upsert")
@@ -128,7 +129,7 @@ class FormatSpec:
     schema: str | None = None  # Spark DDL (json, csv) or the Avro schema's JSON text (avro)
     csv_header: bool = False
     wire: str = "plain"  # avro: plain binary, or confluent (magic byte + 4-byte schema id first)
-    registry: RegistrySpec | None = None  # avro, json_schema: writer schemas by id from a Schema Registry
+    registry: RegistrySpec | None = None  # avro, json_schema, protobuf: writer schemas by id from a Schema Registry
 
     @property
     def avro_fields(self) -> list[str]:
@@ -194,15 +195,15 @@ def parse_format(raw: Any, what: str, base: Path | None, formats: tuple[str, ...
 
 
 def parse_registry(f: dict, what: str, ftype: str, subject: str) -> RegistrySpec | None:
-    """``format.registry`` of the format mapping ``f`` (required for json_schema, optional for avro, refused for
-    the others); ``subject``: the default subject (a Kafka topic's ``<topic>-value``)."""
+    """``format.registry`` of the format mapping ``f`` (required for json_schema and protobuf, optional for avro,
+    refused for the others); ``subject``: the default subject (a Kafka topic's ``<topic>-value``)."""
     if "registry" not in f:
-        if ftype == "json_schema":
-            raise ConfigError(f"{what}: type json_schema needs `registry:` (where the writer schemas are, e.g. "
+        if ftype in ("json_schema", "protobuf"):
+            raise ConfigError(f"{what}: type {ftype} needs `registry:` (where the writer schemas are, e.g. "
                               "{connection: reclock_registry})")
         return None
     if ftype not in REGISTRY_FORMATS:
-        raise ConfigError(f"{what}: `registry:` is for avro and json_schema, not {ftype}")
+        raise ConfigError(f"{what}: `registry:` is for {', '.join(REGISTRY_FORMATS)}, not {ftype}")
     r = require(f["registry"] or {}, f"{what}.registry")
     refuse_unknown(r, {"connection", "url", "subject"}, f"{what}.registry")
     subject = r.get("subject") or subject

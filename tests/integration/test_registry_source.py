@@ -18,6 +18,7 @@ import collections
 import io
 import json
 import socket
+import struct
 import time
 
 import duckdb
@@ -246,3 +247,102 @@ def test_registry_down_stalls_the_cycle(db, kafka, topic, spark, tmp_path):
     with pytest.raises(RegistryUnavailable, match="refused"):
         cycle.run_cycle(ctx)
     assert upper(db, "down") == 0
+
+
+PB_V1 = """syntax = "proto3";
+package shop;
+message Row {
+  int32 i32 = 1; int64 i64 = 2; uint32 u32 = 3; uint64 u64 = 4; sint32 s32 = 5; sint64 s64 = 6;
+  fixed32 f32 = 7; fixed64 f64 = 8; sfixed32 sf32 = 9; sfixed64 sf64 = 10; float fl = 11; double db = 12;
+  bool b = 13; string s = 14; bytes by = 15; Kind kind = 16; Inner inner = 17; repeated sint64 r = 18;
+  map<string, double> m = 19;
+  enum Kind { A = 0; B = 1; }
+  message Inner { string name = 1; optional int32 n = 2; }
+}
+message Other { int32 x = 1; }
+"""
+PB_V2 = PB_V1.replace("map<string, double> m = 19;", "map<string, double> m = 19; optional string note = 20;")
+
+
+def test_protobuf_bit_for_bit_and_evolves(db, kafka, topic, spark, tmp_path, registry_conn):
+    """Protobuf through the registry: every scalar type and nested messages bit for bit (Spark and the part
+    files), a new optional field a new column under ``schema: evolve``, and the bad records as errors."""
+    from google.protobuf import message_factory
+
+    from reclock.protobuf_schema import compiled
+
+    client = registry_conn
+    name = topic(partitions=1)
+    i1 = client.register(f"{name}-value", PB_V1, "PROTOBUF")
+    ctx = make_ctx(db, kafka, spark, tmp_path, name, "pb", {"type": "protobuf", "registry": {}}, schema="evolve")
+    Row1 = message_factory.GetMessageClass(compiled(PB_V1).message)
+    nan32 = struct.unpack("<f", struct.pack("<I", 0x7FC00123))[0]
+    nan64 = struct.unpack("<d", struct.pack("<Q", 0xFFF8000000000ABC))[0]
+    m = Row1(i32=-2**31, i64=-2**63, u32=2**32 - 1, u64=2**64 - 1, s32=-1, s64=2**63 - 1, f32=2**32 - 1,
+             f64=2**64 - 1, sf32=-7, sf64=-2**63, fl=nan32, db=nan64, b=True, s="żółw", by=b"\x00\xff", kind=1,
+             r=[-1, 2**62])
+    m.inner.name = "in"
+    m.m["k"] = -0.0
+    produce(kafka, name, [(0, None, encode(i1, m.SerializeToString(), [0])),
+                          (0, None, encode(i1, Row1(fl=-0.0).SerializeToString(), [0])),
+                          (0, None, b"\x01no header"),
+                          (0, None, encode(i1, b"\x08\x01", [1])),  # message Other: not the source's
+                          (0, None, encode(654_321, b"", [0]))])
+    cycle.run_cycle(ctx)
+    t1 = upper(db, "pb") - 1
+    i2 = client.register(f"{name}-value", PB_V2, "PROTOBUF")
+    Row2 = message_factory.GetMessageClass(compiled(PB_V2).message)
+    produce(kafka, name, [(0, None, encode(i2, Row2(i32=2, note="new").SerializeToString(), [0])),
+                          (0, None, encode(i1, Row1(i32=3).SerializeToString(), [0]))])
+    cycle.run_cycle(ctx)
+    t2 = upper(db, "pb") - 1
+    with connect(db) as conn:
+        versions = load_history(conn, "pb").versions
+        assert [v.since_ts > t1 for v in versions] == [False, True]
+        assert versions[-1].schema.columns[19].name == "note" and f"writer schema {i2}" in versions[-1].cause
+        first = read_as_of(conn, ctx.blob, "pb", t1)
+        errors = read_as_of(conn, ctx.blob, "pb_errors", t2).to_pylist()
+        got = read_as_of(conn, ctx.blob, "pb", t2).to_pylist()
+    assert "note" not in first.column_names
+    assert [str(first.schema.field(c).type) for c in ("u32", "u64", "f32", "fl", "kind")] == \
+        ["int64", "decimal128(20, 0)", "int64", "float", "string"]
+    assert str(first.schema.field("m").type).startswith("map<string, double")
+    by_i32 = {r["i32"]: r for r in got}
+    assert set(by_i32) == {-2**31, 0, 2, 3}
+    r = by_i32[-2**31]
+    assert (r["i64"], r["u32"], r["u64"], r["s32"], r["s64"], r["f32"], r["f64"], r["sf32"], r["sf64"]) == \
+        (-2**63, 2**32 - 1, 2**64 - 1, -1, 2**63 - 1, 2**32 - 1, 2**64 - 1, -7, -2**63)
+    # NaN stays NaN; its payload bits do not survive the Kafka job's write (0x7FC00123 came back 0x7FC00000,
+    # though the decode's own rows keep it: tests/unit/test_protobuf_schema.py): an open issue, docs say so
+    assert r["fl"] != r["fl"] and r["db"] != r["db"]
+    assert (r["b"], r["s"], r["by"], r["kind"], r["r"], r["note"]) == (True, "żółw", b"\x00\xff", "B", [-1, 2**62],
+                                                                      None)
+    assert r["inner"] == {"name": "in", "n": None} and str(r["m"][0][1]) == "-0.0"
+    assert str(by_i32[0]["fl"]) == "-0.0" and by_i32[0]["inner"] is None and by_i32[0]["kind"] == "A"
+    assert by_i32[2]["note"] == "new" and by_i32[3]["note"] is None
+    reasons = sorted(e["reason"] for e in errors)
+    assert len(reasons) == 3
+    assert reasons[0] == "schema id 654321 is not known to the schema registry"
+    assert reasons[1] == (f"the message indexes [1] name message shop.Other of writer schema {i1}; the source "
+                          "reads shop.Row")
+    assert "no Confluent wire header" in reasons[2]
+
+
+def test_avro_references(db, kafka, topic, spark, tmp_path, registry_conn):
+    """An Avro writer whose named type lives in another subject (a registry reference) is read with it inlined."""
+    from reclock.schema_registry import SchemaReference
+
+    client = registry_conn
+    name = topic(partitions=1)
+    money = {"type": "record", "name": "Money", "namespace": "fin", "fields": [{"name": "cents", "type": "long"}]}
+    client.register(f"{name}-money", json.dumps(money))
+    order = {"type": "record", "name": "Order", "namespace": "shop",
+             "fields": [{"name": "id", "type": "long"}, {"name": "price", "type": "fin.Money"}]}
+    i = client.register(f"{name}-value", json.dumps(order), references=(SchemaReference("fin.Money", f"{name}-money", 1),))
+    ctx = make_ctx(db, kafka, spark, tmp_path, name, "refs", {"type": "avro", "registry": {}})
+    inlined = {**order, "fields": [order["fields"][0], {"name": "price", "type": money}]}
+    produce(kafka, name, [(0, None, encode(i, avro(inlined, {"id": 1, "price": {"cents": -2**63}})))])
+    cycle.run_cycle(ctx)
+    with connect(db) as conn:
+        got = read_as_of(conn, ctx.blob, "refs", upper(db, "refs") - 1).to_pylist()
+    assert [(r["id"], r["price"]) for r in got] == [(1, {"cents": -2**63})]

@@ -29,7 +29,8 @@ def test_defaults_and_keys(tmp_path):
 
 @pytest.mark.parametrize("fmt, extra, words", [
     ({"type": "json_schema"}, {}, "format: type json_schema needs `registry:`"),
-    ({"type": "json", "schema": "a INT", "registry": {}}, {}, "format: `registry:` is for avro and json_schema"),
+    ({"type": "json", "schema": "a INT", "registry": {}}, {}, "format: `registry:` is for avro, json_schema, protobuf"),
+    ({"type": "protobuf"}, {}, "format: type protobuf needs `registry:`"),
     ({"type": "avro", "registry": {}, "wire": "plain"}, {}, "format: records read through a registry are in the "
                                                            "Confluent wire format"),
     ({"type": "avro", "registry": {"user": "x"}}, {}, "format.registry: unknown key"),

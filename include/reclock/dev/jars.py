@@ -10,10 +10,11 @@ from reclock.dev.state import REPO_ROOT, StackState
 from reclock.errors import StackError
 
 # how many jars each profile yields at least (a partial copy from an interrupted run is redone)
-_EXPECTED = {"kafka": 40, "spark": 6, "s3": 35}
-_MAVEN_PROFILE = {"kafka": "broker", "spark": "spark", "s3": "s3"}
-PROFILES = (*_MAVEN_PROFILE, "registry")
-"""Every folder of ``.reclock/jars``: what ``reclock dev install`` resolves."""
+_EXPECTED = {"kafka": 40, "spark": 6, "s3": 35, "connect": 65}
+_MAVEN_PROFILE = {"kafka": "broker", "spark": "spark", "s3": "s3", "connect": "connect"}
+PROFILES = ("kafka", "spark", "s3", "registry")
+"""The folders of ``.reclock/jars`` that ``reclock dev install`` resolves (``connect`` is fetched when a
+``reclock.dev.connect`` worker first starts: nothing in the suite starts one yet)."""
 
 COMMITTER_PROJECT = REPO_ROOT / "jvm" / "committer"
 """The Maven project of Reclock's direct output committer for parts on S3 (one class, see its pom.xml)."""
@@ -27,7 +28,8 @@ _REGISTRY_LIBS = 250  # the registry's lib/ holds ~290 jars
 def ensure_jars(state: StackState, profile: str) -> Path:
     """Return ``.reclock/jars/<profile>``, running ``mvn -P <profile> dependency:copy-dependencies`` if the
     folder is missing or incomplete. ``profile`` is ``kafka`` (the broker), ``spark`` (Spark's Kafka connector)
-    or ``s3`` (S3A: hadoop-aws and the few AWS SDK modules it uses, see ``pom.xml``)."""
+    ``s3`` (S3A: hadoop-aws and the few AWS SDK modules it uses, see ``pom.xml``) or ``connect`` (Kafka
+    Connect with Debezium's Postgres connector, ``reclock.dev.connect``)."""
     if profile == "registry":
         return ensure_registry(state)
     folder = state.jars / profile

@@ -115,12 +115,14 @@ def decoded(spec: SourceSpec, df, meta: Sequence[str] = (), problem: str | None 
     d = sql_ident("_d")
     raw = "value"
     if plan is not None:
-        from reclock.spark.registry_decode import avro_decoded, json_decoded
+        from reclock.spark.registry_decode import avro_decoded, json_decoded, protobuf_decoded
 
+        ddl = ", ".join(f"{sql_ident(c.name)} {c.type}" for c in plan.decoded_columns.columns)
         if plan.format == "avro":
             df = avro_decoded(df, plan, out="_d", reason="_reclock_reason")
+        elif plan.format == "protobuf":
+            df = protobuf_decoded(df, plan, _parsed_schema(ddl), out="_d", reason="_reclock_reason")
         else:
-            ddl = ", ".join(f"{sql_ident(c.name)} {c.type}" for c in plan.decoded_columns.columns)
             df = json_decoded(df, _parsed_schema(ddl), [w.schema_id for w in plan.writers],
                               out="_d", reason="_reclock_reason")
         reason = "_reclock_reason"

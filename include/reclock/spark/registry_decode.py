@@ -30,6 +30,8 @@ its own and only the header is checked.
 
 from __future__ import annotations
 
+import base64
+import json
 import struct
 from typing import Sequence
 
@@ -128,3 +130,44 @@ def unknown_ids_metric(known_ids: Sequence[int]):
 
     return F.expr(f"collect_set(CASE WHEN value IS NOT NULL AND {has_header_sql()} AND NOT {known_sql(known_ids)} "
                   f"THEN {_id_text()} END)")
+
+
+_DECODERS: dict[str, object] = {}
+
+
+def _decoder(args: str):
+    """The worker's :class:`reclock.protobuf_schema.Decoder` of a plan (built once per Python worker)."""
+    dec = _DECODERS.get(args)
+    if dec is None:
+        from reclock.protobuf_schema import Decoder
+
+        d = json.loads(args)
+        writers = {int(i): {tuple(p): n for p, n in paths} for i, paths in d["writers"].items()}
+        dec = _DECODERS[args] = Decoder(base64.b64decode(d["reader"]), writers, {int(i): r for i, r in d["unreadable"].items()})
+    return dec
+
+
+def protobuf_decoded(df, plan: AvroPlan, spark_type, out: str = "_d", reason: str = "_reason"):
+    """``df`` plus ``out``, the Protobuf payload after the header and message indexes parsed with the reader's
+    message (``spark_type``: its columns' struct), and ``reason``. Spark has no Protobuf reader here
+    (spark-protobuf is not on Maven Central's mirror), so the records are parsed by the Python protobuf
+    runtime (upb, in C) in an Arrow UDF: one call per batch of records, not per record."""
+    import pyarrow as pa
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+    from pyspark.sql.pandas.types import to_arrow_type
+
+    ret = T.StructType([T.StructField("d", spark_type), T.StructField("r", T.StringType())])
+    arrow_type = to_arrow_type(ret)
+    args = json.dumps(plan.protobuf_decoder_args(), sort_keys=True)
+
+    def decode(values):
+        dec = _decoder(args)
+        return pa.array([dict(zip(("d", "r"), dec.decode(v))) for v in values.to_pylist()], type=arrow_type)
+
+    # the hints as objects: this module's annotations are strings (``from __future__``), which Spark cannot read
+    decode.__annotations__ = {"values": pa.Array, "return": pa.Array}
+    udf = F.arrow_udf(decode, ret)
+    tmp = "_reclock_pb"
+    return (df.withColumn(tmp, udf(F.col("value")))
+            .withColumn(out, F.col(f"{tmp}.d")).withColumn(reason, F.col(f"{tmp}.r")).drop(tmp))

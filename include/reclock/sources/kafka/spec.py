@@ -14,8 +14,8 @@ from reclock.specs import (ENVELOPES, FORMATS, REBUILDS, SourceSpec, parse_budge
 METADATA = ("partition", "offset", "key", "timestamp", "headers")
 """The metadata columns a Kafka source may include (like Materialize's ``INCLUDE``)."""
 SCHEDULES = ("interval", "upstream", "continuous")
-KAFKA_FORMATS = (*FORMATS, "json_schema")
-"""A Kafka source's formats: the decoded ones and json_schema (writer schemas from a Schema Registry)."""
+KAFKA_FORMATS = (*FORMATS, "json_schema", "protobuf")
+"""A Kafka source's formats: the decoded ones, json_schema and protobuf (writer schemas from a Schema Registry)."""
 
 
 def parse_kafka_source(name: str, d: dict, base: Path | None) -> SourceSpec:
