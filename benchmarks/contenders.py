@@ -151,7 +151,7 @@ class DagTest:
                 "postgresql://", "postgresql+psycopg2://", 1),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__CORE__DAGS_FOLDER": str(REPO_ROOT / "dags"),
-            "AIRFLOW__CORE__PLUGINS_FOLDER": str(self.home / "plugins"),
+            "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO_ROOT / "plugins"),  # registers Reclock's timetable
             "AIRFLOW__LOGGING__LOGGING_LEVEL": "WARNING",
             "RECLOCK_CONFIG": str(self.config),
             "RECLOCK_DSN": self.env.dsn,
