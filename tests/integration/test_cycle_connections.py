@@ -105,7 +105,7 @@ def test_a_failed_step_records_stalled_and_closes_its_connection(ctx):
     assert a.closed
     with ctx.connect() as conn:
         st = latest_status(conn, "conns")
-    assert (st.status, st.error) == ("stalled", "probe: boom")
+    assert (st.status, st.error) == ("stalled", "probe: RuntimeError: boom")  # not a Reclock error: its type named
 
 
 def test_threads_sharing_a_context_never_share_a_connection(ctx):

@@ -106,10 +106,23 @@ def test_upsert_rebuild_gives_identical_updates(db, kafka, topic, spark, tmp_pat
     for _ in range(4):
         cycle.run_cycle(ctx)
     with connect(db) as conn:
-        before = sorted(map(str, read_updates(conn, ctx.blob, ctx.spec.name).to_pylist()))
+        before = read_updates(conn, ctx.blob, ctx.spec.name).to_pylist()
     cycle.rebuild(ctx)
     with connect(db) as conn:
-        assert sorted(map(str, read_updates(conn, ctx.blob, ctx.spec.name).to_pylist())) == before
+        since = load_remap(conn, ctx.spec.name).since
+        after = read_updates(conn, ctx.blob, ctx.spec.name).to_pylist()
+    # the rebuild binds offsets where the remap collection binds them now: idle cycles advanced its since (the
+    # bindings at or below it are one), so the original updates are compared forwarded to it
+    assert _forwarded(after, since) == _forwarded(before, since)
+
+
+def _forwarded(updates: list[dict], since: int) -> list[str]:
+    """``updates`` with their times advanced to ``since`` and their diffs summed per (row, time)."""
+    summed: dict[str, int] = {}
+    for u in updates:
+        row = {k: v for k, v in u.items() if k != "diff"} | {"ts": max(u["ts"], since)}
+        summed[str(row)] = summed.get(str(row), 0) + u["diff"]
+    return sorted(f"{k} {d}" for k, d in summed.items() if d)
 
 
 AVRO_SCHEMA = {"type": "record", "name": "Order", "fields": [

@@ -49,7 +49,8 @@ def test_postgres_ingest_dag_under_dag_test(db, postgres, tmp_path):
                "SHOP_DSN": up, "RECLOCK_SPARK_MASTER": "local[1]", "AIRFLOW_HOME": str(tmp_path / "airflow"),
                "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": postgres.dsn(airflow_db).replace("postgresql://",
                                                                                       "postgresql+psycopg2://"),
-               "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "AIRFLOW__CORE__DAGS_FOLDER": str(REPO_ROOT / "dags")}
+               "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "AIRFLOW__CORE__DAGS_FOLDER": str(REPO_ROOT / "dags"),
+               "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO_ROOT / "plugins")}  # registers Reclock's timetable
         migrate = subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=env, capture_output=True,
                                  text=True, timeout=300)
         assert migrate.returncode == 0, migrate.stdout[-3000:] + migrate.stderr[-3000:]
