@@ -148,7 +148,7 @@ def step_under_fault(ctx: cycle.CycleContext, proxy: Proxy, fault: str, rng: ran
     t = threading.Thread(target=run, daemon=True, name=f"cycle-under-{fault}")
     t0 = time.monotonic()
     t.start()
-    time.sleep(rng.uniform(0.5, 2.0))
+    time.sleep(rng.uniform(0.1, 0.6))  # within the cycle's first second: a warm cycle of a round takes ~2 s
     mid_step = t.is_alive()
     proxy.inject(fault)
     try:
