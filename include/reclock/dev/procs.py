@@ -171,17 +171,8 @@ def _proc_table() -> dict[int, tuple[str, int, int]]:
 
 
 def _group_alive(pgid: int) -> bool:
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                rest = f.read().split(") ", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if rest[0] != "Z" and int(rest[2]) == pgid:
-            return True
-    return False
+    """Whether a process of group ``pgid`` still runs (a zombie does not)."""
+    return any(state != "Z" and group == pgid for state, _, group in _proc_table().values())
 
 
 def run(argv: Sequence[str], what: str, *, env: Mapping[str, str] | None = None, cwd: Path | None = None,

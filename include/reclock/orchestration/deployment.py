@@ -1,5 +1,5 @@
-"""The Airflow settings every deployment of Reclock's DAGs runs with: the dev stack sets them
-(``reclock.dev.airflow``), ``docker-compose.yaml`` too (``tests/unit/test_compose.py`` checks it), and
+"""The Airflow settings every deployment of Reclock's DAGs runs with: the dev stack sets them,
+``docker-compose.yaml`` too (``tests/unit/test_compose.py`` checks it), and
 ``docs/operations.md`` says so. A task that fails or is killed anywhere is retried: every task is safe to run
 again from any point (a cycle re-mints and writes to fresh paths, an append replays as a no-op)."""
 
