@@ -278,11 +278,34 @@ class LocalAirflow:
             if run["state"] == "failed":
                 tis = self.api("GET", f"{path}/taskInstances", token=token).get("task_instances", [])
                 states = ", ".join(f"{t['task_id']}={t['state']}" for t in tis)
+                tails = "".join(self._log_tail(dag_id, run_id, t["task_id"]) for t in tis if t["state"] == "failed")
                 raise StackError(f"airflow: run {run_id} of {dag_id} failed ({states}); "
-                                 f"task logs under {self.home / 'logs'}")
+                                 f"task logs under {self.home / 'logs'}{tails}")
             if time.monotonic() > deadline:
                 raise StackError(f"airflow: run {run_id} of {dag_id} still {run['state']} after {timeout:.0f}s")
             time.sleep(0.5)
+
+    def _log_tail(self, dag_id: str, run_id: str, task_id: str, lines: int = 6) -> str:
+        """What a failed task's newest attempt logged at level error (its exception's type and message), else
+        its last ``lines`` lines: what a test's failure shows, since the stack's folder is gone once the test
+        ends. Nothing if there is no log."""
+        import json
+
+        folder = self.home / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}" / f"task_id={task_id}"
+        attempts = sorted(folder.glob("attempt=*.log"), key=lambda p: p.stat().st_mtime)
+        if not attempts:
+            return ""
+        out, raw = [], attempts[-1].read_text(errors="replace").splitlines()
+        for line in raw:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(event, dict) and event.get("level") in ("error", "critical"):
+                causes = [f"{d.get('exc_type')}: {d.get('exc_value')}" for d in event.get("error_detail") or []]
+                out.append(" / ".join([str(event.get("event")), *causes]))
+        shown = (out or raw)[-lines:]
+        return f"\n--- {task_id} ({attempts[-1].name}):\n" + "\n".join(line[:1500] for line in shown)
 
     def kill(self, component: str) -> bool:
         """SIGKILL ``component``'s process group and its descendants, as a crash of its host would: a scheduler
