@@ -23,7 +23,7 @@ from reclock.dev import procs
 from reclock.dev.procs import LOOPBACK
 from reclock.dev.state import REPO_ROOT, StackState
 from reclock.errors import StackError
-from reclock.orchestration.deployment import AIRFLOW_ENV
+from reclock.orchestration.deployment import AIRFLOW_ENV, metadata_db_env
 
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 """One of each process Airflow needs; :attr:`LocalAirflow.components` adds the extra schedulers."""
@@ -110,8 +110,7 @@ class LocalAirflow:
                 f"{u}:{role}" + (f":{team}" if team else "") for u, (role, team) in users.items()),
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.url}/execution/",
-            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": self.postgres_dsn.replace("postgresql://",
-                                                                             "postgresql+psycopg2://", 1),
+            **metadata_db_env(self.postgres_dsn),  # sync and async (asyncpg) URLs, TLS files
             "AIRFLOW__API__HOST": LOOPBACK,
             "AIRFLOW__API__PORT": str(self.port),
             "AIRFLOW__API__BASE_URL": self.url,
