@@ -100,13 +100,32 @@ def _kafka_topics(stack) -> None:
     assert producer.flush(30) == 0, "records left unsent"
 
 
-def _wait(what: str, check, timeout: float = 300) -> None:
+def _wait(what: str, check, timeout: float = 300, explain=lambda: "") -> None:
     import time
 
     deadline = time.monotonic() + timeout
     while not check():
-        assert time.monotonic() < deadline, f"{what} not within {timeout:.0f}s"
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not within {timeout:.0f}s{explain()}")
         time.sleep(2)
+
+
+def _dag_runs(stack, dag_id: str) -> str:
+    """A DAG's runs, their states and each failed task's logged error: why a wait for it failed."""
+    out = []
+    for r in stack.airflow.api("GET", f"dags/{dag_id}/dagRuns?limit=20")["dag_runs"]:
+        out.append(f"\n{dag_id} {r['dag_run_id']} ({r['run_type']}): {r['state']}")
+        if r["state"] == "failed":
+            for t in stack.airflow.api("GET", f"dags/{dag_id}/dagRuns/{r['dag_run_id']}/taskInstances")[
+                    "task_instances"]:
+                out.append(stack.airflow._log_tail(dag_id, r["dag_run_id"], t["task_id"]))
+    from reclock.persist import connect
+
+    with connect(stack.dsn) as conn:
+        out += [f"\nstatus {row}" for row in conn.execute(
+            "SELECT status, error FROM reclock.status_history WHERE name = %s ORDER BY id DESC LIMIT 3",
+            (dag_id.split("__", 1)[1],)).fetchall()]
+    return "".join(out)
 
 
 def _run(stack) -> dict:
@@ -130,14 +149,14 @@ def _run(stack) -> dict:
     with connect(stack.dsn) as conn:
         uppers = dict(conn.execute("SELECT id, upper FROM reclock.shards").fetchall())
     _wait("sink sec_out", lambda: (p := read_progress(admin, "_reclock_progress", "sec_out")) is not None
-          and p.frontier >= uppers["sec_orders"], 300)
+          and p.frontier >= uppers["sec_orders"], 300, lambda: _dag_runs(stack, "sink__sec_out"))
     blob = blob_store_from_url(stack.blob_url, stack.s3.settings())
     with connect(stack.dsn) as conn:
         rows = {s: read_as_of(conn, blob, s, uppers[s] - 1).num_rows for s in
                 ("sec_orders", "sec_shop__orders", "sec_shop__items")}
         _wait("sink sec_ice", lambda: conn.execute(
             "SELECT status FROM reclock.status_history WHERE name = 'sec_ice' ORDER BY id DESC LIMIT 1"
-        ).fetchone() == ("running",), 300)
+        ).fetchone() == ("running",), 300, lambda: _dag_runs(stack, "sink__sec_ice"))
     out = [json.loads(m.value()) for m in read_all(admin, "sec_orders_out", "oracle")]
     with psycopg.connect(shop) as up:
         upstream = {t: up.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in ("orders", "items")}
