@@ -406,6 +406,13 @@ class KinesisSource(SourceRuntime):
             df = df.observe(read_metrics, F.count(F.lit(1)).alias("records"))
         return df.selectExpr(*RAW_COLUMNS)
 
+    def lineage_inputs(self) -> tuple:
+        """The stream (``reclock.datasets.kinesis_stream``): what the mint's scan and the write read."""
+        from reclock.datasets import kinesis_stream
+
+        addr = self.ctx.upstream
+        return (kinesis_stream(addr.stream, addr.region, addr.endpoint_url),)
+
     def append_effects(self, written: WrittenBatch, metrics: dict) -> Callable[[Any], None] | None:
         if self.ctx.spec.envelope != "upsert":
             return None
