@@ -58,6 +58,14 @@ def test_a_bound_range_past_retention_is_lost_not_skipped(db, kinesis_server, sp
     BackgroundProducer(server.client(), "r").put(30)
     minted = cycle.mint(ctx)  # bound, not yet written: then the stream's retention passes
     server.advance_clock(25 * 3600)
+    # the mint's captures would still give the write every bound record (reclock.sources.kinesis.capture); gone
+    # (a source idle past their lease), the write must read the stream, which no longer holds them
+    from reclock.sources.kinesis import capture
+
+    held = ctx.blob.list(capture.folder("clicks"))
+    assert sum(capture.rows_of(ctx.blob, b.path) for b in held) == 30
+    for b in held:
+        ctx.blob.delete(b.path)
     with pytest.raises(KinesisDataLost, match=r"source clicks: shard shardId-000000000000, sequence numbers "
                                               r"\[0, \d+\): 20 records were bound there but the stream now "
                                               r"returns 0") as e:
