@@ -211,7 +211,14 @@ def reclock_run(env: dict, name: str, stream: str, records: int) -> int:
             break
     with connect(ctx.dsn) as conn:
         n = read_updates(conn, ctx.blob, name).num_rows
+        steps = conn.execute("SELECT step, metrics FROM reclock.statistics WHERE name = %s", (name,)).fetchall()
     assert n == records, f"reclock wrote {n} rows of {records}"
+    writes = [m for step, m in steps if step == "write_batches" and "records_read" in m]
+    seconds = {}
+    for step, m in steps:
+        seconds[step] = round(seconds.get(step, 0) + m.get("seconds", 0), 2)
+    echo(f"  {name}: records read by the writes {sum(m['records_read'] for m in writes)}, of them from the "
+         f"mints' captures {sum(m.get('records_from_captures', 0) for m in writes)}; seconds by step {seconds}")
     return n
 
 
