@@ -12,6 +12,8 @@ config file           ``--config``        ``RECLOCK_CONFIG``           the DAG f
 consensus Postgres    ``--dsn``           ``RECLOCK_DSN``              connection ``reclock_postgres``
 blob store            ``--blob-url``      ``RECLOCK_BLOB_URL``         --
 S3 endpoint and keys  --                  ``AWS_*`` (see objectstore)  connection ``reclock_s3`` (aws)
+S3 source's keys      --                  ``AWS_*`` unless the source  its ``connection:`` (aws), which
+                                          names ``connection:``        is never passed over
 Kafka cluster         ``--bootstrap``     ``RECLOCK_BOOTSTRAP``        the config's ``bootstrap:`` (these
                                                                        three: unsecured), else its
                                                                        ``connection:`` (``reclock_kafka``),
@@ -100,9 +102,16 @@ def find_s3_settings() -> objectstore.S3Settings:
     return from_connection(connections.s3_settings, NO_S3)
 
 
-def find_source_s3_settings(connection: str, what: str) -> objectstore.S3Settings:
-    """An S3 source's endpoint and keys: its ``connection:`` when given as ``AIRFLOW_CONN_<ID>``, else the AWS
-    environment variables when a key is set there, else the connection in Airflow."""
+def find_source_s3_settings(connection: str, what: str, named: bool = False) -> objectstore.S3Settings:
+    """An S3 source's endpoint and keys. A ``connection:`` the config names (``named``) is never passed over:
+    its keys, or ``SettingError`` when it is not defined (the AWS variables of the environment do not stand in
+    for it: they may be another account's). The default ``reclock_s3``: given as ``AIRFLOW_CONN_RECLOCK_S3``,
+    else the AWS environment variables when a key is set there, else the connection in Airflow."""
+    if named:
+        return from_connection(lambda: connections.s3_settings(connection), _undefined(
+            what, "s3.connection", connection, " (the AWS keys of the environment are not used in its place: "
+            "define it, type aws, login/password the keys, extra endpoint_url and region_name; or drop "
+            "`connection:` from the config to use the environment's keys or reclock_s3)"))
     if not os.environ.get(f"AIRFLOW_CONN_{connection.upper()}") and (
             os.environ.get("AWS_ACCESS_KEY_ID") or os.environ.get("AWS_SECRET_ACCESS_KEY")):
         return objectstore.s3_settings_from_env()
@@ -146,7 +155,8 @@ def _undefined(what: str, key: str, conn_id: str, why: str = "") -> str:
 def missing_connections(sources: Iterable[Any] = (), sinks: Iterable[Any] = ()) -> list[str]:
     """What is wrong with the Airflow connections ``sources`` and ``sinks`` (their specs) reach their upstreams
     and targets through: one message per connection a spec names that is not defined (its Kafka cluster's,
-    also when ``RECLOCK_BOOTSTRAP`` gives the brokers; its Postgres upstream's; its registry's). Each is one
+    also when ``RECLOCK_BOOTSTRAP`` gives the brokers; its Postgres upstream's; the S3 connection an S3 source
+    names, also when AWS keys are in the environment; its registry's). Each is one
     connection lookup: run where a task or a command runs, never while a DAG file parses."""
     missing = []
     sources, sinks = list(sources), list(sinks)
@@ -161,6 +171,9 @@ def missing_connections(sources: Iterable[Any] = (), sinks: Iterable[Any] = ()) 
         if getattr(up, "publication", None) is not None and getattr(up, "connection", None) and \
                 not getattr(up, "dsn_env", None) and not _defined(lambda: connections.postgres_dsn(up.connection)):
             missing.append(_undefined(f"source {s.name}", "postgres.connection", up.connection))
+        if getattr(up, "connection_named", False) and getattr(up, "kind", None) == "s3" and not _defined(
+                lambda: connections.s3_settings(up.connection)):
+            missing.append(_undefined(f"source {s.name}", "s3.connection", up.connection))
         registry = getattr(s.format, "registry", None)
         if registry is not None and not registry.url and not _defined(
                 lambda: connections.registry_settings(registry.connection)):

@@ -231,7 +231,7 @@ def test_status_pages_in_the_airflow_ui(stack_home: Path):
     config = stack_home / "reclock.yaml"
     config.write_text(CONFIG)
     # the stack's processes inherit this environment: without the placeholder AWS keys tests/conftest.py sets
-    # for Kinesis clients, which an S3 source would take over its `connection:` (reclock.settings)
+    # for Kinesis clients (the stack's S3 source names its connection, which they never stand in for)
     env = {**{k: v for k, v in os.environ.items() if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")},
            "RECLOCK_HOME": str(stack_home / "stack"), "RECLOCK_CONFIG": str(config)}
     reclock = [sys.executable, "-m", "reclock.cli"]

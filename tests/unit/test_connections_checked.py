@@ -95,3 +95,56 @@ def test_the_dag_file_looks_up_no_connection_and_reclock_check_names_the_missing
         _conn(monkeypatch, c)
     out = CliRunner().invoke(main, ["check", "--config", str(tmp_path / "include" / "reclock.yaml")])
     assert out.exit_code == 0 and "4 sources, 0 sinks" in out.output, out.output
+
+
+S3_CFG = {"sources": {
+    "e": {"s3": {"url": "s3://landing/e/", "connection": "s3_other"}, "format": "text"},  # names its connection
+    "f": {"s3": {"url": "s3://landing/f/"}, "format": "text"}}}  # the default, reclock_s3
+ENV_KEYS = {"AWS_ACCESS_KEY_ID": "AKIAENVIRONMENT", "AWS_SECRET_ACCESS_KEY": "env-secret",
+            "AWS_ENDPOINT_URL": "http://127.0.0.1:9100", "AWS_REGION": "us-east-1"}
+
+
+def _s3_conn() -> str:
+    return json.dumps({"conn_type": "aws", "login": "AKIACONNECTION", "password": "conn-secret",
+                       "extra": {"endpoint_url": "http://127.0.0.1:9200", "region_name": "eu-west-1"}})
+
+
+def test_an_s3_source_s_named_connection_is_never_passed_over_for_the_environment_s_keys(monkeypatch):
+    from reclock.sources.registry import kind_of
+    from reclock.sources.s3.trigger import upstream_trigger
+
+    cfg = parse_config(S3_CFG)
+    e, f = cfg.sources["e"], cfg.sources["f"]
+    assert e.upstream.connection_named and not f.upstream.connection_named
+    for var in ("AIRFLOW_CONN_S3_OTHER", "AIRFLOW_CONN_RECLOCK_S3", "AWS_ENDPOINT_URL_S3", "AWS_CA_BUNDLE"):
+        monkeypatch.delenv(var, raising=False)
+    for var, value in ENV_KEYS.items():
+        monkeypatch.setenv(var, value)
+    kind = kind_of(f)
+    assert kind.find_upstream(f).access_key == "AKIAENVIRONMENT"  # the default: the environment's keys serve
+    # the named connection is not defined: an error naming it, never the environment's keys in its place
+    with pytest.raises(SettingError, match="source e: its `s3.connection: s3_other` names an Airflow connection "
+                                           "that is not defined.*AWS keys of the environment are not used"):
+        kind.find_upstream(e)
+    with pytest.raises(ConfigError, match="source e: its `s3.connection: s3_other`") as err:
+        check_connections(cfg)
+    assert "source f" not in str(err.value)
+    trigger = upstream_trigger(e)
+    assert trigger.serialize()[1]["connection_named"] is True
+    with pytest.raises(SettingError, match="s3_other"):
+        trigger._settings()
+    monkeypatch.setenv("AIRFLOW_CONN_S3_OTHER", _s3_conn())
+    check_connections(cfg)
+    for found in (kind.find_upstream(e), trigger._settings()):
+        assert (found.access_key, found.endpoint_url, found.region) == \
+            ("AKIACONNECTION", "http://127.0.0.1:9200", "eu-west-1")
+    # a spark-submit job (rebuild) finds what the task found: the connection, not the job's AWS variables
+    job = kind.job_environment(e)
+    assert job["AWS_ACCESS_KEY_ID"] == "AKIACONNECTION"
+    monkeypatch.delenv("AIRFLOW_CONN_S3_OTHER")
+    for var, value in {**ENV_KEYS, **job}.items():
+        monkeypatch.setenv(var, value)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIASOMEONEELSE")
+    found = kind.find_upstream(e)
+    assert (found.access_key, found.secret_key, found.endpoint_url, found.region, found.path_style) == \
+        ("AKIACONNECTION", "conn-secret", "http://127.0.0.1:9200", "eu-west-1", True)

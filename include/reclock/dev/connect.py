@@ -22,19 +22,20 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 from urllib.parse import urlsplit
 
 from reclock.dev import procs
 from reclock.dev.jars import ensure_jars
 from reclock.dev.procs import LOOPBACK
-from reclock.dev.state import StackState
+from reclock.dev.state import LocalServer, StackState
 from reclock.errors import StackError
 
 CONNECTOR = "reclock-debezium"
 
 
 @dataclass
-class LocalConnect:
+class LocalConnect(LocalServer):
     """A standalone worker under ``state``'s ``connect`` folder writing ``dsn``'s ``tables`` to ``bootstrap``.
 
     ``dsn``: a superuser's (Debezium creates its slot and publication); ``prefix``: the topics' prefix;
@@ -51,21 +52,8 @@ class LocalConnect:
     heap: str = "384m"
     extra: dict = field(default_factory=dict)
 
-    @property
-    def home(self) -> Path:
-        return self.state.dir("connect")
-
-    @property
-    def port(self) -> int:
-        return self.state.port("connect")
-
-    @property
-    def pidfile(self) -> Path:
-        return self.home / "connect.pid"
-
-    @property
-    def log(self) -> Path:
-        return self.home / "connect.log"
+    name: ClassVar[str] = "connect"
+    process: ClassVar[str] = "connect"
 
     @property
     def slot(self) -> str:
@@ -78,9 +66,6 @@ class LocalConnect:
     @property
     def transaction_topic(self) -> str:
         return f"{self.prefix}.transaction"
-
-    def running(self) -> bool:
-        return procs.read_pid(self.pidfile) is not None
 
     def _write_config(self) -> tuple[Path, Path]:
         url = urlsplit(self.dsn)

@@ -28,11 +28,12 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 from reclock.dev import procs
 from reclock.dev.jars import ensure_jars
 from reclock.dev.procs import LOOPBACK
-from reclock.dev.state import StackState
+from reclock.dev.state import LocalServer, StackState
 from reclock.dev.tls import LocalCA
 from reclock.errors import StackError
 from reclock.kafka_client import KafkaClientConfig
@@ -56,7 +57,7 @@ logger.server.level = WARN
 
 
 @dataclass
-class LocalKafka:
+class LocalKafka(LocalServer):
     """One node under ``<state>/<name>``; ``bootstrap`` is ``127.0.0.1:<port>``. Alone (``voters`` None) it is
     its own quorum with replication factor 1; in a :class:`LocalKafkaCluster` it is node ``node_id`` of the
     static quorum ``voters`` (node id -> controller port) with the cluster's replication settings."""
@@ -74,13 +75,7 @@ class LocalKafka:
     client bootstrapped at :attr:`proxied_bootstrap` reaches every broker through proxies, while the brokers
     and the controllers (and clients of :attr:`bootstrap`) talk directly."""
 
-    @property
-    def home(self) -> Path:
-        return self.state.dir(self.name)
-
-    @property
-    def port(self) -> int:
-        return self.state.port(self.name)
+    process: ClassVar[str] = "kafka"
 
     @property
     def controller_port(self) -> int:
@@ -161,10 +156,6 @@ class LocalKafka:
     @property
     def log(self) -> Path:
         return self.home / "kafka.out"
-
-    @property
-    def pidfile(self) -> Path:
-        return self.home / "kafka.pid"
 
     def _listeners(self) -> dict[str, str]:
         controller = f"CONTROLLER://{LOOPBACK}:{self.controller_port}"
@@ -256,9 +247,6 @@ class LocalKafka:
         return [self._java(), f"-Xmx{self.heap}", f"-Xms{self.heap}", "-XX:+UseG1GC",
                 f"-Dlog4j2.configurationFile={self.home / 'log4j2.properties'}",
                 "-Djava.net.preferIPv4Stack=true", "-cp", self._classpath()]
-
-    def running(self) -> bool:
-        return procs.read_pid(self.pidfile) is not None
 
     def spawn(self) -> bool:
         """Format the storage on the first start and start the node's JVM unless it runs; no waiting. True if

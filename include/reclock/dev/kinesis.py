@@ -31,10 +31,11 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from reclock.dev import procs
 from reclock.dev.procs import LOOPBACK
-from reclock.dev.state import REPO_ROOT, StackState
+from reclock.dev.state import LocalServer, REPO_ROOT, StackState
 from reclock.errors import StackError
 
 KINESALITE = "kinesalite@3.3.3"
@@ -76,39 +77,22 @@ def ensure_kinesalite() -> Path:
 
 
 @dataclass
-class LocalKinesis:
+class LocalKinesis(LocalServer):
     """kinesalite under ``state``'s folder ``name`` (``kinesis``; another name: a second server beside it)."""
 
     state: StackState
     name: str = "kinesis"
     region: str = "us-east-1"
 
-    @property
-    def home(self) -> Path:
-        return self.state.dir(self.name)
-
-    @property
-    def port(self) -> int:
-        return self.state.port(self.name)
+    process: ClassVar[str] = "kinesalite"
 
     @property
     def endpoint_url(self) -> str:
         return f"http://{LOOPBACK}:{self.port}"
 
     @property
-    def pidfile(self) -> Path:
-        return self.home / "kinesalite.pid"
-
-    @property
-    def log(self) -> Path:
-        return self.home / "kinesalite.log"
-
-    @property
     def clock_file(self) -> Path:
         return self.home / "clock-offset-ms"
-
-    def running(self) -> bool:
-        return procs.read_pid(self.pidfile) is not None
 
     def start(self, timeout: float = 60) -> float:
         t0 = time.monotonic()

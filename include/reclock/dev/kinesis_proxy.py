@@ -25,12 +25,12 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
+from typing import ClassVar
 from urllib.parse import urlsplit
 
 from reclock.dev import procs
 from reclock.dev.procs import LOOPBACK
-from reclock.dev.state import StackState
+from reclock.dev.state import LocalServer, StackState
 
 _HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-connection", "host",
         "content-length"}
@@ -169,7 +169,7 @@ def serve(port: int, upstream: str, reads_per_shard_s: float, expire_every: int 
 
 
 @dataclass
-class KinesisProxy:
+class KinesisProxy(LocalServer):
     """The proxy as a process of its own, under ``state``'s folder ``name``, in front of ``upstream``."""
 
     state: StackState
@@ -178,24 +178,11 @@ class KinesisProxy:
     expire_every: int = 0
     name: str = "kinesis-proxy"
 
-    @property
-    def home(self) -> Path:
-        return self.state.dir(self.name)
-
-    @property
-    def port(self) -> int:
-        return self.state.port(self.name)
+    process: ClassVar[str] = "proxy"
 
     @property
     def endpoint_url(self) -> str:
         return f"http://{LOOPBACK}:{self.port}"
-
-    @property
-    def pidfile(self) -> Path:
-        return self.home / "proxy.pid"
-
-    def running(self) -> bool:
-        return procs.read_pid(self.pidfile) is not None
 
     def start(self, timeout: float = 30) -> None:
         if not self.running():

@@ -18,11 +18,12 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import psycopg
 
 from reclock.dev.procs import LOOPBACK, port_open, run
-from reclock.dev.state import StackState
+from reclock.dev.state import LocalServer, StackState
 from reclock.dev.tls import LocalCA
 from reclock.errors import StackError
 
@@ -79,30 +80,59 @@ def _reachable_by_others(path: Path) -> bool:
     return True
 
 
-@dataclass
-class LocalPostgres:
-    """One cluster under ``<state>/postgres``: ``start`` is idempotent and ``stop`` ends only it."""
+def _chown(path: Path) -> None:
+    """Give ``path`` to the user the servers run as (:func:`_run_as`), if they run as another."""
+    user = _run_as()
+    if user:
+        pw = pwd.getpwnam(user)
+        os.chown(path, pw.pw_uid, pw.pw_gid)
 
-    state: StackState
-    fast: bool = False  # fsync off: for throwaway test clusters only
-    tls: bool = False  # TLS only (hostssl), the stack CA's certificate
-    name: str = "postgres"  # the state folder and port name
 
-    @property
-    def home(self) -> Path:
-        return self.state.dir(self.name)
+class _Server(LocalServer):
+    """What a primary and a standby share: a data folder under the server's own, the postmaster's pid file,
+    ``pg_ctl`` start and stop."""
+
+    process: ClassVar[str] = "postgres"
 
     @property
     def data(self) -> Path:
         return self.home / "data"
 
     @property
-    def log(self) -> Path:
-        return self.home / "postgres.log"
+    def pidfile(self) -> Path:
+        """The postmaster's own (its first line is the pid; it exists while the server runs)."""
+        return self.data / "postmaster.pid"
 
-    @property
-    def port(self) -> int:
-        return self.state.port(self.name)
+    def running(self) -> bool:
+        return port_open(self.port) and self.pidfile.exists()
+
+    def _pg_ctl(self, action: str, *options: str) -> None:
+        run([str(ensure_installed() / "pg_ctl"), "-D", str(self.data), *options, action],
+            f"pg_ctl {action} ({self.name})", user=_run_as(), timeout=90)
+
+    def start_server(self) -> None:
+        """Start the server if it is not running (its data folder must exist; nothing else is asked: a standby
+        after a crash of its primary comes up read-only with what it received, ready to be promoted)."""
+        if not self.running():
+            self.log.touch()
+            _chown(self.log)
+            self._pg_ctl("start", "-l", str(self.log), "-w", "-t", "60", "-o", f"-p {self.port}")
+
+    def stop(self) -> bool:
+        if not self.pidfile.exists():
+            return False
+        self._pg_ctl("stop", "-m", "fast", "-w")
+        return True
+
+
+@dataclass
+class LocalPostgres(_Server):
+    """One cluster under ``<state>/postgres``: ``start`` is idempotent and ``stop`` ends only it."""
+
+    state: StackState
+    fast: bool = False  # fsync off: for throwaway test clusters only
+    tls: bool = False  # TLS only (hostssl), the stack CA's certificate
+    name: str = "postgres"  # the state folder and port name
 
     @property
     def password(self) -> str:
@@ -120,12 +150,6 @@ class LocalPostgres:
         """``?sslmode=verify-full&sslrootcert=<ca.pem>`` with ``tls``, else empty."""
         return f"?sslmode=verify-full&sslrootcert={LocalCA(self.state).cert}" if self.tls else ""
 
-    def _chown(self, path: Path) -> None:
-        user = _run_as()
-        if user:
-            pw = pwd.getpwnam(user)
-            os.chown(path, pw.pw_uid, pw.pw_gid)
-
     def init(self) -> None:
         bin_dir = ensure_installed()
         if (self.data / "PG_VERSION").exists():
@@ -135,10 +159,10 @@ class LocalPostgres:
             raise StackError(f"postgres: {self.home} is not reachable by the {user} user (a parent folder is "
                              f"not world-executable); set RECLOCK_HOME to a folder under e.g. /var/tmp")
         self.home.chmod(0o755)
-        self._chown(self.home)
+        _chown(self.home)
         pwfile = self.home / "pwfile"
         pwfile.write_text(self.password + "\n")
-        self._chown(pwfile)
+        _chown(pwfile)
         pwfile.chmod(0o600)
         try:
             run([str(bin_dir / "initdb"), "-D", str(self.data), "-U", DB_USER, "--pwfile", str(pwfile),
@@ -168,26 +192,18 @@ class LocalPostgres:
                            "hostssl replication all 127.0.0.1/32 scram-sha-256\n"
                            "host    all         all 0.0.0.0/0    reject\n"
                            "host    replication all 0.0.0.0/0    reject\n")
-            self._chown(hba)
+            _chown(hba)
         with open(self.data / "postgresql.conf", "a") as f:
             f.write("\n# reclock\n" + "\n".join(conf) + "\n")
-
-    def running(self) -> bool:
-        return port_open(self.port) and (self.data / "postmaster.pid").exists()
 
     def start(self) -> float:
         """Init if needed, start if not running, create the databases; return seconds taken."""
         t0 = time.monotonic()
         self.init()
-        if not self.running():
-            bin_dir = ensure_installed()
-            if port_open(self.port):
-                raise StackError(f"postgres: port {self.port} on {LOOPBACK} is taken by another process "
-                                 f"(set RECLOCK_POSTGRES_PORT or free it)")
-            self.log.touch()
-            self._chown(self.log)
-            run([str(bin_dir / "pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-w", "-t", "60",
-                 "-o", f"-p {self.port}", "start"], "pg_ctl start", user=_run_as(), timeout=90)
+        if not self.running() and port_open(self.port):
+            raise StackError(f"postgres: port {self.port} on {LOOPBACK} is taken by another process "
+                             f"(set RECLOCK_POSTGRES_PORT or free it)")
+        self.start_server()
         self.create_database("reclock")
         self.create_database("airflow")
         return time.monotonic() - t0
@@ -210,17 +226,10 @@ class LocalPostgres:
                 sql.SQL("ALTER" if exists else "CREATE"), sql.Identifier(role),
                 sql.SQL("" if exists else "LOGIN"), sql.Literal(verifier)))
 
-    def stop(self) -> bool:
-        if not (self.data / "postmaster.pid").exists():
-            return False
-        bin_dir = ensure_installed()
-        run([str(bin_dir / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop"], "pg_ctl stop",
-            user=_run_as(), timeout=90)
-        return True
 
 
 @dataclass
-class LocalStandby:
+class LocalStandby(_Server):
     """A streaming standby of ``primary`` under ``<state>/<name>``: a ``pg_basebackup`` of it (``-R``: it
     follows the primary), on a port of its own. ``synchronous``: the primary names it in
     ``synchronous_standby_names``, so a commit (``synchronous_commit = on``, which Reclock's connections use)
@@ -234,30 +243,11 @@ class LocalStandby:
     synchronous: bool = True
 
     @property
-    def home(self) -> Path:
-        return self.state.dir(self.name)
-
-    @property
-    def data(self) -> Path:
-        return self.home / "data"
-
-    @property
-    def log(self) -> Path:
-        return self.home / "postgres.log"
-
-    @property
-    def port(self) -> int:
-        return self.state.port(self.name)
-
-    @property
     def application_name(self) -> str:
         return f"reclock_{self.name}"
 
     def dsn(self, dbname: str = "reclock") -> str:
         return f"postgresql://{DB_USER}:{self.primary.password}@{LOOPBACK}:{self.port}/{dbname}"
-
-    def running(self) -> bool:
-        return port_open(self.port) and (self.data / "postmaster.pid").exists()
 
     def start(self, timeout: float = 120) -> float:
         """Take the base backup (first start), start the standby, set the primary's synchronous standby
@@ -266,7 +256,7 @@ class LocalStandby:
         bin_dir = ensure_installed()
         if not (self.data / "PG_VERSION").exists():
             self.home.chmod(0o755)
-            self.primary._chown(self.home)
+            _chown(self.home)
             conninfo = (f"host={LOOPBACK} port={self.primary.port} user={DB_USER} password={self.primary.password} "
                         f"application_name={self.application_name}")
             run([str(bin_dir / "pg_basebackup"), "-D", str(self.data), "-X", "stream", "-R", "-c", "fast",
@@ -291,26 +281,11 @@ class LocalStandby:
                 time.sleep(0.2)
         return time.monotonic() - t0
 
-    def start_server(self) -> None:
-        """Start the standby's server if it is not running (no base backup, nothing asked of the primary):
-        after a crash of the primary it comes up read-only with what it received, ready to be promoted."""
-        if not self.running():
-            self.log.touch()
-            self.primary._chown(self.log)
-            run([str(ensure_installed() / "pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-w", "-t", "60",
-                 "-o", f"-p {self.port}", "start"], "pg_ctl start (standby)", user=_run_as(), timeout=90)
-
     def promote(self, timeout: float = 60) -> None:
         """Make the standby a primary (``pg_ctl promote``: it stops following and accepts writes)."""
         run([str(ensure_installed() / "pg_ctl"), "-D", str(self.data), "-w", "-t", str(int(timeout)), "promote"],
             "pg_ctl promote", user=_run_as(), timeout=timeout + 30)
 
-    def stop(self) -> bool:
-        if not (self.data / "postmaster.pid").exists():
-            return False
-        run([str(ensure_installed() / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop"],
-            "pg_ctl stop (standby)", user=_run_as(), timeout=90)
-        return True
 
 
 def crash(server: LocalPostgres | LocalStandby) -> None:

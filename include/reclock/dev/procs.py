@@ -69,8 +69,9 @@ def pid_alive(pid: int) -> bool:
 
 
 def read_pid(pidfile: Path) -> int | None:
+    """The live process whose id is the first line of ``pidfile``, or None (no file, or not running)."""
     try:
-        pid = int(pidfile.read_text().strip())
+        pid = int(pidfile.read_text().split("\n", 1)[0].strip())
     except (OSError, ValueError):
         return None
     return pid if pid_alive(pid) else None

@@ -17,11 +17,12 @@ import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from reclock.dev import procs
 from reclock.dev.jars import REGISTRY_RUNNER, ensure_registry
 from reclock.dev.procs import LOOPBACK
-from reclock.dev.state import StackState
+from reclock.dev.state import LocalServer, StackState
 from reclock.errors import StackError
 from reclock.schema_registry import RegistrySettings
 
@@ -30,19 +31,14 @@ USER = "reclock"
 
 
 @dataclass
-class LocalRegistry:
+class LocalRegistry(LocalServer):
     """``java -jar reclock-registry-runner.jar`` under ``state``'s ``registry`` folder."""
 
     state: StackState
     heap: str = "384m"
 
-    @property
-    def home(self) -> Path:
-        return self.state.dir("registry")
-
-    @property
-    def port(self) -> int:
-        return self.state.port("registry")
+    name: ClassVar[str] = "registry"
+    process: ClassVar[str] = "registry"
 
     @property
     def tls_port(self) -> int:
@@ -51,14 +47,6 @@ class LocalRegistry:
     @property
     def password(self) -> str:
         return self.state.secret("registry_password")
-
-    @property
-    def pidfile(self) -> Path:
-        return self.home / "registry.pid"
-
-    @property
-    def log(self) -> Path:
-        return self.home / "registry.log"
 
     @property
     def ca_file(self) -> Path:
@@ -78,9 +66,6 @@ class LocalRegistry:
         if tls:
             return RegistrySettings(self.tls_url, USER, self.password, ca_file=str(self.ca_file))
         return RegistrySettings(self.url, USER, self.password)
-
-    def running(self) -> bool:
-        return procs.read_pid(self.pidfile) is not None
 
     def _certificate(self) -> None:
         """A self-signed EC certificate for 127.0.0.1 (made once per state folder)."""

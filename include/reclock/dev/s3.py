@@ -20,17 +20,18 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 from reclock.dev import procs
 from reclock.dev.procs import LOOPBACK
-from reclock.dev.state import StackState
+from reclock.dev.state import LocalServer, StackState
 from reclock.dev.tls import LocalCA
 from reclock.errors import StackError
 from reclock.persist.objectstore import S3Settings
 
 
 @dataclass
-class LocalS3:
+class LocalS3(LocalServer):
     """``moto_server -H 127.0.0.1 -p PORT`` under ``state``'s ``s3`` folder, with the bucket ``bucket``."""
 
     state: StackState
@@ -40,25 +41,11 @@ class LocalS3:
     auth: bool = False
     _keys: tuple[str, str] | None = field(default=None, repr=False)
 
-    @property
-    def home(self) -> Path:
-        return self.state.dir(self.name)
-
-    @property
-    def port(self) -> int:
-        return self.state.port(self.name)
+    process: ClassVar[str] = "moto"
 
     @property
     def endpoint_url(self) -> str:
         return f"{'https' if self.tls else 'http'}://{LOOPBACK}:{self.port}"
-
-    @property
-    def pidfile(self) -> Path:
-        return self.home / "moto.pid"
-
-    @property
-    def log(self) -> Path:
-        return self.home / "moto.log"
 
     def settings(self) -> S3Settings:
         """Settings for this endpoint: keys generated once per state folder (moto accepts any), or with
@@ -73,9 +60,6 @@ class LocalS3:
     @property
     def _ca_bundle(self) -> str | None:
         return str(LocalCA(self.state).cert) if self.tls else None
-
-    def running(self) -> bool:
-        return procs.read_pid(self.pidfile) is not None
 
     def start(self, timeout: float = 60) -> float:
         t0 = time.monotonic()

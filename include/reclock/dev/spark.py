@@ -17,11 +17,12 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 from reclock.dev import procs
 from reclock.dev.jars import spark_kafka_jars, spark_s3a_jars
 from reclock.dev.procs import LOOPBACK
-from reclock.dev.state import StackState
+from reclock.dev.state import LocalServer, StackState
 from reclock.persist.objectstore import S3Settings, jvm_env, jvm_trust_options, spark_s3a_conf
 from reclock.spark.jobs import PARTS_COMMITTER_CONF
 from reclock.spark.session import LOCAL_CONF, SPARK_CONF, classpath_conf, driver_session
@@ -58,7 +59,7 @@ def local_session(state: StackState, app: str = "reclock", master: str = "local[
 
 
 @dataclass
-class LocalSparkConnect:
+class LocalSparkConnect(LocalServer):
     """A Spark Connect server (``spark-submit ... SparkConnectServer``) on ``master`` (default ``local[*]``),
     its files under ``state``'s folder ``name`` and its ports named ``<name>_connect`` and ``<name>_ui``.
     With ``s3``: S3A jars (shipped to executors too), settings and keys (in its environment); ``conf``:
@@ -74,9 +75,7 @@ class LocalSparkConnect:
     token: str | None = field(default=None, repr=False)  # clients must present it
     tls: bool = False  # clients reach it through a TLS front on the port ``<name>_tls``
 
-    @property
-    def home(self) -> Path:
-        return self.state.dir(self.name)
+    process: ClassVar[str] = "spark-connect"
 
     @property
     def port(self) -> int:
@@ -98,17 +97,6 @@ class LocalSparkConnect:
         from reclock.dev.tls_front import LocalTlsFront
 
         return LocalTlsFront(self.state, f"{self.name}_tls", self.port)
-
-    @property
-    def pidfile(self) -> Path:
-        return self.home / "spark-connect.pid"
-
-    @property
-    def log(self) -> Path:
-        return self.home / "spark-connect.log"
-
-    def running(self) -> bool:
-        return procs.read_pid(self.pidfile) is not None
 
     def start(self, timeout: float = 120) -> float:
         t0 = time.monotonic()

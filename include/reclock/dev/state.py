@@ -7,8 +7,9 @@ import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
-from reclock.dev.procs import free_port
+from reclock.dev.procs import free_port, read_pid
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 """The checkout this package was installed from (``include/reclock/dev`` -> repo root)."""
@@ -75,3 +76,34 @@ class StackState:
     def jars(self) -> Path:
         """JVM jars resolved by Maven (shared by every stack of this checkout)."""
         return Path(os.environ.get("RECLOCK_JARS", REPO_ROOT / ".reclock" / "jars"))
+
+
+class LocalServer:
+    """A local server's place in a stack's state, mixed into each ``Local*`` dataclass (which declares
+    ``state`` and ``name``, or sets ``name`` on the class): its folder and port, both named ``name``, and its
+    pid file and log, named by :attr:`process`."""
+
+    state: StackState
+    name: str
+    process: ClassVar[str]
+    """The stem of the pid file and the log (``moto``: ``moto.pid`` and ``moto.log``)."""
+
+    @property
+    def home(self) -> Path:
+        return self.state.dir(self.name)
+
+    @property
+    def port(self) -> int:
+        return self.state.port(self.name)
+
+    @property
+    def pidfile(self) -> Path:
+        return self.home / f"{self.process}.pid"
+
+    @property
+    def log(self) -> Path:
+        return self.home / f"{self.process}.log"
+
+    def running(self) -> bool:
+        """Whether the process of its pid file is alive."""
+        return read_pid(self.pidfile) is not None

@@ -15,40 +15,23 @@ import ssl
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
+from typing import ClassVar
 
 from reclock.dev import procs
 from reclock.dev.procs import LOOPBACK
-from reclock.dev.state import StackState
+from reclock.dev.state import LocalServer, StackState
 from reclock.dev.tls import LocalCA
 
 
 @dataclass
-class LocalTlsFront:
+class LocalTlsFront(LocalServer):
     """TLS on the port ``<name>`` relayed to ``target_port`` on 127.0.0.1, with the stack CA's certificate."""
 
     state: StackState
     name: str
     target_port: int
 
-    @property
-    def home(self) -> Path:
-        return self.state.dir(self.name)
-
-    @property
-    def port(self) -> int:
-        return self.state.port(self.name)
-
-    @property
-    def pidfile(self) -> Path:
-        return self.home / "tls-front.pid"
-
-    @property
-    def log(self) -> Path:
-        return self.home / "tls-front.log"
-
-    def running(self) -> bool:
-        return procs.read_pid(self.pidfile) is not None
+    process: ClassVar[str] = "tls-front"
 
     def start(self, timeout: float = 30) -> float:
         t0 = time.monotonic()

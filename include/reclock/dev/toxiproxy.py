@@ -34,11 +34,11 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from reclock.dev import procs
 from reclock.dev.procs import LOOPBACK
-from reclock.dev.state import REPO_ROOT, StackState
+from reclock.dev.state import LocalServer, REPO_ROOT, StackState
 from reclock.errors import StackError
 
 MODULE = "github.com/Shopify/toxiproxy/v2"
@@ -73,7 +73,7 @@ def ensure_toxiproxy() -> Path:
 
 
 @dataclass
-class LocalToxiproxy:
+class LocalToxiproxy(LocalServer):
     """``toxiproxy-server`` under ``<state>/<name>``, its API on 127.0.0.1 (:attr:`api_port`); the proxies it
     makes listen on 127.0.0.1 too."""
 
@@ -81,24 +81,11 @@ class LocalToxiproxy:
     name: str = "toxiproxy"
     proxies: dict[str, "Proxy"] = field(default_factory=dict)
 
-    @property
-    def home(self) -> Path:
-        return self.state.dir(self.name)
+    process: ClassVar[str] = "toxiproxy"
 
     @property
     def api_port(self) -> int:
         return self.state.port(self.name)
-
-    @property
-    def log(self) -> Path:
-        return self.home / "toxiproxy.log"
-
-    @property
-    def pidfile(self) -> Path:
-        return self.home / "toxiproxy.pid"
-
-    def running(self) -> bool:
-        return procs.read_pid(self.pidfile) is not None
 
     def start(self, timeout: float = 60) -> float:
         t0 = time.monotonic()

@@ -22,6 +22,7 @@ lag                 objects and bytes upstream not yet in the collection
 from __future__ import annotations
 
 import contextlib
+import json
 import uuid
 from dataclasses import dataclass, replace
 from typing import Any, Callable
@@ -522,9 +523,11 @@ class S3Kind(SourceKind):
             return given
         from reclock.settings import find_source_s3_settings
 
-        return find_source_s3_settings(spec.upstream.connection, f"source {spec.name}")
+        return find_source_s3_settings(spec.upstream.connection, f"source {spec.name}", spec.upstream.connection_named)
 
     def job_environment(self, spec) -> dict[str, str]:
+        """The keys as this process found them: the AWS variables; for a connection the config names (which
+        the job, too, must not pass over for them) also that connection, as ``AIRFLOW_CONN_<ID>``."""
         settings = self.find_upstream(spec)
         if settings is None:
             return {}
@@ -534,6 +537,14 @@ class S3Kind(SourceKind):
                "AWS_REGION": settings.region, ENV_PATH_STYLE: str(settings.path_style).lower()}
         if settings.endpoint_url:
             env["AWS_ENDPOINT_URL"] = settings.endpoint_url
+        if settings.ca_bundle:
+            env["AWS_CA_BUNDLE"] = settings.ca_bundle
+        if spec.upstream.connection_named:
+            extra = {"region_name": settings.region, "path_style": settings.path_style,
+                     **({"endpoint_url": settings.endpoint_url} if settings.endpoint_url else {}),
+                     **({"verify": settings.ca_bundle} if settings.ca_bundle else {})}
+            env[f"AIRFLOW_CONN_{spec.upstream.connection.upper()}"] = json.dumps(
+                {"conn_type": "aws", "login": settings.access_key, "password": settings.secret_key, "extra": extra})
         return env
 
     def open(self, ctx: CycleServices) -> S3Source:

@@ -35,6 +35,7 @@ class S3Spec:
     kind: ClassVar[str] = "s3"
     url: str
     connection: str | None = "reclock_s3"  # an Airflow connection of type aws (None: a local folder)
+    connection_named: bool = False  # the config names `connection:` (its keys are then never passed over)
     discovery: str = "listing"  # listing | notifications (S3 event notifications through SQS `queue`)
     keys: str = "any"  # listing: any (every cycle lists everything) | increasing (after a key frontier)
     lookback_s: float = 3600.0  # keys increasing: how late a key may arrive after greater ones
@@ -129,7 +130,7 @@ def parse_s3_source(name: str, d: dict, base: Path | None) -> SourceSpec:
     max_objects = _positive_count(b.get("max_objects", S3Spec.max_objects), f"{what}.budget.max_objects")
     on_err = parse_on_decode_error(d, what)
     dedupe = s.get("dedupe")
-    spec = S3Spec(url=url, connection=connection, discovery=discovery, keys=keys,
+    spec = S3Spec(url=url, connection=connection, connection_named="connection" in s, discovery=discovery, keys=keys,
                   lookback_s=parse_duration(s.get("lookback", "1h"), f"{what}.s3.lookback"),
                   queue=s.get("queue"), dedupe_s=None if dedupe is None else parse_duration(dedupe, f"{what}.s3.dedupe"),
                   backfill=backfill, settle_s=parse_duration(s.get("settle", "30s"), f"{what}.s3.settle"),

@@ -58,26 +58,28 @@ class ObjectsArrived(BaseEventTrigger):
     :param source: the Reclock source.
     :param url: its ``s3://bucket/prefix/`` (or folder).
     :param connection: its S3 connection (None: a folder), found in the triggerer.
+    :param connection_named: the config names it (then it is never passed over for the environment's keys).
     :param queue: the SQS queue (URL or name) of a notification source (None: listing).
     :param poll: seconds between looks (a long poll waits up to 20 s for a message instead).
     """
 
     def __init__(self, *, source: str, url: str, connection: str | None = None, queue: str | None = None,
-                 poll: float = 1.0) -> None:
+                 poll: float = 1.0, connection_named: bool = False) -> None:
         super().__init__()
         self.source, self.url, self.connection, self.queue = source, url, connection, queue
+        self.connection_named = bool(connection_named)
         self.poll = float(poll)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return CLASSPATH, {"source": self.source, "url": self.url, "connection": self.connection,
-                           "queue": self.queue, "poll": self.poll}
+                           "connection_named": self.connection_named, "queue": self.queue, "poll": self.poll}
 
     def _settings(self):
         if self.connection is None:
             return None
         from reclock.settings import find_source_s3_settings
 
-        return find_source_s3_settings(self.connection, f"source {self.source}")
+        return find_source_s3_settings(self.connection, f"source {self.source}", self.connection_named)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         loop = asyncio.get_running_loop()
@@ -133,4 +135,5 @@ class ObjectsArrived(BaseEventTrigger):
 def upstream_trigger(spec) -> ObjectsArrived:
     s3 = spec.upstream
     return ObjectsArrived(source=spec.name, url=s3.url, connection=None if s3.is_folder else s3.connection,
-                          queue=s3.queue if s3.discovery == "notifications" else None, poll=spec.poll_s)
+                          queue=s3.queue if s3.discovery == "notifications" else None, poll=spec.poll_s,
+                          connection_named=s3.connection_named)
