@@ -142,11 +142,16 @@ def _noncanonical_nan(col: Any, dtype: Any) -> Any | None:
             return None
         return F.coalesce(F.exists(col, lambda x: _noncanonical_nan(x, dtype.elementType)), F.lit(False))
     if isinstance(dtype, T.MapType):
-        parts = [F.exists(entries(col), lambda x, t=t: _noncanonical_nan(x, t))
+        parts = [F.exists(entries(col), _checker(t))
                  for entries, t in ((F.map_keys, dtype.keyType), (F.map_values, dtype.valueType))
                  if float_column_paths(T.StructType([T.StructField("e", t)]))]
         return None if not parts else F.coalesce(_any(parts), F.lit(False))
     return None
+
+
+def _checker(dtype: Any) -> Any:
+    """A one-argument function for ``exists`` (Spark reads its arity: no default arguments)."""
+    return lambda x: _noncanonical_nan(x, dtype)
 
 
 def _any(parts: list) -> Any:
