@@ -56,6 +56,41 @@ def test_splits_read_each_line_of_a_bound_range_once(pairs, last_line_open, data
     assert got == reference(body, start, end, skip_empty)
 
 
+plain_texts = st.lists(st.binary(max_size=12).map(lambda b: b.replace(b"\n", b"x")), max_size=25)
+
+
+@settings(max_examples=300, deadline=None)
+@given(plain_texts, st.binary(max_size=5), st.booleans(), st.integers(min_value=1, max_value=64), st.data())
+def test_the_plain_path_splits_as_the_general_one(values, rest, skip_empty, tail, data):
+    """Lines ending in a bare \\n (the common case) go through Arrow's split; whatever it declines (a \\r before a
+    line end, an empty line to drop, no line end) goes through numpy; both give the same lines."""
+    import numpy as np
+
+    from reclock.sources.s3 import lines as L
+
+    body = b"".join(v + b"\n" for v in values) + rest.replace(b"\n", b"")
+    if data.draw(st.booleans()):  # lines that give the plain path no reason to decline
+        body = body.replace(b"\r", b"x")
+    buf = np.frombuffer(body, np.uint8)
+    base = data.draw(st.integers(min_value=0, max_value=2**40))
+    want_lines, want_used = L._any_lines_of(buf, base, skip_empty)
+    for tail_bytes in (tail, L.TAIL_BYTES):  # the last line end in the tail searched first, or before it
+        L_tail, L.TAIL_BYTES = L.TAIL_BYTES, tail_bytes
+        try:
+            got = L._plain_lines_of(buf, base, skip_empty)
+        finally:
+            L.TAIL_BYTES = L_tail
+        if got is None:
+            assert b"\r\n" in body[:want_used] or b"\n" not in body or (skip_empty and (
+                body.startswith(b"\n") or b"\n\n" in body[:want_used]))
+            continue
+        got_lines, got_used = got
+        assert got_used == want_used
+        assert got_lines.offsets.tolist() == want_lines.offsets.tolist()
+        assert got_lines.values.to_pylist() == want_lines.values.to_pylist()
+        assert got_lines.values.type == want_lines.values.type
+
+
 def test_a_reader_stops_pulling_after_its_split():
     body = b"a\n" * 1000
     pulled = []

@@ -79,6 +79,12 @@ def split_points(start: int, end: int, size: int) -> list[tuple[int, int]]:
 def _lines_of(buf: np.ndarray, base: int, skip_empty: bool) -> tuple[Lines, int]:
     """The complete lines in ``buf`` (whose first byte is at ``base``) and how many bytes they take (up to
     and with the last ``\\n``); the bytes after it are the start of a line not complete yet."""
+    plain = _plain_lines_of(buf, base, skip_empty)
+    return plain if plain is not None else _any_lines_of(buf, base, skip_empty)
+
+
+def _any_lines_of(buf: np.ndarray, base: int, skip_empty: bool) -> tuple[Lines, int]:
+    """:func:`_lines_of` for any bytes (CRLF line ends, empty lines dropped), in numpy."""
     nl = np.flatnonzero(buf == NL)
     if len(nl) == 0:
         return Lines(pa.array([], pa.binary()), np.empty(0, np.int64)), 0
@@ -106,6 +112,47 @@ def _lines_of(buf: np.ndarray, base: int, skip_empty: bool) -> tuple[Lines, int]
     typ = pa.large_binary() if wide else pa.binary()
     values = pa.Array.from_buffers(typ, len(lengths), [None, pa.py_buffer(offsets), pa.py_buffer(data)])
     return Lines(values, starts + base), used
+
+
+TAIL_BYTES = 1 << 16
+"""Where :func:`_plain_lines_of` looks for the last line end first (lines are mostly far shorter)."""
+
+
+def _plain_lines_of(buf: np.ndarray, base: int, skip_empty: bool) -> tuple[Lines, int] | None:
+    """:func:`_lines_of` in the common case, in Arrow's C++ split (no mask, no per-byte copy in numpy: ~10x
+    faster): lines ending in ``\\n`` alone, and with ``skip_empty`` none empty. None for anything else (a
+    ``\\r`` right before a line end, an empty line to drop, no line end, 2 GiB and more), which the general
+    path handles."""
+    import pyarrow.compute as pc
+
+    n = len(buf)
+    tail = max(0, n - TAIL_BYTES)
+    ends = np.flatnonzero(buf[tail:] == NL)
+    if len(ends) == 0:
+        if tail == 0:
+            return None
+        ends = np.flatnonzero(buf[:tail] == NL)
+        if len(ends) == 0:
+            return None
+        last = int(ends[-1])
+    else:
+        last = tail + int(ends[-1])
+    if last >= 2**31 - 1:
+        return None
+    whole = pa.Array.from_buffers(pa.binary(), 1, [None, pa.py_buffer(np.array([0, last], np.int32)),
+                                                    pa.py_buffer(buf[:last])])
+    values = pc.split_pattern(whole, pattern=b"\n").values  # every line before the last \n, without its \n
+    offsets = np.frombuffer(values.buffers()[1], np.int32, len(values) + 1, values.offset * 4)
+    lengths = np.diff(offsets)
+    nonempty = lengths > 0
+    if skip_empty and not nonempty.all():
+        return None
+    data = values.buffers()[2]
+    if data is not None and len(data) and nonempty.any():
+        if (np.frombuffer(data, np.uint8)[offsets[1:][nonempty] - 1] == CR).any():
+            return None
+    starts = offsets[:-1].astype(np.int64) + np.arange(len(values), dtype=np.int64) + base
+    return Lines(values, starts), last + 1
 
 
 class LineSplitter:
