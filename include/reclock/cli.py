@@ -32,7 +32,7 @@ def install() -> None:
     """Install what the stack needs but the machine lacks (Postgres server, Maven jars: the Kafka broker,
     Spark's Kafka connector, S3A; the local Kinesis endpoint, kinesalite, from npm; Toxiproxy, the network
     faults of the tests, built from its Go module)."""
-    from reclock.dev.jars import PROFILES, ensure_jars
+    from reclock.dev.jars import PROFILES, ensure_jars, raw_floats_jar
     from reclock.dev.kinesis import ensure_kinesalite
     from reclock.dev.postgres import ensure_installed
     from reclock.dev.toxiproxy import ensure_toxiproxy
@@ -43,6 +43,7 @@ def install() -> None:
     for profile in PROFILES:
         folder = ensure_jars(stack.state, profile)
         click.echo(f"{profile} jars: {folder} ({len(list(folder.rglob('*.jar')))} jars)")
+    click.echo(f"raw-floats jar: {raw_floats_jar(stack.state)}")
     click.echo(f"kinesalite: {ensure_kinesalite()}")
     click.echo(f"toxiproxy: {ensure_toxiproxy()}")
     click.echo(f"installed in {time.monotonic() - t0:.1f}s")

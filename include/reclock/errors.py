@@ -95,6 +95,21 @@ class UnaccountedWrite(ReclockError):
             "container), give both one shared store: an s3:// blob URL or a shared filesystem")
 
 
+class NaNPayloadsNotKept(ReclockError):
+    """A batch holds a NaN of other bits than the canonical NaN (a payload, the sign bit, a signalling NaN) and
+    the Spark session would write it as the canonical NaN: the write is refused and nothing is appended."""
+
+    def __init__(self, written_to: str, column: str) -> None:
+        self.written_to, self.column = written_to, column
+        super().__init__(
+            f"parts at {written_to}: column {column} holds a NaN with a payload (or a sign bit, or a signalling "
+            "NaN), which this Spark would write as the canonical NaN (parquet-java's writer canonicalises NaNs); "
+            "nothing was written or appended. Put Reclock's raw-floats jar (reclock-raw-floats.jar, built from "
+            "jvm/rawfloats) first on the classpath of the driver and the executors: spark.driver.extraClassPath "
+            "and spark.executor.extraClassPath (RECLOCK_SPARK_JARS naming it does that for the sessions Reclock "
+            "starts); see docs/deployment.md")
+
+
 class ShardsDisagree(ReclockError):
     """A source's output shards have different uppers where one is needed (a rebuild replays them all)."""
 

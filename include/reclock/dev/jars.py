@@ -8,6 +8,7 @@ from pathlib import Path
 from reclock.dev.procs import run
 from reclock.dev.state import REPO_ROOT, StackState
 from reclock.errors import StackError
+from reclock.spark.jobs import RAW_FLOATS_JAR
 
 # how many jars each profile yields at least (a partial copy from an interrupted run is redone)
 _EXPECTED = {"kafka": 40, "spark": 6, "s3": 35, "connect": 65}
@@ -19,6 +20,9 @@ PROFILES = ("kafka", "spark", "s3", "registry")
 COMMITTER_PROJECT = REPO_ROOT / "jvm" / "committer"
 """The Maven project of Reclock's direct output committer for parts on S3 (one class, see its pom.xml)."""
 COMMITTER_JAR = "reclock-direct-committer.jar"
+RAW_FLOATS_PROJECT = REPO_ROOT / "jvm" / "rawfloats"
+"""The Maven project of Reclock's raw-floats jar: parquet-java's float writer keeping NaN payloads (see its
+pom.xml and ``reclock.spark.jobs``)."""
 REGISTRY_PROJECT = REPO_ROOT / "jvm" / "registry"
 """The Maven project that builds the Schema Registry for tests (Apicurio Registry, see its pom.xml)."""
 REGISTRY_RUNNER = "reclock-registry-runner.jar"
@@ -43,6 +47,23 @@ def ensure_jars(state: StackState, profile: str) -> Path:
     if len(list(folder.glob("*.jar"))) < _EXPECTED[profile]:
         raise StackError(f"Maven finished but {folder} holds too few jars")
     return _with_committer(state, folder) if profile == "s3" else folder
+
+
+def raw_floats_jar(state: StackState) -> str:
+    """``.reclock/jars/rawfloats/reclock-raw-floats.jar``, built by ``mvn package`` over ``jvm/rawfloats`` when
+    missing or older than a file of that project (two classes, no dependency to fetch but slf4j's API)."""
+    jar = state.jars / "rawfloats" / RAW_FLOATS_JAR
+    if jar.is_file() and all(p.stat().st_mtime <= jar.stat().st_mtime
+                             for p in RAW_FLOATS_PROJECT.rglob("*") if p.is_file()):
+        return str(jar)
+    if shutil.which("mvn") is None:
+        raise StackError("Maven (`mvn`) is needed to build Reclock's raw-floats jar; install Debian's `maven` "
+                         "package")
+    run(["mvn", "-q", "-B", "-f", str(RAW_FLOATS_PROJECT / "pom.xml"), "package", f"-Djars.dir={state.jars}"],
+        "build Reclock's raw-floats jar with Maven", cwd=RAW_FLOATS_PROJECT, timeout=900)
+    if not jar.is_file():
+        raise StackError(f"Maven finished but {jar} is not there")
+    return str(jar)
 
 
 def _with_committer(state: StackState, folder: Path) -> Path:
@@ -86,8 +107,9 @@ def ensure_registry(state: StackState) -> Path:
 
 def spark_kafka_jars(state: StackState) -> list[str]:
     """The jars Spark's Kafka source (and ``from_avro``, and a Postgres snapshot's JDBC reads) need beyond the
-    pyspark wheel, as absolute paths."""
-    return sorted(str(p) for p in ensure_jars(state, "spark").glob("*.jar"))
+    pyspark wheel, as absolute paths; and Reclock's raw-floats jar (which ``reclock.spark.session.
+    classpath_conf`` puts first on the classpath too)."""
+    return sorted(str(p) for p in ensure_jars(state, "spark").glob("*.jar")) + [raw_floats_jar(state)]
 
 
 def spark_s3a_jars(state: StackState) -> list[str]:

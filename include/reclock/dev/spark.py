@@ -25,7 +25,7 @@ from reclock.dev.procs import LOOPBACK
 from reclock.dev.state import LocalServer, StackState
 from reclock.persist.objectstore import S3Settings, jvm_env, jvm_trust_options, spark_s3a_conf
 from reclock.spark.jobs import PARTS_COMMITTER_CONF
-from reclock.spark.session import LOCAL_CONF, SPARK_CONF, driver_session
+from reclock.spark.session import LOCAL_CONF, SPARK_CONF, classpath_conf, driver_session
 
 
 def spark_home() -> Path:
@@ -127,6 +127,7 @@ class LocalSparkConnect(LocalServer):
                 **java,
                 **self.conf,
             }
+            conf.update(classpath_conf(jars, conf))  # the raw-floats jar ahead of the wheel's parquet
             argv = [*self.launcher, str(spark_home() / "bin" / "spark-submit"),
                     "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",
                     "--name", "reclock-spark-connect", "--jars", ",".join(jars)]

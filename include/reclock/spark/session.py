@@ -5,7 +5,10 @@
 Spark's Kafka connector is not in pyspark: its jars come from ``RECLOCK_SPARK_JARS`` (comma-separated paths,
 globs like ``/opt/jars/*.jar`` or URLs), or from Spark's own ``spark.jars`` / ``spark.jars.packages``
 (spark-submit's ``--jars`` / ``--packages``, ``spark-defaults.conf``), or from ``$SPARK_HOME/jars``. A session
-that finds it nowhere is a ``SettingError`` before any query. Nothing here binds to a particular address: the
+that finds it nowhere is a ``SettingError`` before any query. Among those jars, Reclock's raw-floats jar
+(``reclock-raw-floats.jar``, ``reclock.spark.jobs``: parquet-java's float writer without its NaN
+canonicalisation) is put on the driver's and executors' classpath as well, ahead of the wheel's jars, where
+it has to be (:func:`classpath_conf`). Nothing here binds to a particular address: the
 dev stack and the tests add their loopback settings themselves.
 """
 
@@ -17,6 +20,7 @@ import sys
 from pathlib import Path
 
 from reclock.errors import SettingError
+from reclock.spark.jobs import RAW_FLOATS_JAR
 
 SESSION_CONF = {
     # Spark 4.2's default less ``kafka``: a batch read of Kafka then goes through the V2 reader (the one
@@ -60,6 +64,22 @@ def spark_jars() -> str | None:
     return os.environ.get("RECLOCK_SPARK_JARS") or None
 
 
+def classpath_conf(jars: str | list[str], conf: dict[str, str] | None = None) -> dict[str, str]:
+    """``spark.driver.extraClassPath`` and ``spark.executor.extraClassPath`` with the raw-floats jar among
+    ``jars`` (comma-separated or a list of local paths) put first (ahead of what ``conf`` gives them already,
+    and of the pyspark wheel's ``parquet-common``, whose class it replaces); empty when it is not among them.
+    The driver's setting takes effect only where it starts the JVM (a new session, spark-submit)."""
+    entries = jars.split(",") if isinstance(jars, str) else list(jars)
+    found = [e.removeprefix("file:") for e in entries if Path(e.strip()).name == RAW_FLOATS_JAR]
+    if not found:
+        return {}
+    out = {}
+    for key in ("spark.driver.extraClassPath", "spark.executor.extraClassPath"):
+        before = (conf or {}).get(key)
+        out[key] = found[0].strip() + (os.pathsep + before if before and found[0].strip() not in before else "")
+    return out
+
+
 def driver_session(master: str | None = None, app: str = "reclock", conf: dict[str, str] | None = None):
     """A ``SparkSession`` in this process: on ``master`` with :data:`LOCAL_CONF` when given, else the one
     spark-submit configured (its master, its jars). :data:`SPARK_CONF`, then ``conf``, on top."""
@@ -81,6 +101,7 @@ def driver_session(master: str | None = None, app: str = "reclock", conf: dict[s
     if jars:
         settings["spark.jars"] = jars
     settings.update(conf or {})
+    settings.update(classpath_conf(settings.get("spark.jars", ""), settings))
     for key, value in settings.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
