@@ -17,7 +17,13 @@ all on 127.0.0.1), and runs, with producers writing throughout at bounded rates:
 - ``afl``: an append-only JSON source over a 2-partition topic whose cycles run under Airflow: the real
   scheduler, api-server and dag-processor (metadata in the same Postgres) run ``ingest__afl`` every 2 s,
   with Airflow's task retries (``[core] default_task_retries`` 5, 1 s apart);
-- ``out``: the exactly-once Kafka sink of ``ups`` (debezium), ``reclock sink run out --follow``.
+- ``out``: the exactly-once Kafka sink of ``ups`` (debezium), ``reclock sink run out --follow``;
+- with ``--kinesis``, also ``clicks``: a Kinesis source over a stream of the local Kinesis endpoint
+  (kinesalite, ``reclock.dev.kinesis``), a producer putting records throughout and the stream split and
+  merged every 20-40 s (``benchmarks.kinesis_chaos``'s ``Resharder``); its cycles run in a runner process
+  like the others' (cycle kills and fail points pick it too; Postgres restarts and the network faults to
+  Postgres meet it; the Kinesis endpoint itself is not faulted here: ``benchmarks.kinesis_chaos`` throttles
+  it and expires iterators). Off by default: the short campaign in the suite stays as long as it was.
 
 Each source's cycles run in a process of their own (``--runner SOURCE``: ``run_cycle`` in a loop, Spark over
 Spark Connect), so cycles of different sources run concurrently. At moments the seed chooses it injects:
@@ -63,7 +69,11 @@ to the shard's upper, and the ORACLE checks, from a ``read_committed`` reading o
   the commit LSNs read by the oracle's own slot (``chaos_observer``, Begin messages); every row a
   transaction wrote carries the timestamp of the binding that covers its commit LSN; the last binding's
   contents equal the tables themselves; the source's slot is never ahead of the last binding;
-- sink: the target topic (read_committed) equals the shard's updates exactly once, in timestamp order.
+- sink: the target topic (read_committed) equals the shard's updates exactly once, in timestamp order;
+- Kinesis (``--kinesis``): ``benchmarks.kinesis_chaos.check``, an oracle that reads every shard of the stream
+  itself from ``TRIM_HORIZON``: every record once, at the timestamp of the first binding beyond it, children
+  after their parents, AS OF bindings equal to what they cover, and every record the producer had
+  acknowledged bound.
 
 The faults begin once every source has finished a cycle and a run of ``ingest__afl`` succeeded (the warm-up,
 at most ``WARMUP_S``). It prints faults by kind, records checked, lost, duplicated, wrong timestamps, the seed,
@@ -110,6 +120,8 @@ PG_TABLES = ("orders", "items")
 UPSTREAM_DB = "chaos_up"
 OBSERVER_SLOT = "chaos_observer"  # the oracle's own slot: every commit's LSN, read from the WAL
 RUNNERS = ("app", "ups", "txn", PG_SOURCE)  # the sources whose cycles run in runner processes; afl's under Airflow
+KINESIS_SOURCE = "clicks"  # --kinesis: benchmarks.kinesis_chaos's source and stream (its Resharder and oracle)
+KINESIS_RESHARD_S = (20.0, 40.0)
 AIRFLOW_SOURCE = "afl"
 AIRFLOW_STALL_S = 300
 """The longest Airflow may leave ``ingest__afl`` with no try running and no run succeeding while the faults run
@@ -184,8 +196,12 @@ def catch_up(module: str, source: str, env: dict[str, str], log: Path, timeout: 
 
 
 def runner(source: str, once: bool = False, until_idle: bool = False) -> int:
-    """The Kafka and Postgres sources' cycle process (:func:`run_cycles`): the catch-up ends at the first
-    cycle that finds nothing new."""
+    """The sources' cycle process (:func:`run_cycles`): the catch-up ends at the first cycle that finds
+    nothing new (the Kinesis source's: the second in a row, ``benchmarks.kinesis_chaos.runner``)."""
+    if source == KINESIS_SOURCE:
+        from benchmarks.kinesis_chaos import runner as kinesis_runner
+
+        return kinesis_runner(source, until_idle)
     return run_cycles(source, once=once, until_idle=until_idle)
 
 
@@ -200,6 +216,7 @@ class Services:
     spark: object
     toxiproxy: object
     proxies: dict = field(default_factory=dict)  # NET_TARGETS -> reclock.dev.toxiproxy.Proxy
+    kinesis: object = None  # --kinesis: reclock.dev.kinesis.LocalKinesis
 
     def proxied_dsn(self, db: str = "reclock") -> str:
         """A DSN of database ``db`` of the campaign's Postgres through its proxy (what Reclock's processes
@@ -215,10 +232,13 @@ class Services:
                 "RECLOCK_RETAIN_HISTORY_S": "1000000000",  # keep every time readable: the oracle checks each
                 "RECLOCK_GC_GRACE_S": "20", "RECLOCK_GC_INTERVAL_S": "5",  # GC runs often, beside the faults
                 "RECLOCK_PG_TIMEOUT_S": str(PG_TIMEOUT_S),
-                "RECLOCK_FAILPOINTS": "", "CHAOS_UPSTREAM_DSN": self.proxied_dsn(UPSTREAM_DB)}
+                "RECLOCK_FAILPOINTS": "", "CHAOS_UPSTREAM_DSN": self.proxied_dsn(UPSTREAM_DB),
+                **({} if self.kinesis is None else {  # kinesalite checks no keys; boto3 needs some
+                    "RECLOCK_KINESIS_ENDPOINT": self.kinesis.endpoint_url, "AWS_ACCESS_KEY_ID": "reclock-dev",
+                    "AWS_SECRET_ACCESS_KEY": "reclock-dev", "AWS_REGION": "us-east-1"})}
 
 
-def start_services(root: Path) -> Services:
+def start_services(root: Path, kinesis: bool = False) -> Services:
     from reclock.dev.cluster import LocalSparkCluster
     from reclock.dev.kafka import LocalKafka
     from reclock.dev.postgres import LocalPostgres
@@ -232,6 +252,13 @@ def start_services(root: Path) -> Services:
     spark = LocalSparkCluster(state, workers=2, worker_cores=1, worker_memory="1g", executor_memory="768m",
                               driver_memory="1g")
     svc = Services(root, state, pg, kafka, spark, LocalToxiproxy(state))
+    if kinesis:
+        from reclock.dev.kinesis import LocalKinesis
+
+        svc.kinesis = LocalKinesis(state)
+        # the Spark workers' executors read a range from the stream when its capture is gone: boto3 needs keys
+        # (kinesalite checks none) in their environment, which they take from this process
+        os.environ.update(AWS_ACCESS_KEY_ID="reclock-dev", AWS_SECRET_ACCESS_KEY="reclock-dev", AWS_REGION="us-east-1")
     try:
         pg.start()
         migrate(pg.dsn())
@@ -240,6 +267,9 @@ def start_services(root: Path) -> Services:
         svc.proxies = {"postgres": svc.toxiproxy.proxy("postgres", pg.port),
                        "kafka": svc.toxiproxy.proxy("kafka", kafka.external_port, listen_port=kafka.proxy_port)}
         spark.start()
+        if svc.kinesis is not None:
+            svc.kinesis.start()
+            svc.kinesis.create_stream(KINESIS_SOURCE, 2)
     except BaseException:  # a failed start, or SIGTERM meanwhile: stop what did start
         stop_services(svc)
         raise
@@ -249,7 +279,9 @@ def start_services(root: Path) -> Services:
 def stop_services(svc: Services | None) -> None:
     if svc is None:
         return
-    for s in (svc.spark, svc.toxiproxy, svc.kafka, svc.postgres):
+    for s in (svc.spark, svc.toxiproxy, svc.kafka, svc.postgres, svc.kinesis):
+        if s is None:
+            continue
         try:
             s.stop()
         except Exception as e:  # noqa: BLE001 - stop the others anyway
@@ -322,7 +354,7 @@ def network_fault(svc: Services, kind: str, rng: random.Random, echo: Callable[[
 
 # ------------------------------------------------------------------------------------------ the workload
 
-def write_config(root: Path, bootstrap: str) -> Path:
+def write_config(root: Path, bootstrap: str, kinesis: bool = False) -> Path:
     """The campaign's sources and sink; ``bootstrap``: where Reclock's processes (cycles, the sink, Spark's
     Kafka reader) reach the broker (its proxy)."""
     import yaml
@@ -343,6 +375,11 @@ def write_config(root: Path, bootstrap: str) -> Path:
                           "kafka": {"topic": "chaos_out", "bootstrap": bootstrap},
                           "progress_topic": "_progress_chaos", "budget": {"max_messages": 25},
                           "transaction_timeout": "15s"}}}
+    if kinesis:  # benchmarks.kinesis_chaos's source (small counts and tasks: a range read by several tasks)
+        raw["sources"][KINESIS_SOURCE] = {
+            "kinesis": {"stream": KINESIS_SOURCE, "count_every": 20, "task_records": 60},
+            "format": {"type": "json", "schema": "id BIGINT, key STRING"},
+            "include": ["shard_id", "sequence_number"], "budget": {"max_records": 500}}
     path = root / "reclock.yaml"
     path.write_text(yaml.safe_dump(raw))
     return path
@@ -1190,8 +1227,9 @@ class Result:
 
 def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float] = (2.0, 7.0),
              max_seconds: float = 3600.0, kinds: tuple[str, ...] = FAULT_KINDS,
-             echo: Callable[[str], None] = _echo, keep: bool = False) -> Result:
-    """Run the campaign: ``faults`` faults (or until ``max_seconds``), then catch up and check."""
+             echo: Callable[[str], None] = _echo, keep: bool = False, kinesis: bool = False) -> Result:
+    """Run the campaign: ``faults`` faults (or until ``max_seconds``), then catch up and check; ``kinesis``:
+    with the Kinesis source (see the module)."""
     import shutil
 
     from reclock.persist import connect
@@ -1201,7 +1239,7 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
     rng = random.Random(seed)
     root = Path(tempfile.mkdtemp(prefix="reclock-chaos-", dir="/var/tmp"))
     os.chmod(root, 0o755)
-    svc = producers = airflow = stop_pg = None
+    svc = producers = airflow = stop_pg = kin_producer = resharder = None
     stop_ticks = threading.Event()  # set first on the way out: a ticker would start stopped processes again
     tickers: list[threading.Thread] = []
     drivers: list[Driver] = []
@@ -1209,15 +1247,16 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
     harness_errors: list[str] = []
     try:
         echo(f"chaos: seed {seed}, {faults} faults, state in {root}")
-        svc = start_services(root)
-        config = write_config(root, svc.kafka.proxied_bootstrap)
+        svc = start_services(root, kinesis)
+        config = write_config(root, svc.kafka.proxied_bootstrap, kinesis)
         create_topics(svc.kafka.bootstrap)
         upstream = setup_upstream(svc)
         env = svc.env(config)
         logdir = root / "logs"
         logdir.mkdir()
         py = sys.executable
-        cycles = {s: Driver(s, [py, "-m", "benchmarks.chaos", "--runner", s], env, logdir) for s in RUNNERS}
+        runners = (*RUNNERS, KINESIS_SOURCE) if kinesis else RUNNERS
+        cycles = {s: Driver(s, [py, "-m", "benchmarks.chaos", "--runner", s], env, logdir) for s in runners}
         sink = Driver("sink", [py, "-m", "reclock.cli", "sink", "run", "out", "--follow", "0.5"], env, logdir)
         drivers = [*cycles.values(), sink]
         airflow = AirflowSide(svc, env, echo)
@@ -1230,6 +1269,14 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
                       threading.Thread(target=observer.run, args=(stop_pg,), name="pg-observer", daemon=True)]
         for t in pg_threads:
             t.start()
+        if kinesis:
+            from benchmarks.kinesis_chaos import Resharder
+            from reclock.dev.kinesis import BackgroundProducer
+
+            kin_producer = BackgroundProducer(svc.kinesis.client(), KINESIS_SOURCE, batch=10, pause=10 / rate,
+                                              keys=40).start()
+            resharder = Resharder(svc.kinesis, rng, KINESIS_RESHARD_S)
+            resharder.start()
 
         def airflow_ticker() -> None:
             while not stop_ticks.is_set():
@@ -1271,12 +1318,12 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
             hit = False
             try:
                 if kind == "cycle_sigkill":
-                    victim = cycles[rng.choice(RUNNERS)]
+                    victim = cycles[rng.choice(runners)]
                     hit = _wait_for(victim.kill, 120)
                 elif kind == "airflow_task_kill":
                     hit = _wait_for(lambda: airflow.kill(rng), 120)  # a task runs every few seconds
                 elif kind == "cycle_failpoint":
-                    d = cycles[rng.choice(RUNNERS)]
+                    d = cycles[rng.choice(runners)]
                     before = d.failpoint_exits
                     d.arm({"RECLOCK_FAILPOINTS": f"{rng.choice(CYCLE_FAILPOINTS)}=exit"})
                     hit = _wait_for(lambda: d.failpoint_exits > before, 180)
@@ -1316,6 +1363,10 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
         echo(f"faults done: {dict(injected)}; catching up")
         airflow.faults_done_at = datetime.datetime.now(datetime.timezone.utc)
         producers.stop()
+        kin_acked = kin_producer.stop() if kin_producer is not None else []
+        if resharder is not None:
+            resharder.stop.set()
+            resharder.join(90)
         stop_pg.set()
         for t in pg_threads:
             t.join(120)
@@ -1328,9 +1379,10 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
         airflow_report = airflow.report()
         echo(f"airflow: {airflow_report}")
         # catch up: every source (side by side) until a cycle finds nothing new, then the sink to the upper
-        with ThreadPoolExecutor(len(SOURCES) + 1) as pool:
+        with ThreadPoolExecutor(len(SOURCES) + 2) as pool:
             pg_done = pool.submit(_catch_up_postgres, py, env, upstream, echo)
-            done = dict(zip(SOURCES, pool.map(lambda s: _catch_up(py, s, env, echo), SOURCES)))
+            caught = (*SOURCES, KINESIS_SOURCE) if kinesis else tuple(SOURCES)
+            done = dict(zip(caught, pool.map(lambda s: _catch_up(py, s, env, echo), caught)))
             done[PG_SOURCE] = pg_done.result()
         lagging = [s for s, ok in done.items() if not ok]
         if lagging:
@@ -1348,13 +1400,16 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
             check_upsert(verdict, conn, blob, svc.kafka.bootstrap, "ups")
             check_sink(verdict, conn, blob, svc.kafka.bootstrap, config, "out")
             pg_report = check_postgres(verdict, conn, blob, observer)
+        kin_report = check_kinesis(verdict, svc, blob, kin_acked, kin_producer, resharder) if kinesis else None
         extra = {"warm_up_s": round(warm_s), "launches": {d.name: d.launches for d in drivers},
                  "exits": {d.name: {str(k): v for k, v in d.exits.items()} for d in drivers},
                  "watchdog_kills": sum(d.watchdog_kills for d in drivers), "airflow": airflow_report,
                  "harness_errors": harness_errors,
                  "txn_producer_errors": producers.errors["txn"],
-                 "postgres": {**pg_report, "writer_errors": pg_writer.errors}}
-        produced = collections.Counter({**producers.sent, PG_SOURCE: pg_writer.sent})
+                 "postgres": {**pg_report, "writer_errors": pg_writer.errors},
+                 **({"kinesis": kin_report} if kin_report is not None else {})}
+        produced = collections.Counter({**producers.sent, PG_SOURCE: pg_writer.sent,
+                                        **({KINESIS_SOURCE: len(kin_acked)} if kinesis else {})})
         return Result(seed, injected, verdict, time.monotonic() - t0, produced, extra)
     finally:
         stop_ticks.set()
@@ -1362,6 +1417,10 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
             t.join(60)  # a tick under way finishes before the processes are stopped
         if producers is not None:
             producers.stop_event.set()
+        if kin_producer is not None:
+            kin_producer.stop()
+        if resharder is not None:
+            resharder.stop.set()
         if stop_pg is not None:
             stop_pg.set()
         for d in drivers:
@@ -1377,6 +1436,30 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
         stop_services(svc)
         if not keep:
             shutil.rmtree(root, ignore_errors=True)
+
+
+def check_kinesis(verdict: Verdict, svc: Services, blob, acked: list[int], producer, resharder) -> dict:
+    """The Kinesis source against the stream read by itself (``benchmarks.kinesis_chaos.check``), into
+    ``verdict``: a record the producer had acknowledged but no binding covers after the catch-up is lost too,
+    and so is a producer's or the resharder's error (the stream did not get what the campaign says)."""
+    from benchmarks.kinesis_chaos import check
+    from reclock.sources.kinesis.client import StreamAddress
+
+    address = StreamAddress(KINESIS_SOURCE, "us-east-1", svc.kinesis.endpoint_url)
+    v = check(svc.postgres.dsn(), blob, address, svc.kinesis.client(), acked)
+    verdict.checked[KINESIS_SOURCE] += v["bound"]
+    verdict.lost[KINESIS_SOURCE] += v["lost"] + v["unbound"] + v["acked_not_in_stream"]
+    verdict.duplicated[KINESIS_SOURCE] += v["duplicated"]
+    verdict.wrong_ts[KINESIS_SOURCE] += v["wrong"]
+    for what in ("lost_sample", "extra_sample", "dup_sample", "wrong_sample"):
+        if v[what]:
+            verdict.note(f"{KINESIS_SOURCE} {what}: {v[what]}")
+    errors = [*producer.errors, *resharder.errors]
+    if errors:
+        verdict.lost[KINESIS_SOURCE] += len(errors)
+        verdict.note(f"{KINESIS_SOURCE}: producer/resharder errors {errors[:3]}")
+    return {k: v[k] for k in ("in_stream", "bound", "bindings", "as_of_checked", "shards", "frontier_rows",
+                              "dropped_records")} | {"splits": resharder.splits, "merges": resharder.merges}
 
 
 def _warm_up(cycles: dict[str, Driver], airflow: AirflowSide, echo: Callable[[str], None]) -> float:
@@ -1460,6 +1543,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-seconds", type=float, default=3600.0,
                     help="stop injecting this long after the faults began (after the warm-up)")
     ap.add_argument("--keep", action="store_true", help="keep the state folder (logs) afterwards")
+    ap.add_argument("--kinesis", action="store_true",
+                    help="add the Kinesis source (a stream split and merged while it runs; see the module)")
     ap.add_argument("--blob-bound", action="store_true", help="the blob-bound figure instead (1,000 cycles)")
     ap.add_argument("--cycles", type=int, default=1000, help="--blob-bound: cycles")
     ap.add_argument("--runner", metavar="SOURCE", help=argparse.SUPPRESS)
@@ -1476,7 +1561,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     seed = args.seed if args.seed is not None else int(time.time()) % 100_000
     print(f"seed {seed}", flush=True)
-    result = campaign(args.faults, seed, rate=args.rate, gap=tuple(args.gap), max_seconds=args.max_seconds, keep=args.keep)
+    result = campaign(args.faults, seed, rate=args.rate, gap=tuple(args.gap), max_seconds=args.max_seconds, keep=args.keep,
+                      kinesis=args.kinesis)
     for line in result.lines():
         print(line, flush=True)
     return 0 if result.ok else 1

@@ -16,17 +16,18 @@ children), read by:
 - ``kcl_parquet``: what a team writes with boto3 the KCL way: the same loop, each ``GetRecords`` batch's
   JSON parsed into columns and written as a Parquet file (pyarrow), the shard's checkpoint kept after each
   file (no exactly-once across a crash, no per-record timestamps shared by outputs);
-- ``reclock``: a new Kinesis source's cycles (``run_cycle`` until nothing is left: mint scans and counts,
-  bindings of the budget, Spark tasks reading the bound ranges, decode, write, prove, append, resume).
+- ``reclock``: a new Kinesis source's cycles (``run_cycle`` until nothing is left: mint scans, counts and
+  captures, bindings of the budget, Spark reading the bound ranges' captures, decode, write, prove, append,
+  resume).
 
 Records/s of each (best of ``--reps``), and ``reclock / bare``, ``reclock / kcl_parquet``.
 
 ``state``: ``--cycles`` cycles of one source, ``--per-cycle`` records put before each, the stream split
 or merged every ``--reshard-every`` cycles (alternately), history kept 0 s (compaction runs each cycle). At
 every tenth of the cycles: the remap store's rows of the source (``remap_offsets``), the kind's counted
-segments (``kinesis_segments``), the shards the stream has, and the mint's seconds. Bounded = the last
-tenth's rows are no more than the first's plus what the open shards need, however many shards the
-reshardings closed.
+segments (``kinesis_segments``), the capture files the mints left in the blob store (``captures``), the shards
+the stream has, and the cycle's seconds. Bounded = the last tenth's rows are no more than the first's plus
+what the open shards need, however many shards the reshardings closed, and the captures never pile up.
 """
 
 from __future__ import annotations
@@ -210,7 +211,14 @@ def reclock_run(env: dict, name: str, stream: str, records: int) -> int:
             break
     with connect(ctx.dsn) as conn:
         n = read_updates(conn, ctx.blob, name).num_rows
+        steps = conn.execute("SELECT step, metrics FROM reclock.statistics WHERE name = %s", (name,)).fetchall()
     assert n == records, f"reclock wrote {n} rows of {records}"
+    writes = [m for step, m in steps if step == "write_batches" and "records_read" in m]
+    seconds = {}
+    for step, m in steps:
+        seconds[step] = round(seconds.get(step, 0) + m.get("seconds", 0), 2)
+    echo(f"  {name}: records read by the writes {sum(m['records_read'] for m in writes)}, of them from the "
+         f"mints' captures {sum(m.get('records_from_captures', 0) for m in writes)}; seconds by step {seconds}")
     return n
 
 
@@ -244,6 +252,7 @@ def state(cycles: int, reshard_every: int, per_cycle: int) -> dict:
     from reclock import cycle
     from reclock.dev.kinesis import BackgroundProducer
     from reclock.persist import connect
+    from reclock.sources.kinesis import capture
 
     with services() as env:
         kin = env["kinesis"]
@@ -278,16 +287,18 @@ def state(cycles: int, reshard_every: int, per_cycle: int) -> dict:
                     offsets, segments = conn.execute(
                         "SELECT (SELECT count(*) FROM reclock.remap_offsets WHERE source = 'st'), "
                         "(SELECT count(*) FROM reclock.kinesis_segments WHERE source = 'st')").fetchone()
+                captures = len(ctx.blob.list(capture.folder("st")))  # files of the mints' captures left
                 shards = len(c.list_shards(StreamName=STREAM)["Shards"])
                 opened = sum(1 for s in c.list_shards(StreamName=STREAM)["Shards"]
                              if "EndingSequenceNumber" not in s["SequenceNumberRange"])
-                samples.append({"cycle": i, "remap_offsets": offsets, "kinesis_segments": segments,
+                samples.append({"cycle": i, "remap_offsets": offsets, "kinesis_segments": segments, "captures": captures,
                                 "shards": shards, "open_shards": opened, "cycle_s": round(mint_s, 2)})
                 echo(json.dumps(samples[-1]) + f" ({time.monotonic() - t0:.0f}s)")
         first, last = samples[0], samples[-1]
         out = {"cycles": cycles, "records": producer.next_id, "first": first, "last": last,
                "bounded": last["remap_offsets"] + last["kinesis_segments"]
-               <= first["remap_offsets"] + first["kinesis_segments"] + 4 * last["open_shards"]}
+               <= first["remap_offsets"] + first["kinesis_segments"] + 4 * last["open_shards"]
+               and max(s["captures"] for s in samples) <= 4 * last["open_shards"]}
         echo(json.dumps(out))
         return out
 

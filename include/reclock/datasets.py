@@ -29,6 +29,13 @@ def objects(url: str) -> DatasetName:
     return DatasetName("file", u.path if u.scheme == "file" else url)
 
 
+def kinesis_stream(stream: str, region: str, endpoint_url: str | None = None) -> DatasetName:
+    """A Kinesis stream: ``kinesis://<endpoint host[:port]>`` / the stream's name; AWS's endpoint is
+    ``kinesis.<region>.amazonaws.com`` (so one stream name in two regions is two datasets)."""
+    host = urlsplit(endpoint_url).netloc if endpoint_url else f"kinesis.{region}.amazonaws.com"
+    return DatasetName(f"kinesis://{host}", stream)
+
+
 def _pg(dsn: str) -> tuple[str, str]:
     d = conninfo_to_dict(dsn)
     return f"{d.get('host') or 'localhost'}:{d.get('port') or 5432}", d.get("dbname") or d.get("user") or ""

@@ -86,3 +86,40 @@ def test_compaction_drops_finished_shards_and_keeps_state_bounded(db, kinesis, s
         (dropped,) = conn.execute("SELECT dropped_records FROM reclock.kinesis_streams WHERE source = 'clicks'"
                                   ).fetchone()
     assert dropped > 0
+
+
+def test_the_write_reads_the_records_the_scan_captured(db, kinesis, stream, spark, tmp_path):
+    """The mint's scan captures each counted segment; the write reads those instead of the stream (each
+    record read from the stream once), a capture that is missing or holds another count is read from the
+    stream instead, every record lands once, and the resume step deletes the captures it no longer needs."""
+    from datetime import datetime, timezone
+
+    from reclock.persist.status import latest_statistics
+    from reclock.sources.kinesis import capture
+
+    name = stream(2)
+    c = kinesis.client()
+    ctx = kinesis_ctx(db, kinesis.endpoint_url, spark, tmp_path, name)
+    BackgroundProducer(c, name, keys=30).put(120)
+    minted = cycle.mint(ctx)
+    files = sorted(b.path for b in ctx.blob.list(capture.folder("clicks")))
+    assert files and sum(capture.rows_of(ctx.blob, f) for f in files) == 120
+    # damage two captures: one gone, one with another count (the stream is read for both)
+    damaged = capture.rows_of(ctx.blob, files[0]) + capture.rows_of(ctx.blob, files[1])
+    ctx.blob.delete(files[0])
+    shard, span = files[1].rsplit("/", 2)[-2:]
+    start = int(span.split("-")[0])
+    short = [{"SequenceNumber": "1", "PartitionKey": "k", "Data": b"{}",
+              "ApproximateArrivalTimestamp": datetime.now(timezone.utc)}]
+    ctx.blob.put_bytes(files[1], capture.encode(int(shard), start, short))
+    for desc in minted.descriptions:
+        cycle.append(ctx, cycle.write_batches(ctx, desc))
+    with connect(db) as conn:
+        writes = [s.metrics for s in latest_statistics(conn, "clicks", "write_batches", limit=50)]
+    assert sum(m["records_read"] for m in writes) == 120
+    # the two damaged units came from the stream, the rest from their captures
+    assert sum(m["records_from_captures"] for m in writes) == 120 - damaged
+    seen = check_exactly_once(ctx, c, name)
+    assert seen["bound"] == 120
+    cycle.resume(ctx)
+    assert [b.path for b in ctx.blob.list(capture.folder("clicks"))] == []

@@ -8,16 +8,18 @@ provider's listener asks the operator for them when the task ends (``get_openlin
 =====================  =========================================  ==========================================
 task                   inputs                                     outputs
 =====================  =========================================  ==========================================
-``ingest__*`` (write)  the Kafka topic, or the published tables   --
+``ingest__*`` (write)  the source's upstream (below)               --
 ``ingest__*`` (append) --                                         the source's collections
-``cycle``, ``cycles``  the topic or tables                        the collections
-``rebuild__*``         the topic                                  the collections
+``cycle``, ``cycles``  the source's upstream                      the collections
+``rebuild__*``         the source's upstream                      the collections
 ``sink__*``            the collection                             the sink's topic, or its Iceberg table
 =====================  =========================================  ==========================================
 
 Dataset names (``reclock.datasets``; a kind names its upstream's, ``SourceRuntime.lineage_inputs``) follow
 OpenLineage's naming: a Kafka topic ``kafka://<first broker>`` / ``<topic>``; a Postgres
-table ``postgres://<host>:<port>`` / ``<database>.<schema>.<table>``; a collection ``reclock://<consensus
+table ``postgres://<host>:<port>`` / ``<database>.<schema>.<table>``; an S3 source's objects ``s3://<bucket>``
+/ ``<prefix>`` (a local folder: ``file`` / its path); a Kinesis stream ``kinesis://<endpoint host>`` (AWS:
+``kinesis.<region>.amazonaws.com``) / ``<stream>``; a collection ``reclock://<consensus
 host>:<port>/<database>`` / ``<collection>`` (its truth: the shard in the consensus Postgres); an Iceberg
 table ``<warehouse URL>`` / ``<namespace>.<table>``. No credential is part of a name.
 """

@@ -24,7 +24,7 @@ import random
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from reclock.errors import KinesisUnavailable, UpstreamThrottled
 from reclock.sources.kinesis.lineage import FINISHED, ShardInfo, ShardScan, iterator_for
@@ -201,24 +201,38 @@ class KinesisUpstream:
                 return
             it = nxt
 
-    def scan(self, shard: ShardInfo, start: int, stride: int, cap: int | None = None) -> ShardScan:
+    def scan(self, shard: ShardInfo, start: int, stride: int, cap: int | None = None,
+             on_segment: Callable[[int, int, int, list[dict]], None] | None = None) -> ShardScan:
         """Read ``shard`` from ``start`` to its tip (or its end, or about ``cap`` records: whole pages),
-        keeping a point every ``stride`` records and at the tip (``reclock.sources.kinesis.lineage``)."""
+        keeping a point every ``stride`` records and at the tip (``reclock.sources.kinesis.lineage``).
+        ``on_segment(shard, start, stop, records)`` is handed the records of each segment the points make
+        (``lineage.scan_segments``: ``[start, stop)``, in order) as soon as its point is kept (the mint's
+        captures: ``reclock.sources.kinesis.capture``); memory holds at most ``stride`` records then."""
         points: list[tuple[int, int]] = []
         n, last, ended, first = 0, None, False, None
+        held: list[dict] = []
+
+        def point(pos: int) -> None:
+            if on_segment is not None:
+                on_segment(shard.number, points[-1][0] if points else start, pos, held[:])
+            held.clear()
+            points.append((pos, n))
+
         for page in self.pages(shard, start):
             if first is None and page.records:
                 first = int(page.records[0]["ApproximateArrivalTimestamp"].timestamp() * 1000)
             for r in page.records:
                 last = int(r["SequenceNumber"])
                 n += 1
+                if on_segment is not None:
+                    held.append(r)
                 if n % stride == 0:
-                    points.append((last + 1, n))
+                    point(last + 1)
             ended = page.ended
             if cap is not None and n >= cap and not ended:
                 break
         if last is not None and (not points or points[-1][0] != last + 1):
-            points.append((last + 1, n))
+            point(last + 1)
         if ended:
             points.append((FINISHED, n))
         return ShardScan(shard.number, start, tuple(points), ended, first)

@@ -10,14 +10,17 @@ probe_uppers        Kinesis has no end offsets: every readable shard (``lineage.
                     their parents' ends) is scanned from the newest binding to its tip, and what the scans
                     found is cut into bindings of at most ``budget.max_records`` records, a child's first
                     in a binding after its parents' last (``lineage.plan_bindings``); the scans' record counts
-                    are written first. Shards the stream lost part way, and records retention may have
-                    trimmed since the last scan, are ``KinesisDataLost``
+                    are written first, each counted segment's records captured in the blob store
+                    (``reclock.sources.kinesis.capture``). Shards the stream lost part way, and records
+                    retention may have trimmed since the last scan, are ``KinesisDataLost``
 descriptions        bindings grouped up to ``budget.max_records`` counted records; upsert: one a cycle
-write               the bound ranges cut into counted units at each binding's ts, read by Spark tasks
-                    (several per shard: ``reclock.sources.kinesis.reader``), decoded and written by the
-                    shared decode path (``reclock.spark.decode``), proved by ``reclock.persist.staged``
+write               the bound ranges cut into counted units at each binding's ts, read by Spark from their
+                    captures where those hold the units' counts, else from the stream by Spark tasks
+                    (several per shard: ``reclock.sources.kinesis.reader``); every slice's job must read
+                    exactly the bound count; decoded and written by the shared decode path
+                    (``reclock.spark.decode``), proved by ``reclock.persist.staged``
 commit              KCL checkpoints (when configured), finished shards dropped from the frontier, counts
-                    compacted (``reclock.sources.kinesis.store``)
+                    compacted (``reclock.sources.kinesis.store``), captures below the frontier deleted
 rewrite             the same reads from position 0 (rebuild), shards compaction dropped included
 trigger, lag        ``KinesisMoved``; records and milliseconds behind the tip
 ==================  ========================================================================================
@@ -35,7 +38,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from reclock import remap
 from reclock.batch import BatchDescription, SliceWritten, check_servable
-from reclock.errors import DecodeError, KinesisDataLost, ReclockError, StreamReplaced
+from reclock.errors import DecodeError, KinesisDataLost, ReclockError, StreamReplaced, UnaccountedWrite
 from reclock.failpoints import failpoint
 from reclock.part_layout import DATA_KIND, DATA_OUTPUT, ERRORS_KIND, ERRORS_OUTPUT, RecordShape
 from reclock.persist.gc import lease_write, release_write
@@ -45,7 +48,7 @@ from reclock.persist.staged import collect_parts, first_rejected, read_state_cha
 from reclock.persist.upsert_state import apply_changes, load_prior
 from reclock.remap import RemapCollection
 from reclock.sources.base import CycleServices, Lag, SourceKind, SourceRuntime, WrittenBatch
-from reclock.sources.kinesis import store
+from reclock.sources.kinesis import capture, store
 from reclock.sources.kinesis.client import KinesisUpstream, StreamAddress
 from reclock.sources.kinesis.lineage import (FINISHED, ShardInfo, ShardScan, done_shards, droppable, entry_position,
                                              foreign_shards, lost_shards, plan_bindings, readable, scan_segments)
@@ -157,13 +160,17 @@ class KinesisSource(SourceRuntime):
         simulated = dict(positions)
         capped = False
         budget = settings.scan_max_records
+        with self.ctx.connect() as conn:
+            lease_write(conn, self.name, capture.folder(self.name))  # the captures stay while mints go on
+        writer = capture.CaptureWriter(self.ctx.blob, self.name)
         with ThreadPoolExecutor(min(8, max(1, len(listing)))) as pool:
             while True:
                 fresh = [s for s in readable(listing, simulated) if s.number not in scans]
                 if not fresh or budget <= 0:
                     break
                 starts = {s.number: simulated.get(s.number, 0) or entry_position(s, listing) for s in fresh}
-                found = list(pool.map(lambda s: up.scan(s, starts[s.number], settings.stride, budget), fresh))
+                found = list(pool.map(lambda s: up.scan(s, starts[s.number], settings.stride, budget, writer),
+                                  fresh))
                 for s, scan in zip(fresh, found):
                     scans[s.number] = scan
                     simulated[s.number] = scan.tip
@@ -174,7 +181,8 @@ class KinesisSource(SourceRuntime):
         self._probed = {"offsets_known": None, "lag_records": sum(s.records for s in scans.values()),
                         "lag_ms": max(0, began - min(arrivals)) if arrivals else 0,
                         "lag_capped": capped, "shards_scanned": len(scans), "bindings_planned": len(plan.frontiers),
-                        "throttled": up.throttled, "iterators_renewed": up.expired}
+                        "throttled": up.throttled, "iterators_renewed": up.expired,
+                        "captured_files": writer.files, "captured_records": writer.records}
         with self.ctx.connect() as conn:
             store.add_segments(conn, self.name, plan.segments)  # facts first: the bindings' counts
             if not capped and budget > 0:
@@ -273,8 +281,10 @@ class KinesisSource(SourceRuntime):
                 on_slice: Callable[[int, int], None] | None) -> WrittenBatch:
         return self._write(rc, desc, metrics, on_slice, rebuilding=True)
 
-    def _tasks(self, rc: RemapCollection, desc: BatchDescription, rebuilding: bool) -> tuple[list[ReadTask], int]:
-        """The read tasks of ``desc`` and how many records they hold."""
+    def _tasks(self, rc: RemapCollection, desc: BatchDescription, rebuilding: bool
+               ) -> tuple[list[ReadTask], int, set[tuple[int, int, int]]]:
+        """The read tasks of ``desc``, how many records they hold, and the units (``(shard, start, stop)``)
+        whose capture holds their records (``reclock.sources.kinesis.capture``)."""
         up = self.upstream()
         listing = {s.number: s for s in up.shards()}
         bindings = [(b.ts, effective(list(listing.values()), dict(b.frontier))) for b in rc.bindings]
@@ -289,8 +299,13 @@ class KinesisSource(SourceRuntime):
             segs = store.load_segments(conn, self.name, list(ranges))
             dropped = store.stream_record(conn, self.name).dropped_records if rebuilding else 0
         units = units_for(ranges, segs) if not rebuilding else self._rebuild_units(ranges, segs, listing, dropped)
-        tasks = plan_tasks(units, listing, self.ctx.spec.upstream.task_records)
-        return tasks, sum(u.records for u in units)
+        held = capture.captured(self.ctx.blob, self.name, units)
+        # units read from their captures and units read from the stream never share a task
+        per = self.ctx.spec.upstream.task_records
+        tasks = sorted(plan_tasks([u for u in units if (u.shard, u.start, u.stop) in held], listing, per)
+                       + plan_tasks([u for u in units if (u.shard, u.start, u.stop) not in held], listing, per),
+                       key=lambda t: (t.shard, t.start))
+        return tasks, sum(u.records for u in units), held
 
     def _rebuild_units(self, ranges, segs, listing, dropped: int):
         """A rebuild's units: the counted ones, and those of shards compaction dropped (their segments went
@@ -319,7 +334,7 @@ class KinesisSource(SourceRuntime):
         ctx, spec = self.ctx, self.ctx.spec
         with ctx.connect() as conn:
             self._check_stream(conn)
-        tasks, records = self._tasks(rc, desc, rebuilding)
+        tasks, records, held = self._tasks(rc, desc, rebuilding)
         upsert = spec.envelope == "upsert"
         groups = [tasks] if upsert and tasks else slices(tasks, spec.budget.max_records)
         if not groups:
@@ -332,7 +347,7 @@ class KinesisSource(SourceRuntime):
             lease_write(conn, spec.name, prefix)
         try:
             if upsert and not rebuilding:
-                keys = [bytes(r[0]) for r in self._frame(spark, tasks).select("key").distinct().collect()]
+                keys = [bytes(r[0]) for r in self._frame(spark, tasks, held).select("key").distinct().collect()]
                 with ctx.connect() as conn:
                     prior = load_prior(conn, spec.name, spec.data_shard, desc.lower, keys, SHAPE)
                 m.update(keys=len(keys), prior_keys=len(prior))
@@ -340,10 +355,11 @@ class KinesisSource(SourceRuntime):
             written: list[SliceWritten] = []
             for i, group in enumerate(groups):
                 expected = sum(t.records for t in group)
+                url = ctx.blob.url(slice_folder(prefix, i))
                 try:
                     written.append(decode.write_slice(
-                        spark, spec, SHAPE, lambda read, g=group: self._frame(spark, g, read),
-                        ctx.blob.url(slice_folder(prefix, i)), prior, index=i, offsets=expected))
+                        spark, spec, SHAPE, lambda read, g=group: self._frame(spark, g, held, read),
+                        url, prior, index=i, offsets=expected))
                 except Exception as e:
                     lost = parse_lost(str(e))
                     if lost is None:
@@ -352,6 +368,10 @@ class KinesisSource(SourceRuntime):
                         spec.name, shard_id(lost.shard), lost.start, lost.stop,
                         f"{lost.expected} records were bound there but the stream now returns {lost.found} "
                         "(retention trimmed them, or the stream was replaced)") from None
+                if written[-1].records_read != expected:
+                    # each stream read is checked unit by unit (RangeLost); this also proves the captures
+                    raise UnaccountedWrite(spec.name, url, url, f"slice {i}: Spark read {written[-1].records_read} "
+                                           f"records of the {expected} the bindings hold")
                 with ctx.connect() as conn:
                     lease_write(conn, spec.name, prefix)
                 if on_slice is not None:
@@ -366,13 +386,32 @@ class KinesisSource(SourceRuntime):
             raise
         m.update(lower=desc.lower, upper=desc.upper, slices=len(groups), tasks=len(tasks), records_bound=records,
                  records_read=sum(w.records_read for w in written), throttled=self.upstream().throttled,
+                 records_from_captures=sum(u.records for t in tasks if _all_held(t, held) for u in t.units),
                  records={s: sum(p.rows for p in ps) for s, ps in parts.items()},
                  bytes={s: sum(p.bytes for p in ps) for s, ps in parts.items()})
         return WrittenBatch(desc, parts, state, prefix)
 
-    def _frame(self, spark, tasks: Sequence[ReadTask], read_metrics=None):
-        """The records of ``tasks`` with the columns the shared decode path takes (``SHAPE``)."""
-        return read_frame(spark, self.name, self.ctx.upstream, tasks, read_metrics).selectExpr(*RAW_COLUMNS)
+    def _frame(self, spark, tasks: Sequence[ReadTask], held: set[tuple[int, int, int]], read_metrics=None):
+        """The records of ``tasks`` with the columns the shared decode path takes (``SHAPE``): a task whose
+        units are all in ``held`` from their captures, any other from the stream; ``read_metrics`` counts
+        them all."""
+        from pyspark.sql import functions as F
+
+        from_stream = [t for t in tasks if not _all_held(t, held)]
+        units = [u for t in tasks if _all_held(t, held) for u in t.units]
+        frames = ([read_frame(spark, self.name, self.ctx.upstream, from_stream)] if from_stream else []) + \
+                 ([capture.frame(spark, self.ctx.blob, self.name, units)] if units else [])
+        df = frames[0] if len(frames) == 1 else frames[0].unionByName(frames[1])
+        if read_metrics is not None:
+            df = df.observe(read_metrics, F.count(F.lit(1)).alias("records"))
+        return df.selectExpr(*RAW_COLUMNS)
+
+    def lineage_inputs(self) -> tuple:
+        """The stream (``reclock.datasets.kinesis_stream``): what the mint's scan and the write read."""
+        from reclock.datasets import kinesis_stream
+
+        addr = self.ctx.upstream
+        return (kinesis_stream(addr.stream, addr.region, addr.endpoint_url),)
 
     def append_effects(self, written: WrittenBatch, metrics: dict) -> Callable[[Any], None] | None:
         if self.ctx.spec.envelope != "upsert":
@@ -405,6 +444,11 @@ class KinesisSource(SourceRuntime):
             if drop:
                 drop_partitions(conn, self.name, drop)
             store.compact_segments(conn, self.name, {n: p for n, p in positions.items() if n not in drop}, drop)
+        capture.drop_read(self.ctx.blob, self.name, effective(listing, positions), sorted(drop))
+
+
+def _all_held(task: ReadTask, held: set[tuple[int, int, int]]) -> bool:
+    return all((u.shard, u.start, u.stop) in held for u in task.units)
 
 
 class KinesisKind(SourceKind):
