@@ -350,6 +350,8 @@ def test_everything_secured_end_to_end(stack_home: Path, monkeypatch):
         assert sorted(m["after"]["id"] for m in landed["out"]) == list(range(300))  # exactly once
         assert landed["rows"]["sec_shop__orders"] == landed["upstream"]["orders"]
         assert landed["rows"]["sec_shop__items"] == landed["upstream"]["items"]
+        # this process reads the Iceberg table as an operator's shell would: with the stack's S3 connection
+        monkeypatch.setenv("AIRFLOW_CONN_RECLOCK_S3", stack.settings()["AIRFLOW_CONN_RECLOCK_S3"])
         assert _iceberg_rows(stack) == 300
         _lineage(lineage, stack)
 
