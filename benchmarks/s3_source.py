@@ -13,7 +13,8 @@ decode (``from_json`` with the declared schema; Spark's JSON reader for the peer
 - ``file_stream``: Spark's file stream source on ``s3a://`` with ``trigger(availableNow=True)`` writing
   Parquet with a checkpoint (its ``_spark_metadata`` log and offsets), in the same local Spark session.
 
-Records/s of each, and reclock / file_stream (target >= 1.0).
+Records/s of each (medians; which contender goes first alternates by repetition), each Reclock cycle's
+steps' seconds, and reclock / file_stream (target >= 1.0).
 
 ``state``: a local folder of ``--objects`` files in date-partitioned folders (``keys: increasing``, the same
 discovery code as a bucket), ``--per-cycle`` new files a cycle; at every tenth of the objects: the
@@ -123,7 +124,8 @@ def throughput(objects: int, mb: float, reps: int) -> dict:
         size = objects * len(_records(0, per))
         echo(f"{objects} objects, {total} records, {size / 1e6:.0f} MB in moto's S3")
         figures: dict[str, list[float]] = {"reclock": [], "file_stream": []}
-        for rep in range(reps + 1):  # the first of each is a warm-up
+
+        def reclock(rep: int) -> None:
             from reclock import cycle
 
             ctx = _ctx(env, f"tp{rep}", "s3://bench/in/", s3.settings(), budget={"max_bytes": "2GB"})
@@ -137,11 +139,14 @@ def throughput(objects: int, mb: float, reps: int) -> dict:
                 rows = conn.execute("SELECT coalesce(sum(rows), 0) FROM reclock.shard_batches WHERE shard = %s",
                                     (f"tp{rep}",)).fetchone()[0]
                 assert shard_info(conn, f"tp{rep}").upper > 0
+                steps = dict(conn.execute("SELECT step, (metrics->>'seconds')::float FROM reclock.statistics WHERE "
+                                          "name = %s AND metrics ? 'seconds'", (f"tp{rep}",)).fetchall())
             assert rows == total, (rows, total)
             if rep:
                 figures["reclock"].append(total / dt)
-            echo(f"reclock rep {rep}: {dt:.2f}s, {total / dt:,.0f} records/s")
+            echo(f"reclock rep {rep}: {dt:.2f}s, {total / dt:,.0f} records/s; steps {steps}")
 
+        def file_stream(rep: int) -> None:
             out, chk = env["root"] / f"ss{rep}", env["root"] / f"ss{rep}.chk"
             t0 = time.monotonic()
             q = (spark.readStream.schema(SCHEMA).json("s3a://bench/in/2025/01/")
@@ -154,6 +159,10 @@ def throughput(objects: int, mb: float, reps: int) -> dict:
             if rep:
                 figures["file_stream"].append(total / dt)
             echo(f"file_stream rep {rep}: {dt:.2f}s, {total / dt:,.0f} records/s")
+
+        for rep in range(reps + 1):  # the first of each is a warm-up; which goes first alternates
+            for run in ((reclock, file_stream) if rep % 2 == 0 else (file_stream, reclock)):
+                run(rep)
         med = {k: statistics.median(v) for k, v in figures.items()}
         ratio = med["reclock"] / med["file_stream"]
         echo(f"median records/s: reclock {med['reclock']:,.0f}, file_stream {med['file_stream']:,.0f}; "
