@@ -158,6 +158,28 @@ def test_source_lag_and_sink_with_exactly_their_acls(world):
     assert sorted(m["after"]["id"] for m in _sink_messages(world)) == list(range(world.produced))
 
 
+@pytest.mark.timeout(120)
+def test_the_upstream_trigger_probes_through_the_connection(world):
+    """``schedule: upstream``'s probe (what the triggerer runs) finds the cluster through the connection and
+    reads the topic's offsets with the source's ACLs (DESCRIBE on the topic)."""
+    import asyncio
+
+    from reclock.sources.kafka.trigger import UpstreamMoved
+
+    world.produce(10)
+
+    async def first_probe() -> dict:
+        stream = UpstreamMoved.open_shared_stream({"source": world.source, "topic": world.topic,
+                                                   "connection": "reclock_kafka", "bootstrap": None, "poll": 1.0})
+        try:
+            return await asyncio.wait_for(stream.__anext__(), 60)
+        finally:
+            await stream.aclose()
+
+    offsets = asyncio.run(first_probe())
+    assert sum(offsets[world.topic].values()) == world.produced, offsets
+
+
 @pytest.mark.timeout(600)
 def test_mutual_tls_principal_with_the_same_acls(secured, spark):
     """The client certificate's CN ``reclock`` maps to the principal ``User:reclock`` (the broker's

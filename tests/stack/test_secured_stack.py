@@ -4,7 +4,7 @@ TLS, Spark Connect with a token over TLS; every certificate and user made here).
 Postgres source (its first snapshot read by Spark over JDBC with TLS), an exactly-once Kafka sink and an
 Iceberg export run through their DAGs. Airflow runs in multi-team mode: ``alice`` (viewer, team_a: the
 Kafka source and both sinks) and ``bob`` (op, team_b: the Postgres source) each see only their own sources
-and sinks on the Reclock pages, in the JSON and in a browser. Spark Connect refuses a client without the
+and sinks on the Reclock pages, in the JSON, in the Prometheus metrics and in a browser. Spark Connect refuses a client without the
 token. Then everything the run left behind (every file under the stack's folder, the process command
 lines, Airflow's metadata tables (XCom, rendered fields, logs), every table of the reclock schema, Spark's
 UI and environment, the pages and their JSON) is searched for every secret the run used."""
@@ -100,13 +100,32 @@ def _kafka_topics(stack) -> None:
     assert producer.flush(30) == 0, "records left unsent"
 
 
-def _wait(what: str, check, timeout: float = 300) -> None:
+def _wait(what: str, check, timeout: float = 300, explain=lambda: "") -> None:
     import time
 
     deadline = time.monotonic() + timeout
     while not check():
-        assert time.monotonic() < deadline, f"{what} not within {timeout:.0f}s"
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not within {timeout:.0f}s{explain()}")
         time.sleep(2)
+
+
+def _dag_runs(stack, dag_id: str) -> str:
+    """A DAG's runs, their states and each failed task's logged error: why a wait for it failed."""
+    out = []
+    for r in stack.airflow.api("GET", f"dags/{dag_id}/dagRuns?limit=20")["dag_runs"]:
+        out.append(f"\n{dag_id} {r['dag_run_id']} ({r['run_type']}): {r['state']}")
+        if r["state"] == "failed":
+            for t in stack.airflow.api("GET", f"dags/{dag_id}/dagRuns/{r['dag_run_id']}/taskInstances")[
+                    "task_instances"]:
+                out.append(stack.airflow._log_tail(dag_id, r["dag_run_id"], t["task_id"]))
+    from reclock.persist import connect
+
+    with connect(stack.dsn) as conn:
+        out += [f"\nstatus {row}" for row in conn.execute(
+            "SELECT status, error FROM reclock.status_history WHERE name = %s ORDER BY id DESC LIMIT 3",
+            (dag_id.split("__", 1)[1],)).fetchall()]
+    return "".join(out)
 
 
 def _run(stack) -> dict:
@@ -130,14 +149,14 @@ def _run(stack) -> dict:
     with connect(stack.dsn) as conn:
         uppers = dict(conn.execute("SELECT id, upper FROM reclock.shards").fetchall())
     _wait("sink sec_out", lambda: (p := read_progress(admin, "_reclock_progress", "sec_out")) is not None
-          and p.frontier >= uppers["sec_orders"], 300)
+          and p.frontier >= uppers["sec_orders"], 300, lambda: _dag_runs(stack, "sink__sec_out"))
     blob = blob_store_from_url(stack.blob_url, stack.s3.settings())
     with connect(stack.dsn) as conn:
         rows = {s: read_as_of(conn, blob, s, uppers[s] - 1).num_rows for s in
                 ("sec_orders", "sec_shop__orders", "sec_shop__items")}
         _wait("sink sec_ice", lambda: conn.execute(
             "SELECT status FROM reclock.status_history WHERE name = 'sec_ice' ORDER BY id DESC LIMIT 1"
-        ).fetchone() == ("running",), 300)
+        ).fetchone() == ("running",), 300, lambda: _dag_runs(stack, "sink__sec_ice"))
     out = [json.loads(m.value()) for m in read_all(admin, "sec_orders_out", "oracle")]
     with psycopg.connect(shop) as up:
         upstream = {t: up.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in ("orders", "items")}
@@ -154,12 +173,38 @@ def _iceberg_rows(stack) -> int:
     return load_catalog(ctx.catalog, spec.catalog).load_table("lake.sec_orders").scan().to_arrow().num_rows
 
 
+def _lineage(path: Path, stack) -> None:
+    """OpenLineage events (the provider's file transport) of the secured run: what each task read and wrote,
+    the Iceberg export's table among them."""
+    import time
+
+    jobs = {"ingest__sec_orders.mint_write", "ingest__sec_shop.mint_write", "sink__sec_out.write",
+            "sink__sec_ice.write"}
+    done: dict = {}
+    deadline = time.monotonic() + 120  # the provider sends a task's events after its state is saved
+    while not jobs <= set(done) and time.monotonic() < deadline:
+        time.sleep(2)
+        lines = path.read_text().splitlines() if path.exists() else []
+        for e in (json.loads(line) for line in lines if line.strip()):
+            if e.get("eventType") == "COMPLETE":
+                done[e["job"]["name"]] = ({d["name"] for d in e.get("inputs", [])},
+                                          {d["name"] for d in e.get("outputs", [])})
+    assert jobs <= set(done), f"no COMPLETE event for {sorted(jobs - set(done))}"
+    assert done["ingest__sec_orders.mint_write"][0] == {"sec_orders"}
+    assert done["ingest__sec_shop.mint_write"][0] == {"demo_shop.public.orders", "demo_shop.public.items"}
+    assert done["sink__sec_out.write"] == ({"sec_orders"}, {"sec_orders_out"})
+    assert done["sink__sec_ice.write"] == ({"sec_orders"}, {"lake.sec_orders"})
+
+
 def _pages(stack) -> str:
     """Each user sees only their team's sources and sinks (JSON and HTML); returns everything served."""
     base = stack.airflow.url
     served = []
+    from prometheus_client.parser import text_string_to_metric_families
+
     assert _get(base + "/reclock/api/overview")[0] == 401
-    seen = {}
+    assert _get(base + "/reclock/metrics")[0] == 401
+    seen, metrics = {}, {}
     expect = {("admin", "sec_orders"): 200, ("admin", "sec_shop"): 200, ("alice", "sec_orders"): 200,
               ("alice", "sec_shop"): 404, ("bob", "sec_orders"): 404, ("bob", "sec_shop"): 200}
     for user in ("admin", "alice", "bob"):
@@ -175,6 +220,12 @@ def _pages(stack) -> str:
         hidden = {"alice": "sec_shop", "bob": "sec_orders"}.get(user)
         if hidden:
             assert f"data-source='{hidden}'" not in page.decode() and hidden not in served[-2]
+        status, body = _get(base + "/reclock/metrics", token)  # Prometheus's endpoint: the same filter
+        assert status == 200, body
+        scraped = {(s.labels.get("source"), s.labels.get("sink")) for fam in text_string_to_metric_families(
+            body.decode()) for s in fam.samples}
+        metrics[user] = ({a for a, _ in scraped if a}, {b for _, b in scraped if b})
+        served.append(body.decode())
         for source in ("sec_orders", "sec_shop"):
             for path in (f"/reclock/source/{source}", f"/reclock/api/source/{source}"):
                 status, body = _get(base + path, token)
@@ -183,6 +234,7 @@ def _pages(stack) -> str:
     assert seen["admin"] == ({"sec_orders", "sec_shop"}, {"sec_out", "sec_ice"})
     assert seen["alice"] == ({"sec_orders"}, {"sec_out", "sec_ice"})
     assert seen["bob"] == ({"sec_shop"}, set())
+    assert metrics == seen, metrics
     return "\n".join(served)
 
 
@@ -280,6 +332,9 @@ def test_everything_secured_end_to_end(stack_home: Path, monkeypatch):
     for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "RECLOCK_BOOTSTRAP", "RECLOCK_DSN"):
         monkeypatch.delenv(var, raising=False)  # the stack's processes find everything in their connections
     monkeypatch.setenv("RECLOCK_CONFIG", str(stack_home / "reclock.yaml"))
+    lineage = stack_home / "stack" / "lineage.jsonl"  # under the stack's folder: searched for secrets too
+    monkeypatch.setenv("AIRFLOW__OPENLINEAGE__TRANSPORT", json.dumps(
+        {"type": "file", "log_file_path": str(lineage), "append": True}))
     stack = _bring_up(stack_home)
     try:
         stack.up()
@@ -291,6 +346,7 @@ def test_everything_secured_end_to_end(stack_home: Path, monkeypatch):
         assert landed["rows"]["sec_shop__orders"] == landed["upstream"]["orders"]
         assert landed["rows"]["sec_shop__items"] == landed["upstream"]["items"]
         assert _iceberg_rows(stack) == 300
+        _lineage(lineage, stack)
 
         _spark_connect_refusals(stack)
         secrets = {role: stack.password(role) for role in ("reclock_app", "airflow", "reclock_cdc", "reclock")}

@@ -223,6 +223,11 @@ def test_every_connection_is_authenticated_and_encrypted():
     assert conns["reclock_s3"]["extra"]["verify"] == CERTS + "ca.pem"
     env = _env("airflow-scheduler")
     assert "sslmode=verify-full&sslrootcert=" + CERTS + "ca.pem" in env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
+    from reclock.orchestration.deployment import metadata_db_env
+
+    pw = "${AIRFLOW_DB_PASSWORD:?set AIRFLOW_DB_PASSWORD in .env}"  # the URLs with the password's placeholder
+    db = metadata_db_env(env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].replace(pw, "PW"))  # the async URL too
+    assert {k: (env.get(k) or "").replace(pw, "PW") for k in db} == db
     assert env["GRPC_DEFAULT_SSL_ROOTS_FILE_PATH"] == CERTS + "ca.pem" and env["AWS_CA_BUNDLE"] == CERTS + "ca.pem"
     assert "reclock_kafka_admin" not in conns  # the admin certificate is kafka-init's alone
     assert not any("admin.key" in v for v in SERVICES["airflow-scheduler"]["volumes"])

@@ -17,3 +17,14 @@ def test_float_column_paths_name_every_parquet_leaf():
     assert float_column_paths(schema) == ["a", "c.list.element", "s.x", "s.z.w", "m.key_value.value",
                                           "n.key_value.key", "n.key_value.value.list.element"]
     assert float_column_paths(T.StructType([T.StructField("i", T.LongType())])) == []
+
+
+def test_the_raw_floats_jar_among_a_sessions_jars_goes_first_on_the_classpath():
+    from reclock.spark.session import classpath_conf
+
+    jars = "/j/spark-sql-kafka-0-10_2.13-4.2.0.jar,file:/opt/reclock/reclock-raw-floats.jar"
+    assert classpath_conf(jars) == {"spark.driver.extraClassPath": "/opt/reclock/reclock-raw-floats.jar",
+                                    "spark.executor.extraClassPath": "/opt/reclock/reclock-raw-floats.jar"}
+    got = classpath_conf(jars.split(","), {"spark.executor.extraClassPath": "/x.jar"})
+    assert got["spark.executor.extraClassPath"] == "/opt/reclock/reclock-raw-floats.jar:/x.jar"
+    assert classpath_conf("/j/other.jar") == {}

@@ -36,3 +36,18 @@ def test_acl_command_and_sql():
         'ALTER ROLE "cdc" REPLICATION', 'GRANT CONNECT ON DATABASE "up" TO "cdc"',
         'GRANT USAGE ON SCHEMA "public" TO "cdc"', 'GRANT USAGE ON SCHEMA "s2" TO "cdc"',
         'GRANT SELECT ON TABLE "public"."o" TO "cdc"', 'GRANT SELECT ON TABLE "s2"."t" TO "cdc"')
+
+
+def test_the_grants_docs_security_lists_are_exactly_the_derived_ones():
+    """docs/security.md lists the Postgres grants by hand: they are exactly what ``reclock grants`` prints
+    for its example (consensus database ``reclock``, role ``reclock_app``; ``shop``'s CDC role ``reclock_cdc``)."""
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "security.md").read_text()
+    (block,) = [b for b in re.findall(r"```sql\n(.*?)```", doc, re.S) if "GRANT" in b]
+    listed = [line.split("--")[0].strip().rstrip(";") for line in block.splitlines()]
+    listed = [s for s in listed if s and not s.startswith("CREATE PUBLICATION")]
+    derived = [*consensus_grants("reclock_app", "reclock"),
+               *cdc_grants("reclock_cdc", ["public.orders", "public.items"], "shop")]
+    assert listed == derived

@@ -23,7 +23,7 @@ from reclock.dev import procs
 from reclock.dev.procs import LOOPBACK
 from reclock.dev.state import REPO_ROOT, StackState
 from reclock.errors import StackError
-from reclock.orchestration.deployment import AIRFLOW_ENV
+from reclock.orchestration.deployment import AIRFLOW_ENV, metadata_db_env
 
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 """One of each process Airflow needs; :attr:`LocalAirflow.components` adds the extra schedulers."""
@@ -110,8 +110,7 @@ class LocalAirflow:
                 f"{u}:{role}" + (f":{team}" if team else "") for u, (role, team) in users.items()),
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.url}/execution/",
-            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": self.postgres_dsn.replace("postgresql://",
-                                                                             "postgresql+psycopg2://", 1),
+            **metadata_db_env(self.postgres_dsn),  # sync and async (asyncpg) URLs, TLS files
             "AIRFLOW__API__HOST": LOOPBACK,
             "AIRFLOW__API__PORT": str(self.port),
             "AIRFLOW__API__BASE_URL": self.url,
@@ -278,11 +277,34 @@ class LocalAirflow:
             if run["state"] == "failed":
                 tis = self.api("GET", f"{path}/taskInstances", token=token).get("task_instances", [])
                 states = ", ".join(f"{t['task_id']}={t['state']}" for t in tis)
+                tails = "".join(self._log_tail(dag_id, run_id, t["task_id"]) for t in tis if t["state"] == "failed")
                 raise StackError(f"airflow: run {run_id} of {dag_id} failed ({states}); "
-                                 f"task logs under {self.home / 'logs'}")
+                                 f"task logs under {self.home / 'logs'}{tails}")
             if time.monotonic() > deadline:
                 raise StackError(f"airflow: run {run_id} of {dag_id} still {run['state']} after {timeout:.0f}s")
             time.sleep(0.5)
+
+    def _log_tail(self, dag_id: str, run_id: str, task_id: str, lines: int = 6) -> str:
+        """What a failed task's newest attempt logged at level error (its exception's type and message), else
+        its last ``lines`` lines: what a test's failure shows, since the stack's folder is gone once the test
+        ends. Nothing if there is no log."""
+        import json
+
+        folder = self.home / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}" / f"task_id={task_id}"
+        attempts = sorted(folder.glob("attempt=*.log"), key=lambda p: p.stat().st_mtime)
+        if not attempts:
+            return ""
+        out, raw = [], attempts[-1].read_text(errors="replace").splitlines()
+        for line in raw:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(event, dict) and event.get("level") in ("error", "critical"):
+                causes = [f"{d.get('exc_type')}: {d.get('exc_value')}" for d in event.get("error_detail") or []]
+                out.append(" / ".join([str(event.get("event")), *causes]))
+        shown = (out or raw)[-lines:]
+        return f"\n--- {task_id} ({attempts[-1].name}):\n" + "\n".join(line[:1500] for line in shown)
 
     def kill(self, component: str) -> bool:
         """SIGKILL ``component``'s process group and its descendants, as a crash of its host would: a scheduler

@@ -134,6 +134,24 @@ class Stack:
         out["GRPC_DEFAULT_SSL_ROOTS_FILE_PATH"] = str(self.ca.cert)
         return out
 
+    def _check_spark(self) -> str:
+        """The smoke query over Spark Connect; a secured stack's TLS front is signed by the stack's CA, which
+        the client trusts for this query whatever CA file the environment names (a system bundle would not)."""
+        from reclock.dev import smoke
+        from reclock.spark.connect import ROOTS
+
+        if not self.secure:
+            return smoke.check_spark_connect(self.spark.url)
+        before = os.environ.get(ROOTS)
+        os.environ[ROOTS] = str(self.ca.cert)
+        try:
+            return smoke.check_spark_connect(self.spark.url)
+        finally:
+            if before is None:
+                os.environ.pop(ROOTS, None)
+            else:
+                os.environ[ROOTS] = before
+
     def s3_connection_uri(self) -> str:
         """The ``reclock_s3`` connection as an Airflow connection URI (what the commands find it by)."""
         from urllib.parse import quote
@@ -320,13 +338,11 @@ class Stack:
     def smoke(self, echo: Callable[[str], None] = print) -> None:
         from reclock.dev import smoke
 
-        if self.secure:
-            os.environ.setdefault("GRPC_DEFAULT_SSL_ROOTS_FILE_PATH", str(self.ca.cert))
         for name, check in (
             ("postgres", lambda: smoke.check_postgres(self.dsn)),
             ("kafka", lambda: smoke.check_kafka(self.kafka.admin_config())),
             ("s3", lambda: smoke.check_s3(self.s3)),
-            ("spark", lambda: smoke.check_spark_connect(self.spark.url)),
+            ("spark", self._check_spark),
             ("airflow", lambda: smoke.check_airflow(self.airflow)),
         ):
             t0 = time.monotonic()
