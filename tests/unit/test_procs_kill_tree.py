@@ -17,6 +17,7 @@ if pid == 0:
     os.setpgid(0, 0)  # a group of its own, as Airflow's task process makes
     time.sleep(600)
     os._exit(0)
+os.setpgid(pid, pid)  # the parent too (the usual idiom), so the group is the child's before its pid is told
 print(pid, flush=True)
 time.sleep(600)
 """
