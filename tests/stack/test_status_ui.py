@@ -12,6 +12,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -110,11 +111,24 @@ def _run_cycles(stack) -> None:
     s3.put_object(Bucket="ui-landing", Key="events/b.json", Body=b'{"id": 3}\n')
     stack.airflow.wait_for_dag("ingest__ui_events")
     stack.airflow.wait_run("ingest__ui_events", stack.airflow.trigger("ingest__ui_events"), timeout=300)
+    _settled(stack, "ingest__ui_events")  # else the scheduled run could take the third object
     s3.put_object(Bucket="ui-landing", Key="events/c.json", Body=b'{"id": 4}\n')
     # a reader's lease that lapsed holds nothing and shows nowhere
     with connect(stack.postgres.dsn()) as conn:
         conn.execute("INSERT INTO reclock.read_holds (shard, holder, ts, expires_at) SELECT 'ui_orders', "
                      "'reader:lapsed', since, now() - interval '1 minute' FROM reclock.shards WHERE id = 'ui_orders'")
+
+
+def _settled(stack, dag_id: str, timeout: float = 300) -> None:
+    """Until the run that unpausing ``dag_id`` scheduled (its latest interval's, due at once) and every other run
+    of it have finished: no cycle of it runs after this before the next interval (an hour)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        runs = stack.airflow.api("GET", f"dags/{dag_id}/dagRuns?limit=100")["dag_runs"]
+        if any(r["run_type"] == "scheduled" for r in runs) and all(r["state"] in ("success", "failed") for r in runs):
+            return
+        assert time.monotonic() < deadline, runs
+        time.sleep(2)
 
 
 def _truth(dsn: str) -> dict:
