@@ -52,34 +52,29 @@ def ensure_jars(state: StackState, profile: str) -> Path:
 def raw_floats_jar(state: StackState) -> str:
     """``.reclock/jars/rawfloats/reclock-raw-floats.jar``, built by ``mvn package`` over ``jvm/rawfloats`` when
     missing or older than a file of that project (two classes, no dependency to fetch but slf4j's API)."""
-    jar = state.jars / "rawfloats" / RAW_FLOATS_JAR
-    if jar.is_file() and all(p.stat().st_mtime <= jar.stat().st_mtime
-                             for p in RAW_FLOATS_PROJECT.rglob("*") if p.is_file()):
-        return str(jar)
+    return str(_maven_jar(state, RAW_FLOATS_PROJECT, state.jars / "rawfloats" / RAW_FLOATS_JAR,
+                          "Reclock's raw-floats jar"))
+
+
+def _maven_jar(state: StackState, project: Path, jar: Path, what: str) -> Path:
+    """``jar``, built by ``mvn package`` over ``project`` (whose pom writes it under ``-Djars.dir``) when
+    missing or older than a file of that project."""
+    if jar.is_file() and all(p.stat().st_mtime <= jar.stat().st_mtime for p in project.rglob("*") if p.is_file()):
+        return jar
     if shutil.which("mvn") is None:
-        raise StackError("Maven (`mvn`) is needed to build Reclock's raw-floats jar; install Debian's `maven` "
-                         "package")
-    run(["mvn", "-q", "-B", "-f", str(RAW_FLOATS_PROJECT / "pom.xml"), "package", f"-Djars.dir={state.jars}"],
-        "build Reclock's raw-floats jar with Maven", cwd=RAW_FLOATS_PROJECT, timeout=900)
+        raise StackError(f"Maven (`mvn`) is needed to build {what}; install Debian's `maven` package")
+    run(["mvn", "-q", "-B", "-f", str(project / "pom.xml"), "package", f"-Djars.dir={state.jars}"],
+        f"build {what} with Maven", cwd=project, timeout=900)
     if not jar.is_file():
         raise StackError(f"Maven finished but {jar} is not there")
-    return str(jar)
+    return jar
 
 
 def _with_committer(state: StackState, folder: Path) -> Path:
     """``folder`` (the S3 jars) with Reclock's direct committer in it, built by ``mvn package`` over
     ``jvm/committer`` when missing or older than a file of that project (a few seconds; Hadoop's API is
     ``provided``)."""
-    jar = folder / COMMITTER_JAR
-    if jar.is_file() and all(p.stat().st_mtime <= jar.stat().st_mtime
-                             for p in COMMITTER_PROJECT.rglob("*") if p.is_file()):
-        return folder
-    if shutil.which("mvn") is None:
-        raise StackError("Maven (`mvn`) is needed to build Reclock's committer; install Debian's `maven` package")
-    run(["mvn", "-q", "-B", "-f", str(COMMITTER_PROJECT / "pom.xml"), "package", f"-Djars.dir={state.jars}"],
-        "build Reclock's direct output committer with Maven", cwd=COMMITTER_PROJECT, timeout=900)
-    if not (folder / COMMITTER_JAR).is_file():
-        raise StackError(f"Maven finished but {folder / COMMITTER_JAR} is not there")
+    _maven_jar(state, COMMITTER_PROJECT, folder / COMMITTER_JAR, "Reclock's committer")
     return folder
 
 
