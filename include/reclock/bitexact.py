@@ -43,7 +43,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["needs_key", "encode", "spark_key", "duckdb_key", "noncanonical_nans", "CANONICAL_NAN_BITS"]
+__all__ = ["needs_key", "encode", "spark_key", "spark_raw_bits", "duckdb_key", "noncanonical_nans",
+           "CANONICAL_NAN_BITS"]
 
 _B = pa.large_binary()
 _NULL = pa.scalar(b"\x00", _B)
@@ -211,10 +212,7 @@ def spark_key(col: Any, dtype: Any) -> Any:
     if not _spark_inexact(dtype):
         return None
     if isinstance(dtype, (T.DoubleType, T.FloatType)):
-        cls, method = (("java.lang.Double", "doubleToRawLongBits") if isinstance(dtype, T.DoubleType)
-                       else ("java.lang.Float", "floatToRawIntBits"))
-        bits = F.call_function("java_method", F.lit(cls), F.lit(method), col)
-        return F.struct(col.alias("v"), F.when((col == 0) | F.isnan(col), bits).alias("bits"))
+        return F.struct(col.alias("v"), F.when((col == 0) | F.isnan(col), spark_raw_bits(col, dtype)).alias("bits"))
     if isinstance(dtype, T.StructType):
         fields = [_keyed(col[f.name], f.dataType).alias(f"f{i}") for i, f in enumerate(dtype.fields)]
         return F.when(col.isNotNull(), F.struct(*fields))
@@ -227,6 +225,18 @@ def spark_key(col: Any, dtype: Any) -> Any:
         return F.struct(_keyed(k, dtype.keyType).alias("k"), _keyed(v, dtype.valueType).alias("v"))
 
     return F.transform(F.map_entries(col), entry)
+
+
+def spark_raw_bits(col: Any, dtype: Any) -> Any:
+    """A Spark ``Column``: the float or double ``col``'s raw bits (``floatToRawIntBits`` /
+    ``doubleToRawLongBits``, NaN payloads kept), as the decimal string ``java_method`` returns. A reflective
+    call per value: evaluate it only where it matters (zeros, NaNs)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    cls, method = (("java.lang.Double", "doubleToRawLongBits") if isinstance(dtype, T.DoubleType)
+                   else ("java.lang.Float", "floatToRawIntBits"))
+    return F.call_function("java_method", F.lit(cls), F.lit(method), col)
 
 
 def _keyed(col: Any, dtype: Any) -> Any:

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from reclock.bitexact import CANONICAL_NAN_BITS, spark_raw_bits
+
 
 def sql_string(text: str) -> str:
     """``text`` as a Spark SQL string literal."""
@@ -74,8 +76,6 @@ RAW_FLOATS_PROBE = "java_method('dev.reclock.parquet.RawFloats', 'keepsNaNPayloa
 found) in a JVM without the jar."""
 _PROBED = "_reclock_keeps_nan_payloads"
 
-_DOUBLE_NAN_BITS, _FLOAT_NAN_BITS = 0x7FF8000000000000, 0x7FC00000  # reclock.bitexact.CANONICAL_NAN_BITS
-
 
 def keeps_nan_payloads(spark) -> bool:
     """Whether the session's executors write Parquet floats by their raw bits (:data:`RAW_FLOATS_JAR` first on
@@ -124,16 +124,13 @@ def float_column_paths(schema: Any) -> list[str]:
 def _noncanonical_nan(col: Any, dtype: Any) -> Any | None:
     """A boolean ``Column``: ``col`` (of Spark type ``dtype``) holds, at any depth, a NaN of other bits than
     the canonical NaN (never null); None when it holds no float. The reflective call to the raw bits runs
-    only on NaNs (as ``reclock.bitexact.spark_key``'s)."""
+    only on NaNs (:func:`reclock.bitexact.spark_raw_bits`)."""
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
     if isinstance(dtype, (T.FloatType, T.DoubleType)):
-        cls, method, canonical = (("java.lang.Double", "doubleToRawLongBits", _DOUBLE_NAN_BITS)
-                                  if isinstance(dtype, T.DoubleType) else
-                                  ("java.lang.Float", "floatToRawIntBits", _FLOAT_NAN_BITS))
-        raw = F.call_function("java_method", F.lit(cls), F.lit(method), col)
-        return F.when(F.isnan(col), raw != F.lit(str(canonical))).otherwise(F.lit(False))
+        canonical = CANONICAL_NAN_BITS[64 if isinstance(dtype, T.DoubleType) else 32]
+        return F.when(F.isnan(col), spark_raw_bits(col, dtype) != F.lit(str(canonical))).otherwise(F.lit(False))
     if isinstance(dtype, T.StructType):
         parts = [p for p in (_noncanonical_nan(col[f.name], f.dataType) for f in dtype.fields) if p is not None]
         return None if not parts else F.coalesce(_any(parts), F.lit(False))
