@@ -7,7 +7,9 @@ Spark's tasks) and the endpoint: it forwards every request unchanged, and answer
 that error when the shard's budget of calls per second is spent (a token bucket per shard, ``--reads-per-
 shard-s``). It learns which shard an iterator reads from the ``GetShardIterator`` requests and every
 ``NextShardIterator`` it forwards. With ``--expire-every N`` it also answers every N-th read
-``ExpiredIteratorException`` (an injected fault: on AWS an iterator expires after 5 minutes). ``GET /stats``
+``ExpiredIteratorException`` (an injected fault: on AWS an iterator expires after 5 minutes), and with
+``--throttle-every N`` every N-th read is throttled whatever the rate (a test that must meet throttling then
+does not depend on how fast a loaded machine reads). ``GET /stats``
 returns ``{"throttled": n, "expired": n, "forwarded": n}``.
 
 Run: ``python -m reclock.dev.kinesis_proxy --port P --upstream http://127.0.0.1:Q --reads-per-shard-s 5``
@@ -37,12 +39,14 @@ _HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgra
 
 
 class _State:
-    def __init__(self, upstream: str, rate: float, expire_every: int = 0) -> None:
+    def __init__(self, upstream: str, rate: float, expire_every: int = 0, throttle_every: int = 0) -> None:
         u = urlsplit(upstream)
         self.host, self.port = u.hostname, u.port or 80
         self.rate = rate
         self.expire_every = expire_every
+        self.throttle_every = throttle_every
         self.reads = 0
+        self.takes = 0
         self.expired = 0
         self.lock = threading.Lock()
         self.iterators: OrderedDict[str, str] = OrderedDict()  # iterator -> "stream/shard"
@@ -74,12 +78,19 @@ class _State:
                 self.iterators.popitem(last=False)
 
     def take(self, iterator: str) -> str | None:
-        """None if the iterator's shard may be read now, else the shard (its budget is spent)."""
-        if self.rate <= 0:
+        """None if the iterator's shard may be read now, else the shard (its budget is spent, or this is an
+        N-th read of ``throttle_every``)."""
+        if self.rate <= 0 and self.throttle_every <= 0:
             return None
         with self.lock:
             shard = self.iterators.get(iterator)
             if shard is None:
+                return None
+            self.takes += 1
+            if self.throttle_every > 0 and self.takes % self.throttle_every == 0:
+                self.throttled += 1
+                return shard
+            if self.rate <= 0:
                 return None
             now = time.monotonic()
             tokens, at = self.buckets.get(shard, (self.rate, now))
@@ -162,8 +173,9 @@ def _handler(state: _State):
     return Handler
 
 
-def serve(port: int, upstream: str, reads_per_shard_s: float, expire_every: int = 0) -> None:
-    server = ThreadingHTTPServer((LOOPBACK, port), _handler(_State(upstream, reads_per_shard_s, expire_every)))
+def serve(port: int, upstream: str, reads_per_shard_s: float, expire_every: int = 0, throttle_every: int = 0) -> None:
+    state = _State(upstream, reads_per_shard_s, expire_every, throttle_every)
+    server = ThreadingHTTPServer((LOOPBACK, port), _handler(state))
     server.daemon_threads = True
     server.serve_forever()
 
@@ -176,6 +188,7 @@ class KinesisProxy(LocalServer):
     upstream: str
     reads_per_shard_s: float = 5.0
     expire_every: int = 0
+    throttle_every: int = 0
     name: str = "kinesis-proxy"
 
     process: ClassVar[str] = "proxy"
@@ -188,7 +201,8 @@ class KinesisProxy(LocalServer):
         if not self.running():
             procs.spawn("kinesis-proxy", [sys.executable, "-m", "reclock.dev.kinesis_proxy", "--port", str(self.port),
                                           "--upstream", self.upstream, "--reads-per-shard-s",
-                                          str(self.reads_per_shard_s), "--expire-every", str(self.expire_every)],
+                                          str(self.reads_per_shard_s), "--expire-every", str(self.expire_every),
+                                          "--throttle-every", str(self.throttle_every)],
                         log=self.home / "proxy.log", pidfile=self.pidfile)
         procs.wait_until("kinesis proxy", lambda: procs.port_open(self.port), timeout, log=self.home / "proxy.log",
                          alive=self.running)
@@ -212,8 +226,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--reads-per-shard-s", type=float, default=5.0)
     p.add_argument("--expire-every", type=int, default=0,
                    help="answer every N-th GetRecords of a known iterator ExpiredIteratorException (0: never)")
+    p.add_argument("--throttle-every", type=int, default=0,
+                   help="answer every N-th GetRecords of a known iterator ProvisionedThroughputExceededException "
+                        "whatever the rate (0: never)")
     a = p.parse_args(argv)
-    serve(a.port, a.upstream, a.reads_per_shard_s, a.expire_every)
+    serve(a.port, a.upstream, a.reads_per_shard_s, a.expire_every, a.throttle_every)
 
 
 if __name__ == "__main__":

@@ -21,10 +21,11 @@ no key is in the config or in any Spark setting. Spark tasks build their own cli
 from __future__ import annotations
 
 import random
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 from reclock.errors import KinesisUnavailable, UpstreamThrottled
 from reclock.sources.kinesis.lineage import FINISHED, ShardInfo, ShardScan, iterator_for
@@ -73,7 +74,12 @@ class Page:
 
 
 def _code(e: Exception) -> str:
-    return getattr(e, "response", {}).get("Error", {}).get("Code", "")
+    return _code_of(getattr(e, "response", {}))
+
+
+def _code_of(parsed: Mapping | None) -> str:
+    """The error code of a parsed botocore response (empty for a success)."""
+    return (parsed or {}).get("Error", {}).get("Code", "")
 
 
 @dataclass
@@ -87,12 +93,23 @@ class KinesisUpstream:
     throttled: int = 0
     expired: int = 0
     _client: Any = field(default=None, init=False, repr=False, compare=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
 
     @property
     def client(self):
         if self._client is None:
             self._client = self.address.client()
+            # every throttled answer counts, the ones botocore's own retry absorbed included: a retry that then
+            # meets another error (an expired iterator) carries no trace of the throttle in what it raises
+            self._client.meta.events.register("needs-retry.kinesis.GetRecords", self._count_throttle)
         return self._client
+
+    def _count_throttle(self, response=None, **_kwargs) -> None:
+        """A ``needs-retry`` hook, called once per attempt; it only counts (returning None leaves botocore's
+        retry decision alone)."""
+        if response is not None and _code_of(response[1]) == "ProvisionedThroughputExceededException":
+            with self._lock:  # a mint's scan reads shards from several threads through one client
+                self.throttled += 1
 
     def _where(self) -> str:
         return f"stream {self.address.stream!r} ({self.address.endpoint_url or 'AWS ' + self.address.region})"
@@ -148,14 +165,11 @@ class KinesisUpstream:
         delay, waited = 0.05, 0.0
         while True:
             try:
-                resp = self._call(f"shard {shard_id(shard.number)}: GetRecords", self.client.get_records,
+                return self._call(f"shard {shard_id(shard.number)}: GetRecords", self.client.get_records,
                                   ShardIterator=iterator, Limit=limit)
-                self.throttled += int(resp.get("ResponseMetadata", {}).get("RetryAttempts", 0))
-                return resp
             except ClientError as e:
                 if _code(e) != "ProvisionedThroughputExceededException":
                     raise
-                self.throttled += 1 + int(e.response.get("ResponseMetadata", {}).get("RetryAttempts", 0))
                 if waited >= self.throttle_patience_s:
                     raise UpstreamThrottled(
                         f"source {self.source}: shard {shard_id(shard.number)} of {self._where()} refused reads "

@@ -1,0 +1,267 @@
+"""Debezium change events as updates (pure): the ``debezium`` envelope of a Kafka source.
+
+Debezium writes one Kafka record per row change of a table, keyed by the table's key::
+
+    key   {"id": 2}                                    (or {"schema": ..., "payload": {"id": 2}})
+    value {"before": row|null, "after": row|null, "op": "c"|"u"|"d"|"r", "source": {"lsn": .., "txId": ..,
+           "snapshot": "true"|"last"|"false"|.., ...}, ...}   (or {"schema": ..., "payload": {...}})
+    value null                                         a tombstone: it follows a delete, for log compaction
+
+Each key's current value is kept in the upsert state (``reclock.persist.upsert_state``, the same state the
+``upsert`` envelope keeps; its value is :meth:`KeyState.encode`): the key's row and the source position of
+the last event applied to it. An event becomes updates against it (:func:`apply`)::
+
+    r, c, u   -1 the stored row (if any and if it differs), +1 ``after``     state: (after, position)
+    d         -1 the stored row (if any)                                       state: (deleted, position)
+    tombstone -1 the stored row (if any: the delete itself was compacted away) state: (deleted, as before)
+
+so an update is -1 old +1 new, and a delete retracts exactly the row the collection holds, whatever its
+``before`` has (under ``REPLICA IDENTITY DEFAULT`` only the key). A row is the raw JSON text of ``after``
+as Debezium wrote it (never parsed and written again: numbers keep their digits); the decode path reads it
+as the source's JSON ``format`` declares.
+
+**Redelivery.** After a crash, a Kafka Connect worker resumes from its last flushed offsets and writes
+again what it had written since. Per key, Postgres serialises changes (a row lock, a unique index), so the
+WAL positions (``source.lsn``) of one key's streamed changes increase in commit order: a streamed event at
+or below the position of the last streamed event applied to its key is a redelivery and is skipped (a
+delete keeps its position in the state for this). A tombstone has no position: Debezium writes it right
+after its delete with the delete's source offset, so a restart redelivers both or neither, and a tombstone
+that follows a skipped event is skipped with it. Snapshot reads (``op: r``) are not ordered by ``lsn``
+against streamed changes (a transaction that commits after the snapshot's point may have written below
+it): a read is always applied (it is the table's value at the snapshot, never older than what precedes
+it in the topic), and a streamed change is only compared with a streamed one.
+
+Law: folding any sequence of events with redelivered runs inserted gives the updates and the state that
+folding it without them gives; the consolidated updates per key are the key's last ``after``.
+
+Malformed events (not JSON, not a change event, an unknown ``op``, no key) raise :class:`EventInvalid`
+with the reason; the caller routes the record to the error collection or stalls the source
+(``on_decode_error``), never drops it.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass
+from json.decoder import scanstring
+from typing import Iterable, Sequence
+
+__all__ = ["Op", "Position", "ChangeEvent", "KeyState", "Applied", "EventInvalid", "parse_key", "parse_value",
+           "apply", "fold"]
+
+
+class EventInvalid(ValueError):
+    """A record is not a Debezium change event this envelope can apply; ``reason`` says why."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(reason)
+
+
+class Op(enum.Enum):
+    CREATE = "c"
+    UPDATE = "u"
+    DELETE = "d"
+    READ = "r"
+
+
+_OPS = {o.value: o for o in Op}
+_REFUSED_OPS = {"t": "a TRUNCATE event (op t) names no rows to retract; exclude it with the connector's "
+                     "skipped.operations (its default) or re-snapshot",
+                "m": "a logical decoding message (op m) is not a row change"}
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where an event is upstream: ``source.lsn`` and ``source.txId``, and whether it is a snapshot read."""
+
+    lsn: int
+    tx_id: int | None = None
+    snapshot: bool = False
+
+    def covers(self, later: "Position") -> bool:
+        """An event at ``later`` was already applied when the key's last applied event is at ``self``: both
+        streamed, ``later.lsn <= self.lsn`` (a snapshot read is never compared by ``lsn``)."""
+        return not self.snapshot and not later.snapshot and later.lsn <= self.lsn
+
+    def to_json(self) -> list:
+        return [self.lsn, self.tx_id, self.snapshot]
+
+    @classmethod
+    def from_json(cls, v: Sequence) -> "Position":
+        lsn, tx, snap = v
+        return cls(int(lsn), None if tx is None else int(tx), bool(snap))
+
+
+@dataclass(frozen=True)
+class ChangeEvent:
+    """One change: ``after`` (the raw JSON text of the new row, None for a delete) at ``position``."""
+
+    op: Op
+    after: str | None
+    position: Position
+
+
+@dataclass(frozen=True)
+class KeyState:
+    """A key's entry in the upsert state: its current ``row`` (raw JSON text; None: deleted), the position
+    of the last event applied to it (None: only a tombstone was ever seen), and whether the key's last event
+    was a skipped redelivery (``redelivered``: the tombstone that follows a redelivered delete is one too)."""
+
+    row: str | None
+    position: Position | None
+    redelivered: bool = False
+
+    def encode(self) -> bytes:
+        return json.dumps({"row": self.row, "pos": None if self.position is None else self.position.to_json(),
+                           "redelivered": self.redelivered}, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, value: bytes) -> "KeyState":
+        d = json.loads(value)
+        return cls(d["row"], None if d["pos"] is None else Position.from_json(d["pos"]), d["redelivered"])
+
+
+@dataclass(frozen=True)
+class Applied:
+    """What one event did: the key's new state, its updates ``(row, diff)`` and whether it was a redelivery."""
+
+    state: KeyState | None
+    updates: tuple[tuple[str, int], ...] = ()
+    skipped: bool = False
+
+
+def _members(text: str, what: str) -> dict[str, tuple[object, str]]:
+    """The members of the JSON object ``text``: name -> (parsed value, raw text of the value)."""
+    dec = json.JSONDecoder()
+    out: dict[str, tuple[object, str]] = {}
+    n = len(text)
+
+    def ws(i: int) -> int:
+        while i < n and text[i] in " \t\r\n":
+            i += 1
+        return i
+
+    i = ws(0)
+    if i >= n or text[i] != "{":
+        raise EventInvalid(f"{what} is not a JSON object")
+    i = ws(i + 1)
+    if i < n and text[i] == "}":
+        i += 1
+    else:
+        while True:
+            if i >= n or text[i] != '"':
+                raise EventInvalid(f"{what} is not valid JSON (a member name expected at character {i})")
+            name, i = scanstring(text, i + 1)
+            i = ws(i)
+            if i >= n or text[i] != ":":
+                raise EventInvalid(f"{what} is not valid JSON (':' expected at character {i})")
+            i = ws(i + 1)
+            value, j = dec.raw_decode(text, i)
+            out[name] = (value, text[i:j])
+            i = ws(j)
+            if i < n and text[i] == ",":
+                i = ws(i + 1)
+                continue
+            if i < n and text[i] == "}":
+                i += 1
+                break
+            raise EventInvalid(f"{what} is not valid JSON (',' or '}}' expected at character {i})")
+    if ws(i) != n:
+        raise EventInvalid(f"{what} is not valid JSON (text after the object at character {i})")
+    return out
+
+
+def _payload(raw: bytes, what: str) -> dict[str, tuple[object, str]]:
+    """The members of a JSON value, without Connect's schema wrapper (``{"schema": ..., "payload": ...}``)."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise EventInvalid(f"{what} is not UTF-8") from None
+    try:
+        members = _members(text, what)
+        if set(members) == {"schema", "payload"}:
+            members = _members(members["payload"][1], f"{what}'s payload")
+    except json.JSONDecodeError as e:
+        raise EventInvalid(f"{what} is not valid JSON ({e.msg} at character {e.pos})") from None
+    return members
+
+
+def parse_key(key: bytes | None) -> bytes:
+    """The key a change event's row is kept under: the key's JSON without a schema wrapper, as written."""
+    if key is None:
+        raise EventInvalid("a Debezium event needs a key (the table's primary key or replica identity index); "
+                           "this record has none")
+    try:
+        members = _payload(key, "the key")
+    except EventInvalid:
+        return key  # a key of another converter (not a JSON object) is kept as its bytes
+    return ("{" + ",".join(json.dumps(k) + ":" + raw for k, (_, raw) in members.items()) + "}").encode()
+
+
+def parse_value(value: bytes | None) -> ChangeEvent | None:
+    """The change event a record's value holds; None for a tombstone (a null value)."""
+    if value is None:
+        return None
+    m = _payload(value, "the value")
+    if "op" not in m:
+        raise EventInvalid("the value has no `op`: not a Debezium change event (is the topic written with "
+                           "ExtractNewRecordState, or is it the transaction topic?)")
+    op_name = m["op"][0]
+    if op_name in _REFUSED_OPS:
+        raise EventInvalid(_REFUSED_OPS[op_name])
+    if op_name not in _OPS:
+        raise EventInvalid(f"unknown op {op_name!r} (expected one of c, u, d, r)")
+    op = _OPS[op_name]
+    after_v, after_raw = m.get("after", (None, "null"))
+    if op is Op.DELETE:
+        after = None
+    elif not isinstance(after_v, dict):
+        raise EventInvalid(f"op {op.value} has no `after` row")
+    else:
+        after = after_raw
+    source = m.get("source", (None, ""))[0]
+    if not isinstance(source, dict):
+        raise EventInvalid("the value has no `source` block (its lsn orders the events of a key)")
+    lsn, tx = source.get("lsn"), source.get("txId")
+    if not isinstance(lsn, int) or isinstance(lsn, bool):
+        raise EventInvalid(f"source.lsn is {lsn!r}, not a number (is the topic written by Debezium's Postgres "
+                           "connector?)")
+    if tx is not None and (not isinstance(tx, int) or isinstance(tx, bool)):
+        raise EventInvalid(f"source.txId is {tx!r}, not a number")
+    snapshot = op is Op.READ or source.get("snapshot") not in (None, "false", False)
+    return ChangeEvent(op, after, Position(lsn, tx, snapshot))
+
+
+def apply(state: KeyState | None, event: ChangeEvent | None) -> Applied:
+    """One event (None: a tombstone) applied to its key's ``state`` (None: the key was never seen)."""
+    old = state.row if state is not None else None
+    if event is None:
+        if state is not None and state.redelivered:
+            return Applied(state, skipped=True)  # it follows a redelivered delete: a redelivery too
+        if old is None:
+            return Applied(state)
+        return Applied(KeyState(None, state.position), ((old, -1),))
+    if state is not None and state.position is not None and state.position.covers(event.position):
+        return Applied(KeyState(state.row, state.position, redelivered=True), skipped=True)
+    new = event.after
+    updates: list[tuple[str, int]] = []
+    if old is not None and old != new:
+        updates.append((old, -1))
+    if new is not None and old != new:
+        updates.append((new, 1))
+    return Applied(KeyState(new, event.position), tuple(updates))
+
+
+def fold(state: KeyState | None, events: Iterable[ChangeEvent | None]) -> tuple[KeyState | None,
+                                                                                 list[tuple[str, int]], int]:
+    """Events of one key applied in order: ``(state, updates, redeliveries skipped)``."""
+    updates: list[tuple[str, int]] = []
+    skipped = 0
+    for e in events:
+        a = apply(state, e)
+        state = a.state
+        updates.extend(a.updates)
+        skipped += a.skipped
+    return state, updates, skipped
