@@ -29,7 +29,7 @@ any other type change (a narrowing, ``text`` to  the table, the column, the old 
 Only changes that keep every value the table holds are taken: a type change Postgres makes by rewriting
 values (``timestamp(6)`` to ``timestamp(3)`` rounds them, ``char(n)`` pads them) would leave the rows the
 collection holds unequal to the table's, and their retractions unmatched, so it stalls. Law
-(``tests/unit/test_postgres_ddl.py``): every change :func:`classify` lets flow is one
+(``tests/unit/test_pg_ddl_classify.py``): every change :func:`classify` lets flow is one
 ``reclock.schema_evolution.evolve`` takes (the collection's schema of the old columns evolves into the new
 one without an incompatibility).
 """
