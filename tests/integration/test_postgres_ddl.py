@@ -210,7 +210,7 @@ RENAME_FIRST = r"run ALTER TABLE public\.{t} RENAME COLUMN {c} TO <a new name>; 
      + RENAME_FIRST, "ALTER TABLE {t} RENAME COLUMN w TO w_length"),
     ("ALTER TABLE {t} ADD COLUMN d int DEFAULT 7", r"DDL added column\(s\) d, .* added with a DEFAULT.*" + RESNAPSHOT,
      None),
-])
+], ids=["drop", "rename", "narrowed", "text_to_int", "add_with_default"])
 @pytest.mark.parametrize("t", TABLES)
 def test_changes_that_do_not_flow_stall_naming_the_column_and_resnapshot_resolves_them(db, upstream, tmp_path, ddl,
                                                                                        match, fix, t):
