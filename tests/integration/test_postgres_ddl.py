@@ -1,10 +1,11 @@
 """Schema changes that flow (issue 33 part 3), against a real upstream Postgres 15 with a writer running
-through the DDL: ``ADD COLUMN`` and type changes that keep every value (``int`` to ``bigint``,
+through the DDL: ``ADD COLUMN`` (with and without a default) and type changes that keep every value (``int`` to ``bigint``,
 ``varchar(n)`` to ``text``, a wider ``numeric``) change the collection's schema at the timestamp of the
 table's first change under the new relation, and every binding's contents equal the table as of its LSN,
 for a table of identity FULL and one of a primary key (whose retractions of rows written before the change
-must match them as readers project them). ``DROP COLUMN``, a rename, a narrowing, ``text`` to ``integer``
-and a column added with a ``DEFAULT`` stall naming the table, the column, the types and
+must match them as readers project them); a column added with a non-volatile ``DEFAULT`` retracts the rows the
+table held and adds them again with it. ``DROP COLUMN``, a rename, a narrowing, ``text`` to ``integer``
+and a column added with a volatile ``DEFAULT`` stall naming the table, the column, the types and
 ``reclock resnapshot <source>``, which resolves them.
 
 The oracle is the upstream itself: each of the writer's transactions reads its tables before it commits
@@ -180,6 +181,11 @@ def test_added_columns_and_widened_types_flow_and_every_binding_equals_the_table
         w.run_ddl("ALTER TABLE f ADD COLUMN y text")
         time.sleep(0.2)
         cycle.run_cycle(ctx)
+        # a non-volatile DEFAULT: the rows the tables held hold it from then on, without a change in the WAL
+        w.run_ddl("ALTER TABLE f ADD COLUMN e text DEFAULT 'a, \"b\" {c}'", "ALTER TABLE k ADD COLUMN d numeric(6,2) "
+                  "DEFAULT 7.5")
+        time.sleep(0.2)
+        cycle.run_cycle(ctx)
     finally:
         w.stop.set()
         w.join(30)
@@ -191,8 +197,8 @@ def test_added_columns_and_widened_types_flow_and_every_binding_equals_the_table
     with connect(ctx.dsn) as conn:
         f, k = load_history(conn, f"{name}__f"), load_history(conn, f"{name}__k")
     assert [c.type for c in f.latest().columns] == ["bigint", "string", "bigint", "bigint", "decimal(12,4)", "string",
-                                                    "int", "string"]
-    assert f.latest().names[-2:] == ("z", "y") and k.latest().names[-1] == "z"
+                                                    "int", "string", "string"]
+    assert f.latest().names[-3:] == ("z", "y", "e") and k.latest().names[-2:] == ("z", "d")
     assert f.versions[0].schema.column("c").type == "int" and f.versions[0].schema.column("z") is None
     assert any("ADD COLUMN z" in v.cause for v in f.versions)
 
@@ -208,9 +214,9 @@ RENAME_FIRST = r"run ALTER TABLE public\.{t} RENAME COLUMN {c} TO <a new name>; 
      "ALTER TABLE {t} RENAME COLUMN n TO n4"),
     ("ALTER TABLE {t} ALTER COLUMN w TYPE int4 USING length(w)", r"column w changed type from text to integer.*"
      + RENAME_FIRST, "ALTER TABLE {t} RENAME COLUMN w TO w_length"),
-    ("ALTER TABLE {t} ADD COLUMN d int DEFAULT 7", r"DDL added column\(s\) d, .* added with a DEFAULT.*" + RESNAPSHOT,
-     None),
-], ids=["drop", "rename", "narrowed", "text_to_int", "add_with_default"])
+    ("ALTER TABLE {t} ADD COLUMN d float8 DEFAULT random()", r"DDL added column\(s\) d, .* a volatile DEFAULT.*"
+     + RESNAPSHOT, None),
+], ids=["drop", "rename", "narrowed", "text_to_int", "add_with_volatile_default"])
 @pytest.mark.parametrize("t", TABLES)
 def test_changes_that_do_not_flow_stall_naming_the_column_and_resnapshot_resolves_them(db, upstream, tmp_path, ddl,
                                                                                        match, fix, t):

@@ -492,10 +492,13 @@ class ChangeDecoder:
                  bindings: Sequence[tuple[int, int]], start: int, end: int, rewind: Rewind | None,
                  strict_tables: bool, truncated: Callable[[Output, int], int] | None = None,
                  prior: Callable[[Output], pa.Table | None] | None = None, key_from: int = 0,
-                 added_columns: Callable[[Output, tuple], str | None] | None = None) -> None:
+                 added_columns: Callable[[Output, tuple], tuple[str | None, dict]] | None = None,
+                 refill: Callable[[Output, Output, dict, int], int] | None = None) -> None:
         self.source, self.writer, self.bindings = source, writer, list(bindings)
-        # why the rows a table held may hold a value in columns DDL added (None: null; no callback: unknown)
+        # what the rows a table held hold in columns DDL added: (why unknown, or None; {column: text or None})
         self.added_columns = added_columns
+        # the rows a table holds retracted and added again with the added columns' values (the updates)
+        self.refill = refill
         self.evolved: dict[int, TableInfo] = {}  # tables whose columns DDL changed in this write, as they are now
         self.versions: dict[str, list[SchemaVersion]] = {}  # per shard, the schema versions this write begins
         self.schema_before: dict[str, tuple] = {}  # per shard, its columns before this write's first change
@@ -805,16 +808,24 @@ class ChangeDecoder:
         if self.rewinding or len(self.targets) != 1:
             raise TableSchemaChanged(self.source, table, f"DDL changed its columns ({change.describe()}) between the "
                                      "first binding and its snapshot", remedy)
+        fills: dict = {}
         if change.added:
             added = tuple(c for c in columns if c[0] in change.added)
-            why = "the source cannot look it up" if self.added_columns is None else self.added_columns(out, added)
+            why, fills = ("the source cannot look it up", {}) if self.added_columns is None else \
+                self.added_columns(out, added)
             if why is not None:
-                raise TableSchemaChanged(self.source, table, f"DDL added column(s) {', '.join(change.added)}, and the "
-                                         f"rows the table held then may not hold null there: {why}", remedy)
+                raise TableSchemaChanged(self.source, table, f"DDL added column(s) {', '.join(change.added)}, and what "
+                                         f"the rows the table held then hold there cannot be told: {why}", remedy)
         ts = self.targets[0][0]
         relid = out.info.relid
         now = Output(replace(out.info, columns=columns), out.shard)
-        self.writer.reshape(relid, now)
+        if any(v is not None for v in fills.values()):  # ADD COLUMN ... DEFAULT: the rows it held hold the value
+            if self.refill is None:
+                raise TableSchemaChanged(self.source, table, f"DDL added column(s) {', '.join(change.added)} with a "
+                                         "DEFAULT, which this write cannot fill in", remedy)
+            self.stats.changes += self.refill(out, now, fills, ts)  # reshapes the writer's table too
+        else:
+            self.writer.reshape(relid, now)
         self.states.pop(relid, None)  # a key table's current rows: read again in the new columns when needed
         self.by_relid[relid] = self.by_name[table] = now
         self.evolved[relid] = now.info

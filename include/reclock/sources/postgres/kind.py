@@ -46,6 +46,7 @@ from reclock.schema_projection import part_schema
 from reclock.sources.base import (Acknowledged, CycleServices, Lag, SourceKind, SourceRuntime, WrittenBatch,
                                   human_bytes)
 from reclock.sources.postgres import cdc, ddl
+from reclock.sources.postgres import pgoutput as po
 from reclock.sources.postgres import spark_snapshot
 from reclock.sources.postgres.registration import (record_snapshot_lsn, register_tables, registered_tables,
                                                    replace_tables, snapshot_lsn, snapshot_ts, update_tables)
@@ -295,7 +296,9 @@ class PostgresSource(SourceRuntime):
                                             truncated=lambda out, ts: self._truncated(writer, desc, out, ts,
                                                                                       spark_done),
                                             prior=lambda out: self._held(desc, out), key_from=key_from,
-                                            added_columns=self._added_columns_unknown)
+                                            added_columns=self._added_columns,
+                                            refill=lambda out, now, fills, ts: self._refill(
+                                                writer, desc, out, now, fills, ts, spark_done))
                 # the peek's cursor lives in a transaction; the blocks are closed (the helper thread joined) before
                 # it ends, also when the decoder stops early
                 with uconn.transaction(force_rollback=True), contextlib.closing(
@@ -351,11 +354,11 @@ class PostgresSource(SourceRuntime):
                 effect(conn)
         return apply
 
-    def _added_columns_unknown(self, out: cdc.Output, added: tuple) -> str | None:
-        """Why the rows ``out``'s table held when DDL added the columns ``added`` may hold a value there
-        (``PostgresUpstream.added_columns_unknown``), in a session of its own (the write's holds the peek)."""
+    def _added_columns(self, out: cdc.Output, added: tuple) -> tuple[str | None, dict]:
+        """What the rows ``out``'s table held when DDL added the columns ``added`` hold there
+        (``PostgresUpstream.added_columns``), in a session of its own (the write's holds the peek)."""
         with contextlib.closing(self.upstream().connect()) as conn:
-            return PostgresUpstream.added_columns_unknown(conn, out.info, added)
+            return PostgresUpstream.added_columns(conn, out.info, added)
 
     def _check_snapshot_columns(self, sconn, outputs: Sequence[cdc.Output]) -> None:
         """The tables' published columns in the snapshot are the registered ones: DDL between the registration
@@ -411,12 +414,53 @@ class PostgresSource(SourceRuntime):
     def _truncated(self, writer: cdc.PartWriter, desc: BatchDescription, out: cdc.Output, ts: int,
                    on_spark: set) -> int:
         """A ``TRUNCATE`` of ``out``'s table at ``ts``: every row its collection holds at that point retracted at
-        ``ts`` (the contents before the description, AS OF its lower - 1, plus this write's updates of the
-        table so far, read back; in memory, as a re-snapshot's retraction is); the rows retracted. A table
-        Spark snapshotted in this write stalls instead (``TableTruncated``: its parts are Spark's)."""
+        ``ts`` (:meth:`_contents`); the rows retracted. A table Spark snapshotted in this write stalls instead
+        (``TableTruncated``: its parts are Spark's)."""
         if out.shard in on_spark:
             raise TableTruncated(self.ctx.spec.name, out.info.table, "TRUNCATE in the cycle that took its snapshot "
                                  "on Spark", "run the cycle again after `reclock resnapshot`")
+        contents = self._contents(writer, desc, out, ts, lambda: TableTruncated(
+            self.ctx.spec.name, out.info.table, "TRUNCATE of a collection whose columns changed in this write",
+            "re-snapshot the source"))
+        if contents.num_rows:
+            writer.retract(out.info.relid, contents, ts)
+        return contents.num_rows
+
+    def _refill(self, writer: cdc.PartWriter, desc: BatchDescription, out: cdc.Output, now: cdc.Output,
+                fills: dict, ts: int, on_spark: set) -> int:
+        """``ADD COLUMN ... DEFAULT`` on ``out``'s table at ``ts`` (``now``: its new columns; ``fills``: each
+        added column's value in the rows it held, as text, None for null): every row its collection holds at
+        that point (:meth:`_contents`) retracted at ``ts`` and added again with the added columns' values, as
+        the table shows them from then on; the writer takes the new columns. The updates written."""
+        if out.shard in on_spark:
+            raise TableSchemaChanged(self.ctx.spec.name, out.info.table, "ADD COLUMN ... DEFAULT in the cycle that "
+                                     "took its snapshot on Spark", f"run `reclock resnapshot {self.ctx.spec.name}`")
+        contents = self._contents(writer, desc, out, ts, lambda: TableSchemaChanged(
+            self.ctx.spec.name, out.info.table, "ADD COLUMN ... DEFAULT on a collection whose columns it cannot read",
+            f"run `reclock resnapshot {self.ctx.spec.name}`"))
+        relid = out.info.relid
+        if contents.num_rows:
+            writer.retract(relid, contents, ts)
+        writer.reshape(relid, now)
+        if not contents.num_rows:
+            return 0
+        again = cdc.conform(contents, now)
+        n = contents.num_rows
+        for i, (name, oid, typmod) in enumerate(now.info.columns):
+            if name in fills:
+                value = po.text_column(oid, typmod, [fills[name]] * n, f"{now.info.table}.{name}")
+                again = again.set_column(i, now.schema.field(i), value.cast(now.schema.field(i).type))
+        again = again.append_column("ts", pa.array([ts] * n, pa.int64())).drop_columns(["diff"]) \
+            .append_column("diff", again["diff"])
+        writer.add_typed(relid, again.select(now.schema.names).cast(now.schema))
+        return 2 * n
+
+    def _contents(self, writer: cdc.PartWriter, desc: BatchDescription, out: cdc.Output, ts: int,
+                  unreadable: Callable[[], ReclockError]) -> pa.Table:
+        """Every row ``out``'s collection holds at ``ts`` in this write (data columns and diff): the contents
+        before the description, AS OF its lower - 1, plus this write's updates of the table so far, read back
+        (in memory, as a re-snapshot's retraction is); ``unreadable()`` is raised for contents it cannot read
+        as ``out``'s columns."""
         writer.flush(out.info.relid)
         updates = [writer.written(out.info.relid)]
         with self.ctx.connect() as conn:
@@ -428,13 +472,12 @@ class PostgresSource(SourceRuntime):
                     updates.append(conformed.select(names).append_column("ts", pa.array([0] * held.num_rows, pa.int64()))
                                    .append_column("diff", conformed["diff"]).cast(out.schema))
                 elif held.num_rows:
-                    raise TableTruncated(self.ctx.spec.name, out.info.table, "TRUNCATE of a collection whose columns "
-                                         "changed in this write", "re-snapshot the source")
+                    raise unreadable()
         parts = [u for u in updates if u is not None]
         contents = contents_as_of(pa.concat_tables(parts) if parts else None, ts)
-        if "diff" in contents.column_names and contents.num_rows and len(contents.column_names) > 1:
-            writer.retract(out.info.relid, contents, ts)
-        return contents.num_rows
+        if "diff" not in contents.column_names or len(contents.column_names) == 1:
+            return out.schema.empty_table().drop_columns(["ts"])
+        return contents
 
 
     def _snapshot_on_spark(self, sconn, outputs: Sequence[cdc.Output]) -> list[tuple[cdc.Output, list]]:

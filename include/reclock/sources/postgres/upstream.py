@@ -382,17 +382,21 @@ class PostgresUpstream:
         return tuple((n, o, m) for n, o, m in cols if info.column_list is None or n in info.column_list)
 
     @staticmethod
-    def added_columns_unknown(conn, info: TableInfo, added: Sequence[tuple[str, int, int]]) -> str | None:
-        """Why the rows a table held when the columns ``added`` (``(name, type oid, typmod)``, as a Relation
-        message named them; ``info``: the table as registered before them) were added may hold a value in
-        them that the WAL does not carry, or None when they held null there. They hold null when each column
-        is in the table now, of that type, with no default, no missing value (``atthasmissing``: an ``ADD
-        COLUMN ... DEFAULT`` kept in the catalog), not an identity or generated column, and no column was
-        added and dropped since the table was registered (then the column the WAL named may be another of
-        that name). Looked up in the catalog as it is now: anything it cannot tell is a reason."""
+    def added_columns(conn, info: TableInfo, added: Sequence[tuple[str, int, int]]
+                      ) -> tuple[str | None, dict[str, str | None]]:
+        """What the rows a table held when the columns ``added`` (``(name, type oid, typmod)``, as a Relation
+        message named them; ``info``: the table as registered before them) were added hold in them:
+        ``(None, {column: text form or None})`` when it is known, else ``(why not, {})``. They hold the
+        column's missing value (``atthasmissing``: an ``ADD COLUMN ... DEFAULT`` of a non-volatile default,
+        kept in the catalog, its text form as the stream's) or else null, when each column is in the table
+        now, of that type, not an identity or generated column, without a default unless it has a missing
+        value (a volatile default rewrote the table), and no column was added and dropped since the table
+        was registered (then the column the WAL named may be another of that name). Looked up in the
+        catalog as it is now (in a session of the stream's styles): anything it cannot tell is a reason."""
         rows = conn.execute(
             "SELECT a.attname, a.attnum, a.attisdropped, a.atttypid::int8, a.atttypmod, a.atthasmissing, "
-            "d.oid IS NOT NULL, a.attidentity <> '' OR a.attgenerated <> '' FROM pg_attribute a LEFT JOIN "
+            "d.oid IS NOT NULL, a.attidentity <> '' OR a.attgenerated <> '', "
+            "CASE WHEN a.atthasmissing THEN (a.attmissingval::text::text[])[1] END FROM pg_attribute a LEFT JOIN "
             "pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum WHERE a.attrelid = %s AND a.attnum > 0",
             (info.relid,)).fetchall()
         live = {r[0]: r for r in rows if not r[2]}
@@ -402,18 +406,21 @@ class PostgresUpstream:
         dropped = sorted(r[1] for r in rows if r[2] and r[1] > upto)
         if dropped:
             return (f"a column added after the source registered the table was dropped since (column number "
-                    f"{dropped[0]}), so which column the WAL names cannot be told from the catalog")
+                    f"{dropped[0]}), so which column the WAL names cannot be told from the catalog"), {}
+        fills: dict[str, str | None] = {}
         for name, oid, typmod in added:
             row = live.get(name)
             if row is None:
-                return f"column {name} is not in the table any more"
-            _, _, _, now_oid, now_typmod, missing, default, special = row
+                return f"column {name} is not in the table any more", {}
+            _, _, _, now_oid, now_typmod, missing, default, special, value = row
             if (now_oid, now_typmod) != (oid, typmod):
-                return f"column {name} has changed type since"
-            if missing or default or special:
-                return (f"column {name} was added with a DEFAULT, or has one now, or is an identity or generated "
-                        "column: the rows the table held then may hold a value the WAL does not carry")
-        return None
+                return f"column {name} has changed type since", {}
+            if special or default and not missing:
+                return (f"column {name} is an identity or generated column, or was added with a volatile DEFAULT "
+                        "(or has a DEFAULT now): the rows the table held then may hold values the WAL does not "
+                        "carry"), {}
+            fills[name] = value if missing else None
+        return None, fills
 
     def check_tables(self, conn, registered: Sequence[TableInfo]) -> None:
         """Every registered table is still there (same oid), published as it was registered
