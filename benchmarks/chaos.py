@@ -260,13 +260,17 @@ def start_services(root: Path, kinesis: bool = False) -> Services:
         # (kinesalite checks none) in their environment, which they take from this process
         os.environ.update(AWS_ACCESS_KEY_ID="reclock-dev", AWS_SECRET_ACCESS_KEY="reclock-dev", AWS_REGION="us-east-1")
     try:
-        pg.start()
-        migrate(pg.dsn())
-        kafka.start()
-        svc.toxiproxy.start()
-        svc.proxies = {"postgres": svc.toxiproxy.proxy("postgres", pg.port),
-                       "kafka": svc.toxiproxy.proxy("kafka", kafka.external_port, listen_port=kafka.proxy_port)}
-        spark.start()
+        # the cluster (four JVMs) starts while Postgres and the broker do: their start-ups wait on ports and
+        # logs more than they compute
+        with ThreadPoolExecutor(1) as pool:
+            cluster = pool.submit(spark.start)
+            pg.start()
+            migrate(pg.dsn())
+            kafka.start()
+            svc.toxiproxy.start()
+            svc.proxies = {"postgres": svc.toxiproxy.proxy("postgres", pg.port),
+                           "kafka": svc.toxiproxy.proxy("kafka", kafka.external_port, listen_port=kafka.proxy_port)}
+            cluster.result()
         if svc.kinesis is not None:
             svc.kinesis.start()
             svc.kinesis.create_stream(KINESIS_SOURCE, 2)
@@ -1259,8 +1263,7 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
         cycles = {s: Driver(s, [py, "-m", "benchmarks.chaos", "--runner", s], env, logdir) for s in runners}
         sink = Driver("sink", [py, "-m", "reclock.cli", "sink", "run", "out", "--follow", "0.5"], env, logdir)
         drivers = [*cycles.values(), sink]
-        airflow = AirflowSide(svc, env, echo)
-        airflow.start()
+        airflow = AirflowSide(svc, env, echo)  # started below, once the runners' first cycles are under way
         producers = Producers(svc.kafka.bootstrap, seed, rate)
         producers.start()
         pg_writer, observer = PgWriter(upstream, seed, rate / 5), Observer(upstream)
@@ -1297,10 +1300,14 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
                 stop_ticks.wait(0.5)
 
         ticks = threading.Thread(target=ticker, name="drivers", daemon=True)
+        tickers.append(ticks)
+        ticks.start()
+        # Airflow's start (its four processes, the DAG parsed) overlaps the runners' first cycles (cold Spark
+        # executors: a minute or more), instead of coming before them
+        airflow.start()
         airflow_ticks = threading.Thread(target=airflow_ticker, name="airflow", daemon=True)
-        tickers += [ticks, airflow_ticks]
-        for t in tickers:
-            t.start()
+        tickers.append(airflow_ticks)
+        airflow_ticks.start()
         warm_s = _warm_up(cycles, airflow, echo)
         t_faults = time.monotonic()
         total, attempts = 0, 0
@@ -1375,15 +1382,24 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
         airflow_ticks.join(600)
         for d in drivers:
             d.stop()
-        airflow.stop()
-        airflow_report = airflow.report()
-        echo(f"airflow: {airflow_report}")
-        # catch up: every source (side by side) until a cycle finds nothing new, then the sink to the upper
-        with ThreadPoolExecutor(len(SOURCES) + 2) as pool:
+
+        def airflow_stopped_then_caught_up() -> tuple[dict, bool]:
+            """Airflow's last try finishes and Airflow stops; then its source catches up like the others (its
+            task and the catch-up would otherwise run cycles of one source side by side)."""
+            airflow.stop()
+            report = airflow.report()
+            echo(f"airflow: {report}")
+            return report, _catch_up(py, AIRFLOW_SOURCE, env, echo)
+
+        # catch up: every source (side by side, the runners' while Airflow stops) until a cycle finds nothing
+        # new, then the sink to the upper
+        with ThreadPoolExecutor(len(SOURCES) + 3) as pool:
+            afl_done = pool.submit(airflow_stopped_then_caught_up)
             pg_done = pool.submit(_catch_up_postgres, py, env, upstream, echo)
-            caught = (*SOURCES, KINESIS_SOURCE) if kinesis else tuple(SOURCES)
+            caught = tuple(s for s in ((*SOURCES, KINESIS_SOURCE) if kinesis else SOURCES) if s != AIRFLOW_SOURCE)
             done = dict(zip(caught, pool.map(lambda s: _catch_up(py, s, env, echo), caught)))
             done[PG_SOURCE] = pg_done.result()
+            airflow_report, done[AIRFLOW_SOURCE] = afl_done.result()
         lagging = [s for s, ok in done.items() if not ok]
         if lagging:
             raise RuntimeError(f"sources {lagging} did not catch up")

@@ -20,8 +20,8 @@ from benchmarks.chaos import REPO
 @pytest.mark.timeout(1200)
 def test_a_kinesis_source_loses_and_duplicates_nothing_across_reshards_while_cycles_are_killed():
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
-    p = subprocess.Popen([sys.executable, "-m", "benchmarks.kinesis_chaos", "--seconds", "60", "--seed", "11",
-                          "--gap", "3", "10", "--reshard", "8", "12"], cwd=REPO, env=env, stdout=subprocess.PIPE,
+    p = subprocess.Popen([sys.executable, "-m", "benchmarks.kinesis_chaos", "--seconds", "25", "--seed", "11",
+                          "--gap", "2", "5", "--reshard", "5", "8"], cwd=REPO, env=env, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
     try:
         out, err = p.communicate(timeout=1100)

@@ -19,8 +19,8 @@ from benchmarks.chaos import REPO
 @pytest.mark.timeout(1500)
 def test_s3_sources_lose_and_duplicate_nothing_while_cycles_are_killed():
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
-    p = subprocess.Popen([sys.executable, "-m", "benchmarks.s3_chaos", "--seconds", "60", "--seed", "11",
-                          "--gap", "1.5", "4"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    p = subprocess.Popen([sys.executable, "-m", "benchmarks.s3_chaos", "--seconds", "20", "--seed", "11",
+                          "--gap", "1", "3"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True)
     try:
         out, err = p.communicate(timeout=1400)

@@ -39,7 +39,7 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_ingest_and_sink_dags_under_dag_test(db, postgres, kafka, topic, stack_state, tmp_path):
+def test_ingest_and_sink_dags_under_dag_test(db, postgres, airflow_db, kafka, topic, stack_state, tmp_path):
     name = topic(partitions=2)
     producer = Producer({"bootstrap.servers": kafka.bootstrap})
     for i in range(400):
@@ -58,9 +58,6 @@ def test_ingest_and_sink_dags_under_dag_test(db, postgres, kafka, topic, stack_s
         "sinks": {"dt_out": {"from": "dt_orders", "kafka": {"topic": f"{name}_out", "bootstrap": kafka.bootstrap},
                              "progress_topic": f"_progress_{name}"},
                   "dt_lake": {"from": "dt_orders", "iceberg": {"table": "lake.dt_orders"}}}}))
-    airflow_db = f"airflow_{os.getpid()}"
-    with psycopg.connect(postgres.dsn("postgres"), autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{airflow_db}"')
     blobs = tmp_path / "blobs"
     env = {**os.environ, "RECLOCK_CONFIG": str(config), "RECLOCK_DSN": db, "RECLOCK_BLOB_URL": str(blobs),
            "RECLOCK_SPARK_MASTER": "local[2]", "RECLOCK_SPARK_JARS": ",".join(spark_kafka_jars(stack_state)),
@@ -69,9 +66,6 @@ def test_ingest_and_sink_dags_under_dag_test(db, postgres, kafka, topic, stack_s
                                                                                   "postgresql+psycopg2://"),
            "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "AIRFLOW__CORE__DAGS_FOLDER": str(REPO_ROOT / "dags"),
            "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO_ROOT / "plugins")}  # registers Reclock's timetable
-    migrate = subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=env, capture_output=True,
-                             text=True, timeout=300)
-    assert migrate.returncode == 0, migrate.stdout[-3000:] + migrate.stderr[-3000:]
     # and the example query DAG: a @task.pyspark job reading the collection through reclock.tables
     query_env = {**env, "RECLOCK_QUERY_EXAMPLE": "dt_orders",
                  "AIRFLOW_CONN_RECLOCK_SPARK": json.dumps({"conn_type": "spark", "host": "local[2]"})}

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import sysconfig
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -142,8 +143,9 @@ print(json.dumps({"file": reclock.__file__, "dev": sorted(m for m in sys.modules
         (["migrate"], NO_DSN),
         (["cycle", "pk_nojars", *settings], NO_CONNECTOR),  # a local session without the Kafka connector
     ]
-    for argv, message in cases:
-        out = _run(venv, cwd, "reclock", *argv, env=env)
+    with ThreadPoolExecutor(4) as pool:  # each case its own process: four at a time, checked in order
+        outs = list(pool.map(lambda case: _run(venv, cwd, "reclock", *case[0], env=env), cases))
+    for (argv, message), out in zip(cases, outs):
         assert out.returncode == 1, (argv, out.stdout[-1000:], out.stderr[-3000:])
         assert f"error: {message}" in out.stderr, (argv, out.stderr[-3000:])
         assert "Traceback" not in out.stderr + out.stdout, (argv, out.stderr[-3000:])

@@ -8,7 +8,6 @@ import subprocess
 import sys
 import textwrap
 
-import psycopg
 import yaml
 from pg_support import upstream_database, writer
 
@@ -28,7 +27,7 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_postgres_ingest_dag_under_dag_test(db, postgres, tmp_path):
+def test_postgres_ingest_dag_under_dag_test(db, postgres, airflow_db, tmp_path):
     with upstream_database(postgres) as up:
         with writer(up) as conn:
             conn.execute("CREATE TABLE orders (id int8 PRIMARY KEY, amount numeric(10,2))")
@@ -41,9 +40,6 @@ def test_postgres_ingest_dag_under_dag_test(db, postgres, tmp_path):
         config = tmp_path / "reclock.yaml"
         config.write_text(yaml.safe_dump({"sources": {source: {
             "postgres": {"dsn_env": "SHOP_DSN", "publication": "shop_pub"}, "budget": {"max_records": 30}}}}))
-        airflow_db = f"airflow_pg_{os.getpid()}"
-        with psycopg.connect(postgres.dsn("postgres"), autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{airflow_db}"')
         blobs = tmp_path / "blobs"
         env = {**os.environ, "RECLOCK_CONFIG": str(config), "RECLOCK_DSN": db, "RECLOCK_BLOB_URL": str(blobs),
                "SHOP_DSN": up, "RECLOCK_SPARK_MASTER": "local[1]", "AIRFLOW_HOME": str(tmp_path / "airflow"),
@@ -51,9 +47,6 @@ def test_postgres_ingest_dag_under_dag_test(db, postgres, tmp_path):
                                                                                       "postgresql+psycopg2://"),
                "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "AIRFLOW__CORE__DAGS_FOLDER": str(REPO_ROOT / "dags"),
                "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO_ROOT / "plugins")}  # registers Reclock's timetable
-        migrate = subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=env, capture_output=True,
-                                 text=True, timeout=300)
-        assert migrate.returncode == 0, migrate.stdout[-3000:] + migrate.stderr[-3000:]
         dag = f"ingest__{source}"
         first = subprocess.run([sys.executable, "-c", SCRIPT, dag], env=env, capture_output=True, text=True,
                                timeout=600)

@@ -239,10 +239,15 @@ def output(p: subprocess.Popen) -> str:
     return p.log.read_text()
 
 
+@pytest.mark.parametrize("rounds", [pytest.param(6, id="short"),
+                                    pytest.param(10, id="long", marks=pytest.mark.deployment)])
 @pytest.mark.parametrize("upsert,copies", [(False, False), (False, True), (True, False)],
                          ids=["append_only", "append_only_copies", "upsert"])
 def test_sigkill_at_random_moments_and_around_the_commit_is_exactly_once(db, kafka, topic, spark, tmp_path, upsert,
-                                                                         copies):
+                                                                         copies, rounds):
+    """``rounds`` sink processes: every third ends at a fail point (before, then after the Iceberg commit),
+    the others are SIGKILLed at a random moment; the suite runs 6 (both fail points, 4 kills), ``--deployment``
+    10."""
     name = "kup" if upsert else "kac" if copies else "kap"
     source = Source(db, kafka, topic, spark, tmp_path, name, upsert)
     source.cycles(6)
@@ -252,7 +257,7 @@ def test_sigkill_at_random_moments_and_around_the_commit_is_exactly_once(db, kaf
     rng = random.Random(11)
     points = ["iceberg:before_commit=exit", "iceberg:after_commit=exit"]
     crashed = killed = 0
-    for i in range(10):
+    for i in range(rounds):
         if i % 3 == 0:
             source.cycles(1)
             p = sink_process(source, config, "out", "--follow", "0.1", failpoints=points[(i // 3) % 2])
@@ -268,7 +273,7 @@ def test_sigkill_at_random_moments_and_around_the_commit_is_exactly_once(db, kaf
             source.cycles(2)  # the collection grows while the sink is down
     final = sink_process(source, config, "out")
     assert final.wait(180) == 0, output(final)
-    assert (crashed, killed) == (4, 6)
+    assert (crashed, killed) == ((rounds + 2) // 3, rounds - (rounds + 2) // 3)
     check_table(ctx, spark)
     table = load_table(ctx)
     assert len([s for s in table.snapshots() if s.summary.get(SINK) == "out"]) >= 2

@@ -147,13 +147,18 @@ def check_exactly_once(source: Source, config: Path, name: str) -> None:
     assert read_progress(source.kafka.bootstrap, spec.progress_topic, name).frontier == info.upper
 
 
-def test_sigkill_at_random_moments_and_inside_transactions_is_exactly_once(db, kafka, topic, spark, tmp_path):
+@pytest.mark.parametrize("rounds", [pytest.param(6, id="short"),
+                                    pytest.param(12, id="long", marks=pytest.mark.deployment)])
+def test_sigkill_at_random_moments_and_inside_transactions_is_exactly_once(db, kafka, topic, spark, tmp_path,
+                                                                           rounds):
+    """``rounds`` sink processes: every third ends inside its open transaction (a fail point), the others are
+    SIGKILLed at a random moment; the suite runs 6 (2 fail points, 4 kills), ``--deployment`` 12."""
     source = Source(db, kafka, topic, spark, tmp_path, "killed")
     source.cycles(8)
     config = sink_config(tmp_path, source, "out")
     rng = random.Random(7)
     crashed_inside = killed = 0
-    for i in range(12):
+    for i in range(rounds):
         if i % 3 == 0:
             # a crash inside an open transaction: messages produced, the progress record not committed
             source.cycles(1)
@@ -170,7 +175,7 @@ def test_sigkill_at_random_moments_and_inside_transactions_is_exactly_once(db, k
             source.cycles(2)  # the collection grows while the sink is down
     final = sink_process(source, config, "out")
     assert final.wait(120) == 0, output(final)
-    assert crashed_inside == 4 and killed == 8
+    assert (crashed_inside, killed) == ((rounds + 2) // 3, rounds - (rounds + 2) // 3)
     check_exactly_once(source, config, "out")
 
 

@@ -9,8 +9,6 @@ scraped and parsed, behind the same authentication."""
 from __future__ import annotations
 
 import json
-import os
-import shlex
 import subprocess
 import sys
 import time
@@ -22,58 +20,23 @@ from pathlib import Path
 import pytest
 
 from reclock.persist import connect
+from stack_support import SHARED_CONFIG, SharedStack
 
 pytestmark = pytest.mark.stack
 
-RECLOCK = [sys.executable, "-m", "reclock.cli"]
-CONFIG = """
-sources:
-  ops_orders:
-    kafka: {connection: reclock_kafka, topic: ops_orders}
-    format: {type: json, schema: "id BIGINT"}
-    interval: 1h
-  ops_fix:
-    kafka: {connection: reclock_kafka, topic: ops_fix}
-    format: {type: json, schema: "id BIGINT, amount BIGINT"}
-    include: [partition, offset]
-    interval: 1h
-  ops_shop:
-    postgres: {connection: reclock_demo_shop, publication: ops_shop_pub}
-    tables: [public.orders]
-    interval: 1h
-sinks:
-  ops_out:
-    from: ops_orders
-    kafka: {connection: reclock_kafka, topic: ops_orders_out}
-    format: debezium
-"""
-
-
 class Ops:
-    """The running stack and what the tests need of it."""
+    """The shared stack (tests/stack/conftest.py) and what the tests need of it."""
 
-    def __init__(self, home: Path) -> None:
-        from reclock.dev.stack import Stack
-        from reclock.dev.state import StackState
-
-        self.home = home
-        self.config = home / "reclock.yaml"
-        self.lineage = home / "lineage.jsonl"
-        self.env = {**os.environ, "RECLOCK_HOME": str(home / "stack"), "RECLOCK_CONFIG": str(self.config),
-                    "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps(
-                        {"type": "file", "log_file_path": str(self.lineage), "append": True}),
-                    "AIRFLOW__OPENLINEAGE__NAMESPACE": "reclock-tests"}
-        self.stack = Stack(StackState(home / "stack"))
+    def __init__(self, shared: SharedStack) -> None:
+        self.shared = shared
+        self.config, self.lineage, self.env, self.stack = shared.config, shared.lineage, shared.env, shared.stack
 
     def reclock(self, *args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-        return subprocess.run([*RECLOCK, *args], env=env or self.env, capture_output=True, text=True,
-                              timeout=timeout)
+        return self.shared.reclock(*args, env=env, timeout=timeout)
 
     def shell_env(self) -> dict[str, str]:
         """What `eval "$(reclock dev env)"` gives a shell."""
-        out = self.reclock("dev", "env")
-        assert out.returncode == 0, out.stderr
-        return {**self.env, **dict(shlex.split(line)[1].split("=", 1) for line in out.stdout.splitlines())}
+        return self.shared.shell_env()
 
     def produce(self, topic: str, values: list[bytes], partitions: int = 2) -> None:
         from confluent_kafka import Producer
@@ -121,27 +84,15 @@ class Ops:
 
 
 @pytest.fixture(scope="module")
-def ops():
-    import shutil
-    import tempfile
+def ops(shared_stack):
+    from reclock.dev.demo import shop_upstream
 
-    home = Path(tempfile.mkdtemp(prefix="reclock-stack-"))
-    home.chmod(0o755)
-    o = Ops(home)
-    o.config.write_text(CONFIG)
-    up = o.reclock("dev", "up", "--no-smoke", timeout=900)
-    assert up.returncode == 0, up.stdout + up.stderr
-    try:
-        from reclock.dev.demo import shop_upstream
-
-        o.shop_dsn = shop_upstream(o.stack, "ops_shop_pub", ["orders"])
-        for dag in ("ingest__ops_orders", "ingest__ops_fix", "ingest__ops_shop", "rebuild__ops_fix", "sink__ops_out"):
-            o.stack.airflow.wait_for_dag(dag)
-        yield o
-    finally:
-        down = o.reclock("dev", "down")
-        shutil.rmtree(home, ignore_errors=True)
-    assert down.returncode == 0, down.stdout + down.stderr
+    shared_stack.require_up()
+    o = Ops(shared_stack)
+    o.shop_dsn = shop_upstream(o.stack, "ops_shop_pub", ["ops_orders"], prefix="ops_")
+    for dag in ("ingest__ops_orders", "ingest__ops_fix", "ingest__ops_shop", "rebuild__ops_fix", "sink__ops_out"):
+        o.stack.airflow.wait_for_dag(dag)
+    return o
 
 
 def test_the_airflow_cli_and_the_reclock_commands_reach_the_stack(ops):
@@ -158,10 +109,10 @@ def test_the_airflow_cli_and_the_reclock_commands_reach_the_stack(ops):
     import psycopg
 
     with psycopg.connect(ops.shop_dsn, autocommit=True) as conn:
-        conn.execute("INSERT INTO orders SELECT g, 'c', 'open', 1, now() FROM generate_series(1, 25) g")
+        conn.execute("INSERT INTO ops_orders SELECT g, 'c', 'open', 1, now() FROM generate_series(1, 25) g")
     out = ops.reclock("cycle", "ops_shop", env=shell)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
-    assert sorted(r["order_id"] for r in ops.rows("ops_shop__orders")) == list(range(1, 26))
+    assert sorted(r["order_id"] for r in ops.rows("ops_shop__ops_orders")) == list(range(1, 26))
     ops.run("ingest__ops_shop")  # and one through Airflow (its lineage: the published tables)
     # an error is one line, never a traceback
     out = ops.reclock("cycle", "nope", env=shell)
@@ -242,7 +193,9 @@ def test_a_rebuild_backfill_brings_back_what_a_decode_bug_rejected_at_the_origin
     ops.produce("ops_fix", [json.dumps({"id": i, "amount": i + (0.5 if i % 2 else 0)}).encode() for i in range(20)])
     ops.run("ingest__ops_fix")
     assert len(ops.rows("ops_fix")) == 10 and len(ops.rows("ops_fix_errors")) == 10
-    ops.config.write_text(CONFIG.replace('"id BIGINT, amount BIGINT"', '"id BIGINT, amount DOUBLE"'))  # fixed
+    fixed = SHARED_CONFIG.replace('"id BIGINT, amount BIGINT"', '"id BIGINT, amount DOUBLE"')
+    assert fixed != SHARED_CONFIG
+    ops.config.write_text(fixed)  # the decode fixed
     with connect(ops.stack.postgres.dsn()) as conn:
         (first,) = load_remap(conn, "ops_fix").bindings
     t = datetime.fromtimestamp(first.ts / 1000, tz=timezone.utc)
@@ -284,5 +237,5 @@ def test_openlineage_events_name_what_each_task_read_and_wrote(ops):
     assert done["ingest__ops_orders.append"] == (set(), {(coll, "ops_orders"), (coll, "ops_orders_errors")})
     assert done["sink__ops_out.write"] == ({(coll, "ops_orders")}, {(kafka, "ops_orders_out")})
     assert done["rebuild__ops_fix.rebuild"] == ({(kafka, "ops_fix")}, {(coll, "ops_fix"), (coll, "ops_fix_errors")})
-    assert done["ingest__ops_shop.mint_write"][0] == {(f"postgres://{pg}", "demo_shop.public.orders")}
-    assert done["ingest__ops_shop.append"][1] == {(coll, "ops_shop__orders"), (coll, "ops_shop_errors")}
+    assert done["ingest__ops_shop.mint_write"][0] == {(f"postgres://{pg}", "demo_shop.public.ops_orders")}
+    assert done["ingest__ops_shop.append"][1] == {(coll, "ops_shop__ops_orders"), (coll, "ops_shop_errors")}

@@ -1,6 +1,7 @@
-"""`reclock dev up` on a state folder of its own: every service healthy on loopback, the smoke checks pass,
-the health DAG succeeds under the real scheduler, a second `up` is a no-op, `reclock dev env` gives the other
-commands the stack's settings, and `down` stops it all."""
+"""`reclock dev up` on a state folder of its own (the stack the stack tests share, tests/stack/conftest.py):
+every service healthy on loopback, the smoke checks pass, the health DAG succeeds under the real scheduler, a
+second `up` is a no-op, `reclock dev env` gives the other commands the stack's settings, and `down` stops it
+all (the shared stack's teardown, after the last test on it: every service down, every port closed)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,10 @@ import subprocess
 import sys
 import time
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 
 import pytest
 
-from reclock.dev.procs import port_open, read_pid
+from reclock.dev.procs import read_pid
 from stack_support import wait_sink_caught_up
 
 pytestmark = pytest.mark.stack
@@ -44,31 +44,6 @@ def _descendants(pids: set[int]) -> set[int]:
             if int(rest[2]) in pids:  # process group id
                 found.add(int(entry))
     return found
-
-
-CONFIG = """
-sources:
-  it_orders:
-    kafka: {connection: reclock_kafka, topic: it_orders}
-    format: {type: json, schema: "id BIGINT"}
-    include: [partition, offset]
-    interval: 1h
-  it_events:
-    kafka: {connection: reclock_kafka, topic: it_events}
-    format: {type: json, schema: "id BIGINT"}
-    schedule: upstream
-    poll: 500ms
-  it_shop:
-    postgres: {connection: reclock_demo_shop, publication: it_shop_pub}
-    tables: [public.orders]
-    schedule: upstream
-    poll: 500ms
-sinks:
-  it_out:
-    from: it_orders
-    kafka: {connection: reclock_kafka, topic: it_orders_out}
-    format: debezium
-"""
 
 
 def _ingest_under_scheduler(stack) -> None:
@@ -199,9 +174,9 @@ def _event_driven_postgres(stack) -> None:
     from reclock.persist.blob import LocalBlobStore
     from reclock.read import read_as_of
 
-    dsn = shop_upstream(stack, "it_shop_pub", ["orders"])  # demo_shop's orders and items; only orders published
+    dsn = shop_upstream(stack, "it_shop_pub", ["it_orders"], prefix="it_")  # it_orders, it_items; it_orders published
     with psycopg.connect(dsn, autocommit=True, options="-c synchronous_commit=on") as conn:
-        conn.execute("INSERT INTO orders SELECT g, 'c', 'open', 1, now() FROM generate_series(1, 30) g")
+        conn.execute("INSERT INTO it_orders SELECT g, 'c', 'open', 1, now() FROM generate_series(1, 30) g")
     stack.airflow.wait_for_dag("ingest__it_shop")
     stack.airflow.unpause("ingest__it_shop")
 
@@ -210,11 +185,11 @@ def _event_driven_postgres(stack) -> None:
 
     def orders() -> set[int]:
         with connect(stack.postgres.dsn()) as conn:
-            info = conn.execute("SELECT upper FROM reclock.shards WHERE id = 'it_shop__orders'").fetchone()
+            info = conn.execute("SELECT upper FROM reclock.shards WHERE id = 'it_shop__it_orders'").fetchone()
             if info is None or info[0] == 0:
                 return set()
             return {r["order_id"] for r in read_as_of(conn, LocalBlobStore(stack.state.root / "blobs"),
-                                                        "it_shop__orders", info[0] - 1).to_pylist()}
+                                                        "it_shop__it_orders", info[0] - 1).to_pylist()}
 
     def wait_for(ids: set[int]) -> None:
         deadline = time.monotonic() + 240
@@ -227,11 +202,11 @@ def _event_driven_postgres(stack) -> None:
     assert before and {r["run_type"] for r in before} == {"asset_triggered"}, before
     assert all(r["state"] == "success" for r in before), before
     with psycopg.connect(dsn, autocommit=True, options="-c synchronous_commit=on") as conn:
-        conn.execute("INSERT INTO items SELECT g, 1, 'sku', 1 FROM generate_series(1, 500) g")
+        conn.execute("INSERT INTO it_items SELECT g, 1, 'sku', 1 FROM generate_series(1, 500) g")
     time.sleep(10)  # only an unpublished table changed (and Airflow writes WAL beside it): no run
     assert len(runs()) == len(before), runs()
     with psycopg.connect(dsn, autocommit=True, options="-c synchronous_commit=on") as conn:
-        conn.execute("INSERT INTO orders SELECT g, 'c', 'open', 1, now() FROM generate_series(31, 40) g")
+        conn.execute("INSERT INTO it_orders SELECT g, 'c', 'open', 1, now() FROM generate_series(31, 40) g")
     wait_for(set(range(1, 41)))
     after = runs()
     assert len(after) > len(before) and all(r["state"] == "success" for r in after), after
@@ -274,66 +249,50 @@ def _shared_spark_sessions(stack) -> None:
     assert v1_sources == [f"V1 {SESSION_CONF['spark.sql.sources.useV1SourceList']}"] * 3
 
 
-def test_up_smoke_health_dag_down(stack_home: Path):
-    tmp_path = stack_home
-    config = tmp_path / "reclock.yaml"
-    config.write_text(CONFIG)
-    env = {**os.environ, "RECLOCK_HOME": str(tmp_path / "stack"), "RECLOCK_CONFIG": str(config)}
+def test_up_smoke_health_dag_down(shared_stack):
+    shared_stack.require_up()
+    up, env = shared_stack.up, shared_stack.env
     reclock = [sys.executable, "-m", "reclock.cli"]
-
-    t0 = time.monotonic()
-    up = subprocess.run([*reclock, "dev", "up"], env=env, capture_output=True, text=True, timeout=600)
-    first_up = time.monotonic() - t0
-    assert up.returncode == 0, up.stdout + up.stderr
     for name in ("postgres", "kafka", "spark", "airflow"):
         assert f"check {name}" in up.stdout and "ok:" in up.stdout, up.stdout
     assert "login: admin / " in up.stdout  # the admin login, printed once
 
-    from reclock.dev.stack import Stack
-    from reclock.dev.state import StackState
+    stack = shared_stack.stack
+    pidfiles = [stack.kafka.pidfile, stack.spark.pidfile,
+                *(stack.airflow.pidfile(c) for c in ("api-server", "scheduler", "dag-processor", "triggerer"))]
+    pids = {read_pid(p) for p in pidfiles}
+    assert None not in pids
+    assert not _listening_pids_not_on_loopback(_descendants(pids))
 
-    stack = Stack(StackState(tmp_path / "stack"))
-    try:
-        pidfiles = [stack.kafka.pidfile, stack.spark.pidfile,
-                    *(stack.airflow.pidfile(c) for c in ("api-server", "scheduler", "dag-processor", "triggerer"))]
-        pids = {read_pid(p) for p in pidfiles}
-        assert None not in pids
-        assert not _listening_pids_not_on_loopback(_descendants(pids))
+    # the second up finds everything running and does not print the password again
+    again = subprocess.run([*reclock, "dev", "up", "--no-smoke"], env=env, capture_output=True, text=True,
+                           timeout=300)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "login: admin / " not in again.stdout
+    assert {read_pid(p) for p in pidfiles} == pids  # nothing restarted
 
-        # the second up finds everything running and does not print the password again
-        again = subprocess.run([*reclock, "dev", "up", "--no-smoke"], env=env, capture_output=True, text=True,
-                               timeout=300)
-        assert again.returncode == 0, again.stdout + again.stderr
-        assert "login: admin / " not in again.stdout
-        assert {read_pid(p) for p in pidfiles} == pids  # nothing restarted
+    # the health DAG runs under the real scheduler, through the Airflow connections
+    deadline = time.monotonic() + 90
+    while "reclock__health" not in {d["dag_id"] for d in stack.airflow.api("GET", "dags").get("dags", [])}:
+        assert time.monotonic() < deadline, "the dag-processor never parsed dags/"
+        time.sleep(1)
+    run_id = stack.airflow.trigger("reclock__health")
+    assert stack.airflow.wait_run("reclock__health", run_id, timeout=240)["state"] == "success"
 
-        # the health DAG runs under the real scheduler, through the Airflow connections
-        deadline = time.monotonic() + 90
-        while "reclock__health" not in {d["dag_id"] for d in stack.airflow.api("GET", "dags").get("dags", [])}:
-            assert time.monotonic() < deadline, "the dag-processor never parsed dags/"
-            time.sleep(1)
-        run_id = stack.airflow.trigger("reclock__health")
-        assert stack.airflow.wait_run("reclock__health", run_id, timeout=240)["state"] == "success"
+    # an ingest DAG under the real scheduler: two waves, two triggered runs, everything lands once
+    _ingest_under_scheduler(stack)
+    _event_driven(stack)
+    _event_driven_postgres(stack)
+    for dag_id in ("ingest__it_events", "ingest__it_shop"):  # their watchers: not while later tests run
+        stack.airflow.api("PATCH", f"dags/{dag_id}", {"is_paused": True})
+    _shared_spark_sessions(stack)
 
-        # an ingest DAG under the real scheduler: two waves, two triggered runs, everything lands once
-        _ingest_under_scheduler(stack)
-        _event_driven(stack)
-        _event_driven_postgres(stack)
-        _shared_spark_sessions(stack)
-
-        # `reclock dev env` hands the stack's settings to the other commands (what the demo tells a user)
-        exports = subprocess.run([*reclock, "dev", "env"], env=env, capture_output=True, text=True, timeout=120)
-        assert exports.returncode == 0, exports.stderr
-        settings = dict(shlex.split(line)[1].split("=", 1) for line in exports.stdout.splitlines())
-        assert {"RECLOCK_CONFIG", "RECLOCK_DSN", "RECLOCK_BLOB_URL", "RECLOCK_BOOTSTRAP"} <= set(settings)
-        read = subprocess.run([*reclock, "read", "it_orders", "--limit", "0"], env={**env, **settings},
-                              capture_output=True, text=True, timeout=120)
-        assert read.returncode == 0 and "1300 in all" in read.stdout, read.stdout[-500:] + read.stderr[-2000:]
-        print(f"first up {first_up:.1f}s")
-    finally:
-        down = subprocess.run([*reclock, "dev", "down"], env=env, capture_output=True, text=True, timeout=300)
-    assert down.returncode == 0, down.stdout + down.stderr
-    for name, state in stack.status().items():
-        assert state == "down", (name, state)
-    for port in (stack.postgres.port, stack.kafka.port, stack.spark.port, stack.airflow.port):
-        assert not port_open(port)
+    # `reclock dev env` hands the stack's settings to the other commands (what the demo tells a user)
+    exports = subprocess.run([*reclock, "dev", "env"], env=env, capture_output=True, text=True, timeout=120)
+    assert exports.returncode == 0, exports.stderr
+    settings = dict(shlex.split(line)[1].split("=", 1) for line in exports.stdout.splitlines())
+    assert {"RECLOCK_CONFIG", "RECLOCK_DSN", "RECLOCK_BLOB_URL", "RECLOCK_BOOTSTRAP"} <= set(settings)
+    read = subprocess.run([*reclock, "read", "it_orders", "--limit", "0"], env={**env, **settings},
+                          capture_output=True, text=True, timeout=120)
+    assert read.returncode == 0 and "1300 in all" in read.stdout, read.stdout[-500:] + read.stderr[-2000:]
+    print(f"first up {shared_stack.first_up_s:.1f}s")

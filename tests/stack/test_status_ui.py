@@ -1,7 +1,7 @@
-"""The Reclock pages in the real Airflow UI: the stack up, cycles under the scheduler (one source that
-collects a bad record, one that stalls on it), anonymous requests refused, a login in headless Chromium,
-the page's figures checked against Postgres, a screenshot, and ``reclock status`` printing the JSON's
-figures."""
+"""The Reclock pages in the real Airflow UI, on the stack the stack tests share (tests/stack/conftest.py):
+cycles under the scheduler (one source that collects a bad record, one that stalls on it), anonymous requests
+refused, a login in headless Chromium, the page's figures checked against Postgres, a screenshot, and
+``reclock status`` printing the JSON's figures."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -28,33 +27,6 @@ pytestmark = pytest.mark.stack
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 SCREENSHOT = Path(os.environ.get("RECLOCK_UI_SCREENSHOT", REPO_ROOT / ".reclock" / "ui-overview.png"))
-CONFIG = """
-sources:
-  ui_orders:
-    kafka: {connection: reclock_kafka, topic: ui_orders}
-    format: {type: json, schema: "id BIGINT"}
-    interval: 1h
-  ui_payments:
-    kafka: {connection: reclock_kafka, topic: ui_payments}
-    format: {type: json, schema: "id BIGINT"}
-    interval: 1h
-    on_decode_error: stall
-  ui_shop:
-    postgres: {connection: reclock_demo_shop, publication: ui_shop_pub}
-    tables: [public.orders, public.items]
-    interval: 1h
-  ui_events:
-    s3: {connection: reclock_s3, url: "s3://ui-landing/events/"}
-    format: {type: json, schema: "id BIGINT"}
-    interval: 1h
-sinks:
-  ui_out:
-    from: ui_orders
-    kafka: {connection: reclock_kafka, topic: ui_orders_out}
-    format: debezium
-"""
-
-
 def _get(url: str, token: str | None = None) -> tuple[int, bytes]:
     req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
     try:
@@ -95,11 +67,11 @@ def _run_cycles(stack) -> None:
 
     from reclock.dev.demo import shop_upstream
 
-    dsn = shop_upstream(stack, "ui_shop_pub", ["orders", "items"])
+    dsn = shop_upstream(stack, "ui_shop_pub", ["ui_orders", "ui_items"], prefix="ui_")
     stack.airflow.wait_for_dag("ingest__ui_shop")
     for lo in (1, 21):
         with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute("INSERT INTO orders SELECT g, 'c', 'open', 1, now() FROM generate_series(%s::int, %s::int) g",
+            conn.execute("INSERT INTO ui_orders SELECT g, 'c', 'open', 1, now() FROM generate_series(%s::int, %s::int) g",
                          (lo, lo + 19))
         stack.airflow.wait_run("ingest__ui_shop", stack.airflow.trigger("ingest__ui_shop"), timeout=300)
     # an idle cycle: nothing new upstream, yet the upper follows the clock (its age is the freshness)
@@ -111,24 +83,14 @@ def _run_cycles(stack) -> None:
     s3.put_object(Bucket="ui-landing", Key="events/b.json", Body=b'{"id": 3}\n')
     stack.airflow.wait_for_dag("ingest__ui_events")
     stack.airflow.wait_run("ingest__ui_events", stack.airflow.trigger("ingest__ui_events"), timeout=300)
-    _settled(stack, "ingest__ui_events")  # else the scheduled run could take the third object
+    # no run of its own took (or could take) the third object: its interval is not due (SHARED_CONFIG)
+    runs = stack.airflow.api("GET", "dags/ingest__ui_events/dagRuns?limit=100")["dag_runs"]
+    assert [r["run_type"] for r in runs] == ["manual"], runs
     s3.put_object(Bucket="ui-landing", Key="events/c.json", Body=b'{"id": 4}\n')
     # a reader's lease that lapsed holds nothing and shows nowhere
     with connect(stack.postgres.dsn()) as conn:
         conn.execute("INSERT INTO reclock.read_holds (shard, holder, ts, expires_at) SELECT 'ui_orders', "
                      "'reader:lapsed', since, now() - interval '1 minute' FROM reclock.shards WHERE id = 'ui_orders'")
-
-
-def _settled(stack, dag_id: str, timeout: float = 300) -> None:
-    """Until the run that unpausing ``dag_id`` scheduled (its latest interval's, due at once) and every other run
-    of it have finished: no cycle of it runs after this before the next interval (an hour)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        runs = stack.airflow.api("GET", f"dags/{dag_id}/dagRuns?limit=100")["dag_runs"]
-        if any(r["run_type"] == "scheduled" for r in runs) and all(r["state"] in ("success", "failed") for r in runs):
-            return
-        assert time.monotonic() < deadline, runs
-        time.sleep(2)
 
 
 def _truth(dsn: str) -> dict:
@@ -241,87 +203,72 @@ def _browse(stack, truth: dict, secrets: list[str]) -> None:
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (scripts/bootstrap.sh installs it)")
-def test_status_pages_in_the_airflow_ui(stack_home: Path):
-    config = stack_home / "reclock.yaml"
-    config.write_text(CONFIG)
-    # the stack's processes inherit this environment: without the placeholder AWS keys tests/conftest.py sets
-    # for Kinesis clients (the stack's S3 source names its connection, which they never stand in for)
-    env = {**{k: v for k, v in os.environ.items() if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")},
-           "RECLOCK_HOME": str(stack_home / "stack"), "RECLOCK_CONFIG": str(config)}
+def test_status_pages_in_the_airflow_ui(shared_stack):
+    shared_stack.require_up()
+    env, stack = shared_stack.env, shared_stack.stack
     reclock = [sys.executable, "-m", "reclock.cli"]
-    up = subprocess.run([*reclock, "dev", "up", "--no-smoke"], env=env, capture_output=True, text=True, timeout=600)
-    assert up.returncode == 0, up.stdout + up.stderr
+    _run_cycles(stack)
+    truth = _truth(stack.postgres.dsn())
+    assert truth["ui_orders"]["status"] == "running" and truth["ui_orders"]["errors"] == 2
+    assert truth["ui_payments"]["status"] == "stalled" and "stall" in truth["ui_payments"]["error"]
+    secrets = [stack.airflow.admin_password, stack.postgres.dsn().split("@")[0].rsplit(":", 1)[1]]
 
-    from reclock.dev.stack import Stack
-    from reclock.dev.state import StackState
+    # anonymous requests are refused, a token's are served
+    base = stack.airflow.url
+    for path in ("/reclock/", "/reclock/api/overview", "/reclock/api/source/ui_orders", "/reclock/source/x"):
+        assert _get(base + path)[0] == 401, path
+    assert _get(base + "/reclock/api/overview", token="not-a-jwt")[0] in (401, 403)
+    token = stack.airflow.token()
+    status, body = _get(base + "/reclock/api/overview", token)
+    assert status == 200
+    assert not any(s in body.decode() for s in secrets)
+    ov = json.loads(body)
+    by_name = {s["name"]: s for s in ov["sources"]}
+    for name, t in truth.items():
+        assert (by_name[name]["upper"], by_name[name]["status"], by_name[name]["errors_count"]) == (
+            t["upper"], t["status"], t["errors"])
+    assert by_name["ui_orders"]["lag"] == {"value": 0, "unit": "records", "detail": "group reclock-ui_orders"}
+    shop_lag = by_name["ui_shop"]["lag"]  # the kind's own terms: WAL bytes beyond the slot, LSNs
+    assert shop_lag["unit"] == "bytes" and shop_lag["value"] is not None and "retains" in shop_lag["detail"]
+    assert by_name["ui_shop"]["dags"] == ["ingest__ui_shop"]  # no rebuild__ for a kind that cannot replay
+    events = by_name["ui_events"]
+    assert (events["kind"], events["status"], events["lag"]["value"], events["lag"]["unit"]) == (
+        "s3", "running", 1, "objects"), events
+    assert "1 object(s), 10 byte(s) not yet ingested" in events["lag"]["detail"]
+    assert by_name["ui_orders"]["dags"] == ["ingest__ui_orders", "rebuild__ui_orders"]
+    assert by_name["ui_orders"]["paused"] is False
+    assert len(by_name["ui_orders"]["errors_latest"]) == 2
+    assert all(e["position"].startswith("partition ") for e in by_name["ui_orders"]["errors_latest"])
+    assert [h["holder"] for h in by_name["ui_orders"]["read_holds"]] == ["sink:ui_out"]  # the lapsed one: not
+    # the idle cycle moved the upper to its mint: upper age is freshness
+    with connect(stack.postgres.dsn()) as conn:
+        (minted_at,) = conn.execute("SELECT extract(epoch FROM max(at)) * 1000 FROM reclock.statistics WHERE "
+                                    "name = 'ui_orders' AND step = 'mint'").fetchone()
+    assert by_name["ui_orders"]["upper"] >= float(minted_at) - 10_000
+    sink = next(k for k in ov["sinks"] if k["name"] == "ui_out")  # the other tests' sinks: theirs
+    with connect(stack.postgres.dsn()) as conn:
+        (hold,) = conn.execute("SELECT ts FROM reclock.read_holds WHERE holder = 'sink:ui_out'").fetchone()
+    # the idle cycle added nothing: the sink did not run, and nothing waits for it
+    assert (sink["name"], sink["status"], sink["read_hold"], sink["lag_ms"]) == ("ui_out", "running", hold, 0)
+    assert _get(base + "/reclock/api/source/ui_orders", token)[0] == 200
+    assert _get(base + "/reclock/api/source/nope", token)[0] == 404
 
-    stack = Stack(StackState(stack_home / "stack"))
-    try:
-        _run_cycles(stack)
-        truth = _truth(stack.postgres.dsn())
-        assert truth["ui_orders"]["status"] == "running" and truth["ui_orders"]["errors"] == 2
-        assert truth["ui_payments"]["status"] == "stalled" and "stall" in truth["ui_payments"]["error"]
-        secrets = [stack.airflow.admin_password, stack.postgres.dsn().split("@")[0].rsplit(":", 1)[1]]
+    _browse(stack, truth, secrets)
 
-        # anonymous requests are refused, a token's are served
-        base = stack.airflow.url
-        for path in ("/reclock/", "/reclock/api/overview", "/reclock/api/source/ui_orders", "/reclock/source/x"):
-            assert _get(base + path)[0] == 401, path
-        assert _get(base + "/reclock/api/overview", token="not-a-jwt")[0] in (401, 403)
-        token = stack.airflow.token()
-        status, body = _get(base + "/reclock/api/overview", token)
-        assert status == 200
-        assert not any(s in body.decode() for s in secrets)
-        ov = json.loads(body)
-        by_name = {s["name"]: s for s in ov["sources"]}
-        for name, t in truth.items():
-            assert (by_name[name]["upper"], by_name[name]["status"], by_name[name]["errors_count"]) == (
-                t["upper"], t["status"], t["errors"])
-        assert by_name["ui_orders"]["lag"] == {"value": 0, "unit": "records", "detail": "group reclock-ui_orders"}
-        shop_lag = by_name["ui_shop"]["lag"]  # the kind's own terms: WAL bytes beyond the slot, LSNs
-        assert shop_lag["unit"] == "bytes" and shop_lag["value"] is not None and "retains" in shop_lag["detail"]
-        assert by_name["ui_shop"]["dags"] == ["ingest__ui_shop"]  # no rebuild__ for a kind that cannot replay
-        events = by_name["ui_events"]
-        assert (events["kind"], events["status"], events["lag"]["value"], events["lag"]["unit"]) == (
-            "s3", "running", 1, "objects"), events
-        assert "1 object(s), 10 byte(s) not yet ingested" in events["lag"]["detail"]
-        assert by_name["ui_orders"]["dags"] == ["ingest__ui_orders", "rebuild__ui_orders"]
-        assert by_name["ui_orders"]["paused"] is False
-        assert len(by_name["ui_orders"]["errors_latest"]) == 2
-        assert all(e["position"].startswith("partition ") for e in by_name["ui_orders"]["errors_latest"])
-        assert [h["holder"] for h in by_name["ui_orders"]["read_holds"]] == ["sink:ui_out"]  # the lapsed one: not
-        # the idle cycle moved the upper to its mint: upper age is freshness
-        with connect(stack.postgres.dsn()) as conn:
-            (minted_at,) = conn.execute("SELECT extract(epoch FROM max(at)) * 1000 FROM reclock.statistics WHERE "
-                                        "name = 'ui_orders' AND step = 'mint'").fetchone()
-        assert by_name["ui_orders"]["upper"] >= float(minted_at) - 10_000
-        (sink,) = ov["sinks"]
-        with connect(stack.postgres.dsn()) as conn:
-            (hold,) = conn.execute("SELECT ts FROM reclock.read_holds WHERE holder = 'sink:ui_out'").fetchone()
-        # the idle cycle added nothing: the sink did not run, and nothing waits for it
-        assert (sink["name"], sink["status"], sink["read_hold"], sink["lag_ms"]) == ("ui_out", "running", hold, 0)
-        assert _get(base + "/reclock/api/source/ui_orders", token)[0] == 200
-        assert _get(base + "/reclock/api/source/nope", token)[0] == 404
-
-        _browse(stack, truth, secrets)
-
-        # `reclock status` prints the JSON's figures
-        exports = subprocess.run([*reclock, "dev", "env"], env=env, capture_output=True, text=True, timeout=120)
-        settings = dict(shlex.split(line)[1].split("=", 1) for line in exports.stdout.splitlines())
-        out = subprocess.run([*reclock, "status"], env={**env, **settings}, capture_output=True, text=True,
-                             timeout=120)
-        assert out.returncode == 0, out.stderr
-        for s in ov["sources"]:
-            c = s["last_cycle"]
-            assert f"source {s['name']} ({s['kind']}): {s['status']}" in out.stdout
-            assert f"upper {s['upper']} (" in out.stdout and f"since {s['since']} (" in out.stdout
-            assert f"errors: {s['errors_count']}" in out.stdout
-            if c:
-                assert f"mint {c['mint']:.2f}s + write_batches {c['write_batches']:.2f}s" in out.stdout
-                assert f"; {c['records']} records, {c['bytes']} bytes" in out.stdout
-            if s["lag"]["value"] is not None and s["lag"]["unit"] in ("records", "objects"):
-                assert f"lag: {s['lag']['value']:,} {s['lag']['unit']}" in out.stdout
-        assert f"error: {by_name['ui_payments']['error']}" in out.stdout
-    finally:
-        down = subprocess.run([*reclock, "dev", "down"], env=env, capture_output=True, text=True, timeout=300)
-    assert down.returncode == 0, down.stdout + down.stderr
+    # `reclock status` prints the JSON's figures
+    exports = subprocess.run([*reclock, "dev", "env"], env=env, capture_output=True, text=True, timeout=120)
+    settings = dict(shlex.split(line)[1].split("=", 1) for line in exports.stdout.splitlines())
+    out = subprocess.run([*reclock, "status"], env={**env, **settings}, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    for s in (s for s in ov["sources"] if s["name"].startswith("ui_")):  # the other tests' sources: theirs
+        c = s["last_cycle"]
+        assert f"source {s['name']} ({s['kind']}): {s['status']}" in out.stdout
+        assert f"upper {s['upper']} (" in out.stdout and f"since {s['since']} (" in out.stdout
+        assert f"errors: {s['errors_count']}" in out.stdout
+        if c:
+            assert f"mint {c['mint']:.2f}s + write_batches {c['write_batches']:.2f}s" in out.stdout
+            assert f"; {c['records']} records, {c['bytes']} bytes" in out.stdout
+        if s["lag"]["value"] is not None and s["lag"]["unit"] in ("records", "objects"):
+            assert f"lag: {s['lag']['value']:,} {s['lag']['unit']}" in out.stdout
+    assert f"error: {by_name['ui_payments']['error']}" in out.stdout

@@ -152,9 +152,10 @@ def _show_sink(stack: Stack, sink, upper: int, echo: Callable[[str], None]) -> N
          f"frontier {progress.frontier} = the shard's upper ({runs} asset-triggered runs of sink__{sink.name})")
 
 
-def shop_upstream(stack: Stack, publication: str, tables: list[str]) -> str:
-    """The ``demo_shop`` database (created if missing): ``orders`` and ``items`` with ``REPLICA IDENTITY
-    FULL`` and the publication over them. Returns its DSN."""
+def shop_upstream(stack: Stack, publication: str, tables: list[str], prefix: str = "") -> str:
+    """The ``demo_shop`` database (created if missing): ``<prefix>orders`` and ``<prefix>items`` with
+    ``REPLICA IDENTITY FULL`` and the publication over ``tables`` of them (a prefix gives each of several
+    sources on one stack tables of its own). Returns its DSN."""
     import psycopg
 
     with psycopg.connect(stack.postgres.dsn("postgres"), autocommit=True) as conn:
@@ -162,12 +163,12 @@ def shop_upstream(stack: Stack, publication: str, tables: list[str]) -> str:
             conn.execute(f'CREATE DATABASE "{DEMO_PG_DB}"')
     dsn = stack.postgres.dsn(DEMO_PG_DB)
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("CREATE TABLE IF NOT EXISTS orders (order_id int8 PRIMARY KEY, customer text NOT NULL, "
+        conn.execute(f"CREATE TABLE IF NOT EXISTS {prefix}orders (order_id int8 PRIMARY KEY, customer text NOT NULL, "
                      "status text NOT NULL, amount numeric(10,2) NOT NULL, placed_at timestamptz NOT NULL)")
-        conn.execute("CREATE TABLE IF NOT EXISTS items (item_id int8 PRIMARY KEY, order_id int8 NOT NULL, "
+        conn.execute(f"CREATE TABLE IF NOT EXISTS {prefix}items (item_id int8 PRIMARY KEY, order_id int8 NOT NULL, "
                      "sku text NOT NULL, quantity int4 NOT NULL)")
         for t in ("orders", "items"):
-            conn.execute(f"ALTER TABLE {t} REPLICA IDENTITY FULL")
+            conn.execute(f"ALTER TABLE {prefix}{t} REPLICA IDENTITY FULL")
         if conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,)).fetchone() is None:
             conn.execute(f'CREATE PUBLICATION "{publication}" FOR TABLE {", ".join(tables)}')
         if stack.secure:  # the source's role: REPLICATION and SELECT on the published tables

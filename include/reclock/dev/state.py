@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -13,6 +14,11 @@ from reclock.dev.procs import free_port, read_pid
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 """The checkout this package was installed from (``include/reclock/dev`` -> repo root)."""
+
+
+_STATE_LOCK = threading.Lock()
+"""Held around each read-change-write of ``stack.json`` in this process: services started side by side (threads)
+choose their ports without losing each other's."""
 
 
 def default_state_dir() -> Path:
@@ -49,22 +55,24 @@ class StackState:
     def port(self, name: str) -> int:
         """The port for ``name``: ``RECLOCK_<NAME>_PORT`` if set, else the one chosen before, else a free one."""
         env = os.environ.get(f"RECLOCK_{name.upper()}_PORT")
-        data = self.load()
-        ports = data.setdefault("ports", {})
-        if env:
-            ports[name] = int(env)
-        elif name not in ports:
-            ports[name] = free_port()
-        self.save(data)
+        with _STATE_LOCK:
+            data = self.load()
+            ports = data.setdefault("ports", {})
+            if env:
+                ports[name] = int(env)
+            elif name not in ports:
+                ports[name] = free_port()
+            self.save(data)
         return int(ports[name])
 
     def secret(self, name: str, nbytes: int = 18) -> str:
         """A generated secret kept in ``stack.json`` (mode 0600), the same on every ``up``."""
-        data = self.load()
-        secrets_ = data.setdefault("secrets", {})
-        if name not in secrets_:
-            secrets_[name] = secrets.token_urlsafe(nbytes)
-            self.save(data)
+        with _STATE_LOCK:
+            data = self.load()
+            secrets_ = data.setdefault("secrets", {})
+            if name not in secrets_:
+                secrets_[name] = secrets.token_urlsafe(nbytes)
+                self.save(data)
         return secrets_[name]
 
     def dir(self, name: str) -> Path:
