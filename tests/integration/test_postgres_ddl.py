@@ -2,7 +2,7 @@
 through the DDL: ``ADD COLUMN`` (with and without a default) and type changes that keep every value (``int`` to ``bigint``,
 ``varchar(n)`` to ``text``, a wider ``numeric``) change the collection's schema at the timestamp of the
 table's first change under the new relation, and every binding's contents equal the table as of its LSN,
-for a table of identity FULL and one of a primary key (whose retractions of rows written before the change
+with cycles crashing at random step boundaries, for a table of identity FULL and one of a primary key (whose retractions of rows written before the change
 must match them as readers project them); a column added with a non-volatile ``DEFAULT`` retracts the rows the
 table held and adds them again with it. ``DROP COLUMN``, a rename, a narrowing, ``text`` to ``integer``
 and a column added with a volatile ``DEFAULT`` stall naming the table, the column, the types and
@@ -23,7 +23,7 @@ import psycopg
 import pytest
 from pg_support import bindings, contents, make_ctx, source_name, upstream_database, writer
 
-from reclock import cycle
+from reclock import cycle, failpoints
 from reclock.errors import TableSchemaChanged
 from reclock.persist import connect
 from reclock.persist.schemas import load_history
@@ -163,29 +163,42 @@ def _start(db, upstream, tmp_path):
     return ctx, w, initial
 
 
+POINTS = ("mint:after_binding", "write_batches:before_job", "write_batches:after_slice", "append:in_transaction",
+          "resume:after_commit")
+
+
+def _crash_then_cycle(ctx, rng: random.Random) -> None:
+    """A cycle that crashes at a random step boundary (the registration and the schema versions go with the
+    append or not at all), then one that runs."""
+    with failpoints.enabled(rng.choice(POINTS)), pytest.raises(failpoints.FailpointHit):
+        cycle.run_cycle(ctx)
+    cycle.run_cycle(ctx)
+
+
 def test_added_columns_and_widened_types_flow_and_every_binding_equals_the_tables(db, upstream, tmp_path):
     ctx, w, initial = _start(db, upstream, tmp_path)
+    rng = random.Random(5)
     try:
         time.sleep(0.2)
-        cycle.run_cycle(ctx)
+        _crash_then_cycle(ctx, rng)
         w.run_ddl("ALTER TABLE f ADD COLUMN z int", "ALTER TABLE k ADD COLUMN z int")
         time.sleep(0.2)
-        cycle.run_cycle(ctx)
+        _crash_then_cycle(ctx, rng)
         w.run_ddl("ALTER TABLE f ALTER COLUMN c TYPE bigint", "ALTER TABLE k ALTER COLUMN c TYPE bigint",
                   "ALTER TABLE f ALTER COLUMN v TYPE text")
         time.sleep(0.2)
-        cycle.run_cycle(ctx)
+        _crash_then_cycle(ctx, rng)
         w.run_ddl("ALTER TABLE k ALTER COLUMN amount TYPE numeric(12,4)", "ALTER TABLE k ALTER COLUMN v TYPE text",
                   "ALTER TABLE f ALTER COLUMN amount TYPE numeric(12,4)")
         time.sleep(0.2)  # this DDL and the changes after it in one write with the changes before it
         w.run_ddl("ALTER TABLE f ADD COLUMN y text")
         time.sleep(0.2)
-        cycle.run_cycle(ctx)
+        _crash_then_cycle(ctx, rng)
         # a non-volatile DEFAULT: the rows the tables held hold it from then on, without a change in the WAL
         w.run_ddl("ALTER TABLE f ADD COLUMN e text DEFAULT 'a, \"b\" {c}'", "ALTER TABLE k ADD COLUMN d numeric(6,2) "
                   "DEFAULT 7.5")
         time.sleep(0.2)
-        cycle.run_cycle(ctx)
+        _crash_then_cycle(ctx, rng)
     finally:
         w.stop.set()
         w.join(30)
