@@ -192,7 +192,7 @@ def _browse(stack, truth: dict, secrets: list[str]) -> None:
             # an S3 source's page: lag in objects, bindings as (key, byte_offset)
             page.goto(f"{base}/reclock/")
             events = page.locator("tr[data-source='ui_events']")
-            assert events.locator("[data-field=lag]").inner_text() == "1 objects"
+            assert events.locator("[data-field=lag]").inner_text() == "1 object"
             page.goto(f"{base}/reclock/source/ui_events")
             assert "<th>key</th><th>byte_offset</th>" in page.content()
             keys = page.locator("table[data-field=bindings] tr td:nth-child(3)").all_inner_texts()
