@@ -30,8 +30,8 @@ def dev() -> None:
 @dev.command()
 def install() -> None:
     """Install what the stack needs but the machine lacks (Postgres server, Maven jars: the Kafka broker,
-    Spark's Kafka connector, S3A; the local Kinesis endpoint, kinesalite, from npm; Toxiproxy, the network
-    faults of the tests, built from its Go module)."""
+    Spark's Kafka connector, S3A, Kafka Connect with Debezium's Postgres connector; the local Kinesis
+    endpoint, kinesalite, from npm; Toxiproxy, the network faults of the tests, built from its Go module)."""
     from reclock.dev.jars import PROFILES, ensure_jars, raw_floats_jar
     from reclock.dev.kinesis import ensure_kinesalite
     from reclock.dev.postgres import ensure_installed

@@ -220,7 +220,7 @@ def _parse_iceberg_sink(name: str, d: dict, coll: str, source: SourceSpec, what:
     catalog = ice.get("catalog", "reclock")
     if not isinstance(catalog, str) or not NAME_RE.match(catalog):
         raise ConfigError(f"{what}.iceberg: `catalog` must match {NAME_RE.pattern}, got {catalog!r}")
-    retracts = coll == source.data_shard and source.envelope == "upsert"
+    retracts = coll == source.data_shard and source.keyed
     layout = d.get("layout", "changelog" if retracts else "append")
     if layout not in ICEBERG_LAYOUTS:
         raise ConfigError(f"{what}: layout {layout!r} is not one of {', '.join(ICEBERG_LAYOUTS)}")

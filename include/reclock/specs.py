@@ -29,6 +29,8 @@ one)."""
 SCHEMA_MODES = ("fixed", "evolve")
 WIRES = ("plain", "confluent")
 ENVELOPES = ("none", "upsert")
+KEYED_ENVELOPES = ("upsert", "debezium")
+"""Envelopes whose updates retract what a key held before (an upsert state keeps each key's current value)."""
 REBUILDS = ("task", "spark_submit")
 SCHEDULES = ("interval", "upstream", "continuous")
 ERRORS_SUFFIX = "_errors"
@@ -316,6 +318,12 @@ class SourceSpec:
         """The source's kind (``kafka``, ``postgres``, ...): the kind it is registered as, its key in
         ``reclock.sources.registry``."""
         return self.upstream.kind
+
+    @property
+    def keyed(self) -> bool:
+        """Its envelope keeps each key's current value in the upsert state and retracts it (``upsert``,
+        ``debezium``): a description's retractions read the state its predecessor's append produced."""
+        return self.envelope in KEYED_ENVELOPES
 
     @property
     def ingest_dag(self) -> str:

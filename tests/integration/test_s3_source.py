@@ -357,7 +357,7 @@ def test_status_shows_the_lag_in_objects_and_bytes(db, spark, s3, tmp_path, monk
     (src,) = ov.sources
     assert src.kind == "s3" and src.lag.value == 1 and src.lag.unit == "objects"
     assert f"1 object(s), {len(late)} byte(s) not yet ingested" in src.lag.detail
-    assert f"lag: 1 objects ({src.lag.detail})" in "\n".join(sr.report_lines(ov))
+    assert f"lag: 1 object ({src.lag.detail})" in "\n".join(sr.report_lines(ov))
     cycle.run_cycle(ctx)
     assert lag("ev").value == 0
     with connect(db) as conn:  # the bindings in the kind's columns: the object's key and its bytes

@@ -22,6 +22,7 @@ from reclock.dev.state import REPO_ROOT
 from reclock.persist import connect
 from stack_support import wait_sink_caught_up
 from reclock.errors import StackError
+from reclock.sources.base import Lag
 
 pytestmark = pytest.mark.stack
 
@@ -217,7 +218,7 @@ def _browse(stack, truth: dict, secrets: list[str]) -> None:
             assert "lag at mint (bytes of WAL)" in page.content()
             _history_is_runs_and_steps(page)
             # an S3 source's page: lag in objects, bindings as (key, byte_offset)
-            _goto_overview(page, f"{base}/reclock/", {"ui_events": lambda t: t == "1 objects"})
+            _goto_overview(page, f"{base}/reclock/", {"ui_events": lambda t: t == "1 object"})
             page.goto(f"{base}/reclock/source/ui_events")
             assert "<th>key</th><th>byte_offset</th>" in page.content()
             keys = page.locator("table[data-field=bindings] tr td:nth-child(3)").all_inner_texts()
@@ -285,7 +286,7 @@ def test_status_pages_in_the_airflow_ui(shared_stack):
         out = subprocess.run([*reclock, "status"], env={**env, **settings}, capture_output=True, text=True,
                              timeout=120)
         assert out.returncode == 0, out.stderr
-        if "lag: 1 objects" in out.stdout and "lag: 0 records" in out.stdout:
+        if "lag: 1 object (" in out.stdout and "lag: 0 records" in out.stdout:
             break
     for s in (s for s in ov["sources"] if s["name"].startswith("ui_")):  # the other tests' sources: theirs
         c = s["last_cycle"]
@@ -296,5 +297,5 @@ def test_status_pages_in_the_airflow_ui(shared_stack):
             assert f"mint {c['mint']:.2f}s + write_batches {c['write_batches']:.2f}s" in out.stdout
             assert f"; {c['records']} records, {c['bytes']} bytes" in out.stdout
         if s["lag"]["value"] is not None and s["lag"]["unit"] in ("records", "objects"):
-            assert f"lag: {s['lag']['value']:,} {s['lag']['unit']}" in out.stdout
+            assert f"lag: {Lag(s['lag']['value'], '', s['lag']['unit']).text()} (" in out.stdout
     assert f"error: {by_name['ui_payments']['error']}" in out.stdout

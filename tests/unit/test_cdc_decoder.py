@@ -174,7 +174,7 @@ def test_truncate_and_a_changed_relation_stall_naming_the_table():
             dec.feed(msgs)
         changed = po.Relation(100, "public", "t0", "f", (po.Column(0, "id", po.INT8, -1), po.Column(0, "w", po.TEXT, -1)))
         dec = cdc.ChangeDecoder("s", OUTPUTS, writer, [(1000, 10_000)], 0, 10_000, None, strict_tables=False)
-        with pytest.raises(TableSchemaChanged, match="column w added, column v dropped"):
+        with pytest.raises(TableSchemaChanged, match=r"column v \(text\) was renamed to w \(text\)"):
             dec.feed([po.Begin(2000, 0, 1), changed, po.Insert(100, (b"1", b"x")), po.Commit(0, 2000, 2001, 0)])
         # a change outside the description's range is not looked at
         dec = cdc.ChangeDecoder("s", OUTPUTS, writer, [(1000, 10_000)], 0, 1500, None, strict_tables=False)

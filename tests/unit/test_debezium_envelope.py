@@ -227,3 +227,44 @@ def test_change_event_is_frozen():
     e = ChangeEvent(Op.CREATE, "{}", Position(1))
     with pytest.raises(Exception):
         e.op = Op.DELETE  # type: ignore[misc]
+
+
+# -- the Spark job's per-key step and the config ---------------------------------------------------------
+
+def test_the_jobs_fold_routes_bad_records_to_errors_and_keeps_offsets_exact():
+    import pandas as pd
+
+    from reclock.spark.debezium_decode import SCHEMA_REASON, fold_group
+
+    nk = b'{"id":1}'
+    k, v = record(1, "u", None, {"id": 1, "v": 2}, 50)
+    prior = KeyState('{"id": 1, "v": 1}', Position(40, 1, False)).encode()
+    rows = [dict(_k=nk, _v=prior, _p=0, _o=3, _t_us=5, ts=-1, _bad=False, _prior=True, _nk=nk),
+            dict(_k=k, _v=v, _p=0, _o=2**60 + 1, _t_us=6, ts=10, _bad=False, _prior=False, _nk=nk),
+            dict(_k=k, _v=b"oops", _p=0, _o=2**60 + 2, _t_us=6, ts=10, _bad=True, _prior=False, _nk=nk),
+            dict(_k=k, _v=v.replace(b'"lsn": 50', b'"lsn": 51'), _p=0, _o=2**60 + 3, _t_us=7, ts=11, _bad=True,
+                 _prior=False, _nk=nk)]
+    out = fold_group(pd.DataFrame(rows)).to_dict("records")
+    data = sorted((r["_row"], r["ts"], r["diff"]) for r in out if r["_output"] == 0)
+    assert data == [('{"id": 1, "v": 1}', 10, -1), ('{"id": 1, "v": 2}', 10, 1)]
+    errors = [(r["_eo"], r["_ereason"]) for r in out if r["_output"] == 1]
+    assert errors == [(2**60 + 2, "the value is not a JSON object"), (2**60 + 3, SCHEMA_REASON)]
+    [state] = [r for r in out if r["_output"] == 2]
+    assert state["_sk"] == nk and state["_so"] == 2**60 + 1  # the last record applied, exactly
+    assert KeyState.decode(state["_sv"]) == KeyState('{"id": 1, "v": 2}', Position(50, 7, False))
+
+
+def test_config_of_a_debezium_source():
+    from reclock.config import parse_source
+    from reclock.errors import ConfigError
+
+    base = {"kafka": {"topic": "dbz.public.items", "bootstrap": "127.0.0.1:9092"}, "envelope": "debezium",
+            "format": {"type": "json", "schema": "id INT, v STRING"}}
+    spec = parse_source("items", base)
+    assert spec.keyed and spec.envelope == "debezium"
+    with pytest.raises(ConfigError, match="cannot include Kafka metadata"):
+        parse_source("items", {**base, "include": ["offset"]})
+    with pytest.raises(ConfigError, match="format: {type: json"):
+        parse_source("items", {**base, "format": {"type": "text"}})
+    with pytest.raises(ConfigError, match="not one of none, upsert, debezium"):
+        parse_source("items", {**base, "envelope": "dbz"})

@@ -116,6 +116,7 @@ def test_a_postgres_source_s_page_speaks_in_lsns_and_wal_bytes_and_its_history_n
     assert pg.position_text(0, 0x16B3748) == "LSN 0/16B3748" and kind_named("kafka").position_text(2, 40) == \
         "partition 2 offset 40"
     assert sr.Lag(1234, "g").text() == "1,234 records" and sr.Lag(None).text() == "unknown"
+    assert sr.Lag(1, "", "objects").text() == "1 object" and sr.Lag(1).text() == "1 record"
 
 
 def test_redact_hides_every_kind_of_credential_a_message_may_quote():

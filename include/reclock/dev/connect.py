@@ -50,6 +50,7 @@ class LocalConnect(LocalServer):
     schemas: bool = False
     transactions: bool = True
     heap: str = "384m"
+    flush_ms: int = 1000  # how often the worker flushes its source offsets (a kill redelivers since the last)
     extra: dict = field(default_factory=dict)
 
     name: ClassVar[str] = "connect"
@@ -76,7 +77,7 @@ class LocalConnect(LocalServer):
             "key.converter.schemas.enable": str(self.schemas).lower(),
             "value.converter.schemas.enable": str(self.schemas).lower(),
             "offset.storage.file.filename": self.home / "offsets.dat",
-            "offset.flush.interval.ms": 1000,
+            "offset.flush.interval.ms": self.flush_ms,
             "listeners": f"http://{LOOPBACK}:{self.port}",
             "plugin.discovery": "only_scan",
         }

@@ -120,10 +120,13 @@ class Lag:
     unit: str = "records"
 
     def text(self) -> str:
-        """``1,234 records`` / ``16.0 MiB`` / ``unknown``."""
+        """``1,234 records`` / ``1 object`` / ``16.0 MiB`` / ``unknown``."""
         if self.value is None:
             return "unknown"
-        return human_bytes(self.value) if self.unit == "bytes" else f"{self.value:,} {self.unit}"
+        if self.unit == "bytes":
+            return human_bytes(self.value)
+        unit = self.unit[:-1] if self.value == 1 and self.unit.endswith("s") else self.unit
+        return f"{self.value:,} {unit}"
 
 
 def human_bytes(n: float) -> str:

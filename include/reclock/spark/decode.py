@@ -11,6 +11,8 @@ record, decoded by :func:`decoded` and written by its own job) and hands over a 
 of its :class:`~reclock.part_layout.RecordShape`: ``key`` and ``value`` (binary), ``timestamp``, ``ts``,
 its two position columns, and each metadata column the source includes, by its include name.
 
+Debezium (``envelope: debezium``): ``reclock.spark.debezium_decode``, into the same outputs as upsert.
+
 Upsert (``envelope: upsert``, keyed by ``key``): per key, the records of the description are ordered by
 ``(ts, positions)``; the last one at each ts wins; the output carries ``+1`` for the new value and ``-1`` for
 the value it replaces (the previous record in the description, or the key's entry in the upsert state
@@ -214,8 +216,13 @@ def envelope(spark, spec: SourceSpec, shape: RecordShape, records, prior: Sequen
     """
     from pyspark.sql import functions as F
 
-    dec = _shape_decoded(spec, shape, records, plan)
     data_cols = output_columns(spec, shape, plan)[0][:-2]
+    if spec.envelope == "debezium":
+        from reclock.spark import debezium_decode
+
+        return debezium_decode.changes(spark, spec, shape, records, prior, prior_schema(shape), data_cols,
+                                       data_schema(spec))
+    dec = _shape_decoded(spec, shape, records, plan)
     errors, states = _error_sources(shape), _state_sources(shape)
     if spec.envelope != "upsert":
         return dec.selectExpr(
@@ -296,7 +303,7 @@ def write_slice(spark, spec: SourceSpec, shape: RecordShape, records: Callable[[
 
     read, written = observation(spark), observation(spark)
     df = envelope(spark, spec, shape, records(read), prior, plan)
-    if spec.envelope != "upsert":
+    if not spec.keyed:
         df = df.observe(written, F.count(F.lit(1)).alias("rows"), F.count(REJECTED_COLUMN).alias("rejected"))
         parts_writer(df, url).parquet(url)
         w = observed(written, spec.name, url, ("rows", "rejected"))

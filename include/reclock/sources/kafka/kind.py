@@ -13,7 +13,7 @@ write               one Spark job per budget slice (``reclock.sources.kafka.spar
                     job with the touched keys' state; ``on_decode_error: stall`` refuses the description;
                     a registry format: each record by its writer schema (``reclock.registry_plan``), the
                     collection's schema versions handed to append with the parts
-append_effects      upsert: the state's changes (``reclock.persist.upsert_state``)
+append_effects      upsert, debezium: the state's changes (``reclock.persist.upsert_state``)
 commit              the offsets, to the consumer group ``reclock-<source>`` (lag tools see them)
 rewrite             the same jobs from offset 0 of the bindings (rebuild)
 joint               a continuous group's append-only slices of the same columns in one job
@@ -31,6 +31,7 @@ from typing import Any, Callable, Sequence
 from reclock import remap
 from reclock.batch import BatchDescription, SliceWritten, ranges_for, split_ranges
 from reclock.datasets import DatasetName, kafka_topic
+from reclock.debezium import parse_key
 from reclock.errors import DecodeError, ReclockError, SchemaIncompatible
 from reclock.failpoints import failpoint
 from reclock.kafka_client import KafkaClientConfig
@@ -88,11 +89,11 @@ class KafkaSource(SourceRuntime):
         descs = super().descriptions(rc, lower)
         # upsert: a description's retractions read the state as of its lower, which only its predecessor's
         # append produces, so a cycle writes one description (the backlog takes one cycle per budget)
-        return descs[:1] if self.ctx.spec.envelope == "upsert" else descs
+        return descs[:1] if self.ctx.spec.keyed else descs
 
     def write(self, rc: RemapCollection, desc: BatchDescription, metrics: dict) -> WrittenBatch:
         ctx, spec = self.ctx, self.ctx.spec
-        if spec.envelope == "upsert":
+        if spec.keyed:
             with ctx.connect() as conn:
                 if shard_info(conn, spec.data_shard).upper >= desc.upper:
                     metrics.update(lower=desc.lower, upper=desc.upper, already_present=True)
@@ -241,7 +242,7 @@ class KafkaSource(SourceRuntime):
                     for (s, e, ts) in remap.reclock_ranges(rc, r.partition)
                     if s < r.end and e > r.start and desc.lower <= ts < desc.upper]
         prefix = f"{spec.name}/{desc.lower}-{desc.upper}/{uuid.uuid4().hex}"
-        upsert = spec.envelope == "upsert"
+        upsert = spec.keyed  # upsert or debezium: keyed by the upsert state
         if not ranges:
             slices = []
         elif upsert:
@@ -252,6 +253,8 @@ class KafkaSource(SourceRuntime):
         prior: list[tuple] = []
         if upsert and slices and not rebuilding:
             keys = spark_job.upsert_keys(spark, spec, ctx.upstream, ranges)
+            if spec.envelope == "debezium":
+                keys = sorted({parse_key(k) for k in keys})  # kept without Connect's schema wrapper
             with ctx.connect() as conn:
                 prior = load_prior(conn, spec.name, spec.data_shard, desc.lower, keys)
             m.update(keys=len(keys), prior_keys=len(prior))
@@ -294,7 +297,7 @@ class KafkaSource(SourceRuntime):
         return WrittenBatch(desc, parts, state, prefix)
 
     def append_effects(self, written: WrittenBatch, metrics: dict) -> Callable[[Any], None] | None:
-        if self.ctx.spec.envelope != "upsert":
+        if not self.ctx.spec.keyed:
             return None
         changes = read_state_changes(self.ctx.blob, written.state)
         metrics.update(state_changes=changes.num_rows)
@@ -334,7 +337,7 @@ class KafkaKind(SourceKind):
         return f"Kafka topic {spec.upstream.topic} into {spec.name}"
 
     def rebuild_whole(self, spec) -> bool:
-        return spec.envelope == "upsert"  # later updates retract the values a window holds
+        return spec.keyed  # later updates retract the values a window holds
 
     def find_upstream(self, spec, given: str | None = None) -> KafkaClientConfig:
         """The source's cluster: its connection's brokers and security settings (``reclock.kafka_client``),

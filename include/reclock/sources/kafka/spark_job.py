@@ -203,7 +203,7 @@ def joint_key(spec: SourceSpec) -> tuple | None:
     """Sources with the same key can have their slices written by one Spark job (:func:`write_joint`): their
     parts have the same columns of the same types. None: the source's slices need a job of their own (an
     upsert source's)."""
-    if spec.envelope == "upsert" or spec.format.registry is not None:
+    if spec.keyed or spec.format.registry is not None:
         return None  # a registry source's columns are its reader's, known only when its slice is planned
     return (spec.format.type, spec.format.schema, tuple(spec.include))
 

@@ -12,6 +12,8 @@ from reclock.specs import (ENVELOPES, FORMATS, REBUILDS, SourceSpec, parse_budge
                            require)
 
 METADATA = ("partition", "offset", "key", "timestamp", "headers")
+KAFKA_ENVELOPES = (*ENVELOPES, "debezium")
+"""A Kafka source's envelopes: none, upsert (by the Kafka key) and debezium (``reclock.debezium``)."""
 """The metadata columns a Kafka source may include (like Materialize's ``INCLUDE``)."""
 SCHEDULES = ("interval", "upstream", "continuous")
 KAFKA_FORMATS = (*FORMATS, "json_schema", "protobuf")
@@ -30,9 +32,17 @@ def parse_kafka_source(name: str, d: dict, base: Path | None) -> SourceSpec:
                        subject=f"{kafka.topic}-value")
     schema_mode = parse_schema_mode(d, fmt, what)
     envelope = d.get("envelope", "none")
-    if envelope not in ENVELOPES:
-        raise ConfigError(f"{what}: envelope {envelope!r} is not one of {', '.join(ENVELOPES)}")
+    if envelope not in KAFKA_ENVELOPES:
+        raise ConfigError(f"{what}: envelope {envelope!r} is not one of {', '.join(KAFKA_ENVELOPES)}")
     include = parse_include(d, METADATA, what)
+    if envelope == "debezium":
+        if fmt.type != "json" or fmt.registry is not None:
+            raise ConfigError(f"{what}: envelope debezium reads Debezium's JSON change events (with or without "
+                              "Connect's schemas): give `format: {type: json, schema: <the table's columns>}`")
+        if include:
+            raise ConfigError(f"{what}: envelope debezium cannot include Kafka metadata ({', '.join(include)}): a "
+                              "row's retraction must carry what its insertion carried, and the upsert state keeps "
+                              "the row only")
     if envelope == "upsert" and "headers" in include:
         raise ConfigError(f"{what}: envelope upsert cannot include headers (the upsert state keeps key, value, "
                           "partition, offset and timestamp of each key's current record)")

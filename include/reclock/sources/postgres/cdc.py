@@ -37,12 +37,21 @@ Stalls (``reclock.errors.SourceStalled``: nothing of the description is appended
 garbage), for a change
 of a table the source outputs, in a transaction the description covers: a ``TRUNCATE`` in the snapshot's
 seam of a table of identity FULL (:class:`~reclock.errors.TableTruncated`); a Relation message whose columns
-differ from those registered at the first cycle (:class:`~reclock.errors.TableSchemaChanged`) or whose
-replica identity does (:class:`~reclock.errors.ReplicaIdentityChanged`); a key table's update or delete of a
+differ from those registered by DDL that does not flow (:class:`~reclock.errors.TableSchemaChanged`: a column
+dropped or renamed, a type changed in a way that may change a value, a column added with a value in the rows
+the table held, any DDL in the snapshot's seam) or whose replica identity does (:class:`~reclock.errors.ReplicaIdentityChanged`); a key table's update or delete of a
 key its collection has no row of (:class:`~reclock.errors.KeyedRowMissing`); a table that was recreated, or
 (for a source that takes every table of its publication) one that joined the publication later
 (:class:`~reclock.errors.PublicationMissing`). An unchanged TOASTed value (``u``) is never written as a
 placeholder.
+
+**DDL that flows** (``reclock.sources.postgres.ddl``: an added column, a type widened without changing a
+value): from the table's first change under the new Relation, the write's parts of it have the new columns
+(:meth:`PartWriter.reshape`), the collection's schema changes at that change's timestamp (a
+``SchemaVersion`` handed to append with the parts, ``ChangeDecoder.versions``), and the registration takes
+the new columns with the append (``ChangeDecoder.evolved``). Rows before keep their parts' schema; a
+retraction of one (an old row FULL sends, or a key table's current row) is the row as every reader projects
+it (:func:`conform`): null in an added column (which the WAL's old row holds too), a widened value cast up.
 
 A ``TRUNCATE`` of an output table lands as the retraction of every row the collection holds at that point
 (its contents before the description, read back, plus what this write wrote of it so far), at the
@@ -77,6 +86,9 @@ from reclock.errors import (KeyedRowMissing, PublicationMissing, ReclockError, R
                             UnaccountedWrite)
 from reclock.persist.blob import BlobStore
 from reclock.persist.parquet import part_from_footer
+from reclock.schema_evolution import SchemaVersion, evolve
+from reclock.schema_projection import arrow_project, part_schema
+from reclock.sources.postgres import ddl
 from reclock.sources.postgres import pgoutput as po
 from reclock.sources.postgres.upstream import IDENTITY, PostgresUpstream, TableInfo, text_form
 
@@ -238,11 +250,20 @@ class PartWriter:
                 continue  # Spark's markers and hidden files
             with self.blob.open(info.path) as f:
                 table = pq.read_table(f)
-            if table.schema.names != b.out.schema.names:
+            conformed = conform(table, b.out)
+            if conformed is None:
                 raise UnaccountedWrite(b.out.shard, folder, folder, f"{info.path} holds columns "
                                        f"{table.schema.names}, not the table's {b.out.schema.names}")
-            tables.append(table.cast(b.out.schema))
+            tables.append(conformed)
         return pa.concat_tables(tables) if tables else None
+
+    def reshape(self, relid: int, out: Output) -> None:
+        """Table ``relid``'s columns are ``out``'s from now on (DDL that flows, ``reclock.sources.postgres.ddl``):
+        what is buffered is written as parts of the columns it came with first; parts keep their own schema."""
+        b = self.buffers[relid]
+        self._flush(b)
+        self._flush_typed(b)
+        b.out = out
 
     def retract(self, relid: int, contents: pa.Table, ts: int) -> None:
         """Retract a collection's ``contents`` (data columns and ``diff``, as a read AS OF gives them) at
@@ -270,6 +291,29 @@ class PartWriter:
             for b in pending:
                 self._flush(b)
         return {b.out.shard: b.emitted for b in self.buffers.values()}
+
+
+def conform(table: pa.Table, out: Output) -> pa.Table | None:
+    """``table`` (data columns by name, then ``ts`` and/or ``diff``) in ``out``'s data columns and types:
+    a table of the columns the table had before DDL that flowed (``reclock.sources.postgres.ddl``) is projected
+    as every reader projects a part (``reclock.schema_projection.arrow_project``: an added column null, a
+    widened one cast up); None when it cannot be (a column ``out`` lacks, a type it does not widen to)."""
+    extra = [n for n in ("ts", "diff") if n in table.column_names]
+    names = [n for n, _, _ in out.info.columns]
+    fields = [out.schema.field(n) for n in names] + [pa.field(n, pa.int64()) for n in extra]
+    want = pa.schema(fields)
+    data = [n for n in table.column_names if n not in ("ts", "diff")]
+    if data == names:
+        try:
+            return table.select([*names, *extra]).cast(want)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            pass
+    have, target = part_schema(table.schema, data), ddl.collection_schema(out.info.columns)
+    if set(data) - set(names) or evolve(have, target, previous=have).incompatible is not None:
+        return None
+    arrays = [arrow_project(table[n] if n in data else None, have.column(n).type if n in data else None,
+                            target.column(n).type, table.num_rows).cast(f.type) for n, f in zip(names, fields)]
+    return pa.Table.from_arrays(arrays + [table[n].combine_chunks() for n in extra], schema=want)
 
 
 def _part_table(out: Output, columns: Sequence, ts, diff) -> pa.Table:
@@ -362,18 +406,6 @@ class StreamStats:
     skipped_transactions: int = 0
 
 
-def _describe_change(info: TableInfo, rel: po.Relation) -> str:
-    have = {n: (o, m) for n, o, m in info.columns}
-    now = {c.name: (c.type_oid, c.typmod) for c in rel.columns}
-    parts = [f"column {n} added" for n in now if n not in have]
-    parts += [f"column {n} dropped" for n in have if n not in now]
-    parts += [f"column {n} changed type (oid {have[n][0]} typmod {have[n][1]} -> oid {now[n][0]} typmod {now[n][1]})"
-              for n in have if n in now and have[n] != now[n]]
-    if not parts:
-        parts = ["columns reordered"]
-    return "DDL changed its columns: " + ", ".join(parts)
-
-
 _I, _U, _D, _B, _C, _N, _O = (ord(c) for c in "IUDBCNO")
 _BEGIN_BYTES, _COMMIT_BYTES = 21, 26  # B, final LSN, time, xid; C, flags, commit LSN, end LSN, time
 
@@ -459,8 +491,17 @@ class ChangeDecoder:
     def __init__(self, source: str, outputs: Sequence[Output], writer: PartWriter,
                  bindings: Sequence[tuple[int, int]], start: int, end: int, rewind: Rewind | None,
                  strict_tables: bool, truncated: Callable[[Output, int], int] | None = None,
-                 prior: Callable[[Output], pa.Table | None] | None = None, key_from: int = 0) -> None:
+                 prior: Callable[[Output], pa.Table | None] | None = None, key_from: int = 0,
+                 added_columns: Callable[[Output, tuple], tuple[str | None, dict]] | None = None,
+                 refill: Callable[[Output, Output, dict, int], int] | None = None) -> None:
         self.source, self.writer, self.bindings = source, writer, list(bindings)
+        # what the rows a table held hold in columns DDL added: (why unknown, or None; {column: text or None})
+        self.added_columns = added_columns
+        # the rows a table holds retracted and added again with the added columns' values (the updates)
+        self.refill = refill
+        self.evolved: dict[int, TableInfo] = {}  # tables whose columns DDL changed in this write, as they are now
+        self.versions: dict[str, list[SchemaVersion]] = {}  # per shard, the schema versions this write begins
+        self.schema_before: dict[str, tuple] = {}  # per shard, its columns before this write's first change
         self.truncated = truncated  # retracts a table's every row at a ts (None: a TRUNCATE stalls)
         self.prior = prior  # a key table's collection before this write (data columns and diff; None: empty)
         self.key_from = key_from  # the snapshot's LSN: a key table takes no transaction committed below it
@@ -638,7 +679,7 @@ class ChangeDecoder:
 
         emit = []
         for r in np.unique(relid[nt > 0]).tolist():
-            out = self._output(r)
+            out = self._output(r, fast=True)
             if out is None:
                 continue
             sel = np.flatnonzero((relid == r) & (nt > 0))
@@ -709,12 +750,19 @@ class ChangeDecoder:
         else:
             self.stats.skipped_transactions += 1
 
-    def _output(self, relid: int) -> Output | None:
+    def _output(self, relid: int, fast: bool = False) -> Output | None:
         """The output a change of ``relid`` goes to (None: not one of the source's tables); checks the
-        relation against the registration (once per Relation message)."""
+        relation against the registration (once per Relation message). ``fast``: for a stretch read column by
+        column, where a relation whose columns changed is ``Irregular`` (taken message by message, each
+        change in its own transaction)."""
         try:
             return self.checked[relid]
         except KeyError:
+            if fast:
+                rel, have = self.relations.get(relid), self.by_relid.get(relid)
+                if rel is not None and have is not None and tuple(
+                        (c.name, c.type_oid, c.typmod) for c in rel.columns) != have.info.columns:
+                    raise po.Irregular("a relation whose columns changed")
             out = self._check_relation(relid)
             self.checked[relid] = out
             return out
@@ -736,8 +784,7 @@ class ChangeDecoder:
             return None
         got = tuple((c.name, c.type_oid, c.typmod) for c in rel.columns)
         if got != out.info.columns:
-            raise TableSchemaChanged(self.source, out.info.table, _describe_change(out.info, rel),
-                                     "re-snapshot the source to take the new columns")
+            out = self._evolve(out, got)
         key = tuple(c.name for c in rel.columns if c.flags & 1)
         if rel.replica_identity == "f" and out.info.keyed or rel.replica_identity in "di" and (
                 not out.info.keyed or set(key) != set(out.info.key)) or rel.replica_identity not in "fdi":
@@ -747,6 +794,50 @@ class ChangeDecoder:
                                          f"{out.info.identity_text()} as when the source took its snapshot",
                                          f"set it back, or `reclock resnapshot {self.source}` to take it as it is")
         return out
+
+    def _evolve(self, out: Output, columns: tuple) -> Output:
+        """Table ``out``'s Relation names ``columns``, not its registered ones: DDL. A change that flows
+        (``reclock.sources.postgres.ddl``) gives the table its new columns from this transaction on: a schema
+        version at its timestamp (when the collection's schema changes), parts of the new columns from here,
+        its current rows (a key table's) read again in them; any other stalls (``TableSchemaChanged``)."""
+        table, remedy = out.info.table, f"run `reclock resnapshot {self.source}` to take the table as it is now"
+        change = ddl.classify(out.info.columns, columns)
+        if change.refused is not None:
+            raise TableSchemaChanged(self.source, table, f"DDL changed its columns: {change.refused}",
+                                     ddl.remedy(self.source, table, change))
+        if self.rewinding or len(self.targets) != 1:
+            raise TableSchemaChanged(self.source, table, f"DDL changed its columns ({change.describe()}) between the "
+                                     "first binding and its snapshot", remedy)
+        fills: dict = {}
+        if change.added:
+            added = tuple(c for c in columns if c[0] in change.added)
+            why, fills = ("the source cannot look it up", {}) if self.added_columns is None else \
+                self.added_columns(out, added)
+            if why is not None:
+                raise TableSchemaChanged(self.source, table, f"DDL added column(s) {', '.join(change.added)}, and what "
+                                         f"the rows the table held then hold there cannot be told: {why}", remedy)
+        ts = self.targets[0][0]
+        relid = out.info.relid
+        now = Output(replace(out.info, columns=columns), out.shard)
+        if any(v is not None for v in fills.values()):  # ADD COLUMN ... DEFAULT: the rows it held hold the value
+            if self.refill is None:
+                raise TableSchemaChanged(self.source, table, f"DDL added column(s) {', '.join(change.added)} with a "
+                                         "DEFAULT, which this write cannot fill in", remedy)
+            self.stats.changes += self.refill(out, now, fills, ts)  # reshapes the writer's table too
+        else:
+            self.writer.reshape(relid, now)
+        self.states.pop(relid, None)  # a key table's current rows: read again in the new columns when needed
+        self.by_relid[relid] = self.by_name[table] = now
+        self.evolved[relid] = now.info
+        self.schema_before.setdefault(out.shard, out.info.columns)
+        old, new = ddl.collection_schema(out.info.columns), ddl.collection_schema(columns)
+        if new != old:
+            versions = self.versions.setdefault(out.shard, [])
+            cause = f"{table}: {change.describe()}"
+            if versions and versions[-1].since_ts == ts:  # two changes at one timestamp are one
+                cause = f"{versions.pop().cause}; {change.describe()}"
+            versions.append(SchemaVersion(ts, new, ddl.relation_json(columns), cause))
+        return now
 
     def _values(self, out: Output, tup: po.Tuple, old: po.Tuple | None, what: str) -> tuple:
         """The tuple's text forms, an unchanged TOASTed value taken from the old row (never a placeholder)."""
@@ -805,11 +896,12 @@ class ChangeDecoder:
             held = self.prior(out) if self.prior is not None else None
             if held is not None and held.num_rows:
                 names = [n for n, _, _ in out.info.columns]
-                if sorted(held.column_names) != sorted([*names, "diff"]):
+                conformed = conform(held, out)
+                if conformed is None:
                     raise KeyedRowMissing(self.source, out.info.table, f"its collection holds columns "
                                           f"{held.column_names}, not the table's {names}", "re-snapshot the source")
-                updates.append(held.select(names).append_column("ts", pa.array([0] * held.num_rows, pa.int64()))
-                               .append_column("diff", held["diff"]).cast(out.schema))
+                updates.append(conformed.select(names).append_column("ts", pa.array([0] * held.num_rows, pa.int64()))
+                               .append_column("diff", conformed["diff"]).cast(out.schema))
             parts = [u for u in updates if u is not None and u.num_rows]
             contents = contents_as_of(pa.concat_tables(parts) if parts else None, 2**63 - 1)
             st = self.states[relid] = _KeyState(self.source, out, contents if parts else

@@ -21,6 +21,7 @@ trigger, lag        ``PublicationChanged``; the slot's lag is not probed
 from __future__ import annotations
 
 import contextlib
+import json
 import uuid
 from typing import Any, Callable, ContextManager, Sequence
 
@@ -30,28 +31,35 @@ from reclock import remap
 from reclock.batch import BatchDescription, mint_descriptions
 from reclock.compaction import contents_as_of
 from reclock.datasets import DatasetName, postgres_table
-from reclock.errors import (ConfigError, ReclockError, ShardsDisagree, SlotAheadOfConsensus, TableTruncated,
-                            TruncatedUnderSnapshot)
+from reclock.errors import (ConfigError, ReclockError, ShardsDisagree, SlotAheadOfConsensus, TableSchemaChanged,
+                            TableTruncated, TruncatedUnderSnapshot)
 from reclock.failpoints import failpoint
 from reclock.part_layout import DATA_KIND, ERRORS_KIND, ERRORS_OUTPUT, INTERNAL_PREFIX
 from reclock.persist.gc import lease_write, release_write
 from reclock.persist.remap_store import append_binding, load_remap, register_source
+from reclock.persist.schemas import load_history
 from reclock.persist.shards import Append, compare_and_append, register_shard, shard_info
 from reclock.read import read_as_of
 from reclock.remap import RemapCollection
+from reclock.schema_evolution import CollectionSchema, SchemaVersion
+from reclock.schema_projection import part_schema
 from reclock.sources.base import (Acknowledged, CycleServices, Lag, SourceKind, SourceRuntime, WrittenBatch,
                                   human_bytes)
-from reclock.sources.postgres import cdc
+from reclock.sources.postgres import cdc, ddl
+from reclock.sources.postgres import pgoutput as po
 from reclock.sources.postgres import spark_snapshot
 from reclock.sources.postgres.registration import (record_snapshot_lsn, register_tables, registered_tables,
-                                                   replace_tables, snapshot_lsn, snapshot_ts)
+                                                   replace_tables, snapshot_lsn, snapshot_ts, update_tables)
 from reclock.sources.postgres.spec import find_upstream_dsn, parse_pg_table, parse_postgres_source, pg_table_shard
-from reclock.sources.postgres.upstream import LSN_PARTITION, PostgresUpstream, lsn_frontier, lsn_to_str
+from reclock.sources.postgres.upstream import LSN_PARTITION, PostgresUpstream, TableInfo, lsn_frontier, lsn_to_str
 from reclock.time import PartitionedFrontier
 
 SNAPSHOT_LSN_FILE = "snapshot_lsn"
 """Under a write's folder, after its parts were proved: the LSN of the snapshot it took, which its append
 records."""
+TABLES_FILE = "tables.json"
+"""Under a write's folder, after its parts were proved: the source's tables with the columns DDL that flowed
+gave them (``reclock.sources.postgres.ddl``), which its append registers."""
 LSN_PROGRESS = ("SELECT ts, '0/0'::pg_lsn + \"offset\" AS lsn FROM reclock.remap_offsets WHERE partition = 0 "
                 "AND source = {}")
 """The ``<source>_progress`` view of a Postgres source: ``(ts, lsn)``."""
@@ -188,8 +196,17 @@ class PostgresSource(SourceRuntime):
         if len(set(uppers.values())) != 1:
             raise ShardsDisagree(name, uppers)
         upper = min(uppers.values())
+        with self.ctx.connect() as conn:
+            registered = {t.table: t for t in registered_tables(conn, name) or ()}
         with up.session() as uconn:
             infos = self._describe_tables(uconn)
+            for info in infos:
+                was = registered.get(info.table)
+                refused = was is not None and ddl.kept_types_refused(was.columns, info.columns)
+                if refused:
+                    raise TableSchemaChanged(name, info.table, f"a re-snapshot cannot take it: {refused.refused}, and "
+                                             "its collection holds values of the old type",
+                                             ddl.remedy(name, info.table, refused))
             up.drop_slot(uconn)
             up.ensure_slot(uconn)
             lsn = up.flush_lsn(uconn)
@@ -238,6 +255,7 @@ class PostgresSource(SourceRuntime):
             failpoint("write_batches:before_job")
             writer = cdc.PartWriter(self.ctx.blob, prefix, outputs, chunk)
             rewind, snapshot_rows, upto, spark_done = None, 0, end, set()
+            held_before: dict[str, CollectionSchema] = {}  # a re-snapshot: each collection's columns before it
             with up.session() as uconn:
                 if snapshot:
                     t1, l1 = next((ts, lsn) for ts, lsn in bindings if ts == snap_ts)
@@ -246,8 +264,10 @@ class PostgresSource(SourceRuntime):
                         with self.ctx.connect() as conn:
                             for out in outputs:
                                 if shard_info(conn, out.shard).upper > 0:
-                                    writer.retract(out.info.relid, read_as_of(conn, self.ctx.blob, out.shard,
-                                                                              desc.lower - 1), t1)
+                                    held = read_as_of(conn, self.ctx.blob, out.shard, desc.lower - 1)
+                                    held_before[out.shard] = part_schema(held.schema, [
+                                        n for n in held.column_names if n != "diff"])
+                                    writer.retract(out.info.relid, held, t1)
                     with up.export_snapshot() as snap:
                         up.check_retained(uconn, min(l1, snap.lsn))
                         with up.snapshot_reader(snap) as sconn:
@@ -258,6 +278,7 @@ class PostgresSource(SourceRuntime):
                             spark_done = {out.shard for out, _ in on_spark}
                             snapshot_rows += cdc.read_snapshot(sconn, [o for o in outputs if o.shard not in spark_done],
                                                                writer, t1, chunk, self.ctx.spec.name)
+                            self._check_snapshot_columns(sconn, outputs)
                     key_from = snap.lsn
                     if snap.lsn != l1:
                         rewind = cdc.Rewind(t1, min(l1, snap.lsn), max(l1, snap.lsn), -1 if snap.lsn > l1 else 1)
@@ -274,7 +295,10 @@ class PostgresSource(SourceRuntime):
                                             strict_tables=not self.ctx.spec.upstream.tables,
                                             truncated=lambda out, ts: self._truncated(writer, desc, out, ts,
                                                                                       spark_done),
-                                            prior=lambda out: self._held(desc, out), key_from=key_from)
+                                            prior=lambda out: self._held(desc, out), key_from=key_from,
+                                            added_columns=self._added_columns,
+                                            refill=lambda out, now, fills, ts: self._refill(
+                                                writer, desc, out, now, fills, ts, spark_done))
                 # the peek's cursor lives in a transaction; the blocks are closed (the helper thread joined) before
                 # it ends, also when the decoder stops early
                 with uconn.transaction(force_rollback=True), contextlib.closing(
@@ -285,27 +309,97 @@ class PostgresSource(SourceRuntime):
             parts = cdc.collect(self.ctx.blob, self.ctx.spec.name, prefix, emitted, sorted(spark_done))
             if snapshot:  # the append that makes the snapshot visible records its LSN (append_effects)
                 self.ctx.blob.put_bytes(f"{prefix}/{SNAPSHOT_LSN_FILE}", str(key_from).encode())
+            schemas = self._schema_versions(desc, outputs, decoder, t1 if snapshot and desc.lower > 0 else None,
+                                            held_before)
+            if decoder.evolved:  # DDL that flowed: the append registers the tables' new columns (append_effects)
+                tables = [decoder.evolved.get(o.info.relid, o.info).to_json() for o in outputs]
+                self.ctx.blob.put_bytes(f"{prefix}/{TABLES_FILE}", json.dumps(tables).encode())
         except BaseException:
             with contextlib.suppress(Exception), self.ctx.connect() as conn:
                 release_write(conn, prefix)
             raise
         parts[self.ctx.spec.errors_shard] = ()
+        if schemas:
+            m.update(schema_changes={s: [v.cause for v in vs] for s, vs in schemas.items()})
         m.update(lower=desc.lower, upper=desc.upper, lsn_from=start, lsn_until=end, transactions=stats.transactions,
                  changes=stats.changes, messages=stats.messages, records_read=snapshot_rows + stats.changes,
                  records={s: sum(p.rows for p in ps) for s, ps in parts.items()},
                  bytes={s: sum(p.bytes for p in ps) for s, ps in parts.items()})
-        return WrittenBatch(desc, parts, (), prefix)
+        return WrittenBatch(desc, parts, (), prefix, schemas=schemas)
 
 
     def append_effects(self, written: WrittenBatch, metrics: dict) -> Callable[[Any], None] | None:
         """A write that took a snapshot: its LSN recorded with the append (``registration.snapshot_lsn``: the
-        key tables of the following writes take no change below it)."""
-        path = f"{written.prefix}/{SNAPSHOT_LSN_FILE}"
-        if written.prefix is None or not self.ctx.blob.exists(path):
+        key tables of the following writes take no change below it). A write in which DDL flowed: the tables'
+        new columns registered with the append (the next write compares its Relation messages with them)."""
+        if written.prefix is None:
             return None
-        lsn = int(self.ctx.blob.get_bytes(path))
-        metrics.update(snapshot_lsn=lsn)
-        return lambda conn: record_snapshot_lsn(conn, self.ctx.spec.name, lsn)
+        effects = []
+        path = f"{written.prefix}/{SNAPSHOT_LSN_FILE}"
+        if self.ctx.blob.exists(path):
+            lsn = int(self.ctx.blob.get_bytes(path))
+            metrics.update(snapshot_lsn=lsn)
+            effects.append(lambda conn: record_snapshot_lsn(conn, self.ctx.spec.name, lsn))
+        path = f"{written.prefix}/{TABLES_FILE}"
+        if self.ctx.blob.exists(path):
+            tables = [TableInfo.from_json(d) for d in json.loads(self.ctx.blob.get_bytes(path))]
+            metrics.update(tables_evolved=[t.table for t in tables])
+            effects.append(lambda conn: update_tables(conn, self.ctx.spec.name, tables))
+            self._outputs = None  # the next write of this context reads the new registration
+        if not effects:
+            return None
+
+        def apply(conn) -> None:
+            for effect in effects:
+                effect(conn)
+        return apply
+
+    def _added_columns(self, out: cdc.Output, added: tuple) -> tuple[str | None, dict]:
+        """What the rows ``out``'s table held when DDL added the columns ``added`` hold there
+        (``PostgresUpstream.added_columns``), in a session of its own (the write's holds the peek)."""
+        with contextlib.closing(self.upstream().connect()) as conn:
+            return PostgresUpstream.added_columns(conn, out.info, added)
+
+    def _check_snapshot_columns(self, sconn, outputs: Sequence[cdc.Output]) -> None:
+        """The tables' published columns in the snapshot are the registered ones: DDL between the registration
+        (or a re-snapshot's) and the snapshot would give rows the snapshot read without the new columns' values."""
+        for out in outputs:
+            now = PostgresUpstream.published_columns(sconn, out.info)
+            if now != out.info.columns:
+                change = ddl.classify(out.info.columns, now)
+                raise TableSchemaChanged(self.ctx.spec.name, out.info.table, "DDL changed its columns between the "
+                                         f"source's registration and its snapshot ({change.refused or change.describe()})",
+                                         f"run `reclock resnapshot {self.ctx.spec.name}` to take the table as it is now")
+
+    def _schema_versions(self, desc: BatchDescription, outputs: Sequence[cdc.Output], decoder: cdc.ChangeDecoder,
+                         resnapshot_ts: int | None, held_before: dict[str, CollectionSchema]
+                         ) -> dict[str, tuple[SchemaVersion, ...]]:
+        """The schema versions ``desc`` begins, per shard: a re-snapshot's columns at its timestamp when they
+        are not the collection's before (``held_before``: what it held, read back), and each change DDL made
+        (``decoder.versions``). A collection with no recorded history (its columns were the parts' own) first
+        records its columns before the change at the description's lower (when the change is later): reads
+        before the change keep them."""
+        out_versions: dict[str, tuple[SchemaVersion, ...]] = {}
+        with self.ctx.connect() as conn:
+            for out in outputs:
+                mine = list(decoder.versions.get(out.shard, ()))
+                history = load_history(conn, out.shard)
+                before = history.latest() or held_before.get(out.shard)
+                now = ddl.collection_schema(out.info.columns)
+                if resnapshot_ts is not None and before is not None and before != now:
+                    if not (mine and mine[0].since_ts == resnapshot_ts):
+                        mine.insert(0, SchemaVersion(resnapshot_ts, now, ddl.relation_json(out.info.columns),
+                                                     f"{out.info.table}: re-snapshot"))
+                    if not history.versions and desc.lower < resnapshot_ts:
+                        mine.insert(0, SchemaVersion(desc.lower, before, "{}", f"{out.info.table}: its columns "
+                                                     "before the re-snapshot"))
+                elif mine and not history.versions and mine[0].since_ts > desc.lower:
+                    before = decoder.schema_before[out.shard]
+                    mine.insert(0, SchemaVersion(desc.lower, ddl.collection_schema(before), ddl.relation_json(before),
+                                                 f"{out.info.table}: its columns before DDL"))
+                if mine:
+                    out_versions[out.shard] = tuple(mine)
+        return out_versions
 
     def _held(self, desc: BatchDescription, out: cdc.Output) -> pa.Table | None:
         """What ``out``'s collection holds before ``desc`` (AS OF its lower - 1: data columns and diff), None
@@ -320,29 +414,70 @@ class PostgresSource(SourceRuntime):
     def _truncated(self, writer: cdc.PartWriter, desc: BatchDescription, out: cdc.Output, ts: int,
                    on_spark: set) -> int:
         """A ``TRUNCATE`` of ``out``'s table at ``ts``: every row its collection holds at that point retracted at
-        ``ts`` (the contents before the description, AS OF its lower - 1, plus this write's updates of the
-        table so far, read back; in memory, as a re-snapshot's retraction is); the rows retracted. A table
-        Spark snapshotted in this write stalls instead (``TableTruncated``: its parts are Spark's)."""
+        ``ts`` (:meth:`_contents`); the rows retracted. A table Spark snapshotted in this write stalls instead
+        (``TableTruncated``: its parts are Spark's)."""
         if out.shard in on_spark:
             raise TableTruncated(self.ctx.spec.name, out.info.table, "TRUNCATE in the cycle that took its snapshot "
                                  "on Spark", "run the cycle again after `reclock resnapshot`")
+        contents = self._contents(writer, desc, out, ts, lambda: TableTruncated(
+            self.ctx.spec.name, out.info.table, "TRUNCATE of a collection whose columns changed in this write",
+            "re-snapshot the source"))
+        if contents.num_rows:
+            writer.retract(out.info.relid, contents, ts)
+        return contents.num_rows
+
+    def _refill(self, writer: cdc.PartWriter, desc: BatchDescription, out: cdc.Output, now: cdc.Output,
+                fills: dict, ts: int, on_spark: set) -> int:
+        """``ADD COLUMN ... DEFAULT`` on ``out``'s table at ``ts`` (``now``: its new columns; ``fills``: each
+        added column's value in the rows it held, as text, None for null): every row its collection holds at
+        that point (:meth:`_contents`) retracted at ``ts`` and added again with the added columns' values, as
+        the table shows them from then on; the writer takes the new columns. The updates written."""
+        if out.shard in on_spark:
+            raise TableSchemaChanged(self.ctx.spec.name, out.info.table, "ADD COLUMN ... DEFAULT in the cycle that "
+                                     "took its snapshot on Spark", f"run `reclock resnapshot {self.ctx.spec.name}`")
+        contents = self._contents(writer, desc, out, ts, lambda: TableSchemaChanged(
+            self.ctx.spec.name, out.info.table, "ADD COLUMN ... DEFAULT on a collection whose columns it cannot read",
+            f"run `reclock resnapshot {self.ctx.spec.name}`"))
+        relid = out.info.relid
+        if contents.num_rows:
+            writer.retract(relid, contents, ts)
+        writer.reshape(relid, now)
+        if not contents.num_rows:
+            return 0
+        again = cdc.conform(contents, now)
+        n = contents.num_rows
+        for i, (name, oid, typmod) in enumerate(now.info.columns):
+            if name in fills:
+                value = po.text_column(oid, typmod, [fills[name]] * n, f"{now.info.table}.{name}")
+                again = again.set_column(i, now.schema.field(i), value.cast(now.schema.field(i).type))
+        again = again.append_column("ts", pa.array([ts] * n, pa.int64())).drop_columns(["diff"]) \
+            .append_column("diff", again["diff"])
+        writer.add_typed(relid, again.select(now.schema.names).cast(now.schema))
+        return 2 * n
+
+    def _contents(self, writer: cdc.PartWriter, desc: BatchDescription, out: cdc.Output, ts: int,
+                  unreadable: Callable[[], ReclockError]) -> pa.Table:
+        """Every row ``out``'s collection holds at ``ts`` in this write (data columns and diff): the contents
+        before the description, AS OF its lower - 1, plus this write's updates of the table so far, read back
+        (in memory, as a re-snapshot's retraction is); ``unreadable()`` is raised for contents it cannot read
+        as ``out``'s columns."""
         writer.flush(out.info.relid)
         updates = [writer.written(out.info.relid)]
         with self.ctx.connect() as conn:
             if desc.lower > 0 and shard_info(conn, out.shard).upper > 0:
                 held = read_as_of(conn, self.ctx.blob, out.shard, desc.lower - 1)
                 names = [n for n, _, _ in out.info.columns]
-                if held.num_rows and sorted(held.column_names) == sorted([*names, "diff"]):
-                    updates.append(held.select(names).append_column("ts", pa.array([0] * held.num_rows, pa.int64()))
-                                   .append_column("diff", held["diff"]).cast(out.schema))
+                conformed = cdc.conform(held, out) if held.num_rows else None
+                if conformed is not None:
+                    updates.append(conformed.select(names).append_column("ts", pa.array([0] * held.num_rows, pa.int64()))
+                                   .append_column("diff", conformed["diff"]).cast(out.schema))
                 elif held.num_rows:
-                    raise TableTruncated(self.ctx.spec.name, out.info.table, "TRUNCATE of a collection whose columns "
-                                         "changed in this write", "re-snapshot the source")
+                    raise unreadable()
         parts = [u for u in updates if u is not None]
         contents = contents_as_of(pa.concat_tables(parts) if parts else None, ts)
-        if "diff" in contents.column_names and contents.num_rows and len(contents.column_names) > 1:
-            writer.retract(out.info.relid, contents, ts)
-        return contents.num_rows
+        if "diff" not in contents.column_names or len(contents.column_names) == 1:
+            return out.schema.empty_table().drop_columns(["ts"])
+        return contents
 
 
     def _snapshot_on_spark(self, sconn, outputs: Sequence[cdc.Output]) -> list[tuple[cdc.Output, list]]:

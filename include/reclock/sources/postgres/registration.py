@@ -3,9 +3,11 @@
 of the binding whose write takes a snapshot (``snapshot_ts``; absent: the first binding), and the LSN of
 the snapshot the collections start from (``snapshot_lsn``, recorded when it is appended).
 
-Written once, with the source's first binding still to come, and replaced only by a re-snapshot, in the
-transaction that appends the re-snapshot's binding: cycles compare the stream's Relation messages against
-it, so DDL never changes a collection's columns silently (``reclock.sources.postgres.cdc``).
+Written once, with the source's first binding still to come, and replaced by a re-snapshot, in the
+transaction that appends the re-snapshot's binding; a table's columns also change with the append of a write
+in which DDL flowed (:func:`update_tables`, ``reclock.sources.postgres.ddl``): cycles compare the stream's
+Relation messages against it, so DDL never changes a collection's columns silently
+(``reclock.sources.postgres.cdc``).
 """
 
 from __future__ import annotations
@@ -54,6 +56,13 @@ def replace_tables(conn, source: str, tables: Sequence[TableInfo], snapshot_at: 
     transaction, with that binding's append)."""
     conn.execute("UPDATE reclock.sources SET config = jsonb_set(config, '{postgres}', %s) WHERE name = %s",
                  (Jsonb({"tables": [t.to_json() for t in tables], "snapshot_ts": snapshot_at}), source))
+
+
+def update_tables(conn, source: str, tables: Sequence[TableInfo]) -> None:
+    """The tables with the columns DDL that flowed gave them (``reclock.sources.postgres.ddl``), in the caller's
+    transaction (the append of the write that met the DDL); the snapshot's timestamp and LSN stay."""
+    conn.execute("UPDATE reclock.sources SET config = jsonb_set(config, '{postgres,tables}', %s) WHERE name = %s",
+                 (Jsonb([t.to_json() for t in tables]), source))
 
 
 def register_tables(conn, source: str, tables: Sequence[TableInfo]) -> list[TableInfo]:

@@ -129,7 +129,12 @@ class TableInfo:
 
     ``identity`` and ``key``: how its updates and deletes name the old row (:data:`Identity`), and for a
     key identity the key's columns in the key's order (``()`` for ``full``). A key table's old rows come
-    from the collection (``reclock.sources.postgres.cdc``)."""
+    from the collection (``reclock.sources.postgres.cdc``).
+
+    ``attnum_upto``: the table's highest column number (``attnum``, dropped columns too) when it was
+    registered: a column of a higher number that is dropped now was added and dropped since, which makes a
+    later column of the same name ambiguous (``reclock.sources.postgres.ddl``; None for a registration older
+    than it)."""
 
     table: str  # schema.table
     relid: int
@@ -139,6 +144,7 @@ class TableInfo:
     partitions: tuple[int, ...] | None = None
     identity: Identity = "full"
     key: tuple[str, ...] = ()
+    attnum_upto: int | None = None  # the table's highest column number (dropped ones too) when registered
 
     @property
     def partitioned(self) -> bool:
@@ -154,6 +160,8 @@ class TableInfo:
             out["partitions"] = list(self.partitions)
         if self.identity != "full":
             out["identity"], out["key"] = self.identity, list(self.key)
+        if self.attnum_upto is not None:
+            out["attnum_upto"] = self.attnum_upto
         return out
 
     @staticmethod
@@ -162,7 +170,7 @@ class TableInfo:
         return TableInfo(d["table"], int(d["relid"]), tuple((str(n), int(o), int(m)) for n, o, m in d["columns"]),
                          d.get("row_filter"), None if columns is None else tuple(columns),
                          None if partitions is None else tuple(int(p) for p in partitions),
-                         d.get("identity", "full"), tuple(d.get("key", ())))
+                         d.get("identity", "full"), tuple(d.get("key", ())), d.get("attnum_upto"))
 
     @property
     def keyed(self) -> bool:
@@ -323,8 +331,10 @@ class PostgresUpstream:
                         f"leaves out key column(s) {', '.join(outside)} of its replica identity",
                         f"add them to the column list: ALTER PUBLICATION {pg_ident(self.publication)} SET TABLE "
                         f"{table} ({', '.join([*column_list, *outside])})")
+            (upto,) = conn.execute("SELECT max(attnum)::int FROM pg_attribute WHERE attrelid = %s AND attnum > 0",
+                                   (relid,)).fetchone()
             out.append(TableInfo(table, relid, tuple((n, o, m) for n, o, m in cols), row_filter, column_list,
-                                 partitions, identity, key))
+                                 partitions, identity, key, upto))
         return out
 
     def _identity(self, conn, table: str, relid: int, ident: str, where: str = "") -> tuple[Identity, tuple[str, ...]]:
@@ -362,6 +372,55 @@ class PostgresUpstream:
         raise PublicationMissing(self.source, table, f"not in publication {self.publication} (dropped, "
                                  "or removed from the publication)",
                                  f"ALTER PUBLICATION {self.publication} ADD TABLE {table}, or re-snapshot")
+
+    @staticmethod
+    def published_columns(conn, info: TableInfo) -> tuple[tuple[str, int, int], ...]:
+        """The columns of ``info``'s table the publication publishes now (in ``conn``'s snapshot): all of them
+        in order, or those of its column list."""
+        cols = conn.execute("SELECT attname, atttypid::int8, atttypmod FROM pg_attribute WHERE attrelid = %s "
+                            "AND attnum > 0 AND NOT attisdropped ORDER BY attnum", (info.relid,)).fetchall()
+        return tuple((n, o, m) for n, o, m in cols if info.column_list is None or n in info.column_list)
+
+    @staticmethod
+    def added_columns(conn, info: TableInfo, added: Sequence[tuple[str, int, int]]
+                      ) -> tuple[str | None, dict[str, str | None]]:
+        """What the rows a table held when the columns ``added`` (``(name, type oid, typmod)``, as a Relation
+        message named them; ``info``: the table as registered before them) were added hold in them:
+        ``(None, {column: text form or None})`` when it is known, else ``(why not, {})``. They hold the
+        column's missing value (``atthasmissing``: an ``ADD COLUMN ... DEFAULT`` of a non-volatile default,
+        kept in the catalog, its text form as the stream's) or else null, when each column is in the table
+        now, of that type, not an identity or generated column, without a default unless it has a missing
+        value (a volatile default rewrote the table), and no column was added and dropped since the table
+        was registered (then the column the WAL named may be another of that name). Looked up in the
+        catalog as it is now (in a session of the stream's styles): anything it cannot tell is a reason."""
+        rows = conn.execute(
+            "SELECT a.attname, a.attnum, a.attisdropped, a.atttypid::int8, a.atttypmod, a.atthasmissing, "
+            "d.oid IS NOT NULL, a.attidentity <> '' OR a.attgenerated <> '', "
+            "CASE WHEN a.atthasmissing THEN (a.attmissingval::text::text[])[1] END FROM pg_attribute a LEFT JOIN "
+            "pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum WHERE a.attrelid = %s AND a.attnum > 0",
+            (info.relid,)).fetchall()
+        live = {r[0]: r for r in rows if not r[2]}
+        upto = info.attnum_upto
+        if upto is None:  # a registration older than attnum_upto: its columns' numbers now
+            upto = max((live[n][1] for n, _, _ in info.columns if n in live), default=0)
+        dropped = sorted(r[1] for r in rows if r[2] and r[1] > upto)
+        if dropped:
+            return (f"a column added after the source registered the table was dropped since (column number "
+                    f"{dropped[0]}), so which column the WAL names cannot be told from the catalog"), {}
+        fills: dict[str, str | None] = {}
+        for name, oid, typmod in added:
+            row = live.get(name)
+            if row is None:
+                return f"column {name} is not in the table any more", {}
+            _, _, _, now_oid, now_typmod, missing, default, special, value = row
+            if (now_oid, now_typmod) != (oid, typmod):
+                return f"column {name} has changed type since", {}
+            if special or default and not missing:
+                return (f"column {name} is an identity or generated column, or was added with a volatile DEFAULT "
+                        "(or has a DEFAULT now): the rows the table held then may hold values the WAL does not "
+                        "carry"), {}
+            fills[name] = value if missing else None
+        return None, fills
 
     def check_tables(self, conn, registered: Sequence[TableInfo]) -> None:
         """Every registered table is still there (same oid), published as it was registered

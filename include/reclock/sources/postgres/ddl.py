@@ -1,0 +1,200 @@
+"""DDL on a published table (pure): what a Relation message whose columns differ from the registered ones
+means for the table's collection.
+
+pgoutput sends a table's Relation message again, before its first change under a new definition, whenever
+DDL changed it. The columns it names (``(name, type oid, typmod)``, in column order, dropped ones left out)
+are compared with the registered ones (:func:`classify`):
+
+==============================================  ==========================================================
+change                                          what the collection does
+==============================================  ==========================================================
+``ADD COLUMN`` (new columns after the others)    flows: the collection's schema gains the columns, nullable,
+                                                 at the timestamp of the table's first change under the
+                                                 new relation (``reclock.schema_evolution``); rows before
+                                                 read back with null there. A column whose old rows hold a
+                                                 value (a ``DEFAULT``) is checked upstream (``cdc``).
+a type widened without changing any value        flows: ``smallint`` to ``integer`` to ``bigint``;
+                                                 ``real`` to ``double precision``; ``varchar(n)`` to
+                                                 ``varchar(m)`` (m >= n), ``varchar`` or ``text``; ``text``
+                                                 to ``varchar``; ``numeric(p,s)`` to one that holds it
+                                                 (more integer digits and scale, or an unconstrained
+                                                 ``numeric`` whose collection type holds it); an integer
+                                                 to a ``numeric`` that holds it. Parts written before
+                                                 keep their type; readers cast them up.
+``DROP COLUMN``, a rename, columns reordered,    stall (:class:`~reclock.errors.TableSchemaChanged`), naming
+any other type change (a narrowing, ``text`` to  the table, the column, the old and new types and the
+``integer``, a timestamp's precision, ...)       command that resolves it (``reclock resnapshot <source>``)
+==============================================  ==========================================================
+
+Only changes that keep every value the table holds are taken: a type change Postgres makes by rewriting
+values (``timestamp(6)`` to ``timestamp(3)`` rounds them, ``char(n)`` pads them) would leave the rows the
+collection holds unequal to the table's, and their retractions unmatched, so it stalls. Law
+(``tests/unit/test_pg_ddl_classify.py``): every change :func:`classify` lets flow is one
+``reclock.schema_evolution.evolve`` takes (the collection's schema of the old columns evolves into the new
+one without an incompatibility).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Sequence
+
+from reclock.schema_evolution import CollectionSchema, Column, evolve
+from reclock.schema_projection import spark_type
+from reclock.sources.postgres import pgoutput as po
+
+PgColumn = tuple[str, int, int]
+"""A published column: ``(name, type oid, typmod)``."""
+
+_INT_DIGITS = {po.INT2: 5, po.INT4: 10, po.INT8: 19}
+_INT_ORDER = (po.INT2, po.INT4, po.INT8)
+_TEXTS = (po.TEXT, po.VARCHAR)
+_NAMES = {po.BOOL: "boolean", po.BYTEA: "bytea", po.NAME: "name", po.INT8: "bigint", po.INT2: "smallint",
+          po.INT4: "integer", po.TEXT: "text", po.OID: "oid", po.JSON: "json", po.FLOAT4: "real",
+          po.FLOAT8: "double precision", po.DATE: "date", po.UUID: "uuid", po.JSONB: "jsonb"}
+
+
+def type_text(oid: int, typmod: int) -> str:
+    """A column type as Postgres prints it (``integer``, ``varchar(20)``, ``numeric(12,2)``, ...); ``type oid
+    N`` for a type this module does not name."""
+    if oid in _NAMES:
+        return _NAMES[oid]
+    if oid in (po.VARCHAR, po.BPCHAR):
+        name = "varchar" if oid == po.VARCHAR else "char"
+        return f"{name}({typmod - 4})" if typmod >= 4 else name
+    if oid == po.NUMERIC:
+        ps = po.numeric_precision(typmod)
+        return "numeric" if ps is None else f"numeric({ps[0]},{ps[1]})"
+    if oid in (po.TIMESTAMP, po.TIMESTAMPTZ):
+        name = "timestamp" if oid == po.TIMESTAMP else "timestamptz"
+        return f"{name}({typmod})" if typmod >= 0 else name
+    return f"type oid {oid}" + (f" (typmod {typmod})" if typmod >= 0 else "")
+
+
+def collection_schema(columns: Sequence[PgColumn]) -> CollectionSchema:
+    """The collection's schema of a table's published columns (every column nullable)."""
+    return CollectionSchema(tuple(Column(n, spark_type(po.arrow_type(o, m)), True) for n, o, m in columns))
+
+
+def relation_json(columns: Sequence[PgColumn]) -> str:
+    """A schema version's ``upstream``: the relation's columns, as the registration keeps them."""
+    return json.dumps({"columns": [list(c) for c in columns]})
+
+
+def _numeric_holds(old: tuple[int, int] | None, new: tuple[int, int] | None) -> bool:
+    """Whether ``numeric(new)`` keeps every value of ``numeric(old)`` as it is (None: unconstrained, whose
+    collection type is ``decimal(38,10)``)."""
+    if old is None:
+        return new is None
+    p, s = old
+    if new is None:
+        return s <= 10 and p - s <= 28  # a value of it fits the unconstrained column's decimal(38,10)
+    p2, s2 = new
+    return s2 >= s and p2 - s2 >= p - s
+
+
+def value_preserving(old: tuple[int, int], new: tuple[int, int]) -> bool:
+    """Whether a column of type ``old`` (oid, typmod) changed to ``new`` keeps every value it holds, equal
+    as the collection holds it (the module's list)."""
+    (o, m), (o2, m2) = old, new
+    if (o, m) == (o2, m2):
+        return True
+    if o in _INT_ORDER and o2 in _INT_ORDER:
+        return _INT_ORDER.index(o) < _INT_ORDER.index(o2)
+    if o == po.FLOAT4 and o2 == po.FLOAT8:
+        return True
+    if o in _TEXTS and o2 in _TEXTS:
+        if o2 == po.TEXT or m2 < 0:
+            return True  # to text, or to varchar without a length
+        return o == po.VARCHAR and 0 <= m <= m2  # a longer varchar(n)
+    if o == po.NUMERIC and o2 == po.NUMERIC:
+        return _numeric_holds(po.numeric_precision(m), po.numeric_precision(m2))
+    if o in _INT_DIGITS and o2 == po.NUMERIC:
+        ps = po.numeric_precision(m2)
+        return ps is None or ps[0] - ps[1] >= _INT_DIGITS[o]
+    return False
+
+
+@dataclass(frozen=True)
+class RelationChange:
+    """What a table's new columns are against its registered ones: the columns ``added`` (at the end),
+    those whose type ``changed`` in a way that keeps every value (``(name, old type, new type)``), or why
+    the source stalls (``refused``; ``column``, ``old`` and ``new`` name it)."""
+
+    added: tuple[str, ...] = ()
+    changed: tuple[tuple[str, str, str], ...] = ()
+    refused: str | None = None
+    column: str | None = None
+    old: str | None = None
+    new: str | None = None
+    rename_first: bool = False  # a re-snapshot cannot read the values the collection holds as the new type
+
+    def describe(self) -> str:
+        """For a schema version's cause and for people: ``ADD COLUMN z; ALTER COLUMN n TYPE bigint (was
+        integer)``."""
+        parts = [f"ADD COLUMN {n}" for n in self.added]
+        parts += [f"ALTER COLUMN {n} TYPE {new} (was {old})" for n, old, new in self.changed]
+        return "; ".join(parts)
+
+
+def remedy(source: str, table: str, change: RelationChange) -> str:
+    """The command that resolves a change that stalls the source: ``reclock resnapshot <source>``, after a
+    type change that does not keep every value with the column renamed first (the collection keeps the values
+    it holds in the old type, and a re-snapshot cannot read them as the new one; under a new name the column
+    is a new one)."""
+    if change.rename_first:
+        return (f"run ALTER TABLE {table} RENAME COLUMN {change.column} TO <a new name>; then `reclock resnapshot "
+                f"{source}` (the collection keeps the values it holds as {change.old} and cannot read them as "
+                f"{change.new}), or ALTER the column back to {change.old}")
+    return f"run `reclock resnapshot {source}` to take the table as it is now"
+
+
+def kept_types_refused(old: Sequence[PgColumn], new: Sequence[PgColumn]) -> RelationChange | None:
+    """A re-snapshot from columns ``old`` to ``new``: a column kept by name whose type changed in a way
+    the values the collection holds cannot be read as (not a widening of the collection's type), which a
+    re-snapshot refuses (:func:`remedy`); None when every kept column reads its old values exactly."""
+    have = {n: (o, m) for n, o, m in old}
+    for n, o2, m2 in new:
+        if n in have and have[n] != (o2, m2):
+            was = collection_schema([(n, *have[n])])
+            now = collection_schema([(n, o2, m2)])
+            if was != now and evolve(was, now, previous=was).incompatible is not None:
+                return RelationChange(refused=f"column {n} changed type from {type_text(*have[n])} to "
+                                      f"{type_text(o2, m2)}", column=n, old=type_text(*have[n]),
+                                      new=type_text(o2, m2), rename_first=True)
+    return None
+
+
+def classify(old: Sequence[PgColumn], new: Sequence[PgColumn]) -> RelationChange:
+    """The change from the registered columns ``old`` to a Relation message's ``new`` (see the module)."""
+    old_names = [n for n, _, _ in old]
+    new_names = [n for n, _, _ in new]
+    by_name = {n: (o, m) for n, o, m in new}
+    for i, (n, o, m) in enumerate(old):
+        if n in by_name:
+            continue
+        was = type_text(o, m)
+        there = new[i] if i < len(new) and new[i][0] not in old_names else None
+        if there is not None:
+            return RelationChange(refused=f"column {n} ({was}) was renamed to {there[0]} ({type_text(*there[1:])}), "
+                                  "or dropped and another added in its place", column=n, old=was,
+                                  new=f"{there[0]} {type_text(*there[1:])}")
+        return RelationChange(refused=f"column {n} ({was}) was dropped (the rows the collection holds have it, "
+                              "the table's no longer do)", column=n, old=was, new="dropped")
+    if new_names[:len(old_names)] != old_names:
+        return RelationChange(refused=f"its columns were reordered ({', '.join(old_names)} -> "
+                              f"{', '.join(new_names)})")
+    changed = []
+    for n, o, m in old:
+        o2, m2 = by_name[n]
+        if (o, m) == (o2, m2):
+            continue
+        was, now = type_text(o, m), type_text(o2, m2)
+        if not value_preserving((o, m), (o2, m2)):
+            return RelationChange(refused=f"column {n} changed type from {was} to {now}, a change that does not "
+                                  "keep every value the collection holds (a narrowing, another type, or values "
+                                  "Postgres rewrote)", column=n, old=was, new=now,
+                                  rename_first=kept_types_refused([(n, o, m)], [(n, o2, m2)]) is not None)
+        changed.append((n, was, now))
+    return RelationChange(added=tuple(new_names[len(old_names):]), changed=tuple(changed))

@@ -1,0 +1,267 @@
+"""Schema changes that flow (issue 33 part 3), against a real upstream Postgres 15 with a writer running
+through the DDL: ``ADD COLUMN`` (with and without a default) and type changes that keep every value (``int`` to ``bigint``,
+``varchar(n)`` to ``text``, a wider ``numeric``) change the collection's schema at the timestamp of the
+table's first change under the new relation, and every binding's contents equal the table as of its LSN,
+with cycles crashing at random step boundaries, for a table of identity FULL and one of a primary key (whose retractions of rows written before the change
+must match them as readers project them); a column added with a non-volatile ``DEFAULT`` retracts the rows the
+table held and adds them again with it. ``DROP COLUMN``, a rename, a narrowing, ``text`` to ``integer``
+and a column added with a volatile ``DEFAULT`` stall naming the table, the column, the types and
+``reclock resnapshot <source>``, which resolves them.
+
+The oracle is the upstream itself: each of the writer's transactions reads its tables before it commits
+(``SELECT *``: the rows and the columns they have then), and an observer slot gives each transaction's
+commit LSN."""
+
+from __future__ import annotations
+
+import queue
+import random
+import threading
+import time
+
+import psycopg
+import pytest
+from pg_support import bindings, contents, make_ctx, source_name, upstream_database, writer
+
+from reclock import cycle, failpoints
+from reclock.errors import TableSchemaChanged
+from reclock.persist import connect
+from reclock.persist.schemas import load_history
+from reclock.persist.shards import shard_info
+from reclock.sources.postgres import pgoutput as po
+
+
+@pytest.fixture
+def upstream(postgres):
+    with upstream_database(postgres) as dsn:
+        yield dsn
+
+
+TABLES = ("f", "k")  # f: REPLICA IDENTITY FULL; k: its primary key
+SETUP = tuple(s for t in TABLES for s in (
+    f"CREATE TABLE {t} (id int8 PRIMARY KEY, v varchar(10), c int4, n int8, amount numeric(8,2), w text)",
+    f"INSERT INTO {t} SELECT g, 'v' || g, g, g * 1000, g + 0.25, 'w' || g FROM generate_series(1, 20) g")) + (
+    "ALTER TABLE f REPLICA IDENTITY FULL", "CREATE PUBLICATION pub FOR TABLE f, k",
+    "SELECT pg_create_logical_replication_slot('observer', 'pgoutput')")
+
+
+class DdlWriter(threading.Thread):
+    """Inserts, updates and deletes on both tables (only columns no DDL of the tests drops or narrows:
+    ``id``, ``v``, ``c``, ``amount``; ``z`` once added), each transaction logging its xid and the tables as it
+    leaves them; the statements put on :attr:`ddl` run at the start of the next transaction."""
+
+    def __init__(self, dsn: str) -> None:
+        super().__init__(daemon=True)
+        self.dsn, self.rng = dsn, random.Random(33)
+        self.stop, self.ddl = threading.Event(), queue.Queue()
+        self.log: list[tuple[int, dict]] = []
+        self.next_id, self.error, self.z = 100, None, False
+
+    def run(self) -> None:
+        try:
+            with writer(self.dsn) as conn:
+                while not self.stop.is_set():
+                    self.transaction(conn)
+                    time.sleep(self.rng.random() * 0.01)
+        except BaseException as e:  # noqa: BLE001 - reported by the test
+            self.error = e
+
+    def run_ddl(self, *statements: str) -> None:
+        """Run ``statements`` in the writer's next transaction, among its changes; wait until it committed."""
+        done = threading.Event()
+        self.ddl.put((statements, done))
+        assert done.wait(30), "the writer ran the DDL"
+
+    def transaction(self, conn) -> None:
+        rng = self.rng
+        done = None
+        with conn.transaction():
+            xid = conn.execute("SELECT pg_current_xact_id()::text::bigint").fetchone()[0]
+            try:
+                statements, done = self.ddl.get_nowait()
+            except queue.Empty:
+                statements = ()
+            for t in TABLES:
+                ids = [i for (i,) in conn.execute(f"SELECT id FROM {t}").fetchall()]
+                for _ in range(rng.randint(1, 4)):
+                    op = rng.choice(["insert", "update", "update", "delete"] if len(ids) > 5 else ["insert"])
+                    if op == "insert":
+                        self.next_id += 1
+                        conn.execute(f"INSERT INTO {t} (id, v, c, amount) VALUES (%s, %s, %s, %s)",
+                                     (self.next_id, f"i{rng.randint(0, 99)}", rng.randint(0, 9), rng.randint(0, 9999) / 100))
+                        ids.append(self.next_id)
+                        continue
+                    i = rng.choice(ids)
+                    if op == "delete":
+                        conn.execute(f"DELETE FROM {t} WHERE id = %s", (i,))
+                        ids.remove(i)
+                    elif self.z and rng.random() < 0.5:
+                        conn.execute(f"UPDATE {t} SET z = %s, c = c + 1 WHERE id = %s", (rng.randint(0, 9), i))
+                    else:
+                        conn.execute(f"UPDATE {t} SET v = %s, amount = %s WHERE id = %s",
+                                     (f"u{rng.randint(0, 99)}", rng.randint(0, 9999) / 100, i))
+                if t == "f":  # the DDL between the two tables' changes, in the same transaction
+                    for s in statements:
+                        conn.execute(s)
+                    self.z = self.z or any("ADD COLUMN z" in s for s in statements)
+            self.log.append((xid, {t: _rows(conn, t) for t in TABLES}))
+        if done is not None:
+            done.set()
+
+
+def _rows(conn, table: str) -> dict:
+    cur = conn.execute(f"SELECT * FROM {table}")
+    names = [d.name for d in cur.description]
+    return {r[0]: dict(zip(names, r)) for r in cur.fetchall()}
+
+
+def _commit_lsns(dsn: str) -> dict[int, int]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute("SELECT data FROM pg_logical_slot_peek_binary_changes('observer', NULL, NULL, "
+                            "'proto_version', '1', 'publication_names', 'pub') WHERE get_byte(data, 0) = 66").fetchall()
+    return {m.xid: m.final_lsn for m in (po.decode(d) for (d,) in rows)}
+
+
+def _snapshot_lsn(ctx) -> int:
+    with connect(ctx.dsn) as conn:
+        (lsns,) = conn.execute("SELECT array_agg(DISTINCT (metrics ->> 'snapshot_lsn')::int8) FROM reclock.statistics "
+                               "WHERE name = %s AND metrics ? 'snapshot_lsn'", (ctx.spec.name,)).fetchone()
+    return max(lsns)
+
+
+def _equal_as_of_every_binding(ctx, w: DdlWriter, initial: dict, since: int = 0) -> int:
+    """Each binding from ``since`` (ts) on: the collections AS OF it equal the tables as the writer's log
+    has them at its LSN (a key table's bindings below the snapshot's LSN: at that LSN); the bindings checked."""
+    lsns, snap = _commit_lsns(ctx.upstream), _snapshot_lsn(ctx)
+    with connect(ctx.dsn) as conn:
+        upper = min(shard_info(conn, f"{ctx.spec.name}__{t}").upper for t in TABLES)
+    checked = 0
+    for ts, lsn in bindings(ctx):
+        if ts < since or ts >= upper:  # a stalled cycle's binding has no data appended
+            continue
+        for t in TABLES:  # a FULL table is exact at every binding; a key table from its snapshot's LSN on
+            at, want = (lsn if t == "f" else max(lsn, snap)), initial
+            for xid, tables in w.log:
+                if lsns[xid] < at:
+                    want = tables
+            got = contents(ctx, f"{ctx.spec.name}__{t}", ts)
+            assert got == want[t], f"{t} AS OF {ts} (LSN {lsn:X})"
+        checked += 1
+    return checked
+
+
+def _start(db, upstream, tmp_path):
+    with writer(upstream) as conn:
+        for s in SETUP:
+            conn.execute(s)
+        initial = {t: _rows(conn, t) for t in TABLES}
+    ctx = make_ctx(db, upstream, tmp_path, source_name("ddl"), list(TABLES), max_records=50)
+    w = DdlWriter(upstream)
+    w.start()
+    time.sleep(0.1)
+    cycle.run_cycle(ctx)  # the snapshot, while the writer writes
+    return ctx, w, initial
+
+
+POINTS = ("mint:after_binding", "write_batches:before_job", "write_batches:after_slice", "append:in_transaction",
+          "resume:after_commit")
+
+
+def _crash_then_cycle(ctx, rng: random.Random) -> None:
+    """A cycle that crashes at a random step boundary (the registration and the schema versions go with the
+    append or not at all), then one that runs."""
+    with failpoints.enabled(rng.choice(POINTS)), pytest.raises(failpoints.FailpointHit):
+        cycle.run_cycle(ctx)
+    cycle.run_cycle(ctx)
+
+
+def test_added_columns_and_widened_types_flow_and_every_binding_equals_the_tables(db, upstream, tmp_path):
+    ctx, w, initial = _start(db, upstream, tmp_path)
+    rng = random.Random(5)
+    try:
+        time.sleep(0.2)
+        _crash_then_cycle(ctx, rng)
+        w.run_ddl("ALTER TABLE f ADD COLUMN z int", "ALTER TABLE k ADD COLUMN z int")
+        time.sleep(0.2)
+        _crash_then_cycle(ctx, rng)
+        w.run_ddl("ALTER TABLE f ALTER COLUMN c TYPE bigint", "ALTER TABLE k ALTER COLUMN c TYPE bigint",
+                  "ALTER TABLE f ALTER COLUMN v TYPE text")
+        time.sleep(0.2)
+        _crash_then_cycle(ctx, rng)
+        w.run_ddl("ALTER TABLE k ALTER COLUMN amount TYPE numeric(12,4)", "ALTER TABLE k ALTER COLUMN v TYPE text",
+                  "ALTER TABLE f ALTER COLUMN amount TYPE numeric(12,4)")
+        time.sleep(0.2)  # this DDL and the changes after it in one write with the changes before it
+        w.run_ddl("ALTER TABLE f ADD COLUMN y text")
+        time.sleep(0.2)
+        _crash_then_cycle(ctx, rng)
+        # a non-volatile DEFAULT: the rows the tables held hold it from then on, without a change in the WAL
+        w.run_ddl("ALTER TABLE f ADD COLUMN e text DEFAULT 'a, \"b\" {c}'", "ALTER TABLE k ADD COLUMN d numeric(6,2) "
+                  "DEFAULT 7.5")
+        time.sleep(0.2)
+        _crash_then_cycle(ctx, rng)
+    finally:
+        w.stop.set()
+        w.join(30)
+    assert w.error is None, w.error
+    cycle.run_cycle(ctx)
+    assert len(w.log) > 30
+    assert _equal_as_of_every_binding(ctx, w, initial) >= 6
+    name = ctx.spec.name
+    with connect(ctx.dsn) as conn:
+        f, k = load_history(conn, f"{name}__f"), load_history(conn, f"{name}__k")
+    assert [c.type for c in f.latest().columns] == ["bigint", "string", "bigint", "bigint", "decimal(12,4)", "string",
+                                                    "int", "string", "string"]
+    assert f.latest().names[-3:] == ("z", "y", "e") and k.latest().names[-2:] == ("z", "d")
+    assert f.versions[0].schema.column("c").type == "int" and f.versions[0].schema.column("z") is None
+    assert any("ADD COLUMN z" in v.cause for v in f.versions)
+
+
+RESNAPSHOT = r"run `reclock resnapshot {name}` to take the table as it is now"
+RENAME_FIRST = r"run ALTER TABLE public\.{t} RENAME COLUMN {c} TO <a new name>; then `reclock resnapshot {name}`"
+
+
+@pytest.mark.parametrize("ddl,match,fix", [
+    ("ALTER TABLE {t} DROP COLUMN w", r"column w \(text\) was dropped.*" + RESNAPSHOT, None),
+    ("ALTER TABLE {t} RENAME COLUMN w TO w2", r"column w \(text\) was renamed to w2 \(text\).*" + RESNAPSHOT, None),
+    ("ALTER TABLE {t} ALTER COLUMN n TYPE int4", r"column n changed type from bigint to integer.*" + RENAME_FIRST,
+     "ALTER TABLE {t} RENAME COLUMN n TO n4"),
+    ("ALTER TABLE {t} ALTER COLUMN w TYPE int4 USING length(w)", r"column w changed type from text to integer.*"
+     + RENAME_FIRST, "ALTER TABLE {t} RENAME COLUMN w TO w_length"),
+    ("ALTER TABLE {t} ADD COLUMN d float8 DEFAULT random()", r"DDL added column\(s\) d, .* a volatile DEFAULT.*"
+     + RESNAPSHOT, None),
+], ids=["drop", "rename", "narrowed", "text_to_int", "add_with_volatile_default"])
+@pytest.mark.parametrize("t", TABLES)
+def test_changes_that_do_not_flow_stall_naming_the_column_and_resnapshot_resolves_them(db, upstream, tmp_path, ddl,
+                                                                                       match, fix, t):
+    ctx, w, initial = _start(db, upstream, tmp_path)
+    name = ctx.spec.name
+    try:
+        time.sleep(0.1)
+        cycle.run_cycle(ctx)
+        w.run_ddl(ddl.format(t=t))
+        time.sleep(0.2)
+    finally:
+        w.stop.set()
+        w.join(30)
+    assert w.error is None, w.error
+    with pytest.raises(TableSchemaChanged, match=rf"source {name}: table public\.{t}: .*"
+                       + match.format(name=name, t=t, c=ddl.split()[5])):
+        cycle.run_cycle(ctx)
+    assert _equal_as_of_every_binding(ctx, w, initial) >= 2, "what landed before the stall stays exact"
+    with pytest.raises(TableSchemaChanged):  # stalled: nothing past it is appended
+        cycle.run_cycle(ctx)
+    if fix is not None:  # a re-snapshot alone refuses: the collection cannot read its old values as the new type
+        with pytest.raises(TableSchemaChanged, match=r"a re-snapshot cannot take it: column"):
+            cycle.resnapshot(ctx)
+        with writer(upstream) as conn:
+            conn.execute(fix.format(t=t))
+    out = cycle.resnapshot(ctx)
+    cycle.run_cycle(ctx)
+    with writer(upstream) as conn:
+        conn.execute(f"UPDATE {t} SET v = 'after' WHERE id = 1")
+        tables = {x: _rows(conn, x) for x in TABLES}
+    cycle.run_cycle(ctx)
+    last = bindings(ctx)[-1][0]
+    assert last > out["ts"]
+    for x in TABLES:
+        assert contents(ctx, f"{name}__{x}", last) == tables[x], f"{x} after the re-snapshot"
