@@ -20,16 +20,21 @@ so an update is -1 old +1 new, and a delete retracts exactly the row the collect
 as Debezium wrote it (never parsed and written again: numbers keep their digits); the decode path reads it
 as the source's JSON ``format`` declares.
 
-**Redelivery.** After a crash, a Kafka Connect worker resumes from its last flushed offsets and writes
-again what it had written since. Per key, Postgres serialises changes (a row lock, a unique index), so the
-WAL positions (``source.lsn``) of one key's streamed changes increase in commit order: a streamed event at
-or below the position of the last streamed event applied to its key is a redelivery and is skipped (a
-delete keeps its position in the state for this). A tombstone has no position: Debezium writes it right
-after its delete with the delete's source offset, so a restart redelivers both or neither, and a tombstone
-that follows a skipped event is skipped with it. Snapshot reads (``op: r``) are not ordered by ``lsn``
-against streamed changes (a transaction that commits after the snapshot's point may have written below
-it): a read is always applied (it is the table's value at the snapshot, never older than what precedes
-it in the topic), and a streamed change is only compared with a streamed one.
+**Redelivery.** After a crash, a Kafka Connect worker resumes from its last flushed offsets and writes again
+what it had written since. Debezium writes transactions in commit order, but a change's WAL position
+(``source.lsn``) is where it was written, not where its transaction committed: a row deleted by one
+transaction and inserted again by another (which wrote its heap tuple first, then waited on the unique index
+for the delete to commit) comes *after* the delete with a *lower* ``lsn``. So events are ordered by
+``source.sequence``, ``[last commit LSN, lsn]`` (the end of the transaction committed before the event's own,
+then its ``lsn``), which increases along the topic: a streamed event at or below the sequence of the last
+streamed event applied to its key is a redelivery and is skipped (a delete keeps its position in the state for
+this). A streamed event without ``source.sequence`` (Debezium before 1.6, or a transform that dropped it)
+cannot be ordered and is refused, never applied on a guess. A tombstone has no position: Debezium writes it
+right after its delete with the delete's source offset, so a restart redelivers both or neither, and a
+tombstone that follows a skipped event is skipped with it. Snapshot reads (``op: r``) are not ordered by
+``lsn`` against streamed changes (a transaction that commits after the snapshot's point may have written below
+it): a read is always applied (it is the table's value at the snapshot, never older than what precedes it in
+the topic), and a streamed change is only compared with a streamed one.
 
 Law: folding any sequence of events with redelivered runs inserted gives the updates and the state that
 folding it without them gives; the consolidated updates per key are the key's last ``after``.
@@ -74,24 +79,28 @@ _REFUSED_OPS = {"t": "a TRUNCATE event (op t) names no rows to retract; exclude 
 
 @dataclass(frozen=True)
 class Position:
-    """Where an event is upstream: ``source.lsn`` and ``source.txId``, and whether it is a snapshot read."""
+    """Where an event is upstream: ``source.lsn``, ``source.txId``, whether it is a snapshot read, and
+    ``commit``, the first element of ``source.sequence`` (the end LSN of the transaction committed before
+    the event's; 0 where Debezium writes null: no commit seen since the connector began)."""
 
     lsn: int
     tx_id: int | None = None
     snapshot: bool = False
+    commit: int = 0
 
     def covers(self, later: "Position") -> bool:
         """An event at ``later`` was already applied when the key's last applied event is at ``self``: both
-        streamed, ``later.lsn <= self.lsn`` (a snapshot read is never compared by ``lsn``)."""
-        return not self.snapshot and not later.snapshot and later.lsn <= self.lsn
+        streamed, ``later``'s sequence ``(commit, lsn)`` at or below this one's (a snapshot read is never
+        compared)."""
+        return not self.snapshot and not later.snapshot and (later.commit, later.lsn) <= (self.commit, self.lsn)
 
     def to_json(self) -> list:
-        return [self.lsn, self.tx_id, self.snapshot]
+        return [self.lsn, self.tx_id, self.snapshot, self.commit]
 
     @classmethod
     def from_json(cls, v: Sequence) -> "Position":
-        lsn, tx, snap = v
-        return cls(int(lsn), None if tx is None else int(tx), bool(snap))
+        lsn, tx, snap, *commit = v
+        return cls(int(lsn), None if tx is None else int(tx), bool(snap), int(commit[0]) if commit else 0)
 
 
 @dataclass(frozen=True)
@@ -231,7 +240,25 @@ def parse_value(value: bytes | None) -> ChangeEvent | None:
     if tx is not None and (not isinstance(tx, int) or isinstance(tx, bool)):
         raise EventInvalid(f"source.txId is {tx!r}, not a number")
     snapshot = op is Op.READ or source.get("snapshot") not in (None, "false", False)
-    return ChangeEvent(op, after, Position(lsn, tx, snapshot))
+    return ChangeEvent(op, after, Position(lsn, tx, snapshot, 0 if snapshot else _last_commit(source, lsn)))
+
+
+def _last_commit(source: dict, lsn: int) -> int:
+    """The first element of ``source.sequence`` (``'["<last commit LSN>","<lsn>"]'``, a JSON text), 0 for
+    null; its second element must be the event's ``lsn``."""
+    text = source.get("sequence")
+    if text is None:
+        raise EventInvalid("source.sequence is missing: a streamed change cannot be ordered against a "
+                           "redelivery by its lsn alone (use Debezium 1.6 or later, and keep `source` whole)")
+    try:
+        commit, at = json.loads(text) if isinstance(text, str) else text
+        commit = 0 if commit is None else int(commit)
+        at = int(at)
+    except (ValueError, TypeError):
+        raise EventInvalid(f"source.sequence is {text!r}, not [last commit LSN, LSN]") from None
+    if at != lsn:
+        raise EventInvalid(f"source.sequence {text!r} does not end with source.lsn {lsn}")
+    return commit
 
 
 def apply(state: KeyState | None, event: ChangeEvent | None) -> Applied:

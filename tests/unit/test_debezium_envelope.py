@@ -17,16 +17,20 @@ from reclock.debezium import (ChangeEvent, EventInvalid, KeyState, Op, Position,
 SNAPSHOT_LSN = 1000
 
 
-def _source(lsn: int, tx: int, snapshot: str) -> dict:
-    # as Debezium 3.6.1.Final writes it (seen from reclock.dev.connect.LocalConnect)
+def _source(lsn: int, tx: int, snapshot: str, commit: int | None = None) -> dict:
+    # as Debezium 3.6.1.Final writes it (seen from reclock.dev.connect.LocalConnect); sequence is
+    # [the end LSN of the transaction committed before, lsn]
+    sequence = json.dumps([None if commit is None else str(commit), str(lsn)], separators=(",", ":"))
     return {"version": "3.6.1.Final", "connector": "postgresql", "name": "dbz", "ts_ms": 1795671145479,
-            "snapshot": snapshot, "db": "postgres", "sequence": f'[null,"{lsn}"]', "schema": "public",
+            "snapshot": snapshot, "db": "postgres", "sequence": sequence, "schema": "public",
             "table": "a", "txId": tx, "lsn": lsn, "xmin": None}
 
 
-def record(key: int, op: str, before, after, lsn: int, tx: int = 7, schemas: bool = False) -> tuple[bytes, bytes]:
+def record(key: int, op: str, before, after, lsn: int, tx: int = 7, schemas: bool = False,
+           commit: int | None = None) -> tuple[bytes, bytes]:
     """A (key, value) record as Debezium writes it."""
-    payload = {"before": before, "after": after, "source": _source(lsn, tx, "true" if op == "r" else "false"),
+    payload = {"before": before, "after": after,
+               "source": _source(lsn, tx, "true" if op == "r" else "false", commit),
                "transaction": None, "op": op, "ts_ms": 1795671145480}
     k = {"id": key}
     if schemas:
@@ -39,29 +43,35 @@ def record(key: int, op: str, before, after, lsn: int, tx: int = 7, schemas: boo
 
 keys = st.integers(0, 4)
 changes = st.lists(st.tuples(keys, st.sampled_from(["set", "set", "delete"]), st.integers(0, 3),
-                             st.booleans()), max_size=20)
+                             st.booleans(), st.integers(0, 100)), max_size=20)
 
 
 def history(initial: dict[int, int], steps, start_lsn: int):
-    """The events of a snapshot of ``initial`` then of ``steps`` (key, set|delete, value, tombstone?), with
-    what the table holds at the end. Streamed lsns start at ``start_lsn`` (maybe below the snapshot's)."""
+    """The events of a snapshot of ``initial`` then of ``steps`` (key, set|delete, value, tombstone?, early),
+    each step a transaction of its own, committed in order, with what the table holds at the end. A step's
+    change was written ``early`` bytes before its commit, so its ``lsn`` may be below the changes of the
+    transactions committed before it (an insert that waited on the unique index for a delete to commit):
+    only ``source.sequence`` orders them. Streamed positions start at ``start_lsn`` (maybe below the
+    snapshot's)."""
     table = dict(initial)
     events = [(k, parse_value(record(k, "r", None, {"id": k, "v": v}, SNAPSHOT_LSN)[1])) for k, v in
               sorted(initial.items())]
-    lsn = start_lsn
-    for k, what, v, tombstone in steps:
-        lsn += 8
+    commit, before = start_lsn, None  # the end of the last commit; None: none seen since the connector began
+    for k, what, v, tombstone, early in steps:
+        commit += 48
+        lsn = commit - 8 - early
         if what == "set":
             op = "u" if k in table else "c"
             old = {"id": k, "v": table[k]} if k in table else None
             table[k] = v
-            events.append((k, parse_value(record(k, op, old, {"id": k, "v": v}, lsn)[1])))
+            events.append((k, parse_value(record(k, op, old, {"id": k, "v": v}, lsn, commit=before)[1])))
         elif k in table:
             del table[k]
             # REPLICA IDENTITY DEFAULT: the delete's before holds only the key
-            events.append((k, parse_value(record(k, "d", {"id": k, "v": None}, None, lsn)[1])))
+            events.append((k, parse_value(record(k, "d", {"id": k, "v": None}, None, lsn, commit=before)[1])))
             if tombstone:
                 events.append((k, None))
+        before = commit
     return events, table
 
 
@@ -162,10 +172,10 @@ def test_with_and_without_schemas_are_the_same_event():
 
 def test_after_is_kept_as_written():
     value = (b'{"before":null,"after":{"id":1, "amount":1.10,"big":12345678901234567890,"f":-0.0},'
-             b'"source":{"lsn":5,"txId":3,"snapshot":"false"},"op":"c"}')
+             b'"source":{"lsn":5,"txId":3,"snapshot":"false","sequence":"[\\"4\\",\\"5\\"]"},"op":"c"}')
     e = parse_value(value)
     assert e.after == '{"id":1, "amount":1.10,"big":12345678901234567890,"f":-0.0}'
-    assert e.position == Position(5, 3, False)
+    assert e.position == Position(5, 3, False, commit=4)
 
 
 def test_update_retracts_the_stored_row_and_delete_without_before_retracts_it():
@@ -199,6 +209,19 @@ def test_a_change_committed_after_the_snapshot_below_its_lsn_is_applied():
     assert skipped == 0 and json.loads(s.row)["v"] == 2
 
 
+def test_an_insert_that_waited_on_a_delete_is_applied_though_its_lsn_is_lower():
+    # T1 deletes id 1 at lsn 100 and commits at 120; T2 had written its insert of id 1 at lsn 90, then waited on
+    # the unique index for T1: Debezium writes the insert after the delete, with the lower lsn
+    c = parse_value(record(1, "c", None, {"id": 1, "v": 1}, 40, commit=None)[1])
+    d = parse_value(record(1, "d", {"id": 1, "v": None}, None, 100, commit=60)[1])
+    again = parse_value(record(1, "c", None, {"id": 1, "v": 2}, 90, commit=120)[1])
+    s, u, skipped = fold(None, [c, d, None, again])
+    assert skipped == 0 and json.loads(s.row)["v"] == 2 and [n for _, n in u] == [1, -1, 1]
+    # and its redelivery is still recognised
+    s2, u2, skipped2 = fold(s, [d, None, again])
+    assert skipped2 == 3 and u2 == [] and s2.row == s.row
+
+
 @pytest.mark.parametrize("value, reason", [
     (b"not json", "not a JSON object"),
     (b'{"a": 1', "not valid JSON"),
@@ -211,6 +234,10 @@ def test_a_change_committed_after_the_snapshot_below_its_lsn_is_applied():
     (b'{"op": "c", "after": {"id": 1}}', "no `source`"),
     (b'{"op": "c", "after": {"id": 1}, "source": {"lsn": "5"}}', "source.lsn"),
     (b'{"op": "c", "after": {"id": 1}, "source": {"lsn": 5}} x', "text after the object"),
+    (b'{"op": "c", "after": {"id": 1}, "source": {"lsn": 5}}', "source.sequence is missing"),
+    (b'{"op": "c", "after": {"id": 1}, "source": {"lsn": 5, "sequence": "[null]"}}', "not [last commit LSN, LSN]"),
+    (b'{"op": "c", "after": {"id": 1}, "source": {"lsn": 5, "sequence": "[null,\\"6\\"]"}}',
+     "does not end with source.lsn 5"),
 ])
 def test_malformed_events_say_why(value, reason):
     with pytest.raises(EventInvalid, match=reason.replace("(", r"\(").replace("[", r"\[")):
@@ -242,8 +269,8 @@ def test_the_jobs_fold_routes_bad_records_to_errors_and_keeps_offsets_exact():
     rows = [dict(_k=nk, _v=prior, _p=0, _o=3, _t_us=5, ts=-1, _bad=False, _prior=True, _nk=nk),
             dict(_k=k, _v=v, _p=0, _o=2**60 + 1, _t_us=6, ts=10, _bad=False, _prior=False, _nk=nk),
             dict(_k=k, _v=b"oops", _p=0, _o=2**60 + 2, _t_us=6, ts=10, _bad=True, _prior=False, _nk=nk),
-            dict(_k=k, _v=v.replace(b'"lsn": 50', b'"lsn": 51'), _p=0, _o=2**60 + 3, _t_us=7, ts=11, _bad=True,
-                 _prior=False, _nk=nk)]
+            dict(_k=k, _v=v.replace(b'"lsn": 50', b'"lsn": 51').replace(b'\\"50\\"', b'\\"51\\"'), _p=0,
+                 _o=2**60 + 3, _t_us=7, ts=11, _bad=True, _prior=False, _nk=nk)]
     out = fold_group(pd.DataFrame(rows)).to_dict("records")
     data = sorted((r["_row"], r["ts"], r["diff"]) for r in out if r["_output"] == 0)
     assert data == [('{"id": 1, "v": 1}', 10, -1), ('{"id": 1, "v": 2}', 10, 1)]
