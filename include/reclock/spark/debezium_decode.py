@@ -1,6 +1,7 @@
 """The ``debezium`` envelope on Spark: a slice's Debezium change events, grouped by key with the key's upsert
-state row, folded by :func:`reclock.debezium.fold` (one concept, one place: the Spark job applies the pure
-module's rules, it does not restate them), and routed like an upsert slice's rows (output 0 the collection,
+state row, folded event by event with :func:`reclock.debezium.apply` (one concept, one place: the Spark job
+applies the pure module's rules, it does not restate them; unlike :func:`~reclock.debezium.fold`, a malformed
+record goes to the errors and the fold goes on), and routed like an upsert slice's rows (output 0 the collection,
 1 the error collection, 2 the upsert state's changes).
 
 ::

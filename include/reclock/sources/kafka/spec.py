@@ -12,9 +12,9 @@ from reclock.specs import (ENVELOPES, FORMATS, REBUILDS, SourceSpec, parse_budge
                            require)
 
 METADATA = ("partition", "offset", "key", "timestamp", "headers")
+"""The metadata columns a Kafka source may include (like Materialize's ``INCLUDE``)."""
 KAFKA_ENVELOPES = (*ENVELOPES, "debezium")
 """A Kafka source's envelopes: none, upsert (by the Kafka key) and debezium (``reclock.debezium``)."""
-"""The metadata columns a Kafka source may include (like Materialize's ``INCLUDE``)."""
 SCHEDULES = ("interval", "upstream", "continuous")
 KAFKA_FORMATS = (*FORMATS, "json_schema", "protobuf")
 """A Kafka source's formats: the decoded ones, json_schema and protobuf (writer schemas from a Schema Registry)."""

@@ -38,9 +38,10 @@ garbage), for a change
 of a table the source outputs, in a transaction the description covers: a ``TRUNCATE`` in the snapshot's
 seam of a table of identity FULL (:class:`~reclock.errors.TableTruncated`); a Relation message whose columns
 differ from those registered by DDL that does not flow (:class:`~reclock.errors.TableSchemaChanged`: a column
-dropped or renamed, a type changed in a way that may change a value, a column added with a value in the rows
-the table held, any DDL in the snapshot's seam) or whose replica identity does (:class:`~reclock.errors.ReplicaIdentityChanged`); a key table's update or delete of a
-key its collection has no row of (:class:`~reclock.errors.KeyedRowMissing`); a table that was recreated, or
+dropped or renamed, a type changed in a way that may change a value, a column added with values in the rows
+the table held that the catalog cannot tell, as a volatile DEFAULT's; any DDL in the snapshot's seam) or
+whose replica identity does (:class:`~reclock.errors.ReplicaIdentityChanged`); a key table's update or delete of a key its collection has
+no row of (:class:`~reclock.errors.KeyedRowMissing`); a table that was recreated, or
 (for a source that takes every table of its publication) one that joined the publication later
 (:class:`~reclock.errors.PublicationMissing`). An unchanged TOASTed value (``u``) is never written as a
 placeholder.
@@ -314,6 +315,17 @@ def conform(table: pa.Table, out: Output) -> pa.Table | None:
     arrays = [arrow_project(table[n] if n in data else None, have.column(n).type if n in data else None,
                             target.column(n).type, table.num_rows).cast(f.type) for n, f in zip(names, fields)]
     return pa.Table.from_arrays(arrays + [table[n].combine_chunks() for n in extra], schema=want)
+
+
+def held_updates(held: pa.Table, out: Output) -> pa.Table | None:
+    """A collection's contents read AS OF (data columns and ``diff``) as updates in ``out``'s part schema, at
+    ts 0 (:func:`conform`ed to its columns); None when they cannot be read as them."""
+    conformed = conform(held, out)
+    if conformed is None:
+        return None
+    return (conformed.select([n for n, _, _ in out.info.columns])
+            .append_column("ts", pa.array([0] * held.num_rows, pa.int64()))
+            .append_column("diff", conformed["diff"]).cast(out.schema))
 
 
 def _part_table(out: Output, columns: Sequence, ts, diff) -> pa.Table:
@@ -800,7 +812,7 @@ class ChangeDecoder:
         (``reclock.sources.postgres.ddl``) gives the table its new columns from this transaction on: a schema
         version at its timestamp (when the collection's schema changes), parts of the new columns from here,
         its current rows (a key table's) read again in them; any other stalls (``TableSchemaChanged``)."""
-        table, remedy = out.info.table, f"run `reclock resnapshot {self.source}` to take the table as it is now"
+        table, remedy = out.info.table, ddl.resnapshot_remedy(self.source)
         change = ddl.classify(out.info.columns, columns)
         if change.refused is not None:
             raise TableSchemaChanged(self.source, table, f"DDL changed its columns: {change.refused}",
@@ -895,13 +907,12 @@ class ChangeDecoder:
             updates = [self.writer.written(relid)]
             held = self.prior(out) if self.prior is not None else None
             if held is not None and held.num_rows:
-                names = [n for n, _, _ in out.info.columns]
-                conformed = conform(held, out)
-                if conformed is None:
+                as_updates = held_updates(held, out)
+                if as_updates is None:
+                    names = [n for n, _, _ in out.info.columns]
                     raise KeyedRowMissing(self.source, out.info.table, f"its collection holds columns "
                                           f"{held.column_names}, not the table's {names}", "re-snapshot the source")
-                updates.append(conformed.select(names).append_column("ts", pa.array([0] * held.num_rows, pa.int64()))
-                               .append_column("diff", conformed["diff"]).cast(out.schema))
+                updates.append(as_updates)
             parts = [u for u in updates if u is not None and u.num_rows]
             contents = contents_as_of(pa.concat_tables(parts) if parts else None, 2**63 - 1)
             st = self.states[relid] = _KeyState(self.source, out, contents if parts else

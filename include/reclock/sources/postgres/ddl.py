@@ -138,6 +138,11 @@ class RelationChange:
         return "; ".join(parts)
 
 
+def resnapshot_remedy(source: str) -> str:
+    """What resolves DDL that does not flow when nothing more is needed: a re-snapshot."""
+    return f"run `reclock resnapshot {source}` to take the table as it is now"
+
+
 def remedy(source: str, table: str, change: RelationChange) -> str:
     """The command that resolves a change that stalls the source: ``reclock resnapshot <source>``, after a
     type change that does not keep every value with the column renamed first (the collection keeps the values
@@ -147,7 +152,7 @@ def remedy(source: str, table: str, change: RelationChange) -> str:
         return (f"run ALTER TABLE {table} RENAME COLUMN {change.column} TO <a new name>; then `reclock resnapshot "
                 f"{source}` (the collection keeps the values it holds as {change.old} and cannot read them as "
                 f"{change.new}), or ALTER the column back to {change.old}")
-    return f"run `reclock resnapshot {source}` to take the table as it is now"
+    return resnapshot_remedy(source)
 
 
 def kept_types_refused(old: Sequence[PgColumn], new: Sequence[PgColumn]) -> RelationChange | None:

@@ -369,7 +369,7 @@ class PostgresSource(SourceRuntime):
                 change = ddl.classify(out.info.columns, now)
                 raise TableSchemaChanged(self.ctx.spec.name, out.info.table, "DDL changed its columns between the "
                                          f"source's registration and its snapshot ({change.refused or change.describe()})",
-                                         f"run `reclock resnapshot {self.ctx.spec.name}` to take the table as it is now")
+                                         ddl.resnapshot_remedy(self.ctx.spec.name))
 
     def _schema_versions(self, desc: BatchDescription, outputs: Sequence[cdc.Output], decoder: cdc.ChangeDecoder,
                          resnapshot_ts: int | None, held_before: dict[str, CollectionSchema]
@@ -466,11 +466,9 @@ class PostgresSource(SourceRuntime):
         with self.ctx.connect() as conn:
             if desc.lower > 0 and shard_info(conn, out.shard).upper > 0:
                 held = read_as_of(conn, self.ctx.blob, out.shard, desc.lower - 1)
-                names = [n for n, _, _ in out.info.columns]
-                conformed = cdc.conform(held, out) if held.num_rows else None
-                if conformed is not None:
-                    updates.append(conformed.select(names).append_column("ts", pa.array([0] * held.num_rows, pa.int64()))
-                                   .append_column("diff", conformed["diff"]).cast(out.schema))
+                as_updates = cdc.held_updates(held, out) if held.num_rows else None
+                if as_updates is not None:
+                    updates.append(as_updates)
                 elif held.num_rows:
                     raise unreadable()
         parts = [u for u in updates if u is not None]
