@@ -25,7 +25,8 @@ reclocked, decode, write Parquet parts.
               and the rows written, so the parts are proved as a Kafka slice's are
 
 Records carry the bindings' ts from the units: no range join is needed. Memory of a task is one chunk
-(``READ_CHUNK``) and one batch of lines, whatever the object's size.
+(``READ_CHUNK``), one batch of lines and (JSON decoded in the task) their columns and the lines joined
+once for Arrow's reader, whatever the object's size.
 """
 
 from __future__ import annotations
