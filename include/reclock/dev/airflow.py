@@ -313,8 +313,12 @@ class LocalAirflow:
         return procs.kill_tree(self.pidfile(component))
 
     def stop(self) -> list[str]:
-        stopped = []
-        for component in reversed(self.components):
-            if procs.stop(self.pidfile(component), timeout=30):
-                stopped.append(component)
-        return stopped
+        """Stop every component: the schedulers, dag-processor and triggerer side by side, then the api-server
+        (the execution API of their tasks until they end). Returns those that ran."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        first = [c for c in reversed(self.components) if c != "api-server"]
+        with ThreadPoolExecutor(len(first)) as pool:
+            ran = list(pool.map(lambda c: procs.stop(self.pidfile(c), timeout=30), first))
+        ran.append(procs.stop(self.pidfile("api-server"), timeout=30))
+        return [c for c, was in zip([*first, "api-server"], ran) if was]
