@@ -128,7 +128,8 @@ class LocalAirflow:
             **HA_SETTINGS,
             "SPARK_LOCAL_IP": LOOPBACK,
             "NO_PROXY": "*",
-            **AIRFLOW_ENV,  # retries, as every deployment of the DAGs has them
+            # retries, as every deployment of the DAGs has them, unless this environment sets its own
+            **{k: os.environ.get(k, v) for k, v in AIRFLOW_ENV.items()},
         }
         if self.teams:
             # the teams' folders only: the project's dags/ would build every source's DAGs a second time
