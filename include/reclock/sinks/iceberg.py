@@ -72,11 +72,14 @@ names and field ids, ``diff`` and the internal columns dropped), so the export c
 never ends inside a copied part's ts range; the budget cuts only what is written anew.
 
 **Schemas that change.** When the collection's schema evolves (``reclock.persist.schemas``: a new column, a
-struct field, a widened type), the table evolves with it in the commit that first holds an update of the
-new schema: a run's commits stop before the first timestamp whose schema the table cannot hold, and the
-next commit adds the columns and widens the types (pyiceberg ``update_schema().union_by_name``) in the same
-catalog transaction as its data files, which are written with the evolved schema's field ids. Rows
-exported before have null in a column added later (Iceberg's reading of an older data file). A change
+struct field, a widened type, a dropped column), the table evolves with it in the commit that first holds an
+update of the new schema: a run's commits stop before the first timestamp whose schema the table cannot
+hold (or whose schema drops a column the table has), and the next commit adds the columns, widens the types
+(pyiceberg ``update_schema().union_by_name``) and deletes the dropped columns in the same catalog
+transaction as its data files, which are written with the evolved schema's field ids. Rows exported before
+have null in a column added later (Iceberg's reading of an older data file); a dropped column is gone from
+every row, as from the collection read AS OF a time after the drop, so a row written before it and retracted
+after it cancels; a column added again under a dropped one's name is a new field id. A change
 Iceberg cannot make (a decimal's scale, ``date`` to ``timestamp``) stops the sink with ``SinkRefused``
 naming the column; nothing is committed.
 
@@ -724,9 +727,13 @@ def _union(spec: IcebergSinkSpec, table, data: pa.Schema):
 def _evolve_schema(update, current, data: pa.Schema) -> None:
     """In a schema update of a table whose schema is ``current``: ``data``'s columns added and types widened
     (``union_by_name``), each new top-level column placed before the sink's own columns (the table's user
-    columns stay first, as in the collection)."""
-    update.union_by_name(data)
+    columns stay first, as in the collection), and the table's user columns ``data`` lacks deleted (the
+    collection dropped them: Postgres ``DROP COLUMN``; a column of that name added later is a new field, so
+    no older data file's values are read as its)."""
     have = {f.name for f in current.fields}
+    for name in have - set(data.names) - {TS_COLUMN, DIFF_COLUMN}:
+        update.delete_column(name)
+    update.union_by_name(data)
     for f in data:
         if f.name not in have and TS_COLUMN in have:
             update.move_before(f.name, TS_COLUMN)
