@@ -67,6 +67,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="repetitions at the large backlog only (default: --reps; at --size full one repetition "
                          "of every contender at 50M records takes ~20 min)")
     ap.add_argument("--state-cycles", type=int, help="cycles of the state-size run (default: by --size)")
+    ap.add_argument("--overhead-cycles", type=int,
+                    help="cycles of 100 records timed for the cycle overhead (default: 5, or --reps if more)")
     ap.add_argument("--no-dag-test", action="store_true", help="skip the dag.test() contender")
     ap.add_argument("--freshness", action="store_true",
                     help="also measure freshness under the real Airflow scheduler (brings up the full stack)")
@@ -76,6 +78,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.reps < 1 or (args.large_reps is not None and args.large_reps < 1):
         ap.error("--reps and --large-reps must be at least 1")
+    if args.overhead_cycles is not None and args.overhead_cycles < 1:
+        ap.error("--overhead-cycles must be at least 1")
     return args
 
 
@@ -211,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
             throughput(env, backlogs, runners, args.reps, results, args.large_reps)
             throughput_checks(results, runners)
 
-            cycles = max(5, args.reps)
+            cycles = args.overhead_cycles or max(5, args.reps)
             echo(f"overhead: {cycles} cycles of 100 records")
             cycle_overhead(env, cycles, results, echo)
             results.check("cycle_overhead_total_s", results.median("cycle_overhead_total"), TARGET_OVERHEAD_S,

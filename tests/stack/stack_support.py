@@ -115,7 +115,10 @@ class SharedStack:
                     "RECLOCK_HOME": str(home / "stack"), "RECLOCK_CONFIG": str(self.config),
                     "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps(
                         {"type": "file", "log_file_path": str(self.lineage), "append": True}),
-                    "AIRFLOW__OPENLINEAGE__NAMESPACE": "reclock-tests"}
+                    "AIRFLOW__OPENLINEAGE__NAMESPACE": "reclock-tests",
+                    # the deployments' 3 retries, 2 s apart instead of 10: a run the tests make fail on purpose
+                    # (a refused conf, a stalled source) fails in its 4 tries without 30 s of waiting between them
+                    "AIRFLOW__CORE__DEFAULT_TASK_RETRY_DELAY": "2"}
         self.up: subprocess.CompletedProcess | None = None
         self.first_up_s = 0.0
 

@@ -11,6 +11,7 @@ import shlex
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -214,6 +215,16 @@ def _event_driven_postgres(stack) -> None:
     assert {t["task_id"] for t in tis} == {"cycle"}, tis
 
 
+def _health_dag(stack) -> None:
+    """The health DAG runs under the real scheduler, through the Airflow connections."""
+    deadline = time.monotonic() + 90
+    while "reclock__health" not in {d["dag_id"] for d in stack.airflow.api("GET", "dags").get("dags", [])}:
+        assert time.monotonic() < deadline, "the dag-processor never parsed dags/"
+        time.sleep(1)
+    run_id = stack.airflow.trigger("reclock__health")
+    assert stack.airflow.wait_run("reclock__health", run_id, timeout=240)["state"] == "success"
+
+
 SESSION_SCRIPT = """
 import sys
 from reclock.spark.connect import shared_session
@@ -271,21 +282,15 @@ def test_up_smoke_health_dag_down(shared_stack):
     assert "login: admin / " not in again.stdout
     assert {read_pid(p) for p in pidfiles} == pids  # nothing restarted
 
-    # the health DAG runs under the real scheduler, through the Airflow connections
-    deadline = time.monotonic() + 90
-    while "reclock__health" not in {d["dag_id"] for d in stack.airflow.api("GET", "dags").get("dags", [])}:
-        assert time.monotonic() < deadline, "the dag-processor never parsed dags/"
-        time.sleep(1)
-    run_id = stack.airflow.trigger("reclock__health")
-    assert stack.airflow.wait_run("reclock__health", run_id, timeout=240)["state"] == "success"
-
-    # an ingest DAG under the real scheduler: two waves, two triggered runs, everything lands once
-    _ingest_under_scheduler(stack)
-    _event_driven(stack)
-    _event_driven_postgres(stack)
+    # side by side, each on DAGs and sources of its own (most of their time is waiting: on a run, or through
+    # a window in which no run may come): the health DAG; an ingest DAG under the real scheduler (two waves,
+    # two triggered runs, everything lands once); the two event-driven sources; the shared Spark sessions
+    with ThreadPoolExecutor(5) as pool:
+        for done in [pool.submit(check, stack) for check in (_health_dag, _ingest_under_scheduler, _event_driven,
+                                                             _event_driven_postgres, _shared_spark_sessions)]:
+            done.result()
     for dag_id in ("ingest__it_events", "ingest__it_shop"):  # their watchers: not while later tests run
         stack.airflow.api("PATCH", f"dags/{dag_id}", {"is_paused": True})
-    _shared_spark_sessions(stack)
 
     # `reclock dev env` hands the stack's settings to the other commands (what the demo tells a user)
     exports = subprocess.run([*reclock, "dev", "env"], env=env, capture_output=True, text=True, timeout=120)

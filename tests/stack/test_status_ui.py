@@ -14,6 +14,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -64,14 +65,30 @@ def _goto_overview(page, url: str, want: dict, tries: int = 10):
 
 
 def _run_cycles(stack) -> None:
+    """The four sources' runs, side by side (each on DAGs of its own; most of their time is waiting on runs),
+    then a reader's lapsed lease."""
+    with ThreadPoolExecutor(4) as pool:
+        for done in [pool.submit(runs, stack) for runs in (_kafka_runs, _stalled_run, _postgres_runs, _s3_runs)]:
+            done.result()
+    # a reader's lease that lapsed holds nothing and shows nowhere
+    with connect(stack.postgres.dsn()) as conn:
+        conn.execute("INSERT INTO reclock.read_holds (shard, holder, ts, expires_at) SELECT 'ui_orders', "
+                     "'reader:lapsed', since, now() - interval '1 minute' FROM reclock.shards WHERE id = 'ui_orders'")
+
+
+def _topic(stack, topic: str):
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
     admin = AdminClient({"bootstrap.servers": stack.kafka.bootstrap})
-    for topic in ("ui_orders", "ui_payments"):
-        admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(30)
-    producer = Producer({"bootstrap.servers": stack.kafka.bootstrap})
-    for dag_id in ("ingest__ui_orders", "ingest__ui_payments", "sink__ui_out"):
+    admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(30)
+    return Producer({"bootstrap.servers": stack.kafka.bootstrap})
+
+
+def _kafka_runs(stack) -> None:
+    """ui_orders: two waves (each with a record that does not decode), the sink caught up, an idle cycle."""
+    producer = _topic(stack, "ui_orders")
+    for dag_id in ("ingest__ui_orders", "sink__ui_out"):
         stack.airflow.wait_for_dag(dag_id)
     stack.airflow.unpause("sink__ui_out")  # runs on the appends' asset events
     for wave in range(2):
@@ -82,6 +99,14 @@ def _run_cycles(stack) -> None:
         run_id = stack.airflow.trigger("ingest__ui_orders")
         stack.airflow.wait_run("ingest__ui_orders", run_id, timeout=300)
     wait_sink_caught_up(stack, "ui_out", "ui_orders")
+    # an idle cycle: nothing new upstream, yet the upper follows the clock (its age is the freshness)
+    stack.airflow.wait_run("ingest__ui_orders", stack.airflow.trigger("ingest__ui_orders"), timeout=300)
+
+
+def _stalled_run(stack) -> None:
+    """ui_payments: a record that does not decode stalls the source; its run fails."""
+    producer = _topic(stack, "ui_payments")
+    stack.airflow.wait_for_dag("ingest__ui_payments")
     for i in range(50):
         producer.produce("ui_payments", value=b'{"id": %d}' % i, partition=i % 2)
     producer.produce("ui_payments", value=b"{broken", partition=1)  # stalls the source
@@ -89,7 +114,10 @@ def _run_cycles(stack) -> None:
     run_id = stack.airflow.trigger("ingest__ui_payments")
     with pytest.raises(StackError, match="failed"):
         stack.airflow.wait_run("ingest__ui_payments", run_id, timeout=400)
-    # a Postgres source: two transactions, one run each
+
+
+def _postgres_runs(stack) -> None:
+    """ui_shop, a Postgres source: two transactions, one run each."""
     import psycopg
 
     from reclock.dev.demo import shop_upstream
@@ -101,9 +129,10 @@ def _run_cycles(stack) -> None:
             conn.execute("INSERT INTO ui_orders SELECT g, 'c', 'open', 1, now() FROM generate_series(%s::int, %s::int) g",
                          (lo, lo + 19))
         stack.airflow.wait_run("ingest__ui_shop", stack.airflow.trigger("ingest__ui_shop"), timeout=300)
-    # an idle cycle: nothing new upstream, yet the upper follows the clock (its age is the freshness)
-    stack.airflow.wait_run("ingest__ui_orders", stack.airflow.trigger("ingest__ui_orders"), timeout=300)
-    # an S3 source: two objects ingested, a third waiting (its lag counts objects)
+
+
+def _s3_runs(stack) -> None:
+    """ui_events, an S3 source: two objects ingested, a third waiting (its lag counts objects)."""
     stack.s3.create_bucket("ui-landing")
     s3 = stack.s3.client()
     s3.put_object(Bucket="ui-landing", Key="events/a.json", Body=b'{"id": 1}\n{"id": 2}\n')
@@ -114,10 +143,6 @@ def _run_cycles(stack) -> None:
     runs = stack.airflow.api("GET", "dags/ingest__ui_events/dagRuns?limit=100")["dag_runs"]
     assert [r["run_type"] for r in runs] == ["manual"], runs
     s3.put_object(Bucket="ui-landing", Key="events/c.json", Body=b'{"id": 4}\n')
-    # a reader's lease that lapsed holds nothing and shows nowhere
-    with connect(stack.postgres.dsn()) as conn:
-        conn.execute("INSERT INTO reclock.read_holds (shard, holder, ts, expires_at) SELECT 'ui_orders', "
-                     "'reader:lapsed', since, now() - interval '1 minute' FROM reclock.shards WHERE id = 'ui_orders'")
 
 
 def _truth(dsn: str) -> dict:

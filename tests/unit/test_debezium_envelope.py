@@ -258,10 +258,20 @@ def test_change_event_is_frozen():
 
 # -- the Spark job's per-key step and the config ---------------------------------------------------------
 
-def test_the_jobs_fold_routes_bad_records_to_errors_and_keeps_offsets_exact():
-    import pandas as pd
+def _fold_batches(batches: list[list[dict]]) -> list[dict]:
+    import pyarrow as pa
 
-    from reclock.spark.debezium_decode import SCHEMA_REASON, fold_group
+    from reclock.spark.debezium_decode import fold_sorted
+
+    types = pa.schema([("_k", pa.binary()), ("_v", pa.binary()), ("_p", pa.int32()), ("_o", pa.int64()),
+                       ("_t_us", pa.int64()), ("ts", pa.int64()), ("_bad", pa.bool_()), ("_prior", pa.bool_()),
+                       ("_nk", pa.binary())])
+    out = list(fold_sorted(pa.RecordBatch.from_pylist(b, schema=types) for b in batches))
+    return pa.Table.from_batches(out).to_pylist() if out else []
+
+
+def test_the_jobs_fold_routes_bad_records_to_errors_and_keeps_offsets_exact():
+    from reclock.spark.debezium_decode import SCHEMA_REASON
 
     nk = b'{"id":1}'
     k, v = record(1, "u", None, {"id": 1, "v": 2}, 50)
@@ -271,14 +281,46 @@ def test_the_jobs_fold_routes_bad_records_to_errors_and_keeps_offsets_exact():
             dict(_k=k, _v=b"oops", _p=0, _o=2**60 + 2, _t_us=6, ts=10, _bad=True, _prior=False, _nk=nk),
             dict(_k=k, _v=v.replace(b'"lsn": 50', b'"lsn": 51').replace(b'\\"50\\"', b'\\"51\\"'), _p=0,
                  _o=2**60 + 3, _t_us=7, ts=11, _bad=True, _prior=False, _nk=nk)]
-    out = fold_group(pd.DataFrame(rows)).to_dict("records")
+    out = _fold_batches([rows[2:], rows[:2]])  # the prior row need not come first
     data = sorted((r["_row"], r["ts"], r["diff"]) for r in out if r["_output"] == 0)
     assert data == [('{"id": 1, "v": 1}', 10, -1), ('{"id": 1, "v": 2}', 10, 1)]
-    errors = [(r["_eo"], r["_ereason"]) for r in out if r["_output"] == 1]
+    errors = sorted((r["_eo"], r["_ereason"]) for r in out if r["_output"] == 1)
     assert errors == [(2**60 + 2, "the value is not a JSON object"), (2**60 + 3, SCHEMA_REASON)]
     [state] = [r for r in out if r["_output"] == 2]
     assert state["_sk"] == nk and state["_so"] == 2**60 + 1  # the last record applied, exactly
     assert KeyState.decode(state["_sv"]) == KeyState('{"id": 1, "v": 2}', Position(50, 7, False))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 4), st.sampled_from("cud"), st.integers(0, 3)), max_size=40),
+       st.lists(st.integers(1, 6), min_size=1, max_size=5), st.booleans())
+def test_the_jobs_fold_over_sorted_batches_is_each_key_folded_alone(events, cuts, keyless):
+    """Keys sorted, their rows cut into batches anywhere (a key across batches): the output is each key's
+    rows folded alone; records without key are each an error row."""
+    from reclock.spark.debezium_decode import fold_key
+
+    rows = []
+    for i, (key, op, v) in enumerate(events):
+        after = None if op == "d" else {"id": key, "v": v}
+        k, val = record(key, op, {"id": key} if op == "d" else None, after, 100 + i)
+        rows.append(dict(_k=k, _v=val, _p=0, _o=i, _t_us=i, ts=7, _bad=False, _prior=False,
+                         _nk=parse_key(k)))
+    if keyless:
+        rows.append(dict(_k=None, _v=b"{}", _p=1, _o=0, _t_us=0, ts=7, _bad=False, _prior=False, _nk=None))
+    rows.sort(key=lambda r: (r["_nk"] is not None, r["_nk"] or b""))  # nulls first, as Spark sorts them
+    batches, at = [], 0
+    for c in cuts * (len(rows) + 1):
+        if at >= len(rows):
+            break
+        batches.append(rows[at:at + c])
+        at += c
+    got = sorted(map(repr, (tuple(r.values()) for r in _fold_batches(batches))))
+    by_key: dict = {}
+    for r in rows:
+        by_key.setdefault(r["_nk"], []).append(r)
+    want = sorted(map(repr, (t for rs in by_key.values() for t in fold_key(rs))))
+    assert got == want
+    assert sum(1 for r in _fold_batches(batches) if r["_output"] == 1) == (1 if keyless else 0)
 
 
 def test_config_of_a_debezium_source():

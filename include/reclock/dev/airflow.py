@@ -128,7 +128,8 @@ class LocalAirflow:
             **HA_SETTINGS,
             "SPARK_LOCAL_IP": LOOPBACK,
             "NO_PROXY": "*",
-            **AIRFLOW_ENV,  # retries, as every deployment of the DAGs has them
+            # retries, as every deployment of the DAGs has them, unless this environment sets its own
+            **{k: os.environ.get(k, v) for k, v in AIRFLOW_ENV.items()},
         }
         if self.teams:
             # the teams' folders only: the project's dags/ would build every source's DAGs a second time
@@ -313,8 +314,12 @@ class LocalAirflow:
         return procs.kill_tree(self.pidfile(component))
 
     def stop(self) -> list[str]:
-        stopped = []
-        for component in reversed(self.components):
-            if procs.stop(self.pidfile(component), timeout=30):
-                stopped.append(component)
-        return stopped
+        """Stop every component: the schedulers, dag-processor and triggerer side by side, then the api-server
+        (the execution API of their tasks until they end). Returns those that ran."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        first = [c for c in reversed(self.components) if c != "api-server"]
+        with ThreadPoolExecutor(len(first)) as pool:
+            ran = list(pool.map(lambda c: procs.stop(self.pidfile(c), timeout=30), first))
+        ran.append(procs.stop(self.pidfile("api-server"), timeout=30))
+        return [c for c, was in zip([*first, "api-server"], ran) if was]

@@ -268,7 +268,12 @@ class Stack:
             self.kafka.grant(KAFKA_USER, acl.operation, acl.resource_type, acl.name)
 
     def up(self, services: tuple[str, ...] = SERVICES, echo: Callable[[str], None] = print) -> dict[str, float]:
-        """Start ``services`` (and what they depend on), idempotently; return seconds per service."""
+        """Start ``services`` (and what they depend on), idempotently; return seconds per service. Postgres
+        comes first (it holds Airflow's metadata); the others then start side by side, each waiting on its own
+        health (a JVM's start-up, Airflow's migration) rather than on the ones before it. A service that fails
+        to start fails ``up`` (after the others' starts ended)."""
+        from concurrent.futures import ThreadPoolExecutor
+
         from reclock.persist.migrate import migrate
 
         timings: dict[str, float] = {}
@@ -284,35 +289,53 @@ class Stack:
             applied = migrate(self.dsn)
             echo(f"postgres   up on {LOOPBACK}:{self.postgres.port} ({timings['postgres']:.1f}s)"
                  + (f", applied migrations {applied}" if applied else ""))
-        if "kafka" in wanted:
+
+        def kafka() -> None:
             timings["kafka"] = self.kafka.start()
             if self.secure:
                 self._secure_kafka()
             echo(f"kafka      up on {self.kafka.bootstrap} ({timings['kafka']:.1f}s)"
                  + (" SASL_SSL; mutual TLS on " + self.kafka.mtls_bootstrap if self.secure else ""))
-        if "s3" in wanted:
+
+        def s3() -> None:
             timings["s3"] = self.s3.start()
             echo(f"s3         S3 and SQS (moto) on {self.s3.endpoint_url} ({timings['s3']:.1f}s)")
-        if "spark" in wanted:
+
+        def spark() -> None:
+            if self.secure:
+                s3()  # before the Connect server that writes parts to it
             timings["spark"] = self.spark.start()
             where = self.spark.url.split(";token=")[0]  # never the token
             echo(f"spark      Spark Connect on {where} ({timings['spark']:.1f}s)")
-        if "airflow" in wanted:
+
+        def airflow() -> None:
             ensure_jars(self.state, "spark")  # RECLOCK_SPARK_JARS of the Airflow processes
             self.airflow.extra_env = self.airflow_settings()
             timings["airflow"] = self.airflow.start(self.connections())
             echo(f"airflow    API/UI on {self.airflow.url} ({timings['airflow']:.1f}s)")
+
+        starts = [start for name, start in (("kafka", kafka), ("s3", s3), ("spark", spark), ("airflow", airflow))
+                  if name in wanted and not (name == "s3" and self.secure and "spark" in wanted)]
+        if starts:
+            with ThreadPoolExecutor(len(starts)) as pool:
+                ended = [pool.submit(start) for start in starts]
+            for start in ended:
+                start.result()  # the first failure, raised
         return timings
 
     def down(self, echo: Callable[[str], None] = print) -> None:
+        """Stop Airflow, then Spark Connect, the S3 endpoint and Kafka side by side, then Postgres (which
+        Airflow's processes use until they end)."""
+        from concurrent.futures import ThreadPoolExecutor
+
         for name in self.airflow.stop():
             echo(f"stopped airflow {name}")
-        if self.spark.stop():
-            echo("stopped spark connect")
-        if self.s3.stop():
-            echo("stopped s3")
-        if self.kafka.stop():
-            echo("stopped kafka")
+        with ThreadPoolExecutor(3) as pool:
+            stops = [(name, pool.submit(server.stop)) for name, server in
+                     (("spark connect", self.spark), ("s3", self.s3), ("kafka", self.kafka))]
+        for name, stopped in stops:
+            if stopped.result():
+                echo(f"stopped {name}")
         if self.postgres.stop():
             echo("stopped postgres")
 

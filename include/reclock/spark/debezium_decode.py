@@ -9,7 +9,7 @@ record goes to the errors and the fold goes on), and routed like an upsert slice
     records (key, value, partition, offset, timestamp, ts)        prior: state rows of the keys touched
         | the row (``after``) checked against the declared schema      | (key, KeyState bytes, ...)
         v                                                              v
-    key without Connect's schema wrapper (``parse_key``)  ----- union, group by key ----->  per key, in
+    key without Connect's schema wrapper (``parse_key``)  ----- union, sort by key ----->  per key, in
     (partition, offset) order: ``apply`` each event to the key's state; updates summed per (row, ts)
         |
         v
@@ -17,8 +17,10 @@ record goes to the errors and the fold goes on), and routed like an upsert slice
     not a change event, has no key, or whose row does not fit the schema: never dropped), and one state row
     per key (its ``KeyState``, kept by ``reclock.persist.upsert_state`` as the upsert envelope's values are)
 
-A key's records are folded in one Python task (a grouped map): a key's events form a sequence whose every
-step depends on the one before, as the pure fold says.
+A key's records are folded in one Python task, in order: a key's events form a sequence whose every step
+depends on the one before, as the pure fold says. The slice is repartitioned and sorted by key and folded a
+key at a time over Arrow batches (``mapInArrow``): a grouped map (``applyInPandas``) built a pandas frame per
+key, and a slice touches many keys with a few events each.
 """
 
 from __future__ import annotations
@@ -39,17 +41,16 @@ def _key_of(k):
     return None if k is None else parse_key(bytes(k))
 
 
-def fold_group(pdf):
-    """One key's prior state row (``_prior``) and records, folded (a pandas frame of :data:`_FOLDED`)."""
-    import pandas as pd
-
-    pdf = pdf.sort_values(["_prior", "_p", "_o"], ascending=[False, True, True], kind="stable")
+def fold_key(rows: list[dict]) -> list[tuple]:
+    """One key's prior state row (``_prior``) and records (dicts of the columns ``changes`` folds), folded:
+    tuples of :data:`_FOLDED`."""
+    rows = sorted(rows, key=lambda r: (not r["_prior"], r["_p"], r["_o"]))
     out: list[tuple] = []
     state = None
     totals: dict[tuple[str, int], int] = defaultdict(int)
     last = None
     nk = None
-    for r in pdf.to_dict("records"):
+    for r in rows:
         if r["_prior"]:
             nk, state = bytes(r["_nk"]), KeyState.decode(bytes(r["_v"]))
             continue
@@ -77,11 +78,41 @@ def fold_group(pdf):
     if last is not None and state is not None:
         out.append((None, last["ts"], 0, STATE_OUTPUT, None, None, None, None, None, nk, state.encode(),
                     last["_p"], last["_o"], last["_t_us"]))
-    # nullable integer columns: a float column (pandas' default with nulls) would round offsets past 2**53
-    types = {"INT": "Int32", "BIGINT": "Int64"}
-    cols = [c.split() for c in _FOLDED.split(", ")]
-    return pd.DataFrame({name: pd.array([r[i] for r in out], dtype=types.get(t, object))
-                         for i, (name, t) in enumerate(cols)})
+    return out
+
+
+def _folded_arrow_schema():
+    import pyarrow as pa
+
+    types = {"STRING": pa.string(), "BIGINT": pa.int64(), "INT": pa.int32(), "BINARY": pa.binary()}
+    return pa.schema([(name, types[t]) for name, t in (c.split() for c in _FOLDED.split(", "))])
+
+
+def fold_sorted(batches):
+    """``mapInArrow``'s function: Arrow batches of records and prior state rows, sorted by key (``_nk``), folded
+    a key at a time (:func:`fold_key`; a key's rows may span batches), as batches of :data:`_FOLDED`. One
+    Python call per batch instead of one pandas frame per key: a slice touches many keys, most with a few
+    events."""
+    import pyarrow as pa
+
+    schema = _folded_arrow_schema()
+
+    def batch(out: list[tuple]):
+        return pa.RecordBatch.from_arrays([pa.array([r[i] for r in out], type=f.type) for i, f in enumerate(schema)],
+                                          schema=schema)
+
+    current: list[dict] = []
+    for b in batches:
+        out: list[tuple] = []
+        for r in b.to_pylist():
+            if current and r["_nk"] != current[0]["_nk"]:
+                out.extend(fold_key(current))
+                current = []
+            current.append(r)
+        if out:
+            yield batch(out)
+    if current:
+        yield batch(fold_key(current))
 
 
 def changes(spark, spec: SourceSpec, shape: RecordShape, records, prior: Sequence[tuple], prior_ddl: str,
@@ -111,7 +142,9 @@ def changes(spark, spec: SourceSpec, shape: RecordShape, records, prior: Sequenc
         F.col("key").alias("_k"), F.col("value").alias("_v"), F.col(p).alias("_p"), F.col(o).alias("_o"),
         F.col("timestamp_us").alias("_t_us"), F.lit(-1).cast("long").alias("ts"), F.lit(False).alias("_bad"),
         F.lit(True).alias("_prior"), F.col("key").alias("_nk"))
-    folded = recs.unionByName(before).groupBy("_nk").applyInPandas(fold_group, _FOLDED)
+    # a key's rows together and in one task (a record without key, _nk null, is an error row of its own)
+    folded = recs.unionByName(before).repartition("_nk").sortWithinPartitions("_nk").mapInArrow(fold_sorted,
+                                                                                                _FOLDED)
     row = F.from_json(F.col("_row"), row_schema)
     errors = dict(zip(shape.error_columns, ("_ep", "_eo", "_ek", "_er", "_ereason")))
     states = dict(zip(shape.state_columns, ("_sk", "_sv", "_sp", "_so", "_st")))
