@@ -35,6 +35,10 @@ hypothesis.settings.load_profile("reclock")
 
 _db_counter = itertools.count()
 
+THROWAWAY_GRACE_S = 3
+"""How long a session broker's controlled shutdown may take before it is SIGKILLed: its data goes with the
+session's folder (three nodes stopping at once took 7 s of the session's end)."""
+
 DEPLOYMENT = ("deployment tests (long faults of a deployment's shape) run with `make test-deployment` "
               "(pytest --deployment); `make test` runs their short versions")
 
@@ -111,7 +115,7 @@ def kafka(stack_state: StackState, stops: Stops):
     broker = LocalKafka(stack_state, heap="512m", proxied=True)  # a listener for the network-fault proxy too
     broker.start()
     yield broker
-    stops.later("kafka", broker.stop)
+    stops.later("kafka", lambda: broker.stop(grace=THROWAWAY_GRACE_S))
 
 
 @pytest.fixture(scope="session")
@@ -128,7 +132,7 @@ def kafka_cluster(stack_state: StackState, stops: Stops):
         cluster.stop()
         raise
     yield cluster
-    stops.later("kafka_cluster", cluster.stop)
+    stops.later("kafka_cluster", lambda: cluster.stop(grace=THROWAWAY_GRACE_S))
 
 
 @pytest.fixture(scope="session")

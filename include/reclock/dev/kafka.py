@@ -294,8 +294,9 @@ class LocalKafka(LocalServer):
         """SIGKILL the node's JVM (a crash: no controlled shutdown); True if it ran."""
         return procs.kill_group(self.pidfile)
 
-    def stop(self) -> bool:
-        return procs.stop(self.pidfile, timeout=30)
+    def stop(self, grace: float = 30) -> bool:
+        """SIGTERM (a controlled shutdown), SIGKILL after ``grace`` seconds (a throwaway test broker: a few)."""
+        return procs.stop(self.pidfile, timeout=grace)
 
 
 @dataclass
@@ -356,13 +357,13 @@ class LocalKafkaCluster:
     def running(self) -> bool:
         return any(node.running() for node in self.nodes.values())
 
-    def stop(self) -> list[int]:
+    def stop(self, grace: float = 30) -> list[int]:
         """Stop every node at once (one at a time, the last would wait out its controlled shutdown without a
-        quorum); return the ids of those that ran."""
+        quorum), each SIGKILLed after ``grace`` seconds; return the ids of those that ran."""
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(len(self.nodes)) as pool:
-            stopped = dict(zip(self.nodes, pool.map(lambda node: node.stop(), self.nodes.values())))
+            stopped = dict(zip(self.nodes, pool.map(lambda node: node.stop(grace), self.nodes.values())))
         return [n for n, ran in stopped.items() if ran]
 
     def _admin(self):
