@@ -110,9 +110,32 @@ def _records(i0: int, n: int) -> bytes:
                     % (i, i % 997, i % 1000, b"n" * 120) for i in range(i0, i0 + n))
 
 
+def cpu_seconds(*pids: int) -> float:
+    """CPU seconds (user + system) of ``pids`` and every descendant, living or reaped: this process, the
+    Spark JVM and its Python workers, moto's server (less sensitive to a shared machine's load than wall
+    time)."""
+    import psutil
+
+    total, seen = 0.0, set()
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            root = psutil.Process(pid)
+            for proc in [root, *root.children(recursive=True)]:
+                if proc.pid in seen:
+                    continue
+                seen.add(proc.pid)
+                with contextlib.suppress(psutil.Error):
+                    t = proc.cpu_times()
+                    total += t.user + t.system + t.children_user + t.children_system
+    return total
+
+
 def throughput(objects: int, mb: float, reps: int) -> dict:
+    from reclock.dev.procs import read_pid
+
     with services() as env:
         s3, spark = env["s3"], env["spark"]
+        pids = (os.getpid(), read_pid(s3.pidfile))
         c = s3.client()
         s3.create_bucket("bench")
         per = max(1, int(mb * 1e6 / 190))
@@ -124,14 +147,15 @@ def throughput(objects: int, mb: float, reps: int) -> dict:
         size = objects * len(_records(0, per))
         echo(f"{objects} objects, {total} records, {size / 1e6:.0f} MB in moto's S3")
         figures: dict[str, list[float]] = {"reclock": [], "file_stream": []}
+        cpu: dict[str, list[float]] = {"reclock": [], "file_stream": []}
 
         def reclock(rep: int) -> None:
             from reclock import cycle
 
             ctx = _ctx(env, f"tp{rep}", "s3://bench/in/", s3.settings(), budget={"max_bytes": "2GB"})
-            t0 = time.monotonic()
+            c0, t0 = cpu_seconds(*pids), time.monotonic()
             cycle.run_cycle(ctx)
-            dt = time.monotonic() - t0
+            dt, used = time.monotonic() - t0, cpu_seconds(*pids) - c0
             from reclock.persist import connect
             from reclock.persist.shards import shard_info
 
@@ -144,30 +168,36 @@ def throughput(objects: int, mb: float, reps: int) -> dict:
             assert rows == total, (rows, total)
             if rep:
                 figures["reclock"].append(total / dt)
-            echo(f"reclock rep {rep}: {dt:.2f}s, {total / dt:,.0f} records/s; steps {steps}")
+                cpu["reclock"].append(used)
+            echo(f"reclock rep {rep}: {dt:.2f}s, {total / dt:,.0f} records/s, {used:.1f} CPU-s; steps {steps}")
 
         def file_stream(rep: int) -> None:
             out, chk = env["root"] / f"ss{rep}", env["root"] / f"ss{rep}.chk"
-            t0 = time.monotonic()
+            c0, t0 = cpu_seconds(*pids), time.monotonic()
             q = (spark.readStream.schema(SCHEMA).json("s3a://bench/in/2025/01/")
                  .writeStream.format("parquet").option("path", str(out)).option("checkpointLocation", str(chk))
                  .trigger(availableNow=True).start())
             q.awaitTermination()
-            dt = time.monotonic() - t0
+            dt, used = time.monotonic() - t0, cpu_seconds(*pids) - c0
             n = spark.read.parquet(str(out)).count()
             assert n == total, (n, total)
             if rep:
                 figures["file_stream"].append(total / dt)
-            echo(f"file_stream rep {rep}: {dt:.2f}s, {total / dt:,.0f} records/s")
+                cpu["file_stream"].append(used)
+            echo(f"file_stream rep {rep}: {dt:.2f}s, {total / dt:,.0f} records/s, {used:.1f} CPU-s")
 
         for rep in range(reps + 1):  # the first of each is a warm-up; which goes first alternates
             for run in ((reclock, file_stream) if rep % 2 == 0 else (file_stream, reclock)):
                 run(rep)
         med = {k: statistics.median(v) for k, v in figures.items()}
+        med_cpu = {k: statistics.median(v) for k, v in cpu.items()}
         ratio = med["reclock"] / med["file_stream"]
         echo(f"median records/s: reclock {med['reclock']:,.0f}, file_stream {med['file_stream']:,.0f}; "
-             f"reclock / file_stream = {ratio:.2f} (target >= 1.0: {'met' if ratio >= 1.0 else 'NOT met'})")
-        return {"objects": objects, "records": total, "bytes": size, "records_per_s": med, "ratio": ratio}
+             f"reclock / file_stream = {ratio:.2f} (target >= 1.0: {'met' if ratio >= 1.0 else 'NOT met'}); "
+             f"median CPU-s: reclock {med_cpu['reclock']:.1f}, file_stream {med_cpu['file_stream']:.1f}; "
+             f"load average {os.getloadavg()[0]:.1f}")
+        return {"objects": objects, "records": total, "bytes": size, "records_per_s": med, "ratio": ratio,
+                "cpu_seconds": med_cpu, "load": os.getloadavg()}
 
 
 def state(objects: int, per_cycle: int, on_s3: bool = False) -> dict:

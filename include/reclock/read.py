@@ -107,15 +107,21 @@ class UpdateReader:
 
     With a ``history`` (the shard's recorded schemas), :attr:`schema` is the schema a read AS OF
     ``upper - 1`` gives (:attr:`target`), every part projected to it; :meth:`by_version` cuts the tables where
-    the schema changes and gives each piece the schema of its time.
+    the schema changes and gives each piece the schema of its time. With ``across``, the target also holds
+    the columns a version in the range had and a later one dropped
+    (``SchemaHistory.read_across``), so a piece before the drop keeps their values (a reader that
+    consolidates across versions, AS OF one time, must not: a dropped column's values never meet the
+    retractions written without it).
     """
 
     def __init__(self, blob: BlobStore, shard: str, rows: Sequence[BatchRow], lower: int, upper: int,
-                 kind: str, dictionaries: bool = False, history: SchemaHistory | None = None) -> None:
+                 kind: str, dictionaries: bool = False, history: SchemaHistory | None = None,
+                 across: bool = False) -> None:
         self.blob, self.shard, self.lower, self.upper, self.kind = blob, shard, lower, upper, kind
         self.dictionaries = dictionaries
         self.history = history if history is not None else SchemaHistory()
-        self.target = self.history.read_as(max(lower, upper - 1))
+        self.target = (self.history.read_across(lower, upper) if across
+                       else self.history.read_as(max(lower, upper - 1)))
         self.rows: list[BatchRow] = list(rows)
         self.parts: list[str] = []  # paths
         self.footers: list[pq.FileMetaData] = []

@@ -21,6 +21,10 @@ The rules (DESIGN.md, "Schemas change"):
   (:class:`~reclock.errors.SchemaIncompatible`). A narrower type from an older writer that is still
   writing (no ``previous``, or ``previous`` itself narrower) fits the collection as it is.
 
+A Postgres ``DROP COLUMN`` is the one change that takes a column out of a collection's schema (a version
+without it: reads at and after it leave the column out); a column of the same name in a later version is
+another column (``Column.from_ts``, set by :meth:`SchemaHistory.read_as`).
+
 A collection's :class:`SchemaHistory` records each change at the timestamp of the first update that
 carries it; a read AS OF t uses the schema in force at t, and each part is read through
 :func:`projection` from the schema it was written with to that one.
@@ -34,7 +38,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 _INTS = ("tinyint", "smallint", "int", "bigint")
@@ -44,11 +48,16 @@ _DECIMAL = re.compile(r"^decimal\((\d+),\s*(\d+)\)$")
 
 @dataclass(frozen=True)
 class Column:
-    """A column of a collection: its name, Spark SQL type string and whether it may be null."""
+    """A column of a collection: its name, Spark SQL type string and whether it may be null. ``from_ts``
+    (set by :meth:`SchemaHistory.read_as` only): the column is another one than an earlier column of its name
+    that a version in between dropped (a Postgres ``DROP COLUMN`` and an ``ADD COLUMN`` of the same name), so
+    a read takes its values from the updates at ``ts >= from_ts`` only; an update before holds the old
+    column's value there, and reads null (as the table shows the rows it held when the column came)."""
 
     name: str
     type: str
     nullable: bool = True
+    from_ts: int | None = None
 
 
 @dataclass(frozen=True)
@@ -298,7 +307,46 @@ class SchemaHistory:
         (a collection's columns are known before its first row); None for a collection without a history."""
         if not self.versions:
             return None
-        return self.at(ts) or self.versions[0].schema
+        at = self.version_index(ts)
+        schema = self.versions[at].schema
+        reborn = {c.name: self._reborn(at, c.name) for c in schema.columns}
+        if not any(v is not None for v in reborn.values()):
+            return schema
+        return CollectionSchema(tuple(replace(c, from_ts=reborn[c.name]) for c in schema.columns))
+
+    def read_across(self, lower: int, upper: int) -> CollectionSchema | None:
+        """A schema that holds the updates at ``lower <= ts < upper`` each as the schema in force at its ts
+        reads it: :meth:`read_as` ``upper - 1``, then every column an earlier version in force in the range
+        had and that one lacks (a column dropped in the range), as that version had it (the newest such)."""
+        last = self.read_as(max(lower, upper - 1))
+        if last is None:
+            return None
+        have, extra = set(last.names), {}
+        for i in range(self.version_index(lower), self.version_index(max(lower, upper - 1))):
+            for c in self.versions[i].schema.columns:
+                if c.name not in have:
+                    extra[c.name] = replace(c, nullable=True)
+        return CollectionSchema(last.columns + tuple(extra.values())) if extra else last
+
+    def version_index(self, ts: int) -> int:
+        """The index of the version a read AS OF ``ts`` gives (0 before the first one); the history is not
+        empty."""
+        found = 0
+        for i, v in enumerate(self.versions):
+            if v.since_ts > ts:
+                break
+            found = i
+        return found
+
+    def _reborn(self, at: int, name: str) -> int | None:
+        """The time from which version ``at``'s column ``name`` is the one it is, when an earlier version
+        had another column of that name (dropped in between); else None."""
+        start = at
+        while start > 0 and self.versions[start - 1].schema.column(name) is not None:
+            start -= 1
+        if start > 0 and any(v.schema.column(name) is not None for v in self.versions[:start - 1]):
+            return self.versions[start].since_ts
+        return None
 
     def latest(self) -> CollectionSchema | None:
         return self.versions[-1].schema if self.versions else None

@@ -28,6 +28,7 @@ import re
 from typing import Sequence
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from reclock.schema_evolution import CollectionSchema, Column, _container, _struct, struct_fields
 
@@ -238,11 +239,14 @@ def arrow_project(arr: pa.Array | pa.ChunkedArray | None, have: str | None, want
 def project_table(table: pa.Table, part: CollectionSchema, target: CollectionSchema,
                   keep: Sequence[str] = ("ts", "diff")) -> pa.Table:
     """``table`` (a part's columns: ``part``'s, and ``keep``) read as ``target``: ``target``'s columns in its
-    order, then ``keep``'s. A column already of its type is passed through untouched."""
+    order, then ``keep``'s. A column already of its type is passed through untouched; one of the target's
+    that an earlier, dropped column of its name held (``Column.from_ts``) is null at the rows before it."""
     cols, names = [], []
     for c in target.columns:
         have = part.column(c.name)
         arr = table[c.name] if have is not None else None
+        if arr is not None and c.from_ts is not None:
+            arr = null_before(arr, table["ts"], c.from_ts)
         if have is not None and have.type.strip() == c.type.strip():
             cols.append(arr)
         else:
@@ -253,6 +257,22 @@ def project_table(table: pa.Table, part: CollectionSchema, target: CollectionSch
             cols.append(table[k])
             names.append(k)
     return pa.table(dict(zip(names, cols))) if cols else table.select([])
+
+
+def null_before(arr: pa.Array | pa.ChunkedArray, ts: pa.ChunkedArray, from_ts: int) -> pa.Array:
+    """``arr`` with null at the rows before ``from_ts`` (a column's values from another, earlier column of its
+    name: :attr:`reclock.schema_evolution.Column.from_ts`)."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    if pa.types.is_dictionary(arr.type):
+        arr = arr.dictionary_decode()
+    ts = ts.combine_chunks() if isinstance(ts, pa.ChunkedArray) else ts
+    return pc.if_else(pc.greater_equal(ts, from_ts), arr, pa.scalar(None, arr.type))
+
+
+def from_ts_sql(expr: str, from_ts: int | None) -> str:
+    """SQL (Spark's and DuckDB's alike) of ``expr`` null at the rows before ``from_ts`` (None: ``expr``)."""
+    return expr if from_ts is None else f"CASE WHEN ts >= {int(from_ts)} THEN {expr} END"
 
 
 def project_part(table: pa.Table, target: CollectionSchema) -> pa.Table:

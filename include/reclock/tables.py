@@ -62,7 +62,7 @@ from reclock.persist.schemas import load_history
 from reclock.persist.shards import (BatchRow, acquire_read_hold, batches, release_read_hold, renew_read_hold,
                                     shard_info)
 from reclock.schema_evolution import CollectionSchema
-from reclock.schema_projection import duckdb_sql, duckdb_type, part_schema, spark_sql
+from reclock.schema_projection import duckdb_sql, duckdb_type, from_ts_sql, part_schema, spark_sql
 
 MAX_ENGINE_DECIMAL = 38
 """The most digits a decimal of Spark or DuckDB holds (Reclock writes wider ones for ``numeric(p, s)`` with
@@ -354,6 +354,7 @@ def _spark_projected(spark, parts: PartList, blob: BlobStore) -> Any:
         for c in target.columns:
             have = schema.column(c.name)
             expr = spark_sql(_bq(c.name), have.type if have is not None and c.name in df.columns else None, c.type)
+            expr = from_ts_sql(expr, c.from_ts)
             cols.append(f"{expr} AS {_bq(c.name)}")
         frames.append(df.selectExpr(*cols, "ts", "diff"))
     if not frames:
@@ -463,7 +464,8 @@ def _duckdb_projected(con, parts: PartList, blob: BlobStore) -> str:
         for c in target.columns:
             have = schema.column(c.name)
             expr = _ident(file_name[c.name]) if have is not None and c.name in file_name else "NULL"
-            cols.append(f"{duckdb_sql(expr, have.type if expr != 'NULL' else None, c.type)} AS {_ident(c.name)}")
+            expr = from_ts_sql(duckdb_sql(expr, have.type if expr != 'NULL' else None, c.type), c.from_ts)
+            cols.append(f"{expr} AS {_ident(c.name)}")
         # filtered before projected: a part of a newer schema may hold later values the target cannot
         selects.append(f"SELECT {', '.join(cols + ['ts', 'diff'])} FROM {src} "
                        f"WHERE ts <= {int(parts.as_of)} AND ts >= {int(parts.lower)}")

@@ -309,3 +309,49 @@ def test_the_iceberg_export_evolves_its_table_in_the_commit_that_first_needs_it(
     assert [(x["id"], x["amount"], x["note"], x["st"], x[TS_COLUMN], x["_reclock_diff"]) for x in rows] == [
         (1, 5, None, {"x": 1.0, "y": None}, 10, 1), (2, 6, None, None, 20, 1),
         (3, 2**40, "first", {"x": 2.0, "y": "y"}, 30, 1), (1, 5, None, {"x": 1.0, "y": None}, 40, -1)]
+
+
+def test_a_dropped_column_and_one_added_again_under_its_name_in_every_reader_and_the_iceberg_export(db, tmp_path):
+    """``w`` (string) until 30, dropped at 30, ``w`` (int, another column) from 50. AS OF 20 the old ``w``; AS OF
+    40 none; AS OF 60 the new one, null in every row written before 50 (never 'a' or 'b'), and the rows
+    inserted with the old ``w`` and retracted without it cancel. The updates across the drop keep the old
+    ``w`` up to it (``across``). The Iceberg export deletes ``w`` at the drop and adds the new one as another
+    field: its changelog sums to the collection AS OF 60."""
+    blob = LocalBlobStore(tmp_path / "blobs")
+    v0 = CollectionSchema((Column("id", "bigint"), Column("w", "string")))
+    v1 = CollectionSchema((Column("id", "bigint"),))
+    v2 = CollectionSchema((Column("id", "bigint"), Column("w", "int")))
+    parts = [(v0, [({"id": 1, "w": "a"}, 10, 1), ({"id": 2, "w": "b"}, 20, 1)], 0, 21, (SchemaVersion(0, v0),)),
+             (v1, [({"id": 1}, 30, -1), ({"id": 3}, 40, 1)], 21, 41, (SchemaVersion(30, v1),)),
+             (v2, [({"id": 4, "w": 7}, 50, 1), ({"id": 2, "w": None}, 60, -1)], 41, 61, (SchemaVersion(50, v2),))]
+    spec = IcebergSinkSpec(name="dropping", collection="evd", table="lake.evd", layout="changelog",
+                           budget=IcebergBudget(max_rows=1))
+    ctx = IcebergSinkContext(spec=spec, dsn=db, blob=blob,
+                             catalog=CatalogSettings(uri=catalog_uri(db), warehouse=str(blob.root) + "/_iceberg"))
+    with connect(db) as conn:
+        register_shard(conn, "evd")
+    for i, (schema, rows, lower, upper, versions) in enumerate(parts):
+        with connect(db) as conn:
+            path = f"evd/{i}.parquet"
+            blob.put_bytes(path, _parquet(_rows_table(schema, rows)))
+            part = part_from_footer(path, 1, pq.read_metadata(blob.url(path)))
+            compare_and_append(conn, [Append("evd", BatchDescription(lower, upper), (part,), versions)])
+        assert run_once(ctx).frontier == upper
+    con = duckdb.connect()
+    with connect(db) as conn:
+        for t, want in [(20, {(1, "a"), (2, "b")}), (40, {(2,), (3,)}), (60, {(3, None), (4, 7)})]:
+            got = read_as_of(conn, blob, "evd", t)
+            assert {tuple(r[c] for c in got.column_names if c != "diff") for r in got.to_pylist()} == want, t
+            rel = duckdb_as_of(con, "evd", t, dsn=db, blob=blob).fetchall()
+            assert set(rel) == want, f"duckdb AS OF {t}"
+        rows, hi = updates_parts(conn, "evd", 0, 41)
+        reader = UpdateReader(blob, "evd", rows, 0, hi, "data", history=load_history(conn, "evd"), across=True)
+        pieces = [(schema.names, piece.select(list(schema.names)).to_pylist())
+                  for schema, piece in reader.by_version(reader.tables())]
+    assert pieces == [(("id", "w"), [{"id": 1, "w": "a"}, {"id": 2, "w": "b"}]), (("id",), [{"id": 1}, {"id": 3}])]
+    table = load_catalog(ctx.catalog, spec.catalog).load_table(spec.table)
+    assert [(f.name, str(f.field_type)) for f in table.schema().fields][:2] == [("id", "long"), ("w", "int")]
+    summed = collections.Counter()
+    for r in table.scan().to_arrow().to_pylist():
+        summed[(r["id"], r["w"])] += r["_reclock_diff"]
+    assert {k for k, n in summed.items() if n} == {(3, None), (4, 7)} and all(n in (0, 1) for n in summed.values())

@@ -4,9 +4,11 @@ through the DDL: ``ADD COLUMN`` (with and without a default) and type changes th
 table's first change under the new relation, and every binding's contents equal the table as of its LSN,
 with cycles crashing at random step boundaries, for a table of identity FULL and one of a primary key (whose retractions of rows written before the change
 must match them as readers project them); a column added with a non-volatile ``DEFAULT`` retracts the rows the
-table held and adds them again with it. ``DROP COLUMN``, a rename, a narrowing, ``text`` to ``integer``
-and a column added with a volatile ``DEFAULT`` stall naming the table, the column, the types and
-``reclock resnapshot <source>``, which resolves them.
+table held and adds them again with it. ``DROP COLUMN`` flows too (reads after it have no such column, reads
+before keep it; Spark and DuckDB agree), and a column added again under a dropped one's name is another
+column. A rename, a narrowing, ``text`` to ``integer`` and a column added with a volatile ``DEFAULT`` stall
+naming the table, the column, the types and ``reclock resnapshot <source>``, which resolves them; so does a
+dropped key column, naming the identity to give the table.
 
 The oracle is the upstream itself: each of the writer's transactions reads its tables before it commits
 (``SELECT *``: the rows and the columns they have then), and an observer slot gives each transaction's
@@ -24,7 +26,7 @@ import pytest
 from pg_support import bindings, contents, make_ctx, source_name, upstream_database, writer
 
 from reclock import cycle, failpoints
-from reclock.errors import TableSchemaChanged
+from reclock.errors import ReplicaIdentityMissing, TableSchemaChanged
 from reclock.persist import connect
 from reclock.persist.schemas import load_history
 from reclock.persist.shards import shard_info
@@ -216,12 +218,104 @@ def test_added_columns_and_widened_types_flow_and_every_binding_equals_the_table
     assert any("ADD COLUMN z" in v.cause for v in f.versions)
 
 
+def _engines_equal(ctx, spark, w: DdlWriter, initial: dict) -> int:
+    """DuckDB (``duckdb_as_of``) at every binding and Spark (``spark_as_of``) at the last (Spark is the slow
+    one) read each collection AS OF it as the tables were at its LSN (as :func:`_equal_as_of_every_binding`
+    has them); the bindings checked."""
+    import duckdb
+
+    from reclock.tables import duckdb_as_of, spark_as_of
+
+    lsns, snap = _commit_lsns(ctx.upstream), _snapshot_lsn(ctx)
+    with connect(ctx.dsn) as conn:
+        upper = min(shard_info(conn, f"{ctx.spec.name}__{t}").upper for t in TABLES)
+    checked = [(ts, lsn) for ts, lsn in bindings(ctx) if ts < upper]
+    con = duckdb.connect()
+    for i, (ts, lsn) in enumerate(checked):
+        for t in TABLES:
+            at, want = (lsn if t == "f" else max(lsn, snap)), initial
+            for xid, tables in w.log:
+                if lsns[xid] < at:
+                    want = tables
+            shard = f"{ctx.spec.name}__{t}"
+            readers = [("duckdb", lambda: duckdb_as_of(con, shard, ts, dsn=ctx.dsn, blob=ctx.blob).to_arrow_table())]
+            if i == len(checked) - 1:
+                readers.append(("spark", lambda: spark_as_of(spark, shard, ts, dsn=ctx.dsn, blob=ctx.blob).toArrow()))
+            for engine, read in readers:
+                rows = read().to_pylist()
+                got = {r["id"]: r for r in rows}
+                assert len(got) == len(rows) and got == want[t], f"{engine}: {t} AS OF {ts} (LSN {lsn:X})"
+    con.close()
+    return len(checked)
+
+
+def test_dropped_columns_flow_and_a_column_added_again_under_a_dropped_name_is_another(db, spark, upstream,
+                                                                                         tmp_path):
+    """``DROP COLUMN`` flows: AS OF a binding before it the column is there, from the first change under the
+    new relation on it is not, and the rows written before and updated or deleted after it retract exactly
+    (FULL: the WAL's old row without it; the key table: its current row read again without it). A column
+    added again under a dropped one's name (another type; with a ``DEFAULT`` for the key table) is another
+    column: the rows the table held read null (or the default) there, never the dropped column's values."""
+    ctx, w, initial = _start(db, upstream, tmp_path)
+    rng = random.Random(7)
+    try:
+        time.sleep(0.2)
+        cycle.run_cycle(ctx)
+        w.run_ddl("ALTER TABLE f DROP COLUMN w", "ALTER TABLE k DROP COLUMN w", "ALTER TABLE k DROP COLUMN n")
+        time.sleep(0.2)
+        _crash_then_cycle(ctx, rng)
+        w.run_ddl("ALTER TABLE f ADD COLUMN w int", "ALTER TABLE k ADD COLUMN n text DEFAULT 'again'")
+        time.sleep(0.2)
+        _crash_then_cycle(ctx, rng)
+        w.run_ddl("ALTER TABLE f DROP COLUMN n", "ALTER TABLE k DROP COLUMN n")
+        time.sleep(0.2)
+        cycle.run_cycle(ctx)
+    finally:
+        w.stop.set()
+        w.join(30)
+    assert w.error is None, w.error
+    cycle.run_cycle(ctx)
+    assert _equal_as_of_every_binding(ctx, w, initial) >= 4
+    assert _engines_equal(ctx, spark, w, initial) >= 4
+    name = ctx.spec.name
+    with connect(ctx.dsn) as conn:
+        f, k = load_history(conn, f"{name}__f"), load_history(conn, f"{name}__k")
+    assert f.versions[0].schema.column("w").type == "string" and f.latest().column("w").type == "int"
+    assert f.latest().names == ("id", "v", "c", "amount", "w") and k.latest().names == ("id", "v", "c", "amount")
+    assert any(v.schema.column("w") is None for v in f.versions) and "DROP COLUMN w" in f.versions[1].cause
+
+
+def test_dropping_a_column_of_the_key_stalls_with_the_command_that_resolves_it(db, upstream, tmp_path):
+    """The key table's key column dropped: its updates and deletes can no longer name their rows. The cycle
+    stalls naming the command (the catalog's check at the cycle's start sees the table without a key; the
+    stream's Relation message, if the key came back meanwhile, says the column went); the identity set and a
+    re-snapshot resolve it."""
+    with writer(upstream) as conn:
+        for s in SETUP:
+            conn.execute(s)
+    ctx = make_ctx(db, upstream, tmp_path, source_name("ddl"), list(TABLES), max_records=50)
+    name = ctx.spec.name
+    cycle.run_cycle(ctx)
+    with writer(upstream) as conn:
+        conn.execute("ALTER TABLE k DROP COLUMN id")
+        conn.execute("INSERT INTO k (v) VALUES ('no key')")
+    with pytest.raises((ReplicaIdentityMissing, TableSchemaChanged),
+                       match=rf"source {name}: table public\.k: .*REPLICA IDENTITY FULL"):
+        cycle.run_cycle(ctx)
+    with writer(upstream) as conn:
+        conn.execute("ALTER TABLE k REPLICA IDENTITY FULL")
+        conn.execute("UPDATE k SET v = 'after' WHERE c = 1")
+        want = {r["c"]: r for r in _rows(conn, "k").values()}
+    cycle.resnapshot(ctx)
+    cycle.run_cycle(ctx)
+    assert contents(ctx, f"{name}__k", bindings(ctx)[-1][0], key="c") == want
+
+
 RESNAPSHOT = r"run `reclock resnapshot {name}` to take the table as it is now"
 RENAME_FIRST = r"run ALTER TABLE public\.{t} RENAME COLUMN {c} TO <a new name>; then `reclock resnapshot {name}`"
 
 
 @pytest.mark.parametrize("ddl,match,fix", [
-    ("ALTER TABLE {t} DROP COLUMN w", r"column w \(text\) was dropped.*" + RESNAPSHOT, None),
     ("ALTER TABLE {t} RENAME COLUMN w TO w2", r"column w \(text\) was renamed to w2 \(text\).*" + RESNAPSHOT, None),
     ("ALTER TABLE {t} ALTER COLUMN n TYPE int4", r"column n changed type from bigint to integer.*" + RENAME_FIRST,
      "ALTER TABLE {t} RENAME COLUMN n TO n4"),
@@ -229,7 +323,7 @@ RENAME_FIRST = r"run ALTER TABLE public\.{t} RENAME COLUMN {c} TO <a new name>; 
      + RENAME_FIRST, "ALTER TABLE {t} RENAME COLUMN w TO w_length"),
     ("ALTER TABLE {t} ADD COLUMN d float8 DEFAULT random()", r"DDL added column\(s\) d, .* a volatile DEFAULT.*"
      + RESNAPSHOT, None),
-], ids=["drop", "rename", "narrowed", "text_to_int", "add_with_volatile_default"])
+], ids=["rename", "narrowed", "text_to_int", "add_with_volatile_default"])
 @pytest.mark.parametrize("t", TABLES)
 def test_changes_that_do_not_flow_stall_naming_the_column_and_resnapshot_resolves_them(db, upstream, tmp_path, ddl,
                                                                                        match, fix, t):

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from reclock.schema_evolution import CollectionSchema, Column, evolve
 from reclock.schema_projection import (arrow_project, arrow_type, duckdb_sql, duckdb_type, part_schema,
-                                       project_table, spark_sql, spark_type)
+                                       project_part, project_table, spark_sql, spark_type)
 
 WIDER = {"tinyint": ["smallint", "int", "bigint"], "smallint": ["int", "bigint"], "int": ["bigint", "double"],
          "float": ["double"], "decimal(10,2)": ["decimal(12,2)", "decimal(14,4)"]}
@@ -196,3 +196,27 @@ def test_a_dictionary_column_of_the_right_type_passes_through() -> None:
     assert pa.types.is_dictionary(out["s"].type) and out.column_names == ["s", "n", "ts", "diff"]
     assert out["n"].null_count == 3
     assert arrow_project(None, None, "int", 2).to_pylist() == [None, None]
+
+
+def test_a_column_dropped_and_added_again_reads_null_before_it_came_back():
+    """DROP COLUMN x at 10, ADD COLUMN x (another type) at 20: AS OF 25, the rows before 20 read null in x (the
+    old column's values are another column's), the rows at 20 on their own; AS OF 5 the old x as it was;
+    updates across the drop keep the old x before it (``read_across``)."""
+    from reclock.schema_evolution import CollectionSchema, Column, SchemaHistory, SchemaVersion
+
+    v0 = CollectionSchema((Column("id", "bigint"), Column("x", "string")))
+    v1 = CollectionSchema((Column("id", "bigint"),))
+    v2 = CollectionSchema((Column("id", "bigint"), Column("x", "int")))
+    history = SchemaHistory((SchemaVersion(0, v0), SchemaVersion(10, v1), SchemaVersion(20, v2)))
+    assert history.read_as(5) == v0 and history.read_as(15) == v1
+    assert history.read_as(25).column("x").from_ts == 20 and history.read_as(25).column("id").from_ts is None
+    assert history.read_across(5, 16).names == ("id", "x")  # the dropped x, for the updates before 10
+    assert history.read_across(12, 16) == v1
+    old = pa.table({"id": pa.array([1, 2], pa.int64()), "x": ["a", "b"], "ts": pa.array([3, 4], pa.int64()),
+                    "diff": pa.array([1, 1], pa.int64())})
+    new = pa.table({"id": pa.array([1, 3], pa.int64()), "x": pa.array([None, 7], pa.int32()),
+                    "ts": pa.array([12, 21], pa.int64()), "diff": pa.array([-1, 1], pa.int64())})
+    assert project_part(old, history.read_as(25))["x"].to_pylist() == [None, None]  # never cast: 'a' is no int
+    assert project_part(new, history.read_as(25))["x"].to_pylist() == [None, 7]
+    assert project_part(old, history.read_as(5))["x"].to_pylist() == ["a", "b"]
+    assert project_part(old, history.read_as(15)).column_names == ["id", "ts", "diff"]

@@ -72,11 +72,14 @@ names and field ids, ``diff`` and the internal columns dropped), so the export c
 never ends inside a copied part's ts range; the budget cuts only what is written anew.
 
 **Schemas that change.** When the collection's schema evolves (``reclock.persist.schemas``: a new column, a
-struct field, a widened type), the table evolves with it in the commit that first holds an update of the
-new schema: a run's commits stop before the first timestamp whose schema the table cannot hold, and the
-next commit adds the columns and widens the types (pyiceberg ``update_schema().union_by_name``) in the same
-catalog transaction as its data files, which are written with the evolved schema's field ids. Rows
-exported before have null in a column added later (Iceberg's reading of an older data file). A change
+struct field, a widened type, a dropped column), the table evolves with it in the commit that first holds an
+update of the new schema: a run's commits stop before the first timestamp whose schema the table cannot
+hold (or whose schema drops a column the table has), and the next commit adds the columns, widens the types
+(pyiceberg ``update_schema().union_by_name``) and deletes the dropped columns in the same catalog
+transaction as its data files, which are written with the evolved schema's field ids. Rows exported before
+have null in a column added later (Iceberg's reading of an older data file); a dropped column is gone from
+every row, as from the collection read AS OF a time after the drop, so a row written before it and retracted
+after it cancels; a column added again under a dropped one's name is a new field id. A change
 Iceberg cannot make (a decimal's scale, ``date`` to ``timestamp``) stops the sink with ``SinkRefused``
 naming the column; nothing is committed.
 
@@ -356,6 +359,7 @@ class IcebergSink:
         self.table = None
         self.begin: _Begin | None = None
         self.reported = False
+        self._droppable: frozenset[str] = frozenset()  # the columns the collection's schema history names
 
     @property
     def identifier(self) -> str:
@@ -532,6 +536,7 @@ class IcebergSink:
             return SinkResult(begin.frontier, 0, 0, 0), False  # nothing complete beyond the frontier
         t0 = time.monotonic()
         history = load_history(conn, spec.collection)
+        self._droppable = frozenset(n for v in history.versions for n in v.schema.names)
         cut = self._schema_cut(history, first, upper)
         snap, rest = self._readers(conn, begin, cut or upper, history)
         schemas = [r.schema for r in (snap, rest) if r is not None and len(r.schema)]
@@ -559,7 +564,7 @@ class IcebergSink:
         at_first = history.read_as(first)
         for v in history.versions:
             if first < v.since_ts < upper and v.schema != at_first:
-                new, _ = _union(self.ctx.spec, self.table, _data_schema(v.schema))
+                new, _ = _union(self.ctx.spec, self.table, _data_schema(v.schema), self._droppable)
                 if new != current:
                     return v.since_ts
         return None
@@ -572,7 +577,7 @@ class IcebergSink:
             return None, None
         columns = pa.unify_schemas(schemas, promote_options="permissive")
         data = pa.schema([f.with_nullable(True) for f in columns if f.name not in ("ts", "diff")])
-        new, metadata = _union(self.ctx.spec, table, data)
+        new, metadata = _union(self.ctx.spec, table, data, self._droppable)
         if new == table.schema():
             return None, None
         return data, metadata
@@ -651,7 +656,7 @@ class IcebergSink:
         tx = table.transaction()
         if staged.evolve is not None:  # the collection's new columns, in the commit that first holds them
             with tx.update_schema() as update:
-                _evolve_schema(update, table.schema(), staged.evolve)
+                _evolve_schema(update, table.schema(), staged.evolve, self._droppable)
         if staged.replace:
             tx.delete(AlwaysTrue())
         with tx.update_snapshot(snapshot_properties=staged.props).fast_append() as append:
@@ -704,7 +709,7 @@ def _data_schema(schema: CollectionSchema) -> pa.Schema:
     return pa.schema([pa.field(c.name, arrow_type(c.type)) for c in schema.columns])
 
 
-def _union(spec: IcebergSinkSpec, table, data: pa.Schema):
+def _union(spec: IcebergSinkSpec, table, data: pa.Schema, droppable: frozenset[str] = frozenset()):
     """The table's schema with ``data``'s columns added and types widened (pyiceberg's ``union_by_name``,
     not committed), and the table's metadata with it; ``SinkRefused`` naming what Iceberg cannot change."""
     from pyiceberg.exceptions import ValidationError
@@ -712,7 +717,7 @@ def _union(spec: IcebergSinkSpec, table, data: pa.Schema):
     tx = table.transaction()
     try:
         with tx.update_schema() as update:
-            _evolve_schema(update, table.schema(), data)
+            _evolve_schema(update, table.schema(), data, droppable)
     except (ValidationError, ValueError, TypeError) as e:
         raise SinkRefused(spec.name, f"table {spec.table} cannot take the collection's schema change ({e}); "
                           "nothing was committed (Iceberg adds columns and widens int to long, float to double "
@@ -721,12 +726,16 @@ def _union(spec: IcebergSinkSpec, table, data: pa.Schema):
     return metadata.schema(), metadata
 
 
-def _evolve_schema(update, current, data: pa.Schema) -> None:
+def _evolve_schema(update, current, data: pa.Schema, droppable: frozenset[str] = frozenset()) -> None:
     """In a schema update of a table whose schema is ``current``: ``data``'s columns added and types widened
     (``union_by_name``), each new top-level column placed before the sink's own columns (the table's user
-    columns stay first, as in the collection)."""
-    update.union_by_name(data)
+    columns stay first, as in the collection), and the table's columns of the collection's schema history
+    (``droppable``) that ``data`` lacks deleted (the collection dropped them: Postgres ``DROP COLUMN``; a column
+    of that name added later is a new field, so no older data file's values are read as its)."""
     have = {f.name for f in current.fields}
+    for name in sorted((have & droppable) - set(data.names) - {TS_COLUMN, DIFF_COLUMN}):
+        update.delete_column(name)
+    update.union_by_name(data)
     for f in data:
         if f.name not in have and TS_COLUMN in have:
             update.move_before(f.name, TS_COLUMN)

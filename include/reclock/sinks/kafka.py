@@ -356,7 +356,9 @@ def updates(ctx: SinkContext, begin: _Begin, upper: int) -> Iterator[pa.Table]:
     the first messages go out while later parts are still unread. A ts spans two tables only when the
     sink's format is unkeyed and nothing retracts: then no message depends on another. A collection whose
     schema evolved gives each update the schema in force at its ts (a table is cut where it changes:
-    :meth:`reclock.read.UpdateReader.by_version`), so a message carries the columns of its time."""
+    :meth:`reclock.read.UpdateReader.by_version`), so a message carries the columns of its time: a column
+    dropped in the range up to the drop, and a column added again under a dropped one's name (another column)
+    in a reader of its own from the re-add on."""
     spec = ctx.spec
     lower = begin.frontier
     snapshot = None
@@ -369,11 +371,19 @@ def updates(ctx: SinkContext, begin: _Begin, upper: int) -> Iterator[pa.Table]:
         rows, upper = updates_parts(conn, spec.collection, lower, upper) if lower < upper else ([], upper)
         kind = shard_info(conn, spec.collection).kind
         history = load_history(conn, spec.collection)
-    reader = UpdateReader(ctx.blob, spec.collection, rows, lower, upper, kind, history=history)
+        # a column added again under a dropped one's name is another column: one reader holds only one of them
+        cuts = [v.since_ts for v in history.versions if lower < v.since_ts < upper
+                and any(c.from_ts == v.since_ts for c in history.read_as(v.since_ts).columns)]
+        bounds = [lower, *cuts, upper]
+        ranges = [(lo, hi, updates_parts(conn, spec.collection, lo, hi)[0] if len(bounds) > 2 else rows)
+                  for lo, hi in zip(bounds, bounds[1:])]
+    readers = [UpdateReader(ctx.blob, spec.collection, r, lo, hi, kind, history=history, across=True)
+               for lo, hi, r in ranges]
     if snapshot is not None:
-        yield reader.conform(snapshot) if rows and reader.target is None else snapshot
-    for _, table in reader.by_version(reader.tables(split_ts=not spec.key)):
-        yield consolidate(table)
+        yield readers[0].conform(snapshot) if rows and readers[0].target is None else snapshot
+    for reader in readers:
+        for _, table in reader.by_version(reader.tables(split_ts=not spec.key)):
+            yield consolidate(table)
 
 
 ENCODE_CHUNK = 50_000

@@ -97,7 +97,8 @@ def _parsed_schema(ddl: str):
 
 
 def decoded(spec: SourceSpec, df, meta: Sequence[str] = (), problem: str | None = None,
-            positions: tuple[str, str] = ("partition", "offset"), plan: AvroPlan | None = None):
+            positions: tuple[str, str] = ("partition", "offset"), plan: AvroPlan | None = None,
+            predecoded: str | None = None):
     """``df`` (a kind's records: ``key``, ``value``, ``timestamp``, ``ts`` and the two ``positions``) decoded: the collection's columns (fields, then metadata), ``ts``,
     the raw record as ``_k, _v, _p, _o, _t``, ``_reason`` (why the value does not decode, else null) and
     ``_raw``: the value of a record that does not decode. For JSON and CSV that is the parser's
@@ -110,7 +111,9 @@ def decoded(spec: SourceSpec, df, meta: Sequence[str] = (), problem: str | None 
     ``problem``: the name of a column saying why a record is an error before any decoding (a reader's
     finding: a damaged object, an overlong line); where it is set, it is the ``_reason``. ``plan``: a
     registry source's (``format.registry``): each record's writer schema by its header
-    (``reclock.spark.registry_decode``).
+    (``reclock.spark.registry_decode``). ``predecoded`` (JSON only): a struct column with the declared
+    fields and the corrupt-record column, holding the value as ``from_json`` decodes it on the rows whose
+    ``value`` is null (a reader decoded them already: ``reclock.sources.s3.json_lines``).
 
     Built as SQL expression text, one ``selectExpr`` (a plan of a few JVM calls, not hundreds)."""
     ftype = spec.format.type
@@ -139,6 +142,8 @@ def decoded(spec: SourceSpec, df, meta: Sequence[str] = (), problem: str | None 
         opts = f"map('mode', 'PERMISSIVE', 'columnNameOfCorruptRecord', {sql_string(CORRUPT)})"
         if ftype == "json":
             decode = f"from_json(CAST(value AS STRING), {sql_string(with_corrupt.json())}, {opts})"
+            if predecoded is not None:
+                decode = f"CASE WHEN value IS NULL THEN {sql_ident(predecoded)} ELSE {decode} END"
         else:
             ddl = ", ".join(f"{sql_ident(f.name)} {f.dataType.simpleString()}" for f in with_corrupt.fields)
             decode = f"from_csv(CAST(value AS STRING), {sql_string(ddl)}, {opts})"

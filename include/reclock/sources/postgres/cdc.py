@@ -38,21 +38,24 @@ garbage), for a change
 of a table the source outputs, in a transaction the description covers: a ``TRUNCATE`` in the snapshot's
 seam of a table of identity FULL (:class:`~reclock.errors.TableTruncated`); a Relation message whose columns
 differ from those registered by DDL that does not flow (:class:`~reclock.errors.TableSchemaChanged`: a column
-dropped or renamed, a type changed in a way that may change a value, a column added with values in the rows
-the table held that the catalog cannot tell, as a volatile DEFAULT's; any DDL in the snapshot's seam) or
+renamed, a key column dropped, a type changed in a way that may change a value, a column added with values in
+the rows the table held that the catalog cannot tell, as a volatile DEFAULT's, a column dropped and added again
+within one timestamp; any DDL in the snapshot's seam) or
 whose replica identity does (:class:`~reclock.errors.ReplicaIdentityChanged`); a key table's update or delete of a key its collection has
 no row of (:class:`~reclock.errors.KeyedRowMissing`); a table that was recreated, or
 (for a source that takes every table of its publication) one that joined the publication later
 (:class:`~reclock.errors.PublicationMissing`). An unchanged TOASTed value (``u``) is never written as a
 placeholder.
 
-**DDL that flows** (``reclock.sources.postgres.ddl``: an added column, a type widened without changing a
-value): from the table's first change under the new Relation, the write's parts of it have the new columns
+**DDL that flows** (``reclock.sources.postgres.ddl``: an added column, a dropped one, a type widened without
+changing a value): from the table's first change under the new Relation, the write's parts of it have the new columns
 (:meth:`PartWriter.reshape`), the collection's schema changes at that change's timestamp (a
 ``SchemaVersion`` handed to append with the parts, ``ChangeDecoder.versions``), and the registration takes
 the new columns with the append (``ChangeDecoder.evolved``). Rows before keep their parts' schema; a
 retraction of one (an old row FULL sends, or a key table's current row) is the row as every reader projects
-it (:func:`conform`): null in an added column (which the WAL's old row holds too), a widened value cast up.
+it (:func:`conform`): null in an added column (which the WAL's old row holds too), a widened value cast up,
+a dropped column left out (which the WAL's old row lacks too); a column dropped and added again in this write
+null in the parts before the re-add (``PartWriter.reborn``), as readers read them (``Column.from_ts``).
 
 A ``TRUNCATE`` of an output table lands as the retraction of every row the collection holds at that point
 (its contents before the description, read back, plus what this write wrote of it so far), at the
@@ -88,7 +91,7 @@ from reclock.errors import (KeyedRowMissing, PublicationMissing, ReclockError, R
 from reclock.persist.blob import BlobStore
 from reclock.persist.parquet import part_from_footer
 from reclock.schema_evolution import SchemaVersion, evolve
-from reclock.schema_projection import arrow_project, part_schema
+from reclock.schema_projection import arrow_project, null_before, part_schema
 from reclock.sources.postgres import ddl
 from reclock.sources.postgres import pgoutput as po
 from reclock.sources.postgres.upstream import IDENTITY, PostgresUpstream, TableInfo, text_form
@@ -138,6 +141,9 @@ class PartWriter:
     def __init__(self, blob: BlobStore, prefix: str, outputs: Sequence[Output], chunk: int) -> None:
         self.blob, self.prefix, self.chunk = blob, prefix, max(1, chunk)
         self.buffers = {o.info.relid: _Buffer(o) for o in outputs}
+        # per table, its columns that DDL dropped and added again in this write: name -> the re-add's ts (the
+        # parts before it hold the dropped column's values there: read back as null, as readers read them)
+        self.reborn: dict[int, dict[str, int]] = {}
 
     def add(self, relid: int, values: tuple, ts: int, diff: int) -> None:
         """One update of table ``relid``: its columns' text forms (bytes or str; None for NULL)."""
@@ -251,7 +257,7 @@ class PartWriter:
                 continue  # Spark's markers and hidden files
             with self.blob.open(info.path) as f:
                 table = pq.read_table(f)
-            conformed = conform(table, b.out)
+            conformed = conform(table, b.out, self.reborn.get(relid))
             if conformed is None:
                 raise UnaccountedWrite(b.out.shard, folder, folder, f"{info.path} holds columns "
                                        f"{table.schema.names}, not the table's {b.out.schema.names}")
@@ -294,23 +300,30 @@ class PartWriter:
         return {b.out.shard: b.emitted for b in self.buffers.values()}
 
 
-def conform(table: pa.Table, out: Output) -> pa.Table | None:
+def conform(table: pa.Table, out: Output, reborn: Mapping[str, int] | None = None) -> pa.Table | None:
     """``table`` (data columns by name, then ``ts`` and/or ``diff``) in ``out``'s data columns and types:
     a table of the columns the table had before DDL that flowed (``reclock.sources.postgres.ddl``) is projected
     as every reader projects a part (``reclock.schema_projection.arrow_project``: an added column null, a
-    widened one cast up); None when it cannot be (a column ``out`` lacks, a type it does not widen to)."""
+    widened one cast up, a dropped one left out; a column dropped and added again, ``reborn``: name -> the
+    re-add's ts, null at the rows before it); None when it cannot be (a type ``out``'s does not widen)."""
     extra = [n for n in ("ts", "diff") if n in table.column_names]
     names = [n for n, _, _ in out.info.columns]
     fields = [out.schema.field(n) for n in names] + [pa.field(n, pa.int64()) for n in extra]
     want = pa.schema(fields)
+    if reborn and "ts" in extra:
+        for n, since in reborn.items():
+            if n in table.column_names:
+                i = table.column_names.index(n)
+                table = table.set_column(i, table.schema.field(i), null_before(table[n], table["ts"], since))
     data = [n for n in table.column_names if n not in ("ts", "diff")]
     if data == names:
         try:
             return table.select([*names, *extra]).cast(want)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             pass
+    data = [n for n in data if n in names]  # a column DDL dropped is left out
     have, target = part_schema(table.schema, data), ddl.collection_schema(out.info.columns)
-    if set(data) - set(names) or evolve(have, target, previous=have).incompatible is not None:
+    if evolve(have, target, previous=have).incompatible is not None:
         return None
     arrays = [arrow_project(table[n] if n in data else None, have.column(n).type if n in data else None,
                             target.column(n).type, table.num_rows).cast(f.type) for n, f in zip(names, fields)]
@@ -813,7 +826,7 @@ class ChangeDecoder:
         version at its timestamp (when the collection's schema changes), parts of the new columns from here,
         its current rows (a key table's) read again in them; any other stalls (``TableSchemaChanged``)."""
         table, remedy = out.info.table, ddl.resnapshot_remedy(self.source)
-        change = ddl.classify(out.info.columns, columns)
+        change = ddl.classify(out.info.columns, columns, out.info.key)
         if change.refused is not None:
             raise TableSchemaChanged(self.source, table, f"DDL changed its columns: {change.refused}",
                                      ddl.remedy(self.source, table, change))
@@ -831,6 +844,18 @@ class ChangeDecoder:
         ts = self.targets[0][0]
         relid = out.info.relid
         now = Output(replace(out.info, columns=columns), out.shard)
+        mine = self.versions.get(out.shard, [])
+        earlier = [self.schema_before.get(out.shard, out.info.columns)] + [ddl.relation_columns(v.upstream) for v in mine]
+        if mine and mine[-1].since_ts == ts:  # the columns before this timestamp: a version at it is replaced
+            before_ts = earlier[-2]
+            again = [n for n in change.added if n in (c for c, _, _ in before_ts)]
+            if again:
+                raise TableSchemaChanged(self.source, table, f"DDL dropped column(s) {', '.join(again)} and added "
+                                         "them again within one timestamp (one binding), so the collection cannot "
+                                         "tell the old column's values from the new one's", remedy)
+        for name in change.added:  # dropped earlier in this write: its parts before hold the old column there
+            if any(name in (n for n, _, _ in cols) for cols in earlier):
+                self.writer.reborn.setdefault(relid, {})[name] = ts
         if any(v is not None for v in fills.values()):  # ADD COLUMN ... DEFAULT: the rows it held hold the value
             if self.refill is None:
                 raise TableSchemaChanged(self.source, table, f"DDL added column(s) {', '.join(change.added)} with a "

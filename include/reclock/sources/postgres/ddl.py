@@ -21,17 +21,25 @@ a type widened without changing any value        flows: ``smallint`` to ``intege
                                                  ``numeric`` whose collection type holds it); an integer
                                                  to a ``numeric`` that holds it. Parts written before
                                                  keep their type; readers cast them up.
-``DROP COLUMN``, a rename, columns reordered,    stall (:class:`~reclock.errors.TableSchemaChanged`), naming
-any other type change (a narrowing, ``text`` to  the table, the column, the old and new types and the
-``integer``, a timestamp's precision, ...)       command that resolves it (``reclock resnapshot <source>``)
+``DROP COLUMN`` (``dropped``)                   flows: the collection's schema loses the column at that
+                                                 timestamp; reads after it leave it out of older parts, reads
+                                                 before keep it. A column added again later under a dropped
+                                                 one's name is another column (``Column.from_ts``: older
+                                                 rows read null there, never the dropped one's values)
+a column of the replica identity key dropped,   stall (:class:`~reclock.errors.TableSchemaChanged`), naming
+a rename (or a ``DROP`` and an ``ADD`` in one    the table, the column, the old and new types and the
+Relation message: they look alike), columns      command that resolves it (``reclock resnapshot <source>``,
+reordered, any other type change (a narrowing,   after giving the table an identity again for a key column)
+``text`` to ``integer``, a timestamp's
+precision, ...), every column dropped
 ==============================================  ==========================================================
 
 Only changes that keep every value the table holds are taken: a type change Postgres makes by rewriting
 values (``timestamp(6)`` to ``timestamp(3)`` rounds them, ``char(n)`` pads them) would leave the rows the
 collection holds unequal to the table's, and their retractions unmatched, so it stalls. Law
 (``tests/unit/test_pg_ddl_classify.py``): every change :func:`classify` lets flow is one
-``reclock.schema_evolution.evolve`` takes (the collection's schema of the old columns evolves into the new
-one without an incompatibility).
+``reclock.schema_evolution.evolve`` takes (the collection's schema of the old columns it keeps evolves into
+the new one without an incompatibility).
 """
 
 from __future__ import annotations
@@ -82,6 +90,11 @@ def relation_json(columns: Sequence[PgColumn]) -> str:
     return json.dumps({"columns": [list(c) for c in columns]})
 
 
+def relation_columns(upstream: str) -> tuple[PgColumn, ...]:
+    """The columns a schema version's ``upstream`` (:func:`relation_json`) names (none for another's)."""
+    return tuple((str(n), int(o), int(m)) for n, o, m in json.loads(upstream or "{}").get("columns", ()))
+
+
 def _numeric_holds(old: tuple[int, int] | None, new: tuple[int, int] | None) -> bool:
     """Whether ``numeric(new)`` keeps every value of ``numeric(old)`` as it is (None: unconstrained, whose
     collection type is ``decimal(38,10)``)."""
@@ -124,16 +137,19 @@ class RelationChange:
 
     added: tuple[str, ...] = ()
     changed: tuple[tuple[str, str, str], ...] = ()
+    dropped: tuple[str, ...] = ()
     refused: str | None = None
     column: str | None = None
     old: str | None = None
     new: str | None = None
     rename_first: bool = False  # a re-snapshot cannot read the values the collection holds as the new type
+    key_dropped: bool = False  # a column of the replica identity key was dropped
 
     def describe(self) -> str:
-        """For a schema version's cause and for people: ``ADD COLUMN z; ALTER COLUMN n TYPE bigint (was
-        integer)``."""
-        parts = [f"ADD COLUMN {n}" for n in self.added]
+        """For a schema version's cause and for people: ``DROP COLUMN w; ADD COLUMN z; ALTER COLUMN n TYPE bigint
+        (was integer)``."""
+        parts = [f"DROP COLUMN {n}" for n in self.dropped]
+        parts += [f"ADD COLUMN {n}" for n in self.added]
         parts += [f"ALTER COLUMN {n} TYPE {new} (was {old})" for n, old, new in self.changed]
         return "; ".join(parts)
 
@@ -148,6 +164,9 @@ def remedy(source: str, table: str, change: RelationChange) -> str:
     type change that does not keep every value with the column renamed first (the collection keeps the values
     it holds in the old type, and a re-snapshot cannot read them as the new one; under a new name the column
     is a new one)."""
+    if change.key_dropped:
+        return (f"give {table} a replica identity again (ALTER TABLE {table} ADD PRIMARY KEY (...), or ALTER TABLE "
+                f"{table} REPLICA IDENTITY FULL); then `reclock resnapshot {source}`")
     if change.rename_first:
         return (f"run ALTER TABLE {table} RENAME COLUMN {change.column} TO <a new name>; then `reclock resnapshot "
                 f"{source}` (the collection keeps the values it holds as {change.old} and cannot read them as "
@@ -171,27 +190,35 @@ def kept_types_refused(old: Sequence[PgColumn], new: Sequence[PgColumn]) -> Rela
     return None
 
 
-def classify(old: Sequence[PgColumn], new: Sequence[PgColumn]) -> RelationChange:
-    """The change from the registered columns ``old`` to a Relation message's ``new`` (see the module)."""
+def classify(old: Sequence[PgColumn], new: Sequence[PgColumn], key: Sequence[str] = ()) -> RelationChange:
+    """The change from the registered columns ``old`` to a Relation message's ``new`` (see the module;
+    ``key``: the table's replica identity key, whose columns may not be dropped)."""
     old_names = [n for n, _, _ in old]
     new_names = [n for n, _, _ in new]
     by_name = {n: (o, m) for n, o, m in new}
-    for i, (n, o, m) in enumerate(old):
-        if n in by_name:
-            continue
+    gone = [(i, c) for i, c in enumerate(old) if c[0] not in by_name]
+    came = [c for c in new if c[0] not in old_names]
+    for i, (n, o, m) in gone:
         was = type_text(o, m)
-        there = new[i] if i < len(new) and new[i][0] not in old_names else None
-        if there is not None:
+        if came:  # a rename and a DROP + ADD look alike: both a name gone and another come
+            there = new[i] if i < len(new) and new[i][0] not in old_names else came[0]
             return RelationChange(refused=f"column {n} ({was}) was renamed to {there[0]} ({type_text(*there[1:])}), "
-                                  "or dropped and another added in its place", column=n, old=was,
-                                  new=f"{there[0]} {type_text(*there[1:])}")
-        return RelationChange(refused=f"column {n} ({was}) was dropped (the rows the collection holds have it, "
-                              "the table's no longer do)", column=n, old=was, new="dropped")
-    if new_names[:len(old_names)] != old_names:
+                                  "or dropped and another added in its place (the two cannot be told apart in "
+                                  "one Relation message)", column=n, old=was, new=f"{there[0]} {type_text(*there[1:])}")
+        if n in key:
+            return RelationChange(refused=f"column {n} ({was}) of its replica identity key ({', '.join(key)}) was "
+                                  "dropped: its updates and deletes can no longer name their rows", column=n,
+                                  old=was, new="dropped", key_dropped=True)
+    kept = [n for n in old_names if n in by_name]
+    if not kept:
+        return RelationChange(refused=f"every column it had ({', '.join(old_names)}) was dropped")
+    if new_names[:len(kept)] != kept:
         return RelationChange(refused=f"its columns were reordered ({', '.join(old_names)} -> "
                               f"{', '.join(new_names)})")
     changed = []
     for n, o, m in old:
+        if n not in by_name:
+            continue
         o2, m2 = by_name[n]
         if (o, m) == (o2, m2):
             continue
@@ -202,4 +229,5 @@ def classify(old: Sequence[PgColumn], new: Sequence[PgColumn]) -> RelationChange
                                   "Postgres rewrote)", column=n, old=was, new=now,
                                   rename_first=kept_types_refused([(n, o, m)], [(n, o2, m2)]) is not None)
         changed.append((n, was, now))
-    return RelationChange(added=tuple(new_names[len(old_names):]), changed=tuple(changed))
+    return RelationChange(added=tuple(new_names[len(kept):]), changed=tuple(changed),
+                          dropped=tuple(c[0] for _, c in gone))

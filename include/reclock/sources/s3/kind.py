@@ -47,8 +47,8 @@ from reclock.sources.s3.discovery import (Discovery, Known, OnOverwrite, Rules, 
                                           reconcile)
 from reclock.sources.s3.lines import complete_upto
 from reclock.sources.s3.log import LOG, BoundRange, Layout, bound_ranges
-from reclock.sources.s3.read import (SPLIT_BYTES, WHOLE_FORMATS, ReaderConf, is_gzip, slices_of, units_for, whole_schema,
-                                     write_slice)
+from reclock.sources.s3.read import (SPLIT_BYTES, WHOLE_FORMATS, ReaderConf, is_gzip, json_fields, slices_of, units_for,
+                                     whole_schema, write_slice)
 from reclock.sources.s3.spec import parse_s3_source
 from reclock.time import PartitionedFrontier
 
@@ -367,6 +367,8 @@ class S3Source(SourceRuntime):
         spark = ctx.spark()
         if spec.format.type in WHOLE_FORMATS:
             conf = replace(conf, schema_json=whole_schema(spark, spec), avro_schema=spec.format.schema)
+        elif spec.format.type == "json":
+            conf = replace(conf, json_fields=json_fields(spec))
         with ctx.connect() as conn:
             lease_write(conn, spec.name, prefix)
         try:

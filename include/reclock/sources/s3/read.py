@@ -13,7 +13,9 @@ reclocked, decode, write Parquet parts.
     spark.range(tasks).mapInArrow(read_units)   every task reads its units from upstream itself
                      |                          (ranged GETs pinned to the ETag; a folder's files)
               raw rows: key (object key), value (the line), partition (object id), offset (byte
-              offset of the line), timestamp (the object's last modification), ts, _problem
+              offset of the line), timestamp (the object's last modification), ts, _problem; JSON lines
+              of BIGINT/DOUBLE/STRING/BOOLEAN columns decoded in the task where that gives exactly
+              Spark's values (``json_lines``: then ``_typed`` holds the row and ``value`` is null)
                      |
               decoded as a Kafka record's value is (``reclock.spark.decode``): json | csv | text;
               a row with a ``_problem`` (an overwritten object under `on_overwrite: collect`, a damaged
@@ -23,7 +25,8 @@ reclocked, decode, write Parquet parts.
               and the rows written, so the parts are proved as a Kafka slice's are
 
 Records carry the bindings' ts from the units: no range join is needed. Memory of a task is one chunk
-(``READ_CHUNK``) and one batch of lines, whatever the object's size.
+(``READ_CHUNK``), one batch of lines and (JSON decoded in the task) their columns and the lines joined
+once for Arrow's reader, whatever the object's size.
 """
 
 from __future__ import annotations
@@ -77,6 +80,9 @@ class ReaderConf:
     max_line: int = 256 << 20
     schema_json: str | None = None  # whole-object formats: the collection's Spark schema (StructType JSON)
     avro_schema: str | None = None  # avro: the reader schema (.avsc JSON)
+    json_fields: tuple[tuple[str, str], ...] | None = None
+    """JSON decoded in the task (``json_lines``): the declared columns ``(name, Spark type)``, then the
+    corrupt-record column Spark's decode adds; None: every line decoded by Spark."""
 
     @property
     def skip_empty(self) -> bool:
@@ -168,8 +174,26 @@ def _raw_schema() -> pa.Schema:
                       ("_problem", pa.string())])
 
 
-def _batch(u: ReadUnit, values: pa.Array, offsets: np.ndarray, problem: str | None = None) -> pa.RecordBatch:
+def _typed_schema(conf: ReaderConf) -> pa.Schema | None:
+    from reclock.sources.s3.json_lines import arrow_schema
+
+    return arrow_schema(conf.json_fields) if conf.json_fields else None
+
+
+def _batch(u: ReadUnit, values: pa.Array, offsets: np.ndarray, problem: str | None = None,
+           typed: pa.Schema | None = None) -> pa.RecordBatch:
+    """The raw rows of ``values`` (``typed``: JSON lines are decoded here where ``json_lines`` can, into a
+    last column ``_typed``; a row decoded there has a null ``value``)."""
     n = len(values)
+    extra, schema = [], _raw_schema()
+    if typed is not None:
+        from reclock.sources.s3.json_lines import decode_lines
+
+        if problem is None:
+            rows, values = decode_lines(values, typed, typed.names[-1])
+        else:
+            rows = pa.nulls(n, pa.struct(list(typed)))
+        extra, schema = [rows], schema.append(pa.field("_typed", rows.type))
     key = pa.array([u.key.encode()], pa.binary()).take(pa.array(np.zeros(n, np.int32)))
     if pa.types.is_large_binary(values.type):
         values = values.cast(pa.binary()) if len(values) and values.nbytes < 2**31 else values
@@ -179,20 +203,22 @@ def _batch(u: ReadUnit, values: pa.Array, offsets: np.ndarray, problem: str | No
     return pa.RecordBatch.from_arrays(
         [key, values, pa.nulls(n, pa.int32()), pa.array(np.asarray(offsets, np.int64)),
          pa.array(np.full(n, u.modified_ms * 1000, np.int64)).cast(pa.timestamp("us", tz="UTC")),
-         pa.array(np.full(n, u.ts, np.int64)), problems], schema=_raw_schema())
+         pa.array(np.full(n, u.ts, np.int64)), problems, *extra], schema=schema)
 
 
-def _problem_batch(u: ReadUnit, offset: int, raw: bytes | None, reason: str) -> pa.RecordBatch:
-    return _batch(u, pa.array([raw], pa.binary()), np.array([offset]), reason)
+def _problem_batch(u: ReadUnit, offset: int, raw: bytes | None, reason: str,
+                   typed: pa.Schema | None = None) -> pa.RecordBatch:
+    return _batch(u, pa.array([raw], pa.binary()), np.array([offset]), reason, typed)
 
 
 def read_unit(conf: ReaderConf, store, u: ReadUnit) -> Iterator[pa.RecordBatch]:
     """The raw rows of one unit of a line format (see the module)."""
     url = store.url(u.key)
+    typed = _typed_schema(conf)
     if u.state == State.OVERWRITE.value:
         yield _problem_batch(u, 0, None, f"object {url} was overwritten after it was ingested (ETag {u.previous_etag} "
                                          f"then ETag {u.etag}, {u.size} bytes); on_overwrite: collect, so the new "
-                                         "version is not read")
+                                         "version is not read", typed)
         return
     gz = is_gzip(u.key, conf.compression)
     first = u.a if (u.a == u.start or gz) else u.a - 1
@@ -205,18 +231,18 @@ def read_unit(conf: ReaderConf, store, u: ReadUnit) -> Iterator[pa.RecordBatch]:
     try:
         for item in items:
             if isinstance(item, ReadProblem):
-                yield _problem_batch(u, item.offset, item.raw, f"object {url}: {item.reason}")
+                yield _problem_batch(u, item.offset, item.raw, f"object {url}: {item.reason}", typed)
                 continue
             if header and len(item) and int(item.offsets[0]) == 0:
                 item = Lines(item.values.slice(1), item.offsets[1:])  # the object's header line
             if len(item):
-                yield _batch(u, item.values, item.offsets)
+                yield _batch(u, item.values, item.offsets, typed=typed)
     except (ObjectChanged, ObjectLost) as e:
         if conf.on_overwrite == OnOverwrite.STALL or isinstance(e, ObjectLost):
             raise
         # collect / reingest: the version bound is gone (overwritten before it was read): an error row
         yield _problem_batch(u, u.a, None, f"{e} (on_overwrite: {conf.on_overwrite.value}: its bytes from "
-                                           f"{u.a} on are not read)")
+                                           f"{u.a} on are not read)", typed)
 
 
 def _data_schema(conf: ReaderConf) -> pa.Schema:
@@ -295,6 +321,8 @@ def read_units(conf: ReaderConf, tasks: Sequence[Sequence[ReadUnit]],
 def raw_rows(spark, conf: ReaderConf, units: Sequence[ReadUnit], task_bytes: int = TASK_BYTES):
     """The DataFrame of the units' raw rows (:data:`RAW_SCHEMA`; a whole-object format's declared columns
     first), one Spark task per group of units."""
+    from reclock.spark.jobs import sql_ident
+
     tasks = assign_tasks(units, task_bytes)
     fn = functools.partial(read_units, conf, tasks)
     schema: object = RAW_SCHEMA
@@ -311,6 +339,9 @@ def raw_rows(spark, conf: ReaderConf, units: Sequence[ReadUnit], task_bytes: int
         declared = [T.StructField(f.name, f.dataType, True) for f in
                     T.StructType.fromJson(json.loads(conf.schema_json)).fields]
         schema = T.StructType(declared + raw)
+    elif conf.json_fields:
+        typed = ", ".join(f"{sql_ident(n)}: {t.upper()}" for n, t in conf.json_fields)
+        schema = f"{RAW_SCHEMA}, _typed STRUCT<{typed}>"
     return spark.range(0, len(tasks), 1, len(tasks)).mapInArrow(fn, schema)
 
 
@@ -337,6 +368,20 @@ def s3_output_meta(include: Sequence[str]) -> list[str]:
 
 
 
+def json_fields(spec) -> tuple[tuple[str, str], ...] | None:
+    """:attr:`ReaderConf.json_fields` of a source: its declared columns and the corrupt-record column, when
+    its format is JSON and every column's type is one ``json_lines`` decodes; else None."""
+    from reclock.sources.s3.json_lines import arrow_schema
+    from reclock.spark.decode import CORRUPT, data_schema
+
+    if spec.format.type != "json":
+        return None
+    fields = tuple((f.name, f.dataType.simpleString()) for f in data_schema(spec).fields)
+    if arrow_schema(fields) is None or CORRUPT in dict(fields):
+        return None
+    return fields + ((CORRUPT, "string"),)
+
+
 def output_names(spec, include: Sequence[str]) -> list[str]:
     from reclock.spark.decode import field_names
 
@@ -359,7 +404,7 @@ def decoded(spark, spec, conf: ReaderConf, units: Sequence[ReadUnit], include: S
         dec = raw.selectExpr("*", "key AS _k", "value AS _v", "partition AS _p", "offset AS _o", "timestamp AS _t",
                              "_problem AS _reason")
     else:
-        dec = decode(spec, raw, problem="_problem")
+        dec = decode(spec, raw, problem="_problem", predecoded="_typed" if conf.json_fields else None)
     return dec.selectExpr(*map(sql_ident, field_names(spec)), *s3_output_meta(include), "ts",
                           "CAST(1 AS BIGINT) AS diff",
                           f"CASE WHEN _reason IS NOT NULL THEN {packed_error_sql()} END AS {REJECTED_COLUMN}")
