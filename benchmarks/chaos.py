@@ -99,7 +99,7 @@ import tempfile
 import threading
 import time
 import zlib
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -223,7 +223,12 @@ class Services:
         use)."""
         from psycopg.conninfo import make_conninfo
 
-        return make_conninfo(self.postgres.dsn(db), port=str(self.proxies["postgres"].port))
+        return make_conninfo(self.postgres.dsn(db), port=str(self.postgres_proxy_port))
+
+    @property
+    def postgres_proxy_port(self) -> int:
+        """Where the proxy to Postgres listens (chosen before anything starts: Airflow's settings name it)."""
+        return self.state.port("postgres_proxy")
 
     def env(self, config: Path) -> dict[str, str]:
         path = os.pathsep.join([str(REPO / "include"), str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
@@ -238,13 +243,14 @@ class Services:
                     "AWS_SECRET_ACCESS_KEY": "reclock-dev", "AWS_REGION": "us-east-1"})}
 
 
-def start_services(root: Path, kinesis: bool = False) -> Services:
+def make_services(root: Path, kinesis: bool = False) -> Services:
+    """The campaign's services under ``root``, not started yet (their ports are chosen: the configuration and
+    Airflow's settings can be written before they run)."""
     from reclock.dev.cluster import LocalSparkCluster
     from reclock.dev.kafka import LocalKafka
     from reclock.dev.postgres import LocalPostgres
     from reclock.dev.state import StackState
     from reclock.dev.toxiproxy import LocalToxiproxy
-    from reclock.persist.migrate import migrate
 
     state = StackState(root / "state")
     pg = LocalPostgres(state, fast=True)
@@ -259,37 +265,53 @@ def start_services(root: Path, kinesis: bool = False) -> Services:
         # the Spark workers' executors read a range from the stream when its capture is gone: boto3 needs keys
         # (kinesalite checks none) in their environment, which they take from this process
         os.environ.update(AWS_ACCESS_KEY_ID="reclock-dev", AWS_SECRET_ACCESS_KEY="reclock-dev", AWS_REGION="us-east-1")
+    return svc
+
+
+def start_services(svc: Services, beside_postgres: Callable[[], object] | None = None) -> Future | None:
+    """Start ``svc`` (the Spark cluster, Postgres, the broker and the proxies side by side: their start-ups
+    wait on ports and logs more than they compute). ``beside_postgres`` (Airflow's start: it needs its
+    metadata database only) runs in a thread of its own once Postgres is up; its future is returned, still
+    running: the caller waits for it (and for it before stopping what it starts)."""
+    from reclock.persist.migrate import migrate
+
+    pg, kafka, spark = svc.postgres, svc.kafka, svc.spark
+    beside = None
     try:
-        # the cluster (four JVMs) starts while Postgres and the broker do: their start-ups wait on ports and
-        # logs more than they compute
         with ThreadPoolExecutor(1) as pool:
             cluster = pool.submit(spark.start)
             pg.start()
             migrate(pg.dsn())
+            if beside_postgres is not None:
+                beside_pool = ThreadPoolExecutor(1, thread_name_prefix="beside-postgres")
+                beside = beside_pool.submit(beside_postgres)
+                beside_pool.shutdown(wait=False)
             kafka.start()
             svc.toxiproxy.start()
-            svc.proxies = {"postgres": svc.toxiproxy.proxy("postgres", pg.port),
+            svc.proxies = {"postgres": svc.toxiproxy.proxy("postgres", pg.port, listen_port=svc.postgres_proxy_port),
                            "kafka": svc.toxiproxy.proxy("kafka", kafka.external_port, listen_port=kafka.proxy_port)}
             cluster.result()
         if svc.kinesis is not None:
             svc.kinesis.start()
             svc.kinesis.create_stream(KINESIS_SOURCE, 2)
     except BaseException:  # a failed start, or SIGTERM meanwhile: stop what did start
+        if beside is not None:
+            beside.exception()  # what it starts is stopped by the caller, once it is there
         stop_services(svc)
         raise
-    return svc
+    return beside
 
 
 def stop_services(svc: Services | None) -> None:
+    """Stop every service, side by side (an error is said; the others stop anyway)."""
+    from reclock.dev.procs import side_by_side
+
     if svc is None:
         return
-    for s in (svc.spark, svc.toxiproxy, svc.kafka, svc.postgres, svc.kinesis):
-        if s is None:
-            continue
-        try:
-            s.stop()
-        except Exception as e:  # noqa: BLE001 - stop the others anyway
-            _echo(f"stopping {type(s).__name__}: {e}")
+    _, errors = side_by_side({type(s).__name__: s.stop for s in (svc.spark, svc.toxiproxy, svc.kafka, svc.postgres,
+                                                                 svc.kinesis) if s is not None})
+    for name, e in errors.items():
+        _echo(f"stopping {name}: {e}")
 
 
 def restart_postgres(svc: Services) -> None:
@@ -301,14 +323,15 @@ def restart_postgres(svc: Services) -> None:
          "-t", "60", "-o", f"-p {pg.port}", "restart"], "pg_ctl restart", user=_run_as(), timeout=90)
 
 
-def _start_again(service, what: str, tries: int = 20) -> None:
-    """Start ``service`` again, waiting while its port is still held by the killed process (the kernel frees
-    it a moment later): a restart that gave up would leave the service down for the rest of the campaign."""
+def _start_again(service, what: str, tries: int = 20, **start) -> None:
+    """Start ``service`` again (``start``: its start's options), waiting while its port is still held by the
+    killed process (the kernel frees it a moment later): a restart that gave up would leave the service down
+    for the rest of the campaign."""
     from reclock.errors import StackError
 
     for attempt in range(tries):
         try:
-            service.start(timeout=180)
+            service.start(timeout=180, **start)
             return
         except StackError as e:
             if "taken" not in str(e) or attempt == tries - 1:
@@ -330,15 +353,19 @@ def restart_kafka(svc: Services, down_s: float) -> None:
 
 
 def restart_spark(svc: Services, down_s: float) -> None:
+    """The Connect server (the driver) SIGKILLed and started again ``down_s`` later; the campaign goes on once
+    it serves (its executors come while the next fault does: its jobs wait for them)."""
     kill_group(svc.spark.connect.pidfile)
     time.sleep(down_s)
-    _start_again(svc.spark, "spark connect")  # the cluster's start: what is down, and an executor per worker
+    _start_again(svc.spark, "spark connect", executors=False)  # the cluster's start: what is down
 
 
 def kill_spark_worker(svc: Services, worker: int, down_s: float) -> None:
+    """The worker and its executor SIGKILLed, the worker started again ``down_s`` later; the campaign goes on
+    once it registered (its new executor comes while the next fault does)."""
     kill_group(svc.spark.worker_pidfile(worker))
     time.sleep(down_s)
-    _start_again(svc.spark, f"spark worker {worker}")
+    _start_again(svc.spark, f"spark worker {worker}", executors=False)
 
 
 def network_fault(svc: Services, kind: str, rng: random.Random, echo: Callable[[str], None]) -> None:
@@ -859,11 +886,15 @@ class AirflowSide:
         self.alive_at: list[datetime.datetime] = []  # the samples (:meth:`sample`) that saw a task process
 
     def start(self) -> None:
+        """Airflow's processes up and ``ingest__afl`` parsed (still paused: :meth:`unpause`)."""
         t = self.af.start(timeout=600)
         self.af.wait_for_dag(self.DAG_ID, timeout=300)
+        self.echo(f"airflow up in {t:.0f}s, {self.DAG_ID} parsed")
+
+    def unpause(self) -> None:
         self.af.unpause(self.DAG_ID)
         self.unpaused_at = datetime.datetime.now(datetime.timezone.utc)
-        self.echo(f"airflow up in {t:.0f}s, {self.DAG_ID} unpaused")
+        self.echo(f"{self.DAG_ID} unpaused")
 
     @staticmethod
     def task_pids() -> list[int]:
@@ -923,12 +954,19 @@ class AirflowSide:
                     self.af.start_component(c)
 
     def stop(self) -> None:
-        """Pause the DAG, let a running task finish (2 minutes at most), stop Airflow."""
+        """Pause the DAG, let a running task finish (20 s at most: a try after a fault may take minutes),
+        SIGKILL one still running (as ``airflow_task_kill`` does: the catch-up resumes its cycle), stop
+        Airflow."""
         try:
             self.af.api("PATCH", f"dags/{self.DAG_ID}", {"is_paused": True})
-            _wait_for(lambda: not self.task_pids(), 120)
+            _wait_for(lambda: not self.task_pids(), 20)
         except Exception as e:  # noqa: BLE001 - stop it anyway
             self.echo(f"pausing {self.DAG_ID}: {e}")
+        for pid in self.task_pids():  # a group of its own: Airflow's stop would leave it running
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         self.af.stop()
 
     def report(self) -> dict:
@@ -1243,7 +1281,7 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
     rng = random.Random(seed)
     root = Path(tempfile.mkdtemp(prefix="reclock-chaos-", dir="/var/tmp"))
     os.chmod(root, 0o755)
-    svc = producers = airflow = stop_pg = kin_producer = resharder = None
+    svc = producers = airflow = airflow_started = stop_pg = kin_producer = resharder = None
     stop_ticks = threading.Event()  # set first on the way out: a ticker would start stopped processes again
     tickers: list[threading.Thread] = []
     drivers: list[Driver] = []
@@ -1251,11 +1289,15 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
     harness_errors: list[str] = []
     try:
         echo(f"chaos: seed {seed}, {faults} faults, state in {root}")
-        svc = start_services(root, kinesis)
+        svc = make_services(root, kinesis)
         config = write_config(root, svc.kafka.proxied_bootstrap, kinesis)
+        env = svc.env(config)
+        # Airflow (its migration, four processes, the DAG parsed: a minute or more) starts as soon as its
+        # metadata database is up, beside the broker and the Spark cluster; ingest__afl is unpaused below
+        airflow = AirflowSide(svc, env, echo)
+        airflow_started = start_services(svc, beside_postgres=airflow.start)
         create_topics(svc.kafka.bootstrap)
         upstream = setup_upstream(svc)
-        env = svc.env(config)
         logdir = root / "logs"
         logdir.mkdir()
         py = sys.executable
@@ -1263,7 +1305,6 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
         cycles = {s: Driver(s, [py, "-m", "benchmarks.chaos", "--runner", s], env, logdir) for s in runners}
         sink = Driver("sink", [py, "-m", "reclock.cli", "sink", "run", "out", "--follow", "0.5"], env, logdir)
         drivers = [*cycles.values(), sink]
-        airflow = AirflowSide(svc, env, echo)  # started below, once the runners' first cycles are under way
         producers = Producers(svc.kafka.bootstrap, seed, rate)
         producers.start()
         pg_writer, observer = PgWriter(upstream, seed, rate / 5), Observer(upstream)
@@ -1302,9 +1343,8 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
         ticks = threading.Thread(target=ticker, name="drivers", daemon=True)
         tickers.append(ticks)
         ticks.start()
-        # Airflow's start (its four processes, the DAG parsed) overlaps the runners' first cycles (cold Spark
-        # executors: a minute or more), instead of coming before them
-        airflow.start()
+        airflow_started.result()
+        airflow.unpause()
         airflow_ticks = threading.Thread(target=airflow_ticker, name="airflow", daemon=True)
         tickers.append(airflow_ticks)
         airflow_ticks.start()
@@ -1314,8 +1354,12 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
         kind_list = list(kinds)
         # every kind once first, in an order the seed picks, whatever max_seconds says (each try of a kind is
         # bounded: a fail point waits 180 s for its process to get there, a kill 120 s for its target); a kind
-        # that missed comes again later, up to FIRST_TRIES times in all
-        first = rng.sample(kind_list, len(kind_list))
+        # that missed comes again later, up to FIRST_TRIES times in all. The fail points lead: they wait for a
+        # cycle or the sink to get there, which a warm system does at once and one whose Spark Connect server
+        # was just restarted (cold: minutes for its first jobs on a loaded machine) does not. The Spark faults
+        # come next, so that their cold executors warm while the other kinds run (not in the catch-up). The
+        # seed orders each group
+        first = sorted(rng.sample(kind_list, len(kind_list)), key=_first_round_group)
         tries: collections.Counter = collections.Counter()
         while attempts < faults * 20 and (first or (total < faults and time.monotonic() - t_faults < max_seconds)):
             attempts += 1
@@ -1384,8 +1428,9 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
             d.stop()
 
         def airflow_stopped_then_caught_up() -> tuple[dict, bool]:
-            """Airflow's last try finishes and Airflow stops; then its source catches up like the others (its
-            task and the catch-up would otherwise run cycles of one source side by side)."""
+            """Airflow's last try finishes (or is killed: :meth:`AirflowSide.stop`) and Airflow stops; then its
+            source catches up like the others (its task and the catch-up would otherwise run cycles of one
+            source side by side)."""
             airflow.stop()
             report = airflow.report()
             echo(f"airflow: {report}")
@@ -1444,6 +1489,8 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
                 d.stop()
             except Exception:  # noqa: BLE001 - stop the services anyway
                 pass
+        if airflow_started is not None:
+            airflow_started.exception()  # a start under way ends first: then all it started is stopped
         if airflow is not None:
             try:
                 airflow.af.stop()
@@ -1476,6 +1523,11 @@ def check_kinesis(verdict: Verdict, svc: Services, blob, acked: list[int], produ
         verdict.note(f"{KINESIS_SOURCE}: producer/resharder errors {errors[:3]}")
     return {k: v[k] for k in ("in_stream", "bound", "bindings", "as_of_checked", "shards", "frontier_rows",
                               "dropped_records")} | {"splits": resharder.splits, "merges": resharder.merges}
+
+
+def _first_round_group(kind: str) -> int:
+    """Where a kind comes in the first round (each kind once): the fail points, the Spark faults, the rest."""
+    return 0 if kind.endswith("_failpoint") else 1 if kind.startswith("spark_") else 2
 
 
 def _warm_up(cycles: dict[str, Driver], airflow: AirflowSide, echo: Callable[[str], None]) -> float:

@@ -16,6 +16,7 @@ import psycopg
 import pytest
 
 from reclock.dev.postgres import LocalPostgres
+from reclock.dev.procs import Stops
 from reclock.dev.state import StackState
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -65,12 +66,23 @@ def stack_state():
 
 
 @pytest.fixture(scope="session")
-def postgres(stack_state: StackState):
+def stops(stack_state: StackState):
+    """The session's services stop side by side at its end (one after another they took 53 s): a service
+    fixture's teardown hands its stop to ``stops.later`` and returns at once; this fixture's own teardown,
+    which pytest runs after that of every fixture that requested it (and before ``stack_state``'s), stops
+    them all at once and fails naming every stop that failed (``reclock.dev.procs.Stops``)."""
+    session_stops = Stops()
+    yield session_stops
+    session_stops.stop_all()
+
+
+@pytest.fixture(scope="session")
+def postgres(stack_state: StackState, stops: Stops):
     """A real Postgres 15+ cluster on a free loopback port (fsync off: throwaway)."""
     pg = LocalPostgres(stack_state, fast=True)
     pg.start()
     yield pg
-    pg.stop()
+    stops.later("postgres", pg.stop)
 
 
 @pytest.fixture
@@ -92,18 +104,18 @@ def db(fresh_db: str) -> str:
 
 
 @pytest.fixture(scope="session")
-def kafka(stack_state: StackState):
+def kafka(stack_state: StackState, stops: Stops):
     """A real single-node KRaft broker from the Maven jars."""
     from reclock.dev.kafka import LocalKafka
 
     broker = LocalKafka(stack_state, heap="512m", proxied=True)  # a listener for the network-fault proxy too
     broker.start()
     yield broker
-    broker.stop()
+    stops.later("kafka", broker.stop)
 
 
 @pytest.fixture(scope="session")
-def kafka_cluster(stack_state: StackState):
+def kafka_cluster(stack_state: StackState, stops: Stops):
     """Three KRaft nodes from the Maven jars (each a broker and a controller), replication factor 3 and
     ``min.insync.replicas`` 2 for every topic and for the offsets and transaction state logs: the faults of a
     cluster (``reclock.dev.kafka.LocalKafkaCluster``)."""
@@ -112,13 +124,15 @@ def kafka_cluster(stack_state: StackState):
     cluster = LocalKafkaCluster(stack_state, heap="384m")
     try:
         cluster.start()
-        yield cluster
-    finally:
+    except BaseException:
         cluster.stop()
+        raise
+    yield cluster
+    stops.later("kafka_cluster", cluster.stop)
 
 
 @pytest.fixture(scope="session")
-def toxiproxy(stack_state: StackState):
+def toxiproxy(stack_state: StackState, stops: Stops):
     """Toxiproxy (built from its Go module by ``reclock dev install``): proxies that put network faults
     between Reclock and a service (``reclock.dev.toxiproxy``)."""
     from reclock.dev.toxiproxy import LocalToxiproxy
@@ -126,34 +140,36 @@ def toxiproxy(stack_state: StackState):
     server = LocalToxiproxy(stack_state)
     try:
         server.start()
-        yield server
-    finally:
+    except BaseException:
         server.stop()
+        raise
+    yield server
+    stops.later("toxiproxy", server.stop)
 
 
 @pytest.fixture(scope="session")
-def spark(stack_state: StackState):
+def spark(stack_state: StackState, stops: Stops):
     """One in-process local Spark session (with the Kafka connector) for the whole test session."""
     from reclock.dev.spark import local_session
 
     session = local_session(stack_state, app="reclock-tests")
     yield session
-    session.stop()
+    stops.later("spark", session.stop)
 
 
 @pytest.fixture(scope="session")
-def s3(stack_state: StackState):
+def s3(stack_state: StackState, stops: Stops):
     """A real S3 API endpoint (moto's server) on a free loopback port, with one bucket (``s3.url(prefix)``)."""
     from reclock.dev.s3 import LocalS3
 
     server = LocalS3(stack_state)
     server.start()
     yield server
-    server.stop()
+    stops.later("s3", server.stop)
 
 
 @pytest.fixture(scope="session")
-def kinesis(stack_state: StackState):
+def kinesis(stack_state: StackState, stops: Stops):
     """A real Kinesis API endpoint (kinesalite) on a free loopback port; ``kinesis.create_stream(name, n)``.
     Its clock is never moved (a test that moves time starts a server of its own: ``kinesis_server``)."""
     from reclock.dev.kinesis import LocalKinesis
@@ -161,7 +177,7 @@ def kinesis(stack_state: StackState):
     server = LocalKinesis(stack_state)
     server.start()
     yield server
-    server.stop()
+    stops.later("kinesis", server.stop)
 
 
 @pytest.fixture
@@ -218,7 +234,7 @@ def topic(kafka) -> "Callable[..., str]":
 
 
 @pytest.fixture(scope="session")
-def registry(stack_state: StackState):
+def registry(stack_state: StackState, stops: Stops):
     """A real Schema Registry (Apicurio, Confluent-compatible API; HTTP and HTTPS, basic auth) on free
     loopback ports, its schemas in memory."""
     from reclock.dev.registry import LocalRegistry
@@ -226,4 +242,4 @@ def registry(stack_state: StackState):
     server = LocalRegistry(stack_state)
     server.start()
     yield server
-    server.stop()
+    stops.later("registry", server.stop)

@@ -4,9 +4,10 @@ source's upstream in it), the Kafka broker, the Spark Connect server and a Spark
 restarted, one of two Airflow schedulers killed, latency, resets and a black hole on the network to Postgres or
 Kafka), a fixed seed, the same code as ``python -m benchmarks.chaos``. The oracle reads the topics itself;
 nothing may be lost, duplicated or at a wrong timestamp, and Airflow may not leave its source without a try
-running for longer than its own recovery time (``AIRFLOW_STALL_S``; the campaign exits 1). Nothing here asserts
-a speed: a fail point counts only once the process reached it (a loaded machine may not get there in the
-window), and the stall (no run succeeded, tries running) is reported, not checked."""
+running for longer than its own recovery time (``AIRFLOW_STALL_S``; the campaign exits 1). Every kind must have
+been injected: a kill counts once its target was up, a fail point once the process reached it (the fail points
+come first, on a warm system; a kind that missed is tried again, up to ``FIRST_TRIES`` times). Nothing here
+asserts a speed: the stall (no run succeeded, tries running) is reported, not checked."""
 
 from __future__ import annotations
 
@@ -23,7 +24,6 @@ from benchmarks.chaos import FAULT_KINDS, REPO
 
 SEED = 15
 FAULTS = len(FAULT_KINDS)  # each kind comes once first (in an order the seed picks), a missed one again later
-ALWAYS_HIT = tuple(k for k in FAULT_KINDS if not k.endswith("_failpoint"))
 
 
 @pytest.mark.timeout(1800)
@@ -42,7 +42,7 @@ def test_short_campaign_loses_and_duplicates_nothing():
     assert "lost 0, duplicated 0, wrong timestamps 0" in out, out[-6000:] + err[-2000:]
     assert p.returncode == 0, out[-4000:] + err[-4000:]
     kinds = dict(re.findall(r"(\w+) (\d+)", re.search(r"faults by kind: (.*)", out).group(1)))
-    assert all(int(kinds[k]) >= 1 for k in ALWAYS_HIT), kinds
+    assert all(int(kinds[k]) >= 1 for k in FAULT_KINDS), kinds  # every fault was injected
     checked = int(re.search(r"records checked: (\d+)", out).group(1))
     assert checked > 1000, out
     extra = json.loads(re.search(r"produced: \{.*?\}; (\{.*\})", out).group(1))

@@ -21,14 +21,14 @@ def conn(db: str):
 
 
 @pytest.fixture(scope="session")
-def s3_auth(stack_state):
+def s3_auth(stack_state, stops):
     """A second moto server that checks keys as AWS does (IAM): for wrong credentials."""
     from reclock.dev.s3 import LocalS3
 
     server = LocalS3(stack_state, name="s3auth", auth=True)
     server.start()
     yield server
-    server.stop()
+    stops.later("s3auth", server.stop)  # at the session's end, beside the others (tests/conftest.py)
 
 
 @pytest.fixture(scope="session")

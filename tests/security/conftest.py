@@ -98,7 +98,7 @@ class Secured:
 
 
 @pytest.fixture(scope="session")
-def secured(stack_state: StackState):
+def secured(stack_state: StackState, stops):
     """The secured services (see the module)."""
     kafka = LocalKafka(stack_state, heap="512m", secure=True, name="kafka_secure")
     postgres = LocalPostgres(stack_state, fast=True, tls=True, name="postgres_tls")
@@ -112,8 +112,11 @@ def secured(stack_state: StackState):
         kafka.add_user(KAFKA_USER, s.kafka_password)
         postgres.create_role("reclock_app", s.consensus_password)
         postgres.create_role("reclock_cdc", s.cdc_password)
-        yield s
-    finally:
+    except BaseException:
         for service in reversed(started):
             service.stop()
+        raise
+    yield s
+    for service in started:  # at the session's end, beside the others (tests/conftest.py stops)
+        stops.later(service.name, service.stop)
 

@@ -114,9 +114,11 @@ class LocalSparkCluster:
             procs.spawn(daemon, [str(spark_home() / "bin" / "spark-class"), *argv], log=self._log(daemon),
                         pidfile=self._pidfile(daemon), env=env, cwd=self.home)
 
-    def start(self, timeout: float = 180) -> float:
+    def start(self, timeout: float = 180, executors: bool = True) -> float:
         """Start the master, the workers and the Connect server (what is not running yet), and wait until
-        every worker registered and the Connect server's application has an executor on each."""
+        every worker registered and (``executors``) the Connect server's application has an executor on each.
+        Without ``executors`` a worker started again is left to get its executor while the caller goes on
+        (the master asks for it once the worker registered)."""
         t0 = time.monotonic()
         self._spawn("master", ["org.apache.spark.deploy.master.Master", "--host", LOOPBACK,
                                "--port", str(self.master_port), "--webui-port", str(self.master_ui_port)],
@@ -134,9 +136,10 @@ class LocalSparkCluster:
         procs.wait_until(f"{self.workers} spark workers registered", lambda: len(self.alive_workers()) >= self.workers,
                          timeout, log=self._log("worker-0"))
         self.connect.start(timeout)
-        procs.wait_until(f"an executor on each of {self.workers} workers",
-                         lambda: len(self.executors()) >= self.workers, timeout, log=self.connect.log,
-                         alive=self.connect.running)
+        if executors:
+            procs.wait_until(f"an executor on each of {self.workers} workers",
+                             lambda: len(self.executors()) >= self.workers, timeout, log=self.connect.log,
+                             alive=self.connect.running)
         return time.monotonic() - t0
 
     def _master_state(self) -> dict:
@@ -172,10 +175,13 @@ class LocalSparkCluster:
                    for d in ("master", *(f"worker-{i}" for i in range(self.workers)))) or self.connect.running()
 
     def stop(self) -> list[str]:
-        """Stop the Connect server, the workers (and so their executors) and the master; return what ran."""
-        stopped = ["connect"] if self.connect.stop() else []
+        """Stop the Connect server, the workers (and so their executors) and the master, side by side; return
+        what ran."""
+        stops = {"connect": self.connect.stop}
         for daemon in (*(f"worker-{i}" for i in range(self.workers)), "master"):
-            if procs.stop(self._pidfile(daemon), timeout=20):
-                stopped.append(daemon)
-        return stopped
+            stops[daemon] = lambda pidfile=self._pidfile(daemon): procs.stop(pidfile, timeout=20)
+        ran, errors = procs.side_by_side(stops)
+        for error in errors.values():
+            raise error
+        return [name for name in stops if ran[name]]
 
