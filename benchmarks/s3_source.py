@@ -110,24 +110,44 @@ def _records(i0: int, n: int) -> bytes:
                     % (i, i % 997, i % 1000, b"n" * 120) for i in range(i0, i0 + n))
 
 
-def cpu_seconds(*pids: int) -> float:
-    """CPU seconds (user + system) of ``pids`` and every descendant, living or reaped: this process, the
-    Spark JVM and its Python workers, moto's server (less sensitive to a shared machine's load than wall
-    time)."""
-    import psutil
+class CpuMeter:
+    """CPU seconds (user + system) of ``pids`` and every descendant: this process, the Spark JVM and its
+    Python workers, moto's server (less sensitive to a shared machine's load than wall time). Sampled every
+    ``every`` seconds in a thread and kept per process at its highest, so a process that ends between two
+    readings (a Python worker) keeps what it used up to its last sample (at most ``every`` seconds lost)."""
 
-    total, seen = 0.0, set()
-    for pid in pids:
-        with contextlib.suppress(psutil.Error):
-            root = psutil.Process(pid)
-            for proc in [root, *root.children(recursive=True)]:
-                if proc.pid in seen:
-                    continue
-                seen.add(proc.pid)
-                with contextlib.suppress(psutil.Error):
-                    t = proc.cpu_times()
-                    total += t.user + t.system + t.children_user + t.children_system
-    return total
+    def __init__(self, *pids: int, every: float = 0.25) -> None:
+        import threading
+
+        self.pids, self.seen, self.every = pids, {}, every
+        self.lock, self.done = threading.Lock(), threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.sample()
+        self.thread.start()
+
+    def sample(self) -> float:
+        import psutil
+
+        for pid in self.pids:
+            with contextlib.suppress(psutil.Error):
+                root = psutil.Process(pid)
+                for proc in [root, *root.children(recursive=True)]:
+                    with contextlib.suppress(psutil.Error):
+                        t = proc.cpu_times()
+                        used = t.user + t.system  # its own: a reaped child is counted by its own samples
+                        key = (proc.pid, proc.create_time())
+                        with self.lock:
+                            self.seen[key] = max(self.seen.get(key, 0.0), used)
+        with self.lock:
+            return sum(self.seen.values())
+
+    def _run(self) -> None:
+        while not self.done.wait(self.every):
+            self.sample()
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join()
 
 
 def throughput(objects: int, mb: float, reps: int) -> dict:
@@ -135,7 +155,7 @@ def throughput(objects: int, mb: float, reps: int) -> dict:
 
     with services() as env:
         s3, spark = env["s3"], env["spark"]
-        pids = (os.getpid(), read_pid(s3.pidfile))
+        meter = CpuMeter(os.getpid(), read_pid(s3.pidfile))
         c = s3.client()
         s3.create_bucket("bench")
         per = max(1, int(mb * 1e6 / 190))
@@ -153,9 +173,9 @@ def throughput(objects: int, mb: float, reps: int) -> dict:
             from reclock import cycle
 
             ctx = _ctx(env, f"tp{rep}", "s3://bench/in/", s3.settings(), budget={"max_bytes": "2GB"})
-            c0, t0 = cpu_seconds(*pids), time.monotonic()
+            c0, t0 = meter.sample(), time.monotonic()
             cycle.run_cycle(ctx)
-            dt, used = time.monotonic() - t0, cpu_seconds(*pids) - c0
+            dt, used = time.monotonic() - t0, meter.sample() - c0
             from reclock.persist import connect
             from reclock.persist.shards import shard_info
 
@@ -173,12 +193,12 @@ def throughput(objects: int, mb: float, reps: int) -> dict:
 
         def file_stream(rep: int) -> None:
             out, chk = env["root"] / f"ss{rep}", env["root"] / f"ss{rep}.chk"
-            c0, t0 = cpu_seconds(*pids), time.monotonic()
+            c0, t0 = meter.sample(), time.monotonic()
             q = (spark.readStream.schema(SCHEMA).json("s3a://bench/in/2025/01/")
                  .writeStream.format("parquet").option("path", str(out)).option("checkpointLocation", str(chk))
                  .trigger(availableNow=True).start())
             q.awaitTermination()
-            dt, used = time.monotonic() - t0, cpu_seconds(*pids) - c0
+            dt, used = time.monotonic() - t0, meter.sample() - c0
             n = spark.read.parquet(str(out)).count()
             assert n == total, (n, total)
             if rep:
@@ -186,9 +206,12 @@ def throughput(objects: int, mb: float, reps: int) -> dict:
                 cpu["file_stream"].append(used)
             echo(f"file_stream rep {rep}: {dt:.2f}s, {total / dt:,.0f} records/s, {used:.1f} CPU-s")
 
-        for rep in range(reps + 1):  # the first of each is a warm-up; which goes first alternates
-            for run in ((reclock, file_stream) if rep % 2 == 0 else (file_stream, reclock)):
-                run(rep)
+        try:
+            for rep in range(reps + 1):  # the first of each is a warm-up; which goes first alternates
+                for run in ((reclock, file_stream) if rep % 2 == 0 else (file_stream, reclock)):
+                    run(rep)
+        finally:
+            meter.stop()
         med = {k: statistics.median(v) for k, v in figures.items()}
         med_cpu = {k: statistics.median(v) for k, v in cpu.items()}
         ratio = med["reclock"] / med["file_stream"]

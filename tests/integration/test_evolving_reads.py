@@ -311,7 +311,8 @@ def test_the_iceberg_export_evolves_its_table_in_the_commit_that_first_needs_it(
         (3, 2**40, "first", {"x": 2.0, "y": "y"}, 30, 1), (1, 5, None, {"x": 1.0, "y": None}, 40, -1)]
 
 
-def test_a_dropped_column_and_one_added_again_under_its_name_in_every_reader_and_the_iceberg_export(db, tmp_path):
+def test_a_dropped_column_and_one_added_again_under_its_name_in_every_reader_and_the_iceberg_export(db, spark,
+                                                                                                     tmp_path):
     """``w`` (string) until 30, dropped at 30, ``w`` (int, another column) from 50. AS OF 20 the old ``w``; AS OF
     40 none; AS OF 60 the new one, null in every row written before 50 (never 'a' or 'b'), and the rows
     inserted with the old ``w`` and retracted without it cancel. The updates across the drop keep the old
@@ -344,6 +345,8 @@ def test_a_dropped_column_and_one_added_again_under_its_name_in_every_reader_and
             assert {tuple(r[c] for c in got.column_names if c != "diff") for r in got.to_pylist()} == want, t
             rel = duckdb_as_of(con, "evd", t, dsn=db, blob=blob).fetchall()
             assert set(rel) == want, f"duckdb AS OF {t}"
+            df = spark_as_of(spark, "evd", t, dsn=db, blob=blob)
+            assert {tuple(r) for r in df.collect()} == want, f"spark AS OF {t}"
         rows, hi = updates_parts(conn, "evd", 0, 41)
         reader = UpdateReader(blob, "evd", rows, 0, hi, "data", history=load_history(conn, "evd"), across=True)
         pieces = [(schema.names, piece.select(list(schema.names)).to_pylist())
