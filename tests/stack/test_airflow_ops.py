@@ -14,6 +14,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -96,26 +97,31 @@ def ops(shared_stack):
 
 
 def test_the_airflow_cli_and_the_reclock_commands_reach_the_stack(ops):
-    # reclock dev airflow: any airflow command, against the stack's metadata database
-    out = ops.reclock("dev", "airflow", "dags", "list", "-o", "json")
+    import psycopg
+
+    # eval "$(reclock dev env)": the airflow command itself, and a Postgres source's connection for `reclock cycle`
+    shell = ops.shell_env()
+    with ThreadPoolExecutor(3) as pool:  # three commands side by side (each mostly its interpreter's start-up)
+        # reclock dev airflow: any airflow command, against the stack's metadata database
+        listing = pool.submit(ops.reclock, "dev", "airflow", "dags", "list", "-o", "json")
+        conn_get = pool.submit(subprocess.run, [str(Path(sys.executable).parent / "airflow"), "connections", "get",
+                                                "reclock_demo_shop", "-o", "json"],
+                               env=shell, capture_output=True, text=True, timeout=300)
+        # an error is one line, never a traceback
+        nope = pool.submit(ops.reclock, "cycle", "nope", env=shell)
+        with psycopg.connect(ops.shop_dsn, autocommit=True) as conn:
+            conn.execute("INSERT INTO ops_orders SELECT g, 'c', 'open', 1, now() FROM generate_series(1, 25) g")
+        out = ops.reclock("cycle", "ops_shop", env=shell)
+        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+        assert sorted(r["order_id"] for r in ops.rows("ops_shop__ops_orders")) == list(range(1, 26))
+        ops.run("ingest__ops_shop")  # and one through Airflow (its lineage: the published tables)
+    out = listing.result()
     assert out.returncode == 0, out.stderr[-2000:]
     listed = json.loads(out.stdout[out.stdout.index("[{"):])  # after the warnings Airflow prints on stdout
     assert {"ingest__ops_orders", "rebuild__ops_fix", "sink__ops_out"} <= {d["dag_id"] for d in listed}
-    # eval "$(reclock dev env)": the airflow command itself, and a Postgres source's connection for `reclock cycle`
-    shell = ops.shell_env()
-    out = subprocess.run([str(Path(sys.executable).parent / "airflow"), "connections", "get", "reclock_demo_shop",
-                          "-o", "json"], env=shell, capture_output=True, text=True, timeout=300)
+    out = conn_get.result()
     assert out.returncode == 0 and "demo_shop" in out.stdout, out.stderr[-2000:]
-    import psycopg
-
-    with psycopg.connect(ops.shop_dsn, autocommit=True) as conn:
-        conn.execute("INSERT INTO ops_orders SELECT g, 'c', 'open', 1, now() FROM generate_series(1, 25) g")
-    out = ops.reclock("cycle", "ops_shop", env=shell)
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
-    assert sorted(r["order_id"] for r in ops.rows("ops_shop__ops_orders")) == list(range(1, 26))
-    ops.run("ingest__ops_shop")  # and one through Airflow (its lineage: the published tables)
-    # an error is one line, never a traceback
-    out = ops.reclock("cycle", "nope", env=shell)
+    out = nope.result()
     assert out.returncode == 1 and out.stderr.startswith("error: no source named 'nope'") and "Traceback" not in out.stderr
 
 

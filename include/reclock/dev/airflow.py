@@ -16,7 +16,7 @@ import os
 import sys
 import time
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from reclock.dev import procs
@@ -52,6 +52,7 @@ class LocalAirflow:
     teams: dict[str, Path] | None = None  # team -> its DAG bundle's folder (multi-team mode)
     users: dict[str, tuple[str, str | None]] | None = None  # more users: name -> (role, team)
     schedulers: int = 1  # more than one: highly available schedulers (scheduler, scheduler-2, ...)
+    _admin_token: tuple[float, str] | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def components(self) -> tuple[str, ...]:
@@ -221,15 +222,23 @@ class LocalAirflow:
             f"{self.url}/auth/token", method="POST",
             data=json.dumps({"username": user, "password": self.user_password(user)}).encode(),
             headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=10) as r:
+        with urllib.request.urlopen(req, timeout=30) as r:
             return json.loads(r.read())["access_token"]
+
+    def admin_token(self) -> str:
+        """The admin's token for :meth:`api`, reused for up to 5 minutes (Airflow's tokens last a day): callers
+        that poll the REST API from several threads then do not each log in again for every request (a loaded
+        api-server, one worker, answered a login later than 10 s)."""
+        if self._admin_token is None or time.monotonic() - self._admin_token[0] > 300:
+            self._admin_token = (time.monotonic(), self.token())
+        return self._admin_token[1]
 
     def api(self, method: str, path: str, body: dict | None = None, token: str | None = None) -> dict:
         """Call the REST API (``/api/v2/...``) as the admin."""
         req = urllib.request.Request(
             f"{self.url}/api/v2/{path.lstrip('/')}", method=method,
             data=json.dumps(body).encode() if body is not None else None,
-            headers={"Content-Type": "application/json", "Authorization": f"Bearer {token or self.token()}"})
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {token or self.admin_token()}"})
         with urllib.request.urlopen(req, timeout=30) as r:
             raw = r.read()
             return json.loads(raw) if raw else {}
