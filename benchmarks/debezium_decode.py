@@ -142,6 +142,7 @@ def run_reclock(env: Env, records: int, table: dict[int, dict], rep: int) -> flo
     if len(got) != len(table) or rows != table:
         raise RuntimeError(f"reclock {name}: the collection ({len(got)} rows) is not the table ({len(table)} rows)")
     shutil.rmtree(blob.root / name, ignore_errors=True)
+    env.echo(f"  reclock {name}: " + ", ".join(f"{k} {v:.2f}s" for k, v in steps.items()))
     return total - steps.get("resume", 0.0)
 
 
