@@ -282,18 +282,25 @@ def run_structured_streaming(env: Env, backlog: Backlog, rep: int) -> Run:
     opts = _kafka_options(backlog, env.bootstrap, out.name)
     opts.pop("endingOffsets")  # a stream reads to what is available when it starts
     stream = decode(env.spark.readStream.format("kafka").options(**opts).load())
+    seconds, records = stream_to_parquet(stream, out, checkpoint, f"structured streaming on {backlog.topic}")
+    _check("structured_streaming", backlog, records)
+    return Run(seconds, records)
+
+
+def stream_to_parquet(stream, out: Path, checkpoint: Path, what: str) -> tuple[float, int]:
+    """``stream`` into a Parquet file sink at ``out``, ``trigger(availableNow=True)``, a fresh ``checkpoint``:
+    the seconds from ``start()`` to the query's end and the rows written (both folders removed after)."""
     t0 = time.perf_counter()
     query = (stream.writeStream.format("parquet").option("path", str(out))
              .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
     query.awaitTermination()
     seconds = time.perf_counter() - t0
     if query.exception() is not None:
-        raise RuntimeError(f"structured streaming on {backlog.topic} failed: {query.exception()}")
-    records = parquet_rows(out)
-    _check("structured_streaming", backlog, records)
+        raise RuntimeError(f"{what} failed: {query.exception()}")
+    rows = parquet_rows(out)
     shutil.rmtree(out, ignore_errors=True)
     shutil.rmtree(checkpoint, ignore_errors=True)
-    return Run(seconds, records)
+    return seconds, rows
 
 
 # --- the read limit ------------------------------------------------------------------------------------

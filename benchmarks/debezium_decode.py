@@ -34,37 +34,33 @@ import shutil
 import statistics
 import time
 
-from benchmarks.env import Env, services
+from benchmarks.env import Env, alternating, services
 
 SCHEMA = "id INT, customer BIGINT, amount DOUBLE, country STRING, note STRING"
+COLUMNS = [c.split()[0] for c in SCHEMA.split(", ")]
 PARTITIONS = 4
 COUNTRIES = ("DE", "FR", "NL", "PL", "SE", "US")
 TOPIC = "dbz.public.orders"
 
 
-def events(n: int, keys: int):
-    """``(partition, key, value)`` of ``n`` change events (tombstones not counted) and the table they leave:
-    ``{id: row}``."""
-    alive: dict[int, dict] = {}
+def events(n: int, keys: int, table: dict[int, dict]):
+    """``(partition, key, value)`` of ``n`` change events (and the tombstones after their deletes); ``table``
+    (``{id: row}``) is left as the events leave the table."""
     lsn = commit = 22_000_000
-    produced = 0
-    i = 0
-    while produced < n:
-        k = i % keys if i >= keys else i
+    for i in range(n):
+        k = i % keys
         lsn += 96
         row = {"id": k, "customer": (i * 31) % 50_000, "amount": (i * 7919) % 100_000 / 100,
                "country": COUNTRIES[i % len(COUNTRIES)], "note": None if i % 3 else "a note of some forty bytes"}
-        if k in alive and i % 10 == 0:
+        if k in table and i % 10 == 0:
             op, before, after = "d", {"id": k}, None
-            del alive[k]
-        elif k in alive:
-            op, before, after = "u", None, row
-            alive[k] = row
+            del table[k]
         else:
-            op, before, after = "c", None, row
-            alive[k] = row
+            op, before, after = ("u" if k in table else "c"), None, row
+            table[k] = row
         source = {"version": "3.6.1.Final", "connector": "postgresql", "name": "dbz", "ts_ms": 1795671145479 + i,
-                  "snapshot": "false", "db": "postgres", "sequence": json.dumps([str(commit), str(lsn)], separators=(",", ":")),
+                  "snapshot": "false", "db": "postgres",
+                  "sequence": json.dumps([str(commit), str(lsn)], separators=(",", ":")),
                   "schema": "public", "table": "orders", "txId": 1000 + i, "lsn": lsn, "xmin": None}
         value = {"before": before, "after": after, "source": source, "transaction": None, "op": op,
                  "ts_ms": 1795671145480 + i}
@@ -73,9 +69,6 @@ def events(n: int, keys: int):
         if op == "d":
             yield k % PARTITIONS, key, None
         commit = lsn + 8
-        produced += 1
-        i += 1
-    return alive
 
 
 def fill(bootstrap: str, n: int, keys: int) -> tuple[int, dict[int, dict]]:
@@ -84,14 +77,9 @@ def fill(bootstrap: str, n: int, keys: int) -> tuple[int, dict[int, dict]]:
 
     create_topic(bootstrap, TOPIC, PARTITIONS)
     producer = fast_producer(bootstrap)
-    gen = events(n, keys)
+    table: dict[int, dict] = {}
     records = 0
-    while True:
-        try:
-            part, key, value = next(gen)
-        except StopIteration as stop:
-            table = stop.value
-            break
+    for part, key, value in events(n, keys, table):
         try:
             producer.produce(TOPIC, value, key, partition=part)
         except BufferError:
@@ -137,8 +125,7 @@ def run_reclock(env: Env, records: int, table: dict[int, dict], rep: int) -> flo
         got = read_as_of(conn, blob, name).to_pylist()
     if any(r["diff"] != 1 for r in got):
         raise RuntimeError(f"reclock {name}: a row more than once")
-    columns = [c.split()[0] for c in SCHEMA.split(", ")]
-    rows = {r["id"]: {c: r[c] for c in columns} for r in got}
+    rows = {r["id"]: {c: r[c] for c in COLUMNS} for r in got}
     if len(got) != len(table) or rows != table:
         raise RuntimeError(f"reclock {name}: the collection ({len(got)} rows) is not the table ({len(table)} rows)")
     shutil.rmtree(blob.root / name, ignore_errors=True)
@@ -150,7 +137,7 @@ def run_structured_streaming(env: Env, records: int, rep: int) -> float:
     """The Kafka source, the envelope parsed, into a Parquet file sink (``availableNow``)."""
     from pyspark.sql import functions as F
 
-    from benchmarks.contenders import parquet_rows
+    from benchmarks.contenders import stream_to_parquet
     from reclock.batch import OffsetRange
     from reclock.sources.kafka.spark_job import CORRUPT, kafka_read_options
     from benchmarks.workload import end_offsets
@@ -165,22 +152,13 @@ def run_structured_streaming(env: Env, records: int, rep: int) -> float:
                 f"source STRUCT<lsn: BIGINT, txId: BIGINT, sequence: STRING>, ts_ms BIGINT, {CORRUPT} STRING")
     d = F.from_json(F.col("value").cast("string"), envelope,
                     {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}).alias("_d")
-    cols = [F.col("_d.op").alias("op"), *[F.col(f"_d.after.{c.split()[0]}").alias(c.split()[0])
-                                          for c in SCHEMA.split(", ")],
+    cols = [F.col("_d.op").alias("op"), *[F.col(f"_d.after.{c}").alias(c) for c in COLUMNS],
             F.col("_d.before.id").alias("before_id"), F.col("_d.source.lsn").alias("lsn"),
             F.col("_d.source.txId").alias("tx_id"), F.col(f"_d.{CORRUPT}").alias(CORRUPT)]
     stream = env.spark.readStream.format("kafka").options(**opts).load().select("key", d).select("key", *cols)
-    t0 = time.perf_counter()
-    query = (stream.writeStream.format("parquet").option("path", str(out))
-             .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
-    query.awaitTermination()
-    seconds = time.perf_counter() - t0
-    if query.exception() is not None:
-        raise RuntimeError(f"structured streaming failed: {query.exception()}")
-    if (n := parquet_rows(out)) != records:
-        raise RuntimeError(f"structured streaming wrote {n} rows of {records} records")
-    shutil.rmtree(out, ignore_errors=True)
-    shutil.rmtree(checkpoint, ignore_errors=True)
+    seconds, rows = stream_to_parquet(stream, out, checkpoint, "structured streaming")
+    if rows != records:
+        raise RuntimeError(f"structured streaming wrote {rows} rows of {records} records")
     return seconds
 
 
@@ -188,16 +166,9 @@ def run(n: int, keys: int, reps: int, echo=print) -> dict:
     with services(echo) as env:
         records, table = fill(env.bootstrap, n, keys)
         echo(f"topic filled: {n} change events, {records} records (tombstones included), {len(table)} rows left")
-        jobs = {"reclock": lambda rep: run_reclock(env, records, table, rep),
-                "structured_streaming": lambda rep: run_structured_streaming(env, records, rep)}
-        for name, job in jobs.items():  # warm up: JIT, the Python workers, the consumers' pool
-            echo(f"warm-up {name}: {job(0):.2f}s")
-        times: dict[str, list[float]] = {k: [] for k in jobs}
-        for rep in range(reps):
-            order = list(jobs) if rep % 2 == 0 else list(reversed(jobs))
-            for name in order:
-                times[name].append(jobs[name](rep + 1))
-            echo(f"rep {rep + 1}: " + ", ".join(f"{k} {v[-1]:.2f}s" for k, v in times.items()))
+        times = alternating({"reclock": lambda rep: run_reclock(env, records, table, rep),
+                             "structured_streaming": lambda rep: run_structured_streaming(env, records, rep)},
+                            reps, echo)
     med = {k: statistics.median(v) for k, v in times.items()}
     result = {"events": n, "records": records, "keys": keys, "reps": reps, "seconds": times, "median_s": med,
               "records_per_s": {k: records / v for k, v in med.items()},

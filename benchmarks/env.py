@@ -108,6 +108,20 @@ def services(echo: Callable[[str], None] = print, keep: bool = False) -> Iterato
         os.environ.update(saved_environ)
 
 
+def alternating(jobs: dict[str, Callable[[int], float]], reps: int, echo: Callable[[str], None]) -> dict[str, list[float]]:
+    """Each job once as a warm-up (JIT, Python workers, the consumers' pool; called with 0), then ``reps``
+    repetitions (called with 1, 2, ...) in which the jobs alternate which goes first: the seconds each
+    job returned, per repetition."""
+    for name, job in jobs.items():
+        echo(f"warm-up {name}: {job(0):.2f}s")
+    times: dict[str, list[float]] = {k: [] for k in jobs}
+    for rep in range(reps):
+        for name in (list(jobs) if rep % 2 == 0 else list(reversed(jobs))):
+            times[name].append(jobs[name](rep + 1))
+        echo(f"rep {rep + 1}: " + ", ".join(f"{k} {v[-1]:.2f}s" for k, v in times.items()))
+    return times
+
+
 def stop_services(stops: list[tuple[str, Callable[[], object]]], echo: Callable[[str], None]) -> None:
     """Call every ``(name, stop)`` in order; one that fails is reported and the others still run."""
     for name, stop in stops:

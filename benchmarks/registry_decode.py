@@ -29,7 +29,7 @@ import time
 
 import fastavro
 
-from benchmarks.env import services
+from benchmarks.env import alternating, services
 
 V1 = {"type": "record", "name": "order", "namespace": "bench",
       "fields": [{"name": "id", "type": "long"}, {"name": "customer", "type": "long"},
@@ -106,17 +106,14 @@ def run(n: int, reps: int, echo=print) -> dict:
             bad = ours.filter("_reason IS NOT NULL").count()
             if bad:
                 raise RuntimeError(f"{bad} records did not decode")
-            jobs = {"registry": registry_job, "from_avro": from_avro_job}
-            for job in jobs.values():  # warm up: JIT, the consumers' pool
-                job()
-            times: dict[str, list[float]] = {k: [] for k in jobs}
-            for rep in range(reps):
-                order = list(jobs) if rep % 2 == 0 else list(reversed(jobs))
-                for name in order:
+            def timed(job):
+                def run(_rep: int) -> float:
                     t0 = time.perf_counter()
-                    jobs[name]()
-                    times[name].append(time.perf_counter() - t0)
-                echo(f"rep {rep + 1}: " + ", ".join(f"{k} {v[-1]:.2f}s" for k, v in times.items()))
+                    job()
+                    return time.perf_counter() - t0
+                return run
+
+            times = alternating({"registry": timed(registry_job), "from_avro": timed(from_avro_job)}, reps, echo)
         finally:
             registry.stop()
     med = {k: statistics.median(v) for k, v in times.items()}
