@@ -3,9 +3,15 @@ upstream itself.
 
     python -m benchmarks.chaos --faults 200 --seed 7
 
-It starts its own Postgres, Kafka and Spark (a standalone cluster of two 1-core workers, each its own
-executor JVM, and a Spark Connect server whose jobs run on them) in a temporary folder (``reclock.dev``,
-all on 127.0.0.1), and runs, with producers writing throughout at bounded rates:
+It starts its own services in a temporary folder (``reclock.dev``, all on 127.0.0.1), in a deployment's
+shape: Reclock's Postgres (its consensus) with a synchronous streaming standby; an upstream Postgres (the
+CDC source's database and Airflow's metadata); a Kafka cluster of three KRaft nodes (replication factor 3,
+``min.insync.replicas`` 2, the transaction state log replicated: ``LocalKafkaCluster``); Spark as a
+standalone cluster of two 1-core workers, each its own executor JVM, and a Spark Connect server whose jobs
+run on them; Toxiproxy between Reclock's processes and Postgres and each Kafka node. It starts on the
+PREVIOUS RELEASE (``benchmarks.release``: its wheel, built from the repository's history), which makes
+Reclock's database and runs cycles and the sink until the ``upgrade`` fault moves the deployment to this
+checkout. It runs, with producers writing throughout at bounded rates:
 
 - ``app``: an append-only JSON source over a 2-partition topic;
 - ``ups``: an upsert source over a 3-partition topic (12 keys, some deletes);
@@ -39,9 +45,9 @@ airflow_task_kill   SIGKILL of the process running a task of ``ingest__afl`` (``
                     wherever it is); Airflow retries it
 sink_sigkill        SIGKILL of the sink process (often inside its open transaction)
 sink_failpoint      the sink relaunched with ``sink:in_transaction=exit``
-pg_restart          ``pg_ctl restart -m immediate`` (every open transaction is lost; the upstream database of
-                    ``pgs`` is in the same server)
-kafka_restart       the broker SIGKILLed and started again
+pg_restart          ``pg_ctl restart -m immediate`` of Reclock's primary and of the upstream Postgres (every open
+                    transaction is lost; Airflow's metadata goes away too)
+kafka_restart       every Kafka node SIGKILLed and started again
 spark_restart       the Spark Connect server (the driver) SIGKILLed and started again
 spark_worker_kill   a cluster worker SIGKILLed with its executor (often mid-job: its tasks are retried on the
                     other), started again 0-10 s later
@@ -54,6 +60,18 @@ net_reset           every connection through one of those proxies reset (TCP RST
 net_blackhole       one of those proxies accepts data and delivers none for 3-12 s (only clients' own
                     timeouts end the wait: ``RECLOCK_PG_TIMEOUT_S`` is 30 s here); connections that lived
                     through it lost data and are unusable after
+broker_kill         one Kafka node SIGKILLed: the leader of a partition a source reads, the transaction
+                    coordinator of the sink's (or the transactional producer's) ``transactional.id``, or the
+                    active controller (the seed picks the role); started again 0-5 s later, the fault ends
+                    once its replicas are in sync again (``kafka_restart`` kills every node: an outage)
+standby_promotion   a consensus failover: Reclock's primary crashed (``pg_ctl stop -m immediate``), its
+                    synchronous standby promoted and the proxy every Reclock process reaches it through
+                    pointed at the new primary; a new synchronous standby of it is made (a base backup) for
+                    the next one. The campaign goes on on the new primary; nothing acknowledged may be lost
+upgrade             once, first: the previous release's processes (cycles of every runner source and the
+                    sink, ``reclock cycle`` / ``reclock sink run`` in loops, started on the database it
+                    migrated) SIGKILLed wherever they are once each has finished a step, this checkout's
+                    ``reclock migrate``, and the campaign's own processes carry on from that state
 ==================  =======================================================================================
 
 After each fault the system catches up as an operator's rerun would: a dead cycle or sink process is
@@ -106,11 +124,20 @@ from typing import Any, Callable
 
 FAULT_KINDS = ("cycle_sigkill", "cycle_failpoint", "airflow_task_kill", "sink_sigkill", "sink_failpoint",
                "pg_restart", "kafka_restart", "spark_restart", "spark_worker_kill", "scheduler_kill",
-               "net_latency", "net_reset", "net_blackhole")
+               "net_latency", "net_reset", "net_blackhole", "broker_kill", "standby_promotion", "upgrade")
 WEIGHTS = {"cycle_sigkill": 25, "cycle_failpoint": 15, "airflow_task_kill": 15, "sink_sigkill": 15,
-           "sink_failpoint": 8, "pg_restart": 10, "kafka_restart": 10, "spark_restart": 8, "spark_worker_kill": 10,
-           "scheduler_kill": 8, "net_latency": 8, "net_reset": 8, "net_blackhole": 8}
-NET_TARGETS = ("postgres", "kafka")  # the services behind a proxy
+           "sink_failpoint": 8, "pg_restart": 10, "kafka_restart": 5, "spark_restart": 8, "spark_worker_kill": 10,
+           "scheduler_kill": 8, "net_latency": 8, "net_reset": 8, "net_blackhole": 8, "broker_kill": 12,
+           "standby_promotion": 5, "upgrade": 0}
+ONCE_KINDS = ("upgrade",)
+"""Kinds that happen once, before the other faults: ``upgrade`` (the campaign starts on the previous release,
+:func:`upgrade`); never drawn in the fault loop."""
+NET_TARGETS = ("postgres", "kafka")  # the services behind proxies (Postgres: Reclock's and the upstream's)
+BROKER_ROLES = ("leader", "coordinator", "controller")  # broker_kill's target: which node's role the seed picks
+KAFKA_NODES = 3  # the campaign's Kafka cluster (replication factor 3, min.insync.replicas 2)
+UPGRADE_S = 600.0
+"""The previous release's phase ends once each of its sources has cycled and its sink has run, or after this
+long (it is the warm-up too: its first jobs meet cold executors; like :data:`WARMUP_S`)."""
 PG_TIMEOUT_S = 30  # RECLOCK_PG_TIMEOUT_S of the campaign's processes: a black hole to Postgres ends a step in 30 s
 CYCLE_FAILPOINTS = ("mint:after_binding", "write_batches:before_job", "write_batches:after_slice",
                     "append:in_transaction", "resume:after_commit")
@@ -120,6 +147,8 @@ PG_TABLES = ("orders", "items")
 UPSTREAM_DB = "chaos_up"
 OBSERVER_SLOT = "chaos_observer"  # the oracle's own slot: every commit's LSN, read from the WAL
 RUNNERS = ("app", "ups", "txn", PG_SOURCE)  # the sources whose cycles run in runner processes; afl's under Airflow
+S3_BUCKET = "landing"  # --s3: benchmarks.s3_chaos's two sources (its SOURCES: listing and notifications), writer, oracle
+ICEBERG_SINK = "lake"  # --iceberg: an Iceberg export of ``app``
 KINESIS_SOURCE = "clicks"  # --kinesis: benchmarks.kinesis_chaos's source and stream (its Resharder and oracle)
 KINESIS_RESHARD_S = (20.0, 40.0)
 AIRFLOW_SOURCE = "afl"
@@ -198,10 +227,16 @@ def catch_up(module: str, source: str, env: dict[str, str], log: Path, timeout: 
 def runner(source: str, once: bool = False, until_idle: bool = False) -> int:
     """The sources' cycle process (:func:`run_cycles`): the catch-up ends at the first cycle that finds
     nothing new (the Kinesis source's: the second in a row, ``benchmarks.kinesis_chaos.runner``)."""
+    from benchmarks.s3_chaos import SOURCES as S3_SOURCES
+
     if source == KINESIS_SOURCE:
         from benchmarks.kinesis_chaos import runner as kinesis_runner
 
         return kinesis_runner(source, until_idle)
+    if source in S3_SOURCES:
+        from benchmarks.s3_chaos import runner as s3_runner
+
+        return s3_runner(source, until_idle)
     return run_cycles(source, once=once, until_idle=until_idle)
 
 
@@ -215,20 +250,33 @@ class Services:
     kafka: object
     spark: object
     toxiproxy: object
-    proxies: dict = field(default_factory=dict)  # NET_TARGETS -> reclock.dev.toxiproxy.Proxy
+    upstream: object = None  # the upstream Postgres (the CDC source's database, Airflow's metadata)
+    standby: object = None  # the synchronous standby of ``postgres`` (Reclock's consensus), promoted by a fault
+    proxies: dict = field(default_factory=dict)  # proxy name -> reclock.dev.toxiproxy.Proxy
     kinesis: object = None  # --kinesis: reclock.dev.kinesis.LocalKinesis
+    s3: object = None  # --s3: reclock.dev.s3.LocalS3 (moto: S3 and SQS)
+    retired: list = field(default_factory=list)  # primaries that crashed for a promotion (stopped at the end)
+    promotions: int = 0
+    sink_transactional_id: str = ""  # the campaign sink's (broker_kill aims at its coordinator)
 
     def proxied_dsn(self, db: str = "reclock") -> str:
-        """A DSN of database ``db`` of the campaign's Postgres through its proxy (what Reclock's processes
-        use)."""
+        """A DSN of database ``db`` through its proxy (what Reclock's processes use): ``UPSTREAM_DB`` on the
+        upstream Postgres, any other on Reclock's (whichever server is its primary now)."""
         from psycopg.conninfo import make_conninfo
 
+        if db == UPSTREAM_DB:
+            return make_conninfo(self.upstream.dsn(db), port=str(self.state.port("upstream_proxy")))
         return make_conninfo(self.postgres.dsn(db), port=str(self.postgres_proxy_port))
 
     @property
     def postgres_proxy_port(self) -> int:
         """Where the proxy to Postgres listens (chosen before anything starts: Airflow's settings name it)."""
         return self.state.port("postgres_proxy")
+
+    def target_proxies(self, target: str) -> list:
+        """The proxies a network fault to ``target`` (one of :data:`NET_TARGETS`) acts on."""
+        return [p for name, p in self.proxies.items()
+                if name.split("-")[0] == target or (target == "postgres" and name == "upstream")]
 
     def env(self, config: Path) -> dict[str, str]:
         path = os.pathsep.join([str(REPO / "include"), str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
@@ -238,62 +286,89 @@ class Services:
                 "RECLOCK_GC_GRACE_S": "20", "RECLOCK_GC_INTERVAL_S": "5",  # GC runs often, beside the faults
                 "RECLOCK_PG_TIMEOUT_S": str(PG_TIMEOUT_S),
                 "RECLOCK_FAILPOINTS": "", "CHAOS_UPSTREAM_DSN": self.proxied_dsn(UPSTREAM_DB),
-                **({} if self.kinesis is None else {  # kinesalite checks no keys; boto3 needs some
-                    "RECLOCK_KINESIS_ENDPOINT": self.kinesis.endpoint_url, "AWS_ACCESS_KEY_ID": "reclock-dev",
-                    "AWS_SECRET_ACCESS_KEY": "reclock-dev", "AWS_REGION": "us-east-1"})}
+                **({} if self.kinesis is None and self.s3 is None else AWS_KEYS),
+                **({} if self.kinesis is None else {"RECLOCK_KINESIS_ENDPOINT": self.kinesis.endpoint_url}),
+                **({} if self.s3 is None else {"AWS_ENDPOINT_URL_S3": self.s3.endpoint_url,
+                                               "RECLOCK_S3_PATH_STYLE": "true"})}
 
 
-def make_services(root: Path, kinesis: bool = False) -> Services:
+AWS_KEYS = {"AWS_ACCESS_KEY_ID": "reclock-dev", "AWS_SECRET_ACCESS_KEY": "reclock-dev", "AWS_REGION": "us-east-1"}
+"""The keys of ``--kinesis`` and ``--s3`` (kinesalite and moto check none; boto3 needs some)."""
+
+
+def make_services(root: Path, kinesis: bool = False, s3: bool = False) -> Services:
     """The campaign's services under ``root``, not started yet (their ports are chosen: the configuration and
     Airflow's settings can be written before they run)."""
     from reclock.dev.cluster import LocalSparkCluster
-    from reclock.dev.kafka import LocalKafka
-    from reclock.dev.postgres import LocalPostgres
+    from reclock.dev.kafka import LocalKafkaCluster
+    from reclock.dev.postgres import LocalPostgres, LocalStandby
     from reclock.dev.state import StackState
     from reclock.dev.toxiproxy import LocalToxiproxy
 
     state = StackState(root / "state")
-    pg = LocalPostgres(state, fast=True)
-    kafka = LocalKafka(state, heap="512m", proxied=True)  # clients of the config reach it through a proxy
+    pg = LocalPostgres(state, fast=True)  # Reclock's consensus, with a synchronous standby
+    # three KRaft nodes; clients of the config reach each through a proxy of its own
+    kafka = LocalKafkaCluster(state, size=KAFKA_NODES, heap="384m", proxied=True)
     spark = LocalSparkCluster(state, workers=2, worker_cores=1, worker_memory="1g", executor_memory="768m",
                               driver_memory="1g")
-    svc = Services(root, state, pg, kafka, spark, LocalToxiproxy(state))
+    svc = Services(root, state, pg, kafka, spark, LocalToxiproxy(state),
+                   upstream=LocalPostgres(state, fast=True, name="postgres_upstream"),
+                   standby=LocalStandby(state, pg, synchronous=True))
     if kinesis:
         from reclock.dev.kinesis import LocalKinesis
 
         svc.kinesis = LocalKinesis(state)
-        # the Spark workers' executors read a range from the stream when its capture is gone: boto3 needs keys
-        # (kinesalite checks none) in their environment, which they take from this process
-        os.environ.update(AWS_ACCESS_KEY_ID="reclock-dev", AWS_SECRET_ACCESS_KEY="reclock-dev", AWS_REGION="us-east-1")
+    if s3:
+        from reclock.dev.s3 import LocalS3
+
+        svc.s3 = LocalS3(state)
+    if kinesis or s3:
+        # the Spark workers' executors read a range from the stream when its capture is gone, and objects:
+        # boto3 needs keys (the endpoints check none) in their environment, which they take from this process
+        os.environ.update(AWS_KEYS)
+        if s3:
+            os.environ.update(AWS_ENDPOINT_URL_S3=svc.s3.endpoint_url, RECLOCK_S3_PATH_STYLE="true")
     return svc
 
 
-def start_services(svc: Services, beside_postgres: Callable[[], object] | None = None) -> Future | None:
-    """Start ``svc`` (the Spark cluster, Postgres, the broker and the proxies side by side: their start-ups
-    wait on ports and logs more than they compute). ``beside_postgres`` (Airflow's start: it needs its
-    metadata database only) runs in a thread of its own once Postgres is up; its future is returned, still
-    running: the caller waits for it (and for it before stopping what it starts)."""
+def start_services(svc: Services, beside_postgres: Callable[[], object] | None = None,
+                   migrate_with: Callable[[str], None] | None = None) -> Future | None:
+    """Start ``svc`` (the Spark cluster, the Postgres servers, the Kafka nodes and the proxies side by side:
+    their start-ups wait on ports and logs more than they compute). ``beside_postgres`` (Airflow's start: it
+    needs its metadata database, on the upstream server, only) runs in a thread of its own once Postgres is
+    up; its future is returned, still running: the caller waits for it (and for it before stopping what it
+    starts). ``migrate_with(dsn)`` migrates Reclock's database (default: this checkout's ``migrate``)."""
     from reclock.persist.migrate import migrate
 
     pg, kafka, spark = svc.postgres, svc.kafka, svc.spark
     beside = None
     try:
-        with ThreadPoolExecutor(1) as pool:
+        with ThreadPoolExecutor(3) as pool:
             cluster = pool.submit(spark.start)
-            pg.start()
-            migrate(pg.dsn())
+            consensus = pool.submit(pg.start)
+            svc.upstream.start()
             if beside_postgres is not None:
                 beside_pool = ThreadPoolExecutor(1, thread_name_prefix="beside-postgres")
                 beside = beside_pool.submit(beside_postgres)
                 beside_pool.shutdown(wait=False)
+            consensus.result()
+            (migrate_with or migrate)(pg.dsn())
+            standby = pool.submit(svc.standby.start)  # synchronous: a commit returns once the standby has it
             kafka.start()
+            standby.result()
             svc.toxiproxy.start()
             svc.proxies = {"postgres": svc.toxiproxy.proxy("postgres", pg.port, listen_port=svc.postgres_proxy_port),
-                           "kafka": svc.toxiproxy.proxy("kafka", kafka.external_port, listen_port=kafka.proxy_port)}
+                           "upstream": svc.toxiproxy.proxy("upstream", svc.upstream.port,
+                                                           listen_port=svc.state.port("upstream_proxy")),
+                           **{f"kafka-{n}": svc.toxiproxy.proxy(f"kafka-{n}", node.external_port,
+                                                               listen_port=node.proxy_port)
+                              for n, node in kafka.nodes.items()}}
             cluster.result()
         if svc.kinesis is not None:
             svc.kinesis.start()
             svc.kinesis.create_stream(KINESIS_SOURCE, 2)
+        if svc.s3 is not None:
+            svc.s3.start()
     except BaseException:  # a failed start, or SIGTERM meanwhile: stop what did start
         if beside is not None:
             beside.exception()  # what it starts is stopped by the caller, once it is there
@@ -308,19 +383,44 @@ def stop_services(svc: Services | None) -> None:
 
     if svc is None:
         return
-    _, errors = side_by_side({type(s).__name__: s.stop for s in (svc.spark, svc.toxiproxy, svc.kafka, svc.postgres,
-                                                                 svc.kinesis) if s is not None})
+    servers = (svc.spark, svc.toxiproxy, svc.kafka, svc.postgres, svc.standby, svc.upstream, svc.kinesis, svc.s3)
+    _, errors = side_by_side({getattr(s, "name", type(s).__name__): s.stop for s in servers if s is not None})
     for name, e in errors.items():
         _echo(f"stopping {name}: {e}")
 
 
 def restart_postgres(svc: Services) -> None:
+    """``pg_ctl restart -m immediate`` of Reclock's primary and of the upstream Postgres, side by side (its
+    synchronous standby reconnects by itself)."""
     from reclock.dev.postgres import _run_as, ensure_installed
-    from reclock.dev.procs import run
+    from reclock.dev.procs import run, side_by_side
 
-    pg = svc.postgres
-    run([str(ensure_installed() / "pg_ctl"), "-D", str(pg.data), "-l", str(pg.log), "-m", "immediate", "-w",
-         "-t", "60", "-o", f"-p {pg.port}", "restart"], "pg_ctl restart", user=_run_as(), timeout=90)
+    def restart(pg) -> None:
+        run([str(ensure_installed() / "pg_ctl"), "-D", str(pg.data), "-l", str(pg.log), "-m", "immediate", "-w",
+             "-t", "60", "-o", f"-p {pg.port}", "restart"], f"pg_ctl restart ({pg.name})", user=_run_as(), timeout=90)
+
+    _, errors = side_by_side({pg.name: (lambda pg=pg: restart(pg)) for pg in (svc.postgres, svc.upstream)})
+    if errors:
+        raise RuntimeError(f"postgres restart: {errors}")
+
+
+def promote_standby(svc: Services, echo: Callable[[str], None]) -> None:
+    """A consensus failover: Reclock's primary crashed (``pg_ctl stop -m immediate``), its synchronous standby
+    promoted, the proxy every Reclock process reaches Postgres through pointed at it (as a DNS name or a
+    virtual IP would move), and a new synchronous standby of it made (a base backup), so the next promotion
+    finds one. Nothing acknowledged may be lost: the campaign goes on on the new primary."""
+    from reclock.dev.postgres import LocalStandby, crash
+
+    old, standby = svc.postgres, svc.standby
+    crash(old)
+    svc.retired.append(old)
+    standby.promote()
+    svc.proxies["postgres"] = svc.toxiproxy.proxy("postgres", standby.port, listen_port=svc.postgres_proxy_port)
+    svc.postgres = standby
+    svc.promotions += 1
+    echo(f"standby_promotion: {old.name} crashed, {standby.name} promoted; a new standby of it")
+    svc.standby = LocalStandby(svc.state, standby, name=f"postgres_standby{svc.promotions}", synchronous=True)
+    svc.standby.start(timeout=180)
 
 
 def _start_again(service, what: str, tries: int = 20, **start) -> None:
@@ -347,9 +447,45 @@ def kill_group(pidfile: Path) -> None:
 
 
 def restart_kafka(svc: Services, down_s: float) -> None:
-    svc.kafka.kill()
+    """The whole Kafka cluster SIGKILLed (an outage) and started again ``down_s`` later."""
+    for node in svc.kafka.nodes.values():
+        node.kill()
     time.sleep(down_s)
     _start_again(svc.kafka, "kafka")
+
+
+def kill_broker(svc: Services, rng: random.Random, echo: Callable[[str], None]) -> None:
+    """One Kafka node SIGKILLed (the seed picks its role: the leader of a partition a source reads, the
+    transaction coordinator of the sink's or the transactional producer's ``transactional.id``, or the active
+    controller) and started again 0-5 s later; the fault ends once its replicas are back in sync (so the next
+    one never finds fewer than two copies: ``min.insync.replicas`` 2)."""
+    cluster = svc.kafka
+    role = rng.choice(BROKER_ROLES)
+    if role == "leader":
+        source = rng.choice(sorted(SOURCES))
+        what = f"chaos_{source}[{(p := rng.randrange(SOURCES[source]))}]"
+        node = cluster.leader(f"chaos_{source}", p)
+    elif role == "coordinator":
+        what = rng.choice((svc.sink_transactional_id, "chaos-txn"))
+        try:
+            node = cluster.transaction_coordinator(what)
+        except Exception:  # noqa: BLE001 - no transaction yet: the controller then
+            role, what, node = "controller", "the quorum", cluster.active_controller()
+    else:
+        what, node = "the quorum", cluster.active_controller()
+    if node not in cluster.nodes:  # no leader now (a node is still coming back): any node
+        node = rng.choice(sorted(cluster.nodes))
+    echo(f"broker_kill: kafka-{node} ({role} of {what})")
+    cluster.kill(node)
+    time.sleep(rng.uniform(0, 5))
+    for attempt in range(20):
+        try:
+            cluster.start_node(node, timeout=240)
+            return
+        except Exception as e:  # noqa: BLE001 - its port still held by the killed process: again
+            if "taken" not in str(e) or attempt == 19:
+                raise
+            time.sleep(3)
 
 
 def restart_spark(svc: Services, down_s: float) -> None:
@@ -374,18 +510,21 @@ def network_fault(svc: Services, kind: str, rng: random.Random, echo: Callable[[
     target = rng.choice(NET_TARGETS)
     fault, hold = {"net_latency": ("latency", rng.uniform(5, 20)), "net_reset": ("reset", rng.uniform(1, 3)),
                    "net_blackhole": ("blackhole", rng.uniform(3, 12))}[kind]
-    proxy = svc.proxies[target]
+    proxies = svc.target_proxies(target)
     echo(f"{kind}: {fault} to {target} for {hold:.0f} s")
-    proxy.inject(fault)
     try:
+        for proxy in proxies:
+            proxy.inject(fault)
         time.sleep(hold)
     finally:
-        proxy.heal()
+        for proxy in proxies:
+            proxy.heal()
 
 
 # ------------------------------------------------------------------------------------------ the workload
 
-def write_config(root: Path, bootstrap: str, kinesis: bool = False) -> Path:
+def write_config(root: Path, bootstrap: str, kinesis: bool = False, name: str = "reclock.yaml",
+                 s3_queue: str | None = None, iceberg: bool = False) -> Path:
     """The campaign's sources and sink; ``bootstrap``: where Reclock's processes (cycles, the sink, Spark's
     Kafka reader) reach the broker (its proxy)."""
     import yaml
@@ -411,7 +550,20 @@ def write_config(root: Path, bootstrap: str, kinesis: bool = False) -> Path:
             "kinesis": {"stream": KINESIS_SOURCE, "count_every": 20, "task_records": 60},
             "format": {"type": "json", "schema": "id BIGINT, key STRING"},
             "include": ["shard_id", "sequence_number"], "budget": {"max_records": 500}}
-    path = root / "reclock.yaml"
+    if s3_queue is not None:  # benchmarks.s3_chaos's sources: one lists increasing keys, one takes notifications
+        from benchmarks.s3_chaos import LOOKBACK
+        from benchmarks.s3_chaos import SOURCES as S3_SOURCES
+
+        s3_format = {"type": "json", "schema": "n BIGINT, s STRING"}
+        raw["sources"]["evl"] = {"s3": {"url": f"s3://{S3_BUCKET}/{S3_SOURCES['evl']}", "keys": "increasing",
+                                        "lookback": LOOKBACK}, "format": s3_format, "include": ["key"],
+                                 "budget": {"max_bytes": "64KB"}}
+        raw["sources"]["evn"] = {"s3": {"url": f"s3://{S3_BUCKET}/{S3_SOURCES['evn']}", "discovery": "notifications",
+                                        "queue": s3_queue}, "format": s3_format, "include": ["key"],
+                                 "budget": {"max_bytes": "64KB"}}
+    if iceberg:
+        raw["sinks"][ICEBERG_SINK] = {"from": "app", "iceberg": {"table": "lake.chaos_app"}}
+    path = root / name
     path.write_text(yaml.safe_dump(raw))
     return path
 
@@ -420,7 +572,7 @@ def create_topics(bootstrap: str) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    for fut in admin.create_topics([NewTopic(f"chaos_{s}", n, 1) for s, n in SOURCES.items()]).values():
+    for fut in admin.create_topics([NewTopic(f"chaos_{s}", n, KAFKA_NODES) for s, n in SOURCES.items()]).values():
         fut.result(60)
 
 
@@ -523,9 +675,9 @@ def setup_upstream(svc: Services) -> str:
     the first cycle's snapshot reads. Returns its DSN."""
     import psycopg
 
-    with psycopg.connect(svc.postgres.dsn("postgres"), autocommit=True) as conn:
+    with psycopg.connect(svc.upstream.dsn("postgres"), autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{UPSTREAM_DB}"')
-    dsn = svc.postgres.dsn(UPSTREAM_DB)
+    dsn = svc.upstream.dsn(UPSTREAM_DB)
     with psycopg.connect(dsn, autocommit=True, options="-c synchronous_commit=on") as conn:
         for t in PG_TABLES:
             conn.execute(f"CREATE TABLE {t} (id int8 PRIMARY KEY, v text, n int8, note text, txid int8)")
@@ -858,6 +1010,109 @@ class Driver:
             self.proc = None
 
 
+class PreviousRelease:
+    """The ``upgrade`` fault: the campaign starts on the previous release (``benchmarks.release``: its wheel,
+    built from the repository's history, in a venv of its own) and moves to this checkout mid-run. The
+    previous release migrates Reclock's database and runs, through its own ``reclock`` command, cycles of
+    every runner source and the sink, each in a loop of processes of its own, while the producers and the
+    Postgres writer write; :meth:`upgrade` (once each has finished a step, at most ``UPGRADE_S``) SIGKILLs
+    them wherever they are (a deployment replaced mid-cycle, mid-transaction), then runs this checkout's
+    ``reclock migrate``; the campaign's runners, sink and Airflow carry on from the state it left, and the
+    oracle checks every binding, the old ones too."""
+
+    def __init__(self, svc: Services, env: dict[str, str], root: Path, echo: Callable[[str], None]) -> None:
+        from benchmarks.release import PREVIOUS_RELEASE, clean_env, previous_release
+
+        self.echo = echo
+        self.commit = PREVIOUS_RELEASE[:7]
+        # built (first use; then cached under .reclock/cache, which test_upgrade shares) while the services start
+        pool = ThreadPoolExecutor(1, thread_name_prefix="previous-release")
+        self.built = pool.submit(previous_release)
+        pool.shutdown(wait=False)
+        config = write_config(root, svc.kafka.proxied_bootstrap, name="reclock-previous.yaml")  # its sources only
+        self.cwd = root / "previous"  # neither release may find the checkout from its working directory
+        self.cwd.mkdir()
+        self.env = clean_env(**{**{k: v for k, v in env.items() if k.startswith(("RECLOCK_", "CHAOS_"))},
+                                "RECLOCK_CONFIG": str(config)})
+        self.new_env = env
+        self.logdir = root / "logs"
+        self.stop_event = threading.Event()
+        self.lock = threading.Lock()
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.done: collections.Counter = collections.Counter()
+        self.failed: collections.Counter = collections.Counter()
+        self.threads: list[threading.Thread] = []
+
+    @property
+    def venv(self) -> Path:
+        return self.built.result(timeout=900)
+
+    def command(self, *args: str) -> list[str]:
+        return [str(self.venv / "bin" / "reclock"), *args]
+
+    def migrate(self, dsn: str) -> None:
+        """The previous release's ``reclock migrate`` (Reclock's database is made by it)."""
+        subprocess.run(self.command("migrate"), env={**self.env, "RECLOCK_DSN": dsn}, cwd=self.cwd, check=True,
+                       capture_output=True, text=True, timeout=300)
+
+    def start(self) -> None:
+        steps = {s: self.command("cycle", s) for s in RUNNERS} | {"sink": self.command("sink", "run", "out")}
+        self.logdir.mkdir(exist_ok=True)
+        for name, argv in steps.items():
+            t = threading.Thread(target=self._loop, args=(name, argv), name=f"previous-{name}", daemon=True)
+            self.threads.append(t)
+            t.start()
+
+    def _loop(self, name: str, argv: list[str]) -> None:
+        with open(self.logdir / f"previous-{name}.log", "a") as log:
+            while not self.stop_event.is_set():
+                with self.lock:
+                    if self.stop_event.is_set():
+                        return
+                    proc = subprocess.Popen(argv, env=self.env, cwd=self.cwd, stdout=log, stderr=subprocess.STDOUT,
+                                            start_new_session=True)
+                    self.procs[name] = proc
+                code = proc.wait()
+                if code == 0:
+                    self.done[name] += 1
+                elif not self.stop_event.is_set():
+                    self.failed[name] += 1
+                    time.sleep(2)
+                time.sleep(0.3)
+
+    def ran(self) -> bool:
+        return all(self.done[name] for name in (*RUNNERS, "sink"))
+
+    def upgrade(self, timeout: float = UPGRADE_S) -> bool:
+        """Once every source has cycled and the sink has run on the previous release (or after ``timeout``):
+        its processes SIGKILLed wherever they are, then this checkout's ``reclock migrate``. Whether the
+        previous release wrote what the upgrade continues (else the campaign's ``upgrade`` is not counted)."""
+        _wait_for(self.ran, timeout)
+        with self.lock:
+            self.stop_event.set()
+            for proc in self.procs.values():
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+        for t in self.threads:
+            t.join(60)
+        ran = self.ran()
+        self.echo(f"upgrade: previous release {self.commit} ran {dict(self.done)} (failed {dict(self.failed)}); "
+                  "its processes killed; this checkout's reclock migrate")
+        p = subprocess.run([sys.executable, "-m", "reclock.cli", "migrate"], env=self.new_env, cwd=REPO,
+                           capture_output=True, text=True, timeout=300)
+        if p.returncode != 0:
+            raise RuntimeError(f"upgrade: reclock migrate failed: {p.stdout[-2000:]}{p.stderr[-2000:]}")
+        self.echo(f"upgrade: {p.stdout.strip()[-300:]}")
+        return ran
+
+    def stop(self) -> None:
+        with self.lock:
+            self.stop_event.set()
+            for proc in self.procs.values():
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+
+
 class AirflowSide:
     """The source whose cycles Airflow runs: Airflow's four processes (kept alive as a service manager would:
     one that died is started again), ``ingest__afl`` unpaused, its task processes the target of
@@ -873,10 +1128,11 @@ class AirflowSide:
         extra = {k: v for k, v in env.items() if k.startswith("RECLOCK_") or k == "PYTHONPATH"}
         extra.update(AIRFLOW__CORE__DEFAULT_TASK_RETRIES="30", AIRFLOW__CORE__DEFAULT_TASK_RETRY_DELAY="2",
                      AIRFLOW__CORE__PARALLELISM="2")
-        # two schedulers (highly available): scheduler_kill kills one; the metadata database is reached
-        # directly (the network faults are between Reclock and its services)
-        self.af = LocalAirflow(svc.state, svc.postgres.dsn("airflow"), extra, schedulers=2)
-        self.dsn = svc.postgres.dsn("airflow")
+        # two schedulers (highly available): scheduler_kill kills one; the metadata database (on the upstream
+        # server: Reclock's own fails over) is reached directly (the network faults are between Reclock and
+        # its services)
+        self.af = LocalAirflow(svc.state, svc.upstream.dsn("airflow"), extra, schedulers=2)
+        self.dsn = svc.upstream.dsn("airflow")
         self.echo = echo
         self.revived = 0
         self.lock = threading.Lock()
@@ -1185,6 +1441,14 @@ def _text(key) -> str:
     return key.decode() if isinstance(key, bytes) else key
 
 
+def _sink_spec(config: Path, sink: str = "out"):
+    import yaml
+
+    from reclock.config import parse_config
+
+    return parse_config(yaml.safe_load(config.read_text())).sinks[sink]
+
+
 def check_sink(verdict: Verdict, conn, blob, bootstrap: str, config: Path, sink: str = "out") -> None:
     """The target topic equals the shard's updates exactly once, in timestamp order."""
     import pyarrow.compute as pc
@@ -1269,9 +1533,10 @@ class Result:
 
 def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float] = (2.0, 7.0),
              max_seconds: float = 3600.0, kinds: tuple[str, ...] = FAULT_KINDS,
-             echo: Callable[[str], None] = _echo, keep: bool = False, kinesis: bool = False) -> Result:
-    """Run the campaign: ``faults`` faults (or until ``max_seconds``), then catch up and check; ``kinesis``:
-    with the Kinesis source (see the module)."""
+             echo: Callable[[str], None] = _echo, keep: bool = False, kinesis: bool = False, s3: bool = False,
+             iceberg: bool = False) -> Result:
+    """Run the campaign: ``faults`` faults (or until ``max_seconds``), then catch up and check; ``kinesis``,
+    ``s3``, ``iceberg``: with the Kinesis source, the two S3 sources, the Iceberg export (see the module)."""
     import shutil
 
     from reclock.persist import connect
@@ -1281,7 +1546,7 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
     rng = random.Random(seed)
     root = Path(tempfile.mkdtemp(prefix="reclock-chaos-", dir="/var/tmp"))
     os.chmod(root, 0o755)
-    svc = producers = airflow = airflow_started = stop_pg = kin_producer = resharder = None
+    svc = producers = airflow = airflow_started = stop_pg = kin_producer = resharder = previous = s3_writer = None
     stop_ticks = threading.Event()  # set first on the way out: a ticker would start stopped processes again
     tickers: list[threading.Thread] = []
     drivers: list[Driver] = []
@@ -1289,22 +1554,36 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
     harness_errors: list[str] = []
     try:
         echo(f"chaos: seed {seed}, {faults} faults, state in {root}")
-        svc = make_services(root, kinesis)
-        config = write_config(root, svc.kafka.proxied_bootstrap, kinesis)
+        svc = make_services(root, kinesis, s3)
+        config = write_config(root, svc.kafka.proxied_bootstrap, kinesis, iceberg=iceberg)
+        svc.sink_transactional_id = _sink_spec(config).transactional_id
         env = svc.env(config)
         # Airflow (its migration, four processes, the DAG parsed: a minute or more) starts as soon as its
         # metadata database is up, beside the broker and the Spark cluster; ingest__afl is unpaused below
         airflow = AirflowSide(svc, env, echo)
-        airflow_started = start_services(svc, beside_postgres=airflow.start)
+        # with the upgrade among the kinds, the previous release makes Reclock's database and runs first
+        previous = PreviousRelease(svc, env, root, echo) if "upgrade" in kinds else None
+        airflow_started = start_services(svc, beside_postgres=airflow.start,
+                                         migrate_with=previous.migrate if previous is not None else None)
         create_topics(svc.kafka.bootstrap)
         upstream = setup_upstream(svc)
+        if s3:  # the bucket, the notifications' queue (its URL in the sources' config: written again)
+            from benchmarks.s3_chaos import SOURCES as S3_SOURCES
+            from benchmarks.s3_chaos import Writer as S3Writer
+
+            svc.s3.create_bucket(S3_BUCKET)
+            queue, arn = svc.s3.queue("landing-events")
+            svc.s3.notify(S3_BUCKET, S3_SOURCES["evn"], arn)
+            write_config(root, svc.kafka.proxied_bootstrap, kinesis, s3_queue=queue, iceberg=iceberg)
         logdir = root / "logs"
-        logdir.mkdir()
+        logdir.mkdir(exist_ok=True)
         py = sys.executable
-        runners = (*RUNNERS, KINESIS_SOURCE) if kinesis else RUNNERS
+        runners = (*RUNNERS, *((KINESIS_SOURCE,) if kinesis else ()), *(S3_SOURCES if s3 else ()))
         cycles = {s: Driver(s, [py, "-m", "benchmarks.chaos", "--runner", s], env, logdir) for s in runners}
         sink = Driver("sink", [py, "-m", "reclock.cli", "sink", "run", "out", "--follow", "0.5"], env, logdir)
-        drivers = [*cycles.values(), sink]
+        sinks = [sink, *([Driver(ICEBERG_SINK, [py, "-m", "reclock.cli", "sink", "run", ICEBERG_SINK, "--follow",
+                                               "0.5"], env, logdir)] if iceberg else [])]
+        drivers = [*cycles.values(), *sinks]
         producers = Producers(svc.kafka.bootstrap, seed, rate)
         producers.start()
         pg_writer, observer = PgWriter(upstream, seed, rate / 5), Observer(upstream)
@@ -1321,6 +1600,9 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
                                               keys=40).start()
             resharder = Resharder(svc.kinesis, rng, KINESIS_RESHARD_S)
             resharder.start()
+        if s3:
+            s3_writer = S3Writer(svc.s3.client(), S3_BUCKET, random.Random(seed + 1))
+            s3_writer.start()
 
         def airflow_ticker() -> None:
             while not stop_ticks.is_set():
@@ -1340,18 +1622,33 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
                         echo(f"driver {d.name}: {e}")
                 stop_ticks.wait(0.5)
 
+        if previous is not None:
+            # the previous release runs while Airflow starts; ingest__afl (this checkout's DAG) is unpaused
+            # already: its tries refuse the previous release's schema (SchemaVersionMismatch) and Airflow
+            # retries them until the upgrade's migrate, as a deployment whose workers got the new release
+            # before its `reclock migrate` would (and its first tries pay Airflow's start-up meanwhile)
+            previous.start()
+            airflow_started.result()
+            airflow.unpause()
+            if previous.upgrade():
+                injected["upgrade"] += 1
+                echo(f"fault {sum(injected.values())}/{faults}: upgrade")
+            else:
+                harness_errors.append("upgrade: the previous release did not finish a step of each source and "
+                                      f"the sink in {UPGRADE_S:.0f}s ({dict(previous.done)})")
         ticks = threading.Thread(target=ticker, name="drivers", daemon=True)
         tickers.append(ticks)
         ticks.start()
         airflow_started.result()
-        airflow.unpause()
+        if airflow.unpaused_at is None:
+            airflow.unpause()
         airflow_ticks = threading.Thread(target=airflow_ticker, name="airflow", daemon=True)
         tickers.append(airflow_ticks)
         airflow_ticks.start()
         warm_s = _warm_up(cycles, airflow, echo)
         t_faults = time.monotonic()
-        total, attempts = 0, 0
-        kind_list = list(kinds)
+        total, attempts = sum(injected.values()), 0
+        kind_list = [k for k in kinds if k not in ONCE_KINDS]
         # every kind once first, in an order the seed picks, whatever max_seconds says (each try of a kind is
         # bounded: a fail point waits 180 s for its process to get there, a kill 120 s for its target); a kind
         # that missed comes again later, up to FIRST_TRIES times in all. The fail points lead: they wait for a
@@ -1379,7 +1676,8 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
                     d.arm({"RECLOCK_FAILPOINTS": f"{rng.choice(CYCLE_FAILPOINTS)}=exit"})
                     hit = _wait_for(lambda: d.failpoint_exits > before, 180)
                 elif kind == "sink_sigkill":
-                    hit = _wait_for(sink.kill, 120)
+                    victim = rng.choice(sinks)
+                    hit = _wait_for(victim.kill, 120)
                 elif kind == "sink_failpoint":
                     before = sink.failpoint_exits
                     sink.arm({"RECLOCK_FAILPOINTS": "sink:in_transaction=exit"})
@@ -1398,6 +1696,12 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
                     hit = True
                 elif kind == "scheduler_kill":
                     hit = _wait_for(lambda: airflow.kill_scheduler(rng), 120)
+                elif kind == "broker_kill":
+                    kill_broker(svc, rng, echo)
+                    hit = True
+                elif kind == "standby_promotion":
+                    promote_standby(svc, echo)
+                    hit = True
                 elif kind in ("net_latency", "net_reset", "net_blackhole"):
                     network_fault(svc, kind, rng, echo)
                     hit = True
@@ -1415,6 +1719,12 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
         airflow.faults_done_at = datetime.datetime.now(datetime.timezone.utc)
         producers.stop()
         kin_acked = kin_producer.stop() if kin_producer is not None else []
+        if s3_writer is not None:
+            from benchmarks.s3_chaos import LOOKBACK
+
+            s3_writer.stop.set()
+            s3_writer.join(60)
+            time.sleep(float(LOOKBACK[:-1]) + 1)  # a late key within the lookback is listed by then
         if resharder is not None:
             resharder.stop.set()
             resharder.join(90)
@@ -1438,20 +1748,21 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
 
         # catch up: every source (side by side, the runners' while Airflow stops) until a cycle finds nothing
         # new, then the sink to the upper
-        with ThreadPoolExecutor(len(SOURCES) + 3) as pool:
+        caught = tuple(dict.fromkeys(s for s in (*SOURCES, *runners) if s not in (AIRFLOW_SOURCE, PG_SOURCE)))
+        with ThreadPoolExecutor(len(caught) + 2) as pool:
             afl_done = pool.submit(airflow_stopped_then_caught_up)
             pg_done = pool.submit(_catch_up_postgres, py, env, upstream, echo)
-            caught = tuple(s for s in ((*SOURCES, KINESIS_SOURCE) if kinesis else SOURCES) if s != AIRFLOW_SOURCE)
             done = dict(zip(caught, pool.map(lambda s: _catch_up(py, s, env, echo), caught)))
             done[PG_SOURCE] = pg_done.result()
             airflow_report, done[AIRFLOW_SOURCE] = afl_done.result()
         lagging = [s for s, ok in done.items() if not ok]
         if lagging:
             raise RuntimeError(f"sources {lagging} did not catch up")
-        p = subprocess.run([py, "-m", "reclock.cli", "sink", "run", "out"], env=env, cwd=REPO, capture_output=True,
-                           text=True, timeout=600)
-        if p.returncode != 0:
-            raise RuntimeError(f"the sink did not catch up: {p.stdout[-2000:]}{p.stderr[-2000:]}")
+        for name in ("out", *([ICEBERG_SINK] if iceberg else [])):
+            p = subprocess.run([py, "-m", "reclock.cli", "sink", "run", name], env=env, cwd=REPO,
+                               capture_output=True, text=True, timeout=600)
+            if p.returncode != 0:
+                raise RuntimeError(f"the sink {name} did not catch up: {p.stdout[-2000:]}{p.stderr[-2000:]}")
         verdict = Verdict()
         blob = LocalBlobStore(root / "blobs")
         with connect(svc.postgres.dsn()) as conn:
@@ -1461,6 +1772,10 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
             check_upsert(verdict, conn, blob, svc.kafka.bootstrap, "ups")
             check_sink(verdict, conn, blob, svc.kafka.bootstrap, config, "out")
             pg_report = check_postgres(verdict, conn, blob, observer)
+            if iceberg:
+                check_iceberg(verdict, conn, blob, env, config, ICEBERG_SINK)
+        if s3:
+            check_s3(verdict, svc, blob)
         kin_report = check_kinesis(verdict, svc, blob, kin_acked, kin_producer, resharder) if kinesis else None
         extra = {"warm_up_s": round(warm_s), "launches": {d.name: d.launches for d in drivers},
                  "exits": {d.name: {str(k): v for k, v in d.exits.items()} for d in drivers},
@@ -1476,10 +1791,14 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
         stop_ticks.set()
         for t in tickers:
             t.join(60)  # a tick under way finishes before the processes are stopped
+        if previous is not None:
+            previous.stop()
         if producers is not None:
             producers.stop_event.set()
         if kin_producer is not None:
             kin_producer.stop()
+        if s3_writer is not None:
+            s3_writer.stop.set()
         if resharder is not None:
             resharder.stop.set()
         if stop_pg is not None:
@@ -1523,6 +1842,53 @@ def check_kinesis(verdict: Verdict, svc: Services, blob, acked: list[int], produ
         verdict.note(f"{KINESIS_SOURCE}: producer/resharder errors {errors[:3]}")
     return {k: v[k] for k in ("in_stream", "bound", "bindings", "as_of_checked", "shards", "frontier_rows",
                               "dropped_records")} | {"splits": resharder.splits, "merges": resharder.merges}
+
+
+def check_s3(verdict: Verdict, svc: Services, blob) -> None:
+    """Each S3 source against its prefix of the bucket read by itself (``benchmarks.s3_chaos``'s oracle and
+    check: every record of every object once, one object at one bound timestamp)."""
+    from benchmarks.s3_chaos import SOURCES as S3_SOURCES
+    from benchmarks.s3_chaos import check, oracle
+
+    client = svc.s3.client()
+    for name, prefix in S3_SOURCES.items():
+        v = check(svc.postgres.dsn(), blob, name, oracle(client, S3_BUCKET, prefix))
+        verdict.checked[name] += v["expected"]
+        verdict.lost[name] += v["lost"]
+        verdict.duplicated[name] += v["duplicated"]
+        verdict.wrong_ts[name] += v["wrong"]
+        if v["lost"] or v["duplicated"] or v["wrong"]:
+            verdict.note(f"{name}: {v}")
+
+
+def check_iceberg(verdict: Verdict, conn, blob, env: dict[str, str], config: Path, sink: str = ICEBERG_SINK) -> None:
+    """The Iceberg table holds the collection AS OF its frontier (each record once), and its frontier is the
+    collection's upper (the export caught up)."""
+    from reclock.orchestration.contexts import find_catalog_settings
+    from reclock.persist.shards import shard_info
+    from reclock.read import read_as_of
+    from reclock.sinks.iceberg import IcebergSinkContext, load_catalog, table_frontier
+
+    spec = _sink_spec(config, sink)
+    ctx = IcebergSinkContext(spec=spec, dsn=env["RECLOCK_DSN"], blob=blob,
+                             catalog=find_catalog_settings(env["RECLOCK_DSN"], env["RECLOCK_BLOB_URL"]))
+    upper = shard_info(conn, spec.collection).upper
+    frontier = table_frontier(ctx).frontier
+    if frontier != upper:
+        verdict.lost[sink] += 1
+        verdict.note(f"{sink}: the table's frontier {frontier} is not the collection's upper {upper}")
+    want = collections.Counter()
+    for r in read_as_of(conn, blob, spec.collection, frontier - 1).to_pylist():
+        want[(r["_partition"], r["_offset"], r["id"])] += r["diff"]
+    table = load_catalog(ctx.catalog, spec.catalog).load_table(spec.table)
+    got = collections.Counter((r["_partition"], r["_offset"], r["id"]) for r in table.scan().to_arrow().to_pylist())
+    if want - got:
+        verdict.lost[sink] += sum((want - got).values())
+        verdict.note(f"{sink}: {sum((want - got).values())} rows missing, e.g. {next(iter(want - got))}")
+    if got - want:
+        verdict.duplicated[sink] += sum((got - want).values())
+        verdict.note(f"{sink}: {sum((got - want).values())} rows extra, e.g. {next(iter(got - want))}")
+    verdict.checked[sink] += sum(got.values())
 
 
 def _first_round_group(kind: str) -> int:
@@ -1613,6 +1979,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep the state folder (logs) afterwards")
     ap.add_argument("--kinesis", action="store_true",
                     help="add the Kinesis source (a stream split and merged while it runs; see the module)")
+    ap.add_argument("--s3", action="store_true", help="add the two S3 sources (benchmarks.s3_chaos's, objects "
+                    "written throughout)")
+    ap.add_argument("--iceberg", action="store_true", help="add an Iceberg export of `app`")
+    ap.add_argument("--full", action="store_true",
+                    help="every source kind and both sinks: --kinesis --s3 --iceberg (issue 37's large campaign)")
     ap.add_argument("--blob-bound", action="store_true", help="the blob-bound figure instead (1,000 cycles)")
     ap.add_argument("--cycles", type=int, default=1000, help="--blob-bound: cycles")
     ap.add_argument("--runner", metavar="SOURCE", help=argparse.SUPPRESS)
@@ -1630,7 +2001,7 @@ def main(argv: list[str] | None = None) -> int:
     seed = args.seed if args.seed is not None else int(time.time()) % 100_000
     print(f"seed {seed}", flush=True)
     result = campaign(args.faults, seed, rate=args.rate, gap=tuple(args.gap), max_seconds=args.max_seconds, keep=args.keep,
-                      kinesis=args.kinesis)
+                      kinesis=args.kinesis or args.full, s3=args.s3 or args.full, iceberg=args.iceberg or args.full)
     for line in result.lines():
         print(line, flush=True)
     return 0 if result.ok else 1

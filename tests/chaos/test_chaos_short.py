@@ -1,8 +1,11 @@
 """The fault campaign, short (issues 15 and 37): one fault of each kind ``benchmarks.chaos`` injects (cycle,
-Airflow task and sink processes SIGKILLed or stopped at fail points, Postgres restarted immediate (with the CDC
-source's upstream in it), the Kafka broker, the Spark Connect server and a Spark cluster worker killed and
-restarted, one of two Airflow schedulers killed, latency, resets and a black hole on the network to Postgres or
-Kafka), a fixed seed, the same code as ``python -m benchmarks.chaos``. The oracle reads the topics itself;
+Airflow task and sink processes SIGKILLed or stopped at fail points, Reclock's Postgres and the upstream one
+restarted immediate, the Kafka cluster killed and restarted, one Kafka node killed (a partition leader, a
+transaction coordinator or the active controller), Reclock's primary crashed and its synchronous standby
+promoted, the Spark Connect server and a Spark cluster worker killed and restarted, one of two Airflow
+schedulers killed, latency, resets and a black hole on the network to Postgres or Kafka, and the upgrade: the
+campaign starts on the previous release's wheel and moves to this checkout after ``reclock migrate``), a fixed
+seed, the same code as ``python -m benchmarks.chaos``. The oracle reads the topics itself;
 nothing may be lost, duplicated or at a wrong timestamp, and Airflow may not leave its source without a try
 running for longer than its own recovery time (``AIRFLOW_STALL_S``; the campaign exits 1). Every kind must have
 been injected: a kill counts once its target was up, a fail point once the process reached it (the fail points

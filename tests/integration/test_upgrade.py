@@ -1,6 +1,6 @@
 """Upgrades: state the previous release wrote is continued by this checkout after ``reclock migrate``.
 
-The previous release (``release_support.PREVIOUS_RELEASE``, its wheel built from the repository's history and
+The previous release (``benchmarks.release.PREVIOUS_RELEASE``, its wheel built from the repository's history and
 installed alone in a venv of its own) runs through its own ``reclock`` command: migrate, cycles of an
 append-only and an upsert Kafka source and of a Postgres source (its replication slot), an exactly-once Kafka
 sink of the upsert collection and an Iceberg export of the append-only one, and last a cycle killed after its
@@ -31,7 +31,7 @@ import pytest
 import yaml
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
-from release_support import REPO, clean_env, previous_release
+from benchmarks.release import REPO, clean_env, previous_release
 
 from reclock import remap
 from reclock.config import parse_config

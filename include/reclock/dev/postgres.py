@@ -246,6 +246,12 @@ class LocalStandby(_Server):
     def application_name(self) -> str:
         return f"reclock_{self.name}"
 
+    @property
+    def password(self) -> str:
+        """The superuser's password: the primary's (a base backup copies it), so a promoted standby can be the
+        primary of a standby of its own."""
+        return self.primary.password
+
     def dsn(self, dbname: str = "reclock") -> str:
         return f"postgresql://{DB_USER}:{self.primary.password}@{LOOPBACK}:{self.port}/{dbname}"
 

@@ -1,4 +1,5 @@
-"""The previous release, installed from the repository's own history: its wheel built from the commit that
+"""The previous release, installed from the repository's own history (``tests/integration/test_upgrade.py`` and the
+fault campaign's ``upgrade``, ``benchmarks.chaos``): its wheel built from the commit that
 ended it and installed, alone, into a venv of its own (cached under ``.reclock/cache``), so a test can write
 state with it and continue with the checkout.
 
@@ -23,7 +24,7 @@ import tarfile
 import io
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 PREVIOUS_RELEASE = "0422d11211d55077fa282cf4dcdf3b2f6aeb2e8b"
 
 
