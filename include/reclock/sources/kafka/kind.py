@@ -43,7 +43,7 @@ from reclock.persist.remap_store import register_source
 from reclock.persist.schemas import load_history
 from reclock.persist.shards import register_shard, shard_info
 from reclock.persist.staged import collect_parts, first_rejected, read_state_changes, slice_folder
-from reclock.persist.upsert_state import apply_changes, load_prior
+from reclock.persist.upsert_state import apply_changes, holds_keys, load_prior
 from reclock.registry_plan import (AvroPlan, Reader, WriterTally, avro_plan, choose_reader, initial_reader,
                                    schema_text, versions_seen)
 from reclock.remap import RemapCollection
@@ -245,9 +245,10 @@ class KafkaSource(SourceRuntime):
         progress of a long rebuild).
 
         Upsert: one job for the whole description (a key's records must meet in one job), with the state
-        rows of the keys it touches as of ``desc.lower`` (none when rebuilding from 0). A source over several
-        topics: that per topic (``reclock.sources.kafka.topics``), each topic's parts under a folder of its
-        own, all of them one written batch (one append)."""
+        rows of the keys it touches as of ``desc.lower`` (none when rebuilding from 0, and no pass over the
+        records to find those keys while the state holds none: a new source's first description). A source
+        over several topics: that per topic (``reclock.sources.kafka.topics``), each topic's parts under a
+        folder of its own, all of them one written batch (one append)."""
         ctx, spec = self.ctx, self.ctx.spec
         ranges = ranges_for(rc, desc)
         if ranges:
@@ -301,14 +302,18 @@ class KafkaSource(SourceRuntime):
         spark = ctx.spark()
         prior: list[tuple] = []
         if upsert and not rebuilding:
-            keys = spark_job.upsert_keys(spark, spec, ctx.upstream, ranges)
+            with ctx.connect() as conn:
+                held = holds_keys(conn, source.name, spec.data_shard, desc.lower)
+            keys = spark_job.upsert_keys(spark, spec, ctx.upstream, ranges) if held else []
             if spec.envelope == "debezium":
                 keys = sorted({parse_key(k) for k in keys})  # kept without Connect's schema wrapper
             with ctx.connect() as conn:
                 prior = load_prior(conn, source.name, spec.data_shard, desc.lower, [state_key(ns, k) for k in keys])
             if ns is not None:
                 prior = [(bytes(k)[len(ns) + 1:], *rest) for k, *rest in prior]
-            m.update(keys=m.get("keys", 0) + len(keys), prior_keys=m.get("prior_keys", 0) + len(prior))
+            m.update(prior_keys=m.get("prior_keys", 0) + len(prior))
+            if held:  # keys: when they were read
+                m.update(keys=m.get("keys", 0) + len(keys))
         failpoint("write_batches:before_job")
         written: list[SliceWritten] = []
         joinable = ctx.joint_writer is not None and len(slices) == 1 and not upsert and not rebuilding \
