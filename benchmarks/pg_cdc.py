@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import select
 import shutil
@@ -230,7 +231,8 @@ def _bare_table_read(dsn: str) -> tuple[float, int]:
         return time.perf_counter() - t0, n
 
 
-def _spark_snapshots(spark, up: str, db: str, root: Path, reps: int, budget: int) -> tuple[list[float], list[float]]:
+def _spark_snapshots(spark, up: str, db: str, root: Path, reps: int, budget: int,
+                     copies: list[float] | None = None) -> tuple[list[float], list[float]]:
     """Reclock's first cycle with table ``a``'s snapshot on Spark (``reclock.sources.postgres.spark_snapshot``),
     beside a bare Spark read of the same table over the same page ranges and JDBC settings into Spark's ``noop``
     sink, alternating; each source's slot is dropped after its cycle. Seconds per run: (Reclock, bare)."""
@@ -248,8 +250,17 @@ def _spark_snapshots(spark, up: str, db: str, root: Path, reps: int, budget: int
             t0 = time.perf_counter()
             props = {**target.properties, "sessionInitStatement": ss.session_init(name), "fetchsize": "10000"}
             spark.read.jdbc(target.url, ss.snapshot_query(info), predicates=ss.partition_predicates(
-                pages, ss.SPLIT_BYTES // block), properties=props).write.format("noop").mode("overwrite").save()
+                pages, ss.SPLIT_BYTES // block, ss.task_slots(spark)), properties=props
+                            ).write.format("noop").mode("overwrite").save()
             bare.append(time.perf_counter() - t0)
+            if copies is not None:  # Spark's own copy of the table (its types, no conversion) into Parquet
+                t0 = time.perf_counter()
+                spark.read.jdbc(target.url, f"(SELECT ctid AS {ss.CTID}, id, v, n, x, at FROM ONLY public.a) a",
+                                predicates=ss.partition_predicates(pages, ss.SPLIT_BYTES // block,
+                                                                   ss.task_slots(spark)), properties=props
+                                ).drop(ss.CTID).write.parquet(str(root / f"copy{i}"))
+                copies.append(time.perf_counter() - t0)
+                shutil.rmtree(root / f"copy{i}", ignore_errors=True)
             conn.execute("ROLLBACK")
         spec = parse_source(f"spk{i}", {"postgres": {"dsn_env": "UNUSED", "publication": "pub",
                                                      "spark_snapshot_min_bytes": 1 << 20},
@@ -259,6 +270,9 @@ def _spark_snapshots(spark, up: str, db: str, root: Path, reps: int, budget: int
         t0 = time.perf_counter()
         cycle.run_cycle(ctx)
         reclock.append(time.perf_counter() - t0)
+        print(f"rep {i + 1}: snapshot on Spark {reclock[-1]:.2f} s, bare Spark read {bare[-1]:.2f} s, "
+              + (f"Spark's copy into Parquet {copies[-1]:.2f} s, " if copies else "") +
+              f"load {os.getloadavg()[0]:.1f}", flush=True)
         with psycopg.connect(db, autocommit=True) as conn:
             on_spark = conn.execute("SELECT metrics->'snapshot_on_spark' FROM reclock.statistics WHERE name = %s "
                                     "AND metrics ? 'snapshot_rows'", (spec.name,)).fetchone()[0]
@@ -268,6 +282,50 @@ def _spark_snapshots(spark, up: str, db: str, root: Path, reps: int, budget: int
     return reclock, bare
 
 
+def _peak_rss_mib(pid: int) -> float:
+    """A process's peak resident set (``VmHWM``), MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _spark_only(args, up: str, db: str, root: Path, figures: dict, load0: tuple) -> None:
+    """``--spark-only``: the snapshot on Spark beside the bare Spark read, and the peak memory of this process
+    (the cycle's task, Spark's driver) and of Spark's JVM (``local[2]``: its driver and executors are one)."""
+    import resource
+
+    from reclock.dev.spark import local_session
+
+    spark = local_session(StackState(root), app="reclock-pgbench")
+    try:
+        jvm = int(spark.sparkContext._jvm.ProcessHandle.current().pid())
+        copies: list[float] = []
+        spark_reclock, spark_bare = _spark_snapshots(spark, up, db, root, args.reps, args.budget, copies)
+        jvm_peak = _peak_rss_mib(jvm)
+    finally:
+        spark.stop()
+    sr, sb = statistics.median(spark_reclock), statistics.median(spark_bare)
+    figures["snapshot rows/s: Reclock's first cycle, table on Spark"] = {"value": args.snapshot_rows / sr, "seconds": sr}
+    figures["snapshot rows/s: bare Spark JDBC read of the table"] = {"value": args.snapshot_rows / sb, "seconds": sb}
+    sc = statistics.median(copies)
+    figures["snapshot rows/s: Spark's JDBC copy of the table into Parquet"] = {"value": args.snapshot_rows / sc,
+                                                                              "seconds": sc}
+    figures["ratio: snapshot on Spark / bare Spark read (medians)"] = {"value": sb / sr}
+    figures["ratio: snapshot on Spark / Spark's copy into Parquet (medians)"] = {"value": sc / sr}
+    figures["ratio: per rep, median"] = {"value": statistics.median(b / r for r, b in zip(spark_reclock, spark_bare))}
+    figures["peak RSS MiB: the cycle's process (Python)"] = {
+        "value": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    figures["peak RSS MiB: Spark's JVM (driver and executors, local[2])"] = {"value": jvm_peak}
+    print(f"{args.snapshot_rows} snapshot rows, {args.reps} reps, load average at start {load0[0]:.1f} "
+          f"{load0[1]:.1f} {load0[2]:.1f}, at end {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    for name, f in figures.items():
+        extra = f" ({f['seconds']:.2f} s)" if "seconds" in f else ""
+        print(f"{name:<64} {f['value']:>12,.2f}{extra}")
+    if args.out:
+        Path(args.out).write_text(json.dumps(figures, indent=2))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--changes", type=int, default=200_000)
@@ -275,6 +333,8 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=100_000, help="rows per Parquet part")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--no-spark", action="store_true", help="leave out the snapshot on Spark (local[2])")
+    ap.add_argument("--spark-only", action="store_true",
+                    help="only the snapshot on Spark beside the bare Spark read (no in-task snapshot, no changes)")
     ap.add_argument("--profile", action="store_true", help="print where the ingesting cycle spends its time")
     ap.add_argument("--out", default=None, help="write the figures as JSON here")
     args = ap.parse_args()
@@ -295,6 +355,10 @@ def main() -> None:
                 conn.execute(f"ALTER TABLE {t} REPLICA IDENTITY FULL")
             conn.execute("CREATE PUBLICATION pub FOR TABLE a, b, c")
         _fill_snapshot(up, args.snapshot_rows)
+        load0 = os.getloadavg()
+        if args.spark_only:
+            _spark_only(args, up, db, root, figures, load0)
+            return
         snap_bare = [_bare_table_read(up) for _ in range(args.reps)]
 
         ctxs = []  # one source per timed end-to-end run: each has its own slot, all created before the changes

@@ -484,13 +484,15 @@ class PostgresSource(SourceRuntime):
         least = self.ctx.spec.upstream.spark_snapshot_min_bytes
         if least is None or self.ctx.spark_factory is None:
             return []
-        chosen = []
+        chosen, slots = [], None
         for out in outputs:
             if out.info.partitioned:  # its rows are in its partitions' heaps: no page ranges of its own
                 continue
             size, pages, block = PostgresUpstream.table_size(sconn, out.info.relid)
             if size >= least and spark_snapshot.convertible(out.info):
-                chosen.append((out, spark_snapshot.partition_predicates(pages, spark_snapshot.SPLIT_BYTES // block)))
+                slots = slots or spark_snapshot.task_slots(self.ctx.spark())
+                chosen.append((out, spark_snapshot.partition_predicates(pages, spark_snapshot.SPLIT_BYTES // block,
+                                                                        slots)))
         return chosen
 
 
