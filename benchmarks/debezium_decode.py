@@ -64,8 +64,8 @@ def events(n: int, keys: int, table: dict[int, dict]):
                   "schema": "public", "table": "orders", "txId": 1000 + i, "lsn": lsn, "xmin": None}
         value = {"before": before, "after": after, "source": source, "transaction": None, "op": op,
                  "ts_ms": 1795671145480 + i}
-        key = json.dumps({"id": k}).encode()
-        yield k % PARTITIONS, key, json.dumps(value).encode()
+        key = json.dumps({"id": k}, separators=(",", ":")).encode()  # compact, as Connect's JsonConverter writes
+        yield k % PARTITIONS, key, json.dumps(value, separators=(",", ":")).encode()
         if op == "d":
             yield k % PARTITIONS, key, None
         commit = lsn + 8

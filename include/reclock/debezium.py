@@ -48,12 +48,14 @@ from __future__ import annotations
 
 import enum
 import json
+import json.scanner
+import re
 from dataclasses import dataclass
 from json.decoder import scanstring
 from typing import Iterable, Sequence
 
-__all__ = ["Op", "Position", "ChangeEvent", "KeyState", "Applied", "EventInvalid", "parse_key", "parse_value",
-           "apply", "fold"]
+__all__ = ["Op", "Position", "ChangeEvent", "KeyState", "Applied", "EventInvalid", "RawAfter", "parse_key",
+           "parse_value", "row_text", "apply", "fold"]
 
 
 class EventInvalid(ValueError):
@@ -105,10 +107,11 @@ class Position:
 
 @dataclass(frozen=True)
 class ChangeEvent:
-    """One change: ``after`` (the raw JSON text of the new row, None for a delete) at ``position``."""
+    """One change: ``after`` (the raw JSON text of the new row, or a :class:`RawAfter` holding it; None for a
+    delete) at ``position``."""
 
     op: Op
-    after: str | None
+    after: "str | RawAfter | None"
     position: Position
 
 
@@ -118,12 +121,12 @@ class KeyState:
     of the last event applied to it (None: only a tombstone was ever seen), and whether the key's last event
     was a skipped redelivery (``redelivered``: the tombstone that follows a redelivered delete is one too)."""
 
-    row: str | None
+    row: "str | RawAfter | None"
     position: Position | None
     redelivered: bool = False
 
     def encode(self) -> bytes:
-        return json.dumps({"row": self.row, "pos": None if self.position is None else self.position.to_json(),
+        return json.dumps({"row": row_text(self.row), "pos": None if self.position is None else self.position.to_json(),
                            "redelivered": self.redelivered}, separators=(",", ":")).encode()
 
     @classmethod
@@ -197,11 +200,22 @@ def _payload(raw: bytes, what: str) -> dict[str, tuple[object, str]]:
     return members
 
 
+# a key already in the form parse_key gives (members "name":value with no whitespace, names of letters,
+# digits and _, values integers or strings of those): returned as it is, the members' names checked distinct
+_MEMBER = rb'"([A-Za-z0-9_]+)":(?:-?(?:0|[1-9][0-9]*)|"[A-Za-z0-9_]*")'
+_PLAIN_KEY = re.compile(rb"\{" + _MEMBER + rb"(?:," + _MEMBER.replace(rb"(", rb"(?:", 1) + rb")*\}")
+_KEY_NAMES = re.compile(_MEMBER)
+
+
 def parse_key(key: bytes | None) -> bytes:
     """The key a change event's row is kept under: the key's JSON without a schema wrapper, as written."""
     if key is None:
         raise EventInvalid("a Debezium event needs a key (the table's primary key or replica identity index); "
                            "this record has none")
+    if _PLAIN_KEY.fullmatch(key):
+        names = _KEY_NAMES.findall(key)
+        if len(names) == len(set(names)) and set(names) != {b"schema", b"payload"}:
+            return key  # what the members below give back, found without parsing
     try:
         members = _payload(key, "the key")
     except EventInvalid:
@@ -209,28 +223,82 @@ def parse_key(key: bytes | None) -> bytes:
     return ("{" + ",".join(json.dumps(k) + ":" + raw for k, (_, raw) in members.items()) + "}").encode()
 
 
-def parse_value(value: bytes | None) -> ChangeEvent | None:
-    """The change event a record's value holds; None for a tombstone (a null value)."""
+class RawAfter:
+    """``after`` of a change event not yet cut out of its record's ``value`` (:func:`parse_value` with
+    ``defer_after``): folding a key's events needs the text of the rows that survive it only. Compared by
+    identity (two events' rows are never taken as equal unread: their updates cancel once summed by
+    text, :func:`row_text`)."""
+
+    __slots__ = ("value", "_text")
+
+    def __init__(self, value: bytes) -> None:
+        self.value = value
+        self._text: str | None = None
+
+    def text(self) -> str:
+        """The raw JSON text of ``after``, as :func:`parse_value` without ``defer_after`` gives it."""
+        if self._text is None:
+            self._text = _payload(self.value, "the value")["after"][1]
+        return self._text
+
+
+def row_text(row: "str | RawAfter | None") -> str | None:
+    """A row as its raw JSON text (None stays None)."""
+    return row.text() if isinstance(row, RawAfter) else row
+
+
+def parse_value(value: bytes | None, *, defer_after: bool = False) -> ChangeEvent | None:
+    """The change event a record's value holds; None for a tombstone (a null value). ``defer_after``: the
+    value is read by the C JSON decoder and ``after`` left in it (a :class:`RawAfter`); a value that does
+    not read so goes the member-by-member way, which names what is wrong with it. Both ways accept the same
+    values (the same decoder reads every member; a wrapper, a duplicate member and trailing text are
+    treated alike) and check them by the same rules (:func:`_event`)."""
     if value is None:
         return None
+    if defer_after:
+        try:
+            d = _whole(value.decode("utf-8"))
+            if isinstance(d, dict) and set(d) == {"schema", "payload"}:
+                d = d["payload"]
+        except (ValueError, StopIteration):  # not UTF-8, not JSON: the way below says which
+            d = None
+        if isinstance(d, dict):
+            return _event(d, RawAfter(value))
     m = _payload(value, "the value")
+    return _event({name: v for name, (v, _) in m.items()}, m["after"][1] if "after" in m else "null")
+
+
+_scan = json.scanner.make_scanner(json.JSONDecoder())
+_ws = re.compile(r"[ \t\n\r]*")
+
+
+def _whole(text: str) -> object:
+    """``json.loads(text)`` without its layers (the same scanner, the same whitespace either side); raises
+    ``ValueError`` or ``StopIteration`` where it raises."""
+    obj, end = _scan(text, _ws.match(text, 0).end())
+    if _ws.match(text, end).end() != len(text):
+        raise ValueError("text after the value")
+    return obj
+
+
+def _event(m: dict, after_raw: "str | RawAfter") -> ChangeEvent:
+    """The change event of a value's members ``m`` (parsed), ``after_raw`` the raw text of its ``after``."""
     if "op" not in m:
         raise EventInvalid("the value has no `op`: not a Debezium change event (is the topic written with "
                            "ExtractNewRecordState, or is it the transaction topic?)")
-    op_name = m["op"][0]
+    op_name = m["op"]
     if op_name in _REFUSED_OPS:
         raise EventInvalid(_REFUSED_OPS[op_name])
     if op_name not in _OPS:
         raise EventInvalid(f"unknown op {op_name!r} (expected one of c, u, d, r)")
     op = _OPS[op_name]
-    after_v, after_raw = m.get("after", (None, "null"))
     if op is Op.DELETE:
         after = None
-    elif not isinstance(after_v, dict):
+    elif not isinstance(m.get("after"), dict):
         raise EventInvalid(f"op {op.value} has no `after` row")
     else:
         after = after_raw
-    source = m.get("source", (None, ""))[0]
+    source = m.get("source")
     if not isinstance(source, dict):
         raise EventInvalid("the value has no `source` block (its lsn orders the events of a key)")
     lsn, tx = source.get("lsn"), source.get("txId")
@@ -243,10 +311,19 @@ def parse_value(value: bytes | None) -> ChangeEvent | None:
     return ChangeEvent(op, after, Position(lsn, tx, snapshot, 0 if snapshot else _last_commit(source, lsn)))
 
 
+_PLAIN_SEQUENCE = re.compile(r'\["([0-9]+)","([0-9]+)"\]')
+
+
 def _last_commit(source: dict, lsn: int) -> int:
     """The first element of ``source.sequence`` (``'["<last commit LSN>","<lsn>"]'``, a JSON text), 0 for
     null; its second element must be the event's ``lsn``."""
     text = source.get("sequence")
+    if isinstance(text, str):
+        plain = _PLAIN_SEQUENCE.fullmatch(text)
+        if plain is not None:  # what json.loads and int() below give it, found without them
+            if int(plain[2]) != lsn:
+                raise EventInvalid(f"source.sequence {text!r} does not end with source.lsn {lsn}")
+            return int(plain[1])
     if text is None:
         raise EventInvalid("source.sequence is missing: a streamed change cannot be ordered against a "
                            "redelivery by its lsn alone (use Debezium 1.6 or later, and keep `source` whole)")

@@ -337,3 +337,157 @@ def test_config_of_a_debezium_source():
         parse_source("items", {**base, "format": {"type": "text"}})
     with pytest.raises(ConfigError, match="not one of none, upsert, debezium"):
         parse_source("items", {**base, "envelope": "dbz"})
+
+
+# -- the fast ways are the slow ways ----------------------------------------------------------------------------
+
+def _slow_key(key: bytes) -> bytes:
+    """parse_key without its plain-key shortcut (what it did before it had one)."""
+    from reclock.debezium import _payload
+
+    try:
+        members = _payload(key, "the key")
+    except EventInvalid:
+        return key
+    return ("{" + ",".join(json.dumps(k) + ":" + raw for k, (_, raw) in members.items()) + "}").encode()
+
+
+_names = st.sampled_from(["id", "ID", "a_1", "schema", "payload", "x y", "é", 'q"', ""])
+_scalars = st.one_of(st.integers(-10**20, 10**20), st.sampled_from(["a", "b_2", "", "x y", "é", "0", None, 1.5]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(_names, st.one_of(_scalars, st.dictionaries(_names, _scalars, max_size=2))), max_size=3),
+       st.sampled_from([(",", ":"), (", ", ": "), (",", " : ")]), st.binary(max_size=12), st.booleans())
+def test_a_plain_key_is_what_parse_key_gives(members, seps, noise, raw):
+    """Keys built member by member (duplicate names, the wrapper's names, spaces, nesting, numbers of every
+    size) and any bytes: parse_key's shortcut gives what parsing them gives."""
+    if raw:
+        key = noise
+    else:
+        key = ("{" + seps[0].join(json.dumps(n) + seps[1] + json.dumps(v, separators=seps) for n, v in members)
+               + "}").encode()
+    assert parse_key(key) == _slow_key(key)
+
+
+def _outcome(value: bytes, defer: bool):
+    from reclock.debezium import row_text
+
+    try:
+        e = parse_value(value, defer_after=defer)
+    except EventInvalid as err:
+        return ("invalid", err.reason)
+    return None if e is None else (e.op, row_text(e.after), e.position)
+
+
+_mutations = st.sampled_from([
+    lambda v: v, lambda v: v + b" ", lambda v: b"\n " + v, lambda v: v + b" x", lambda v: v + b"{}",
+    lambda v: v[:-1], lambda v: v.replace(b'"op":', b'"op":"c","op":'), lambda v: v.replace(b'"lsn":', b'"lsn":true,"lsn":'),
+    lambda v: v.replace(b'"txId":', b'"txId":"1","txId":', 1) if b'"txId":7' not in v else v.replace(b'"txId":7', b'"txId":"7"'),
+    lambda v: v.replace(b'"snapshot":"false"', b'"snapshot":false'), lambda v: v.replace(b'"snapshot":"false"', b'"snapshot":0'),
+    lambda v: v.replace(b'"snapshot":"false"', b'"snapshot":"true"'),
+    lambda v: v.replace(b'"sequence":"[', b'"sequence":"[ ', 1), lambda v: v.replace(b'\\"]"', b'\\",\\"1\\"]"', 1),
+    lambda v: v.replace(b'"sequence":"[\\"', b'"sequence":"[\\"00', 1),
+    lambda v: v.replace(b'"sequence":"[\\"', b'"sequence":"[\\"\xd9\xa1', 1),
+    lambda v: v.replace(b'"after":{', b'"after":[{', 1).replace(b'},"source"', b'}],"source"', 1),
+    lambda v: b'{"schema":{},"payload":' + v + b"}", lambda v: b'{"schema":{},"payload":[' + v + b"]}",
+    lambda v: b'{"payload":' + v + b',"schema":null}', lambda v: v.replace(b"{", b"{\xff", 1),
+    lambda v: v.replace(b'"op":"', b'"op":"\\u0063', 1) if b'"op":"c"' in v else v.replace(b'"op":"', b'"op":"\\u', 1),
+    lambda v: "\ufeff".encode() + v, lambda v: v.replace(b'"lsn":', b'"lsn":1e3,"x":', 1),
+    lambda v: v.replace(b'"after":', b'"after":{"a":NaN},"z":', 1),
+])
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.sampled_from("rcud"), st.integers(1, 10**12), st.one_of(st.none(), st.integers(0, 10**12)), st.booleans(),
+       st.booleans(), st.lists(_mutations, max_size=3))
+def test_the_deferred_parse_is_the_parse(op, lsn, commit, schemas, spaces, mutations):
+    """Values as Debezium writes them, mutated (a wrapper, duplicate members, text after them, a member of
+    another type, bytes that are not UTF-8, a BOM, sequences that are not plain): read with ``after`` left in
+    the record, each gives the event, or the reason, that reading it member by member gives."""
+    after = None if op == "d" else {"id": 1, "v": -0.0, "n": 1.10, "s": "é\n"}
+    _, value = record(1, op, {"id": 1} if op == "d" else None, after, lsn, schemas=schemas, commit=commit)
+    if not spaces:
+        value = json.dumps(json.loads(value), separators=(",", ":")).encode()
+    value = value.replace(b'1.1,', b'1.10,')
+    for m in mutations:
+        value = m(value)
+    assert _outcome(value, True) == _outcome(value, False)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.sampled_from("cudr"), st.integers(0, 2), st.booleans(),
+                          st.integers(0, 2)), max_size=30), st.booleans())
+def test_the_jobs_fold_is_apply_summed_by_row_and_ts(steps, with_prior):
+    """A key's records (redelivered copies, tombstones, snapshot reads, several timestamps, a prior state)
+    folded by the job (rows cut out of their records only where they stand) give the updates ``apply``
+    gives, event by event with every row read, summed by (row, ts), and the same state."""
+    from collections import defaultdict
+
+    from reclock.spark.debezium_decode import fold_key
+
+    nk = b'{"id":1}'
+    rows, seen = [], []
+    if with_prior:
+        prior = KeyState('{"id": 1, "v": 9}', Position(50, 1, False, 40))
+        rows.append(dict(_k=nk, _v=prior.encode(), _p=0, _o=0, _t_us=0, ts=-1, _bad=False, _prior=True, _nk=nk))
+    lsn, ts = 100, 1
+    for i, (again, op, v, tombstone, tick) in enumerate(steps):
+        if again and seen:
+            value = seen[-again if again <= len(seen) else 0]  # a redelivered copy of an earlier record
+        else:
+            lsn += 16
+            after = None if op == "d" else {"id": 1, "v": v}
+            value = record(1, op, {"id": 1} if op == "d" else None, after, lsn, commit=lsn - 8)[1]
+            seen.append(value)
+        ts += tick
+        rows.append(dict(_k=nk, _v=value, _p=0, _o=2 * i + 1, _t_us=i, ts=ts, _bad=False, _prior=False, _nk=nk))
+        if tombstone:
+            rows.append(dict(_k=nk, _v=None, _p=0, _o=2 * i + 2, _t_us=i, ts=ts, _bad=False, _prior=False, _nk=nk))
+    state = KeyState.decode(rows[0]["_v"]) if with_prior else None
+    want: dict = defaultdict(int)
+    last = None
+    for r in rows[1 if with_prior else 0:]:
+        a = apply(state, parse_value(r["_v"]))
+        state = a.state
+        for row, d in a.updates:
+            want[(row, r["ts"])] += d
+        last = r
+    got = fold_key(rows)
+    assert sorted((r[0], r[1], r[2]) for r in got if r[3] == 0) == sorted((row, t, d) for (row, t), d in want.items() if d)
+    states = [r for r in got if r[3] == 2]
+    if last is None or state is None:
+        assert states == []
+    else:
+        [s] = states
+        assert KeyState.decode(s[10]) == state and s[12] == last["_o"]
+
+
+def _slow_commit(text, lsn: int):
+    """_last_commit's reading of source.sequence without its plain-text shortcut."""
+    try:
+        commit, at = json.loads(text) if isinstance(text, str) else text
+        commit = 0 if commit is None else int(commit)
+        at = int(at)
+    except (ValueError, TypeError):
+        return "invalid"
+    return commit if at == lsn else "invalid"
+
+
+_seq_parts = st.one_of(st.integers(0, 10**20).map(str), st.sampled_from(["007", " 5", "5 ", "\u0661", "1e3", "-3", "", "x"]),
+                       st.none(), st.integers(0, 10**6))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_seq_parts, min_size=0, max_size=3), st.sampled_from([(",", ":"), (", ", ": ")]), st.booleans())
+def test_a_plain_sequence_is_what_reading_it_gives(parts, seps, same_lsn):
+    from reclock.debezium import _last_commit
+
+    text = json.dumps(parts, separators=seps)
+    lsn = int(parts[-1]) if same_lsn and parts and isinstance(parts[-1], str) and parts[-1].isascii() \
+        and parts[-1].strip().isdigit() else 12345
+    try:
+        got = _last_commit({"sequence": text}, lsn)
+    except EventInvalid:
+        got = "invalid"
+    assert got == _slow_commit(text, lsn)

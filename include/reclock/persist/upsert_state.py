@@ -16,6 +16,24 @@ from reclock.errors import UpperMismatch
 from reclock.part_layout import KAFKA_SHAPE, RecordShape
 
 
+def _check_upper(conn, shard: str, lower: int) -> None:
+    row = conn.execute("SELECT upper FROM reclock.shards WHERE id = %s FOR SHARE", (shard,)).fetchone()
+    actual = row[0] if row else 0
+    if actual != lower:
+        raise UpperMismatch(shard, lower, actual, "the upsert state is as of the shard's upper, not this "
+                            "description's lower; the next cycle re-mints from the actual upper")
+
+
+def holds_keys(conn, source: str, shard: str, lower: int) -> bool:
+    """Whether ``source``'s upsert state holds any key, as of ``shard``'s upper, which must equal ``lower``
+    (as :func:`load_prior`). A source with none (its first description) needs no prior rows, so no pass over
+    its records to find the keys they touch."""
+    with conn.transaction():
+        _check_upper(conn, shard, lower)
+        return conn.execute("SELECT EXISTS (SELECT 1 FROM reclock.upsert_state WHERE source = %s)",
+                            (source,)).fetchone()[0]
+
+
 def load_prior(conn, source: str, shard: str, lower: int, keys: Sequence[bytes],
                shape: RecordShape = KAFKA_SHAPE) -> list[tuple]:
     """``(key, value, position, position, timestamp_us)`` of those ``keys`` that have a current record, the
@@ -26,11 +44,7 @@ def load_prior(conn, source: str, shard: str, lower: int, keys: Sequence[bytes],
     description is stale and its append could not apply anyway).
     """
     with conn.transaction():
-        row = conn.execute("SELECT upper FROM reclock.shards WHERE id = %s FOR SHARE", (shard,)).fetchone()
-        actual = row[0] if row else 0
-        if actual != lower:
-            raise UpperMismatch(shard, lower, actual, "the upsert state is as of the shard's upper, not this "
-                                "description's lower; the next cycle re-mints from the actual upper")
+        _check_upper(conn, shard, lower)
         if not keys:
             return []
         rows = conn.execute('SELECT key, value, partition, "offset", timestamp_us FROM reclock.upsert_state '

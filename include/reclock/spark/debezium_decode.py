@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Sequence
 
-from reclock.debezium import EventInvalid, KeyState, apply, parse_key, parse_value
+from reclock.debezium import EventInvalid, KeyState, apply, parse_key, parse_value, row_text
 from reclock.part_layout import DATA_OUTPUT, ERR_PREFIX, ERRORS_OUTPUT, STATE_OUTPUT, STATE_PREFIX, RecordShape
 from reclock.specs import SourceSpec
 
@@ -43,11 +43,13 @@ def _key_of(k):
 
 def fold_key(rows: list[dict]) -> list[tuple]:
     """One key's prior state row (``_prior``) and records (dicts of the columns ``changes`` folds), folded:
-    tuples of :data:`_FOLDED`."""
+    tuples of :data:`_FOLDED`. Each event is read by the C JSON decoder with its row left in the record
+    (``defer_after``); only the rows the fold leaves standing are cut out of their records, when the
+    updates are summed by row text."""
     rows = sorted(rows, key=lambda r: (not r["_prior"], r["_p"], r["_o"]))
     out: list[tuple] = []
     state = None
-    totals: dict[tuple[str, int], int] = defaultdict(int)
+    totals: dict[tuple[object, int], int] = defaultdict(int)  # (row: str or RawAfter, ts) -> diff
     last = None
     nk = None
     for r in rows:
@@ -59,7 +61,7 @@ def fold_key(rows: list[dict]) -> list[tuple]:
         try:
             if r["_nk"] is None:
                 parse_key(None)  # raises: a record without key
-            event = parse_value(raw)
+            event = parse_value(raw, defer_after=True)
             if event is not None and r["_bad"]:
                 raise EventInvalid(SCHEMA_REASON)
         except EventInvalid as e:
@@ -72,7 +74,11 @@ def fold_key(rows: list[dict]) -> list[tuple]:
         for row, d in a.updates:
             totals[(row, r["ts"])] += d
         last = r
+    summed: dict[tuple[str, int], int] = defaultdict(int)
     for (row, ts), d in totals.items():
+        if d:
+            summed[(row_text(row), ts)] += d
+    for (row, ts), d in summed.items():
         if d:
             out.append((row, ts, d, DATA_OUTPUT, None, None, None, None, None, None, None, None, None, None))
     if last is not None and state is not None:
@@ -92,7 +98,7 @@ def fold_sorted(batches):
     """``mapInArrow``'s function: Arrow batches of records and prior state rows, sorted by key (``_nk``), folded
     a key at a time (:func:`fold_key`; a key's rows may span batches), as batches of :data:`_FOLDED`. One
     Python call per batch instead of one pandas frame per key: a slice touches many keys, most with a few
-    events."""
+    events. The batch is read a column at a time (a dict per row is built for a key's rows only)."""
     import pyarrow as pa
 
     schema = _folded_arrow_schema()
@@ -103,12 +109,15 @@ def fold_sorted(batches):
 
     current: list[dict] = []
     for b in batches:
+        names = b.schema.names
+        cols = [c.to_pylist() for c in b.columns]
+        nks = cols[names.index("_nk")]
         out: list[tuple] = []
-        for r in b.to_pylist():
-            if current and r["_nk"] != current[0]["_nk"]:
+        for i, k in enumerate(nks):
+            if current and k != current[0]["_nk"]:
                 out.extend(fold_key(current))
                 current = []
-            current.append(r)
+            current.append({n: c[i] for n, c in zip(names, cols)})
         if out:
             yield batch(out)
     if current:

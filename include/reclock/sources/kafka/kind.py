@@ -41,7 +41,7 @@ from reclock.persist.remap_store import register_source
 from reclock.persist.schemas import load_history
 from reclock.persist.shards import register_shard, shard_info
 from reclock.persist.staged import collect_parts, first_rejected, read_state_changes, slice_folder
-from reclock.persist.upsert_state import apply_changes, load_prior
+from reclock.persist.upsert_state import apply_changes, holds_keys, load_prior
 from reclock.registry_plan import (AvroPlan, Reader, WriterTally, avro_plan, choose_reader, initial_reader,
                                    schema_text, versions_seen)
 from reclock.remap import RemapCollection
@@ -232,7 +232,8 @@ class KafkaSource(SourceRuntime):
         progress of a long rebuild).
 
         Upsert: one job for the whole description (a key's records must meet in one job), with the state
-        rows of the keys it touches as of ``desc.lower`` (none when rebuilding from 0)."""
+        rows of the keys it touches as of ``desc.lower`` (none when rebuilding from 0, and no pass over the
+        records to find those keys while the state holds none: a new source's first description)."""
         ctx, spec = self.ctx, self.ctx.spec
         ranges = ranges_for(rc, desc)
         if ranges:
@@ -252,12 +253,14 @@ class KafkaSource(SourceRuntime):
         spark = ctx.spark() if slices else None
         prior: list[tuple] = []
         if upsert and slices and not rebuilding:
-            keys = spark_job.upsert_keys(spark, spec, ctx.upstream, ranges)
+            with ctx.connect() as conn:
+                held = holds_keys(conn, spec.name, spec.data_shard, desc.lower)
+            keys = spark_job.upsert_keys(spark, spec, ctx.upstream, ranges) if held else []
             if spec.envelope == "debezium":
                 keys = sorted({parse_key(k) for k in keys})  # kept without Connect's schema wrapper
             with ctx.connect() as conn:
                 prior = load_prior(conn, spec.name, spec.data_shard, desc.lower, keys)
-            m.update(keys=len(keys), prior_keys=len(prior))
+            m.update(prior_keys=len(prior), **({"keys": len(keys)} if held else {}))  # keys: when they were read
         if not slices:
             m.update(lower=desc.lower, upper=desc.upper, slices=0, offsets=0, records_read=0)
             return WrittenBatch(desc)
