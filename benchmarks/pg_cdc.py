@@ -12,7 +12,9 @@ end. Three tables (id, text, numeric(12,2), int8, timestamptz), REPLICA IDENTITY
   Then on Spark (``local[2]``, unless ``--no-spark``): Reclock's first cycle with table ``a`` read by Spark
   (``reclock.sources.postgres.spark_snapshot``: partitioned JDBC reads under the snapshot, converted, written as
   Parquet, proved, appended) beside a bare Spark JDBC read of the same table, same page ranges and settings, into
-  Spark's ``noop`` sink.
+  Spark's ``noop`` sink, each warmed up once, then alternating. ``--spark-only`` runs only these, with a third
+  contender (Spark's own JDBC copy of the table into Parquet), the load and the peak RSS of this process and of
+  Spark's JVM.
 * **changes**: ``--changes`` row changes (inserts, updates, deletes over the three tables, in transactions
   of 1 to 200 changes, one of 20,000), committed after the snapshot; then, timed, Reclock's cycle that
   ingests them (mint to resume, everything appended) beside bare reads of the same slot with the same
@@ -235,33 +237,42 @@ def _spark_snapshots(spark, up: str, db: str, root: Path, reps: int, budget: int
                      copies: list[float] | None = None) -> tuple[list[float], list[float]]:
     """Reclock's first cycle with table ``a``'s snapshot on Spark (``reclock.sources.postgres.spark_snapshot``),
     beside a bare Spark read of the same table over the same page ranges and JDBC settings into Spark's ``noop``
-    sink, alternating; each source's slot is dropped after its cycle. Seconds per run: (Reclock, bare)."""
+    sink (and, given ``copies``, Spark's own JDBC copy of the table into Parquet), each once as a warm-up, then
+    alternating which goes first (``benchmarks.env.alternating``); each source's slot is dropped after its
+    cycle. Seconds per run: (Reclock, bare); the copies' go into ``copies``."""
+    from benchmarks.env import alternating
     from reclock.sources.postgres import spark_snapshot as ss
 
     target = ss.jdbc_target(up)
-    reclock, bare = [], []
-    for i in range(reps):
+    info = TableInfo("public.a", 0, (("id", po.INT8, -1), ("v", po.TEXT, -1), ("n", po.NUMERIC, 786438),
+                                     ("x", po.INT8, -1), ("at", po.TIMESTAMPTZ, -1)))
+
+    def under_snapshot(read) -> float:
         with psycopg.connect(up, autocommit=True) as conn:
             _, pages, block = PostgresUpstream.table_size(conn, conn.execute("SELECT 'a'::regclass::oid").fetchone()[0])
-            info = TableInfo("public.a", 0, (("id", po.INT8, -1), ("v", po.TEXT, -1), ("n", po.NUMERIC, 786438),
-                                                ("x", po.INT8, -1), ("at", po.TIMESTAMPTZ, -1)))
             conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
             name = conn.execute("SELECT pg_export_snapshot()").fetchone()[0]
-            t0 = time.perf_counter()
             props = {**target.properties, "sessionInitStatement": ss.session_init(name), "fetchsize": "10000"}
-            spark.read.jdbc(target.url, ss.snapshot_query(info), predicates=ss.partition_predicates(
-                pages, ss.SPLIT_BYTES // block, ss.task_slots(spark)), properties=props
-                            ).write.format("noop").mode("overwrite").save()
-            bare.append(time.perf_counter() - t0)
-            if copies is not None:  # Spark's own copy of the table (its types, no conversion) into Parquet
-                t0 = time.perf_counter()
-                spark.read.jdbc(target.url, f"(SELECT ctid AS {ss.CTID}, id, v, n, x, at FROM ONLY public.a) a",
-                                predicates=ss.partition_predicates(pages, ss.SPLIT_BYTES // block,
-                                                                   ss.task_slots(spark)), properties=props
-                                ).drop(ss.CTID).write.parquet(str(root / f"copy{i}"))
-                copies.append(time.perf_counter() - t0)
-                shutil.rmtree(root / f"copy{i}", ignore_errors=True)
+            preds = ss.partition_predicates(pages, ss.SPLIT_BYTES // block, ss.task_slots(spark))
+            t0 = time.perf_counter()
+            read(props, preds)
+            secs = time.perf_counter() - t0
             conn.execute("ROLLBACK")
+        return secs
+
+    def bare(i: int) -> float:
+        return under_snapshot(lambda props, preds: spark.read.jdbc(
+            target.url, ss.snapshot_query(info), predicates=preds, properties=props
+        ).write.format("noop").mode("overwrite").save())
+
+    def copy(i: int) -> float:  # Spark's own copy of the table (its types, no conversion) into Parquet
+        secs = under_snapshot(lambda props, preds: spark.read.jdbc(
+            target.url, f"(SELECT ctid AS {ss.CTID}, id, v, n, x, at FROM ONLY public.a) a", predicates=preds,
+            properties=props).drop(ss.CTID).write.parquet(str(root / f"copy{i}")))
+        shutil.rmtree(root / f"copy{i}", ignore_errors=True)
+        return secs
+
+    def reclock(i: int) -> float:
         spec = parse_source(f"spk{i}", {"postgres": {"dsn_env": "UNUSED", "publication": "pub",
                                                      "spark_snapshot_min_bytes": 1 << 20},
                                         "tables": list(TABLES), "budget": {"max_records": budget}})
@@ -269,17 +280,22 @@ def _spark_snapshots(spark, up: str, db: str, root: Path, reps: int, budget: int
                                  upstream=up, gc_grace_s=0, spark_factory=lambda: spark)
         t0 = time.perf_counter()
         cycle.run_cycle(ctx)
-        reclock.append(time.perf_counter() - t0)
-        print(f"rep {i + 1}: snapshot on Spark {reclock[-1]:.2f} s, bare Spark read {bare[-1]:.2f} s, "
-              + (f"Spark's copy into Parquet {copies[-1]:.2f} s, " if copies else "") +
-              f"load {os.getloadavg()[0]:.1f}", flush=True)
+        secs = time.perf_counter() - t0
         with psycopg.connect(db, autocommit=True) as conn:
             on_spark = conn.execute("SELECT metrics->'snapshot_on_spark' FROM reclock.statistics WHERE name = %s "
                                     "AND metrics ? 'snapshot_rows'", (spec.name,)).fetchone()[0]
         assert on_spark == [f"spk{i}__a"], on_spark
         with psycopg.connect(up, autocommit=True) as conn:
             conn.execute("SELECT pg_drop_replication_slot(%s)", (slot_name(spec.name),))
-    return reclock, bare
+        return secs
+
+    jobs = {"snapshot on Spark": reclock, "bare Spark read": bare}
+    if copies is not None:
+        jobs["Spark's copy into Parquet"] = copy
+    times = alternating(jobs, reps, lambda line: print(f"{line} (load {os.getloadavg()[0]:.1f})", flush=True))
+    if copies is not None:
+        copies.extend(times["Spark's copy into Parquet"])
+    return times["snapshot on Spark"], times["bare Spark read"]
 
 
 def _peak_rss_mib(pid: int) -> float:
