@@ -12,6 +12,7 @@ import contextlib
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
@@ -28,6 +29,9 @@ if TYPE_CHECKING:
     from reclock.dev.state import StackState
 
 SPARK_MASTER = "local[2]"
+THROWAWAY_GRACE_S = 5
+"""How long the run's broker may take over a controlled shutdown before it is SIGKILLed: its data goes with
+the run's folder."""
 
 
 @dataclass
@@ -84,23 +88,39 @@ def services(echo: Callable[[str], None] = print, keep: bool = False) -> Iterato
 
     state = StackState(root / "stack")
     pg, kafka = LocalPostgres(state, fast=True), LocalKafka(state, heap="1g")
-    spark = None
+    from reclock.dev.procs import side_by_side
+
+    started: dict[str, object] = {}
     try:
-        echo(f"services: postgres up ({pg.start():.1f}s)")
-        from reclock.persist.migrate import migrate
+        def postgres() -> float:
+            from reclock.persist.migrate import migrate
 
-        migrate(pg.dsn())
-        echo(f"services: kafka up on {kafka.bootstrap} ({kafka.start():.1f}s)")
-        from reclock.dev.spark import local_session
+            t0 = time.perf_counter()
+            pg.start()
+            migrate(pg.dsn())
+            return time.perf_counter() - t0
 
-        spark = local_session(state, app="reclock-bench", master=SPARK_MASTER)
-        spark.sparkContext.setLogLevel("ERROR")
-        echo(f"services: spark session {SPARK_MASTER} up; work folder {root}")
-        yield Env(root, state, pg, kafka, spark, echo)
+        def spark_session():
+            from reclock.dev.spark import local_session
+
+            session = local_session(state, app="reclock-bench", master=SPARK_MASTER)
+            started["spark"] = session  # stopped on the way out even when another service failed
+            session.sparkContext.setLogLevel("ERROR")
+            return session
+
+        # none of the three needs another to start: side by side, in the time of the slowest
+        up, errors = side_by_side({"postgres": postgres, "kafka": kafka.start, "spark": spark_session})
+        if errors:
+            raise RuntimeError("services: " + "; ".join(f"{n} did not start: {type(e).__name__}: {e}"
+                                                        for n, e in errors.items())) from next(iter(errors.values()))
+        echo(f"services: postgres up and migrated ({up['postgres']:.1f}s), kafka up on {kafka.bootstrap} "
+             f"({up['kafka']:.1f}s), spark session {SPARK_MASTER} up, side by side; work folder {root}")
+        yield Env(root, state, pg, kafka, up["spark"], echo)
     finally:
-        stops: list[tuple[str, Callable[[], object]]] = [("kafka", kafka.stop), ("postgres", pg.stop)]
-        if spark is not None:
-            stops.insert(0, ("spark", lambda: _stop_spark(spark)))
+        stops: list[tuple[str, Callable[[], object]]] = [
+            ("kafka", lambda: kafka.stop(grace=THROWAWAY_GRACE_S)), ("postgres", pg.stop)]
+        if "spark" in started:
+            stops.insert(0, ("spark", lambda: _stop_spark(started["spark"])))
         stop_services(stops, echo)
         if not keep:
             shutil.rmtree(root, ignore_errors=True)
@@ -123,12 +143,13 @@ def alternating(jobs: dict[str, Callable[[int], float]], reps: int, echo: Callab
 
 
 def stop_services(stops: list[tuple[str, Callable[[], object]]], echo: Callable[[str], None]) -> None:
-    """Call every ``(name, stop)`` in order; one that fails is reported and the others still run."""
-    for name, stop in stops:
-        try:
-            stop()
-        except Exception as e:  # noqa: BLE001 - stop the others anyway, and say what is left
-            echo(f"services: stopping {name} failed: {e}")
+    """Call every ``(name, stop)`` at once, each in a thread of its own (the services need none of each other
+    to stop: the time of the slowest, not the sum); one that fails is reported, the others still run."""
+    from reclock.dev.procs import side_by_side
+
+    _, errors = side_by_side(dict(stops))
+    for name, e in errors.items():  # stop the others anyway, and say what is left
+        echo(f"services: stopping {name} failed: {e}")
     echo("services: stopped " + ", ".join(name for name, _ in stops))
 
 

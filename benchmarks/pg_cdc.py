@@ -12,7 +12,9 @@ end. Three tables (id, text, numeric(12,2), int8, timestamptz), REPLICA IDENTITY
   Then on Spark (``local[2]``, unless ``--no-spark``): Reclock's first cycle with table ``a`` read by Spark
   (``reclock.sources.postgres.spark_snapshot``: partitioned JDBC reads under the snapshot, converted, written as
   Parquet, proved, appended) beside a bare Spark JDBC read of the same table, same page ranges and settings, into
-  Spark's ``noop`` sink.
+  Spark's ``noop`` sink, each warmed up once, then alternating. ``--spark-only`` runs only these, with a third
+  contender (Spark's own JDBC copy of the table into Parquet), the load and the peak RSS of this process and of
+  Spark's JVM.
 * **changes**: ``--changes`` row changes (inserts, updates, deletes over the three tables, in transactions
   of 1 to 200 changes, one of 20,000), committed after the snapshot; then, timed, Reclock's cycle that
   ingests them (mint to resume, everything appended) beside bare reads of the same slot with the same
@@ -38,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import select
 import shutil
@@ -230,27 +233,46 @@ def _bare_table_read(dsn: str) -> tuple[float, int]:
         return time.perf_counter() - t0, n
 
 
-def _spark_snapshots(spark, up: str, db: str, root: Path, reps: int, budget: int) -> tuple[list[float], list[float]]:
+def _spark_snapshots(spark, up: str, db: str, root: Path, reps: int, budget: int,
+                     copies: list[float] | None = None) -> tuple[list[float], list[float]]:
     """Reclock's first cycle with table ``a``'s snapshot on Spark (``reclock.sources.postgres.spark_snapshot``),
     beside a bare Spark read of the same table over the same page ranges and JDBC settings into Spark's ``noop``
-    sink, alternating; each source's slot is dropped after its cycle. Seconds per run: (Reclock, bare)."""
+    sink (and, given ``copies``, Spark's own JDBC copy of the table into Parquet), each once as a warm-up, then
+    alternating which goes first (``benchmarks.env.alternating``); each source's slot is dropped after its
+    cycle. Seconds per run: (Reclock, bare); the copies' go into ``copies``."""
+    from benchmarks.env import alternating
     from reclock.sources.postgres import spark_snapshot as ss
 
     target = ss.jdbc_target(up)
-    reclock, bare = [], []
-    for i in range(reps):
+    info = TableInfo("public.a", 0, (("id", po.INT8, -1), ("v", po.TEXT, -1), ("n", po.NUMERIC, 786438),
+                                     ("x", po.INT8, -1), ("at", po.TIMESTAMPTZ, -1)))
+
+    def under_snapshot(read) -> float:
         with psycopg.connect(up, autocommit=True) as conn:
             _, pages, block = PostgresUpstream.table_size(conn, conn.execute("SELECT 'a'::regclass::oid").fetchone()[0])
-            info = TableInfo("public.a", 0, (("id", po.INT8, -1), ("v", po.TEXT, -1), ("n", po.NUMERIC, 786438),
-                                                ("x", po.INT8, -1), ("at", po.TIMESTAMPTZ, -1)))
             conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
             name = conn.execute("SELECT pg_export_snapshot()").fetchone()[0]
-            t0 = time.perf_counter()
             props = {**target.properties, "sessionInitStatement": ss.session_init(name), "fetchsize": "10000"}
-            spark.read.jdbc(target.url, ss.snapshot_query(info), predicates=ss.partition_predicates(
-                pages, ss.SPLIT_BYTES // block), properties=props).write.format("noop").mode("overwrite").save()
-            bare.append(time.perf_counter() - t0)
+            preds = ss.partition_predicates(pages, ss.SPLIT_BYTES // block, ss.task_slots(spark))
+            t0 = time.perf_counter()
+            read(props, preds)
+            secs = time.perf_counter() - t0
             conn.execute("ROLLBACK")
+        return secs
+
+    def bare(i: int) -> float:
+        return under_snapshot(lambda props, preds: spark.read.jdbc(
+            target.url, ss.snapshot_query(info), predicates=preds, properties=props
+        ).write.format("noop").mode("overwrite").save())
+
+    def copy(i: int) -> float:  # Spark's own copy of the table (its types, no conversion) into Parquet
+        secs = under_snapshot(lambda props, preds: spark.read.jdbc(
+            target.url, f"(SELECT ctid AS {ss.CTID}, id, v, n, x, at FROM ONLY public.a) a", predicates=preds,
+            properties=props).drop(ss.CTID).write.parquet(str(root / f"copy{i}")))
+        shutil.rmtree(root / f"copy{i}", ignore_errors=True)
+        return secs
+
+    def reclock(i: int) -> float:
         spec = parse_source(f"spk{i}", {"postgres": {"dsn_env": "UNUSED", "publication": "pub",
                                                      "spark_snapshot_min_bytes": 1 << 20},
                                         "tables": list(TABLES), "budget": {"max_records": budget}})
@@ -258,14 +280,66 @@ def _spark_snapshots(spark, up: str, db: str, root: Path, reps: int, budget: int
                                  upstream=up, gc_grace_s=0, spark_factory=lambda: spark)
         t0 = time.perf_counter()
         cycle.run_cycle(ctx)
-        reclock.append(time.perf_counter() - t0)
+        secs = time.perf_counter() - t0
         with psycopg.connect(db, autocommit=True) as conn:
             on_spark = conn.execute("SELECT metrics->'snapshot_on_spark' FROM reclock.statistics WHERE name = %s "
                                     "AND metrics ? 'snapshot_rows'", (spec.name,)).fetchone()[0]
         assert on_spark == [f"spk{i}__a"], on_spark
         with psycopg.connect(up, autocommit=True) as conn:
             conn.execute("SELECT pg_drop_replication_slot(%s)", (slot_name(spec.name),))
-    return reclock, bare
+        return secs
+
+    jobs = {"snapshot on Spark": reclock, "bare Spark read": bare}
+    if copies is not None:
+        jobs["Spark's copy into Parquet"] = copy
+    times = alternating(jobs, reps, lambda line: print(f"{line} (load {os.getloadavg()[0]:.1f})", flush=True))
+    if copies is not None:
+        copies.extend(times["Spark's copy into Parquet"])
+    return times["snapshot on Spark"], times["bare Spark read"]
+
+
+def _peak_rss_mib(pid: int) -> float:
+    """A process's peak resident set (``VmHWM``), MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _spark_only(args, up: str, db: str, root: Path, figures: dict, load0: tuple) -> None:
+    """``--spark-only``: the snapshot on Spark beside the bare Spark read, and the peak memory of this process
+    (the cycle's task, Spark's driver) and of Spark's JVM (``local[2]``: its driver and executors are one)."""
+    import resource
+
+    from reclock.dev.spark import local_session
+
+    spark = local_session(StackState(root), app="reclock-pgbench")
+    try:
+        jvm = int(spark.sparkContext._jvm.ProcessHandle.current().pid())
+        copies: list[float] = []
+        spark_reclock, spark_bare = _spark_snapshots(spark, up, db, root, args.reps, args.budget, copies)
+        jvm_peak = _peak_rss_mib(jvm)
+    finally:
+        spark.stop()
+    sr, sb = statistics.median(spark_reclock), statistics.median(spark_bare)
+    figures["snapshot rows/s: Reclock's first cycle, table on Spark"] = {"value": args.snapshot_rows / sr, "seconds": sr}
+    figures["snapshot rows/s: bare Spark JDBC read of the table"] = {"value": args.snapshot_rows / sb, "seconds": sb}
+    sc = statistics.median(copies)
+    figures["snapshot rows/s: Spark's JDBC copy of the table into Parquet"] = {"value": args.snapshot_rows / sc,
+                                                                              "seconds": sc}
+    figures["ratio: snapshot on Spark / bare Spark read (medians)"] = {"value": sb / sr}
+    figures["ratio: snapshot on Spark / Spark's copy into Parquet (medians)"] = {"value": sc / sr}
+    figures["ratio: per rep, median"] = {"value": statistics.median(b / r for r, b in zip(spark_reclock, spark_bare))}
+    figures["peak RSS MiB: the cycle's process (Python)"] = {
+        "value": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    figures["peak RSS MiB: Spark's JVM (driver and executors, local[2])"] = {"value": jvm_peak}
+    print(f"{args.snapshot_rows} snapshot rows, {args.reps} reps, load average at start {load0[0]:.1f} "
+          f"{load0[1]:.1f} {load0[2]:.1f}, at end {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    for name, f in figures.items():
+        extra = f" ({f['seconds']:.2f} s)" if "seconds" in f else ""
+        print(f"{name:<64} {f['value']:>12,.2f}{extra}")
+    if args.out:
+        Path(args.out).write_text(json.dumps(figures, indent=2))
 
 
 def main() -> None:
@@ -275,6 +349,8 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=100_000, help="rows per Parquet part")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--no-spark", action="store_true", help="leave out the snapshot on Spark (local[2])")
+    ap.add_argument("--spark-only", action="store_true",
+                    help="only the snapshot on Spark beside the bare Spark read (no in-task snapshot, no changes)")
     ap.add_argument("--profile", action="store_true", help="print where the ingesting cycle spends its time")
     ap.add_argument("--out", default=None, help="write the figures as JSON here")
     args = ap.parse_args()
@@ -295,6 +371,10 @@ def main() -> None:
                 conn.execute(f"ALTER TABLE {t} REPLICA IDENTITY FULL")
             conn.execute("CREATE PUBLICATION pub FOR TABLE a, b, c")
         _fill_snapshot(up, args.snapshot_rows)
+        load0 = os.getloadavg()
+        if args.spark_only:
+            _spark_only(args, up, db, root, figures, load0)
+            return
         snap_bare = [_bare_table_read(up) for _ in range(args.reps)]
 
         ctxs = []  # one source per timed end-to-end run: each has its own slot, all created before the changes

@@ -220,7 +220,8 @@ def _parse_iceberg_sink(name: str, d: dict, coll: str, source: SourceSpec, what:
     catalog = ice.get("catalog", "reclock")
     if not isinstance(catalog, str) or not NAME_RE.match(catalog):
         raise ConfigError(f"{what}.iceberg: `catalog` must match {NAME_RE.pattern}, got {catalog!r}")
-    retracts = coll == source.data_shard and source.keyed
+    data = (source.data_shard, *(t.shard(source.name) for t in getattr(source.upstream, "tables", ())))
+    retracts = coll in data and source.keyed
     layout = d.get("layout", "changelog" if retracts else "append")
     if layout not in ICEBERG_LAYOUTS:
         raise ConfigError(f"{what}: layout {layout!r} is not one of {', '.join(ICEBERG_LAYOUTS)}")
@@ -260,7 +261,7 @@ def parse_sink(name: str, raw: Any, sources: dict[str, SourceSpec]) -> SinkSpec 
                  "transaction_timeout"}, what)
     kafka = parse_kafka(d.get("kafka"), f"{what}.kafka")
     source_kafka = collections[coll].upstream
-    if isinstance(source_kafka, KafkaSpec) and kafka.topic == source_kafka.topic:
+    if isinstance(source_kafka, KafkaSpec) and kafka.topic in source_kafka.topics:
         raise ConfigError(f"{what}.kafka: topic {kafka.topic!r} is the source topic of {coll}")
     fmt = d.get("format", "debezium")
     if fmt not in SINK_FORMATS:

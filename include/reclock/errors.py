@@ -357,6 +357,25 @@ class TableSchemaChanged(SourceStalled):
     """DDL changed a published table's columns (a Relation message differs from the registered columns)."""
 
 
+class ColumnReplaced(TableSchemaChanged):
+    """A column was dropped and added again under its name where no Relation message could show it (the
+    same type, last, no change of the table between): the catalog as of the binding's upper holds the name at
+    another column number (``attnum``) than the one the collection's column was registered with, so the rows
+    the table holds there are not the ones the collection holds. Nothing is appended for the binding."""
+
+
+class CatalogBusy(ReclockError):
+    """A mint could not take the ``ACCESS SHARE`` lock on a published table within its ``lock_timeout`` (an
+    ``ALTER TABLE`` holds or waits for an ``ACCESS EXCLUSIVE`` lock on it): no binding was minted; the next
+    cycle tries again."""
+
+    def __init__(self, source: str, table: str, detail: str) -> None:
+        self.source, self.table = source, table
+        super().__init__(f"source {source}: table {table}: the mint could not lock it in ACCESS SHARE mode to read "
+                         f"its columns as of the new upper ({detail}): an ALTER TABLE holds or waits for it; no "
+                         "binding was minted, and the next cycle tries again")
+
+
 class PublicationMissing(SourceStalled):
     """The source's publication does not exist, or a table of the source is missing from it or dropped."""
 

@@ -52,7 +52,7 @@ def source_acls(spec: SourceSpec) -> tuple[KafkaAcl, ...]:
     if not isinstance(kafka, KafkaSpec):  # a source not on a Kafka cluster needs no ACL
         return ()
     why = f"source {spec.name}"
-    return (KafkaAcl("TOPIC", kafka.topic, "DESCRIBE", why), KafkaAcl("TOPIC", kafka.topic, "READ", why),
+    return (*(KafkaAcl("TOPIC", t, op, why) for t in kafka.topics for op in ("DESCRIBE", "READ")),
             KafkaAcl("GROUP", spec.consumer_group, "READ", why))
 
 

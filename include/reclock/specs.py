@@ -80,8 +80,27 @@ class UpstreamSpec(Protocol):
 
 
 @dataclass(frozen=True)
+class TopicTable:
+    """One topic of a Kafka source over several topics (``topics:``, envelope debezium: one topic per upstream
+    table of one connector) and the collection its change events go to, with the table's row schema."""
+
+    topic: str
+    collection: str  # the collection's name within the source: its shard is ``<source>__<collection>``
+    schema: str  # Spark DDL of the table's row (``after``)
+
+    def shard(self, source: str) -> str:
+        """The topic's collection (shard id): ``<source>__<collection>``."""
+        return f"{source}__{self.collection}"
+
+    def errors_shard(self, source: str) -> str:
+        """The topic's error collection: ``<source>__<collection>_errors``."""
+        return f"{self.shard(source)}{ERRORS_SUFFIX}"
+
+
+@dataclass(frozen=True)
 class KafkaSpec:
-    """A Kafka topic and how to reach its brokers: a Kafka source's ``upstream``, and a Kafka sink's target."""
+    """A Kafka topic and how to reach its brokers: a Kafka source's ``upstream``, and a Kafka sink's target.
+    A source over several topics (``tables``, each a topic and its collection) has no ``topic``."""
 
     kind: ClassVar[str] = "kafka"
     topic: str
@@ -89,17 +108,33 @@ class KafkaSpec:
     bootstrap: str | None = None  # instead of a connection (tests, scripts)
     options: tuple[tuple[str, str], ...] = ()  # extra librdkafka / Spark kafka.* options
     connection_named: bool = False  # the config names `connection:` (else it is the default, reclock_kafka)
+    tables: tuple[TopicTable, ...] = ()  # a source over several topics: its topics, in config order
+
+    @property
+    def topics(self) -> tuple[str, ...]:
+        """Every topic the source reads, in config order (its position is the topic's index in the source's
+        frontier: ``reclock.sources.kafka.topics``)."""
+        return tuple(t.topic for t in self.tables) if self.tables else (self.topic,)
 
     def shards(self, source: SourceSpec) -> tuple[str, ...]:
-        """The source's collection (output 0) and its error collection."""
+        """The source's collection (output 0) and its error collection; a source over several topics: each
+        topic's collection and error collection."""
+        if self.tables:
+            return tuple(s for t in self.tables for s in (t.shard(source.name), t.errors_shard(source.name)))
         return (source.data_shard, source.errors_shard)
 
 
-def parse_kafka(raw: Any, what: str) -> KafkaSpec:
-    """A ``kafka:`` section (a source's or a sink's): topic, connection or bootstrap, extra options."""
+def parse_kafka(raw: Any, what: str, topic: bool = True) -> KafkaSpec:
+    """A ``kafka:`` section (a source's or a sink's): topic, connection or bootstrap, extra options.
+    ``topic=False``: the section must not name a topic (a source over several topics names them in
+    ``topics:``)."""
     k = require(raw, what)
     refuse_unknown(k, {"topic", "connection", "bootstrap", "options"}, what)
-    if not k.get("topic") or not isinstance(k["topic"], str):
+    if not topic:
+        if "topic" in k:
+            raise ConfigError(f"{what}: give the topics in `topics:` beside `kafka:`, or one `topic` here, not both")
+        k = {**k, "topic": ""}
+    elif not k.get("topic") or not isinstance(k["topic"], str):
         raise ConfigError(f"{what}: `topic` is required")
     if "connection" in k and "bootstrap" in k:
         raise ConfigError(f"{what}: give either `connection:` (an Airflow connection) or `bootstrap:` (host:port), "

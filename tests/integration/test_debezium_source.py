@@ -19,6 +19,7 @@ from confluent_kafka.admin import AdminClient
 from ingest_support import make_ctx
 
 from reclock import cycle
+from reclock.config import parse_source
 from reclock.debezium import KeyState, parse_key
 from reclock.dev.connect import LocalConnect
 from reclock.persist import connect
@@ -32,29 +33,34 @@ FLUSH_MS = 3000
 
 
 class Table:
-    """The upstream table, and every state it went through (after each change, in commit order)."""
+    """An upstream table (columns id, v, n), and every state it went through (after each change, in commit
+    order)."""
 
-    def __init__(self, dsn: str) -> None:
-        self.dsn = dsn
+    def __init__(self, dsn: str, name: str = "items") -> None:
+        self.dsn, self.name = dsn, name
         self.states: list[frozenset] = []
         self.created: Counter = Counter()  # row versions written (snapshot rows, inserts, updates)
         self.events = 0  # records Debezium writes for them (a delete: the delete and its tombstone)
 
     def rows(self, conn) -> frozenset:
-        return frozenset(conn.execute("SELECT id, v, n FROM items").fetchall())
+        return frozenset(conn.execute(f"SELECT id, v, n FROM {self.name}").fetchall())
+
+    def run(self, conn, s: str) -> None:
+        """One single-row statement in ``conn``'s transaction (one state of the table)."""
+        if s.startswith("DELETE"):
+            assert conn.execute(s).rowcount == 1
+            self.events += 2  # the delete and its tombstone
+        else:
+            [row] = conn.execute(s + " RETURNING id, v, n").fetchall()
+            self.created[row] += 1
+            self.events += 1
+        self.states.append(self.rows(conn))  # the change Debezium writes next
 
     def txn(self, *statements: str) -> None:
         """One transaction of single-row statements (each one state of the table)."""
         with psycopg.connect(self.dsn) as conn:
             for s in statements:
-                if s.startswith("DELETE"):
-                    assert conn.execute(s).rowcount == 1
-                    self.events += 2  # the delete and its tombstone
-                else:
-                    [row] = conn.execute(s + " RETURNING id, v, n").fetchall()
-                    self.created[row] += 1
-                    self.events += 1
-                self.states.append(self.rows(conn))  # the change Debezium writes next
+                self.run(conn, s)
 
 
 @pytest.fixture(scope="module")
@@ -70,11 +76,22 @@ def upstream(postgres, kafka, stack_state):
         conn.execute("CREATE TABLE items (id int PRIMARY KEY, v text, n bigint)")  # REPLICA IDENTITY DEFAULT
         conn.execute("INSERT INTO items SELECT i, 'v' || i, i * 10 FROM generate_series(1, 6) i")
         table.states.append(table.rows(conn))
+        # a second table for the source over several topics (REPLICA IDENTITY FULL: a delete's `before`
+        # holds the whole row)
+        conn.execute("CREATE TABLE orders (id int PRIMARY KEY, v text, n bigint)")
+        conn.execute("ALTER TABLE orders REPLICA IDENTITY FULL")
+        conn.execute("INSERT INTO orders SELECT i, 'o' || i, i FROM generate_series(1, 3) i")
     table.created.update(table.states[0])
     table.events = 6
-    worker = LocalConnect(stack_state, kafka.bootstrap, dsn, ("public.items",), prefix=f"dbz{os.getpid()}",
-                          transactions=False, flush_ms=FLUSH_MS)
+    orders = Table(dsn, "orders")
+    with psycopg.connect(dsn) as conn:
+        orders.states.append(orders.rows(conn))
+    orders.created.update(orders.states[0])
+    orders.events = 3
+    worker = LocalConnect(stack_state, kafka.bootstrap, dsn, ("public.items", "public.orders"),
+                          prefix=f"dbz{os.getpid()}", transactions=True, flush_ms=FLUSH_MS)
     worker.start()
+    table.orders = orders
     try:
         yield table, worker
     finally:
@@ -194,3 +211,59 @@ def test_debezium_topic_with_a_connector_restart(db, kafka, spark, tmp_path, ups
     assert {k: s.redelivered for k, s in states.items()} == last_is_copy
     print(f"records {len(records)}, redelivered {redelivered}, restart {restart_s:.1f}s, "
           f"bindings {len(rc.bindings)}")
+
+
+def test_one_source_over_two_topics(db, kafka, spark, tmp_path, upstream):
+    """``topics:``: one source over the connector's two tables' topics, each into its own collection, appended
+    together (one binding covers both topics: both collections have one upper); each collection AS OF every
+    binding is a state its table went through; the two tables' keys are of the same values and never meet
+    in the upsert state."""
+    items, worker = upstream
+    orders = items.orders
+    topics = [{"topic": worker.topic("public.items"), "schema": SCHEMA},
+              {"topic": worker.topic("public.orders"), "collection": "orders", "schema": SCHEMA}]
+    ctx = make_ctx(db, kafka, spark, tmp_path, "unused", name="shop", envelope="debezium", include=[],
+                   format={"type": "json", "schema": SCHEMA}, budget={"max_records": 1000})
+    spec = parse_source("shop", {"kafka": {"bootstrap": kafka.bootstrap}, "envelope": "debezium", "topics": topics,
+                                 "budget": {"max_records": 1000}})
+    ctx = replace(ctx, spec=spec, retain_history_ms=10**12)
+    with psycopg.connect(items.dsn) as conn:  # one upstream transaction over both tables
+        items.run(conn, "UPDATE items SET v = 'x1' WHERE id = 1")
+        orders.run(conn, "UPDATE orders SET v = 'x1' WHERE id = 1")
+        orders.run(conn, "DELETE FROM orders WHERE id = 2")
+        orders.run(conn, "INSERT INTO orders VALUES (4, 'o4', 4)")
+    wait_written(kafka, worker.topic("public.orders"), orders.events)
+    cycle.run_cycle(ctx)
+    with psycopg.connect(items.dsn) as conn:
+        orders.run(conn, "UPDATE orders SET n = 40 WHERE id = 4")
+        items.run(conn, "INSERT INTO items VALUES (1000, 'big', 1)")
+    with psycopg.connect(items.dsn) as conn:
+        orders.run(conn, "UPDATE orders SET n = 41 WHERE id = 4")
+    wait_written(kafka, worker.topic("public.orders"), orders.events)
+    for _ in range(6):  # until the last changes are bound
+        cycle.run_cycle(ctx)
+        with connect(db) as conn:
+            got = {t: frozenset((r["id"], r["v"], r["n"]) for r in read_as_of(conn, ctx.blob, f"shop__{t}").to_pylist())
+                   for t in ("items", "orders")}
+        if got == {"items": items.states[-1], "orders": orders.states[-1]}:
+            break
+        time.sleep(0.5)
+    with connect(db) as conn:
+        rc = load_remap(conn, "shop")
+        uppers = dict(conn.execute("SELECT id, upper FROM reclock.shards WHERE source = 'shop'").fetchall())
+        assert set(uppers) == {"shop__items", "shop__items_errors", "shop__orders", "shop__orders_errors"}
+        assert len(set(uppers.values())) == 1 and rc.upper == uppers["shop__items"], (uppers, rc.upper)
+        for b in rc.bindings:
+            for t, table in (("items", items), ("orders", orders)):
+                snap = read_as_of(conn, ctx.blob, f"shop__{t}", b.ts).to_pylist()
+                assert all(r["diff"] == 1 for r in snap), f"{t} AS OF {b.ts}: a row more than once"
+                now = frozenset((r["id"], r["v"], r["n"]) for r in snap)
+                assert now in table.states, f"{t} AS OF {b.ts}: not a state the table went through: {sorted(now)}"
+        assert got == {"items": items.states[-1], "orders": orders.states[-1]}
+        for t in ("items", "orders"):
+            errors = read_updates(conn, ctx.blob, f"shop__{t}_errors")
+            assert errors is None or errors.num_rows == 0
+        keys = [bytes(k) for (k,) in conn.execute("SELECT key FROM reclock.upsert_state WHERE source = 'shop'")]
+    # both tables have a key {"id": 1}: each under its collection's name
+    assert {k.split(b"\0")[0] for k in keys} == {b"shop__items", b"shop__orders"}
+    assert {b'shop__items\0{"id":1}', b'shop__orders\0{"id":1}'} <= set(keys)

@@ -353,3 +353,90 @@ def test_changes_that_do_not_flow_stall_naming_the_column_and_resnapshot_resolve
     assert last > out["ts"]
     for x in TABLES:
         assert contents(ctx, f"{name}__{x}", last) == tables[x], f"{x} after the re-snapshot"
+
+
+REPLACED = (r"source {name}: table public\.t: column c was dropped and added again where no Relation message showed "
+            r"it \(its column number is 4 in the catalog at this binding's upper, 3 when it was registered\)")
+
+
+def _small(db, upstream, tmp_path, prefix: str):
+    """A FULL table ``t`` of 5 rows ``(id, v, c int4)`` and a table ``o`` published beside it, snapshotted."""
+    with writer(upstream) as conn:
+        for s in ("CREATE TABLE t (id int PRIMARY KEY, v text, c int4)", "ALTER TABLE t REPLICA IDENTITY FULL",
+                  "INSERT INTO t SELECT g, 'v' || g, g FROM generate_series(1, 5) g",
+                  "CREATE TABLE o (id int PRIMARY KEY, v text)", "ALTER TABLE o REPLICA IDENTITY FULL",
+                  "CREATE PUBLICATION pub FOR TABLE t, o"):
+            conn.execute(s)
+    ctx = make_ctx(db, upstream, tmp_path, source_name(prefix), ["public.t", "public.o"])
+    cycle.run_cycle(ctx)
+    return ctx
+
+
+def _upper(ctx, shard: str) -> int:
+    with connect(ctx.dsn) as conn:
+        return shard_info(conn, f"{ctx.spec.name}__{shard}").upper
+
+
+@pytest.mark.parametrize("between", ["nothing", "dml_on_another_table"])
+def test_a_column_dropped_and_added_again_where_no_relation_shows_it_stalls(db, upstream, tmp_path, between):
+    """``ALTER TABLE t DROP COLUMN c, ADD COLUMN c int4`` gives a Relation message like the one before (it
+    carries no column numbers); the catalog as of the binding's upper holds c at another number: the write
+    stalls naming ``reclock resnapshot`` and appends nothing (before, the collection kept every row's old c and
+    held (1, 'v1', 1) and (1, 'v1', null) at -1), again at the next cycle; the re-snapshot resolves it. Run
+    with the writer's ``synchronous_commit = off`` too: the upper covers a commit not flushed yet."""
+    ctx = _small(db, upstream, tmp_path, "replaced")
+    name, before = ctx.spec.name, _upper(ctx, "t")
+    with writer(upstream) as conn:
+        conn.execute("SET synchronous_commit = off")
+        if between == "nothing":
+            conn.execute("ALTER TABLE t DROP COLUMN c, ADD COLUMN c int4")
+        else:
+            conn.execute("ALTER TABLE t DROP COLUMN c")
+            conn.execute("INSERT INTO o VALUES (1, 'between')")
+            conn.execute("ALTER TABLE t ADD COLUMN c int4")
+        conn.execute("UPDATE t SET v = 'x' WHERE id = 1")
+        (written,) = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
+    for _ in range(2):
+        with pytest.raises(TableSchemaChanged, match=REPLACED.format(name=name) + r".*reclock resnapshot " + name):
+            cycle.run_cycle(ctx)
+        assert _upper(ctx, "t") == before and _upper(ctx, "o") == before, "nothing appended"
+    assert bindings(ctx)[-1][1] >= po.lsn_to_int(written), "the upper covers the unflushed commit"
+    cycle.resnapshot(ctx)
+    cycle.run_cycle(ctx)
+    with writer(upstream) as conn:
+        want = _rows(conn, "t")
+    assert contents(ctx, f"{name}__t", bindings(ctx)[-1][0]) == want
+    assert all(r["c"] is None for r in want.values())
+
+
+def test_a_column_dropped_and_added_again_after_the_upper_lands_the_binding_and_stalls_the_next(db, upstream,
+                                                                                               tmp_path):
+    """The DROP + ADD committed between the mint and the write (above the binding's upper): the write decodes up
+    to the upper and checks against the catalog as of it (the mint's), so the binding lands exactly; the next
+    cycle's binding holds the DROP + ADD and stalls. Before it, a DROP and a change, then an ADD and a change
+    (the Relation messages show both) flow with no stall, with the re-added column's rows null there."""
+    ctx = _small(db, upstream, tmp_path, "after")
+    name = ctx.spec.name
+    with writer(upstream) as conn:
+        conn.execute("ALTER TABLE t DROP COLUMN v")
+        conn.execute("UPDATE t SET c = 10 WHERE id = 1")
+    cycle.run_cycle(ctx)  # (a column dropped and added again within one binding stalls: one timestamp)
+    with writer(upstream) as conn:
+        conn.execute("ALTER TABLE t ADD COLUMN v text")
+        conn.execute("UPDATE t SET c = 20 WHERE id = 2")
+        flowed = _rows(conn, "t")
+    cycle.run_cycle(ctx)
+    assert contents(ctx, f"{name}__t", bindings(ctx)[-1][0]) == flowed
+    with writer(upstream) as conn:
+        conn.execute("UPDATE t SET c = 30 WHERE id = 3")
+        want = _rows(conn, "t")
+    minted = cycle.mint(ctx)
+    with writer(upstream) as conn:
+        conn.execute("ALTER TABLE t DROP COLUMN v, ADD COLUMN v text")  # v is last since it was added again
+        conn.execute("UPDATE t SET c = 40 WHERE id = 4")
+    for desc in minted.descriptions:
+        cycle.append(ctx, cycle.write_batches(ctx, desc))
+    assert contents(ctx, f"{name}__t", minted.binding.ts) == want
+    with pytest.raises(TableSchemaChanged, match=r"column v was dropped and added again where no Relation message "
+                       r"showed it \(its column number is 5 in the catalog at this binding's upper, 4 when"):
+        cycle.run_cycle(ctx)

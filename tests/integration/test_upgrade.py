@@ -23,6 +23,7 @@ import json
 import subprocess
 import sys
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psycopg
@@ -169,11 +170,17 @@ class Release:
         return p
 
     def everything(self) -> None:
-        """A cycle of each source, then both sinks to their collection's upper."""
-        for source in ("up_app", "up_ups", "up_pgs"):
-            self.run("cycle", source)
-        for sink in ("up_out", "up_ice"):
-            self.run("sink", "run", sink)
+        """A cycle of each source, then both sinks to their collection's upper: the three sources' cycles side
+        by side (each its own process, as a deployment runs them), then the two sinks side by side."""
+        self.side_by_side(["cycle", source] for source in ("up_app", "up_ups", "up_pgs"))
+        self.side_by_side(["sink", "run", sink] for sink in ("up_out", "up_ice"))
+
+    def side_by_side(self, commands) -> None:
+        """Every one of ``commands`` at once, each a ``reclock`` process; each must succeed (:meth:`run`)."""
+        commands = list(commands)
+        with ThreadPoolExecutor(len(commands)) as pool:
+            for done in [pool.submit(self.run, *args) for args in commands]:
+                done.result()
 
 
 def capture(python: str, env: dict[str, str], dsn: str, blobs: Path) -> dict:
@@ -250,10 +257,7 @@ def _upgrade(old_release: Path, spark_connect, dsn: str, up: Upstreams, tmp_path
     for _ in range(waves_after):
         up.wave()
         new.everything()
-    for source in ("up_app", "up_ups", "up_pgs"):  # caught up: the oracle compares against the upstreams
-        new.run("cycle", source)
-    for sink in ("up_out", "up_ice"):
-        new.run("sink", "run", sink)
+    new.everything()  # caught up: the oracle compares against the upstreams
     final = capture(sys.executable, {**env, "PYTHONPATH": str(REPO / "include")}, dsn, blobs)
     for src, rows in before["progress"].items():
         assert final["progress"][src][:len(rows)] == rows, f"{src}: the previous release's bindings changed"

@@ -27,13 +27,19 @@ def _ranges(preds: list[str]) -> list[tuple[int, float]]:
     return out
 
 
-@given(st.integers(0, 2_000_000), st.integers(1, 100_000))
-def test_page_ranges_cover_every_page_once_and_are_bounded_in_number(pages, split):
-    ranges = _ranges(ss.partition_predicates(pages, split))
+@given(st.integers(0, 2_000_000), st.integers(1, 100_000), st.one_of(st.none(), st.integers(1, 16)))
+def test_page_ranges_cover_every_page_once_and_are_bounded_in_number(pages, split, slots):
+    ranges = _ranges(ss.partition_predicates(pages, split, slots))
     assert ranges[0][0] == 0 and ranges[-1][1] == float("inf"), "from page 0, the last range open-ended"
     assert all(hi == ranges[i + 1][0] for i, (_, hi) in enumerate(ranges[:-1])), "contiguous, no overlap"
     assert all(lo < hi for lo, hi in ranges)
     assert 1 <= len(ranges) <= ss.MAX_PARTITIONS
+    sizes = [hi - lo for lo, hi in ranges[:-1]] + [max(pages - ranges[-1][0], 1)]
+    assert max(sizes) - min(sizes) <= 1, "ranges of one size (one page apart at most)"
+    wanted = -(-max(pages, 1) // split)
+    waves = -(-wanted // slots) * slots if slots else wanted
+    if waves <= min(ss.MAX_PARTITIONS, pages):  # not capped: at most split pages, whole waves of tasks
+        assert max(sizes) <= split and len(ranges) % (slots or 1) == 0
 
 
 def test_the_jdbc_target_of_a_dsn_and_the_dsns_spark_cannot_follow():

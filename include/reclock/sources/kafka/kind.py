@@ -28,11 +28,13 @@ import dataclasses
 import uuid
 from typing import Any, Callable, Sequence
 
+import pyarrow as pa
+
 from reclock import remap
 from reclock.batch import BatchDescription, SliceWritten, ranges_for, split_ranges
 from reclock.datasets import DatasetName, kafka_topic
 from reclock.debezium import parse_key
-from reclock.errors import DecodeError, ReclockError, SchemaIncompatible
+from reclock.errors import ConfigError, DecodeError, ReclockError, SchemaIncompatible
 from reclock.failpoints import failpoint
 from reclock.kafka_client import KafkaClientConfig
 from reclock.part_layout import DATA_KIND, DATA_OUTPUT, ERRORS_KIND, ERRORS_OUTPUT
@@ -52,6 +54,7 @@ from reclock.sources.base import (Acknowledged, CycleServices, JointJobs, JointS
                                   WrittenBatch)
 from reclock.sources.kafka import spark_job
 from reclock.sources.kafka.spec import parse_kafka_source
+from reclock.sources.kafka.topics import by_topic, state_key, topic_specs
 from reclock.sources.kafka.upstream import KafkaUpstream
 from reclock.spark.reclocking import BindingRange
 from reclock.time import PartitionedFrontier
@@ -69,15 +72,22 @@ class KafkaSource(SourceRuntime):
 
     def upstream(self) -> KafkaUpstream:
         if self._upstream is None:
-            self._upstream = KafkaUpstream(self.name, self.ctx.upstream, self.ctx.spec.upstream.topic)
+            kafka = self.ctx.spec.upstream
+            self._upstream = KafkaUpstream(self.name, self.ctx.upstream, kafka.topic, topics=kafka.topics)
         return self._upstream
 
     def register(self) -> None:
         spec = self.ctx.spec
         with self.ctx.connect() as conn:
-            register_source(conn, spec.name, kind=self.kind.name, progress=self.kind.progress_view())
-            register_shard(conn, spec.data_shard, source=spec.name, output=DATA_OUTPUT, kind=DATA_KIND)
-            register_shard(conn, spec.errors_shard, source=spec.name, output=ERRORS_OUTPUT, kind=ERRORS_KIND)
+            if spec.upstream.tables:
+                check_topic_order(conn, spec)
+            register_source(conn, spec.name, kind=self.kind.name, progress=self.kind.progress_view(),
+                            config={"topics": list(spec.upstream.topics)} if spec.upstream.tables else None)
+            for i, sub in enumerate(topic_specs(spec)):
+                # a source over several topics: topic i's collection is output 2i, its errors 2i + 1
+                register_shard(conn, sub.data_shard, source=spec.name, output=DATA_OUTPUT + 2 * i, kind=DATA_KIND)
+                register_shard(conn, sub.errors_shard, source=spec.name, output=ERRORS_OUTPUT + 2 * i,
+                               kind=ERRORS_KIND)
 
     def shards(self) -> tuple[str, ...]:
         return self.ctx.spec.shards
@@ -94,23 +104,26 @@ class KafkaSource(SourceRuntime):
     def write(self, rc: RemapCollection, desc: BatchDescription, metrics: dict) -> WrittenBatch:
         ctx, spec = self.ctx, self.ctx.spec
         if spec.keyed:
-            with ctx.connect() as conn:
-                if shard_info(conn, spec.data_shard).upper >= desc.upper:
+            with ctx.connect() as conn:  # a source's shards advance together: its first tells
+                if shard_info(conn, topic_specs(spec)[0].data_shard).upper >= desc.upper:
                     metrics.update(lower=desc.lower, upper=desc.upper, already_present=True)
                     return WrittenBatch(desc)  # a replay: the state has moved on, and append is a no-op
         written = self._write(rc, desc, metrics)
-        if spec.on_decode_error == "stall" and written.parts.get(spec.errors_shard):
-            # refuse the whole description (nothing is appended) naming the first record that failed; the
-            # source stays stalled until the record or the config changes
-            first = first_rejected(ctx.blob, written.parts[spec.errors_shard])
-            if first is not None:
-                partition, offset, reason = first
-                raise DecodeError(spec.name, partition, offset, f"{reason} (on_decode_error: stall)")
+        for sub in topic_specs(spec):
+            if spec.on_decode_error == "stall" and written.parts.get(sub.errors_shard):
+                # refuse the whole description (nothing is appended) naming the first record that failed; the
+                # source stays stalled until the record or the config changes
+                first = first_rejected(ctx.blob, written.parts[sub.errors_shard])
+                if first is not None:
+                    partition, offset, reason = first
+                    where = "" if sub is spec else f" (topic {sub.upstream.topic})"
+                    raise DecodeError(spec.name, partition, offset, f"{reason}{where} (on_decode_error: stall)")
         return written
 
     def lineage_inputs(self) -> tuple[DatasetName, ...]:
         up = self.ctx.upstream  # a KafkaClientConfig (an address alone where a test gives one)
-        return (kafka_topic(up if isinstance(up, str) else up.bootstrap, self.ctx.spec.upstream.topic),)
+        return tuple(kafka_topic(up if isinstance(up, str) else up.bootstrap, t)
+                     for t in self.ctx.spec.upstream.topics)
 
     def rewrite(self, rc: RemapCollection, desc: BatchDescription, metrics: dict,
                 on_slice: Callable[[int, int], None] | None) -> WrittenBatch:
@@ -233,7 +246,9 @@ class KafkaSource(SourceRuntime):
 
         Upsert: one job for the whole description (a key's records must meet in one job), with the state
         rows of the keys it touches as of ``desc.lower`` (none when rebuilding from 0, and no pass over the
-        records to find those keys while the state holds none: a new source's first description)."""
+        records to find those keys while the state holds none: a new source's first description). A source
+        over several topics: that per topic (``reclock.sources.kafka.topics``), each topic's parts under a
+        folder of its own, all of them one written batch (one append)."""
         ctx, spec = self.ctx, self.ctx.spec
         ranges = ranges_for(rc, desc)
         if ranges:
@@ -243,66 +258,99 @@ class KafkaSource(SourceRuntime):
                     for (s, e, ts) in remap.reclock_ranges(rc, r.partition)
                     if s < r.end and e > r.start and desc.lower <= ts < desc.upper]
         prefix = f"{spec.name}/{desc.lower}-{desc.upper}/{uuid.uuid4().hex}"
-        upsert = spec.keyed  # upsert or debezium: keyed by the upsert state
+        m.update(lower=desc.lower, upper=desc.upper)
         if not ranges:
-            slices = []
-        elif upsert:
-            slices = [ranges]
-        else:
-            slices = split_ranges(ranges, spec.budget.max_records)
-        spark = ctx.spark() if slices else None
-        prior: list[tuple] = []
-        if upsert and slices and not rebuilding:
-            with ctx.connect() as conn:
-                held = holds_keys(conn, spec.name, spec.data_shard, desc.lower)
-            keys = spark_job.upsert_keys(spark, spec, ctx.upstream, ranges) if held else []
-            if spec.envelope == "debezium":
-                keys = sorted({parse_key(k) for k in keys})  # kept without Connect's schema wrapper
-            with ctx.connect() as conn:
-                prior = load_prior(conn, spec.name, spec.data_shard, desc.lower, keys)
-            m.update(prior_keys=len(prior), **({"keys": len(keys)} if held else {}))  # keys: when they were read
-        if not slices:
-            m.update(lower=desc.lower, upper=desc.upper, slices=0, offsets=0, records_read=0)
+            m.update(slices=0, offsets=0, records_read=0)
             return WrittenBatch(desc)
+        several = bool(spec.upstream.tables)
+        subs = topic_specs(spec)
         with ctx.connect() as conn:
             lease_write(conn, spec.name, prefix)  # garbage collection leaves the folder alone until append
+        parts: dict[str, tuple] = {}
+        state: list = []
+        written: list[SliceWritten] = []
         try:
-            failpoint("write_batches:before_job")
-            written: list[SliceWritten] = []
-            joinable = ctx.joint_writer is not None and len(slices) == 1 and not upsert and not rebuilding \
-                and plan is None
-            joint = ctx.joint_writer(ctx, slices[0], bindings, slice_folder(prefix, 0)) if joinable else None
-            if joint is not None:
-                written.append(joint[0])
-                m.update(joint_sources=joint[1])
-                failpoint("write_batches:after_slice")
-            first = 1 if joinable else 0  # a joint job that failed may have left files in slice 0's folder
-            for i, sl in enumerate(slices if joint is None else (), start=first):
-                written.append(spark_job.write_slice(spark, spec, ctx.upstream, sl, bindings,
-                                                     ctx.blob.url(slice_folder(prefix, i)), prior, index=i,
-                                                     plan=plan, writers=writers))
-                with ctx.connect() as conn:
-                    lease_write(conn, spec.name, prefix)  # renewed: a long rebuild keeps its first slices
-                if on_slice is not None:
-                    on_slice(i + 1 - first, len(slices))
-                failpoint("write_batches:after_slice")
-            shards = {DATA_OUTPUT: spec.data_shard, ERRORS_OUTPUT: spec.errors_shard}
-            parts, state = collect_parts(ctx.blob, spec.name, shards, prefix, written, upsert)
+            for sub, (rs, bs) in zip(subs, by_topic(ranges, bindings, len(subs))):
+                if not rs:
+                    continue
+                folder = f"{prefix}/{sub.data_shard}" if several else prefix
+                ns = sub.data_shard.encode() if several else None
+                w, p, st = self._write_topic(sub, ns, rs, bs, desc, folder, prefix, m, on_slice, rebuilding, plan,
+                                             writers)
+                written += w
+                parts.update(p)
+                state += st
         except BaseException:
             with contextlib.suppress(Exception), ctx.connect() as conn:
                 release_write(conn, prefix)  # what it wrote is garbage (an unreleased lease expires anyway)
             raise
-        m.update(lower=desc.lower, upper=desc.upper, slices=len(slices),
-                 offsets=sum(r.end - r.start for r in ranges),
+        m.update(offsets=sum(r.end - r.start for r in ranges),
                  records_read=sum(w.records_read for w in written),
                  records={s: sum(p.rows for p in ps) for s, ps in parts.items()},
                  bytes={s: sum(p.bytes for p in ps) for s, ps in parts.items()})
-        return WrittenBatch(desc, parts, state, prefix)
+        return WrittenBatch(desc, parts, tuple(state), prefix)
+
+    def _write_topic(self, spec, ns: bytes | None, ranges: list, bindings: list, desc: BatchDescription, folder: str,
+                     lease: str, m: dict, on_slice, rebuilding: bool, plan: AvroPlan | None,
+                     writers: WriterTally | None) -> tuple[list[SliceWritten], dict[str, tuple], list]:
+        """One topic's slices of a description (``spec``: the topic's own, :func:`topic_specs`), written under
+        ``folder`` and proved; ``ns``: its keys' namespace in the source's upsert state (a source over
+        several topics). Its slices, its parts per shard and its state change parts."""
+        ctx, source = self.ctx, self.ctx.spec
+        upsert = spec.keyed  # upsert or debezium: keyed by the upsert state
+        slices = [ranges] if upsert else split_ranges(ranges, spec.budget.max_records)
+        spark = ctx.spark()
+        prior: list[tuple] = []
+        if upsert and not rebuilding:
+            with ctx.connect() as conn:
+                held = holds_keys(conn, source.name, spec.data_shard, desc.lower)
+            keys = spark_job.upsert_keys(spark, spec, ctx.upstream, ranges) if held else []
+            if spec.envelope == "debezium":
+                keys = sorted({parse_key(k) for k in keys})  # kept without Connect's schema wrapper
+            with ctx.connect() as conn:
+                prior = load_prior(conn, source.name, spec.data_shard, desc.lower, [state_key(ns, k) for k in keys])
+            if ns is not None:
+                prior = [(bytes(k)[len(ns) + 1:], *rest) for k, *rest in prior]
+            m.update(prior_keys=m.get("prior_keys", 0) + len(prior))
+            if held:  # keys: when they were read
+                m.update(keys=m.get("keys", 0) + len(keys))
+        failpoint("write_batches:before_job")
+        written: list[SliceWritten] = []
+        joinable = ctx.joint_writer is not None and len(slices) == 1 and not upsert and not rebuilding \
+            and plan is None
+        joint = ctx.joint_writer(ctx, slices[0], bindings, slice_folder(folder, 0)) if joinable else None
+        if joint is not None:
+            written.append(joint[0])
+            m.update(joint_sources=joint[1])
+            failpoint("write_batches:after_slice")
+        first = 1 if joinable else 0  # a joint job that failed may have left files in slice 0's folder
+        for i, sl in enumerate(slices if joint is None else (), start=first):
+            written.append(spark_job.write_slice(spark, spec, ctx.upstream, sl, bindings,
+                                                 ctx.blob.url(slice_folder(folder, i)), prior, index=i,
+                                                 plan=plan, writers=writers))
+            with ctx.connect() as conn:
+                lease_write(conn, source.name, lease)  # renewed: a long rebuild keeps its first slices
+            if on_slice is not None:
+                on_slice(i + 1 - first, len(slices))
+            failpoint("write_batches:after_slice")
+        shards = {DATA_OUTPUT: spec.data_shard, ERRORS_OUTPUT: spec.errors_shard}
+        parts, state = collect_parts(ctx.blob, source.name, shards, folder, written, upsert)
+        m.update(slices=m.get("slices", 0) + len(slices))
+        return written, parts, list(state)
 
     def append_effects(self, written: WrittenBatch, metrics: dict) -> Callable[[Any], None] | None:
         if not self.ctx.spec.keyed:
             return None
-        changes = read_state_changes(self.ctx.blob, written.state)
+        spec = self.ctx.spec
+        if spec.upstream.tables:  # each topic's keys under its collection's name (its parts in its folder)
+            changes = pa.concat_tables([namespaced(read_state_changes(self.ctx.blob, [
+                p for p in written.state if p.path.startswith(f"{written.prefix}/{sub.data_shard}/")]),
+                sub.data_shard.encode()) for sub in topic_specs(spec)])
+            if changes.num_rows != sum(p.rows for p in written.state):
+                raise ReclockError(f"source {spec.name}: state change parts outside every topic's folder under "
+                                   f"{written.prefix}; nothing is appended")
+        else:
+            changes = read_state_changes(self.ctx.blob, written.state)
         metrics.update(state_changes=changes.num_rows)
         return lambda conn: apply_changes(conn, self.name, changes)
 
@@ -337,6 +385,8 @@ class KafkaKind(SourceKind):
         return parse_kafka_source(name, raw, base)
 
     def describe(self, spec) -> str:
+        if spec.upstream.tables:
+            return f"Kafka topics {', '.join(spec.upstream.topics)} into {spec.name}"
         return f"Kafka topic {spec.upstream.topic} into {spec.name}"
 
     def rebuild_whole(self, spec) -> bool:
@@ -365,10 +415,33 @@ class KafkaKind(SourceKind):
                              bootstrap=spec.upstream.bootstrap, poll=spec.poll_s)
 
     def lag(self, spec, upstream: Any, timeout: float, dsn: str | None = None) -> Lag:
-        up = KafkaUpstream(spec.name, upstream, spec.upstream.topic, timeout=timeout)
+        up = KafkaUpstream(spec.name, upstream, spec.upstream.topic, timeout=timeout, topics=spec.upstream.topics)
         end = up.probe_upper()
         committed = up.committed(spec.consumer_group)
         return Lag(sum(max(0, o - committed.get(p)) for p, o in end), f"group {spec.consumer_group}")
 
 
 KAFKA = KafkaKind()
+
+
+def namespaced(changes, ns: bytes):
+    """A topic's upsert state changes with each key under the topic's namespace (``topics.state_key``)."""
+    keys = pa.array([state_key(ns, bytes(k)) for k in changes["key"].to_pylist()], pa.binary())
+    return changes.set_column(changes.schema.get_field_index("key"), "key", keys)
+
+
+def check_topic_order(conn, spec) -> None:
+    """A source over several topics keeps its topics' order (topic i's partitions are the frontier's
+    ``reclock.sources.kafka.topics.slot(i, p)``): the topics it was registered with must begin the config's
+    list (a topic may be added at the end), else ``ConfigError`` naming both lists."""
+    row = conn.execute("SELECT config FROM reclock.sources WHERE name = %s", (spec.name,)).fetchone()
+    had = list((row[0] or {}).get("topics", ())) if row else []
+    if row is not None and not had and conn.execute(
+            "SELECT 1 FROM reclock.remap_bindings WHERE source = %s LIMIT 1", (spec.name,)).fetchone():
+        raise ConfigError(f"source {spec.name}: it was registered over one topic (its collection {spec.data_shard}); "
+                          "a source over several topics has a collection per topic: read them as a new source")
+    now = list(spec.upstream.topics)
+    if now[:len(had)] != had:
+        raise ConfigError(f"source {spec.name}: it reads topics {had} in this order (each topic's place numbers "
+                          f"its partitions in the source's frontier); the config names {now}: a topic may be "
+                          "added at the end only. Removing or reordering topics: read them as a new source")

@@ -6,10 +6,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import dataclasses
+import re
+
+from reclock.ddl import check_schema
 from reclock.errors import ConfigError
-from reclock.specs import (ENVELOPES, FORMATS, REBUILDS, SourceSpec, parse_budget, parse_format, parse_include,
-                           parse_kafka, parse_on_decode_error, parse_schedule, parse_schema_mode, refuse_unknown,
-                           require)
+from reclock.persist.names import SHARD_RE
+from reclock.specs import (ENVELOPES, ERRORS_SUFFIX, FORMATS, REBUILDS, SourceSpec, TopicTable, parse_budget,
+                           parse_format, parse_include, parse_kafka, parse_on_decode_error, parse_schedule,
+                           parse_schema_mode, refuse_unknown, require)
 
 METADATA = ("partition", "offset", "key", "timestamp", "headers")
 """The metadata columns a Kafka source may include (like Materialize's ``INCLUDE``)."""
@@ -26,8 +31,10 @@ def parse_kafka_source(name: str, d: dict, base: Path | None) -> SourceSpec:
     if "tables" in d:
         raise ConfigError(f"{what}: `tables` belongs to a Postgres source (a `postgres:` section)")
     refuse_unknown(d, {"kafka", "format", "envelope", "include", "interval", "budget", "on_decode_error", "rebuild",
-                       "schedule", "poll", "lease", "resume", "group", "schema"}, what)
-    kafka = parse_kafka(d["kafka"], f"{what}.kafka")
+                       "schedule", "poll", "lease", "resume", "group", "schema", "topics"}, what)
+    kafka = parse_kafka(d["kafka"], f"{what}.kafka", topic="topics" not in d)
+    if "topics" in d:
+        return _several_topics(name, d, kafka, base)
     fmt = parse_format(d.get("format", {"type": "json"}), f"{what}.format", base, KAFKA_FORMATS,
                        subject=f"{kafka.topic}-value")
     schema_mode = parse_schema_mode(d, fmt, what)
@@ -58,3 +65,59 @@ def parse_kafka_source(name: str, d: dict, base: Path | None) -> SourceSpec:
     sched = parse_schedule(d, what, SCHEDULES)
     return SourceSpec(name=name, upstream=kafka, format=fmt, envelope=envelope, include=include, budget=budget,
                       on_decode_error=on_err, rebuild=rebuild, schema_mode=schema_mode, **sched)
+
+
+TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+"""A Kafka topic name (Kafka's own rule)."""
+
+
+def _several_topics(name: str, d: dict, kafka, base: Path | None) -> SourceSpec:
+    """A source over several topics of one Debezium connector (``topics:``, a list of ``{topic, collection,
+    schema}``): each topic's change events go to the collection ``<source>__<collection>`` (and its errors to
+    ``<source>__<collection>_errors``); all topics bind together, one remap collection, one append."""
+    what = f"source {name}"
+    if d.get("envelope") != "debezium":
+        raise ConfigError(f"{what}: `topics:` names the topics of one Debezium connector (one per table); it needs "
+                          "`envelope: debezium` (a source of other records reads one `kafka.topic`)")
+    if d.get("schedule") == "upstream":
+        raise ConfigError(f"{what}: `schedule: upstream` watches one topic; a source over several topics runs on "
+                          "`schedule: interval` or `continuous`")
+    raw = d["topics"]
+    if not isinstance(raw, list) or not raw:
+        raise ConfigError(f"{what}.topics: a non-empty list of {{topic, collection, schema}}, one per table")
+    fmt = d.get("format", {"type": "json"})
+    fmt = {"type": fmt} if isinstance(fmt, str) else require(fmt, f"{what}.format")
+    if fmt.get("type", "json") != "json" or set(fmt) - {"type"}:
+        raise ConfigError(f"{what}.format: a source over several topics reads Debezium's JSON change events: give "
+                          "`format: json` (or leave it out), each topic's row schema in its `topics:` entry")
+    tables: list[TopicTable] = []
+    for i, t in enumerate(raw):
+        w = f"{what}.topics[{i}]"
+        t = require(t, w)
+        refuse_unknown(t, {"topic", "collection", "schema"}, w)
+        topic = t.get("topic")
+        if not isinstance(topic, str) or not TOPIC_RE.match(topic):
+            raise ConfigError(f"{w}: `topic` must be a Kafka topic name (letters, digits, . _ -), got {topic!r}")
+        coll = t.get("collection", topic.rsplit(".", 1)[-1].lower())
+        shard = f"{name}__{coll}{ERRORS_SUFFIX}"
+        if not isinstance(coll, str) or not SHARD_RE.match(shard) or not re.match(r"^[a-z][a-z0-9_]*$", coll):
+            raise ConfigError(f"{w}: collection {coll!r} must be lower case letters, digits and _ (starting with a "
+                              f"letter), short enough that {shard!r} is at most 61 characters")
+        schema = t.get("schema")
+        if not isinstance(schema, str) or not schema.strip():
+            raise ConfigError(f"{w}: `schema` is required: the table's row (`after`) as Spark DDL, e.g. "
+                              "\"id INT, name STRING\"")
+        check_schema(schema, f"{w}.schema")
+        for other in tables:
+            if other.topic == topic:
+                raise ConfigError(f"{w}: topic {topic!r} is named twice")
+            if other.collection == coll:
+                raise ConfigError(f"{w}: topics {other.topic!r} and {topic!r} both go to collection {coll!r} "
+                                  "(one collection per table: give each a `collection:`)")
+        tables.append(TopicTable(topic, coll, schema))
+    first = tables[0]
+    one = {k: v for k, v in d.items() if k != "topics"}
+    one["kafka"] = {**d["kafka"], "topic": first.topic}
+    one["format"] = {"type": "json", "schema": first.schema}
+    spec = parse_kafka_source(name, one, base)  # every other key validated as for one topic
+    return dataclasses.replace(spec, upstream=dataclasses.replace(kafka, tables=tuple(tables)))

@@ -15,6 +15,7 @@ from confluent_kafka.admin import OffsetSpec
 from reclock import kafka_client
 from reclock.errors import ReclockError, UpstreamDataLost
 from reclock.kafka_client import KafkaClientConfig
+from reclock.sources.kafka.topics import slot, topic_partition
 from reclock.time import PartitionedFrontier
 
 
@@ -37,10 +38,24 @@ class KafkaUpstream:
     kafka: KafkaClientConfig | str
     topic: str
     timeout: float = 15.0
+    topics: tuple[str, ...] = ()  # a source over several topics (``topic`` unused): frontiers over all of
+    #                               them, topic i's partition p as ``reclock.sources.kafka.topics.slot(i, p)``
     _client: kafka_client.Client | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.kafka = kafka_client.client_config(self.kafka)
+        if not self.topics:
+            self.topics = (self.topic,)
+
+    def _tp(self, frontier_partition: int, offset: int | None = None) -> TopicPartition:
+        i, p = topic_partition(frontier_partition)
+        return TopicPartition(self.topics[i], p) if offset is None else TopicPartition(self.topics[i], p, offset)
+
+    def _all_partitions(self) -> list[int]:
+        """Every topic's partitions, as the frontier's partitions."""
+        if len(self.topics) == 1:
+            return self.partitions()
+        return [slot(i, p) for i, t in enumerate(self.topics) for p in self.partitions(t)]
 
     @property
     def config(self) -> KafkaClientConfig:
@@ -56,36 +71,41 @@ class KafkaUpstream:
     def _denied(self, e, doing: str, needs) -> ReclockError | None:
         return self._admin().refused(e, doing, needs)
 
-    def partitions(self) -> list[int]:
-        """The topic's partitions; raises ``UpstreamUnavailable`` naming the source and the cause."""
+    def partitions(self, topic: str | None = None) -> list[int]:
+        """The partitions of ``topic`` (default: the source's topic); raises ``UpstreamUnavailable`` naming the
+        source, the topic and the cause."""
+        topic = self.topics[0] if topic is None else topic
         try:
-            md = self._admin().metadata(self.topic, self.timeout)  # synchronous
+            md = self._admin().metadata(topic, self.timeout)  # synchronous
         except KafkaException as e:
             raise UpstreamUnavailable(f"source {self.source}: Kafka at {self.config.describe()} is unreachable: "
                                       f"{e}") from e
-        t = md.topics.get(self.topic)
+        t = md.topics.get(topic)
         if t is None or t.error is not None:
             if t is not None and t.error.code() not in (KafkaError.UNKNOWN_TOPIC_OR_PART,
                                                           KafkaError._UNKNOWN_TOPIC):
-                raise self._denied(t.error, "reading the topic's metadata", {"topic": ("DESCRIBE", self.topic)}) \
-                    or UpstreamUnavailable(f"source {self.source}: topic {self.topic!r}: {t.error}")
+                raise self._denied(t.error, "reading the topic's metadata", {"topic": ("DESCRIBE", topic)}) \
+                    or UpstreamUnavailable(f"source {self.source}: topic {topic!r}: {t.error}")
+            where = "`kafka.topic`" if len(self.topics) == 1 else "the source's `topics:`"
             raise UpstreamUnavailable(
-                f"source {self.source}: topic {self.topic!r} does not exist on {self.config.bootstrap} "
-                "(create it, or fix `kafka.topic` in the source config)")
+                f"source {self.source}: topic {topic!r} does not exist on {self.config.bootstrap} "
+                f"(create it, or fix {where} in the source config)")
         return sorted(t.partitions)
 
     def _list_offsets(self, spec_factory) -> dict[int, int]:
         from confluent_kafka import IsolationLevel
 
-        parts = self.partitions()
-        req = {TopicPartition(self.topic, p): spec_factory() for p in parts}
+        parts = self._all_partitions()
+        req = {self._tp(p): spec_factory() for p in parts}
         try:
             futs = self._admin().handle.list_offsets(req, isolation_level=IsolationLevel.READ_COMMITTED,
                                                      request_timeout=self.timeout)
-            return {tp.partition: fut.result(timeout=self.timeout + 5).offset for tp, fut in futs.items()}
+            return {slot(self.topics.index(tp.topic), tp.partition): fut.result(timeout=self.timeout + 5).offset
+                    for tp, fut in futs.items()}
         except KafkaException as e:
-            raise self._denied(e, "listing offsets", {"topic": ("DESCRIBE", self.topic)}) or UpstreamUnavailable(
-                f"source {self.source}: listing offsets of {self.topic!r} failed: {e}") from e
+            names = ", ".join(self.topics)
+            raise self._denied(e, "listing offsets", {"topic": ("DESCRIBE", names)}) or UpstreamUnavailable(
+                f"source {self.source}: listing offsets of {names!r} failed: {e}") from e
 
     def probe_upper(self) -> PartitionedFrontier:
         """Per-partition last stable offsets (what a ``read_committed`` consumer can read up to)."""
@@ -110,10 +130,10 @@ class KafkaUpstream:
         client = kafka_client.consumer(self.config, f"source {self.source}",
                                        {"group.id": group, "enable.auto.commit": False})
         try:
-            client.handle.commit(offsets=[TopicPartition(self.topic, p, o) for p, o in frontier], asynchronous=False)
+            client.handle.commit(offsets=[self._tp(p, o) for p, o in frontier], asynchronous=False)
         except KafkaException as e:
-            raise client.refused(e, f"committing offsets to group {group}",
-                                 {"group": ("READ", group), "topic": ("READ", self.topic)}) or UpstreamUnavailable(
+            needs = {"group": ("READ", group), "topic": ("READ", ", ".join(self.topics))}
+            raise client.refused(e, f"committing offsets to group {group}", needs) or UpstreamUnavailable(
                 f"source {self.source}: committing offsets to group {group} failed: {e}") from e
         finally:
             client.handle.close()
@@ -128,7 +148,7 @@ class KafkaUpstream:
         A group's coordinator moves (a new group, a broker restarting, a leader election): the broker answers
         ``NOT_COORDINATOR`` or ``COORDINATOR_LOAD_IN_PROGRESS`` until it settles, so those are retried until
         ``timeout``; then ``UpstreamUnavailable`` names the group and the last error."""
-        parts = [TopicPartition(self.topic, p) for p in self.partitions()]
+        parts = [self._tp(p) for p in self._all_partitions()]
         deadline = time.monotonic() + self.timeout
         client = kafka_client.consumer(self.config, f"source {self.source}",
                                        {"group.id": group, "enable.auto.commit": False})
@@ -148,4 +168,5 @@ class KafkaUpstream:
                     time.sleep(0.5)
         finally:
             client.handle.close()
-        return PartitionedFrontier.of((tp.partition, tp.offset) for tp in tps if tp.offset >= 0)
+        return PartitionedFrontier.of((slot(self.topics.index(tp.topic), tp.partition), tp.offset)
+                                      for tp in tps if tp.offset >= 0)

@@ -525,6 +525,7 @@ class ChangeDecoder:
         # the rows a table holds retracted and added again with the added columns' values (the updates)
         self.refill = refill
         self.evolved: dict[int, TableInfo] = {}  # tables whose columns DDL changed in this write, as they are now
+        self.adopted: dict[int, list[tuple[str, ...]]] = {}  # per table, the column names of each Relation adopted
         self.versions: dict[str, list[SchemaVersion]] = {}  # per shard, the schema versions this write begins
         self.schema_before: dict[str, tuple] = {}  # per shard, its columns before this write's first change
         self.truncated = truncated  # retracts a table's every row at a ts (None: a TRUNCATE stalls)
@@ -843,7 +844,8 @@ class ChangeDecoder:
                                          f"the rows the table held then hold there cannot be told: {why}", remedy)
         ts = self.targets[0][0]
         relid = out.info.relid
-        now = Output(replace(out.info, columns=columns), out.shard)
+        now = Output(replace(out.info, columns=columns, attnums=None), out.shard)  # numbered after the write
+        self.adopted.setdefault(relid, []).append(tuple(c[0] for c in columns))
         mine = self.versions.get(out.shard, [])
         earlier = [self.schema_before.get(out.shard, out.info.columns)] + [ddl.relation_columns(v.upstream) for v in mine]
         if mine and mine[-1].since_ts == ts:  # the columns before this timestamp: a version at it is replaced

@@ -34,6 +34,10 @@ reordered, any other type change (a narrowing,   after giving the table an ident
 precision, ...), every column dropped
 ==============================================  ==========================================================
 
+A Relation message carries no column numbers: ``DROP COLUMN c, ADD COLUMN c`` of the same type, ``c`` last,
+with no change of the table between, gives one equal to the one before. :func:`number_columns` checks what
+the stream showed against the catalog as of each write's upper (by ``attnum``), which catches it.
+
 Only changes that keep every value the table holds are taken: a type change Postgres makes by rewriting
 values (``timestamp(6)`` to ``timestamp(3)`` rounds them, ``char(n)`` pads them) would leave the rows the
 collection holds unequal to the table's, and their retractions unmatched, so it stalls. Law
@@ -231,3 +235,109 @@ def classify(old: Sequence[PgColumn], new: Sequence[PgColumn], key: Sequence[str
         changed.append((n, was, now))
     return RelationChange(added=tuple(new_names[len(kept):]), changed=tuple(changed),
                           dropped=tuple(c[0] for _, c in gone))
+
+
+@dataclass(frozen=True)
+class CatalogTable:
+    """A table's columns in the catalog as of a binding's upper (read by the mint under an ``ACCESS SHARE``
+    lock, ``PostgresUpstream.catalog_upper``): its live columns ``(name, attnum)`` and the numbers of its
+    dropped columns (a dropped column keeps its number; Postgres never reuses one)."""
+
+    live: tuple[tuple[str, int], ...]
+    dropped: tuple[int, ...] = ()
+
+    def to_json(self) -> dict:
+        return {"live": [list(c) for c in self.live], "dropped": list(self.dropped)}
+
+    @staticmethod
+    def from_json(d: dict) -> "CatalogTable":
+        return CatalogTable(tuple((str(n), int(a)) for n, a in d["live"]), tuple(int(a) for a in d.get("dropped", ())))
+
+
+@dataclass(frozen=True)
+class Numbering:
+    """The outcome of :func:`number_columns`: each column the stream ends with its column number
+    (``attnums``, in the columns' order; None: not known yet), the highest number accounted for (``upto``), or why the source
+    stalls (``refused``, naming ``column``)."""
+
+    attnums: tuple[int, ...] | None = ()
+    upto: int = 0
+    refused: str | None = None
+    column: str | None = None
+
+
+def number_columns(columns: Sequence[str], attnums: Sequence[int] | None, upto: int | None,
+                   relations: Sequence[Sequence[str]], catalog: CatalogTable,
+                   column_list: Sequence[str] | None = None) -> Numbering:
+    """Whether what a write's stream showed of a table agrees with the catalog as of the write's upper, by
+    column number (``attnum``), which a Relation message does not carry.
+
+    ``columns``/``attnums``/``upto``: the table as registered before the write (its columns' numbers, None for a
+    registration older than them; the highest number accounted for); ``relations``: the column names of each
+    Relation message of other columns the write adopted, in order; ``catalog``: the table at the upper.
+
+    Every column number above ``upto`` was taken by an ``ADD COLUMN`` since. The n-th column the stream saw
+    added took the n-th of them: it must be live under that name at the upper, or dropped if the stream saw it
+    dropped. A column carried over from the registration keeps its number: its name live at another number
+    means it was dropped and added again where no Relation message showed it (a stall, never a guess). The
+    numbers after the ones the stream explains are columns added with no change of the table since (live:
+    a later Relation message shows them) or added and dropped again, which is harmless only when no column
+    the stream knew was dropped in the write (else the dropped one may have been a silent re-add that rows
+    were written to). Law: ``tests/unit/test_pg_attnum_law.py``."""
+    live = dict(catalog.live)
+    named = {a: n for n, a in catalog.live}
+    dropped = set(catalog.dropped)
+    ends = list(relations[-1]) if relations else list(columns)
+    if attnums is None:  # a registration older than column numbers: take the catalog's where the names agree
+        if any(n not in live for n in ends):  # a drop a later Relation message shows: number them then
+            return Numbering(None, upto or 0)
+        got = tuple(live[n] for n in ends)
+        return Numbering(got, max([upto or 0, *got]))
+    known = dict(zip(columns, attnums))
+    upto = upto or 0
+    source: dict[str, int | None] = {n: None for n in columns}  # None: carried over; i: the i-th add
+    adds: list[list] = []  # [name, still there]
+    carried_dropped = False
+    for rel in relations:
+        for n in [n for n in source if n not in rel]:
+            if source[n] is None:
+                carried_dropped = True
+            else:
+                adds[source[n]][1] = False
+            del source[n]
+        for n in rel:
+            if n not in source:
+                source[n] = len(adds)
+                adds.append([n, True])
+    for n, i in source.items():
+        if i is None and n in live and live[n] != known[n]:
+            return Numbering(refused=f"column {n} was dropped and added again where no Relation message showed it "
+                             f"(its column number is {live[n]} in the catalog at this binding's upper, "
+                             f"{known[n]} when it was registered): the rows the table holds in it are not the ones "
+                             "the collection holds", column=n)
+    if column_list is not None:  # a column re-added to a column list redefines the publication: only names
+        return Numbering(tuple(known[n] if source[n] is None else live.get(n, 0) for n in ends), upto)
+    taken = sorted(a for a in (*named, *dropped) if a > upto)
+    if len(adds) > len(taken):
+        return Numbering(refused=f"the stream showed {len(adds)} column(s) added, the catalog at this binding's "
+                         f"upper {len(taken)} column number(s) taken since", column=adds[-1][0])
+    for (n, there), a in zip(adds, taken):
+        if (named.get(a) == n) if there else (a in dropped):
+            continue
+        return Numbering(refused=f"column {n}, which the stream showed {'added' if there else 'added and dropped'}, "
+                         f"is not column number {a} of the catalog at this binding's upper "
+                         f"({'dropped' if a in dropped else named.get(a)}): a column was dropped and added again "
+                         "where no Relation message showed it", column=n)
+    disturbed = carried_dropped or any(not there for _, there in adds) or any(
+        known[n] in dropped for n, i in source.items() if i is None)
+    settled = len(adds)
+    for a in taken[len(adds):]:
+        if a in named:
+            break  # added with no change of the table since: a later Relation message shows it
+        if disturbed:
+            return Numbering(refused=f"a column (number {a}) was added and dropped again, and a column the stream "
+                             "knew was dropped: whether it was one of them added again, with rows written to it, "
+                             "cannot be told", column=None)
+        settled += 1
+    got = tuple(known[n] if source[n] is None else taken[source[n]] for n in ends)
+    return Numbering(got, taken[settled - 1] if settled else upto)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import uuid
+from dataclasses import replace
 from typing import Any, Callable, ContextManager, Sequence
 
 import pyarrow as pa
@@ -31,7 +32,7 @@ from reclock import remap
 from reclock.batch import BatchDescription, mint_descriptions
 from reclock.compaction import contents_as_of
 from reclock.datasets import DatasetName, postgres_table
-from reclock.errors import (ConfigError, ReclockError, ShardsDisagree, SlotAheadOfConsensus, TableSchemaChanged,
+from reclock.errors import (ColumnReplaced, ConfigError, ReclockError, ShardsDisagree, SlotAheadOfConsensus, TableSchemaChanged,
                             TableTruncated, TruncatedUnderSnapshot)
 from reclock.failpoints import failpoint
 from reclock.part_layout import DATA_KIND, ERRORS_KIND, ERRORS_OUTPUT, INTERNAL_PREFIX
@@ -48,8 +49,9 @@ from reclock.sources.base import (Acknowledged, CycleServices, Lag, SourceKind, 
 from reclock.sources.postgres import cdc, ddl
 from reclock.sources.postgres import pgoutput as po
 from reclock.sources.postgres import spark_snapshot
-from reclock.sources.postgres.registration import (record_snapshot_lsn, register_tables, registered_tables,
-                                                   replace_tables, snapshot_lsn, snapshot_ts, update_tables)
+from reclock.sources.postgres.registration import (catalog_at, record_catalog, record_snapshot_lsn, register_tables,
+                                                   registered_tables, replace_tables, snapshot_lsn, snapshot_ts,
+                                                   update_tables)
 from reclock.sources.postgres.spec import find_upstream_dsn, parse_pg_table, parse_postgres_source, pg_table_shard
 from reclock.sources.postgres.upstream import LSN_PARTITION, PostgresUpstream, TableInfo, lsn_frontier, lsn_to_str
 from reclock.time import PartitionedFrontier
@@ -111,7 +113,20 @@ class PostgresSource(SourceRuntime):
         return (*(o.shard for o in self.outputs()), self.ctx.spec.errors_shard)
 
     def probe_upper(self) -> PartitionedFrontier:
-        return self.upstream().probe_upper()
+        """The upstream's upper with its tables' columns in the catalog as of it (``PostgresUpstream.probe_upper``),
+        which the write up to it reads (``registration.catalog_at``, :meth:`_numbered`)."""
+        with self.ctx.connect() as conn:
+            tables = registered_tables(conn, self.name) or []
+        upper, catalog = self.upstream().probe_upper(tables)
+        if tables:
+            with self.ctx.connect() as conn:
+                record_catalog(conn, self.name, upper.get(LSN_PARTITION), catalog)
+        return upper
+
+    def probe_metrics(self) -> dict:
+        """How long the last probe waited for the WAL to be flushed up to its upper (``flush_wait_ms``)."""
+        waited = self.upstream().flush_waited_ms
+        return {} if waited is None else {"flush_wait_ms": waited}
 
     def descriptions(self, rc: RemapCollection, lower: int) -> list[BatchDescription]:
         # LSN distances are WAL bytes, not changes: one description, its memory bounded by the part size
@@ -209,13 +224,14 @@ class PostgresSource(SourceRuntime):
                                              ddl.remedy(name, info.table, refused))
             up.drop_slot(uconn)
             up.ensure_slot(uconn)
-            lsn = up.flush_lsn(uconn)
+            lsn, catalog = up.catalog_upper(uconn, infos)
         with self.ctx.connect() as conn, conn.transaction():
             rc = load_remap(conn, name)
             binding = remap.Binding(remap.next_binding_ts(rc, self.ctx.clock()),
                                     remap.last_frontier(rc).join(lsn_frontier(lsn)))
             append_binding(conn, name, rc.upper, binding)
             replace_tables(conn, name, infos, binding.ts)
+            record_catalog(conn, name, binding.frontier.get(LSN_PARTITION), catalog)
             shards = [pg_table_shard(name, t.table) for t in infos]
             for i, shard in enumerate(shards):
                 register_shard(conn, shard, source=name, output=0 if i == 0 else i + 1, kind=DATA_KIND)
@@ -304,6 +320,7 @@ class PostgresSource(SourceRuntime):
                 with uconn.transaction(force_rollback=True), contextlib.closing(
                         up.read_blocks(uconn, upto, batch=max(1, min(chunk, 10_000)))) as blocks:
                     stats = decoder.feed_blocks(blocks)
+                numbered = self._numbered(uconn, outputs, decoder, end)
             failpoint("write_batches:after_slice")
             emitted = writer.close()
             parts = cdc.collect(self.ctx.blob, self.ctx.spec.name, prefix, emitted, sorted(spark_done))
@@ -311,8 +328,9 @@ class PostgresSource(SourceRuntime):
                 self.ctx.blob.put_bytes(f"{prefix}/{SNAPSHOT_LSN_FILE}", str(key_from).encode())
             schemas = self._schema_versions(desc, outputs, decoder, t1 if snapshot and desc.lower > 0 else None,
                                             held_before)
-            if decoder.evolved:  # DDL that flowed: the append registers the tables' new columns (append_effects)
-                tables = [decoder.evolved.get(o.info.relid, o.info).to_json() for o in outputs]
+            if any(numbered[o.info.relid] != o.info for o in outputs):
+                # DDL that flowed, column numbers: the append registers the tables' new columns (append_effects)
+                tables = [numbered[o.info.relid].to_json() for o in outputs]
                 self.ctx.blob.put_bytes(f"{prefix}/{TABLES_FILE}", json.dumps(tables).encode())
         except BaseException:
             with contextlib.suppress(Exception), self.ctx.connect() as conn:
@@ -360,11 +378,44 @@ class PostgresSource(SourceRuntime):
         with contextlib.closing(self.upstream().connect()) as conn:
             return PostgresUpstream.added_columns(conn, out.info, added)
 
-    def _check_snapshot_columns(self, sconn, outputs: Sequence[cdc.Output]) -> None:
-        """The tables' published columns in the snapshot are the registered ones: DDL between the registration
-        (or a re-snapshot's) and the snapshot would give rows the snapshot read without the new columns' values."""
+    def _numbered(self, uconn, outputs: Sequence[cdc.Output], decoder: cdc.ChangeDecoder,
+                  end: int) -> dict[int, TableInfo]:
+        """Each table as the write leaves it (``decoder.evolved``), with its columns' numbers, after checking
+        what the stream showed against the catalog as of the write's upper ``end`` (the mint's,
+        ``registration.catalog_at``; as it is now if none was kept, which can only stall more, never less):
+        ``ColumnReplaced`` (nothing appended) for a column dropped and added again where no Relation message
+        showed it (``ddl.number_columns``)."""
+        name = self.ctx.spec.name
+        with self.ctx.connect() as conn:
+            catalog = catalog_at(conn, name, end)
+        if catalog is None or any(o.info.relid not in catalog for o in outputs):
+            catalog = PostgresUpstream.read_catalog(uconn, [o.info for o in outputs])
+        numbered = {}
         for out in outputs:
-            now = PostgresUpstream.published_columns(sconn, out.info)
+            info = out.info
+            got = ddl.number_columns([c for c, _, _ in info.columns], info.attnums, info.attnum_upto,
+                                     decoder.adopted.get(info.relid, ()), catalog[info.relid], info.column_list)
+            if got.refused is not None:
+                raise ColumnReplaced(name, info.table, got.refused, ddl.resnapshot_remedy(name))
+            numbered[info.relid] = replace(decoder.evolved.get(info.relid, info), attnums=got.attnums,
+                                           attnum_upto=got.upto if info.attnums is not None or got.attnums is not None
+                                           else info.attnum_upto)
+        return numbered
+
+    def _check_snapshot_columns(self, sconn, outputs: Sequence[cdc.Output]) -> None:
+        """The tables' published columns in the snapshot are the registered ones, by name, type and number: DDL
+        between the registration (or a re-snapshot's) and the snapshot would give rows the snapshot read without
+        the new columns' values."""
+        for out in outputs:
+            numbered = PostgresUpstream.numbered_columns(sconn, out.info)
+            now = tuple(c for c, _ in numbered)
+            if out.info.attnums is not None and now == out.info.columns and \
+                    tuple(a for _, a in numbered) != out.info.attnums:
+                raise ColumnReplaced(self.ctx.spec.name, out.info.table, "a column was dropped and added again "
+                                     "between the source's registration and its snapshot (column numbers "
+                                     f"{', '.join(map(str, out.info.attnums))} are now "
+                                     f"{', '.join(str(a) for _, a in numbered)})",
+                                     ddl.resnapshot_remedy(self.ctx.spec.name))
             if now != out.info.columns:
                 change = ddl.classify(out.info.columns, now)
                 raise TableSchemaChanged(self.ctx.spec.name, out.info.table, "DDL changed its columns between the "
@@ -484,13 +535,15 @@ class PostgresSource(SourceRuntime):
         least = self.ctx.spec.upstream.spark_snapshot_min_bytes
         if least is None or self.ctx.spark_factory is None:
             return []
-        chosen = []
+        chosen, slots = [], None
         for out in outputs:
             if out.info.partitioned:  # its rows are in its partitions' heaps: no page ranges of its own
                 continue
             size, pages, block = PostgresUpstream.table_size(sconn, out.info.relid)
             if size >= least and spark_snapshot.convertible(out.info):
-                chosen.append((out, spark_snapshot.partition_predicates(pages, spark_snapshot.SPLIT_BYTES // block)))
+                slots = slots or spark_snapshot.task_slots(self.ctx.spark())
+                chosen.append((out, spark_snapshot.partition_predicates(pages, spark_snapshot.SPLIT_BYTES // block,
+                                                                        slots)))
         return chosen
 
 

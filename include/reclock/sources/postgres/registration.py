@@ -16,7 +16,11 @@ from typing import Sequence
 
 from psycopg.types.json import Jsonb
 
+from reclock.sources.postgres.ddl import CatalogTable
 from reclock.sources.postgres.upstream import TableInfo
+
+CATALOGS_KEPT = 8
+"""How many catalogs as of an upper (:func:`record_catalog`) a source keeps: a write reads its upper's."""
 
 
 def registered_tables(conn, source: str) -> list[TableInfo] | None:
@@ -74,3 +78,31 @@ def register_tables(conn, source: str, tables: Sequence[TableInfo]) -> list[Tabl
     found = registered_tables(conn, source)
     assert found is not None, f"source {source} is registered"
     return found
+
+
+def record_catalog(conn, source: str, lsn: int, catalog: dict[int, CatalogTable]) -> None:
+    """Keep the tables' columns in the catalog as of upper ``lsn`` (``PostgresUpstream.catalog_upper``, read by a
+    mint) for the write that decodes up to it (:func:`catalog_at`); the :data:`CATALOGS_KEPT` highest uppers
+    are kept."""
+    with conn.transaction():
+        row = conn.execute("SELECT config -> 'postgres' -> 'catalogs' FROM reclock.sources WHERE name = %s FOR UPDATE",
+                           (source,)).fetchone()
+        if row is None:
+            return
+        kept = dict(row[0] or {})
+        if str(lsn) in kept:  # minted again at the same upper: no ALTER committed since (it would move the upper)
+            return
+        kept[str(lsn)] = {str(r): t.to_json() for r, t in catalog.items()}
+        kept = {k: kept[k] for k in sorted(kept, key=int)[-CATALOGS_KEPT:]}
+        conn.execute("UPDATE reclock.sources SET config = jsonb_set(config, '{postgres,catalogs}', %s) WHERE name = %s "
+                     "AND config ? 'postgres'", (Jsonb(kept), source))
+
+
+def catalog_at(conn, source: str, lsn: int) -> dict[int, CatalogTable] | None:
+    """The tables' columns in the catalog as of upper ``lsn`` (:func:`record_catalog`), None if none was kept
+    (a binding minted before catalogs were kept, or another cycle's mints pushed it out)."""
+    row = conn.execute("SELECT config -> 'postgres' -> 'catalogs' -> %s FROM reclock.sources WHERE name = %s",
+                       (str(lsn), source)).fetchone()
+    if row is None or row[0] is None:
+        return None
+    return {int(r): CatalogTable.from_json(t) for r, t in row[0].items()}

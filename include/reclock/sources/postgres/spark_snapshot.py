@@ -107,12 +107,32 @@ def convertible(info: TableInfo) -> bool:
     return all(_column_sql(f"c{i}", o, m, n) is not None for i, (n, o, m) in enumerate(info.columns))
 
 
-def partition_predicates(pages: int, split_pages: int) -> list[str]:
-    """One predicate per Spark partition: ranges of ``split_pages`` pages over ``pages``, the last one
-    open-ended (every page of the table, however many there are when the read runs)."""
-    bounds = list(range(0, max(pages, 1), max(split_pages, 1)))[:MAX_PARTITIONS]
+def partition_predicates(pages: int, split_pages: int, slots: int | None = None) -> list[str]:
+    """One predicate per Spark partition: ranges of at most ``split_pages`` pages over ``pages`` (unless that
+    makes more than :data:`MAX_PARTITIONS`), their sizes one page apart at most, as many as a multiple of ``slots`` (the tasks Spark runs at once, if known: no last wave of one
+    task while the other cores idle), the last one open-ended (every page of the table, however many there
+    are when the read runs)."""
+    count = -(-max(pages, 1) // max(split_pages, 1))
+    if slots:
+        count = -(-count // slots) * slots
+    count = max(1, min(count, MAX_PARTITIONS, max(pages, 1)))
+    bounds = [i * pages // count for i in range(count)]
     preds = [f"{CTID} >= '({lo},0)' AND {CTID} < '({hi},0)'" for lo, hi in zip(bounds, bounds[1:])]
     return preds + [f"{CTID} >= '({bounds[-1]},0)'"]
+
+
+def task_slots(spark) -> int | None:
+    """How many tasks ``spark`` runs at once (its default parallelism), or None where it does not say (a Spark
+    Connect session without ``spark.default.parallelism``)."""
+    try:
+        return int(spark.sparkContext.defaultParallelism)
+    except Exception:  # noqa: BLE001 - Spark Connect has no SparkContext
+        pass
+    try:
+        value = spark.conf.get("spark.default.parallelism", None)
+    except Exception:  # noqa: BLE001 - a session that cannot say
+        return None
+    return int(value) if value and str(value).isdigit() else None
 
 
 def session_init(snapshot: str) -> str:
@@ -158,6 +178,10 @@ def _column_sql(c: str, type_oid: int, typmod: int, name: str) -> str | None:
         if t.precision > 38:
             return None
         spark_type = f"DECIMAL({t.precision},{t.scale})"
+        if po.numeric_precision(typmod) is not None and 0 <= t.scale <= t.precision:
+            # a declared numeric(p, s) holds only values of p digits, s of them fractional (Postgres applies
+            # the typmod to every value it stores), and NaN; no regex per value
+            return refuse(f"{col} = 'NaN'", spark_type, f"does not fit {t}", f"CAST({col} AS {spark_type})")
         # the decoder refuses a value with more fractional digits than the scale (Spark would round it),
         # more integer digits than precision - scale, and NaN or infinities
         fits = (f"{col} RLIKE '^-?[0-9]{{1,{max(t.precision - t.scale, 1)}}}(\\\\.[0-9]{{0,{t.scale}}})?$'"

@@ -9,8 +9,9 @@ record starts below ``L`` is in at ``t`` or earlier".
 step                what this module does
 ==================  ========================================================================================
 mint                :meth:`PostgresUpstream.probe_upper`: check the publication, the tables and their replica
-                    identity, make sure the slot ``reclock_<source>`` exists and is healthy, and return the
-                    flush LSN (``pg_current_wal_flush_lsn()``)
+                    identity, make sure the slot ``reclock_<source>`` exists and is healthy, and return an
+                    upper LSN with the tables' columns in the catalog as of it (:meth:`~PostgresUpstream
+                    .catalog_upper`: the tables locked ``IN ACCESS SHARE MODE`` for a few milliseconds)
 write_batches       :meth:`~PostgresUpstream.read_blocks`: the slot's messages up to an LSN, through
                     ``pg_logical_slot_peek_binary_changes`` on a server-side cursor (peek does not consume,
                     so a retried write reads the same), fetched on a helper thread ahead of the decoding;
@@ -53,6 +54,7 @@ stalls the source until a re-snapshot (:class:`~reclock.errors.PublicationRedefi
 from __future__ import annotations
 
 import contextlib
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Iterator, Literal, Sequence
@@ -62,9 +64,10 @@ from psycopg import sql
 from psycopg.rows import scalar_row
 
 from reclock.ahead import read_ahead
-from reclock.errors import (PublicationMissing, PublicationRedefined, PublicationUnsupported, ReclockError,
+from reclock.errors import (CatalogBusy, PublicationMissing, PublicationRedefined, PublicationUnsupported, ReclockError,
                             ReplicaIdentityChanged, ReplicaIdentityMissing, SlotBusy, SlotLost)
 from reclock.lending import ConnectionLender
+from reclock.sources.postgres.ddl import CatalogTable
 from reclock.sources.postgres.pgoutput import BPCHAR, lsn_to_int, lsn_to_str
 from reclock.time import PartitionedFrontier
 
@@ -134,7 +137,10 @@ class TableInfo:
     ``attnum_upto``: the table's highest column number (``attnum``, dropped columns too) when it was
     registered: a column of a higher number that is dropped now was added and dropped since, which makes a
     later column of the same name ambiguous (``reclock.sources.postgres.ddl``; None for a registration older
-    than it)."""
+    than it). ``attnums``: each column's number, in the columns' order (None for a registration older than
+    them): a column's identity, which a Relation message does not carry; each write checks them against the
+    catalog as of its upper (``ddl.number_columns``), which catches a column dropped and added again under its
+    name where no Relation message shows it."""
 
     table: str  # schema.table
     relid: int
@@ -145,6 +151,11 @@ class TableInfo:
     identity: Identity = "full"
     key: tuple[str, ...] = ()
     attnum_upto: int | None = None  # the table's highest column number (dropped ones too) when registered
+    attnums: tuple[int, ...] | None = None  # each column's number (attnum), in the columns' order
+
+    def __post_init__(self) -> None:
+        if self.attnums is not None and len(self.attnums) != len(self.columns):
+            raise ValueError(f"table {self.table}: {len(self.attnums)} column numbers for {len(self.columns)} columns")
 
     @property
     def partitioned(self) -> bool:
@@ -162,6 +173,8 @@ class TableInfo:
             out["identity"], out["key"] = self.identity, list(self.key)
         if self.attnum_upto is not None:
             out["attnum_upto"] = self.attnum_upto
+        if self.attnums is not None:
+            out["attnums"] = list(self.attnums)
         return out
 
     @staticmethod
@@ -170,7 +183,8 @@ class TableInfo:
         return TableInfo(d["table"], int(d["relid"]), tuple((str(n), int(o), int(m)) for n, o, m in d["columns"]),
                          d.get("row_filter"), None if columns is None else tuple(columns),
                          None if partitions is None else tuple(int(p) for p in partitions),
-                         d.get("identity", "full"), tuple(d.get("key", ())), d.get("attnum_upto"))
+                         d.get("identity", "full"), tuple(d.get("key", ())), d.get("attnum_upto"),
+                         None if d.get("attnums") is None else tuple(int(a) for a in d["attnums"]))
 
     @property
     def keyed(self) -> bool:
@@ -225,6 +239,7 @@ class PostgresUpstream:
         self.publication = publication
         self.slot = slot_name(source)
         self.timeout = timeout
+        self.flush_waited_ms: float | None = None  # the last catalog_upper's wait for the WAL flush
         self._sessions = ConnectionLender(lambda: self.connect())  # resolved at each call (tests wrap it)
 
     # -- connections ----------------------------------------------------------------------------------
@@ -316,8 +331,8 @@ class PostgresUpstream:
                                                      f"{table}'s is {IDENTITY[ident]} (the publication publishes the "
                                                      "partitions through their root: give them one kind of identity)")
                 partitions = tuple(sorted(int(oid) for oid, _, _ in members))
-            cols = conn.execute("SELECT attname, atttypid::int8, atttypmod FROM pg_attribute WHERE attrelid = %s "
-                                "AND attnum > 0 AND NOT attisdropped ORDER BY attnum", (relid,)).fetchall()
+            cols = conn.execute("SELECT attname, atttypid::int8, atttypmod, attnum::int FROM pg_attribute WHERE "
+                                "attrelid = %s AND attnum > 0 AND NOT attisdropped ORDER BY attnum", (relid,)).fetchall()
             listed = conn.execute("SELECT pr.prattrs IS NOT NULL FROM pg_publication_rel pr JOIN pg_publication p "
                                   "ON p.oid = pr.prpubid WHERE p.pubname = %s AND pr.prrelid = %s",
                                   (self.publication, relid)).fetchone()
@@ -333,8 +348,8 @@ class PostgresUpstream:
                         f"{table} ({', '.join([*column_list, *outside])})")
             (upto,) = conn.execute("SELECT max(attnum)::int FROM pg_attribute WHERE attrelid = %s AND attnum > 0",
                                    (relid,)).fetchone()
-            out.append(TableInfo(table, relid, tuple((n, o, m) for n, o, m in cols), row_filter, column_list,
-                                 partitions, identity, key, upto))
+            out.append(TableInfo(table, relid, tuple((n, o, m) for n, o, m, _ in cols), row_filter, column_list,
+                                 partitions, identity, key, upto, tuple(a for _, _, _, a in cols)))
         return out
 
     def _identity(self, conn, table: str, relid: int, ident: str, where: str = "") -> tuple[Identity, tuple[str, ...]]:
@@ -377,9 +392,64 @@ class PostgresUpstream:
     def published_columns(conn, info: TableInfo) -> tuple[tuple[str, int, int], ...]:
         """The columns of ``info``'s table the publication publishes now (in ``conn``'s snapshot): all of them
         in order, or those of its column list."""
-        cols = conn.execute("SELECT attname, atttypid::int8, atttypmod FROM pg_attribute WHERE attrelid = %s "
-                            "AND attnum > 0 AND NOT attisdropped ORDER BY attnum", (info.relid,)).fetchall()
-        return tuple((n, o, m) for n, o, m in cols if info.column_list is None or n in info.column_list)
+        return tuple(c for c, _ in PostgresUpstream.numbered_columns(conn, info))
+
+    @staticmethod
+    def numbered_columns(conn, info: TableInfo) -> tuple[tuple[tuple[str, int, int], int], ...]:
+        """:meth:`published_columns` with each one's column number: ``((name, type oid, typmod), attnum)``."""
+        cols = conn.execute("SELECT attname, atttypid::int8, atttypmod, attnum::int FROM pg_attribute WHERE "
+                            "attrelid = %s AND attnum > 0 AND NOT attisdropped ORDER BY attnum", (info.relid,)).fetchall()
+        return tuple(((n, o, m), a) for n, o, m, a in cols if info.column_list is None or n in info.column_list)
+
+    @staticmethod
+    def read_catalog(conn, tables: Sequence[TableInfo]) -> dict[int, CatalogTable]:
+        """Each table's columns in the catalog as ``conn``'s statement sees it (``ddl.CatalogTable``, by oid)."""
+        out: dict[int, tuple[list, list]] = {t.relid: ([], []) for t in tables}
+        for relid, name, num, gone in conn.execute(
+                "SELECT attrelid::int8, attname, attnum::int, attisdropped FROM pg_attribute WHERE attrelid = "
+                "ANY(%s::oid[]) AND attnum > 0 ORDER BY attrelid, attnum", ([t.relid for t in tables],)).fetchall():
+            out[int(relid)][1 if gone else 0].append(num if gone else (name, num))
+        return {r: CatalogTable(tuple(live), tuple(dropped)) for r, (live, dropped) in out.items()}
+
+    def catalog_upper(self, conn, tables: Sequence[TableInfo], lock_timeout_ms: int = 2000,
+                      flush_wait_s: float = 30.0) -> tuple[int, dict[int, CatalogTable]]:
+        """An upper LSN ``U`` and the tables' columns in the catalog as of it (``ddl.CatalogTable``, by oid).
+
+        In one transaction: every table locked ``IN ACCESS SHARE MODE`` (it conflicts only with the ``ACCESS
+        EXCLUSIVE`` lock ``ALTER TABLE`` takes; DML goes on), then the catalog read and ``U`` =
+        ``pg_current_wal_insert_lsn()``: every ``ALTER TABLE`` committed before the lock was granted is in the
+        read and its commit record below ``U``; none commits until the lock is released, and then above ``U``.
+        ``U`` is the insert position, not the flush position, as an ``ALTER`` of a session with
+        ``synchronous_commit = off`` is visible before its commit record is flushed; so this then waits until
+        the flush position reaches ``U`` (a peek decodes only what is flushed: an upper the slot cannot deliver
+        yet is never returned). :class:`~reclock.errors.CatalogBusy` if a lock is not granted within
+        ``lock_timeout_ms`` (an ``ALTER`` holds it, or waits for a long transaction with it queued ahead)."""
+        with conn.transaction(force_rollback=True):
+            conn.execute(f"SET LOCAL lock_timeout = {int(lock_timeout_ms)}")
+            for t in tables:
+                schema, _, name = t.table.partition(".")
+                try:
+                    conn.execute(sql.SQL("LOCK TABLE {}.{} IN ACCESS SHARE MODE").format(
+                        sql.Identifier(schema), sql.Identifier(name)))
+                except psycopg.errors.LockNotAvailable as e:
+                    raise CatalogBusy(self.source, t.table, str(e).strip()) from e
+                except psycopg.errors.UndefinedTable as e:
+                    raise PublicationMissing(self.source, t.table, "does not exist (dropped or renamed)",
+                                             f"`reclock resnapshot {self.source}`") from e
+            catalog = self.read_catalog(conn, tables)
+            upper, block = conn.execute("SELECT pg_current_wal_insert_lsn()::text, "
+                                        "current_setting('wal_block_size')::int").fetchone()
+        upper = lsn_to_int(upper)
+        if 0 < upper % block <= 40:  # the insert position is past a page header, where no record starts
+            upper -= upper % block
+        t0 = time.monotonic()
+        while self.flush_lsn(conn) < upper:
+            if time.monotonic() - t0 > flush_wait_s:
+                raise UpstreamUnavailable(f"source {self.source}: the upstream's WAL was not flushed up to "
+                                          f"{lsn_to_str(upper)} within {flush_wait_s:g} s")
+            time.sleep(0.005)
+        self.flush_waited_ms = round((time.monotonic() - t0) * 1000, 1)
+        return upper, catalog
 
     @staticmethod
     def added_columns(conn, info: TableInfo, added: Sequence[tuple[str, int, int]]
@@ -518,11 +588,13 @@ class PostgresUpstream:
 
     # -- the cycle's calls ------------------------------------------------------------------------------
 
-    def probe_upper(self) -> PartitionedFrontier:
-        """The flush LSN as a frontier (the slot must exist and be healthy; ``SlotLost`` otherwise)."""
+    def probe_upper(self, tables: Sequence[TableInfo] = ()) -> tuple[PartitionedFrontier, dict[int, CatalogTable]]:
+        """The upper (:meth:`catalog_upper`: every transaction below it is flushed) as a frontier, with the
+        catalog of ``tables`` as of it (the slot must exist and be healthy; ``SlotLost`` otherwise)."""
         with self.session() as conn:
             self.healthy_slot(conn)
-            return lsn_frontier(self.flush_lsn(conn))
+            upper, catalog = self.catalog_upper(conn, tables)
+            return lsn_frontier(upper), catalog
 
     def acknowledged(self) -> PartitionedFrontier:
         """What resume has acknowledged upstream: the slot's confirmed position (nothing if there is no slot)."""
