@@ -1327,6 +1327,16 @@ class Verdict:
         if len(self.examples) < 30:
             self.examples.append(what)
 
+    def compare(self, name: str, want: collections.Counter, got: collections.Counter, what: str) -> None:
+        """``got`` against ``want`` (multisets of ``what``): what is missing is lost, what is extra duplicated."""
+        missing, extra = want - got, got - want
+        if missing:
+            self.lost[name] += sum(missing.values())
+            self.note(f"{name}: {sum(missing.values())} {what} missing, e.g. {next(iter(missing))}")
+        if extra:
+            self.duplicated[name] += sum(extra.values())
+            self.note(f"{name}: {sum(extra.values())} {what} extra, e.g. {next(iter(extra))}")
+
     @property
     def ok(self) -> bool:
         return not (sum(self.lost.values()) or sum(self.duplicated.values()) or sum(self.wrong_ts.values()))
@@ -1471,13 +1481,7 @@ def check_sink(verdict: Verdict, conn, blob, bootstrap: str, config: Path, sink:
     start = got[0][0]  # the sink's first frontier: its snapshot is AS OF it
     ups = ups.set_column(ups.schema.get_field_index("ts"), "ts", pc.max_element_wise(ups["ts"], start))
     expected = encode_updates(spec, consolidate(ups))
-    want, have = collections.Counter(expected), collections.Counter(got)
-    if want - have:
-        verdict.lost[sink] += sum((want - have).values())
-        verdict.note(f"{sink}: {sum((want - have).values())} messages missing, e.g. {next(iter(want - have))}")
-    if have - want:
-        verdict.duplicated[sink] += sum((have - want).values())
-        verdict.note(f"{sink}: {sum((have - want).values())} messages extra, e.g. {next(iter(have - want))}")
+    verdict.compare(sink, collections.Counter(expected), collections.Counter(got), "messages")
     order = sum(1 for a, b in zip(got, got[1:]) if b[0] < a[0])
     if order:
         verdict.wrong_ts[sink] += order
@@ -1882,12 +1886,7 @@ def check_iceberg(verdict: Verdict, conn, blob, env: dict[str, str], config: Pat
         want[(r["_partition"], r["_offset"], r["id"])] += r["diff"]
     table = load_catalog(ctx.catalog, spec.catalog).load_table(spec.table)
     got = collections.Counter((r["_partition"], r["_offset"], r["id"]) for r in table.scan().to_arrow().to_pylist())
-    if want - got:
-        verdict.lost[sink] += sum((want - got).values())
-        verdict.note(f"{sink}: {sum((want - got).values())} rows missing, e.g. {next(iter(want - got))}")
-    if got - want:
-        verdict.duplicated[sink] += sum((got - want).values())
-        verdict.note(f"{sink}: {sum((got - want).values())} rows extra, e.g. {next(iter(got - want))}")
+    verdict.compare(sink, want, got, "rows")
     verdict.checked[sink] += sum(got.values())
 
 
