@@ -28,6 +28,30 @@ REPO = Path(__file__).resolve().parents[1]
 PREVIOUS_RELEASE = "0422d11211d55077fa282cf4dcdf3b2f6aeb2e8b"
 
 
+_PIP = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+
+
+def build_wheel(src: Path, dist: Path, timeout: float = 300) -> Path:
+    """The reclock wheel built from the sources in ``src`` (pyproject.toml, README.md, include/reclock) into
+    ``dist``, without its dependencies."""
+    subprocess.run([*_PIP, "wheel", "--no-deps", "--no-build-isolation", "-w", str(dist), f"{src}/"],
+                   check=True, capture_output=True, timeout=timeout)
+    (wheel,) = dist.glob("reclock-*.whl")
+    return wheel
+
+
+def install_alone(wheel: Path, venv: Path) -> Path:
+    """A new venv at ``venv`` holding ``wheel`` alone, its dependencies seen from this interpreter's
+    site-packages (a .pth), so its ``bin/python`` imports that wheel's ``reclock`` and nothing of the checkout."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    site = Path(subprocess.run([venv / "bin" / "python", "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                               check=True, capture_output=True, text=True).stdout.strip())
+    (site / "_project_dependencies.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    subprocess.run([*_PIP, "--python", str(venv / "bin" / "python"), "install", "--no-deps", "--no-index", str(wheel)],
+                   check=True, capture_output=True, timeout=300)
+    return venv
+
+
 def previous_release(cache: Path | None = None, commit: str = PREVIOUS_RELEASE) -> Path:
     """The venv of ``commit``'s wheel (built and installed on first use, then reused); its ``bin/reclock`` is
     that release's command and its ``bin/python`` imports that release's ``reclock``."""
@@ -46,16 +70,8 @@ def previous_release(cache: Path | None = None, commit: str = PREVIOUS_RELEASE) 
                               "README.md", "include/reclock"], check=True, capture_output=True, timeout=120).stdout
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(src, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
-    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(root / "dist"), f"{src}/"],
-                   check=True, capture_output=True, timeout=600)
-    (wheel,) = (root / "dist").glob("reclock-*.whl")
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
-    site = Path(subprocess.run([venv / "bin" / "python", "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                               check=True, capture_output=True, text=True).stdout.strip())
-    (site / "_project_dependencies.pth").write_text(sysconfig.get_path("purelib") + "\n")
-    subprocess.run([*pip, "--python", str(venv / "bin" / "python"), "install", "--no-deps", "--no-index", str(wheel)],
-                   check=True, capture_output=True, timeout=300)
+    wheel = build_wheel(src, root / "dist", timeout=600)
+    install_alone(wheel, venv)
     shutil.rmtree(src)
     done.write_text(f"{commit}\n{wheel.name}\n")
     return venv

@@ -14,7 +14,6 @@ import re
 import shutil
 import subprocess
 import sys
-import sysconfig
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -23,6 +22,7 @@ import pytest
 import yaml
 from confluent_kafka import Producer
 
+from benchmarks.release import build_wheel, install_alone
 from reclock.dev.jars import spark_kafka_jars
 from reclock.settings import NO_BLOB, NO_DSN, NO_SPARK
 from reclock.spark.session import NO_CONNECTOR
@@ -42,22 +42,12 @@ def venv(tmp_path_factory) -> Path:
         shutil.copy(REPO / name, src / name)
     shutil.copytree(REPO / "include" / "reclock", src / "include" / "reclock",
                     ignore=shutil.ignore_patterns("__pycache__"))
-    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(root / "dist"), f"{src}/"],
-                   check=True, capture_output=True, timeout=300)
-    (wheel,) = (root / "dist").glob("reclock-*.whl")
+    wheel = build_wheel(src, root / "dist")
     shipped = set(zipfile.ZipFile(wheel).namelist())
     migrations = sorted(p.name for p in (REPO / "include/reclock/persist/migrations").glob("*.sql"))
     assert migrations and {f"reclock/persist/migrations/{m}" for m in migrations} <= shipped
 
-    env = root / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True, timeout=120)
-    site = Path(subprocess.run([env / "bin" / "python", "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                               check=True, capture_output=True, text=True).stdout.strip())
-    (site / "_project_dependencies.pth").write_text(sysconfig.get_path("purelib") + "\n")
-    subprocess.run([*pip, "--python", str(env / "bin" / "python"), "install", "--no-deps", "--no-index", str(wheel)],
-                   check=True, capture_output=True, timeout=300)
-    return env
+    return install_alone(wheel, root / "venv")
 
 
 def _env(tmp: Path, **extra: str) -> dict[str, str]:
