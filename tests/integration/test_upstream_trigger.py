@@ -18,6 +18,7 @@ from ingest_support import make_ctx, produce, rec
 from reclock import cycle
 from reclock.config import parse_source
 from reclock.errors import ConfigError
+from reclock.sources.registry import kind_of
 from reclock.sources.kafka.trigger import UpstreamMoved, admin_client, cluster_offsets
 
 
@@ -68,6 +69,35 @@ def test_triggers_of_one_cluster_share_one_probe(kafka, topic):
     produce(kafka, name, [rec(i, i % 3) for i in range(7)])
     snapshot = cluster_offsets(admin_client(kafka.bootstrap))
     assert snapshot[name] == {0: 3, 1: 2, 2: 2}
+
+
+def _read_event(i: int) -> tuple[int, bytes, bytes]:
+    """A Debezium snapshot read (``op: r``) of row ``i``, as a connector writes it (key without schema)."""
+    return (0, json.dumps({"id": i}).encode(),
+            json.dumps({"before": None, "after": {"id": i, "v": f"v{i}"}, "op": "r",
+                        "source": {"lsn": 100 + i, "snapshot": "true"}}).encode())
+
+
+def test_a_source_over_several_topics_fires_on_any_topic(db, kafka, topic, spark, tmp_path, monkeypatch):
+    """``schedule: upstream`` with ``topics:``: records in either topic beyond the binding fire (in the
+    frontier's partitions: the second topic's partition 1 is 100001); bound, it is quiet."""
+    monkeypatch.setenv("RECLOCK_DSN", db)
+    a, b = topic(partitions=1), topic(partitions=2)
+    spec = parse_source("dbzw", {"kafka": {"bootstrap": kafka.bootstrap}, "envelope": "debezium",
+                                 "schedule": "upstream", "poll": "200ms",
+                                 "topics": [{"topic": a, "collection": "a", "schema": "id INT, v STRING"},
+                                            {"topic": b, "collection": "b", "schema": "id INT, v STRING"}]})
+    ctx = replace(make_ctx(db, kafka, spark, tmp_path, a, name="dbzw"), spec=spec, retain_history_ms=10**12)
+    trigger = kind_of(spec).upstream_trigger(spec)
+    produce(kafka, a, [_read_event(i) for i in range(3)])
+    (first, *_) = asyncio.run(_events(trigger, 3.0))
+    assert first["upper"] == {"0": 3} and first["bound"] == {}  # a frontier omits empty partitions
+    cycle.run_cycle(ctx)
+    assert asyncio.run(_events(trigger, 1.5)) == [], "everything is bound: no runs"
+    produce(kafka, b, [(1, k, v) for _, k, v in map(_read_event, range(2))])
+    (moved, *_) = asyncio.run(_events(trigger, 3.0))
+    assert moved["upper"]["100001"] == 2 and moved["bound"].get("100001", 0) == 0, moved
+    assert moved["upper"]["0"] == moved["bound"]["0"] == 3
 
 
 @pytest.mark.parametrize("raw, message", [

@@ -57,7 +57,6 @@ def test_topics_and_their_collections():
     ([{"topic": "t", "schema": "id INT", "table": "x"}], {}, "topics[0]: unknown key(s) table"),
     ([ITEMS], {"format": {"type": "json", "schema": "id INT"}}, "format: a source over several topics reads"),
     ([ITEMS], {"format": "avro"}, "format: a source over several topics reads"),
-    ([ITEMS], {"schedule": "upstream"}, "`schedule: upstream` watches one topic"),
     ([ITEMS], {"include": ["partition"]}, "envelope debezium cannot include Kafka metadata"),
 ])
 def test_mistakes_are_named(topics, extra, words):
@@ -115,3 +114,24 @@ def test_state_keys_of_two_topics_never_meet(k1, k2, key):
     assert state_key(ns1, key) != state_key(ns2, key)
     assert state_key(None, key) == key
     assert (state_key(ns1, k1) == state_key(ns1, k2)) == (k1 == k2)
+
+
+def test_upstream_trigger_watches_every_topic():
+    """``schedule: upstream`` over several topics: the trigger watches them all, in the frontier's partitions;
+    a topic missing from the probe leaves no frontier (its partitions would read as empty), named."""
+    from reclock.sources.kafka.trigger import UpstreamMoved
+    from reclock.sources.registry import kind_of
+
+    orders = {"topic": "dbz.public.orders", "collection": "orders", "schema": "id INT"}
+    spec = source([ITEMS, orders], schedule="upstream")
+    trigger = kind_of(spec).upstream_trigger(spec)
+    assert trigger.topics == ("dbz.public.items", "dbz.public.orders") and trigger.topic is None
+    assert UpstreamMoved(**trigger.serialize()[1]).serialize() == trigger.serialize()
+    snapshot = {"dbz.public.items": {0: 5}, "dbz.public.orders": {0: 2, 1: 7}, "other": {0: 9}}
+    assert trigger.upper(snapshot) == ({0: 5, 100_000: 2, 100_001: 7}, [])
+    assert trigger.upper({"dbz.public.items": {0: 5}, "dbz.public.orders": {0: 0}}) == ({0: 5}, [])
+    assert trigger.upper({"dbz.public.items": {0: 5}}) == (None, ["dbz.public.orders"])
+    one = UpstreamMoved(source="s", topic="other")
+    assert one.upper(snapshot) == ({0: 9}, []) and one.upper({}) == (None, ["other"])
+    with pytest.raises(ValueError, match="one `topic` or several `topics`"):
+        UpstreamMoved(source="s")

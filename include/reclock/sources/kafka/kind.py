@@ -411,8 +411,10 @@ class KafkaKind(SourceKind):
     def upstream_trigger(self, spec) -> Any:
         from reclock.sources.kafka.trigger import UpstreamMoved
 
-        return UpstreamMoved(source=spec.name, topic=spec.upstream.topic, connection=spec.upstream.connection,
-                             bootstrap=spec.upstream.bootstrap, poll=spec.poll_s)
+        kafka = spec.upstream
+        which = {"topics": kafka.topics} if kafka.tables else {"topic": kafka.topic}
+        return UpstreamMoved(source=spec.name, **which, connection=kafka.connection, bootstrap=kafka.bootstrap,
+                             poll=spec.poll_s)
 
     def lag(self, spec, upstream: Any, timeout: float, dsn: str | None = None) -> Lag:
         up = KafkaUpstream(spec.name, upstream, spec.upstream.topic, timeout=timeout, topics=spec.upstream.topics)

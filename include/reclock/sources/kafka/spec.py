@@ -79,9 +79,6 @@ def _several_topics(name: str, d: dict, kafka, base: Path | None) -> SourceSpec:
     if d.get("envelope") != "debezium":
         raise ConfigError(f"{what}: `topics:` names the topics of one Debezium connector (one per table); it needs "
                           "`envelope: debezium` (a source of other records reads one `kafka.topic`)")
-    if d.get("schedule") == "upstream":
-        raise ConfigError(f"{what}: `schedule: upstream` watches one topic; a source over several topics runs on "
-                          "`schedule: interval` or `continuous`")
     raw = d["topics"]
     if not isinstance(raw, list) or not raw:
         raise ConfigError(f"{what}.topics: a non-empty list of {{topic, collection, schema}}, one per table")

@@ -1,6 +1,7 @@
 """A Kafka source's ``schedule: upstream`` trigger: :class:`UpstreamMoved` fires when the topic's last stable
 offsets (what a ``read_committed`` reader can read) moved past what the source has bound (the offsets of
-its newest binding, in Postgres). Mint binds those offsets, so the trigger stays quiet until upstream moves
+its newest binding, in Postgres). A source over several topics (``topics:``) is watched on all of them, in the
+frontier's partitions (``reclock.sources.kafka.topics.join``): any topic ahead of the binding fires. Mint binds those offsets, so the trigger stays quiet until upstream moves
 again: no data, no runs.
 
 One probe per Kafka cluster serves every source on it: the triggers of one cluster share one poll loop in the
@@ -15,10 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, AsyncIterator, Hashable
+from typing import Any, AsyncIterator, Hashable, Mapping, Sequence
 
 from airflow.triggers.base import TriggerEvent
 
+from reclock.sources.kafka.topics import join
 from reclock.sources.trigger import REFIRE_S, SharedProbeTrigger, bound_frontier
 
 log = logging.getLogger(__name__)
@@ -54,28 +56,46 @@ def cluster_offsets(admin, timeout: float = 10.0) -> dict[str, dict[int, int]]:
 
 
 class UpstreamMoved(SharedProbeTrigger):
-    """Fires when ``topic`` on ``bootstrap`` holds records beyond ``source``'s newest binding.
+    """Fires when ``topic`` (or any of ``topics``) on ``bootstrap`` holds records beyond ``source``'s newest
+    binding.
 
     If upstream is ahead of the newest binding and stays so (a run failed for good, and upstream is quiet
     now), it fires again every :data:`REFIRE_S`, so data never waits for upstream to move again.
 
     :param source: the Reclock source.
-    :param topic: its Kafka topic.
+    :param topic: its Kafka topic; or
+    :param topics: the topics of a source over several topics, in the source's order (its frontier's).
     :param connection: its Kafka Airflow connection, and ``bootstrap`` its brokers if the config gives them:
         found in the triggerer as a task finds them (``RECLOCK_BOOTSTRAP``, ``bootstrap``, the connection);
         the triggers of one cluster share a probe.
     :param poll: seconds between probes.
     """
 
-    def __init__(self, *, source: str, topic: str, connection: str = "reclock_kafka", bootstrap: str | None = None,
-                 poll: float = 1.0) -> None:
+    def __init__(self, *, source: str, topic: str | None = None, topics: Sequence[str] = (),
+                 connection: str = "reclock_kafka", bootstrap: str | None = None, poll: float = 1.0) -> None:
         super().__init__()
-        self.source, self.topic, self.connection, self.bootstrap = source, topic, connection, bootstrap
+        if (topic is None) == (not topics):
+            raise ValueError(f"the upstream trigger of source {source} watches one `topic` or several `topics`")
+        self.source, self.topic, self.topics = source, topic, tuple(topics)
+        self.connection, self.bootstrap = connection, bootstrap
         self.poll = float(poll)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        return CLASSPATH, {"source": self.source, "topic": self.topic, "connection": self.connection,
-                           "bootstrap": self.bootstrap, "poll": self.poll}
+        return CLASSPATH, {"source": self.source, "topic": self.topic, "topics": list(self.topics),
+                           "connection": self.connection, "bootstrap": self.bootstrap, "poll": self.poll}
+
+    def upper(self, snapshot: Mapping[str, dict[int, int]]) -> tuple[dict[int, int] | None, list[str]]:
+        """The source's upstream frontier in ``snapshot`` (a probe's topic -> partition -> offset) and the
+        topics it lacks: a source over several topics in its frontier's partitions (topic ``i``'s partition
+        ``p`` is ``i * PARTITION_SPAN + p``). ``None`` while a topic is missing: a frontier without it would
+        read as "nothing there" for its partitions."""
+        if not self.topics:
+            found = snapshot.get(self.topic)
+            return found, [] if found is not None else [self.topic]
+        missing = [t for t in self.topics if t not in snapshot]
+        if missing:
+            return None, missing
+        return dict(join(snapshot[t] for t in self.topics)), []
 
     def shared_stream_key(self) -> Hashable | None:
         return ("reclock-kafka-offsets", self.bootstrap or f"connection:{self.connection}", self.poll)
@@ -87,7 +107,8 @@ class UpstreamMoved(SharedProbeTrigger):
         from reclock.settings import find_kafka
         from reclock.specs import KafkaSpec
 
-        spec = KafkaSpec(topic=kwargs["topic"], connection=kwargs["connection"], bootstrap=kwargs["bootstrap"])
+        spec = KafkaSpec(topic=kwargs.get("topic") or kwargs["topics"][0], connection=kwargs["connection"],
+                         bootstrap=kwargs["bootstrap"])
         kafka = await asyncio.to_thread(find_kafka, spec, f"source {kwargs['source']}")
         poll = float(kwargs["poll"])
         admin = admin_client(kafka, f"the upstream trigger of {kafka.describe()}")  # reconnects by itself
@@ -99,7 +120,7 @@ class UpstreamMoved(SharedProbeTrigger):
             await asyncio.sleep(poll)
 
     async def filter_shared_stream(self, shared_stream: AsyncIterator[Any]) -> AsyncIterator[TriggerEvent]:
-        """This source's events: its topic's offsets changed since the last look and some partition is beyond
+        """This source's events: its topics' offsets changed since the last look and some partition is beyond
         the source's newest binding."""
         from reclock.settings import find_dsn
 
@@ -109,11 +130,11 @@ class UpstreamMoved(SharedProbeTrigger):
         missing_logged = False
         loop = asyncio.get_running_loop()
         async for snapshot in shared_stream:
-            upper = snapshot.get(self.topic)
+            upper, missing = self.upper(snapshot)
             if upper is None:
                 if not missing_logged:
                     self.log.warning("reclock: topic %s of source %s is not on %s, or its principal may not "
-                                     "DESCRIBE it (an ACL is missing)", self.topic, self.source,
+                                     "DESCRIBE it (an ACL is missing)", ", ".join(missing), self.source,
                                      self.bootstrap or f"connection {self.connection}")
                     missing_logged = True
                 continue
