@@ -122,6 +122,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from benchmarks import stop
+
 FAULT_KINDS = ("cycle_sigkill", "cycle_failpoint", "airflow_task_kill", "sink_sigkill", "sink_failpoint",
                "pg_restart", "kafka_restart", "spark_restart", "spark_worker_kill", "scheduler_kill",
                "net_latency", "net_reset", "net_blackhole", "broker_kill", "standby_promotion", "upgrade")
@@ -1995,8 +1997,7 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks.blob_bound import blob_bound
 
         return blob_bound(args.cycles, echo=_echo)
-    # SIGTERM (a test's timeout, Ctrl-C's cousin) ends the run through its finally: services stopped
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    stop.install()  # SIGTERM (a test's timeout) or Ctrl-C ends the run through its finally: services stopped
     seed = args.seed if args.seed is not None else int(time.time()) % 100_000
     print(f"seed {seed}", flush=True)
     result = campaign(args.faults, seed, rate=args.rate, gap=tuple(args.gap), max_seconds=args.max_seconds, keep=args.keep,

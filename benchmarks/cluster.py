@@ -34,7 +34,6 @@ import argparse
 import contextlib
 import os
 import shutil
-import signal
 import statistics
 import tempfile
 import time
@@ -42,9 +41,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
+from benchmarks import stop
 from benchmarks.contenders import committed_records, source_spec, step_seconds
 from benchmarks.env import stop_services
-from benchmarks.run import _interrupt, echo, settle
+from benchmarks.run import echo, settle
 from benchmarks.workload import Backlog, produce_backlog
 
 CONFIGS = (("local[2]", "local"), ("local[2]", "s3"), ("cluster", "local"), ("cluster", "s3"))
@@ -148,8 +148,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="untimed rounds of every configuration first (default 2: after one, every configuration's "
                          "first timed run was still 1.5-2x slower than its later ones)")
     args = ap.parse_args(argv)
-    signal.signal(signal.SIGINT, _interrupt)
-    signal.signal(signal.SIGTERM, _interrupt)
+    stop.install()
     started = time.perf_counter()
     runs: dict[tuple[str, str], list[tuple[float, dict[str, float]]]] = {c: [] for c in CONFIGS}
     with cluster_services() as env:

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
+from benchmarks import stop
 from benchmarks.env import SPARK_MASTER, Env
 from benchmarks.workload import FIELDS, SCHEMA, Backlog
 
@@ -194,7 +195,7 @@ class DagTest:
         self.config.write_text(yaml.safe_dump({"sources": {name: source_config(backlog, env.bootstrap)}}))
         dag = build_ingest_dag(load_config(self.config).source(name))
         t0 = time.perf_counter()
-        with _output_to(self.log):
+        with stop.kept(), _output_to(self.log):  # its task runner takes SIGTERM over (benchmarks/stop.py)
             run = dag.test()
         call = time.perf_counter() - t0
         if run.state != "success":

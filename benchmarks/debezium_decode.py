@@ -34,6 +34,7 @@ import shutil
 import statistics
 import time
 
+from benchmarks import stop
 from benchmarks.env import Env, alternating, services
 
 SCHEMA = "id INT, customer BIGINT, amount DOUBLE, country STRING, note STRING"
@@ -184,6 +185,7 @@ def main() -> None:
     ap.add_argument("--keys", type=int, default=100_000)
     ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args()
+    stop.install()  # SIGTERM or Ctrl-C: the finally blocks stop what this run started
     print(json.dumps(run(args.events, args.keys, args.reps), indent=2))
 
 

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 from urllib.parse import unquote, urlparse
 
+from benchmarks import stop
 from benchmarks.contenders import decode
 from benchmarks.memory import PeakRss, process_tree
 from benchmarks.report import Results
@@ -471,6 +472,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=60.0, help="how long to produce (default 60)")
     ap.add_argument("--rate", type=int, default=2000, help="records/s (default 2000)")
     args = ap.parse_args(argv)
+    stop.install()  # SIGTERM or Ctrl-C: the finally blocks stop what this run started
     results = Results()
     results.meta.setdefault("notes", [])
     freshness(results, seconds=args.seconds, rate=args.rate,

@@ -33,6 +33,7 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
+from benchmarks import stop
 from benchmarks.sink_bench import DATA_SHAPES, build_collection
 from reclock.config import COPY_MIN_BYTES
 
@@ -103,6 +104,7 @@ def main() -> None:
     ap.add_argument("--data", choices=DATA_SHAPES, default="uniform", help="the rows' shape (see sink_bench)")
     ap.add_argument("--no-copies", action="store_true", help="the sink rewrites every part (copy_min_bytes: null)")
     args = ap.parse_args()
+    stop.install()  # SIGTERM or Ctrl-C: the finally blocks stop what this run started
     from reclock.dev.postgres import LocalPostgres
     from reclock.dev.state import StackState
     from reclock.persist.migrate import migrate

@@ -44,6 +44,8 @@ import time
 from pathlib import Path
 from typing import Iterator
 
+from benchmarks import stop
+
 SCHEMA = "id BIGINT, key STRING, note STRING"
 STREAM = "bench"
 
@@ -315,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--reshard-every", type=int, default=50)
     s.add_argument("--per-cycle", type=int, default=20)
     a = p.parse_args(argv)
+    stop.install()  # SIGTERM or Ctrl-C: the finally blocks stop what this run started
     if a.what == "throughput":
         throughput(a.records, a.shards, a.reps)
     else:

@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from benchmarks import stop
 from benchmarks.contenders import decode
 from benchmarks.freshness import SinkLogWatcher, ShardWatcher, Watcher, _now_ms, bench_stack, _percentile, _wait_first_cycle
 from benchmarks.freshness import _measure as _measure_latency
@@ -283,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=60.0, help="how long to produce (default 60)")
     ap.add_argument("--schedule", choices=SCHEDULES, default="continuous", help="every source's schedule")
     args = ap.parse_args(argv)
+    stop.install()  # SIGTERM or Ctrl-C: the finally blocks stop what this run started
     results = Results()
     many_sources(results, args.sources, args.rate, args.seconds, args.schedule,
                  echo=lambda line: print(f"[{time.strftime('%H:%M:%S')}] {line}", flush=True))

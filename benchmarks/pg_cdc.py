@@ -54,6 +54,7 @@ import psycopg
 from psycopg import pq
 from psycopg.rows import scalar_row
 
+from benchmarks import stop
 from reclock import cycle
 from reclock.config import parse_source
 from reclock.dev.postgres import LocalPostgres
@@ -354,6 +355,7 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="print where the ingesting cycle spends its time")
     ap.add_argument("--out", default=None, help="write the figures as JSON here")
     args = ap.parse_args()
+    stop.install()  # SIGTERM or Ctrl-C: the finally blocks stop what this run started
     root = Path(tempfile.mkdtemp(prefix="reclock-pgbench-"))
     root.chmod(0o755)
     pg = LocalPostgres(StackState(root), fast=True)

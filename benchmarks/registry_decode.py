@@ -29,6 +29,7 @@ import time
 
 import fastavro
 
+from benchmarks import stop
 from benchmarks.env import alternating, services
 
 V1 = {"type": "record", "name": "order", "namespace": "bench",
@@ -130,6 +131,7 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=1_000_000)
     ap.add_argument("--reps", type=int, default=5)
     args = ap.parse_args()
+    stop.install()  # SIGTERM or Ctrl-C: the finally blocks stop what this run started
     print(json.dumps(run(args.records, args.reps), indent=2))
 
 

@@ -32,12 +32,11 @@ import argparse
 import datetime
 import os
 import platform
-import signal
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from benchmarks import report
+from benchmarks import report, stop
 from benchmarks.contenders import Contender, DagTest, contenders
 from benchmarks.cycle_costs import cycle_overhead, state_size
 from benchmarks.env import Env, services
@@ -82,15 +81,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.overhead_cycles is not None and args.overhead_cycles < 1:
         ap.error("--overhead-cycles must be at least 1")
     return args
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    """The first SIGINT or SIGTERM stops the run (the ``finally`` blocks stop every service); any further
-    one is ignored, so the clean-up itself is never cut short."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    print(f"\nsignal {signum}: stopping every service this run started; please wait", flush=True)
-    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def produce_data(env: Env, size: Size) -> dict[str, Backlog]:
@@ -178,8 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     size = SIZES[args.size]
     state_cycles = args.state_cycles if args.state_cycles is not None else size.state_cycles
-    signal.signal(signal.SIGINT, _interrupt)
-    signal.signal(signal.SIGTERM, _interrupt)  # a kill runs the same clean-up as Ctrl-C
+    stop.install()  # a kill runs the same clean-up as Ctrl-C, also after dag.test() (benchmarks/stop.py)
     started = time.perf_counter()
     failed = ""
     results = Results(meta={

@@ -34,13 +34,13 @@ import json
 import os
 import random
 import shutil
-import signal
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
+from benchmarks import stop
 from benchmarks.chaos import REPO, catch_up, run_cycles
 
 SOURCES = {"evl": "l/", "evn": "n/"}
@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.runner:
         return runner(a.runner, a.until_idle)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # the finally block stops the services
+    stop.install()  # SIGTERM or Ctrl-C: the finally block stops the services
     return campaign(a.seconds, a.seed, tuple(a.gap))
 
 

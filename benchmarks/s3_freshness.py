@@ -31,6 +31,7 @@ import threading
 import time
 from pathlib import Path
 
+from benchmarks import stop
 from benchmarks.freshness import (ShardWatcher, SinkLogWatcher, _pause, _percentile, _wait_first_cycle, bench_stack,
                                   cycle_split)
 from benchmarks.workload import SCHEMA, record
@@ -184,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate", type=float, default=2.0, help="objects a second")
     p.add_argument("--records", type=int, default=50, help="records an object")
     a = p.parse_args(argv)
+    stop.install()  # SIGTERM or Ctrl-C: the finally blocks stop what this run started
     print(json.dumps(run(a.seconds, a.rate, a.records), default=str), flush=True)
     return 0
 

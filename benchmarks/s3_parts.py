@@ -32,16 +32,16 @@ import argparse
 import contextlib
 import os
 import shutil
-import signal
 import statistics
 import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Iterator
 
+from benchmarks import stop
 from benchmarks.cluster import BenchEnv, run_config
 from benchmarks.env import stop_services
-from benchmarks.run import _interrupt, echo, settle
+from benchmarks.run import echo, settle
 from benchmarks.workload import produce_backlog
 
 CONFIGS = (("local", "local parts"), ("direct", "S3 parts, direct committer"),
@@ -105,8 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=5, help="repetitions of every configuration (default 5)")
     ap.add_argument("--warm-ups", type=int, default=2, help="untimed rounds of every configuration first")
     args = ap.parse_args(argv)
-    signal.signal(signal.SIGINT, _interrupt)
-    signal.signal(signal.SIGTERM, _interrupt)
+    stop.install()
     started = time.perf_counter()
     runs: dict[str, list[tuple[float, dict[str, float], int]]] = {c: [] for c, _ in CONFIGS}
     loads = []

@@ -42,6 +42,8 @@ import time
 from pathlib import Path
 from typing import Iterator
 
+from benchmarks import stop
+
 HERE = Path(__file__).resolve().parent
 SCHEMA = "id BIGINT, customer STRING, amount DOUBLE, note STRING"
 
@@ -377,6 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     b = sub.add_parser("big")
     b.add_argument("--gb", type=float, default=5.0)
     a = p.parse_args(argv)
+    stop.install()  # SIGTERM or Ctrl-C: the finally blocks stop what this run started
     if a.what == "throughput":
         res = throughput(a.objects, a.mb, a.reps)
     elif a.what == "state":

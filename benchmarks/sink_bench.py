@@ -29,6 +29,8 @@ from typing import Callable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from benchmarks import stop
+
 
 SINK_TARGET = 0.9
 """The sink's throughput over the plain producer's (issue 19; 0.7 before)."""
@@ -160,6 +162,7 @@ def main() -> None:
     ap.add_argument("--messages", type=int, default=1_000_000)
     ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args()
+    stop.install()  # SIGTERM or Ctrl-C: the finally blocks stop what this run started
     from reclock.dev.kafka import LocalKafka
     from reclock.dev.postgres import LocalPostgres
     from reclock.dev.state import StackState

@@ -33,6 +33,8 @@ from typing import Callable
 
 import psutil
 
+from benchmarks import stop
+
 
 def _measure(fn: Callable[[], object]) -> tuple[float, float, object]:
     """(seconds, peak RSS growth of this process in MB, result) of ``fn()``."""
@@ -201,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--changes", type=int, default=None,
                     help="records of the upsert collection (default: a fifth of --records)")
     args = ap.parse_args(argv)
+    stop.install()  # SIGTERM or Ctrl-C: the finally blocks stop what this run started
     return tables_read(args.records, changes=args.changes)
 
 

@@ -18,6 +18,7 @@ import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+from benchmarks import stop
 
 
 STEP_SECONDS = {"mint": 0.2, "write_batches": 3.0, "append": 0.1, "resume": 0.3}
@@ -76,6 +77,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=10_000, help="statistics rows per source")
     ap.add_argument("--reps", type=int, default=5)
     args = ap.parse_args()
+    stop.install()  # SIGTERM or Ctrl-C: the finally blocks stop what this run started
 
     from reclock.dev.postgres import LocalPostgres
     from reclock.dev.state import StackState
