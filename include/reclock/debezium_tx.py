@@ -19,8 +19,9 @@ moves over those copies; the envelope applies each event once by its source posi
 (``reclock.debezium``). An event of a transaction the walk does not know stops its partition: the binding
 ends before it and :attr:`TxUpper.waiting` says which transaction is missing and where.
 
-Not wired into the Kafka kind's mint yet (issue 32 part 3): the laws are in
-``tests/unit/test_debezium_tx_law.py``.
+The Kafka kind's mint chooses with it for a source with ``transaction_topic``
+(``reclock.sources.kafka.transactions``, which reads the records and knows a transaction by its id); the laws
+are in ``tests/unit/test_debezium_tx_law.py``.
 """
 
 from __future__ import annotations

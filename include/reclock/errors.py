@@ -301,6 +301,19 @@ class SlotAheadOfConsensus(SlotLost, AcknowledgedStateLost):
                   "it held are gone and will not be skipped silently: re-snapshot the source (`reclock resnapshot`) "
                   "or create it under a new name")
 
+class TransactionMetadataInvalid(ReclockError):
+    """A source with Debezium's transaction topic (``transaction_topic``) met a record it cannot place in an
+    upstream transaction: a transaction topic record that is not a BEGIN or END, a streamed change event
+    without its ``transaction`` block, an event of another table than its topic's. Mint binds nothing, the
+    source stays stalled at the record until ``remedy`` is done."""
+
+    def __init__(self, source: str, topic: str, partition: int, offset: int, reason: str, remedy: str) -> None:
+        self.source, self.topic, self.partition, self.offset = source, topic, partition, offset
+        self.reason, self.remedy = reason, remedy
+        super().__init__(f"source {source}: topic {topic} partition {partition} offset {offset}: {reason}; nothing "
+                         f"is bound past it and the source is stalled ({remedy})")
+
+
 class SourceStalled(ReclockError):
     """A Postgres source cannot go on past a change it cannot represent: it names the table and the change,
     appends nothing past it, and stays stalled until the user acts (``remedy``)."""

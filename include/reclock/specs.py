@@ -109,12 +109,15 @@ class KafkaSpec:
     options: tuple[tuple[str, str], ...] = ()  # extra librdkafka / Spark kafka.* options
     connection_named: bool = False  # the config names `connection:` (else it is the default, reclock_kafka)
     tables: tuple[TopicTable, ...] = ()  # a source over several topics: its topics, in config order
+    transaction_topic: str | None = None  # Debezium's transaction topic (a source over several topics)
 
     @property
     def topics(self) -> tuple[str, ...]:
         """Every topic the source reads, in config order (its position is the topic's index in the source's
-        frontier: ``reclock.sources.kafka.topics``)."""
-        return tuple(t.topic for t in self.tables) if self.tables else (self.topic,)
+        frontier: ``reclock.sources.kafka.topics``); Debezium's transaction topic, if named, last."""
+        if not self.tables:
+            return (self.topic,)
+        return (*(t.topic for t in self.tables), *((self.transaction_topic,) if self.transaction_topic else ()))
 
     def shards(self, source: SourceSpec) -> tuple[str, ...]:
         """The source's collection (output 0) and its error collection; a source over several topics: each

@@ -5,7 +5,8 @@ the interface       here
 ==================  ========================================================================================
 register            the remap collection (progress ``(ts, partition, "offset")``), the collection (output
                     0) and its error collection (output 1)
-probe_upper         the partitions' last stable offsets (``reclock.sources.kafka.upstream``)
+probe_upper         the partitions' last stable offsets (``reclock.sources.kafka.upstream``); with Debezium's
+                    ``transaction_topic``: whole upstream transactions only (``reclock.sources.kafka.transactions``)
 descriptions        a backlog cut by ``budget.max_records`` offsets; upsert: one description a cycle (its
                     retractions read the state its predecessor's append produces)
 write               one Spark job per budget slice (``reclock.sources.kafka.spark_job``), reclocked by
@@ -39,7 +40,7 @@ from reclock.failpoints import failpoint
 from reclock.kafka_client import KafkaClientConfig
 from reclock.part_layout import DATA_KIND, DATA_OUTPUT, ERRORS_KIND, ERRORS_OUTPUT
 from reclock.persist.gc import lease_write, release_write
-from reclock.persist.remap_store import register_source
+from reclock.persist.remap_store import load_remap, register_source
 from reclock.persist.schemas import load_history
 from reclock.persist.shards import register_shard, shard_info
 from reclock.persist.staged import collect_parts, first_rejected, read_state_changes, slice_folder
@@ -52,9 +53,9 @@ from reclock.schema_registry import RegistryClient
 from reclock.settings import find_kafka, find_registry
 from reclock.sources.base import (Acknowledged, CycleServices, JointJobs, JointSlice, Lag, SourceKind, SourceRuntime,
                                   WrittenBatch)
-from reclock.sources.kafka import spark_job
+from reclock.sources.kafka import spark_job, transactions
 from reclock.sources.kafka.spec import parse_kafka_source
-from reclock.sources.kafka.topics import by_topic, state_key, topic_specs
+from reclock.sources.kafka.topics import by_topic, slot, state_key, topic_partition, topic_specs
 from reclock.sources.kafka.upstream import KafkaUpstream
 from reclock.spark.reclocking import BindingRange
 from reclock.time import PartitionedFrontier
@@ -69,18 +70,44 @@ class KafkaSource(SourceRuntime):
         self._registry: RegistryClient | None = None
         self._pending: tuple[SchemaVersion, ...] = ()  # versions written by this context, maybe not appended
         self._met: set[int] = set()  # writer ids met by this context's jobs
+        self._probed: dict = {}
+        # the transaction topic is read from the newest binding's offset: the source must be registered first
+        self.probe_after_register = bool(ctx.spec.upstream.transaction_topic)
 
     def upstream(self) -> KafkaUpstream:
         if self._upstream is None:
             kafka = self.ctx.spec.upstream
-            self._upstream = KafkaUpstream(self.name, self.ctx.upstream, kafka.topic, topics=kafka.topics)
+            self._upstream = KafkaUpstream(self.name, self.ctx.upstream, kafka.topic, topics=kafka.topics,
+                                           transaction_topic=kafka.transaction_topic)
         return self._upstream
+
+    def probe_uppers(self) -> Sequence[PartitionedFrontier]:
+        """With Debezium's transaction topic: the upper at the last upstream transaction that is all there,
+        in the transaction topic's order, from the newest binding (``reclock.sources.kafka.transactions``);
+        else the last stable offsets."""
+        kafka = self.ctx.spec.upstream
+        if not kafka.transaction_topic:
+            return (self.probe_upper(),)
+        with self.ctx.connect() as conn:  # the bound first: the last stable offsets probed after it are beyond
+            bound = remap.last_frontier(load_remap(conn, self.name))
+        upper = self.probe_upper()
+        tx_slot = slot(len(kafka.tables), 0)
+        earliest = self.upstream().earliest().get(tx_slot, 0) if bound.get(tx_slot) else 0
+        found = transactions.probe(self.name, self.upstream().config, [t.topic for t in kafka.tables],
+                                   kafka.transaction_topic, bound, upper, earliest)
+        self._probed = {"tx_covered": len(found.upper.covered), "tx_waiting": found.waiting,
+                        "tx_records_read": found.read}
+        return (found.frontier,)
+
+    def probe_metrics(self) -> dict:
+        return self._probed
 
     def register(self) -> None:
         spec = self.ctx.spec
         with self.ctx.connect() as conn:
             if spec.upstream.tables:
                 check_topic_order(conn, spec)
+                check_transaction_topic(conn, spec)
             register_source(conn, spec.name, kind=self.kind.name, progress=self.kind.progress_view(),
                             config={"topics": list(spec.upstream.topics)} if spec.upstream.tables else None)
             for i, sub in enumerate(topic_specs(spec)):
@@ -251,6 +278,10 @@ class KafkaSource(SourceRuntime):
         folder of its own, all of them one written batch (one append)."""
         ctx, spec = self.ctx, self.ctx.spec
         ranges = ranges_for(rc, desc)
+        subs = topic_specs(spec)
+        # the transaction topic's range (its last topic) is bound, not written: no rows
+        ranges = [r for r in ranges if topic_partition(r.partition)[0] < len(subs)] if spec.upstream.tables \
+            else ranges
         if ranges:
             self.upstream().check_retained(
                 remap.source_upper_at(rc, desc.lower), remap.source_upper_at(rc, desc.upper))
@@ -263,7 +294,6 @@ class KafkaSource(SourceRuntime):
             m.update(slices=0, offsets=0, records_read=0)
             return WrittenBatch(desc)
         several = bool(spec.upstream.tables)
-        subs = topic_specs(spec)
         with ctx.connect() as conn:
             lease_write(conn, spec.name, prefix)  # garbage collection leaves the folder alone until append
         parts: dict[str, tuple] = {}
@@ -430,6 +460,23 @@ def namespaced(changes, ns: bytes):
     """A topic's upsert state changes with each key under the topic's namespace (``topics.state_key``)."""
     keys = pa.array([state_key(ns, bytes(k)) for k in changes["key"].to_pylist()], pa.binary())
     return changes.set_column(changes.schema.get_field_index("key"), "key", keys)
+
+
+def check_transaction_topic(conn, spec) -> None:
+    """A source that binds whole upstream transactions (``transaction_topic``) must have done so from its
+    first binding: read from offset 0, the transaction topic's ENDs of transactions bound before would wait
+    for events already bound. Named on a source with bindings and no transaction topic registered:
+    ``ConfigError``."""
+    tx = spec.upstream.transaction_topic
+    row = conn.execute("SELECT config FROM reclock.sources WHERE name = %s", (spec.name,)).fetchone()
+    had = list((row[0] or {}).get("topics", ())) if row else []
+    if tx is None or tx in had or not conn.execute(
+            "SELECT 1 FROM reclock.remap_bindings WHERE source = %s LIMIT 1", (spec.name,)).fetchone():
+        return
+    raise ConfigError(f"source {spec.name}: `transaction_topic: {tx}` is new, and the source has bound its topics "
+                      f"{had} without it (its bindings do not end at transaction boundaries, and the transaction "
+                      "topic's offset is in none of them): read the topics with the transaction topic as a new "
+                      "source")
 
 
 def check_topic_order(conn, spec) -> None:

@@ -1,6 +1,7 @@
 """A Kafka source's config: its ``kafka:`` section (``reclock.specs.KafkaSpec``, shared with Kafka sinks) and the
 keys beside it that a Kafka source takes: ``format`` (with ``registry:``), ``schema``, ``envelope``, ``include``, ``budget``,
-``on_decode_error``, ``rebuild`` and the schedule's (``interval``, ``upstream``, ``continuous``)."""
+``on_decode_error``, ``rebuild`` and the schedule's (``interval``, ``upstream``, ``continuous``); a source over
+several topics: ``topics`` and ``transaction_topic``."""
 
 from __future__ import annotations
 
@@ -31,10 +32,13 @@ def parse_kafka_source(name: str, d: dict, base: Path | None) -> SourceSpec:
     if "tables" in d:
         raise ConfigError(f"{what}: `tables` belongs to a Postgres source (a `postgres:` section)")
     refuse_unknown(d, {"kafka", "format", "envelope", "include", "interval", "budget", "on_decode_error", "rebuild",
-                       "schedule", "poll", "lease", "resume", "group", "schema", "topics"}, what)
+                       "schedule", "poll", "lease", "resume", "group", "schema", "topics", "transaction_topic"}, what)
     kafka = parse_kafka(d["kafka"], f"{what}.kafka", topic="topics" not in d)
     if "topics" in d:
         return _several_topics(name, d, kafka, base)
+    if "transaction_topic" in d:
+        raise ConfigError(f"{what}: `transaction_topic` is Debezium's transaction topic of a source over several "
+                          "topics: give the connector's table topics in `topics:` (with `envelope: debezium`)")
     fmt = parse_format(d.get("format", {"type": "json"}), f"{what}.format", base, KAFKA_FORMATS,
                        subject=f"{kafka.topic}-value")
     schema_mode = parse_schema_mode(d, fmt, what)
@@ -74,7 +78,9 @@ TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 def _several_topics(name: str, d: dict, kafka, base: Path | None) -> SourceSpec:
     """A source over several topics of one Debezium connector (``topics:``, a list of ``{topic, collection,
     schema}``): each topic's change events go to the collection ``<source>__<collection>`` (and its errors to
-    ``<source>__<collection>_errors``); all topics bind together, one remap collection, one append."""
+    ``<source>__<collection>_errors``); all topics bind together, one remap collection, one append. With
+    ``transaction_topic`` (Debezium's ``provide.transaction.metadata``), a binding covers whole upstream
+    transactions in that topic's order (``reclock.sources.kafka.transactions``)."""
     what = f"source {name}"
     if d.get("envelope") != "debezium":
         raise ConfigError(f"{what}: `topics:` names the topics of one Debezium connector (one per table); it needs "
@@ -112,9 +118,17 @@ def _several_topics(name: str, d: dict, kafka, base: Path | None) -> SourceSpec:
                 raise ConfigError(f"{w}: topics {other.topic!r} and {topic!r} both go to collection {coll!r} "
                                   "(one collection per table: give each a `collection:`)")
         tables.append(TopicTable(topic, coll, schema))
+    tx = d.get("transaction_topic")
+    if tx is not None:
+        if not isinstance(tx, str) or not TOPIC_RE.match(tx):
+            raise ConfigError(f"{what}.transaction_topic: a Kafka topic name (letters, digits, . _ -), Debezium's "
+                              f"`<topic.prefix>.transaction`, got {tx!r}")
+        if tx in {t.topic for t in tables}:
+            raise ConfigError(f"{what}.transaction_topic: {tx!r} is also one of `topics:` (a table's topic); the "
+                              "transaction topic holds BEGIN and END records, no rows")
     first = tables[0]
-    one = {k: v for k, v in d.items() if k != "topics"}
+    one = {k: v for k, v in d.items() if k not in ("topics", "transaction_topic")}
     one["kafka"] = {**d["kafka"], "topic": first.topic}
     one["format"] = {"type": "json", "schema": first.schema}
     spec = parse_kafka_source(name, one, base)  # every other key validated as for one topic
-    return dataclasses.replace(spec, upstream=dataclasses.replace(kafka, tables=tuple(tables)))
+    return dataclasses.replace(spec, upstream=dataclasses.replace(kafka, tables=tuple(tables), transaction_topic=tx))

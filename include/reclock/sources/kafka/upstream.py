@@ -40,6 +40,7 @@ class KafkaUpstream:
     timeout: float = 15.0
     topics: tuple[str, ...] = ()  # a source over several topics (``topic`` unused): frontiers over all of
     #                               them, topic i's partition p as ``reclock.sources.kafka.topics.slot(i, p)``
+    transaction_topic: str | None = None  # Debezium's transaction topic (the last of ``topics``), if read
     _client: kafka_client.Client | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -86,7 +87,9 @@ class KafkaUpstream:
                                                           KafkaError._UNKNOWN_TOPIC):
                 raise self._denied(t.error, "reading the topic's metadata", {"topic": ("DESCRIBE", topic)}) \
                     or UpstreamUnavailable(f"source {self.source}: topic {topic!r}: {t.error}")
-            where = "`kafka.topic`" if len(self.topics) == 1 else "the source's `topics:`"
+            where = ("`transaction_topic` (Debezium writes it with provide.transaction.metadata=true, as "
+                     "<topic.prefix>.transaction)" if topic == self.transaction_topic
+                     else "`kafka.topic`" if len(self.topics) == 1 else "the source's `topics:`")
             raise UpstreamUnavailable(
                 f"source {self.source}: topic {topic!r} does not exist on {self.config.bootstrap} "
                 f"(create it, or fix {where} in the source config)")
