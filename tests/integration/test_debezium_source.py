@@ -2,12 +2,16 @@
 (``reclock.dev.connect.LocalConnect``) writes a table of the session's Postgres to the session's Kafka; the
 worker is killed (no offset flush) and restarted mid-stream, so it writes again what it wrote since its last
 flush. The collection AS OF every binding is the table as it was after some change, every row once, and
-the redelivered events are applied once."""
+the redelivered events are applied once. A source over two tables' topics with Debezium's transaction topic
+(``transaction_topic``) binds whole upstream transactions: its collections AS OF every binding are the tables
+as one commit left them; what it cannot place stalls its mint, named."""
 
 from __future__ import annotations
 
 import json
 import os
+import random
+import threading
 import time
 from collections import Counter
 from dataclasses import replace
@@ -21,14 +25,16 @@ from ingest_support import make_ctx
 from reclock import cycle
 from reclock.config import parse_source
 from reclock.debezium import KeyState, parse_key
+from reclock.errors import ConfigError, TransactionMetadataInvalid
 from reclock.dev.connect import LocalConnect
 from reclock.persist import connect
 from reclock.persist.remap_store import load_remap
 from reclock.read import read_as_of, read_updates
 from reclock.sinks.kafka import read_all
-from reclock.sources.kafka.upstream import KafkaUpstream
+from reclock.sources.kafka.upstream import KafkaUpstream, UpstreamUnavailable
 
 SCHEMA = "id INT, v STRING, n BIGINT"
+TX_TABLES = ("acct", "ledger")  # written by multi-table transactions (test_transaction_topic_*)
 FLUSH_MS = 3000
 
 
@@ -65,8 +71,10 @@ class Table:
 
 @pytest.fixture(scope="module")
 def upstream(postgres, kafka, stack_state):
-    """A database with table ``items`` (six rows before the connector starts: its snapshot) and a Connect
-    worker running Debezium on it (started once for the module: ~20 s)."""
+    """A database with table ``items`` (six rows before the connector starts: its snapshot), tables ``acct`` and
+    ``ledger`` (four rows each; ``ledger`` with REPLICA IDENTITY FULL: a delete's ``before`` holds the whole
+    row) written together by the transaction topic's test, and a Connect worker running Debezium on them with
+    the transaction topic (started once for the module: ~20 s)."""
     name = f"dbz_up_{os.getpid()}"
     with psycopg.connect(postgres.dsn("postgres"), autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
@@ -76,22 +84,17 @@ def upstream(postgres, kafka, stack_state):
         conn.execute("CREATE TABLE items (id int PRIMARY KEY, v text, n bigint)")  # REPLICA IDENTITY DEFAULT
         conn.execute("INSERT INTO items SELECT i, 'v' || i, i * 10 FROM generate_series(1, 6) i")
         table.states.append(table.rows(conn))
-        # a second table for the source over several topics (REPLICA IDENTITY FULL: a delete's `before`
-        # holds the whole row)
-        conn.execute("CREATE TABLE orders (id int PRIMARY KEY, v text, n bigint)")
-        conn.execute("ALTER TABLE orders REPLICA IDENTITY FULL")
-        conn.execute("INSERT INTO orders SELECT i, 'o' || i, i FROM generate_series(1, 3) i")
+        for t in TX_TABLES:
+            conn.execute(f"CREATE TABLE {t} (id int PRIMARY KEY, v text, n bigint)")
+            conn.execute(f"INSERT INTO {t} SELECT i, 's' || i, i FROM generate_series(1, 4) i")
+        conn.execute("ALTER TABLE ledger REPLICA IDENTITY FULL")
+        conn.execute("CREATE TABLE tick (n bigint)")  # not published: orders the writers' commits
+        conn.execute("INSERT INTO tick VALUES (0)")
     table.created.update(table.states[0])
     table.events = 6
-    orders = Table(dsn, "orders")
-    with psycopg.connect(dsn) as conn:
-        orders.states.append(orders.rows(conn))
-    orders.created.update(orders.states[0])
-    orders.events = 3
-    worker = LocalConnect(stack_state, kafka.bootstrap, dsn, ("public.items", "public.orders"),
+    worker = LocalConnect(stack_state, kafka.bootstrap, dsn, ("public.items", *(f"public.{t}" for t in TX_TABLES)),
                           prefix=f"dbz{os.getpid()}", transactions=True, flush_ms=FLUSH_MS)
     worker.start()
-    table.orders = orders
     try:
         yield table, worker
     finally:
@@ -213,57 +216,203 @@ def test_debezium_topic_with_a_connector_restart(db, kafka, spark, tmp_path, ups
           f"bindings {len(rc.bindings)}")
 
 
-def test_one_source_over_two_topics(db, kafka, spark, tmp_path, upstream):
-    """``topics:``: one source over the connector's two tables' topics, each into its own collection, appended
-    together (one binding covers both topics: both collections have one upper); each collection AS OF every
-    binding is a state its table went through; the two tables' keys are of the same values and never meet
-    in the upsert state."""
+class Writers:
+    """Threads writing transactions over TX_TABLES until stopped: each takes the lock of the unpublished row
+    ``tick`` first (so commits follow the tick's order), writes 1-4 changes (rows it inserts or updates get
+    ``v = t<tick>``), and records both tables as its commit leaves them: ``states[tick]``."""
+
+    def __init__(self, dsn: str, threads: int = 2) -> None:
+        self.dsn, self.stop = dsn, threading.Event()
+        with psycopg.connect(dsn) as conn:
+            [(tick,)] = conn.execute("SELECT n FROM tick").fetchall()
+            self.states = {tick: self.tables(conn)}
+        self.failed: list[BaseException] = []
+        self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(threads)]
+        for t in self.threads:
+            t.start()
+
+    @staticmethod
+    def tables(conn) -> tuple[frozenset, ...]:
+        return tuple(frozenset(conn.execute(f"SELECT id, v, n FROM {t}").fetchall()) for t in TX_TABLES)
+
+    def _run(self, seed: int) -> None:
+        rng = random.Random(seed)
+        try:
+            with psycopg.connect(self.dsn, autocommit=True) as conn:
+                while not self.stop.is_set():
+                    with conn.transaction():
+                        [(tick,)] = conn.execute("UPDATE tick SET n = n + 1 RETURNING n").fetchall()
+                        for _ in range(rng.randint(1, 4)):
+                            t, k = rng.choice(TX_TABLES), rng.randint(1, 10)
+                            if conn.execute(f"SELECT 1 FROM {t} WHERE id = %s", (k,)).fetchone() is None:
+                                conn.execute(f"INSERT INTO {t} VALUES (%s, %s, %s)", (k, f"t{tick}", tick))
+                            elif rng.random() < 0.25:
+                                conn.execute(f"DELETE FROM {t} WHERE id = %s", (k,))
+                            else:
+                                conn.execute(f"UPDATE {t} SET v = %s, n = n + 1 WHERE id = %s", (f"t{tick}", k))
+                        self.states[tick] = self.tables(conn)
+                    time.sleep(rng.uniform(0.02, 0.1))
+        except BaseException as e:  # noqa: BLE001 - reported by finish()
+            self.failed.append(e)
+
+    def finish(self) -> tuple[frozenset, ...]:
+        """Stop the writers; both tables as the last commit left them."""
+        self.stop.set()
+        for t in self.threads:
+            t.join(30)
+        assert not self.failed, self.failed
+        return self.states[max(self.states)]
+
+
+def bank_source(kafka, worker, name="bank", **extra):
+    topics = [{"topic": worker.topic(f"public.{t}"), "collection": t, "schema": SCHEMA} for t in TX_TABLES]
+    return parse_source(name, {"kafka": {"bootstrap": kafka.bootstrap}, "envelope": "debezium", "topics": topics,
+                               "budget": {"max_records": 100_000}, **extra})
+
+
+def collections(conn, ctx, ts=None) -> tuple[frozenset, ...]:
+    out = []
+    for t in TX_TABLES:
+        snap = read_as_of(conn, ctx.blob, f"{ctx.spec.name}__{t}", ts).to_pylist()
+        assert all(r["diff"] == 1 for r in snap), f"{t} AS OF {ts}: a row more than once"
+        out.append(frozenset((r["id"], r["v"], r["n"]) for r in snap))
+    return tuple(out)
+
+
+def test_transaction_topic_binds_whole_transactions(db, kafka, spark, tmp_path, upstream):
+    """``topics:`` with ``transaction_topic``: writers run transactions over two tables while the source cycles,
+    and the connector is killed (after a flush, with transactions written since) and restarted: both
+    collections AS OF every binding are the two tables as one commit left them, every row version a
+    transaction wrote has that transaction's one timestamp in both tables, the redelivered transactions are
+    passed over; both collections have one upper (one append), and the tables' keys of the same values never
+    meet in the upsert state. The same topics without the transaction topic give the same tables."""
     items, worker = upstream
-    orders = items.orders
-    topics = [{"topic": worker.topic("public.items"), "schema": SCHEMA},
-              {"topic": worker.topic("public.orders"), "collection": "orders", "schema": SCHEMA}]
-    ctx = make_ctx(db, kafka, spark, tmp_path, "unused", name="shop", envelope="debezium", include=[],
-                   format={"type": "json", "schema": SCHEMA}, budget={"max_records": 1000})
-    spec = parse_source("shop", {"kafka": {"bootstrap": kafka.bootstrap}, "envelope": "debezium", "topics": topics,
-                                 "budget": {"max_records": 1000}})
+    tx_topic = worker.transaction_topic
+    spec = bank_source(kafka, worker, transaction_topic=tx_topic)
+    ctx = make_ctx(db, kafka, spark, tmp_path, "unused", name="bank", envelope="debezium", include=[],
+                   format={"type": "json", "schema": SCHEMA})
     ctx = replace(ctx, spec=spec, retain_history_ms=10**12)
-    with psycopg.connect(items.dsn) as conn:  # one upstream transaction over both tables
-        items.run(conn, "UPDATE items SET v = 'x1' WHERE id = 1")
-        orders.run(conn, "UPDATE orders SET v = 'x1' WHERE id = 1")
-        orders.run(conn, "DELETE FROM orders WHERE id = 2")
-        orders.run(conn, "INSERT INTO orders VALUES (4, 'o4', 4)")
-    wait_written(kafka, worker.topic("public.orders"), orders.events)
-    cycle.run_cycle(ctx)
-    with psycopg.connect(items.dsn) as conn:
-        orders.run(conn, "UPDATE orders SET n = 40 WHERE id = 4")
-        items.run(conn, "INSERT INTO items VALUES (1000, 'big', 1)")
-    with psycopg.connect(items.dsn) as conn:
-        orders.run(conn, "UPDATE orders SET n = 41 WHERE id = 4")
-    wait_written(kafka, worker.topic("public.orders"), orders.events)
-    for _ in range(6):  # until the last changes are bound
+    for t in TX_TABLES:
+        wait_written(kafka, worker.topic(f"public.{t}"), 4)  # the connector's snapshot
+    writers = Writers(items.dsn)
+    try:
+        wait_written(kafka, tx_topic, 1)
+        cycle.run_cycle(ctx)
+        t = time.time()
+        wait_flushed(worker, t)
+        wait_written(kafka, tx_topic, end_offset(kafka, tx_topic) + 6)  # 3 transactions past the flush
+        worker.kill()
+        cycle.run_cycle(ctx)  # what the connector wrote before it died (maybe part of a transaction)
+        worker.start()
+    finally:
+        last = writers.finish()
+    for _ in range(10):  # until the last commit is bound
         cycle.run_cycle(ctx)
         with connect(db) as conn:
-            got = {t: frozenset((r["id"], r["v"], r["n"]) for r in read_as_of(conn, ctx.blob, f"shop__{t}").to_pylist())
-                   for t in ("items", "orders")}
-        if got == {"items": items.states[-1], "orders": orders.states[-1]}:
-            break
+            if collections(conn, ctx) == last:
+                break
         time.sleep(0.5)
+
+    ends = Counter(json.loads(r.value())["id"] for r in read_all(kafka.bootstrap, tx_topic, "check")
+                   if json.loads(r.value())["status"] == "END")
+    redelivered = sum(n - 1 for n in ends.values())
+    assert redelivered > 0, "the restart wrote no transaction again"
+    boundaries = set(writers.states.values())
     with connect(db) as conn:
-        rc = load_remap(conn, "shop")
-        uppers = dict(conn.execute("SELECT id, upper FROM reclock.shards WHERE source = 'shop'").fetchall())
-        assert set(uppers) == {"shop__items", "shop__items_errors", "shop__orders", "shop__orders_errors"}
-        assert len(set(uppers.values())) == 1 and rc.upper == uppers["shop__items"], (uppers, rc.upper)
+        rc = load_remap(conn, "bank")
+        assert len(rc.bindings) >= 3
+        # all topics bind together: every collection has the one upper
+        uppers = dict(conn.execute("SELECT id, upper FROM reclock.shards WHERE source = 'bank'").fetchall())
+        assert set(uppers) == {s for t in TX_TABLES for s in (f"bank__{t}", f"bank__{t}_errors")}
+        assert set(uppers.values()) == {rc.upper}, (uppers, rc.upper)
         for b in rc.bindings:
-            for t, table in (("items", items), ("orders", orders)):
-                snap = read_as_of(conn, ctx.blob, f"shop__{t}", b.ts).to_pylist()
-                assert all(r["diff"] == 1 for r in snap), f"{t} AS OF {b.ts}: a row more than once"
-                now = frozenset((r["id"], r["v"], r["n"]) for r in snap)
-                assert now in table.states, f"{t} AS OF {b.ts}: not a state the table went through: {sorted(now)}"
-        assert got == {"items": items.states[-1], "orders": orders.states[-1]}
-        for t in ("items", "orders"):
-            errors = read_updates(conn, ctx.blob, f"shop__{t}_errors")
+            got = collections(conn, ctx, b.ts)
+            assert got in boundaries, f"AS OF {b.ts}: not the tables as one commit left them: {got}"
+        assert collections(conn, ctx) == last
+        stamps: dict[str, set] = {}
+        for t in TX_TABLES:
+            for u in read_updates(conn, ctx.blob, f"bank__{t}").to_pylist():
+                if u["diff"] > 0 and u["v"].startswith("t"):
+                    stamps.setdefault(u["v"], set()).add(u["ts"])
+            errors = read_updates(conn, ctx.blob, f"bank__{t}_errors")
             assert errors is None or errors.num_rows == 0
-        keys = [bytes(k) for (k,) in conn.execute("SELECT key FROM reclock.upsert_state WHERE source = 'shop'")]
-    # both tables have a key {"id": 1}: each under its collection's name
-    assert {k.split(b"\0")[0] for k in keys} == {b"shop__items", b"shop__orders"}
-    assert {b'shop__items\0{"id":1}', b'shop__orders\0{"id":1}'} <= set(keys)
+        split = {tag: ts for tag, ts in stamps.items() if len(ts) > 1}
+        assert not split, f"transactions with more than one timestamp: {split}"
+        # both tables have keys {"id": 1}..: each under its collection's name in the upsert state
+        keys = [bytes(k) for (k,) in conn.execute("SELECT key FROM reclock.upsert_state WHERE source = 'bank'")]
+        assert {b'bank__acct\0{"id":1}', b'bank__ledger\0{"id":1}'} & set(keys)
+        assert {k.split(b"\0")[0] for k in keys} <= {b"bank__acct", b"bank__ledger"}
+        [waited] = conn.execute("SELECT count(*) FROM reclock.statistics WHERE name = 'bank' AND step = 'mint' "
+                                "AND metrics->>'tx_waiting' IS NOT NULL").fetchone()
+    print(f"transactions {len(writers.states) - 1}, bindings {len(rc.bindings)}, redelivered ENDs {redelivered}, "
+          f"mints that waited {waited}")
+
+    # the transaction topic cannot be dropped from a source bound with it (nor added to one bound without)
+    with pytest.raises(ConfigError, match="a topic may be added at the end only"):
+        cycle.mint(replace(ctx, spec=bank_source(kafka, worker)))
+    # the same topics without the transaction topic: bound at the last stable offsets, the same tables at the end
+    plain = replace(ctx, spec=bank_source(kafka, worker, "plain"))
+    cycle.run_cycle(plain)
+    with connect(db) as conn:
+        assert collections(conn, plain) == last
+    with pytest.raises(ConfigError, match="`transaction_topic: .*` is new, and the source has bound its topics"):
+        cycle.mint(replace(plain, spec=bank_source(kafka, worker, "plain", transaction_topic=tx_topic)))
+
+
+def test_transaction_topic_bad_cases(db, kafka, spark, tmp_path):
+    """What a source with a transaction topic cannot place stalls its mint, named, binding nothing: a
+    transaction topic that does not exist, a streamed change without its ``transaction`` block (a connector
+    without provide.transaction.metadata), an event of another table in a table's topic, a transaction
+    topic record that is no BEGIN or END."""
+    from confluent_kafka.admin import NewTopic
+    from ingest_support import produce
+
+    prefix = f"bad{os.getpid()}"
+    a, tx = f"{prefix}.public.a", f"{prefix}.transaction"
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
+    for fut in admin.create_topics([NewTopic(t, 1, 1) for t in (a, tx)]).values():
+        fut.result(30)
+
+    def ctx_for(name, transaction_topic=tx, topic=a):
+        spec = parse_source(name, {"kafka": {"bootstrap": kafka.bootstrap}, "envelope": "debezium",
+                                   "topics": [{"topic": topic, "schema": SCHEMA}], "transaction_topic": transaction_topic})
+        return replace(make_ctx(db, kafka, spark, tmp_path, "unused", name=name), spec=spec)
+
+    def event(op, txn, table="a"):
+        return json.dumps({"before": None, "after": {"id": 1, "v": "x", "n": 1}, "op": op,
+                           "source": {"schema": "public", "table": table, "lsn": 1, "sequence": "[null,\"1\"]"},
+                           "transaction": txn}).encode()
+
+    try:
+        with pytest.raises(UpstreamUnavailable, match=f"topic '{prefix}.nope' does not exist .* fix "
+                                                      "`transaction_topic`"):
+            cycle.mint(ctx_for("nope", f"{prefix}.nope"))
+        good = {"id": "7:70", "total_order": 1, "data_collection_order": 1}
+        produce(kafka, tx, [(0, None, json.dumps({"status": "BEGIN", "id": "7:70"}).encode()),
+                            (0, None, json.dumps({"status": "END", "id": "7:70", "event_count": 1, "data_collections": [
+                                {"data_collection": "public.a", "event_count": 1}]}).encode())])
+        produce(kafka, a, [(0, b'{"id":1}', event("c", good)), (0, b'{"id":1}', event("u", None))])
+        with pytest.raises(TransactionMetadataInvalid, match=f"topic {a} partition 0 offset 1: a change event "
+                                                             "\\(op 'u'\\) without a `transaction` block.*"
+                                                             "provide.transaction.metadata=true"):
+            cycle.mint(ctx_for("untagged"))
+        with connect(db) as conn:  # nothing bound
+            assert conn.execute("SELECT count(*) FROM reclock.remap_bindings WHERE source = 'untagged'").fetchone() \
+                == (0,)
+        b, c = f"{prefix}.public.b", f"{prefix}.public.c"
+        for fut in admin.create_topics([NewTopic(b, 1, 1), NewTopic(c, 1, 1)]).values():
+            fut.result(30)
+        produce(kafka, b, [(0, b'{"id":1}', event("c", good, table="a"))])
+        with pytest.raises(TransactionMetadataInvalid, match=f"topic {b} partition 0 offset 0: the event is of "
+                                                             "table public.a, the topic's name says public.b"):
+            cycle.mint(ctx_for("other", topic=b))
+        produce(kafka, tx, [(0, None, b'{"status": "COMMIT", "id": "8:80"}')])
+        with pytest.raises(TransactionMetadataInvalid, match=f"topic {tx} partition 0 offset 2: a transaction "
+                                                             "record needs status BEGIN or END"):
+            cycle.mint(ctx_for("badtx", topic=c))
+    finally:
+        for fut in admin.delete_topics([a, tx, f"{prefix}.public.b", f"{prefix}.public.c"]).values():
+            try:
+                fut.result(30)
+            except Exception:  # noqa: BLE001 - best effort cleanup
+                pass
