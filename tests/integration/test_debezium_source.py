@@ -31,7 +31,10 @@ from reclock.persist import connect
 from reclock.persist.remap_store import load_remap
 from reclock.read import read_as_of, read_updates
 from reclock.sinks.kafka import read_all
+from reclock.sources.kafka.topics import slot
+from reclock.sources.kafka.transactions import probe, tx_id
 from reclock.sources.kafka.upstream import KafkaUpstream, UpstreamUnavailable
+from reclock.time import PartitionedFrontier
 
 SCHEMA = "id INT, v STRING, n BIGINT"
 TX_TABLES = ("acct", "ledger")  # written by multi-table transactions (test_transaction_topic_*)
@@ -346,6 +349,30 @@ def test_transaction_topic_binds_whole_transactions(db, kafka, spark, tmp_path, 
                                 "AND metrics->>'tx_waiting' IS NOT NULL").fetchone()
     print(f"transactions {len(writers.states) - 1}, bindings {len(rc.bindings)}, redelivered ENDs {redelivered}, "
           f"mints that waited {waited}")
+
+    # the choice on the real topics cut inside a multi-table transaction T (its last ledger event not there
+    # yet): every topic stops before T, and the wait names it (bindings of the run above rarely fall inside one)
+    tx_records = [(r.offset(), json.loads(r.value())) for r in read_all(kafka.bootstrap, tx_topic, "check-t")]
+    ids = Counter(tx_id(v["id"]) for _, v in tx_records if v["status"] == "END")
+    both = [(o, tx_id(v["id"])) for o, v in tx_records if v["status"] == "END" and ids[tx_id(v["id"])] == 1
+            and {c["data_collection"] for c in v["data_collections"]} == {f"public.{t}" for t in TX_TABLES}]
+    end_at, cut = both[len(both) // 2]
+    own = {}
+    for i, t in enumerate(TX_TABLES):
+        own[t] = [r.offset() for r in read_all(kafka.bootstrap, worker.topic(f"public.{t}"), "check-t")
+                  if r.value() is not None and (json.loads(r.value())["transaction"] or {}).get("id", "").split(":")[0]
+                  == cut]
+    full = KafkaUpstream("bank", kafka.bootstrap, "", topics=spec.upstream.topics).probe_upper()
+    short = PartitionedFrontier.of({**full.as_dict(), slot(1, 0): own["ledger"][-1]})
+    chosen = probe("bank", kafka.bootstrap, [worker.topic(f"public.{t}") for t in TX_TABLES], tx_topic,
+                   PartitionedFrontier.of({}), short)
+    assert chosen.waiting.startswith(f"transaction {cut} (END at offset {end_at}): its events are not all there "
+                                     f"yet (public.ledger {len(own['ledger']) - 1} of {len(own['ledger'])})"), chosen
+    assert cut not in chosen.upper.covered and chosen.frontier.get(slot(2, 0)) <= end_at
+    assert [chosen.frontier.get(slot(i, 0)) <= own[t][0] for i, t in enumerate(TX_TABLES)] == [True, True]
+    whole = probe("bank", kafka.bootstrap, [worker.topic(f"public.{t}") for t in TX_TABLES], tx_topic,
+                  PartitionedFrontier.of({}), full)
+    assert whole.waiting is None and whole.frontier == full and cut in whole.upper.covered
 
     # the transaction topic cannot be dropped from a source bound with it (nor added to one bound without)
     with pytest.raises(ConfigError, match="a topic may be added at the end only"):
