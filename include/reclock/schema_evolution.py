@@ -52,12 +52,18 @@ class Column:
     (set by :meth:`SchemaHistory.read_as` only): the column is another one than an earlier column of its name
     that a version in between dropped (a Postgres ``DROP COLUMN`` and an ``ADD COLUMN`` of the same name), so
     a read takes its values from the updates at ``ts >= from_ts`` only; an update before holds the old
-    column's value there, and reads null (as the table shows the rows it held when the column came)."""
+    column's value there, and reads null (as the table shows the rows it held when the column came).
+
+    ``renamed_from`` (recorded in a version): the column is the one the version before named so (a Postgres
+    ``RENAME COLUMN``). ``was`` (set by :meth:`SchemaHistory.read_as` only): the names the column had before,
+    newest first, under which parts written before a rename hold its values (:func:`source_name`)."""
 
     name: str
     type: str
     nullable: bool = True
     from_ts: int | None = None
+    renamed_from: str | None = None
+    was: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -79,11 +85,22 @@ class CollectionSchema:
         return tuple(c.name for c in self.columns)
 
     def to_json(self) -> str:
-        return json.dumps([[c.name, c.type, c.nullable] for c in self.columns])
+        return json.dumps([[c.name, c.type, c.nullable] + ([c.renamed_from] if c.renamed_from else [])
+                           for c in self.columns])
 
     @staticmethod
     def from_json(text: str) -> "CollectionSchema":
-        return CollectionSchema(tuple(Column(n, t, bool(nl)) for n, t, nl in json.loads(text)))
+        return CollectionSchema(tuple(Column(n, t, bool(nl), renamed_from=(rest[0] if rest else None))
+                                      for n, t, nl, *rest in json.loads(text)))
+
+
+def source_name(part: "CollectionSchema", column: Column) -> str | None:
+    """The name under which a part written with ``part`` holds ``column``'s values: its own name, else the
+    newest of the names it had before a rename (``Column.was``) that the part has; None: the part has none."""
+    for name in (column.name, *column.was):
+        if part.column(name) is not None:
+            return name
+    return None
 
 
 # -- Spark type strings -------------------------------------------------------------------------------------
@@ -304,15 +321,59 @@ class SchemaHistory:
 
     def read_as(self, ts: int) -> CollectionSchema | None:
         """The schema a read AS OF ``ts`` gives: the one in force then, or before the first version the first
-        (a collection's columns are known before its first row); None for a collection without a history."""
+        (a collection's columns are known before its first row); None for a collection without a history.
+        A column renamed since it came carries its earlier names (``Column.was``); one that is another than an
+        earlier column of its first name, ``Column.from_ts``."""
         if not self.versions:
             return None
         at = self.version_index(ts)
         schema = self.versions[at].schema
-        reborn = {c.name: self._reborn(at, c.name) for c in schema.columns}
-        if not any(v is not None for v in reborn.values()):
+        lineage = {c.name: self.lineage(at, c.name) for c in schema.columns}
+        if not any(len(names) > 1 or start is not None for names, start in lineage.values()) and \
+                not any(c.renamed_from for c in schema.columns):
             return schema
-        return CollectionSchema(tuple(replace(c, from_ts=reborn[c.name]) for c in schema.columns))
+        return CollectionSchema(tuple(replace(c, renamed_from=None, was=lineage[c.name][0][1:],
+                                              from_ts=lineage[c.name][1]) for c in schema.columns))
+
+    def lineage(self, at: int, name: str) -> tuple[tuple[str, ...], int | None]:
+        """Version ``at``'s column ``name``: its names, newest first, back through the renames that led to it
+        (``Column.renamed_from``), and the time from which it is the column it is when an earlier version had
+        another column of its first name (dropped in between; else None)."""
+        ours = self._names_back(at, name)
+        start = min(ours)
+        names = tuple(dict.fromkeys(ours[i] for i in sorted(ours, reverse=True)))
+        reborn = start > 0 and any(v.schema.column(ours[start]) is not None for v in self.versions[:start])
+        return names, (self.versions[start].since_ts if reborn else None)
+
+    def _names_back(self, at: int, name: str) -> dict[int, str]:
+        """Version index -> the name version ``at``'s column ``name`` has in it, from ``at`` back to the version
+        it came in (added; or added under a name another column was renamed from at that version)."""
+        ours, cur, i = {}, name, at
+        while True:
+            ours[i] = cur
+            if i == 0:
+                return ours
+            schema, prev = self.versions[i].schema, self.versions[i - 1].schema
+            col = schema.column(cur)
+            if col.renamed_from and prev.column(col.renamed_from) is not None:
+                cur = col.renamed_from
+            elif prev.column(cur) is None or any(c.renamed_from == cur for c in schema.columns):
+                return ours
+            i -= 1
+
+    def rename_refused(self, old: str, new: str) -> str | None:
+        """Why the newest version's column ``old`` cannot be renamed ``new`` in a next version (None: it can):
+        another column held ``new`` in some version (one dropped since, renamed away, or added under a name
+        this one had), so a part written then holds that column's values under the name a read would take
+        this one's from."""
+        if not self.versions:
+            return None
+        ours = self._names_back(len(self.versions) - 1, old)
+        for j, v in enumerate(self.versions):
+            if v.schema.column(new) is not None and ours.get(j) != new:
+                return (f"another column was named {new} earlier in the collection's history, and parts written "
+                        "then hold its values under that name")
+        return None
 
     def read_across(self, lower: int, upper: int) -> CollectionSchema | None:
         """A schema that holds the updates at ``lower <= ts < upper`` each as the schema in force at its ts
@@ -325,7 +386,7 @@ class SchemaHistory:
         for i in range(self.version_index(lower), self.version_index(max(lower, upper - 1))):
             for c in self.versions[i].schema.columns:
                 if c.name not in have:
-                    extra[c.name] = replace(c, nullable=True)
+                    extra[c.name] = replace(c, nullable=True, renamed_from=None)
         return CollectionSchema(last.columns + tuple(extra.values())) if extra else last
 
     def version_index(self, ts: int) -> int:
@@ -337,16 +398,6 @@ class SchemaHistory:
                 break
             found = i
         return found
-
-    def _reborn(self, at: int, name: str) -> int | None:
-        """The time from which version ``at``'s column ``name`` is the one it is, when an earlier version
-        had another column of that name (dropped in between); else None."""
-        start = at
-        while start > 0 and self.versions[start - 1].schema.column(name) is not None:
-            start -= 1
-        if start > 0 and any(v.schema.column(name) is not None for v in self.versions[:start - 1]):
-            return self.versions[start].since_ts
-        return None
 
     def latest(self) -> CollectionSchema | None:
         return self.versions[-1].schema if self.versions else None
@@ -378,6 +429,7 @@ def projection(part: CollectionSchema | None, target: CollectionSchema) -> tuple
         return tuple(ProjectedColumn(c.name, c.type, True, False) for c in target.columns)
     out = []
     for c in target.columns:
-        have = part.column(c.name)
+        src = source_name(part, c)
+        have = part.column(src) if src is not None else None
         out.append(ProjectedColumn(c.name, c.type, have is not None, have is not None and have.type != c.type))
     return tuple(out)

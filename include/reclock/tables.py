@@ -61,7 +61,7 @@ from reclock.persist.parquet import check_rows, column_stats, may_retract
 from reclock.persist.schemas import load_history
 from reclock.persist.shards import (BatchRow, acquire_read_hold, batches, release_read_hold, renew_read_hold,
                                     shard_info)
-from reclock.schema_evolution import CollectionSchema
+from reclock.schema_evolution import CollectionSchema, source_name
 from reclock.schema_projection import duckdb_sql, duckdb_type, from_ts_sql, part_schema, spark_sql
 
 MAX_ENGINE_DECIMAL = 38
@@ -352,8 +352,10 @@ def _spark_projected(spark, parts: PartList, blob: BlobStore) -> Any:
         df = df.where((F.col("ts") <= parts.as_of) & (F.col("ts") >= parts.lower))
         cols = []
         for c in target.columns:
-            have = schema.column(c.name)
-            expr = spark_sql(_bq(c.name), have.type if have is not None and c.name in df.columns else None, c.type)
+            src = source_name(schema, c)
+            have = schema.column(src) if src is not None and src in df.columns else None
+            expr = spark_sql(_bq(src) if have is not None else _bq(c.name), have.type if have is not None else None,
+                             c.type)
             expr = from_ts_sql(expr, c.from_ts)
             cols.append(f"{expr} AS {_bq(c.name)}")
         frames.append(df.selectExpr(*cols, "ts", "diff"))
@@ -462,8 +464,9 @@ def _duckdb_projected(con, parts: PartList, blob: BlobStore) -> str:
         file_name = {renames.get(c, c): c for c in own}
         cols = []
         for c in target.columns:
-            have = schema.column(c.name)
-            expr = _ident(file_name[c.name]) if have is not None and c.name in file_name else "NULL"
+            src = source_name(schema, c)
+            have = schema.column(src) if src is not None else None
+            expr = _ident(file_name[src]) if have is not None and src in file_name else "NULL"
             expr = from_ts_sql(duckdb_sql(expr, have.type if expr != 'NULL' else None, c.type), c.from_ts)
             cols.append(f"{expr} AS {_ident(c.name)}")
         # filtered before projected: a part of a newer schema may hold later values the target cannot
