@@ -49,7 +49,7 @@ the new one without an incompatibility).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from reclock.schema_evolution import CollectionSchema, Column, evolve
@@ -148,11 +148,13 @@ class RelationChange:
     new: str | None = None
     rename_first: bool = False  # a re-snapshot cannot read the values the collection holds as the new type
     key_dropped: bool = False  # a column of the replica identity key was dropped
+    renamed: tuple[tuple[str, str], ...] = ()  # (old name, new name) of each column renamed
 
     def describe(self) -> str:
         """For a schema version's cause and for people: ``DROP COLUMN w; ADD COLUMN z; ALTER COLUMN n TYPE bigint
         (was integer)``."""
-        parts = [f"DROP COLUMN {n}" for n in self.dropped]
+        parts = [f"RENAME COLUMN {a} TO {b}" for a, b in self.renamed]
+        parts += [f"DROP COLUMN {n}" for n in self.dropped]
         parts += [f"ADD COLUMN {n}" for n in self.added]
         parts += [f"ALTER COLUMN {n} TYPE {new} (was {old})" for n, old, new in self.changed]
         return "; ".join(parts)
@@ -194,9 +196,27 @@ def kept_types_refused(old: Sequence[PgColumn], new: Sequence[PgColumn]) -> Rela
     return None
 
 
-def classify(old: Sequence[PgColumn], new: Sequence[PgColumn], key: Sequence[str] = ()) -> RelationChange:
+def classify(old: Sequence[PgColumn], new: Sequence[PgColumn], key: Sequence[str] = (),
+             attnums: Sequence[int] | None = None, catalog: "CatalogTable | None" = None) -> RelationChange:
     """The change from the registered columns ``old`` to a Relation message's ``new`` (see the module;
-    ``key``: the table's replica identity key, whose columns may not be dropped)."""
+    ``key``: the table's replica identity key, whose columns may not be dropped).
+
+    With the registered columns' numbers (``attnums``) and the table in the catalog as of the write's upper
+    (``catalog``), renames are told apart from a ``DROP`` and an ``ADD``: when every registered column's
+    number is live at the upper, none was dropped before this Relation message (Postgres never reuses a
+    number), and a Relation message lists the live columns in column-number order with the added ones
+    last, so its first ``len(old)`` columns are the registered ones, in order, under the names they have
+    now: a different name there is a rename (``renamed``), whatever happens to that name after; the rest
+    were added (a column added under a renamed one's old name among them). Otherwise, by name: a name
+    gone and another come stall, as they cannot be told apart."""
+    if attnums is not None and catalog is not None and len(new) >= len(old):
+        live = {a for _, a in catalog.live}
+        if all(a in live for a in attnums):
+            renamed = tuple((o[0], n[0]) for o, n in zip(old, new) if o[0] != n[0])
+            if renamed:
+                to = dict(renamed)
+                change = classify([(to.get(n, n), o, m) for n, o, m in old], new, [to.get(k, k) for k in key])
+                return replace(change, renamed=renamed)
     old_names = [n for n, _, _ in old]
     new_names = [n for n, _, _ in new]
     by_name = {n: (o, m) for n, o, m in new}
@@ -268,13 +288,16 @@ class Numbering:
 
 def number_columns(columns: Sequence[str], attnums: Sequence[int] | None, upto: int | None,
                    relations: Sequence[Sequence[str]], catalog: CatalogTable,
-                   column_list: Sequence[str] | None = None) -> Numbering:
+                   column_list: Sequence[str] | None = None,
+                   renamed: Sequence[Sequence[tuple[str, str]]] = ()) -> Numbering:
     """Whether what a write's stream showed of a table agrees with the catalog as of the write's upper, by
     column number (``attnum``), which a Relation message does not carry.
 
     ``columns``/``attnums``/``upto``: the table as registered before the write (its columns' numbers, None for a
     registration older than them; the highest number accounted for); ``relations``: the column names of each
-    Relation message of other columns the write adopted, in order; ``catalog``: the table at the upper.
+    Relation message of other columns the write adopted, in order; ``catalog``: the table at the upper;
+    ``renamed``: for each of ``relations``, the ``(old, new)`` names of the columns :func:`classify` found
+    renamed in it (a renamed column keeps its number; under its new name it must not be live at another).
 
     Every column number above ``upto`` was taken by an ``ADD COLUMN`` since. The n-th column the stream saw
     added took the n-th of them: it must be live under that name at the upper, or dropped if the stream saw it
@@ -296,9 +319,16 @@ def number_columns(columns: Sequence[str], attnums: Sequence[int] | None, upto: 
     known = dict(zip(columns, attnums))
     upto = upto or 0
     source: dict[str, int | None] = {n: None for n in columns}  # None: carried over; i: the i-th add
+    orig = {n: n for n in columns}  # a carried-over column's name now -> its registered name
     adds: list[list] = []  # [name, still there]
     carried_dropped = False
-    for rel in relations:
+    for k, rel in enumerate(relations):
+        for a, b in (renamed[k] if k < len(renamed) else ()):  # a rename the write told apart (classify)
+            source[b] = source.pop(a)
+            if source[b] is None:
+                orig[b] = orig.pop(a)
+            else:
+                adds[source[b]][0] = b
         for n in [n for n in source if n not in rel]:
             if source[n] is None:
                 carried_dropped = True
@@ -310,13 +340,13 @@ def number_columns(columns: Sequence[str], attnums: Sequence[int] | None, upto: 
                 source[n] = len(adds)
                 adds.append([n, True])
     for n, i in source.items():
-        if i is None and n in live and live[n] != known[n]:
+        if i is None and n in live and live[n] != known[orig[n]]:
             return Numbering(refused=f"column {n} was dropped and added again where no Relation message showed it "
                              f"(its column number is {live[n]} in the catalog at this binding's upper, "
-                             f"{known[n]} when it was registered): the rows the table holds in it are not the ones "
-                             "the collection holds", column=n)
+                             f"{known[orig[n]]} when it was registered): the rows the table holds in it are not the "
+                             "ones the collection holds", column=n)
     if column_list is not None:  # a column re-added to a column list redefines the publication: only names
-        return Numbering(tuple(known[n] if source[n] is None else live.get(n, 0) for n in ends), upto)
+        return Numbering(tuple(known[orig[n]] if source[n] is None else live.get(n, 0) for n in ends), upto)
     taken = sorted(a for a in (*named, *dropped) if a > upto)
     if len(adds) > len(taken):
         return Numbering(refused=f"the stream showed {len(adds)} column(s) added, the catalog at this binding's "
@@ -329,7 +359,7 @@ def number_columns(columns: Sequence[str], attnums: Sequence[int] | None, upto: 
                          f"({'dropped' if a in dropped else named.get(a)}): a column was dropped and added again "
                          "where no Relation message showed it", column=n)
     disturbed = carried_dropped or any(not there for _, there in adds) or any(
-        known[n] in dropped for n, i in source.items() if i is None)
+        known[orig[n]] in dropped for n, i in source.items() if i is None)
     settled = len(adds)
     for a in taken[len(adds):]:
         if a in named:
@@ -339,5 +369,5 @@ def number_columns(columns: Sequence[str], attnums: Sequence[int] | None, upto: 
                              "knew was dropped: whether it was one of them added again, with rows written to it, "
                              "cannot be told", column=None)
         settled += 1
-    got = tuple(known[n] if source[n] is None else taken[source[n]] for n in ends)
+    got = tuple(known[orig[n]] if source[n] is None else taken[source[n]] for n in ends)
     return Numbering(got, taken[settled - 1] if settled else upto)
