@@ -56,7 +56,7 @@ class Column:
 
     ``renamed_from`` (recorded in a version): the column is the one the version before named so (a Postgres
     ``RENAME COLUMN``). ``was`` (set by :meth:`SchemaHistory.read_as` only): the names the column had before,
-    newest first, under which parts written before a rename hold its values (:func:`source_name`)."""
+    newest first, under which parts written before a rename hold its values (:func:`source_names`)."""
 
     name: str
     type: str
@@ -94,13 +94,25 @@ class CollectionSchema:
                                       for n, t, nl, *rest in json.loads(text)))
 
 
-def source_name(part: "CollectionSchema", column: Column) -> str | None:
-    """The name under which a part written with ``part`` holds ``column``'s values: its own name, else the
-    newest of the names it had before a rename (``Column.was``) that the part has; None: the part has none."""
+def _lineage_name(part: "CollectionSchema", column: Column) -> str | None:
     for name in (column.name, *column.was):
         if part.column(name) is not None:
             return name
     return None
+
+
+def source_names(part: "CollectionSchema", target: "CollectionSchema") -> dict[str, str | None]:
+    """For each column of ``target``, the name under which a part written with ``part`` holds its values (None:
+    the part has none): its own name, else the newest of the names it had before a rename (``Column.was``)
+    that the part has. A part's column that a target column takes under an earlier name is that column's,
+    not the one of its name now when that one is another column than an earlier one of its name
+    (``Column.from_ts``: a ``RENAME COLUMN a TO b`` and an ``ADD COLUMN a`` at one time, where a part written
+    before holds ``b``'s values under ``a``, and the new ``a`` reads null there)."""
+    found = {c.name: _lineage_name(part, c) for c in target.columns}
+    claimed = {src for name, src in found.items() if src is not None and src != name}
+    # only a column another one was before its own lineage began can be the one claimed (Column.from_ts)
+    return {c.name: (None if found[c.name] == c.name and c.name in claimed and c.from_ts is not None
+                     else found[c.name]) for c in target.columns}
 
 
 # -- Spark type strings -------------------------------------------------------------------------------------
@@ -428,8 +440,9 @@ def projection(part: CollectionSchema | None, target: CollectionSchema) -> tuple
     if part is None:
         return tuple(ProjectedColumn(c.name, c.type, True, False) for c in target.columns)
     out = []
+    names = source_names(part, target)
     for c in target.columns:
-        src = source_name(part, c)
+        src = names[c.name]
         have = part.column(src) if src is not None else None
         out.append(ProjectedColumn(c.name, c.type, have is not None, have is not None and have.type != c.type))
     return tuple(out)

@@ -7,7 +7,7 @@ part is read through a *projection* from its schema to that one:
 - a column (or struct field) the part lacks is a null of the target's type;
 - a column the target lacks is left out (a read before the change that added it);
 - a column renamed since the part was written is read from the part's column of its earlier name
-  (``Column.was``, :func:`~reclock.schema_evolution.source_name`);
+  (``Column.was``, :func:`~reclock.schema_evolution.source_names`);
 - a widened type is cast up (``int`` to ``bigint``, ``decimal(10,2)`` to ``decimal(12,2)``); a column
   read at a time before it was widened is cast down to the type then in force, which holds every value a
   row of that time can have (it came from a writer of the narrower type);
@@ -32,7 +32,7 @@ from typing import Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from reclock.schema_evolution import CollectionSchema, Column, _container, _struct, source_name, struct_fields
+from reclock.schema_evolution import CollectionSchema, Column, _container, _struct, source_names, struct_fields
 
 _DECIMAL = re.compile(r"^decimal\((\d+),\s*(\d+)\)$")
 _PRIMITIVE_ARROW = {
@@ -245,8 +245,9 @@ def project_table(table: pa.Table, part: CollectionSchema, target: CollectionSch
     that an earlier, dropped column of its name held (``Column.from_ts``) is null at the rows before it; one
     the part holds under an earlier name (``Column.was``: a rename) is read from it."""
     cols, names = [], []
+    sources = source_names(part, target)
     for c in target.columns:
-        src = source_name(part, c)
+        src = sources[c.name]
         have = part.column(src) if src is not None else None
         arr = table[src] if have is not None else None
         if arr is not None and c.from_ts is not None:

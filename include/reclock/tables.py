@@ -61,7 +61,7 @@ from reclock.persist.parquet import check_rows, column_stats, may_retract
 from reclock.persist.schemas import load_history
 from reclock.persist.shards import (BatchRow, acquire_read_hold, batches, release_read_hold, renew_read_hold,
                                     shard_info)
-from reclock.schema_evolution import CollectionSchema, source_name
+from reclock.schema_evolution import CollectionSchema, source_names
 from reclock.schema_projection import duckdb_sql, duckdb_type, from_ts_sql, part_schema, spark_sql
 
 MAX_ENGINE_DECIMAL = 38
@@ -351,10 +351,11 @@ def _spark_projected(spark, parts: PartList, blob: BlobStore) -> Any:
         df = _spark_scan(spark, parts, blob, paths, mergeSchema=False)
         df = df.where((F.col("ts") <= parts.as_of) & (F.col("ts") >= parts.lower))
         cols = []
+        sources = source_names(schema, target)
         for c in target.columns:
-            src = source_name(schema, c)
-            have = schema.column(src) if src is not None and src in df.columns else None
-            expr = spark_sql(_bq(src) if have is not None else _bq(c.name), have.type if have is not None else None,
+            held = sources[c.name]  # the part's column of it (its name, or an earlier one: a rename)
+            have = schema.column(held) if held is not None and held in df.columns else None
+            expr = spark_sql(_bq(held) if have is not None else _bq(c.name), have.type if have is not None else None,
                              c.type)
             expr = from_ts_sql(expr, c.from_ts)
             cols.append(f"{expr} AS {_bq(c.name)}")
@@ -463,10 +464,11 @@ def _duckdb_projected(con, parts: PartList, blob: BlobStore) -> str:
         own, renames = own_columns(parts.kind, names)
         file_name = {renames.get(c, c): c for c in own}
         cols = []
+        sources = source_names(schema, target)
         for c in target.columns:
-            src = source_name(schema, c)
-            have = schema.column(src) if src is not None else None
-            expr = _ident(file_name[src]) if have is not None and src in file_name else "NULL"
+            held = sources[c.name]  # the part's column of it (its name, or an earlier one: a rename)
+            have = schema.column(held) if held is not None else None
+            expr = _ident(file_name[held]) if have is not None and held in file_name else "NULL"
             expr = from_ts_sql(duckdb_sql(expr, have.type if expr != 'NULL' else None, c.type), c.from_ts)
             cols.append(f"{expr} AS {_ident(c.name)}")
         # filtered before projected: a part of a newer schema may hold later values the target cannot
