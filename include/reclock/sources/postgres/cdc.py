@@ -38,7 +38,7 @@ garbage), for a change
 of a table the source outputs, in a transaction the description covers: a ``TRUNCATE`` in the snapshot's
 seam of a table of identity FULL (:class:`~reclock.errors.TableTruncated`); a Relation message whose columns
 differ from those registered by DDL that does not flow (:class:`~reclock.errors.TableSchemaChanged`: a column
-renamed, a key column dropped, a type changed in a way that may change a value, a column added with values in
+renamed where the catalog cannot tell it from a drop and an add, a key column dropped, a type changed in a way that may change a value, a column added with values in
 the rows the table held that the catalog cannot tell, as a volatile DEFAULT's, a column dropped and added again
 within one timestamp; any DDL in the snapshot's seam) or
 whose replica identity does (:class:`~reclock.errors.ReplicaIdentityChanged`); a key table's update or delete of a key its collection has
@@ -47,15 +47,17 @@ no row of (:class:`~reclock.errors.KeyedRowMissing`); a table that was recreated
 (:class:`~reclock.errors.PublicationMissing`). An unchanged TOASTed value (``u``) is never written as a
 placeholder.
 
-**DDL that flows** (``reclock.sources.postgres.ddl``: an added column, a dropped one, a type widened without
-changing a value): from the table's first change under the new Relation, the write's parts of it have the new columns
+**DDL that flows** (``reclock.sources.postgres.ddl``: an added column, a dropped one, a renamed one, a type
+widened without changing a value): from the table's first change under the new Relation, the write's parts of it have the new columns
 (:meth:`PartWriter.reshape`), the collection's schema changes at that change's timestamp (a
 ``SchemaVersion`` handed to append with the parts, ``ChangeDecoder.versions``), and the registration takes
 the new columns with the append (``ChangeDecoder.evolved``). Rows before keep their parts' schema; a
 retraction of one (an old row FULL sends, or a key table's current row) is the row as every reader projects
 it (:func:`conform`): null in an added column (which the WAL's old row holds too), a widened value cast up,
 a dropped column left out (which the WAL's old row lacks too); a column dropped and added again in this write
-null in the parts before the re-add (``PartWriter.reborn``), as readers read them (``Column.from_ts``).
+null in the parts before the re-add (``PartWriter.reborn``), as readers read them (``Column.from_ts``); a column
+renamed read from the parts' column of its earlier name (``PartWriter.renamed``), as readers read them
+(``Column.was``).
 
 A ``TRUNCATE`` of an output table lands as the retraction of every row the collection holds at that point
 (its contents before the description, read back, plus what this write wrote of it so far), at the
@@ -90,7 +92,7 @@ from reclock.errors import (KeyedRowMissing, PublicationMissing, ReclockError, R
                             UnaccountedWrite)
 from reclock.persist.blob import BlobStore
 from reclock.persist.parquet import part_from_footer
-from reclock.schema_evolution import SchemaVersion, evolve
+from reclock.schema_evolution import CollectionSchema, SchemaVersion, evolve
 from reclock.schema_projection import arrow_project, null_before, part_schema
 from reclock.sources.postgres import ddl
 from reclock.sources.postgres import pgoutput as po
@@ -144,6 +146,8 @@ class PartWriter:
         # per table, its columns that DDL dropped and added again in this write: name -> the re-add's ts (the
         # parts before it hold the dropped column's values there: read back as null, as readers read them)
         self.reborn: dict[int, dict[str, int]] = {}
+        # per table, its columns that DDL renamed in this write: a name its parts before hold -> its name now
+        self.renamed: dict[int, dict[str, str]] = {}
 
     def add(self, relid: int, values: tuple, ts: int, diff: int) -> None:
         """One update of table ``relid``: its columns' text forms (bytes or str; None for NULL)."""
@@ -257,7 +261,7 @@ class PartWriter:
                 continue  # Spark's markers and hidden files
             with self.blob.open(info.path) as f:
                 table = pq.read_table(f)
-            conformed = conform(table, b.out, self.reborn.get(relid))
+            conformed = conform(table, b.out, self.reborn.get(relid), self.renamed.get(relid))
             if conformed is None:
                 raise UnaccountedWrite(b.out.shard, folder, folder, f"{info.path} holds columns "
                                        f"{table.schema.names}, not the table's {b.out.schema.names}")
@@ -300,12 +304,19 @@ class PartWriter:
         return {b.out.shard: b.emitted for b in self.buffers.values()}
 
 
-def conform(table: pa.Table, out: Output, reborn: Mapping[str, int] | None = None) -> pa.Table | None:
+def conform(table: pa.Table, out: Output, reborn: Mapping[str, int] | None = None,
+            renamed: Mapping[str, str] | None = None) -> pa.Table | None:
     """``table`` (data columns by name, then ``ts`` and/or ``diff``) in ``out``'s data columns and types:
     a table of the columns the table had before DDL that flowed (``reclock.sources.postgres.ddl``) is projected
     as every reader projects a part (``reclock.schema_projection.arrow_project``: an added column null, a
     widened one cast up, a dropped one left out; a column dropped and added again, ``reborn``: name -> the
-    re-add's ts, null at the rows before it); None when it cannot be (a type ``out``'s does not widen)."""
+    re-add's ts, null at the rows before it; a column renamed, ``renamed``: an earlier name -> its name now,
+    read from the column of its earlier name when the table has none of its name now); None when it cannot
+    be (a type ``out``'s does not widen)."""
+    if renamed:
+        names_in = table.column_names
+        table = table.rename_columns([renamed[n] if n in renamed and renamed[n] not in names_in else n
+                                      for n in names_in])
     extra = [n for n in ("ts", "diff") if n in table.column_names]
     names = [n for n, _, _ in out.info.columns]
     fields = [out.schema.field(n) for n in names] + [pa.field(n, pa.int64()) for n in extra]
@@ -330,10 +341,10 @@ def conform(table: pa.Table, out: Output, reborn: Mapping[str, int] | None = Non
     return pa.Table.from_arrays(arrays + [table[n].combine_chunks() for n in extra], schema=want)
 
 
-def held_updates(held: pa.Table, out: Output) -> pa.Table | None:
+def held_updates(held: pa.Table, out: Output, renamed: Mapping[str, str] | None = None) -> pa.Table | None:
     """A collection's contents read AS OF (data columns and ``diff``) as updates in ``out``'s part schema, at
-    ts 0 (:func:`conform`ed to its columns); None when they cannot be read as them."""
-    conformed = conform(held, out)
+    ts 0 (:func:`conform`ed to its columns, ``renamed``: as there); None when they cannot be read as them."""
+    conformed = conform(held, out, renamed=renamed)
     if conformed is None:
         return None
     return (conformed.select([n for n, _, _ in out.info.columns])
@@ -518,14 +529,18 @@ class ChangeDecoder:
                  strict_tables: bool, truncated: Callable[[Output, int], int] | None = None,
                  prior: Callable[[Output], pa.Table | None] | None = None, key_from: int = 0,
                  added_columns: Callable[[Output, tuple], tuple[str | None, dict]] | None = None,
-                 refill: Callable[[Output, Output, dict, int], int] | None = None) -> None:
+                 refill: Callable[[Output, Output, dict, int], int] | None = None,
+                 catalog: Mapping[int, ddl.CatalogTable] | None = None) -> None:
         self.source, self.writer, self.bindings = source, writer, list(bindings)
+        # the tables in the catalog as of the write's upper (the mint's): tells a rename from a DROP + ADD
+        self.catalog = dict(catalog or {})
         # what the rows a table held hold in columns DDL added: (why unknown, or None; {column: text or None})
         self.added_columns = added_columns
         # the rows a table holds retracted and added again with the added columns' values (the updates)
         self.refill = refill
         self.evolved: dict[int, TableInfo] = {}  # tables whose columns DDL changed in this write, as they are now
         self.adopted: dict[int, list[tuple[str, ...]]] = {}  # per table, the column names of each Relation adopted
+        self.renamed: dict[int, list[tuple[tuple[str, str], ...]]] = {}  # per table, each adopted one's renames
         self.versions: dict[str, list[SchemaVersion]] = {}  # per shard, the schema versions this write begins
         self.schema_before: dict[str, tuple] = {}  # per shard, its columns before this write's first change
         self.truncated = truncated  # retracts a table's every row at a ts (None: a TRUNCATE stalls)
@@ -827,7 +842,9 @@ class ChangeDecoder:
         version at its timestamp (when the collection's schema changes), parts of the new columns from here,
         its current rows (a key table's) read again in them; any other stalls (``TableSchemaChanged``)."""
         table, remedy = out.info.table, ddl.resnapshot_remedy(self.source)
-        change = ddl.classify(out.info.columns, columns, out.info.key)
+        relid = out.info.relid
+        change = ddl.classify(out.info.columns, columns, out.info.key,
+                              out.info.attnums if out.info.column_list is None else None, self.catalog.get(relid))
         if change.refused is not None:
             raise TableSchemaChanged(self.source, table, f"DDL changed its columns: {change.refused}",
                                      ddl.remedy(self.source, table, change))
@@ -843,18 +860,30 @@ class ChangeDecoder:
                 raise TableSchemaChanged(self.source, table, f"DDL added column(s) {', '.join(change.added)}, and what "
                                          f"the rows the table held then hold there cannot be told: {why}", remedy)
         ts = self.targets[0][0]
-        relid = out.info.relid
-        now = Output(replace(out.info, columns=columns, attnums=None), out.shard)  # numbered after the write
+        renames = self.writer.renamed.setdefault(relid, {})
+        again = [a for a, _ in change.renamed if a in renames]
+        if again:  # the name went to another column earlier in this write: its parts hold two under it
+            raise TableSchemaChanged(self.source, table, f"DDL renamed column(s) {', '.join(again)}, a name another "
+                                     "column was renamed from earlier in this write (one binding)", remedy)
+        to = dict(change.renamed)
+        renames.update({a: to.get(b, b) for a, b in renames.items()} | to)
+        # the columns' numbers carry over a rename or a drop (an added column's is known after the write)
+        nums = None if change.added or out.info.attnums is None else tuple(
+            a for (n, _, _), a in zip(out.info.columns, out.info.attnums) if n not in change.dropped)
+        now = Output(replace(out.info, columns=columns, attnums=nums, key=tuple(to.get(k, k) for k in out.info.key)),
+                     out.shard)
         self.adopted.setdefault(relid, []).append(tuple(c[0] for c in columns))
+        self.renamed.setdefault(relid, []).append(change.renamed)
         mine = self.versions.get(out.shard, [])
         earlier = [self.schema_before.get(out.shard, out.info.columns)] + [ddl.relation_columns(v.upstream) for v in mine]
-        if mine and mine[-1].since_ts == ts:  # the columns before this timestamp: a version at it is replaced
-            before_ts = earlier[-2]
-            again = [n for n in change.added if n in (c for c, _, _ in before_ts)]
-            if again:
-                raise TableSchemaChanged(self.source, table, f"DDL dropped column(s) {', '.join(again)} and added "
-                                         "them again within one timestamp (one binding), so the collection cannot "
-                                         "tell the old column's values from the new one's", remedy)
+        # the columns before this timestamp (a version at it is replaced): a name one of them had, added again
+        # at it (dropped, or renamed away, then added), would hold two columns' values at one timestamp
+        before_ts = earlier[-2] if mine and mine[-1].since_ts == ts else earlier[-1]
+        again = [n for n in change.added if n in (c for c, _, _ in before_ts)]
+        if again:
+            raise TableSchemaChanged(self.source, table, f"DDL dropped or renamed column(s) {', '.join(again)} and "
+                                     "added a column of that name again within one timestamp (one binding), so the "
+                                     "collection cannot tell the old column's values from the new one's", remedy)
         for name in change.added:  # dropped earlier in this write: its parts before hold the old column there
             if any(name in (n for n, _, _ in cols) for cols in earlier):
                 self.writer.reborn.setdefault(relid, {})[name] = ts
@@ -873,8 +902,14 @@ class ChangeDecoder:
         if new != old:
             versions = self.versions.setdefault(out.shard, [])
             cause = f"{table}: {change.describe()}"
+            was = {b: a for a, b in change.renamed}  # a column's name in the version before this timestamp
             if versions and versions[-1].since_ts == ts:  # two changes at one timestamp are one
-                cause = f"{versions.pop().cause}; {change.describe()}"
+                popped = versions.pop()
+                cause = f"{popped.cause}; {change.describe()}"
+                before = {c.name: c.renamed_from for c in popped.schema.columns if c.renamed_from}
+                was = {n: before.get(was.get(n, n), was.get(n)) for n in new.names
+                       if before.get(was.get(n, n), was.get(n)) not in (None, n)}
+            new = CollectionSchema(tuple(replace(c, renamed_from=was.get(c.name)) for c in new.columns))
             versions.append(SchemaVersion(ts, new, ddl.relation_json(columns), cause))
         return now
 
@@ -934,7 +969,7 @@ class ChangeDecoder:
             updates = [self.writer.written(relid)]
             held = self.prior(out) if self.prior is not None else None
             if held is not None and held.num_rows:
-                as_updates = held_updates(held, out)
+                as_updates = held_updates(held, out, self.writer.renamed.get(relid))
                 if as_updates is None:
                     names = [n for n, _, _ in out.info.columns]
                     raise KeyedRowMissing(self.source, out.info.table, f"its collection holds columns "

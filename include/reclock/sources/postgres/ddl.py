@@ -26,9 +26,13 @@ a type widened without changing any value        flows: ``smallint`` to ``intege
                                                  before keep it. A column added again later under a dropped
                                                  one's name is another column (``Column.from_ts``: older
                                                  rows read null there, never the dropped one's values)
+``RENAME COLUMN`` (``renamed``; told from a      flows: the collection's schema calls the column by its new
+``DROP`` and an ``ADD`` by column number: every  name at that timestamp (``Column.renamed_from``); readers
+registered column's number live in the catalog   read the parts written before under it (``Column.was``)
+as of the write's upper)
 a column of the replica identity key dropped,   stall (:class:`~reclock.errors.TableSchemaChanged`), naming
-a rename (or a ``DROP`` and an ``ADD`` in one    the table, the column, the old and new types and the
-Relation message: they look alike), columns      command that resolves it (``reclock resnapshot <source>``,
+a rename the catalog cannot confirm (it looks    the table, the column, the old and new types and the
+like a ``DROP`` and an ``ADD``), columns         command that resolves it (``reclock resnapshot <source>``,
 reordered, any other type change (a narrowing,   after giving the table an identity again for a key column)
 ``text`` to ``integer``, a timestamp's
 precision, ...), every column dropped

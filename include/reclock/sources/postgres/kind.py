@@ -42,7 +42,7 @@ from reclock.persist.schemas import load_history
 from reclock.persist.shards import Append, compare_and_append, register_shard, shard_info
 from reclock.read import read_as_of
 from reclock.remap import RemapCollection
-from reclock.schema_evolution import CollectionSchema, SchemaVersion
+from reclock.schema_evolution import CollectionSchema, SchemaHistory, SchemaVersion
 from reclock.schema_projection import part_schema
 from reclock.sources.base import (Acknowledged, CycleServices, Lag, SourceKind, SourceRuntime, WrittenBatch,
                                   human_bytes)
@@ -307,6 +307,7 @@ class PostgresSource(SourceRuntime):
                 # filtered another way): checked after the binding was minted, so a change committed below
                 # the LSN read up to is seen
                 up.check_definitions(uconn, [o.info for o in outputs])
+                catalog = self._catalog(uconn, outputs, end)
                 decoder = cdc.ChangeDecoder(self.ctx.spec.name, outputs, writer, bindings, start, end, rewind,
                                             strict_tables=not self.ctx.spec.upstream.tables,
                                             truncated=lambda out, ts: self._truncated(writer, desc, out, ts,
@@ -314,13 +315,14 @@ class PostgresSource(SourceRuntime):
                                             prior=lambda out: self._held(desc, out), key_from=key_from,
                                             added_columns=self._added_columns,
                                             refill=lambda out, now, fills, ts: self._refill(
-                                                writer, desc, out, now, fills, ts, spark_done))
+                                                writer, desc, out, now, fills, ts, spark_done),
+                                            catalog=catalog)
                 # the peek's cursor lives in a transaction; the blocks are closed (the helper thread joined) before
                 # it ends, also when the decoder stops early
                 with uconn.transaction(force_rollback=True), contextlib.closing(
                         up.read_blocks(uconn, upto, batch=max(1, min(chunk, 10_000)))) as blocks:
                     stats = decoder.feed_blocks(blocks)
-                numbered = self._numbered(uconn, outputs, decoder, end)
+                numbered = self._numbered(outputs, decoder, catalog)
             failpoint("write_batches:after_slice")
             emitted = writer.close()
             parts = cdc.collect(self.ctx.blob, self.ctx.spec.name, prefix, emitted, sorted(spark_done))
@@ -378,23 +380,29 @@ class PostgresSource(SourceRuntime):
         with contextlib.closing(self.upstream().connect()) as conn:
             return PostgresUpstream.added_columns(conn, out.info, added)
 
-    def _numbered(self, uconn, outputs: Sequence[cdc.Output], decoder: cdc.ChangeDecoder,
-                  end: int) -> dict[int, TableInfo]:
+    def _catalog(self, uconn, outputs: Sequence[cdc.Output], end: int) -> dict[int, ddl.CatalogTable]:
+        """The tables in the catalog as of the write's upper ``end`` (the mint's, ``registration.catalog_at``; as
+        it is now if none was kept, which can only stall more, never less): the decoder tells renames by it
+        (``ddl.classify``) and :meth:`_numbered` checks the stream against it."""
+        with self.ctx.connect() as conn:
+            catalog = catalog_at(conn, self.ctx.spec.name, end)
+        if catalog is None or any(o.info.relid not in catalog for o in outputs):
+            catalog = PostgresUpstream.read_catalog(uconn, [o.info for o in outputs])
+        return catalog
+
+    def _numbered(self, outputs: Sequence[cdc.Output], decoder: cdc.ChangeDecoder,
+                  catalog: dict[int, ddl.CatalogTable]) -> dict[int, TableInfo]:
         """Each table as the write leaves it (``decoder.evolved``), with its columns' numbers, after checking
-        what the stream showed against the catalog as of the write's upper ``end`` (the mint's,
-        ``registration.catalog_at``; as it is now if none was kept, which can only stall more, never less):
+        what the stream showed against the catalog as of the write's upper (:meth:`_catalog`):
         ``ColumnReplaced`` (nothing appended) for a column dropped and added again where no Relation message
         showed it (``ddl.number_columns``)."""
         name = self.ctx.spec.name
-        with self.ctx.connect() as conn:
-            catalog = catalog_at(conn, name, end)
-        if catalog is None or any(o.info.relid not in catalog for o in outputs):
-            catalog = PostgresUpstream.read_catalog(uconn, [o.info for o in outputs])
         numbered = {}
         for out in outputs:
             info = out.info
             got = ddl.number_columns([c for c, _, _ in info.columns], info.attnums, info.attnum_upto,
-                                     decoder.adopted.get(info.relid, ()), catalog[info.relid], info.column_list)
+                                     decoder.adopted.get(info.relid, ()), catalog[info.relid], info.column_list,
+                                     decoder.renamed.get(info.relid, ()))
             if got.refused is not None:
                 raise ColumnReplaced(name, info.table, got.refused, ddl.resnapshot_remedy(name))
             numbered[info.relid] = replace(decoder.evolved.get(info.relid, info), attnums=got.attnums,
@@ -435,6 +443,7 @@ class PostgresSource(SourceRuntime):
             for out in outputs:
                 mine = list(decoder.versions.get(out.shard, ()))
                 history = load_history(conn, out.shard)
+                self._check_renames(out, history, mine, decoder.schema_before.get(out.shard, out.info.columns))
                 before = history.latest() or held_before.get(out.shard)
                 now = ddl.collection_schema(out.info.columns)
                 if resnapshot_ts is not None and before is not None and before != now:
@@ -451,6 +460,26 @@ class PostgresSource(SourceRuntime):
                 if mine:
                     out_versions[out.shard] = tuple(mine)
         return out_versions
+
+    def _check_renames(self, out: cdc.Output, history: SchemaHistory, mine: Sequence[SchemaVersion],
+                       before: Sequence[ddl.PgColumn]) -> None:
+        """``TableSchemaChanged`` (nothing appended) for a rename in this write's versions to a name another
+        column held in the collection's history (``SchemaHistory.rename_refused``: a read could not tell them
+        apart in the parts written then; ``before``: its columns before the write, for a collection with no
+        recorded history)."""
+        if not any(c.renamed_from for v in mine for c in v.schema.columns):
+            return
+        if not history.versions:
+            history = SchemaHistory((SchemaVersion(-1, ddl.collection_schema(before)),))
+        for v in mine:
+            for c in v.schema.columns:
+                if c.renamed_from:
+                    why = history.rename_refused(c.renamed_from, c.name)
+                    if why is not None:
+                        raise TableSchemaChanged(self.ctx.spec.name, out.info.table, f"DDL renamed column "
+                                                 f"{c.renamed_from} to {c.name}: {why}",
+                                                 ddl.resnapshot_remedy(self.ctx.spec.name))
+            history = history.with_change(v.since_ts, v.schema)
 
     def _held(self, desc: BatchDescription, out: cdc.Output) -> pa.Table | None:
         """What ``out``'s collection holds before ``desc`` (AS OF its lower - 1: data columns and diff), None
