@@ -79,7 +79,10 @@ hold (or whose schema drops a column the table has), and the next commit adds th
 transaction as its data files, which are written with the evolved schema's field ids. Rows exported before
 have null in a column added later (Iceberg's reading of an older data file); a dropped column is gone from
 every row, as from the collection read AS OF a time after the drop, so a row written before it and retracted
-after it cancels; a column added again under a dropped one's name is a new field id. A change
+after it cancels; a column added again under a dropped one's name is a new field id. A renamed column (a
+Postgres ``RENAME COLUMN``: ``Column.was``) is renamed in the table (``rename_column``: its field id kept, so
+the rows exported before read under the new name, as the collection's do), before the other changes of that
+commit; a column added under its old name is then a new field. A change
 Iceberg cannot make (a decimal's scale, ``date`` to ``timestamp``) stops the sink with ``SinkRefused``
 naming the column; nothing is committed.
 
@@ -360,6 +363,7 @@ class IcebergSink:
         self.begin: _Begin | None = None
         self.reported = False
         self._droppable: frozenset[str] = frozenset()  # the columns the collection's schema history names
+        self._renames: dict[str, str] = {}  # the table's columns the collection renamed since: old -> new name
 
     @property
     def identifier(self) -> str:
@@ -543,6 +547,7 @@ class IcebergSink:
         if self.table is None and not schemas:
             return SinkResult(begin.frontier, 0, 0, 0), False  # no part yet: no schema to create the table with
         table = self._ensure_table(pa.unify_schemas(schemas, promote_options="permissive") if schemas else None)
+        self._renames = _renames(table.schema(), [r.target for r in (snap, rest) if r is not None])
         evolve, metadata = self._evolution(table, schemas)
         copies = _Copies(copy_plan(self.ctx.blob, table, rest, spec.copy_min_bytes, metadata)
                          if spec.layout == "append" and spec.copy_min_bytes is not None else [])
@@ -564,7 +569,8 @@ class IcebergSink:
         at_first = history.read_as(first)
         for v in history.versions:
             if first < v.since_ts < upper and v.schema != at_first:
-                new, _ = _union(self.ctx.spec, self.table, _data_schema(v.schema), self._droppable)
+                new, _ = _union(self.ctx.spec, self.table, _data_schema(v.schema), self._droppable,
+                                _renames(current, [history.read_as(v.since_ts)]))
                 if new != current:
                     return v.since_ts
         return None
@@ -577,7 +583,7 @@ class IcebergSink:
             return None, None
         columns = pa.unify_schemas(schemas, promote_options="permissive")
         data = pa.schema([f.with_nullable(True) for f in columns if f.name not in ("ts", "diff")])
-        new, metadata = _union(self.ctx.spec, table, data, self._droppable)
+        new, metadata = _union(self.ctx.spec, table, data, self._droppable, self._renames)
         if new == table.schema():
             return None, None
         return data, metadata
@@ -655,8 +661,7 @@ class IcebergSink:
         parent = table.metadata.current_snapshot_id
         tx = table.transaction()
         if staged.evolve is not None:  # the collection's new columns, in the commit that first holds them
-            with tx.update_schema() as update:
-                _evolve_schema(update, table.schema(), staged.evolve, self._droppable)
+            _evolve_tx(tx, staged.evolve, self._droppable, self._renames)
         if staged.replace:
             tx.delete(AlwaysTrue())
         with tx.update_snapshot(snapshot_properties=staged.props).fast_append() as append:
@@ -709,15 +714,42 @@ def _data_schema(schema: CollectionSchema) -> pa.Schema:
     return pa.schema([pa.field(c.name, arrow_type(c.type)) for c in schema.columns])
 
 
-def _union(spec: IcebergSinkSpec, table, data: pa.Schema, droppable: frozenset[str] = frozenset()):
+def _renames(current, targets) -> dict[str, str]:
+    """The columns of the table (Iceberg schema ``current``) the collection renamed since (a column of a read's
+    ``targets`` the table lacks whose earlier name it has, ``Column.was``): old name -> new name."""
+    have = {f.name for f in current.fields}
+    out = {}
+    for target in targets:
+        for c in (target.columns if target is not None else ()):
+            if c.name not in have:
+                old = next((w for w in c.was if w in have), None)
+                if old is not None:
+                    out[old] = c.name
+    return out
+
+
+def _evolve_tx(tx, data: pa.Schema, droppable: frozenset[str], renames: dict[str, str]) -> None:
+    """In transaction ``tx``: the table's columns renamed as the collection's were (``renames``: the same field
+    ids, so the data files written before read under the new names), then :func:`_evolve_schema` against the
+    renamed schema (a column added under a renamed one's old name is a new field)."""
+    if renames:
+        with tx.update_schema() as update:
+            for old, new in renames.items():
+                update.rename_column(old, new)
+    with tx.update_schema() as update:
+        _evolve_schema(update, tx.table_metadata.schema(), data, droppable)
+
+
+def _union(spec: IcebergSinkSpec, table, data: pa.Schema, droppable: frozenset[str] = frozenset(),
+           renames: dict[str, str] | None = None):
     """The table's schema with ``data``'s columns added and types widened (pyiceberg's ``union_by_name``,
-    not committed), and the table's metadata with it; ``SinkRefused`` naming what Iceberg cannot change."""
+    not committed), its columns renamed first as the collection's were (``renames``), and the table's metadata
+    with it; ``SinkRefused`` naming what Iceberg cannot change."""
     from pyiceberg.exceptions import ValidationError
 
     tx = table.transaction()
     try:
-        with tx.update_schema() as update:
-            _evolve_schema(update, table.schema(), data, droppable)
+        _evolve_tx(tx, data, droppable, renames or {})
     except (ValidationError, ValueError, TypeError) as e:
         raise SinkRefused(spec.name, f"table {spec.table} cannot take the collection's schema change ({e}); "
                           "nothing was committed (Iceberg adds columns and widens int to long, float to double "
