@@ -318,3 +318,44 @@ def test_a_ts_read_in_two_tables_is_never_cut_between_transactions(db, kafka, to
     assert frontiers == [[7], [9]]  # not [5]: ts 5 went out whole in the first transaction
     got = topic_messages(kafka, out)
     assert [(ts, json.loads(v)["after"]["id"]) for ts, _, v in got] == [(5, i) for i in range(6)] + [(7, 6), (7, 7)]
+
+
+def test_messages_carry_the_columns_of_their_time_through_a_drop_and_a_rename(db, kafka, topic, tmp_path):
+    """A collection whose ``x`` is dropped and whose ``w`` is renamed ``w2`` at 30 (a Postgres ``DROP COLUMN``
+    and ``RENAME COLUMN``): the messages before 30 carry ``id, w, x``; from 30 on ``id, w2``, the retraction at
+    30 of a row written before with the value it was written with (read under the new name)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from reclock.batch import BatchDescription, Part
+    from reclock.config import KafkaSpec, SinkSpec
+    from reclock.persist.blob import LocalBlobStore
+    from reclock.persist.shards import Append, compare_and_append, register_shard
+    from reclock.schema_evolution import CollectionSchema, Column, SchemaVersion
+
+    blob = LocalBlobStore(tmp_path / "blobs")
+    (blob.root / "d").mkdir()
+
+    def part(name: str, cols: dict, ts: list[int], diff: list[int]) -> Part:
+        table = pa.table({**cols, "ts": pa.array(ts, pa.int64()), "diff": pa.array(diff, pa.int64())})
+        pq.write_table(table, blob.url(f"d/{name}"))
+        return Part(f"d/{name}", len(ts), (blob.root / "d" / name).stat().st_size, min(ts), max(ts))
+
+    v0 = CollectionSchema((Column("id", "bigint"), Column("w", "string"), Column("x", "string")))
+    v1 = CollectionSchema((Column("id", "bigint"), Column("w2", "string", renamed_from="w")))
+    with connect(db) as conn:
+        register_shard(conn, "d")
+        compare_and_append(conn, [Append("d", BatchDescription(0, 21), (part(
+            "a", {"id": pa.array([1, 2], pa.int64()), "w": ["a", "b"], "x": ["x1", "x2"]}, [10, 20], [1, 1]),),
+            (SchemaVersion(0, v0),))])
+        compare_and_append(conn, [Append("d", BatchDescription(21, 41), (part(
+            "b", {"id": pa.array([1, 3], pa.int64()), "w2": ["a", "c"]}, [30, 40], [-1, 1]),),
+            (SchemaVersion(30, v1),))])
+    out = topic(partitions=1)
+    spec = SinkSpec(name="evolving", collection="d", kafka=KafkaSpec(topic=out, bootstrap=kafka.bootstrap),
+                    progress_topic=f"_progress_{out}")
+    assert run_once(SinkContext(spec=spec, dsn=db, kafka=kafka.bootstrap, blob=blob)).frontier == 41
+    got = [(ts, json.loads(v)) for ts, _, v in topic_messages(kafka, out)]
+    rows = [(ts, m.get("after") or m.get("before"), "after" in m and m["after"] is not None) for ts, m in got]
+    assert rows == [(10, {"id": 1, "w": "a", "x": "x1"}, True), (20, {"id": 2, "w": "b", "x": "x2"}, True),
+                    (30, {"id": 1, "w2": "a"}, False), (40, {"id": 3, "w2": "c"}, True)]
