@@ -9,7 +9,10 @@ was (and may redeliver what it wrote after its last offset flush, as Debezium do
 
 The connector reads the stack's Postgres through a replication slot (``pgoutput``) and a publication of the
 tables named, and writes one topic per table (``<prefix>.<schema>.<table>``) with JSON values (with or
-without Connect's schemas), and, with ``transactions``, the transaction metadata topic
+without Connect's schemas) or, with ``registry``, Avro keys and values in the Confluent wire format (Apicurio's
+converter ``io.apicurio:apicurio-registry-utils-converter`` registering each writer schema in that local
+registry under ``<topic>-key`` / ``<topic>-value``; 4-byte content ids, which its Confluent-compatible API
+serves as schema ids; no headers), and, with ``transactions``, the transaction metadata topic
 ``<prefix>.transaction`` (BEGIN and END of each upstream transaction, with its event count per table).
 """
 
@@ -28,6 +31,7 @@ from urllib.parse import urlsplit
 from reclock.dev import procs
 from reclock.dev.jars import ensure_jars
 from reclock.dev.procs import LOOPBACK
+from reclock.dev.registry import CCOMPAT, USER, LocalRegistry
 from reclock.dev.state import LocalServer, StackState
 from reclock.errors import StackError
 
@@ -39,7 +43,8 @@ class LocalConnect(LocalServer):
     """A standalone worker under ``state``'s ``connect`` folder writing ``dsn``'s ``tables`` to ``bootstrap``.
 
     ``dsn``: a superuser's (Debezium creates its slot and publication); ``prefix``: the topics' prefix;
-    ``schemas``: JSON values carry Connect's schema beside the payload; ``transactions``:
+    ``schemas``: JSON values carry Connect's schema beside the payload; ``registry``: Avro through that
+    :class:`~reclock.dev.registry.LocalRegistry` instead of JSON; ``transactions``:
     ``provide.transaction.metadata``."""
 
     state: StackState
@@ -52,6 +57,7 @@ class LocalConnect(LocalServer):
     heap: str = "384m"
     flush_ms: int = 1000  # how often the worker flushes its source offsets (a kill redelivers since the last)
     extra: dict = field(default_factory=dict)
+    registry: "LocalRegistry | None" = None
 
     name: ClassVar[str] = "connect"
     process: ClassVar[str] = "connect"
@@ -70,12 +76,9 @@ class LocalConnect(LocalServer):
 
     def _write_config(self) -> tuple[Path, Path]:
         url = urlsplit(self.dsn)
-        converter = "org.apache.kafka.connect.json.JsonConverter"
         worker = {
             "bootstrap.servers": self.bootstrap,
-            "key.converter": converter, "value.converter": converter,
-            "key.converter.schemas.enable": str(self.schemas).lower(),
-            "value.converter.schemas.enable": str(self.schemas).lower(),
+            **self._converters(),
             "offset.storage.file.filename": self.home / "offsets.dat",
             "offset.flush.interval.ms": self.flush_ms,
             "listeners": f"http://{LOOPBACK}:{self.port}",
@@ -116,6 +119,31 @@ class LocalConnect(LocalServer):
             path.chmod(0o600)  # the database password
             files.append(path)
         return files[0], files[1]
+
+    def _converters(self) -> dict:
+        """The worker's key and value converters: Connect's JSON, or Apicurio's Avro in the Confluent wire
+        format through ``registry``."""
+        out: dict = {}
+        for side in ("key", "value"):
+            c = f"{side}.converter"
+            if self.registry is None:
+                out.update({c: "org.apache.kafka.connect.json.JsonConverter",
+                            f"{c}.schemas.enable": str(self.schemas).lower()})
+                continue
+            r = self.registry
+            out.update({
+                c: "io.apicurio.registry.utils.converter.AvroConverter",
+                f"{c}.apicurio.registry.url": r.url.replace(CCOMPAT, "/apis/registry/v2"),
+                f"{c}.apicurio.auth.username": USER, f"{c}.apicurio.auth.password": r.password,
+                f"{c}.apicurio.registry.auto-register": "true",
+                f"{c}.apicurio.registry.find-latest": "true",
+                # the Confluent wire format: a magic byte and a 4-byte id (the content id: what the
+                # registry's Confluent-compatible API calls a schema id), nothing in the record's headers
+                f"{c}.apicurio.registry.as-confluent": "true",
+                f"{c}.apicurio.registry.use-id": "contentId",
+                f"{c}.apicurio.registry.headers.enabled": "false",
+            })
+        return out
 
     def start(self, timeout: float = 180) -> float:
         """Start the worker unless it runs; wait until its connector's task is RUNNING. Seconds it took."""
