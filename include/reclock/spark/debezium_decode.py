@@ -59,12 +59,16 @@ def fold_key(rows: list[dict]) -> list[tuple]:
         raw = None if r["_v"] is None else bytes(r["_v"])
         key = None if r["_k"] is None else bytes(r["_k"])
         try:
+            if r.get("_derr") is not None:  # an Avro record that did not decode (its JSON text is null)
+                raise EventInvalid(r["_derr"])
             if r["_nk"] is None:
                 parse_key(None)  # raises: a record without key
             event = parse_value(raw, defer_after=True)
             if event is not None and r["_bad"]:
                 raise EventInvalid(SCHEMA_REASON)
         except EventInvalid as e:
+            if "_ok" in r:  # Avro: the error row keeps the record as it was, not its JSON text
+                key, raw = (None if r[c] is None else bytes(r[c]) for c in ("_ok", "_ov"))
             out.append((None, r["ts"], 1, ERRORS_OUTPUT, r["_p"], r["_o"], key, raw, e.reason,
                         None, None, None, None, None))
             continue
@@ -133,6 +137,9 @@ def changes(spark, spec: SourceSpec, shape: RecordShape, records, prior: Sequenc
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
+    avro = spec.format.type == "avro"
+    if avro:  # Avro through the registry: each record as the JSON text Debezium's JSON converter writes
+        records = _avro_as_json(spec, records)
     corrupt = "_reclock_corrupt"
     # the row checked against the declared schema, with Connect's schemas or without: PERMISSIVE parsing
     # sets the corrupt-record column when a field of `after` does not fit its type
@@ -145,12 +152,15 @@ def changes(spark, spec: SourceSpec, shape: RecordShape, records, prior: Sequenc
     (p, _), (o, _) = shape.positions
     recs = records.select(F.col("key").alias("_k"), F.col("value").alias("_v"), F.col(p).alias("_p"),
                           F.col(o).alias("_o"), F.unix_micros("timestamp").alias("_t_us"), "ts",
-                          parsed.getField(corrupt).isNotNull().alias("_bad"), F.lit(False).alias("_prior"))
+                          parsed.getField(corrupt).isNotNull().alias("_bad"), F.lit(False).alias("_prior"),
+                          *(("_derr", "_ok", "_ov") if avro else ()))
     recs = recs.withColumn("_nk", norm(F.col("_k")))
     before = spark.createDataFrame(list(prior), prior_ddl).select(
         F.col("key").alias("_k"), F.col("value").alias("_v"), F.col(p).alias("_p"), F.col(o).alias("_o"),
         F.col("timestamp_us").alias("_t_us"), F.lit(-1).cast("long").alias("ts"), F.lit(False).alias("_bad"),
-        F.lit(True).alias("_prior"), F.col("key").alias("_nk"))
+        F.lit(True).alias("_prior"), F.col("key").alias("_nk"),
+        *((F.lit(None).cast("string").alias("_derr"), F.lit(None).cast("binary").alias("_ok"),
+           F.lit(None).cast("binary").alias("_ov")) if avro else ()))
     # a key's rows together and in one task (a record without key, _nk null, is an error row of its own)
     folded = recs.unionByName(before).repartition("_nk").sortWithinPartitions("_nk").mapInArrow(fold_sorted,
                                                                                                 _FOLDED)
@@ -160,3 +170,82 @@ def changes(spark, spec: SourceSpec, shape: RecordShape, records, prior: Sequenc
     return folded.select(*[row.getField(c).alias(c) for c in data_cols], "ts", "diff",
                          *[F.col(v).alias(ERR_PREFIX + c) for c, v in errors.items()],
                          *[F.col(v).alias(STATE_PREFIX + c) for c, v in states.items()], "_output")
+
+
+_CONVERTERS: dict = {}  # per Python worker: (registry settings, known writers) -> AvroJson
+
+
+def registry_converter(settings, known: dict[int, str] | None = None):
+    """An :class:`~reclock.debezium_avro.AvroJson` over the registry of ``settings`` (its schemas cached for the
+    process's life), ``known``: writer schemas already fetched (id -> Avro JSON text)."""
+    from reclock.debezium_avro import AvroJson
+    from reclock.errors import SchemaNotFound
+    from reclock.registry_plan import schema_text
+    from reclock.schema_registry import RegistryClient
+
+    conv = _CONVERTERS.get(settings)
+    if conv is None:
+        client = RegistryClient(settings)
+        conv = _CONVERTERS[settings] = AvroJson(lambda i: schema_text("avro", client.schema(i)), SchemaNotFound)
+    for i, text in (known or {}).items():
+        conv.prime(i, text)
+    return conv
+
+
+def subject_writers(settings, subjects) -> dict[int, str]:
+    """The writer schemas (id -> Avro JSON text) of every version of ``subjects`` (a subject the registry does
+    not hold has none); a registry that does not answer raises ``RegistryUnavailable``."""
+    from reclock.errors import SchemaNotFound
+    from reclock.registry_plan import schema_text
+    from reclock.schema_registry import RegistryClient
+
+    client = RegistryClient(settings)
+    out: dict[int, str] = {}
+    for subject in subjects:
+        try:
+            versions = client.subject_versions(subject)
+        except SchemaNotFound:
+            continue
+        out.update({v.schema.id: schema_text("avro", v.schema) for v in versions})
+    return out
+
+
+def _avro_as_json(spec: SourceSpec, records):
+    """``records`` with ``key`` and ``value`` (Confluent wire-format Avro) as JSON text, the records as they were
+    in ``_ok``, ``_ov`` and, for one that does not decode, the reason in ``_derr`` (its key and value null).
+    The writer schemas of the key's and value's subjects are fetched here, in the driver (a registry that
+    does not answer stalls the source before any job); an id met that they do not hold is asked of the
+    registry by the task (one it does not hold is a decode error)."""
+    import pyarrow as pa
+    from pyspark.sql import types as T
+
+    from reclock.debezium import EventInvalid as Invalid
+    from reclock.settings import find_registry
+
+    settings = find_registry(spec.format.registry, f"source {spec.name}")
+    known = subject_writers(settings, [f"{spec.upstream.topic}-key", f"{spec.upstream.topic}-value"])
+    out_schema = T.StructType(records.schema.fields + [T.StructField("_derr", T.StringType()),
+                                                       T.StructField("_ok", T.BinaryType()),
+                                                       T.StructField("_ov", T.BinaryType())])
+
+    def convert(batches):
+        c = registry_converter(settings, known)
+        for b in batches:
+            keys, values = b.column("key").to_pylist(), b.column("value").to_pylist()
+            jk, jv, err = [], [], []
+            for k, v in zip(keys, values):
+                try:
+                    one = (None if k is None else c.text(bytes(k), "the key"),
+                           c.text(None if v is None else bytes(v), "the value"), None)
+                except Invalid as e:
+                    one = (None, None, e.reason)
+                jk.append(one[0])
+                jv.append(one[1])
+                err.append(one[2])
+            cols = {n: b.column(n) for n in b.schema.names}
+            cols.update(key=pa.array(jk, pa.binary()), value=pa.array(jv, pa.binary()))
+            yield pa.RecordBatch.from_arrays(
+                [*cols.values(), pa.array(err, pa.string()), b.column("key"), b.column("value")],
+                names=[*cols, "_derr", "_ok", "_ov"])
+
+    return records.mapInArrow(convert, out_schema)

@@ -70,7 +70,7 @@ def field_names(spec: SourceSpec, plan: AvroPlan | None = None) -> list[str]:
     (its reader's columns)."""
     if plan is not None:
         return list(plan.decoded_columns.names)
-    if spec.format.type == "avro":
+    if spec.format.type == "avro" and spec.envelope != "debezium":  # debezium: `schema` is the row's DDL
         return spec.format.avro_fields
     return [f.name for f in data_schema(spec).fields]
 
@@ -83,7 +83,7 @@ def data_schema(spec: SourceSpec):
         return T.StructType([T.StructField("text", T.StringType())])
     if spec.format.type == "bytes":
         return T.StructType([T.StructField("data", T.BinaryType())])
-    if spec.format.type == "avro":
+    if spec.format.type == "avro" and spec.envelope != "debezium":
         raise ValueError("an Avro source's schema is its .avsc; see field_names")
     return _parsed_schema(spec.format.schema)
 

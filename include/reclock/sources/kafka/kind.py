@@ -34,7 +34,7 @@ import pyarrow as pa
 from reclock import remap
 from reclock.batch import BatchDescription, SliceWritten, ranges_for, split_ranges
 from reclock.datasets import DatasetName, kafka_topic
-from reclock.debezium import parse_key
+from reclock.debezium import EventInvalid, parse_key
 from reclock.errors import ConfigError, DecodeError, ReclockError, SchemaIncompatible
 from reclock.failpoints import failpoint
 from reclock.kafka_client import KafkaClientConfig
@@ -158,8 +158,8 @@ class KafkaSource(SourceRuntime):
 
     def _write(self, rc: RemapCollection, desc: BatchDescription, m: dict,
                on_slice: Callable[[int, int], None] | None = None, rebuilding: bool = False) -> WrittenBatch:
-        if self.ctx.spec.format.registry is None:
-            return self._write_once(rc, desc, m, on_slice, rebuilding)
+        if self.ctx.spec.format.registry is None or self.ctx.spec.envelope == "debezium":
+            return self._write_once(rc, desc, m, on_slice, rebuilding)  # debezium: Avro decoded in its fold
         return self._write_registry(rc, desc, m, on_slice, rebuilding)
 
     def registry(self) -> RegistryClient:
@@ -336,7 +336,7 @@ class KafkaSource(SourceRuntime):
                 held = holds_keys(conn, source.name, spec.data_shard, desc.lower)
             keys = spark_job.upsert_keys(spark, spec, ctx.upstream, ranges) if held else []
             if spec.envelope == "debezium":
-                keys = sorted({parse_key(k) for k in keys})  # kept without Connect's schema wrapper
+                keys = sorted(debezium_keys(keys, spec))  # kept without Connect's schema wrapper
             with ctx.connect() as conn:
                 prior = load_prior(conn, source.name, spec.data_shard, desc.lower, [state_key(ns, k) for k in keys])
             if ns is not None:
@@ -494,3 +494,21 @@ def check_topic_order(conn, spec) -> None:
         raise ConfigError(f"source {spec.name}: it reads topics {had} in this order (each topic's place numbers "
                           f"its partitions in the source's frontier); the config names {now}: a topic may be "
                           "added at the end only. Removing or reordering topics: read them as a new source")
+
+
+def debezium_keys(keys: list[bytes], spec) -> set[bytes]:
+    """The upsert state's keys of a debezium slice's record ``keys``: their JSON without Connect's schema
+    wrapper; Avro keys (``format: avro``) decoded by their writer schemas first (a key that does not decode
+    has no state: its record is a decode error)."""
+    if spec.format.type != "avro":
+        return {parse_key(k) for k in keys}
+    from reclock.spark.debezium_decode import registry_converter
+
+    conv = registry_converter(find_registry(spec.format.registry, f"source {spec.name}"))
+    out = set()
+    for k in keys:
+        try:
+            out.add(parse_key(conv.text(k, "the key")))
+        except EventInvalid:
+            pass
+    return out

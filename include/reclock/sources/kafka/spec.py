@@ -47,9 +47,22 @@ def parse_kafka_source(name: str, d: dict, base: Path | None) -> SourceSpec:
         raise ConfigError(f"{what}: envelope {envelope!r} is not one of {', '.join(KAFKA_ENVELOPES)}")
     include = parse_include(d, METADATA, what)
     if envelope == "debezium":
-        if fmt.type != "json" or fmt.registry is not None:
+        avro = fmt.type == "avro" and fmt.registry is not None
+        if not avro and (fmt.type != "json" or fmt.registry is not None):
             raise ConfigError(f"{what}: envelope debezium reads Debezium's JSON change events (with or without "
-                              "Connect's schemas): give `format: {type: json, schema: <the table's columns>}`")
+                              "Connect's schemas): give `format: {type: json, schema: <the table's columns>}`, or "
+                              "its Avro ones through a registry: `format: {type: avro, registry: {...}, schema: "
+                              "<the table's columns>}`")
+        if avro:
+            if not isinstance(fmt.schema, str) or not fmt.schema.strip() or "schema_file" in (d.get("format") or {}):
+                raise ConfigError(f"{what}.format: envelope debezium with Avro needs `schema:` (the table's row, "
+                                  "`after`, as Spark DDL, e.g. \"id INT, name STRING\"), not `schema_file:` (the "
+                                  "writer schemas are the registry's, by each record's id)")
+            check_schema(fmt.schema, f"{what}.format.schema")
+            if schema_mode != "fixed":
+                raise ConfigError(f"{what}: `schema: evolve` is not built for envelope debezium: the collection's "
+                                  "columns are `format.schema`; a column the table gains is not read until it is "
+                                  "declared there (a new source, or a rebuild)")
         if include:
             raise ConfigError(f"{what}: envelope debezium cannot include Kafka metadata ({', '.join(include)}): a "
                               "row's retraction must carry what its insertion carried, and the upsert state keeps "
@@ -90,9 +103,11 @@ def _several_topics(name: str, d: dict, kafka, base: Path | None) -> SourceSpec:
         raise ConfigError(f"{what}.topics: a non-empty list of {{topic, collection, schema}}, one per table")
     fmt = d.get("format", {"type": "json"})
     fmt = {"type": fmt} if isinstance(fmt, str) else require(fmt, f"{what}.format")
-    if fmt.get("type", "json") != "json" or set(fmt) - {"type"}:
+    avro = fmt.get("type") == "avro" and "registry" in fmt and not set(fmt) - {"type", "registry"}
+    if not avro and (fmt.get("type", "json") != "json" or set(fmt) - {"type"}):
         raise ConfigError(f"{what}.format: a source over several topics reads Debezium's JSON change events: give "
-                          "`format: json` (or leave it out), each topic's row schema in its `topics:` entry")
+                          "`format: json` (or leave it out), or its Avro ones through a registry: `format: {type: "
+                          "avro, registry: {...}}`; each topic's row schema in its `topics:` entry")
     tables: list[TopicTable] = []
     for i, t in enumerate(raw):
         w = f"{what}.topics[{i}]"
@@ -126,9 +141,13 @@ def _several_topics(name: str, d: dict, kafka, base: Path | None) -> SourceSpec:
         if tx in {t.topic for t in tables}:
             raise ConfigError(f"{what}.transaction_topic: {tx!r} is also one of `topics:` (a table's topic); the "
                               "transaction topic holds BEGIN and END records, no rows")
+        if avro:
+            raise ConfigError(f"{what}.transaction_topic: not built for Debezium's Avro (`format: avro`): the "
+                              "transaction topic and the tables' transaction blocks are read as JSON; use Connect's "
+                              "JSON converter, or leave out `transaction_topic`")
     first = tables[0]
     one = {k: v for k, v in d.items() if k not in ("topics", "transaction_topic")}
     one["kafka"] = {**d["kafka"], "topic": first.topic}
-    one["format"] = {"type": "json", "schema": first.schema}
+    one["format"] = {**fmt, "schema": first.schema} if avro else {"type": "json", "schema": first.schema}
     spec = parse_kafka_source(name, one, base)  # every other key validated as for one topic
     return dataclasses.replace(spec, upstream=dataclasses.replace(kafka, tables=tuple(tables), transaction_topic=tx))

@@ -1,0 +1,269 @@
+"""``envelope: debezium`` over Avro through the registry, against real Debezium: Kafka Connect 4.1.1 with
+Debezium's Postgres connector and Apicurio's Avro converter (``reclock.dev.connect.LocalConnect(registry=...)``)
+writes a table of every awkward type to the session's Kafka, its writer schemas registered in the session's
+registry (Apicurio, Confluent-compatible API). The worker is killed (no offset flush) and restarted
+mid-stream: the collection AS OF every binding is a state the table went through, each value bit for bit
+as Postgres holds it (-0.0, NaN, the infinities, decimals, bytes, timestamps), nothing applied twice. The bad
+records (no magic byte, an id the registry does not hold, a body that does not decode) go to the errors
+collection, or stall the source; a registry that does not answer stalls the cycle."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import socket
+import struct
+import time
+from collections import Counter
+from dataclasses import replace
+from decimal import Decimal
+from pathlib import Path
+
+import fastavro
+import psycopg
+import pytest
+from ingest_support import make_ctx, produce
+
+from reclock import cycle
+from reclock.dev.connect import LocalConnect
+from reclock.errors import DecodeError, RegistryUnavailable
+from reclock.persist import connect
+from reclock.persist.remap_store import load_remap
+from reclock.read import read_as_of, read_updates
+from reclock.registry_plan import schema_text
+from reclock.schema_registry import RegistryClient
+from reclock.sinks.kafka import read_all
+from reclock.sources.kafka.upstream import KafkaUpstream
+
+SCHEMA = "id INT, f4 FLOAT, f8 DOUBLE, d DECIMAL(12,3), b BINARY, at BIGINT, day INT, t STRING"
+COLUMNS = ("id", "f4", "f8", "d", "b", "at", "day", "t")
+FLUSH_MS = 3000
+INF = float("inf")
+
+
+def bits(row: tuple) -> tuple:
+    """A row with its floats as their bits (so -0.0 differs from 0.0 and NaN equals NaN)."""
+    id_, f4, f8, *rest = row
+    return (id_, None if f4 is None else struct.pack("<f", f4), None if f8 is None else struct.pack("<d", f8),
+            *rest)
+
+
+class Table:
+    """Table ``kinds`` upstream, and every state it went through (rows as the collection holds them)."""
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self.states: list[frozenset] = []
+
+    def rows(self, conn) -> frozenset:
+        got = conn.execute("SELECT id, f4, f8, d, b, (extract(epoch FROM at) * 1000)::bigint, "
+                           "(day - date '1970-01-01'), t FROM kinds").fetchall()
+        return frozenset(bits((i, f4, f8, d, None if b is None else bytes(b), at, day, t))
+                         for i, f4, f8, d, b, at, day, t in got)
+
+    def txn(self, *statements: str) -> None:
+        with psycopg.connect(self.dsn) as conn:
+            for s in statements:
+                conn.execute(s)
+                self.states.append(self.rows(conn))
+
+
+def collection(conn, ctx, ts: int | None = None) -> frozenset:
+    snap = read_as_of(conn, ctx.blob, ctx.spec.name, ts).to_pylist()
+    assert all(r["diff"] == 1 for r in snap), "a row more than once"
+    return frozenset(bits(tuple(r[c] for c in COLUMNS)) for r in snap)
+
+
+@pytest.fixture(scope="module")
+def avro_upstream(postgres, kafka, stack_state, registry):
+    """A database with table ``kinds`` (four rows before the connector starts: its snapshot) and a Connect
+    worker writing it as Avro through the registry (started once for the module)."""
+    name = f"dbz_avro_{os.getpid()}"
+    with psycopg.connect(postgres.dsn("postgres"), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    dsn = postgres.dsn(name)
+    table = Table(dsn)
+    with psycopg.connect(dsn) as conn:
+        conn.execute("CREATE TABLE kinds (id int PRIMARY KEY, f4 real, f8 double precision, d numeric(12,3), "
+                     "b bytea, at timestamp, day date, t text)")
+        conn.execute("""INSERT INTO kinds VALUES
+            (1, '-0', '-0', -0.001, '\\x00ff80', '2024-02-29 23:59:59.999', '1969-12-31', 'snapshot ü'),
+            (2, 'NaN', 'NaN', 123456789.123, '', '1900-01-01 00:00:00', '2100-12-31', ''),
+            (3, 'Infinity', '-Infinity', 0, NULL, NULL, NULL, NULL),
+            (4, 3.4028235e38, 4.9e-324, 999999999.999, '\\xdeadbeef', '1970-01-01 00:00:00.001',
+             '1970-01-01', 'x')""")
+        table.states.append(table.rows(conn))
+    worker = LocalConnect(stack_state, kafka.bootstrap, dsn, ("public.kinds",), prefix=f"dbzavro{os.getpid()}",
+                          transactions=False, flush_ms=FLUSH_MS, registry=registry,
+                          extra={"decimal.handling.mode": "precise"})
+    worker.start()
+    try:
+        yield table, worker
+    finally:
+        worker.stop()
+        with psycopg.connect(postgres.dsn("postgres"), autocommit=True) as conn:
+            conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                         "WHERE slot_name = %s", (worker.slot,))
+
+
+@pytest.fixture
+def registry_env(registry, monkeypatch) -> RegistryClient:
+    """The registry as the Airflow connection ``reclock_registry`` (its user and password), and a client."""
+    s = registry.settings()
+    monkeypatch.setenv("AIRFLOW_CONN_RECLOCK_REGISTRY", json.dumps(
+        {"conn_type": "http", "login": s.username, "password": s.password, "extra": {"url": s.url}}))
+    return RegistryClient(s)
+
+
+def end_offset(kafka, topic: str) -> int:
+    try:
+        return sum(o for _, o in KafkaUpstream("t", kafka.bootstrap, topic).probe_upper())
+    except Exception:  # the topic is created with the connector's first record
+        return 0
+
+
+def wait_written(kafka, topic: str, at_least: int, timeout: float = 60) -> int:
+    deadline = time.monotonic() + timeout
+    while (n := end_offset(kafka, topic)) < at_least:
+        assert time.monotonic() < deadline, f"Debezium wrote {n} records to {topic}, expected {at_least}"
+        time.sleep(0.05)
+    return n
+
+
+def decoded(client: RegistryClient, record: bytes) -> dict:
+    """A wire-format Avro record decoded by fastavro (not by Reclock's decoder) with its writer schema."""
+    assert record[0] == 0
+    writer = client.schema(int.from_bytes(record[1:5], "big"))
+    schema = fastavro.parse_schema(json.loads(schema_text("avro", writer)))  # its references inlined
+    return fastavro.schemaless_reader(io.BytesIO(record[5:]), schema)
+
+
+def kinds_ctx(db, kafka, spark, tmp_path, topic: str, name: str):
+    ctx = make_ctx(db, kafka, spark, tmp_path, topic, name=name, envelope="debezium", include=[],
+                   format={"type": "avro", "registry": {}, "schema": SCHEMA}, budget={"max_records": 1000})
+    return replace(ctx, retain_history_ms=10**12)  # every binding stays readable AS OF
+
+
+def bound_until_current(db, ctx, table: Table) -> None:
+    for _ in range(8):  # until the last change is bound
+        cycle.run_cycle(ctx)
+        with connect(db) as conn:
+            if collection(conn, ctx) == table.states[-1]:
+                return
+        time.sleep(0.5)
+
+
+def check_bindings(db, ctx, table: Table) -> int:
+    """Each binding AS OF is a state the table went through, the last the table now; no errors. Bindings."""
+    with connect(db) as conn:
+        rc = load_remap(conn, ctx.spec.name)
+        for b in rc.bindings:
+            got = collection(conn, ctx, b.ts)
+            assert got in table.states, f"AS OF {b.ts}: not a state the table went through: {sorted(got)}"
+        assert got == table.states[-1]
+        errors = read_updates(conn, ctx.blob, ctx.spec.errors_shard)
+        assert errors is None or errors.num_rows == 0, errors.to_pylist()
+    return len(rc.bindings)
+
+
+def test_debezium_avro_bit_for_bit(db, kafka, spark, tmp_path, avro_upstream, registry_env):
+    """The snapshot and a transaction of changes, as Debezium's Avro through the registry: the collection is the
+    table, each value as Postgres holds it."""
+    table, worker = avro_upstream
+    topic = worker.topic("public.kinds")
+    ctx = kinds_ctx(db, kafka, spark, tmp_path, topic, "kinds")
+    wait_written(kafka, topic, 4)
+    cycle.run_cycle(ctx)
+    table.txn("INSERT INTO kinds VALUES (5, '1.1', '0.1', 0.5, '\\x01', '2000-01-01 12:00:00', '2000-01-01', 'five')",
+              "UPDATE kinds SET f8 = '-0', t = 'one' WHERE id = 1", "DELETE FROM kinds WHERE id = 2",
+              "UPDATE kinds SET f4 = '-Infinity' WHERE id = 3")
+    wait_written(kafka, topic, 4 + 5)  # the insert, two updates, the delete and its tombstone
+    bound_until_current(db, ctx, table)
+    assert check_bindings(db, ctx, table) >= 2
+    final = {r[0]: r for r in table.states[-1]}
+    assert final[1][2] == struct.pack("<d", -0.0) and final[1][1] == struct.pack("<f", -0.0)
+    assert final[3][1] == struct.pack("<f", -INF) and final[3][2] == struct.pack("<d", -INF)
+    assert final[4][1] == b"\xff\xff\x7f\x7f" and final[4][3] == Decimal("999999999.999")
+    assert {r.value()[0] for r in read_all(kafka.bootstrap, topic, "wire") if r.value() is not None} == {0}
+
+
+@pytest.mark.deployment
+def test_debezium_avro_through_a_connector_restart(db, kafka, spark, tmp_path, avro_upstream, registry_env):
+    """The worker killed before its offset flush and restarted: it writes again what it wrote since; AS OF
+    every binding a state the table went through, the redelivered events applied once (~60 s: behind
+    ``--deployment``; the JSON path's restart runs in the default suite, test_debezium_source.py)."""
+    table, worker = avro_upstream
+    topic = worker.topic("public.kinds")
+    ctx = kinds_ctx(db, kafka, spark, tmp_path, topic, "kinds_restart")
+    bound_until_current(db, ctx, table)
+    n0 = end_offset(kafka, topic)
+    t = time.time()
+    table.txn("UPDATE kinds SET t = 'before kill' WHERE id = 3")
+    path = Path(worker.home) / "offsets.dat"
+    deadline = time.monotonic() + 3 * FLUSH_MS / 1000
+    while not (path.exists() and path.stat().st_mtime > t):
+        assert time.monotonic() < deadline, "the Connect worker did not flush its offsets"
+        time.sleep(0.05)
+    table.txn("UPDATE kinds SET d = -999999999.999, b = '\\x' WHERE id = 4",
+              "INSERT INTO kinds VALUES (2, 'NaN', '1e308', 1, NULL, NULL, NULL, 'back')")
+    written = wait_written(kafka, topic, n0 + 3)
+    worker.kill()
+    cycle.run_cycle(ctx)
+    worker.start()
+    table.txn("UPDATE kinds SET t = 'after restart' WHERE id = 5")
+    wait_written(kafka, topic, written + 1)
+    bound_until_current(db, ctx, table)
+    records = list(read_all(kafka.bootstrap, topic, "check"))
+    lsns = Counter((r.key(), decoded(registry_env, r.value())["source"]["lsn"]) for r in records
+                   if r.value() is not None)
+    assert sum(n - 1 for n in lsns.values()) > 0, "the restart redelivered nothing: the test proves nothing"
+    assert check_bindings(db, ctx, table) >= 3
+    final = {r[0]: r for r in table.states[-1]}
+    assert math.isnan(struct.unpack("<f", final[2][1])[0]) and final[4][3] == Decimal("-999999999.999")
+
+
+def test_debezium_avro_bad_records(db, kafka, spark, tmp_path, avro_upstream, registry_env, topic):
+    """Records no Avro converter of this registry wrote: no magic byte, an id the registry does not hold, a
+    body its writer schema does not read (cut short). ``on_decode_error: collect``: each in the errors
+    collection with its reason and its bytes as they were, the good record beside them applied; ``stall``:
+    the cycle stops naming the record and appends nothing; a registry that does not answer stalls the cycle."""
+    _, worker = avro_upstream
+    source = worker.topic("public.kinds")
+    wait_written(kafka, source, 4)
+    good = next(r for r in read_all(kafka.bootstrap, source, "bad-copy") if r.value() is not None)
+    key, value = good.key(), good.value()
+    name = topic(partitions=1)
+    bad = [(0, key, b'{"op": "c"}'), (0, key, b"\0" + (987654).to_bytes(4, "big") + value[5:]),
+           (0, key, value[:-3])]
+    produce(kafka, name, bad + [(0, key, value)])
+    ctx = make_ctx(db, kafka, spark, tmp_path, name, name="bad", envelope="debezium", include=[],
+                   format={"type": "avro", "registry": {}, "schema": SCHEMA}, on_decode_error="collect")
+    cycle.run_cycle(ctx)
+    with connect(db) as conn:
+        errors = read_updates(conn, ctx.blob, ctx.spec.errors_shard).to_pylist()
+        rows = read_as_of(conn, ctx.blob, ctx.spec.name).to_pylist()
+    by_value = {bytes(e["raw"]): e["reason"] for e in errors}
+    assert set(by_value) == {v for _, _, v in bad}, errors
+    assert "not in the Confluent wire format" in by_value[bad[0][2]]
+    assert "writer schema id 987654 is not in the registry" in by_value[bad[1][2]]
+    assert "ends early" in by_value[bad[2][2]]
+    assert [r["id"] for r in rows] == [decoded(registry_env, value)["after"]["id"]]
+
+    stall = make_ctx(db, kafka, spark, tmp_path, name, name="stalled", envelope="debezium", include=[],
+                     format={"type": "avro", "registry": {}, "schema": SCHEMA}, on_decode_error="stall")
+    with pytest.raises(DecodeError, match="Confluent wire format"):
+        cycle.run_cycle(stall)
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nobody listens once closed
+    down = make_ctx(db, kafka, spark, tmp_path, name, name="down", envelope="debezium", include=[],
+                    format={"type": "avro", "registry": {"url": f"http://127.0.0.1:{port}/apis/ccompat/v7"},
+                            "schema": SCHEMA})
+    with pytest.raises(RegistryUnavailable, match="refused"):
+        cycle.run_cycle(down)
+    with connect(db) as conn:
+        assert conn.execute("SELECT upper FROM reclock.shards WHERE id = 'down'").fetchone()[0] == 0
+        assert conn.execute("SELECT upper FROM reclock.shards WHERE id = 'stalled'").fetchone()[0] == 0
