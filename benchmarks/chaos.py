@@ -149,6 +149,11 @@ PG_TABLES = ("orders", "items")
 UPSTREAM_DB = "chaos_up"
 OBSERVER_SLOT = "chaos_observer"  # the oracle's own slot: every commit's LSN, read from the WAL
 RUNNERS = ("app", "ups", "txn", PG_SOURCE)  # the sources whose cycles run in runner processes; afl's under Airflow
+S3_WRITER_PAUSE = (0.5, 2.0)
+"""--s3: seconds between the writer's objects (one per prefix): ~30 records an object, ~20 records/s a source, the
+Kafka producers' ``rate``. ``benchmarks.s3_chaos``'s own pace (an object every ~0.2 s) is for a machine that runs
+nothing else: beside the whole campaign at load 25-30, moto took ~7 s a receive of 10 messages, the queue grew by
+~3 a second and a notifications source could never drain it."""
 S3_BUCKET = "landing"  # --s3: benchmarks.s3_chaos's two sources (its SOURCES: listing and notifications), writer, oracle
 ICEBERG_SINK = "lake"  # --iceberg: an Iceberg export of ``app``
 KINESIS_SOURCE = "clicks"  # --kinesis: benchmarks.kinesis_chaos's source and stream (its Resharder and oracle)
@@ -1607,7 +1612,7 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
             resharder = Resharder(svc.kinesis, rng, KINESIS_RESHARD_S)
             resharder.start()
         if s3:
-            s3_writer = S3Writer(svc.s3.client(), S3_BUCKET, random.Random(seed + 1))
+            s3_writer = S3Writer(svc.s3.client(), S3_BUCKET, random.Random(seed + 1), pause=S3_WRITER_PAUSE)
             s3_writer.start()
 
         def airflow_ticker() -> None:

@@ -65,12 +65,12 @@ def runner(source: str, until_idle: bool = False) -> int:
 
 
 class Writer(threading.Thread):
-    """Puts objects into both prefixes until stopped; what it wrote is only for the log (the oracle reads the
-    bucket)."""
+    """Puts objects into both prefixes until stopped, ``pause`` (a uniform range, seconds) between rounds;
+    what it wrote is only for the log (the oracle reads the bucket)."""
 
-    def __init__(self, client, bucket: str, rng: random.Random) -> None:
+    def __init__(self, client, bucket: str, rng: random.Random, pause: tuple[float, float] = (0.02, 0.4)) -> None:
         super().__init__(name="writer", daemon=True)
-        self.client, self.bucket, self.rng = client, bucket, rng
+        self.client, self.bucket, self.rng, self.pause = client, bucket, rng, pause
         self.stop = threading.Event()
         self.objects = 0
         self.records = 0
@@ -110,7 +110,7 @@ class Writer(threading.Thread):
                         time.sleep(1)
                 self.objects += 1
                 self.records += self.n - before
-            time.sleep(self.rng.uniform(0.02, 0.4))
+            time.sleep(self.rng.uniform(*self.pause))
 
 
 def oracle(client, bucket: str, prefix: str) -> dict[int, str]:

@@ -365,3 +365,54 @@ def test_status_shows_the_lag_in_objects_and_bytes(db, spark, s3, tmp_path, monk
     assert detail.columns == ("ts", "key", "byte_offset")
     assert detail.bindings[0].cells == ("ev/b.json", str(len(late)))
     assert "log position" not in "\n".join(sr.detail_lines(detail))
+
+
+class _EndlessQueue:
+    """A queue that is never empty: ``redeliver`` hands out the same ten messages again and again (their
+    visibility ran out before the discovery deleted them), else ten messages of new objects each time (objects
+    arriving faster than they are received). It stops a discovery that would never end after 300 receives."""
+
+    def __init__(self, bucket: str, redeliver: bool) -> None:
+        self.bucket, self.redeliver = bucket, redeliver
+        self.receives = 0
+        self.deleted: list[str] = []
+
+    def receive(self, max_messages: int = 10, wait_s: int = 0, visibility_s: int = 30):
+        from reclock.sources.s3.client import ObjectEvent, QueueMessage
+
+        self.receives += 1
+        assert self.receives <= 300, "the discovery went on receiving from a queue that never empties"
+        time.sleep(0.01)
+        first = 0 if self.redeliver else 10 * (self.receives - 1)
+        return [QueueMessage(f"r{self.receives}-{i}", (ObjectEvent(self.bucket, f"ev/{i}.json", True, 10, "e" * 32,
+                                                                   None, None, "ObjectCreated:Put"),), f"m{i}")
+                for i in range(first, first + 10)]
+
+    def delete(self, receipts: list[str]) -> None:
+        self.deleted += receipts
+
+
+@pytest.mark.parametrize("redeliver", [True, False], ids=["redelivered", "arriving"])
+def test_a_notified_discovery_ends_while_the_queue_never_empties(db, s3, tmp_path, monkeypatch, redeliver):
+    """Issue 37's stalled ``evn``: receiving until the queue was empty never ended when objects arrived faster
+    than a slow endpoint gave them (its first messages came back once their visibility ran out, naming no new
+    object). The discovery stops at a message it already has, or after RECEIVE_S, and deletes each message it
+    recorded once, by its newest receipt."""
+    from reclock.sources.s3 import kind
+
+    monkeypatch.setattr(kind, "RECEIVE_S", 0.5)
+    bucket = new_bucket(s3)
+    ctx = make_ctx(db, None, tmp_path, f"s3://{bucket}/ev/", s3.settings(),
+                   s3={"discovery": "notifications", "queue": "http://127.0.0.1:1/q", "backfill": False})
+    src = ctx.source()
+    src.register()
+    queue = src._queue = _EndlessQueue(bucket, redeliver)
+    src.probe_upper()
+    with connect(db) as conn:
+        keys = sorted(r.key for r in catalog.rows(conn, "ev"))
+    received = range(10) if redeliver else range(10 * queue.receives)
+    assert keys == sorted(f"ev/{i}.json" for i in received)
+    assert sorted(queue.deleted) == sorted(f"r{queue.receives}-{i}" if redeliver else f"r{i // 10 + 1}-{i}"
+                                           for i in received)
+    if redeliver:
+        assert queue.receives == 2

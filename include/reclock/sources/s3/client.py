@@ -364,6 +364,7 @@ class ObjectEvent:
 class QueueMessage:
     receipt: str
     events: tuple[ObjectEvent, ...]
+    message_id: str = ""  # SQS's id of the message: the same each time it is delivered (its receipt is not)
 
 
 def parse_events(body: str) -> tuple[ObjectEvent, ...]:
@@ -394,6 +395,13 @@ def parse_events(body: str) -> tuple[ObjectEvent, ...]:
 VISIBILITY_S = 30
 """How long a received message stays hidden from other receivers: longer than a discovery takes from receiving
 to deleting (a cycle that died in between leaves its messages to the next one after this long)."""
+
+RECEIVE_S = VISIBILITY_S / 3
+"""How long a discovery goes on receiving before it records what it has and deletes it: well within
+:data:`VISIBILITY_S`, so the messages are deleted while still hidden. A discovery that received until the
+queue was empty never ended while objects arrived faster than it received them (a slow endpoint, a busy
+bucket): once its first messages were visible again it received them again, named no new object and went on
+(issue 37's stalled ``evn``); the rest of the queue is the next cycle's."""
 
 
 @dataclass
@@ -447,7 +455,7 @@ class EventQueue:
                 events = parse_events(m["Body"])
             except ValueError as e:
                 raise ValueError(f"source {self.source}: SQS queue {self.queue_url}: {e}") from None
-            out.append(QueueMessage(m["ReceiptHandle"], events))
+            out.append(QueueMessage(m["ReceiptHandle"], events, m.get("MessageId", "")))
         return out
 
     def delete(self, receipts: list[str]) -> None:

@@ -42,7 +42,7 @@ from reclock.persist.staged import collect_parts, slice_folder
 from reclock.remap import RemapCollection
 from reclock.sources.base import CycleServices, Lag, SourceKind, SourceRuntime, WrittenBatch
 from reclock.sources.s3 import catalog
-from reclock.sources.s3.client import EventQueue, ObjectInfo, ObjectStore, open_store
+from reclock.sources.s3.client import RECEIVE_S, EventQueue, ObjectInfo, ObjectStore, open_store
 from reclock.sources.s3.discovery import (Discovery, Known, OnOverwrite, Rules, State, forgettable, frontier_of,
                                           reconcile)
 from reclock.sources.s3.lines import complete_upto
@@ -189,19 +189,27 @@ class S3Source(SourceRuntime):
         return frontier
 
     def _receive(self) -> tuple[list[ObjectInfo], list[str]]:
-        """Messages from the queue until it is empty or ``max_objects_per_cycle`` objects are named: the
-        objects created (a removal needs nothing: a bound object that is gone fails its read, naming it)."""
+        """Messages from the queue until it is empty, ``max_objects_per_cycle`` objects are named,
+        :data:`~reclock.sources.s3.client.RECEIVE_S` have passed, or a message received already comes again
+        (its visibility ran out): the objects created (a removal needs nothing: a bound object that is gone
+        fails its read, naming it), and the newest receipt of each message."""
+        import time
+
         store, loc = self.store(), self.spec.upstream.url.split("://", 1)[1]
         bucket, _, prefix = loc.partition("/")
         limit = self.spec.upstream.max_objects_per_cycle
         events: dict[str, Any] = {}
-        receipts: list[str] = []
-        while len(events) < limit:
+        receipts: dict[str, str] = {}  # message id -> its newest receipt (an older one may not delete it)
+        deadline = time.monotonic() + RECEIVE_S
+        again = False
+        while len(events) < limit and not again and time.monotonic() < deadline:
             msgs = self.queue().receive(max_messages=10, wait_s=0)
             if not msgs:
                 break
             for m in msgs:
-                receipts.append(m.receipt)
+                key = m.message_id or m.receipt
+                again = again or key in receipts
+                receipts[key] = m.receipt
                 for e in m.events:
                     if e.bucket != bucket or not e.key.startswith(prefix):
                         raise S3Unavailable(
@@ -235,7 +243,7 @@ class S3Source(SourceRuntime):
                     continue
                 obj = now
             objects.append(obj)
-        return objects, receipts
+        return objects, list(receipts.values())
 
     def _complete_of(self, obj: ObjectInfo, start: int) -> int:
         """The end of ``obj``'s last complete line at or after ``start`` (a growing file), reading back."""
