@@ -1930,10 +1930,16 @@ def _warm_up(cycles: dict[str, Driver], airflow: AirflowSide, echo: Callable[[st
 
 
 def _catch_up(py: str, source: str, env: dict[str, str], echo: Callable[[str], None]) -> bool:
-    """Cycles of ``source`` until one finds nothing new, in one process; a failed process is rerun (5 times)."""
+    """Cycles of ``source`` until one finds nothing new, in one process; a failed process, or one still
+    cycling after 900 s, is run again (5 times in all): each description a cycle appended stays appended, so
+    a rerun goes on from there (a Kinesis source's backlog at ~20 s a description on a loaded machine)."""
     for _ in range(5):
-        p = subprocess.run([py, "-m", "benchmarks.chaos", "--runner", source, "--until-idle"], env=env, cwd=REPO,
-                           capture_output=True, text=True, timeout=900)
+        try:
+            p = subprocess.run([py, "-m", "benchmarks.chaos", "--runner", source, "--until-idle"], env=env,
+                               cwd=REPO, capture_output=True, text=True, timeout=900)
+        except subprocess.TimeoutExpired as e:
+            echo(f"catch-up {source}: still cycling after {e.timeout:.0f} s; again")
+            continue
         if p.returncode == 0:
             return True
         echo(f"catch-up {source}: exit {p.returncode}: {p.stdout[-1500:]}{p.stderr[-1500:]}")
