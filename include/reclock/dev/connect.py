@@ -56,6 +56,8 @@ class LocalConnect(LocalServer):
     transactions: bool = True
     heap: str = "384m"
     flush_ms: int = 1000  # how often the worker flushes its source offsets (a kill redelivers since the last)
+    jvm_flags: tuple[str, ...] = ("-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC")
+    """Quick to start, slower to run (C1 only): the tests'; a benchmark passes ``()`` for the JVM's defaults."""
     extra: dict = field(default_factory=dict)
     registry: "LocalRegistry | None" = None
 
@@ -157,7 +159,7 @@ class LocalConnect(LocalServer):
                 raise StackError(f"connect: port {self.port} on {LOOPBACK} is taken by another process "
                                  "(set RECLOCK_CONNECT_PORT or free it)")
             worker, connector = self._write_config()
-            procs.spawn("connect", [java, f"-Xmx{self.heap}", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC",
+            procs.spawn("connect", [java, f"-Xmx{self.heap}", *self.jvm_flags,
                                     f"-Dlog4j2.configurationFile={self.home / 'log4j2.properties'}", "-cp", f"{jars}/*", "org.apache.kafka.connect.cli.ConnectStandalone",
                                     str(worker), str(connector)],
                         log=self.log, pidfile=self.pidfile, cwd=self.home)

@@ -23,6 +23,9 @@ COMMITTER_JAR = "reclock-direct-committer.jar"
 RAW_FLOATS_PROJECT = REPO_ROOT / "jvm" / "rawfloats"
 """The Maven project of Reclock's raw-floats jar: parquet-java's float writer keeping NaN payloads (see its
 pom.xml and ``reclock.spark.jobs``)."""
+DBZ_EMBEDDED_PROJECT = REPO_ROOT / "jvm" / "dbzembedded"
+"""The Maven project of the Debezium embedded engine's benchmark main (``benchmarks.pg_debezium``, see its pom.xml)."""
+DBZ_EMBEDDED_JAR = "reclock-dbz-embedded.jar"
 REGISTRY_PROJECT = REPO_ROOT / "jvm" / "registry"
 """The Maven project that builds the Schema Registry for tests (Apicurio Registry, see its pom.xml)."""
 REGISTRY_RUNNER = "reclock-registry-runner.jar"
@@ -68,6 +71,28 @@ def _maven_jar(state: StackState, project: Path, jar: Path, what: str) -> Path:
     if not jar.is_file():
         raise StackError(f"Maven finished but {jar} is not there")
     return jar
+
+
+def dbz_embedded_jars(state: StackState) -> Path:
+    """``.reclock/jars/dbzembedded``: ``reclock-dbz-embedded.jar`` (``dev.reclock.bench.EmbeddedCount``) and
+    its dependencies (Debezium's embedded engine and Postgres connector 3.6.1.Final, ~70 jars), built by
+    ``mvn package dependency:copy-dependencies`` over ``jvm/dbzembedded`` when missing or older than a file of
+    that project."""
+    folder = state.jars / "dbzembedded"
+    jar = folder / DBZ_EMBEDDED_JAR
+    project = DBZ_EMBEDDED_PROJECT
+    if (jar.is_file() and len(list(folder.glob("*.jar"))) >= 60
+            and all(p.stat().st_mtime <= jar.stat().st_mtime for p in project.rglob("*") if p.is_file())):
+        return folder
+    if shutil.which("mvn") is None:
+        raise StackError("Maven (`mvn`) is needed to build the Debezium embedded engine's benchmark; install "
+                         "Debian's `maven` package")
+    run(["mvn", "-q", "-B", "-f", str(project / "pom.xml"), "package", "dependency:copy-dependencies",
+         f"-Djars.dir={state.jars}"], "build the Debezium embedded engine's benchmark with Maven", cwd=project,
+        timeout=900)
+    if not jar.is_file():
+        raise StackError(f"Maven finished but {jar} is not there")
+    return folder
 
 
 def _with_committer(state: StackState, folder: Path) -> Path:
