@@ -58,6 +58,7 @@ from pathlib import Path
 
 import psycopg
 
+from benchmarks import stop
 from benchmarks.pg_cdc import TABLES, _fill_changes
 from reclock import cycle
 from reclock.config import parse_source
@@ -334,10 +335,6 @@ def freshness(txns: int, gap_s: float, echo=print) -> dict[str, dict]:
     return figures
 
 
-def _interrupt(signum, frame) -> None:  # noqa: ARG001
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--changes", type=int, default=200_000)
@@ -351,13 +348,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gap", type=float, default=3.0, help="--freshness: seconds between transactions (jittered)")
     ap.add_argument("--out", default=None, help="write the figures as JSON here")
     args = ap.parse_args(argv)
-    signal.signal(signal.SIGTERM, _interrupt)  # a kill runs the same clean-up as Ctrl-C
+    stop.install()  # SIGTERM or Ctrl-C: the finally blocks stop what this run started
     if args.freshness:
-        try:
-            load0 = os.getloadavg()
-            figures = freshness(args.txns, args.gap)
-        finally:
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        load0 = os.getloadavg()
+        figures = freshness(args.txns, args.gap)
         print(f"\n{args.txns} transactions of one row, load average at start {load0[0]:.1f}, at end "
               f"{os.getloadavg()[0]:.1f} (a shared machine: only the ratio means anything)")
         for name, f in figures.items():
@@ -457,8 +451,6 @@ def main(argv: list[str] | None = None) -> int:
             Path(args.out).write_text(json.dumps(figures, indent=2))
         return 0
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the clean-up is not interrupted again
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
         if embedded is not None:
             embedded.stop()
         if kafka is not None:
