@@ -300,13 +300,20 @@ def cycle(source: str, max_records: int | None, **settings: str | None) -> None:
 
 @main.command()
 @click.argument("source")
+@click.option("--table", "table", metavar="SCHEMA.TABLE", help="Only this table (new to the source, or one of its "
+              "own): snapshotted on its own at the next binding while the other tables stream on (the slot stays).")
 @_cycle_settings
-def resnapshot(source: str, **settings: str | None) -> None:
+def resnapshot(source: str, table: str | None, **settings: str | None) -> None:
     """Start Postgres source SOURCE over from a fresh snapshot at a new timestamp (after DDL, a redefined
     publication or a lost slot stalled it): its next cycle retracts what its collections hold and writes the
-    snapshot."""
+    snapshot. --table: one table alone, online."""
     from reclock.cycle import resnapshot as run_resnapshot
 
+    if table is not None:
+        out = run_resnapshot(_cycle_context(source, **settings), table)
+        click.echo(f"source {source}: table {out['table']} is snapshotted on its own at the first binding at or after "
+                   f"ts {out['at_ts']}; the next cycle writes it while the other tables stream")
+        return
     out = run_resnapshot(_cycle_context(source, **settings))
     click.echo(f"source {source}: re-snapshot bound at ts {out['ts']} (LSN {out['lsn'] >> 32:X}/"
                f"{out['lsn'] & 0xFFFFFFFF:X}) over {', '.join(out['tables'])}; the next cycle writes it")

@@ -230,15 +230,16 @@ def ensure_registered(ctx: CycleContext) -> None:
     ctx.source().register()
 
 
-def resnapshot(ctx: CycleContext) -> dict:
+def resnapshot(ctx: CycleContext, table: str | None = None) -> dict:
     """Start a source over from a fresh snapshot at a new binding, after a stall (a kind that takes a
     snapshot: ``SourceRuntime.resnapshot``); never a time in the past. Readers and sinks see one more
-    timestamp, as for any cycle; history before it stays readable as it was."""
+    timestamp, as for any cycle; history before it stays readable as it was. ``table``: that table alone, at
+    the next binding, while the source's other tables stream on (``SourceRuntime.resnapshot_table``)."""
     refused = ctx.kind.resnapshot_refused(ctx.spec)
     if refused is not None:
         raise ConfigError(refused)
     with _step(ctx, "resnapshot") as m:
-        return ctx.source().resnapshot(m)
+        return ctx.source().resnapshot(m) if table is None else ctx.source().resnapshot_table(table, m)
 
 
 IDLE_ADVANCE_MS = 1000

@@ -314,6 +314,11 @@ class SourceRuntime(ABC):
         a kind whose :meth:`SourceKind.resnapshot_refused` is None."""
         raise ConfigError(self.kind.resnapshot_refused(self.ctx.spec) or f"source {self.name}: no re-snapshot")
 
+    def resnapshot_table(self, table: str, metrics: dict) -> dict:
+        """Take one table of the source from a fresh snapshot of its own while the others go on (a kind whose
+        sources have tables: Postgres)."""
+        raise ConfigError(f"source {self.name}: a {self.kind.title} source has no tables to re-snapshot one by one")
+
 
 class SourceKind(ABC):
     """A kind of upstream: stateless, one instance in ``reclock.sources.registry``. Everything of the kind

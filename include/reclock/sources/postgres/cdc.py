@@ -42,9 +42,9 @@ renamed where the catalog cannot tell it from a drop and an add, a key column dr
 the rows the table held that the catalog cannot tell, as a volatile DEFAULT's, a column dropped and added again
 within one timestamp; any DDL in the snapshot's seam) or
 whose replica identity does (:class:`~reclock.errors.ReplicaIdentityChanged`); a key table's update or delete of a key its collection has
-no row of (:class:`~reclock.errors.KeyedRowMissing`); a table that was recreated, or
-(for a source that takes every table of its publication) one that joined the publication later
-(:class:`~reclock.errors.PublicationMissing`). An unchanged TOASTed value (``u``) is never written as a
+no row of (:class:`~reclock.errors.KeyedRowMissing`); a table that was recreated
+(:class:`~reclock.errors.PublicationMissing`). A table that joined the publication is skipped until the next
+cycle registers it and snapshots it on its own (:class:`TableStart`). An unchanged TOASTed value (``u``) is never written as a
 placeholder.
 
 **DDL that flows** (``reclock.sources.postgres.ddl``: an added column, a dropped one, a renamed one, a type
@@ -434,6 +434,26 @@ class Rewind:
     sign: int
 
 
+@dataclass(frozen=True)
+class TableStart:
+    """A table snapshotted on its own (a table that joined the publication, ``reclock resnapshot --table``): its
+    changes committed below ``from_lsn`` are not taken (its snapshot holds them; before its binding, the
+    collection keeps what it held), those in ``rewind`` also go at the snapshot's binding (as :class:`Rewind`), and,
+    for a key table, none below ``key_from`` (its snapshot's LSN: the seam, as the source's own snapshot's)."""
+
+    from_lsn: int = 0
+    rewind: Rewind | None = None
+    key_from: int = 0
+
+    def targets(self, own: list[tuple[int, int]], commit_lsn: int) -> tuple[list, list]:
+        """``(targets, key targets)`` of a transaction committed at ``commit_lsn`` whose own are ``own``."""
+        got = list(own) if commit_lsn >= self.from_lsn else []
+        r = self.rewind
+        if r is not None and r.lo <= commit_lsn < r.hi:
+            got.append((r.ts, r.sign))
+        return got, ([] if commit_lsn < self.key_from else got)
+
+
 @dataclass
 class StreamStats:
     transactions: int = 0
@@ -530,10 +550,13 @@ class ChangeDecoder:
                  prior: Callable[[Output], pa.Table | None] | None = None, key_from: int = 0,
                  added_columns: Callable[[Output, tuple], tuple[str | None, dict]] | None = None,
                  refill: Callable[[Output, Output, dict, int], int] | None = None,
-                 catalog: Mapping[int, ddl.CatalogTable] | None = None) -> None:
+                 catalog: Mapping[int, ddl.CatalogTable] | None = None,
+                 table_starts: Mapping[int, TableStart] | None = None) -> None:
         self.source, self.writer, self.bindings = source, writer, list(bindings)
         # the tables in the catalog as of the write's upper (the mint's): tells a rename from a DROP + ADD
         self.catalog = dict(catalog or {})
+        self.table_starts = dict(table_starts or {})  # per relid: a table snapshotted on its own (TableStart)
+        self.table_targets: dict[int, tuple[list, list]] = {}  # their (targets, key targets) in this transaction
         # what the rows a table held hold in columns DDL added: (why unknown, or None; {column: text or None})
         self.added_columns = added_columns
         # the rows a table holds retracted and added again with the added columns' values (the updates)
@@ -638,11 +661,13 @@ class ChangeDecoder:
     def _stretch(self, rows, buf, start, end, kind, first: int) -> None:
         """Messages ``first ...`` of the block (changes, Begins and Commits only), read column by column;
         message by message if that meets anything else (see :meth:`feed_blocks`)."""
-        saved = (self.in_txn, self.last_commit, self.targets, self.key_targets, self.rewinding, replace(self.stats))
+        saved = (self.in_txn, self.last_commit, self.targets, self.key_targets, self.rewinding, replace(self.stats),
+                 self.table_targets)
         try:
             emit = self._read_stretch(rows, buf, start, end, kind, first)
         except (po.Irregular, ReclockError):
-            self.in_txn, self.last_commit, self.targets, self.key_targets, self.rewinding, self.stats = saved
+            (self.in_txn, self.last_commit, self.targets, self.key_targets, self.rewinding, self.stats,
+             self.table_targets) = saved
             self._messages(map(po.decode, rows[first:first + len(kind)]))
             return
         self.stats.messages += len(kind)
@@ -698,6 +723,8 @@ class ChangeDecoder:
         if np.any(e - s < 6):
             raise po.Irregular("a change truncated")
         relid = po.be_int(buf, s + 1, 4, signed=False)
+        if self.table_starts and np.isin(relid, np.array(list(self.table_starts), np.int64)).any():
+            raise po.Irregular("a change of a table snapshotted on its own")
         tag = buf[s + 5]
         if not np.all(np.where(k == _I, tag == _N, tag == _O)):
             raise po.Irregular("an update or delete without the whole old row, or a malformed change")
@@ -779,6 +806,8 @@ class ChangeDecoder:
             ts = reclock_lsn(self.bindings, commit_lsn)
             assert ts is not None, "a commit below the last binding's LSN has a binding"
             self.targets.append((ts, 1))
+        if self.table_starts:
+            self.table_targets = {r: t.targets(self.targets, commit_lsn) for r, t in self.table_starts.items()}
         r = self.rewind
         self.rewinding = r is not None and r.lo <= commit_lsn < r.hi
         if self.rewinding:
@@ -786,7 +815,7 @@ class ChangeDecoder:
         # a key table's transaction below the snapshot its collection starts from is in it already, and is not
         # taken back at the snapshot's binding: its old rows are not in the WAL (see the module)
         self.key_targets = [] if commit_lsn < self.key_from else self.targets
-        if self.targets:
+        if self.targets or any(t for t, _ in self.table_targets.values()):
             self.stats.transactions += 1
         else:
             self.stats.skipped_transactions += 1
@@ -818,10 +847,9 @@ class ChangeDecoder:
                 raise PublicationMissing(self.source, rel.qualified, f"was dropped and created again (oid "
                                          f"{self.by_name[rel.qualified].info.relid} is now {relid})",
                                          "re-snapshot the source")
-            if self.strict:
-                raise PublicationMissing(self.source, rel.qualified, "joined the publication after the source's "
-                                         "first cycle and is none of its outputs",
-                                         "list the tables the source takes under `tables:` and re-snapshot")
+            # not (yet) one of the source's tables: for a source of every table of its publication (``strict``),
+            # one that joined it since the cycle's registration, which the next cycle registers and snapshots on
+            # its own (``reclock.sources.postgres.kind``): its changes before that are in its snapshot
             return None
         got = tuple((c.name, c.type_oid, c.typmod) for c in rel.columns)
         if got != out.info.columns:
@@ -848,7 +876,8 @@ class ChangeDecoder:
         if change.refused is not None:
             raise TableSchemaChanged(self.source, table, f"DDL changed its columns: {change.refused}",
                                      ddl.remedy(self.source, table, change))
-        if self.rewinding or len(self.targets) != 1:
+        targets, _ = self._targets(out.info.relid)
+        if self._seam(out.info.relid) or len(targets) != 1:
             raise TableSchemaChanged(self.source, table, f"DDL changed its columns ({change.describe()}) between the "
                                      "first binding and its snapshot", remedy)
         fills: dict = {}
@@ -859,7 +888,7 @@ class ChangeDecoder:
             if why is not None:
                 raise TableSchemaChanged(self.source, table, f"DDL added column(s) {', '.join(change.added)}, and what "
                                          f"the rows the table held then hold there cannot be told: {why}", remedy)
-        ts = self.targets[0][0]
+        ts = targets[0][0]
         renames = self.writer.renamed.setdefault(relid, {})
         again = [a for a, _ in change.renamed if a in renames]
         if again:  # the name went to another column earlier in this write: its parts hold two under it
@@ -931,10 +960,23 @@ class ChangeDecoder:
                 vals[i] = v
         return tuple(vals)
 
+    def _seam(self, relid: int) -> bool:
+        """The current transaction is in the seam of the snapshot ``relid``'s collection starts from (see
+        :class:`Rewind`)."""
+        own = self.table_starts.get(relid)
+        return self.rewinding or own is not None and own.rewind is not None and \
+            own.rewind.lo <= self.last_commit < own.rewind.hi
+
+    def _targets(self, relid: int) -> tuple[list, list]:
+        """``(targets, key targets)`` of a change of ``relid`` in the current transaction."""
+        got = self.table_targets.get(relid) if self.table_starts else None
+        return (self.targets, self.key_targets) if got is None else got
+
     def _change(self, m) -> None:
         if not self.in_txn:
             raise po.ProtocolError(f"source {self.source}: a change outside a transaction")
-        if not self.targets:
+        targets, _ = self._targets(m.relid)
+        if not targets:
             return
         out = self._output(m.relid)
         if out is None:
@@ -954,10 +996,10 @@ class ChangeDecoder:
             if type(m) is po.Update:
                 rows.append((self._values(out, m.new, m.old, "new"), 1))
         add = self.writer.add
-        for ts, sign in self.targets:
+        for ts, sign in targets:
             for values, diff in rows:
                 add(out.info.relid, values, ts, diff * sign)
-        self.stats.changes += len(rows) * len(self.targets)
+        self.stats.changes += len(rows) * len(targets)
 
     def _state(self, out: Output) -> _KeyState:
         """The current rows of key table ``out`` (read once a write: its collection before the write, from
@@ -986,7 +1028,7 @@ class ChangeDecoder:
         whole key; none at all for an update that keeps it), and the old row is the current row of that
         key (:class:`_KeyState`): it is taken back, and an unchanged TOASTed value of the new row is taken
         from it."""
-        targets = self.key_targets
+        _, targets = self._targets(out.info.relid)
         if not targets:
             return
         relid = out.info.relid
@@ -1046,18 +1088,21 @@ class ChangeDecoder:
         """A ``TRUNCATE`` of an output table: the retraction of every row it holds at this point, at the
         transaction's ts (``truncated``). One in the snapshot's seam (a transaction the snapshot's rewind
         also covers) stalls the source instead: the rows the rewind would put back are not known yet."""
-        if not self.targets:
-            return
         for relid in m.relids:
             out = self.by_relid.get(relid)
-            if out is None or out.info.keyed and not self.key_targets:
+            targets, key_targets = self._targets(relid)
+            if not targets or out is None or out.info.keyed and not key_targets:
                 continue  # a key table's TRUNCATE in the snapshot already
             self.states.pop(relid, None)  # its rows are read back again when needed
-            if self.truncated is None or self.rewinding:
-                why = "between the first binding and its snapshot" if self.rewinding else "(Reclock cannot retract " \
+            seam = self._seam(relid)
+            if self.truncated is None or seam:
+                why = "between the first binding and its snapshot" if seam else "(Reclock cannot retract " \
                       "rows it is not told)"
-                raise TableTruncated(self.source, out.info.table, f"TRUNCATE {why}", "re-snapshot the source")
-            for ts, _ in self.targets:  # one target outside the seam: (ts, +1)
+                own = relid in self.table_starts and not self.rewinding
+                raise TableTruncated(self.source, out.info.table, f"TRUNCATE {why}",
+                                     f"run `reclock resnapshot {self.source} --table {out.info.table}`" if own
+                                     else "re-snapshot the source")
+            for ts, _ in targets:  # one target outside the seam: (ts, +1)
                 self.stats.changes += self.truncated(out, ts)
 
 

@@ -49,9 +49,10 @@ from reclock.sources.base import (Acknowledged, CycleServices, Lag, SourceKind, 
 from reclock.sources.postgres import cdc, ddl
 from reclock.sources.postgres import pgoutput as po
 from reclock.sources.postgres import spark_snapshot
-from reclock.sources.postgres.registration import (catalog_at, record_catalog, record_snapshot_lsn, register_tables,
-                                                   registered_tables, replace_tables, snapshot_lsn, snapshot_ts,
-                                                   update_tables)
+from reclock.sources.postgres.registration import (catalog_at, record_catalog, record_snapshot_lsn,
+                                                   record_table_snapshots, register_tables, registered_tables,
+                                                   replace_tables, request_table_snapshot, snapshot_lsn, snapshot_ts,
+                                                   table_snapshot_lsns, table_snapshots, update_tables)
 from reclock.sources.postgres.spec import find_upstream_dsn, parse_pg_table, parse_postgres_source, pg_table_shard
 from reclock.sources.postgres.upstream import LSN_PARTITION, PostgresUpstream, TableInfo, lsn_frontier, lsn_to_str
 from reclock.time import PartitionedFrontier
@@ -59,6 +60,9 @@ from reclock.time import PartitionedFrontier
 SNAPSHOT_LSN_FILE = "snapshot_lsn"
 """Under a write's folder, after its parts were proved: the LSN of the snapshot it took, which its append
 records."""
+TABLE_SNAPSHOTS_FILE = "table_snapshots.json"
+"""Under a write's folder, after its parts were proved: the pending snapshots of single tables it took (``{table:
+its snapshot's LSN}``, None for one the source's own snapshot took), which its append clears."""
 TABLES_FILE = "tables.json"
 """Under a write's folder, after its parts were proved: the source's tables with the columns DDL that flowed
 gave them (``reclock.sources.postgres.ddl``), which its append registers."""
@@ -167,6 +171,7 @@ class PostgresSource(SourceRuntime):
                 with self.ctx.connect() as conn:
                     tables = register_tables(conn, name, infos)
             else:
+                tables = self._joined(uconn, tables) if bound and not self.ctx.spec.upstream.tables else tables
                 up.check_tables(uconn, tables)
             if not bound:
                 up.ensure_slot(uconn)
@@ -177,13 +182,79 @@ class PostgresSource(SourceRuntime):
             register_shard(conn, self.ctx.spec.errors_shard, source=name, output=ERRORS_OUTPUT, kind=ERRORS_KIND)
 
 
-    def _describe_tables(self, uconn) -> list:
-        """The tables a Postgres source takes (its ``tables:``, else every table of its publication), described
-        upstream (published, with an identity that names old rows) and checked for column names a collection
-        keeps for its own."""
-        up, name = self.upstream(), self.ctx.spec.name
-        names = self.ctx.spec.upstream.tables or [parse_pg_table(name, t) for t in up.published_tables(uconn)]
-        infos = up.describe(uconn, names)
+    def _joined(self, uconn, tables: list) -> list:
+        """A source that takes every table of its publication, once its first snapshot is in: each table that
+        joined the publication since is registered with a snapshot of its own pending (:meth:`_snapshot_table`:
+        taken online by the write of the next binding while the other tables stream); the tables as now
+        registered."""
+        name = self.ctx.spec.name
+        have = {t.table for t in tables}
+        joined = [t for t in self.upstream().published_tables(uconn) if parse_pg_table(name, t) not in have]
+        if not joined:
+            return tables
+        with self.ctx.connect() as conn:
+            if shard_info(conn, pg_table_shard(name, tables[0].table)).upper == 0:
+                return tables  # the first snapshot is still to be appended; it takes every registered table
+        for table in joined:
+            tables = self._snapshot_table(uconn, parse_pg_table(name, table))
+        return tables
+
+    def _snapshot_table(self, uconn, table: str) -> list:
+        """Register ``table`` (new to the source, or described again: its columns, oid and identity as they are
+        now) with a snapshot of its own pending at the next binding (``registration.table_snapshots``); a new
+        table gets a shard of its own, empty up to the others' upper. The tables as now registered."""
+        name = self.ctx.spec.name
+        info, = self._describe(uconn, [table])
+        with self.ctx.connect() as conn, conn.transaction():
+            tables = registered_tables(conn, name) or []
+            was = next((t for t in tables if t.table == table), None)
+            if was is not None:
+                refused = ddl.kept_types_refused(was.columns, info.columns)
+                if refused:
+                    raise TableSchemaChanged(name, table, f"a re-snapshot cannot take it: {refused.refused}, and its "
+                                             "collection holds values of the old type", ddl.remedy(name, table, refused))
+            shards = [pg_table_shard(name, t.table) for t in tables]
+            uppers = {s: shard_info(conn, s).upper for s in [*shards, self.ctx.spec.errors_shard]}
+            if len(set(uppers.values())) != 1:
+                raise ShardsDisagree(name, uppers)
+            upper = next(iter(uppers.values()))
+            tables = [info if t.table == table else t for t in tables] if was is not None else [*tables, info]
+            request_table_snapshot(conn, name, tables, info, load_remap(conn, name).upper)
+            shard = pg_table_shard(name, table)
+            if was is None:
+                register_shard(conn, shard, source=name, output=len(tables), kind=DATA_KIND)
+                if upper > 0 and shard_info(conn, shard).upper == 0:  # its collection: empty before its snapshot
+                    compare_and_append(conn, [Append(shard, BatchDescription(0, upper))])
+        self._outputs = None
+        return tables
+
+    def resnapshot_table(self, table: str, metrics: dict) -> dict:
+        """``reclock resnapshot <source> --table <t>``: take table ``t`` from a fresh snapshot of its own at the
+        next binding while the source's other tables stream on (the slot stays): its registration is described
+        again (:meth:`_snapshot_table`), and the write of the next binding retracts what its collection holds
+        and writes the snapshot at that binding's timestamp. ``t`` may be new to the source (a table of its
+        publication, or of its ``tables:``)."""
+        name = self.ctx.spec.name
+        with self.ctx.connect() as conn:
+            if registered_tables(conn, name) is None:
+                raise ConfigError(f"source {name}: it has not run yet; its first cycle takes the snapshot")
+        table = parse_pg_table(name, table)
+        listed = self.ctx.spec.upstream.tables
+        if listed and table not in listed:
+            raise ConfigError(f"source {name}: table {table} is not among its `tables:` ({', '.join(listed)}); add "
+                              "it there first")
+        with self.upstream().session() as uconn:
+            tables = self._snapshot_table(uconn, table)
+        with self.ctx.connect() as conn:
+            at = table_snapshots(conn, name)[table]
+        metrics.update(table=table, at_ts=at, tables=[t.table for t in tables])
+        return {"table": table, "at_ts": at, "tables": [t.table for t in tables]}
+
+    def _describe(self, uconn, names: Sequence[str]) -> list:
+        """``names`` described upstream (``PostgresUpstream.describe``) and checked for column names a
+        collection keeps for its own."""
+        name = self.ctx.spec.name
+        infos = self.upstream().describe(uconn, names)
         for info in infos:
             taken = [c for c, _, _ in info.columns if c in ("ts", "diff") or c.startswith(INTERNAL_PREFIX)]
             if taken:
@@ -191,6 +262,14 @@ class PostgresSource(SourceRuntime):
                                   "a collection keeps for its own (ts, diff, _reclock_*); rename the column(s) "
                                   "upstream, or leave the table out of `tables:`")
         return infos
+
+    def _describe_tables(self, uconn) -> list:
+        """The tables a Postgres source takes (its ``tables:``, else every table of its publication), described
+        upstream (published, with an identity that names old rows) and checked for column names a collection
+        keeps for its own."""
+        up, name = self.upstream(), self.ctx.spec.name
+        names = self.ctx.spec.upstream.tables or [parse_pg_table(name, t) for t in up.published_tables(uconn)]
+        return self._describe(uconn, names)
 
     def resnapshot(self, metrics: dict) -> dict:
         """Start a Postgres source over from a fresh snapshot at a new binding, after a stall (DDL, a publication,
@@ -260,9 +339,21 @@ class PostgresSource(SourceRuntime):
         with self.ctx.connect() as conn:
             snap_ts = snapshot_ts(conn, self.ctx.spec.name)
             key_from = snapshot_lsn(conn, self.ctx.spec.name) or 0
+            pending, table_lsns = table_snapshots(conn, self.ctx.spec.name), table_snapshot_lsns(conn, self.ctx.spec.name)
         if snap_ts is None and start == 0:
             snap_ts = bindings[0][0]  # no data written yet: this description holds the first binding
         snapshot = snap_ts is not None and desc.lower <= snap_ts < desc.upper
+        # tables snapshotted on their own in this write (joined the publication, `resnapshot --table`), each at the
+        # first binding at or after its request; the source's own snapshot takes them all
+        singles: dict[str, int] = {}
+        for out in outputs:
+            at = pending.get(out.info.table)
+            ts_at = None if at is None or snapshot else next(
+                (ts for ts, _ in bindings if ts >= max(at, desc.lower) and ts < desc.upper), None)
+            if ts_at is not None:
+                singles[out.shard] = ts_at
+        done: dict[str, int | None] = {t: None for t in pending} if snapshot else {}
+        starts: dict[int, cdc.TableStart] = {}
         chunk = self.ctx.spec.budget.max_records
         prefix = f"{self.ctx.spec.name}/{desc.lower}-{desc.upper}/{uuid.uuid4().hex}"
         with self.ctx.connect() as conn:
@@ -303,6 +394,13 @@ class PostgresSource(SourceRuntime):
                              snapshot_on_spark=sorted(spark_done))
                 else:
                     up.check_retained(uconn, start)
+                if singles:
+                    upto = max(upto, self._single_snapshots(uconn, desc, outputs, singles, bindings, key_from, writer,
+                                                            held_before, starts, done, spark_done, prefix, m))
+                for out in outputs:  # a key table snapshotted on its own takes no change below its snapshot's LSN
+                    lsn = table_lsns.get(out.info.table, 0)
+                    if out.info.relid not in starts and not snapshot and out.info.keyed and lsn > max(start, key_from):
+                        starts[out.info.relid] = cdc.TableStart(key_from=lsn)
                 # the publication as registered (a row filter or column list changed since would land rows
                 # filtered another way): checked after the binding was minted, so a change committed below
                 # the LSN read up to is seen
@@ -316,7 +414,7 @@ class PostgresSource(SourceRuntime):
                                             added_columns=self._added_columns,
                                             refill=lambda out, now, fills, ts: self._refill(
                                                 writer, desc, out, now, fills, ts, spark_done),
-                                            catalog=catalog)
+                                            catalog=catalog, table_starts=starts)
                 # the peek's cursor lives in a transaction; the blocks are closed (the helper thread joined) before
                 # it ends, also when the decoder stops early
                 with uconn.transaction(force_rollback=True), contextlib.closing(
@@ -328,8 +426,10 @@ class PostgresSource(SourceRuntime):
             parts = cdc.collect(self.ctx.blob, self.ctx.spec.name, prefix, emitted, sorted(spark_done))
             if snapshot:  # the append that makes the snapshot visible records its LSN (append_effects)
                 self.ctx.blob.put_bytes(f"{prefix}/{SNAPSHOT_LSN_FILE}", str(key_from).encode())
-            schemas = self._schema_versions(desc, outputs, decoder, t1 if snapshot and desc.lower > 0 else None,
-                                            held_before)
+            if done:  # and the single tables' snapshots it took, no longer pending
+                self.ctx.blob.put_bytes(f"{prefix}/{TABLE_SNAPSHOTS_FILE}", json.dumps(done).encode())
+            resnapshot_at = {o.shard: t1 for o in outputs} if snapshot and desc.lower > 0 else dict(singles)
+            schemas = self._schema_versions(desc, outputs, decoder, resnapshot_at, held_before)
             if any(numbered[o.info.relid] != o.info for o in outputs):
                 # DDL that flowed, column numbers: the append registers the tables' new columns (append_effects)
                 tables = [numbered[o.info.relid].to_json() for o in outputs]
@@ -360,6 +460,11 @@ class PostgresSource(SourceRuntime):
             lsn = int(self.ctx.blob.get_bytes(path))
             metrics.update(snapshot_lsn=lsn)
             effects.append(lambda conn: record_snapshot_lsn(conn, self.ctx.spec.name, lsn))
+        path = f"{written.prefix}/{TABLE_SNAPSHOTS_FILE}"
+        if self.ctx.blob.exists(path):
+            done = json.loads(self.ctx.blob.get_bytes(path))
+            metrics.update(table_snapshots=done)
+            effects.append(lambda conn: record_table_snapshots(conn, self.ctx.spec.name, done))
         path = f"{written.prefix}/{TABLES_FILE}"
         if self.ctx.blob.exists(path):
             tables = [TableInfo.from_json(d) for d in json.loads(self.ctx.blob.get_bytes(path))]
@@ -431,10 +536,11 @@ class PostgresSource(SourceRuntime):
                                          ddl.resnapshot_remedy(self.ctx.spec.name))
 
     def _schema_versions(self, desc: BatchDescription, outputs: Sequence[cdc.Output], decoder: cdc.ChangeDecoder,
-                         resnapshot_ts: int | None, held_before: dict[str, CollectionSchema]
+                         resnapshot_at: dict[str, int], held_before: dict[str, CollectionSchema]
                          ) -> dict[str, tuple[SchemaVersion, ...]]:
         """The schema versions ``desc`` begins, per shard: a re-snapshot's columns at its timestamp when they
-        are not the collection's before (``held_before``: what it held, read back), and each change DDL made
+        are not the collection's before (``held_before``: what it held, read back; ``resnapshot_at``: the shards a
+        snapshot took, at its timestamp), and each change DDL made
         (``decoder.versions``). A collection with no recorded history (its columns were the parts' own) first
         records its columns before the change at the description's lower (when the change is later): reads
         before the change keep them."""
@@ -446,6 +552,7 @@ class PostgresSource(SourceRuntime):
                 self._check_renames(out, history, mine, decoder.schema_before.get(out.shard, out.info.columns))
                 before = history.latest() or held_before.get(out.shard)
                 now = ddl.collection_schema(out.info.columns)
+                resnapshot_ts = resnapshot_at.get(out.shard)
                 if resnapshot_ts is not None and before is not None and before != now:
                     if not (mine and mine[0].since_ts == resnapshot_ts):
                         mine.insert(0, SchemaVersion(resnapshot_ts, now, ddl.relation_json(out.info.columns),
@@ -557,6 +664,52 @@ class PostgresSource(SourceRuntime):
             return out.schema.empty_table().drop_columns(["ts"])
         return contents
 
+
+    def _single_snapshots(self, uconn, desc: BatchDescription, outputs: Sequence[cdc.Output], singles: dict[str, int],
+                          bindings: Sequence[tuple[int, int]], key_from: int, writer: cdc.PartWriter,
+                          held_before: dict[str, CollectionSchema], starts: dict[int, cdc.TableStart],
+                          done: dict[str, int | None], spark_done: set, prefix: str, m: dict) -> int:
+        """The snapshots of single tables (``singles``: shard -> the ts of the binding it lands at), under one
+        exported snapshot at LSN S, while the write streams the other tables: at its binding ``t1`` (LSN ``l1``)
+        each table's collection retracts what it held before the description and takes the snapshot's rows; its
+        changes below ``l1`` are not taken (the bindings before ``t1`` keep what it held), those between ``l1``
+        and S are taken back at ``t1`` (a ``FULL`` table: exact at ``t1``) or, for a key table, not at all (the
+        snapshot holds them: the seam, as the source's own snapshot's). ``starts``, ``done`` and ``spark_done``
+        (the shards Spark wrote) are filled in; the LSN the write must read up to (S) returned."""
+        up, name = self.upstream(), self.ctx.spec.name
+        mine = [o for o in outputs if o.shard in singles]
+        with self.ctx.connect() as conn:
+            for out in mine:
+                if desc.lower > 0 and shard_info(conn, out.shard).upper > 0:
+                    held = read_as_of(conn, self.ctx.blob, out.shard, desc.lower - 1)
+                    held_before[out.shard] = part_schema(held.schema, [n for n in held.column_names if n != "diff"])
+                    if held.num_rows:
+                        writer.retract(out.info.relid, held, singles[out.shard])
+        rows = 0
+        with up.export_snapshot() as snap:
+            with up.snapshot_reader(snap) as sconn:
+                on_spark = self._snapshot_on_spark(sconn, mine)
+                for out, predicates in on_spark:
+                    rows += self._spark_snapshot(sconn, snap.name, out, predicates, writer, singles[out.shard], prefix)
+                spark = {o.shard for o, _ in on_spark}
+                spark_done |= spark
+                for out in mine:
+                    if out.shard not in spark:
+                        rows += cdc.read_snapshot(sconn, [out], writer, singles[out.shard],
+                                                  self.ctx.spec.budget.max_records, name)
+                self._check_snapshot_columns(sconn, mine)
+                failpoint("write_batches:after_table_snapshot")
+        lsn_at = dict(bindings)
+        for out in mine:
+            t1 = singles[out.shard]
+            l1 = lsn_at[t1]
+            rewind = None if snap.lsn == l1 else cdc.Rewind(t1, min(l1, snap.lsn), max(l1, snap.lsn),
+                                                             -1 if snap.lsn > l1 else 1)
+            starts[out.info.relid] = cdc.TableStart(l1, rewind, max(key_from, snap.lsn))
+            done[out.info.table] = snap.lsn
+        m.update(table_snapshots={o.info.table: singles[o.shard] for o in mine}, table_snapshot_rows=rows,
+                 table_snapshot_lsn=snap.lsn, table_snapshot_on_spark=sorted(spark))
+        return snap.lsn
 
     def _snapshot_on_spark(self, sconn, outputs: Sequence[cdc.Output]) -> list[tuple[cdc.Output, list]]:
         """The tables whose snapshot Spark reads, with their partitions' predicates: those of at least the

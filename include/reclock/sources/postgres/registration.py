@@ -106,3 +106,38 @@ def catalog_at(conn, source: str, lsn: int) -> dict[int, CatalogTable] | None:
     if row is None or row[0] is None:
         return None
     return {int(r): CatalogTable.from_json(t) for r, t in row[0].items()}
+
+
+def table_snapshots(conn, source: str) -> dict[str, int]:
+    """The tables whose snapshot of their own is pending (a table that joined the publication, or ``reclock
+    resnapshot <source> --table``): ``{table: ts}``, taken by the write whose description holds the first binding
+    at or after ``ts`` (``reclock.sources.postgres.kind``), cleared by its append."""
+    row = conn.execute("SELECT config -> 'postgres' -> 'table_snapshots' FROM reclock.sources WHERE name = %s",
+                       (source,)).fetchone()
+    return {} if row is None or row[0] is None else {t: int(ts) for t, ts in row[0].items()}
+
+
+def table_snapshot_lsns(conn, source: str) -> dict[str, int]:
+    """Per table snapshotted on its own, the LSN of that snapshot (recorded by the append that made it visible):
+    a key table takes no change committed below it, as :func:`snapshot_lsn` for every table."""
+    row = conn.execute("SELECT config -> 'postgres' -> 'table_snapshot_lsns' FROM reclock.sources WHERE name = %s",
+                       (source,)).fetchone()
+    return {} if row is None or row[0] is None else {t: int(lsn) for t, lsn in row[0].items()}
+
+
+def request_table_snapshot(conn, source: str, tables: Sequence[TableInfo], table: TableInfo, at: int) -> None:
+    """Register ``tables`` (``table`` among them, new or described again) with a snapshot of ``table`` alone
+    pending at ``at`` (:func:`table_snapshots`), in the caller's transaction."""
+    conn.execute("UPDATE reclock.sources SET config = jsonb_set(jsonb_set(config, '{postgres,tables}', %s), "
+                 "'{postgres,table_snapshots}', coalesce(config -> 'postgres' -> 'table_snapshots', '{}') || %s) "
+                 "WHERE name = %s", (Jsonb([t.to_json() for t in tables]), Jsonb({table.table: at}), source))
+
+
+def record_table_snapshots(conn, source: str, done: dict[str, int | None]) -> None:
+    """The append of a write that took the pending snapshots ``done`` (``{table: its snapshot's LSN}``; None:
+    subsumed by the source's own snapshot): no longer pending, their LSNs recorded."""
+    lsns = {t: lsn for t, lsn in done.items() if lsn is not None}
+    conn.execute("UPDATE reclock.sources SET config = jsonb_set(jsonb_set(config, '{postgres,table_snapshots}', "
+                 "coalesce(config -> 'postgres' -> 'table_snapshots', '{}') - %s::text[]), "
+                 "'{postgres,table_snapshot_lsns}', coalesce(config -> 'postgres' -> 'table_snapshot_lsns', '{}') || %s) "
+                 "WHERE name = %s", (list(done), Jsonb(lsns), source))
