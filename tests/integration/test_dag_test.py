@@ -29,10 +29,19 @@ from reclock.sinks.kafka import read_all, read_progress
 
 SCRIPT = textwrap.dedent("""
     import sys
-    from airflow.utils.cli import get_bagged_dag  # parses dags/ and serializes the DAGs, as `airflow dags test`
+    from airflow.dag_processing.bundles.manager import DagBundlesManager
+    from airflow.dag_processing.dagbag import BundleDagBag, sync_bag_to_db
 
+    # dags/ parsed and its DAGs serialized as `airflow dags test` does (airflow.utils.cli.get_bagged_dag), once
+    # for every DAG this process tests (get_bagged_dag parses and serializes the whole folder for each one)
+    manager = DagBundlesManager()
+    manager.sync_bundles_to_db()
+    (bundle,) = manager.get_all_dag_bundles()
+    bundle.initialize()
+    bag = BundleDagBag(dag_folder=bundle.path, bundle_path=bundle.path, bundle_name=bundle.name)
+    sync_bag_to_db(bag, bundle.name, bundle.version)
     for dag_id in sys.argv[1:]:
-        dag = get_bagged_dag(None, dag_id)
+        dag = bag.dags[dag_id]
         run = dag.test(run_conf={"max_records": 150} if dag_id.startswith("ingest") else None)
         print("RESULT", dag_id, run.state, flush=True)
         assert run.state == "success", (dag_id, run.state)
