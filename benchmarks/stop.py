@@ -3,7 +3,8 @@ the main thread, so the ``finally`` blocks (:func:`benchmarks.env.services`, eac
 service the command started; any further one is ignored, so the clean-up itself is never cut short.
 
 :func:`install` puts that handler on both signals: a command that starts services calls it first (without it
-a SIGTERM ends Python at once and the servers, each in a session of its own, outlive it).
+a SIGTERM ends Python at once and the servers, each in a session of its own, outlive it). The test suite puts
+it on SIGTERM (``tests/conftest.py``), so a killed session tears its fixtures down as on Ctrl-C.
 
 :func:`kept` runs code that installs signal handlers of its own with ours still in force. Airflow's
 ``dag.test()`` runs each task in this process through the task SDK's ``task_runner.run()``, which sets
@@ -34,9 +35,10 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def install() -> None:
-    """SIGINT and SIGTERM stop this process through its ``finally`` blocks (call it in the main thread)."""
-    for s in SIGNALS:
+def install(*signals: int) -> None:
+    """``signals`` (default: SIGINT and SIGTERM) stop this process through its ``finally`` blocks (call it in
+    the main thread)."""
+    for s in signals or SIGNALS:
         _set_handler(s, _interrupt)
 
 

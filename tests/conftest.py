@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import logging
 import shutil
+import signal
 import tempfile
 from pathlib import Path
 from typing import Callable
@@ -41,6 +42,15 @@ session's folder (three nodes stopping at once took 7 s of the session's end).""
 
 DEPLOYMENT = ("deployment tests (long faults of a deployment's shape) run with `make test-deployment` "
               "(pytest --deployment); `make test` runs their short versions")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A SIGTERM (``timeout``'s, a CI limit's) ends the session as Ctrl-C does, through the fixtures' teardowns,
+    which stop every server the session started; by default Python died at once and the servers (each in a
+    session of its own) ran on (``benchmarks/stop.py``)."""
+    from benchmarks import stop
+
+    stop.install(signal.SIGTERM)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
