@@ -135,3 +135,14 @@ def test_upstream_trigger_watches_every_topic():
     assert one.upper(snapshot) == ({0: 9}, []) and one.upper({}) == (None, ["other"])
     with pytest.raises(ValueError, match="one `topic` or several `topics`"):
         UpstreamMoved(source="s")
+
+
+def test_listed_offsets_below_zero_are_no_position():
+    """A ``list_offsets`` answer of -1 (no position, as during a leader election) is ``UpstreamUnavailable``
+    naming the partition, never a frontier (it raised a bare ValueError there) or a retention check that
+    would pass on it (an earliest offset of -1 is below every start)."""
+    from reclock.sources.kafka.upstream import UpstreamUnavailable, listed_offsets
+
+    assert listed_offsets("s", ("a", "b"), {("a", 0): 5, ("b", 1): 0}) == {0: 5, 100_001: 0}
+    with pytest.raises(UpstreamUnavailable, match="gave -1 for b partition 1"):
+        listed_offsets("s", ("a", "b"), {("a", 0): 5, ("b", 1): -1})

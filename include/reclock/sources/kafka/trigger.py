@@ -38,7 +38,8 @@ def admin_client(kafka, what: str = "trigger"):
 
 def cluster_offsets(admin, timeout: float = 10.0) -> dict[str, dict[int, int]]:
     """Topic -> partition -> last stable offset, for every topic of ``admin``'s cluster (internal ones aside),
-    from one metadata request and one ``list_offsets`` call."""
+    from one metadata request and one ``list_offsets`` call; a partition the answer gives no position for
+    (offset -1) is left out."""
     from confluent_kafka import IsolationLevel, TopicPartition
     from confluent_kafka.admin import OffsetSpec
 
@@ -51,7 +52,9 @@ def cluster_offsets(admin, timeout: float = 10.0) -> dict[str, dict[int, int]]:
     futures = admin.list_offsets({tp: OffsetSpec.latest() for tp in parts},
                                  isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=timeout)
     for tp, fut in futures.items():
-        out[tp.topic][tp.partition] = fut.result(timeout=timeout + 5).offset
+        offset = fut.result(timeout=timeout + 5).offset
+        if offset >= 0:  # -1: no position in this answer (a leader election); the next probe has it
+            out[tp.topic][tp.partition] = offset
     return out
 
 

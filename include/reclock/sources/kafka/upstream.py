@@ -27,6 +27,20 @@ class UpstreamUnavailable(ReclockError):
     """The broker cannot be reached or the topic does not exist."""
 
 
+def listed_offsets(source: str, topics: tuple[str, ...], listed: dict[tuple[str, int], int]) -> dict[int, int]:
+    """The offsets a ``list_offsets`` call gave per ``(topic, partition)``, as the source's frontier partitions
+    (``reclock.sources.kafka.topics.slot``). An offset below 0 is no position (the broker answered without
+    one, as during a leader election): ``UpstreamUnavailable`` naming the partition, never a frontier or a
+    retention check made of it."""
+    out: dict[int, int] = {}
+    for (topic, partition), offset in listed.items():
+        if offset < 0:
+            raise UpstreamUnavailable(f"source {source}: listing offsets gave {offset} for {topic} partition "
+                                      f"{partition} (no position: its leader may be moving); try again")
+        out[slot(topics.index(topic), partition)] = offset
+    return out
+
+
 @dataclass
 class KafkaUpstream:
     """A Kafka source's topic on its cluster (``kafka``: its connection's settings, or the address of an
@@ -103,8 +117,9 @@ class KafkaUpstream:
         try:
             futs = self._admin().handle.list_offsets(req, isolation_level=IsolationLevel.READ_COMMITTED,
                                                      request_timeout=self.timeout)
-            return {slot(self.topics.index(tp.topic), tp.partition): fut.result(timeout=self.timeout + 5).offset
-                    for tp, fut in futs.items()}
+            return listed_offsets(self.source, self.topics,
+                                  {(tp.topic, tp.partition): fut.result(timeout=self.timeout + 5).offset
+                                   for tp, fut in futs.items()})
         except KafkaException as e:
             names = ", ".join(self.topics)
             raise self._denied(e, "listing offsets", {"topic": ("DESCRIBE", names)}) or UpstreamUnavailable(
