@@ -69,6 +69,22 @@ _REPLY = b"r" + struct.pack(">QQQQB", 0, 0, 0, 0, 0)  # standby status update: w
 _LSN = struct.Struct(">Q").unpack_from
 
 
+def make_databases(pg, publication: str = "pub") -> tuple[str, str]:
+    """On the started ``pg``: the upstream database (:data:`TABLES`, ``REPLICA IDENTITY FULL``, one publication
+    of them) and the consensus database (migrated); their DSNs."""
+    with psycopg.connect(pg.dsn("postgres"), autocommit=True) as conn:
+        conn.execute("CREATE DATABASE upstream")
+        conn.execute("CREATE DATABASE consensus")
+    up, db = pg.dsn("upstream"), pg.dsn("consensus")
+    migrate(db)
+    with psycopg.connect(up, autocommit=True) as conn:
+        for t in TABLES:
+            conn.execute(f"CREATE TABLE {t} (id int8 PRIMARY KEY, v text, n numeric(12,2), x int8, at timestamptz)")
+            conn.execute(f"ALTER TABLE {t} REPLICA IDENTITY FULL")
+        conn.execute(f"CREATE PUBLICATION {publication} FOR TABLE {', '.join(TABLES)}")
+    return up, db
+
+
 def _fill_snapshot(dsn: str, rows: int) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("INSERT INTO a SELECT g, md5(g::text), g / 100.0, g, now() FROM generate_series(1, %s) g",
@@ -362,16 +378,7 @@ def main() -> None:
     figures: dict[str, dict] = {}
     try:
         pg.start()
-        with psycopg.connect(pg.dsn("postgres"), autocommit=True) as conn:
-            conn.execute("CREATE DATABASE upstream")
-            conn.execute("CREATE DATABASE consensus")
-        up, db = pg.dsn("upstream"), pg.dsn("consensus")
-        migrate(db)
-        with psycopg.connect(up, autocommit=True) as conn:
-            for t in TABLES:
-                conn.execute(f"CREATE TABLE {t} (id int8 PRIMARY KEY, v text, n numeric(12,2), x int8, at timestamptz)")
-                conn.execute(f"ALTER TABLE {t} REPLICA IDENTITY FULL")
-            conn.execute("CREATE PUBLICATION pub FOR TABLE a, b, c")
+        up, db = make_databases(pg)
         _fill_snapshot(up, args.snapshot_rows)
         load0 = os.getloadavg()
         if args.spark_only:

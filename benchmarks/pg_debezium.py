@@ -59,14 +59,13 @@ from pathlib import Path
 import psycopg
 
 from benchmarks import stop
-from benchmarks.pg_cdc import TABLES, _fill_changes
+from benchmarks.pg_cdc import TABLES, _fill_changes, make_databases
 from reclock import cycle
 from reclock.config import parse_source
 from reclock.dev.jars import dbz_embedded_jars
 from reclock.dev.postgres import LocalPostgres
 from reclock.dev.state import StackState
 from reclock.persist.blob import LocalBlobStore
-from reclock.persist.migrate import migrate
 
 TARGET_VS_WARM_EMBEDDED = 2.0
 """Issue 33: Reclock keeps at least 2x a warm embedded engine."""
@@ -368,16 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     figures: dict[str, dict] = {}
     try:
         pg.start()
-        with psycopg.connect(pg.dsn("postgres"), autocommit=True) as conn:
-            conn.execute("CREATE DATABASE upstream")
-            conn.execute("CREATE DATABASE consensus")
-        up, db = pg.dsn("upstream"), pg.dsn("consensus")
-        migrate(db)
-        with psycopg.connect(up, autocommit=True) as conn:
-            for t in TABLES:
-                conn.execute(f"CREATE TABLE {t} (id int8 PRIMARY KEY, v text, n numeric(12,2), x int8, at timestamptz)")
-                conn.execute(f"ALTER TABLE {t} REPLICA IDENTITY FULL")
-            conn.execute(f"CREATE PUBLICATION {PUBLICATION} FOR TABLE {', '.join(TABLES)}")
+        up, db = make_databases(pg, PUBLICATION)
         ctxs = []
         for i in range(args.reps):  # each source's slot comes with its first cycle (an empty snapshot)
             spec = parse_source(f"bench{i}", {"postgres": {"dsn_env": "UNUSED", "publication": PUBLICATION},
