@@ -19,11 +19,11 @@ import time
 from collections import Counter
 from dataclasses import replace
 from decimal import Decimal
-from pathlib import Path
 
 import fastavro
 import psycopg
 import pytest
+from connect_support import end_offset, running, wait_flushed, wait_written
 from ingest_support import make_ctx, produce
 
 from reclock import cycle
@@ -35,7 +35,6 @@ from reclock.read import read_as_of, read_updates
 from reclock.registry_plan import schema_text
 from reclock.schema_registry import RegistryClient
 from reclock.sinks.kafka import read_all
-from reclock.sources.kafka.upstream import KafkaUpstream
 
 SCHEMA = "id INT, f4 FLOAT, f8 DOUBLE, d DECIMAL(12,3), b BINARY, at BIGINT, day INT, t STRING"
 COLUMNS = ("id", "f4", "f8", "d", "b", "at", "day", "t")
@@ -98,14 +97,8 @@ def avro_upstream(postgres, kafka, stack_state, registry):
     worker = LocalConnect(stack_state, kafka.bootstrap, dsn, ("public.kinds",), prefix=f"dbzavro{os.getpid()}",
                           transactions=False, flush_ms=FLUSH_MS, registry=registry,
                           extra={"decimal.handling.mode": "precise"})
-    worker.start()
-    try:
+    with running(worker, postgres):
         yield table, worker
-    finally:
-        worker.stop()
-        with psycopg.connect(postgres.dsn("postgres"), autocommit=True) as conn:
-            conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
-                         "WHERE slot_name = %s", (worker.slot,))
 
 
 @pytest.fixture
@@ -115,21 +108,6 @@ def registry_env(registry, monkeypatch) -> RegistryClient:
     monkeypatch.setenv("AIRFLOW_CONN_RECLOCK_REGISTRY", json.dumps(
         {"conn_type": "http", "login": s.username, "password": s.password, "extra": {"url": s.url}}))
     return RegistryClient(s)
-
-
-def end_offset(kafka, topic: str) -> int:
-    try:
-        return sum(o for _, o in KafkaUpstream("t", kafka.bootstrap, topic).probe_upper())
-    except Exception:  # the topic is created with the connector's first record
-        return 0
-
-
-def wait_written(kafka, topic: str, at_least: int, timeout: float = 60) -> int:
-    deadline = time.monotonic() + timeout
-    while (n := end_offset(kafka, topic)) < at_least:
-        assert time.monotonic() < deadline, f"Debezium wrote {n} records to {topic}, expected {at_least}"
-        time.sleep(0.05)
-    return n
 
 
 def decoded(client: RegistryClient, record: bytes) -> dict:
@@ -202,11 +180,7 @@ def test_debezium_avro_through_a_connector_restart(db, kafka, spark, tmp_path, a
     n0 = end_offset(kafka, topic)
     t = time.time()
     table.txn("UPDATE kinds SET t = 'before kill' WHERE id = 3")
-    path = Path(worker.home) / "offsets.dat"
-    deadline = time.monotonic() + 3 * FLUSH_MS / 1000
-    while not (path.exists() and path.stat().st_mtime > t):
-        assert time.monotonic() < deadline, "the Connect worker did not flush its offsets"
-        time.sleep(0.05)
+    wait_flushed(worker, t, 3 * FLUSH_MS / 1000)
     table.txn("UPDATE kinds SET d = -999999999.999, b = '\\x' WHERE id = 4",
               "INSERT INTO kinds VALUES (6, 'NaN', '1e308', 1, NULL, NULL, NULL, 'six')")
     written = wait_written(kafka, topic, n0 + 3)

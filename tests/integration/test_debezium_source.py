@@ -15,11 +15,11 @@ import threading
 import time
 from collections import Counter
 from dataclasses import replace
-from pathlib import Path
 
 import psycopg
 import pytest
 from confluent_kafka.admin import AdminClient
+from connect_support import end_offset, running, wait_flushed, wait_written
 from ingest_support import make_ctx
 
 from reclock import cycle
@@ -97,41 +97,8 @@ def upstream(postgres, kafka, stack_state):
     table.events = 6
     worker = LocalConnect(stack_state, kafka.bootstrap, dsn, ("public.items", *(f"public.{t}" for t in TX_TABLES)),
                           prefix=f"dbz{os.getpid()}", transactions=True, flush_ms=FLUSH_MS)
-    worker.start()
-    try:
+    with running(worker, postgres):
         yield table, worker
-    finally:
-        worker.stop()
-        with psycopg.connect(postgres.dsn("postgres"), autocommit=True) as conn:
-            conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
-                         "WHERE slot_name = %s", (worker.slot,))
-
-
-def end_offset(kafka, topic: str) -> int:
-    return sum(o for _, o in KafkaUpstream("t", kafka.bootstrap, topic).probe_upper())
-
-
-def wait_written(kafka, topic: str, at_least: int, timeout: float = 60) -> int:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            n = end_offset(kafka, topic)
-        except Exception:  # the topic is created with the connector's first record
-            n = 0
-        if n >= at_least:
-            return n
-        assert time.monotonic() < deadline, f"Debezium wrote {n} records to {topic}, expected {at_least}"
-        time.sleep(0.05)
-
-
-def wait_flushed(worker: LocalConnect, since: float, timeout: float = 3 * FLUSH_MS / 1000) -> None:
-    """Until the worker flushed its source offsets after ``since`` (it rewrites the file when it has new
-    offsets, on a timer every FLUSH_MS)."""
-    path = Path(worker.home) / "offsets.dat"
-    deadline = time.monotonic() + timeout
-    while not (path.exists() and path.stat().st_mtime > since):
-        assert time.monotonic() < deadline, "the Connect worker did not flush its offsets"
-        time.sleep(0.05)
 
 
 def test_debezium_topic_with_a_connector_restart(db, kafka, spark, tmp_path, upstream):
@@ -155,7 +122,8 @@ def test_debezium_topic_with_a_connector_restart(db, kafka, spark, tmp_path, ups
     # writes batch B again
     t = time.time()
     table.txn("UPDATE items SET n = n + 1 WHERE id = 4")
-    wait_flushed(worker, t)  # the worker flushed this change's offset: its next flush is FLUSH_MS away
+    # the worker flushed this change's offset: its next flush is FLUSH_MS away
+    wait_flushed(worker, t, 3 * FLUSH_MS / 1000)
     table.txn("UPDATE items SET v = 'b1' WHERE id = 1", "UPDATE items SET v = 'b3' WHERE id = 3",
               "DELETE FROM items WHERE id = 5")
     table.txn("INSERT INTO items VALUES (9, 'b9', 90)", "UPDATE items SET n = 0 WHERE id = 9")
@@ -302,7 +270,7 @@ def test_transaction_topic_binds_whole_transactions(db, kafka, spark, tmp_path, 
         wait_written(kafka, tx_topic, 1)
         cycle.run_cycle(ctx)
         t = time.time()
-        wait_flushed(worker, t)
+        wait_flushed(worker, t, 3 * FLUSH_MS / 1000)
         wait_written(kafka, tx_topic, end_offset(kafka, tx_topic) + 6)  # 3 transactions past the flush
         worker.kill()
         cycle.run_cycle(ctx)  # what the connector wrote before it died (maybe part of a transaction)
