@@ -1,10 +1,14 @@
-"""What the Postgres source tests share: an upstream database, a cycle context over it, table contents."""
+"""What the Postgres source tests share: an upstream database, its writers, a cycle context over it, table
+contents."""
 
 from __future__ import annotations
 
 import contextlib
 import itertools
 import os
+import random
+import threading
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -40,6 +44,33 @@ def writer(dsn: str) -> psycopg.Connection:
     """An upstream session whose commits are flushed before they return (the test cluster runs with
     ``synchronous_commit = off``, so otherwise the flush LSN a cycle binds may lag a commit just made)."""
     return psycopg.connect(dsn, autocommit=True, options="-c synchronous_commit=on")
+
+
+class WriterThread(threading.Thread):
+    """A test's upstream writer: :meth:`step` (its ``n``-th transaction) in a loop on one :func:`writer`
+    connection until ``stop`` is set, a random pause of up to :attr:`pause` seconds (``rng``) after each;
+    whatever it raises ends it and is kept in ``error``, for the test to report."""
+
+    pause = 0.01
+
+    def __init__(self, dsn: str, stop: threading.Event, rng: random.Random) -> None:
+        super().__init__(daemon=True)
+        self.dsn, self.stop, self.rng = dsn, stop, rng
+        self.error: BaseException | None = None
+
+    def step(self, conn: psycopg.Connection, n: int) -> None:
+        raise NotImplementedError
+
+    def run(self) -> None:
+        try:
+            with writer(self.dsn) as conn:
+                n = 0
+                while not self.stop.is_set():
+                    self.step(conn, n)
+                    n += 1
+                    time.sleep(self.rng.random() * self.pause)
+        except BaseException as e:  # noqa: BLE001 - reported by the test
+            self.error = e
 
 
 def source_name(prefix: str = "cdc") -> str:

@@ -23,7 +23,7 @@ import time
 
 import psycopg
 import pytest
-from pg_support import bindings, contents, make_ctx, source_name, upstream_database, writer
+from pg_support import WriterThread, bindings, contents, make_ctx, source_name, upstream_database, writer
 
 from reclock import cycle, failpoints
 from reclock.errors import ReplicaIdentityMissing, TableSchemaChanged
@@ -47,26 +47,19 @@ SETUP = tuple(s for t in TABLES for s in (
     "SELECT pg_create_logical_replication_slot('observer', 'pgoutput')")
 
 
-class DdlWriter(threading.Thread):
+class DdlWriter(WriterThread):
     """Inserts, updates and deletes on both tables (only columns no DDL of the tests drops or narrows:
     ``id``, ``v``, ``c``, ``amount``; ``z`` once added), each transaction logging its xid and the tables as it
     leaves them; the statements put on :attr:`ddl` run at the start of the next transaction."""
 
     def __init__(self, dsn: str) -> None:
-        super().__init__(daemon=True)
-        self.dsn, self.rng = dsn, random.Random(33)
-        self.stop, self.ddl = threading.Event(), queue.Queue()
+        super().__init__(dsn, threading.Event(), random.Random(33))
+        self.ddl = queue.Queue()
         self.log: list[tuple[int, dict]] = []
-        self.next_id, self.error, self.z = 100, None, False
+        self.next_id, self.z = 100, False
 
-    def run(self) -> None:
-        try:
-            with writer(self.dsn) as conn:
-                while not self.stop.is_set():
-                    self.transaction(conn)
-                    time.sleep(self.rng.random() * 0.01)
-        except BaseException as e:  # noqa: BLE001 - reported by the test
-            self.error = e
+    def step(self, conn, n: int) -> None:
+        self.transaction(conn)
 
     def run_ddl(self, *statements: str) -> None:
         """Run ``statements`` in the writer's next transaction, among its changes; wait until it committed."""

@@ -14,7 +14,7 @@ import time
 
 import psycopg
 import pytest
-from pg_support import bindings, contents, make_ctx, source_name, upstream_database, writer
+from pg_support import WriterThread, bindings, contents, make_ctx, source_name, upstream_database, writer
 
 from reclock import cycle, failpoints
 from reclock.errors import ReplicaIdentityMissing, TruncatedUnderSnapshot
@@ -35,28 +35,19 @@ DDL = ("CREATE TABLE k (id int8 PRIMARY KEY, v text, big text, n float8, txid in
        "CREATE PUBLICATION pub FOR TABLE k, u")
 
 
-class KeyWriter(threading.Thread):
+class KeyWriter(WriterThread):
     """One writer over ``k`` (key ``id``) and ``u`` (key ``code``), logging each transaction's xid and the
     rows it leaves per key: inserts, updates keeping the key (the TOASTed ``big`` unchanged, or changed),
     key changes, deletes, and one ``TRUNCATE k``."""
 
     def __init__(self, dsn: str, stop: threading.Event) -> None:
-        super().__init__(daemon=True)
-        self.dsn, self.stop, self.rng = dsn, stop, random.Random(33)
+        super().__init__(dsn, stop, random.Random(33))
         self.log: list[tuple[int, dict[str, dict]]] = []  # (xid, table -> the rows after it)
         self.live: dict[str, dict] = {"k": {}, "u": {}}
-        self.fresh, self.error, self.truncated = 0, None, False
+        self.fresh, self.truncated = 0, False
 
-    def run(self) -> None:
-        try:
-            with writer(self.dsn) as conn:
-                n = 0
-                while not self.stop.is_set():
-                    self.transaction(conn, truncate=n == 40)
-                    n += 1
-                    time.sleep(self.rng.random() * 0.01)
-        except BaseException as e:  # noqa: BLE001 - reported by the test
-            self.error = e
+    def step(self, conn, n: int) -> None:
+        self.transaction(conn, truncate=n == 40)
 
     def _key(self) -> int:
         self.fresh += 1

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from pg_support import bindings, contents, make_ctx, source_name, upstream_database, writer
+from pg_support import WriterThread, bindings, contents, make_ctx, source_name, upstream_database, writer
 
 from reclock import cycle, failpoints
 from reclock.persist import connect
@@ -32,25 +32,18 @@ def upstream(postgres):
         yield dsn
 
 
-class Writer(threading.Thread):
+class Writer(WriterThread):
     """Every transaction changes ``a`` (so every one has a Begin in the observer slot) and ``c``: inserts,
     updates (of the key too) and deletes; it logs each transaction's xid and both tables after it."""
 
     def __init__(self, dsn: str, stop: threading.Event, seed: int) -> None:
-        super().__init__(daemon=True)
-        self.dsn, self.stop, self.rng = dsn, stop, random.Random(seed)
+        super().__init__(dsn, stop, random.Random(seed))
         self.live: dict[str, dict] = {"a": {}, "c": {}}
         self.log: list[tuple[int, dict]] = []
-        self.fresh, self.error = 0, None
+        self.fresh = 0
 
-    def run(self) -> None:
-        try:
-            with writer(self.dsn) as conn:
-                while not self.stop.is_set():
-                    self.transaction(conn)
-                    time.sleep(self.rng.random() * 0.01)
-        except BaseException as e:  # noqa: BLE001 - reported by the test
-            self.error = e
+    def step(self, conn, n: int) -> None:
+        self.transaction(conn)
 
     def transaction(self, conn, inserts: int = 0) -> None:
         rng = self.rng

@@ -12,7 +12,8 @@ import psycopg
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
-from pg_support import bindings, contents, make_ctx, slot_confirmed, source_name, upstream_database, writer
+from pg_support import (WriterThread, bindings, contents, make_ctx, slot_confirmed, source_name, upstream_database,
+                        writer)
 
 from reclock import cycle, failpoints
 from reclock import status_report as sr
@@ -94,28 +95,20 @@ def test_snapshot_then_stream(db, upstream, tmp_path, monkeypatch):
     assert name in text and f"bindings (newest first): ts, lsn" in text and po.lsn_to_str(bs[-1][1]) in text
 
 
-class Writer(threading.Thread):
+class Writer(WriterThread):
     """Runs transactions over the tables in its own key space and logs each: its xid and its changes."""
 
+    pause = 0.02
+
     def __init__(self, dsn: str, index: int, stop: threading.Event, big_at: int | None = None) -> None:
-        super().__init__(daemon=True)
-        self.dsn, self.index, self.stop, self.big_at = dsn, index, stop, big_at
-        self.rng = random.Random(index)
+        super().__init__(dsn, stop, random.Random(index))
+        self.index, self.big_at = index, big_at
         self.log: list[tuple[int, list[tuple]]] = []  # (xid, [(table, op, key, row)])
         self.live: dict[str, dict[int, tuple]] = {t: {} for t in TABLES}
         self.next_key = index * 1_000_000
-        self.error: BaseException | None = None
 
-    def run(self) -> None:
-        try:
-            with writer(self.dsn) as conn:
-                n = 0
-                while not self.stop.is_set():
-                    self.transaction(conn, big=(n == self.big_at))
-                    n += 1
-                    time.sleep(self.rng.random() * 0.02)
-        except BaseException as e:  # noqa: BLE001 - reported by the test
-            self.error = e
+    def step(self, conn, n: int) -> None:
+        self.transaction(conn, big=(n == self.big_at))
 
     def transaction(self, conn, big: bool) -> None:
         ops: list[tuple] = []
