@@ -185,6 +185,11 @@ def writer_columns(fmt: RegistryFormat, text: str) -> CollectionSchema:
     return avro_schema.collection_schema(parsed)
 
 
+def writer_texts(client: RegistryClient, subject: str, fmt: RegistryFormat = "avro") -> dict[int, str]:
+    """Every version of ``subject`` (the registry asked now) as its schema text by id (:func:`schema_text`)."""
+    return {v.schema.id: schema_text(fmt, v.schema) for v in client.subject_versions(subject)}
+
+
 def initial_reader(client: RegistryClient, fmt: RegistryFormat, subject: str, schema_file: str | None) -> Reader:
     """A new source's reader: its ``schema_file`` (Avro) if given, else the subject's latest version now.
     ``RegistryUnavailable`` when the registry does not answer or the subject has no version."""

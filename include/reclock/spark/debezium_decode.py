@@ -196,17 +196,16 @@ def subject_writers(settings, subjects) -> dict[int, str]:
     """The writer schemas (id -> Avro JSON text) of every version of ``subjects`` (a subject the registry does
     not hold has none); a registry that does not answer raises ``RegistryUnavailable``."""
     from reclock.errors import SchemaNotFound
-    from reclock.registry_plan import schema_text
+    from reclock.registry_plan import writer_texts
     from reclock.schema_registry import RegistryClient
 
     client = RegistryClient(settings)
     out: dict[int, str] = {}
     for subject in subjects:
         try:
-            versions = client.subject_versions(subject)
+            out.update(writer_texts(client, subject))
         except SchemaNotFound:
             continue
-        out.update({v.schema.id: schema_text("avro", v.schema) for v in versions})
     return out
 
 

@@ -46,7 +46,7 @@ from reclock.persist.shards import register_shard, shard_info
 from reclock.persist.staged import collect_parts, first_rejected, read_state_changes, slice_folder
 from reclock.persist.upsert_state import apply_changes, holds_keys, load_prior
 from reclock.registry_plan import (AvroPlan, Reader, WriterTally, avro_plan, choose_reader, initial_reader,
-                                   schema_text, versions_seen)
+                                   versions_seen, writer_texts)
 from reclock.remap import RemapCollection
 from reclock.schema_evolution import CollectionSchema, SchemaHistory, SchemaVersion
 from reclock.schema_registry import RegistryClient
@@ -218,7 +218,7 @@ class KafkaSource(SourceRuntime):
         mode = "fixed" if rebuilding else spec.schema_mode
         ids = set(self._met)
         for _attempt in range(3):
-            writers = {v.schema.id: schema_text(fmt, v.schema) for v in client.subject_versions(subject)}
+            writers = writer_texts(client, subject, fmt)
             for w in avro_plan(client, reader.text, None, ids, fmt).writers:
                 writers.setdefault(w.schema_id, w.schema)
             choice = choose_reader(mode, reader, collection, writers)
