@@ -55,7 +55,7 @@ from json.decoder import scanstring
 from typing import Iterable, Sequence
 
 __all__ = ["Op", "Position", "ChangeEvent", "KeyState", "Applied", "EventInvalid", "RawAfter", "parse_key",
-           "parse_value", "row_text", "apply", "fold"]
+           "json_object", "parse_value", "row_text", "apply", "fold"]
 
 
 class EventInvalid(ValueError):
@@ -247,6 +247,19 @@ def row_text(row: "str | RawAfter | None") -> str | None:
     return row.text() if isinstance(row, RawAfter) else row
 
 
+def json_object(value: bytes) -> dict | None:
+    """A record's value as a JSON object without Connect's schema wrapper (``{"schema": ..., "payload": ...}``),
+    read by the C JSON decoder as the envelope reads a value; None where it is not UTF-8, not JSON or not an
+    object."""
+    try:
+        d = _whole(value.decode("utf-8"))
+    except (ValueError, StopIteration):
+        return None
+    if isinstance(d, dict) and set(d) == {"schema", "payload"}:
+        d = d["payload"]
+    return d if isinstance(d, dict) else None
+
+
 def parse_value(value: bytes | None, *, defer_after: bool = False) -> ChangeEvent | None:
     """The change event a record's value holds; None for a tombstone (a null value). ``defer_after``: the
     value is read by the C JSON decoder and ``after`` left in it (a :class:`RawAfter`); a value that does
@@ -256,13 +269,8 @@ def parse_value(value: bytes | None, *, defer_after: bool = False) -> ChangeEven
     if value is None:
         return None
     if defer_after:
-        try:
-            d = _whole(value.decode("utf-8"))
-            if isinstance(d, dict) and set(d) == {"schema", "payload"}:
-                d = d["payload"]
-        except (ValueError, StopIteration):  # not UTF-8, not JSON: the way below says which
-            d = None
-        if isinstance(d, dict):
+        d = json_object(value)  # None: not UTF-8, not JSON, not an object: the way below says which
+        if d is not None:
             return _event(d, RawAfter(value))
     m = _payload(value, "the value")
     return _event({name: v for name, (v, _) in m.items()}, m["after"][1] if "after" in m else "null")

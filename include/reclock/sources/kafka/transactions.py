@@ -33,7 +33,6 @@ whose END is not written yet, or whose events are not all in its tables' topics 
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from dataclasses import dataclass
@@ -42,6 +41,7 @@ from typing import Iterator, Sequence
 from confluent_kafka import KafkaError, TopicPartition
 
 from reclock import kafka_client
+from reclock.debezium import json_object
 from reclock.debezium_tx import Event, Stream, TxRecord, TxUpper, choose_upper
 from reclock.errors import ReclockError, TransactionMetadataInvalid
 from reclock.sources.kafka.topics import slot, topic_partition
@@ -69,21 +69,10 @@ class RecordInvalid(ValueError):
     """A record a source with a transaction topic cannot place; ``reason`` says why."""
 
 
-def _payload(value: bytes) -> dict | None:
-    """A JSON object without Connect's schema wrapper; None if the value is not a JSON object."""
-    try:
-        d = json.loads(value)
-    except (ValueError, UnicodeDecodeError):
-        return None
-    if isinstance(d, dict) and set(d) == {"schema", "payload"}:
-        d = d["payload"]
-    return d if isinstance(d, dict) else None
-
-
 def tx_record(value: bytes | None, offset: int) -> TxRecord:
     """A transaction topic record: BEGIN or END of a transaction (END: its event count per data collection).
     Anything else is :class:`RecordInvalid`."""
-    d = _payload(value) if value is not None else None
+    d = json_object(value) if value is not None else None
     if d is None:
         raise RecordInvalid("not a Debezium transaction record (a JSON object with status, id, "
                             "data_collections)" + (" (a null value)" if value is None else ""))
@@ -114,7 +103,7 @@ def tx_event(value: bytes | None, offset: int) -> tuple[Event, str | None]:
     :class:`RecordInvalid`."""
     if value is None:
         return Event(offset), None
-    d = _payload(value)
+    d = json_object(value)
     if d is None or "op" not in d:
         return Event(offset), None
     src = d.get("source") if isinstance(d.get("source"), dict) else {}
