@@ -174,7 +174,7 @@ def _history_is_runs_and_steps(page) -> None:
 
 
 def _browse(stack, truth: dict, secrets: list[str]) -> None:
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import expect, sync_playwright
 
     base = stack.airflow.url
     with sync_playwright() as pw:
@@ -203,9 +203,10 @@ def _browse(stack, truth: dict, secrets: list[str]) -> None:
             assert field.input_value() == ""
             field.fill("0")
             field.blur()
-            assert field.input_value() == "1"
+            # the form clamps to the minimum in its own state update after the blur: read until it shows
+            expect(field).to_have_value("1", timeout=30_000)
             page.keyboard.press("Escape")
-                        # the navigation links the page (Browse > Reclock), which shows it inside Airflow's UI
+            # the navigation links the page (Browse > Reclock), which shows it inside Airflow's UI
             page.goto(f"{base}/plugin/reclock")
             frame = page.frame_locator("iframe")
             frame.locator("tr[data-source='ui_orders']").wait_for(timeout=60_000)
