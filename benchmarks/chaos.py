@@ -70,8 +70,9 @@ standby_promotion   a consensus failover: Reclock's primary crashed (``pg_ctl st
                     the next one. The campaign goes on on the new primary; nothing acknowledged may be lost
 upgrade             once, first: the previous release's processes (cycles of every runner source and the
                     sink, ``reclock cycle`` / ``reclock sink run`` in loops, started on the database it
-                    migrated) SIGKILLed wherever they are once each has finished a step, this checkout's
-                    ``reclock migrate``, and the campaign's own processes carry on from that state
+                    migrated; one whose step wrote waits for the others') SIGKILLed wherever they are
+                    in the round of steps begun once each has written (a cycle bound offsets), this
+                    checkout's ``reclock migrate``, and the campaign's own processes carry on from that state
 ==================  =======================================================================================
 
 After each fault the system catches up as an operator's rerun would: a dead cycle or sink process is
@@ -110,6 +111,7 @@ import faulthandler
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -1022,15 +1024,24 @@ class PreviousRelease:
     built from the repository's history, in a venv of its own) and moves to this checkout mid-run. The
     previous release migrates Reclock's database and runs, through its own ``reclock`` command, cycles of
     every runner source and the sink, each in a loop of processes of its own, while the producers and the
-    Postgres writer write; :meth:`upgrade` (once each has finished a step, at most ``UPGRADE_S``) SIGKILLs
-    them wherever they are (a deployment replaced mid-cycle, mid-transaction), then runs this checkout's
-    ``reclock migrate``; the campaign's runners, sink and Airflow carry on from the state it left, and the
-    oracle checks every binding, the old ones too."""
+    Postgres writer write. A loop whose step has written once (a cycle that bound offsets, a sink run) waits
+    for the others' (its next steps would take the cores they need: the Postgres cycles and the sink's runs,
+    one after the other, drew out the Kafka sources' first Spark jobs on cold executors); once each has (at
+    most ``UPGRADE_S``), every loop starts its next step and :meth:`upgrade` SIGKILLs them ``LAST_ROUND_S``
+    into it (a draw of the seed), wherever they are (a deployment replaced mid-cycle, mid-transaction), then
+    runs this checkout's ``reclock migrate``; the campaign's runners, sink and Airflow carry on from the state
+    it left, and the oracle checks every binding, the old ones too."""
 
-    def __init__(self, svc: Services, env: dict[str, str], root: Path, echo: Callable[[str], None]) -> None:
+    LAST_ROUND_S = (1.0, 8.0)
+    """How long after the loops' last round began its processes are killed (uniform): through a process's
+    start-up, a cycle's mint and write, or past the end of a short step (the sink with nothing new)."""
+
+    def __init__(self, svc: Services, env: dict[str, str], root: Path, echo: Callable[[str], None],
+                 seed: int = 0) -> None:
         from benchmarks.release import PREVIOUS_RELEASE, clean_env, previous_release
 
         self.echo = echo
+        self.rng = random.Random(f"upgrade-{seed}")  # its own: the campaign's draws stay those of the seed
         self.commit = PREVIOUS_RELEASE[:7]
         # built (first use; then cached under .reclock/cache, which test_upgrade shares) while the services start
         pool = ThreadPoolExecutor(1, thread_name_prefix="previous-release")
@@ -1044,9 +1055,11 @@ class PreviousRelease:
         self.new_env = env
         self.logdir = root / "logs"
         self.stop_event = threading.Event()
+        self.last_round = threading.Event()  # every loop has finished a step: each runs again, to be killed
         self.lock = threading.Lock()
         self.procs: dict[str, subprocess.Popen] = {}
-        self.done: collections.Counter = collections.Counter()
+        self.done: collections.Counter = collections.Counter()  # steps that wrote (cycles: bound offsets)
+        self.empty: collections.Counter = collections.Counter()  # cycles that found nothing yet
         self.failed: collections.Counter = collections.Counter()
         self.threads: list[threading.Thread] = []
 
@@ -1071,30 +1084,45 @@ class PreviousRelease:
             t.start()
 
     def _loop(self, name: str, argv: list[str]) -> None:
-        with open(self.logdir / f"previous-{name}.log", "a") as log:
+        path = self.logdir / f"previous-{name}.log"
+        with open(path, "a") as log:
             while not self.stop_event.is_set():
+                if self.done[name] and not self.last_round.is_set():
+                    self.last_round.wait(1)  # finished once: the others' first steps have the cores
+                    continue
                 with self.lock:
                     if self.stop_event.is_set():
                         return
+                    start = path.stat().st_size
                     proc = subprocess.Popen(argv, env=self.env, cwd=self.cwd, stdout=log, stderr=subprocess.STDOUT,
                                             start_new_session=True)
                     self.procs[name] = proc
                 code = proc.wait()
-                if code == 0:
+                if code == 0 and (name == "sink" or self.bound(path.read_bytes()[start:].decode(errors="replace"))):
                     self.done[name] += 1
+                elif code == 0:
+                    self.empty[name] += 1  # a cycle that found nothing yet: its loop goes on
                 elif not self.stop_event.is_set():
                     self.failed[name] += 1
                     time.sleep(2)
                 time.sleep(0.3)
 
+    @staticmethod
+    def bound(output: str) -> bool:
+        """Whether a previous release's ``reclock cycle`` (its output) bound offsets: a step that wrote state."""
+        return re.search(r"'offsets': \{\d", output) is not None
+
     def ran(self) -> bool:
         return all(self.done[name] for name in (*RUNNERS, "sink"))
 
     def upgrade(self, timeout: float = UPGRADE_S) -> bool:
-        """Once every source has cycled and the sink has run on the previous release (or after ``timeout``):
-        its processes SIGKILLed wherever they are, then this checkout's ``reclock migrate``. Whether the
-        previous release wrote what the upgrade continues (else the campaign's ``upgrade`` is not counted)."""
+        """Once every source has bound offsets and the sink has run on the previous release (or after ``timeout``):
+        every loop's next step started, its processes SIGKILLed wherever they are ``LAST_ROUND_S`` later, then
+        this checkout's ``reclock migrate``. Whether the previous release wrote what the upgrade continues
+        (else the campaign's ``upgrade`` is not counted)."""
         _wait_for(self.ran, timeout)
+        self.last_round.set()
+        time.sleep(self.rng.uniform(*self.LAST_ROUND_S))
         with self.lock:
             self.stop_event.set()
             for proc in self.procs.values():
@@ -1103,7 +1131,8 @@ class PreviousRelease:
         for t in self.threads:
             t.join(60)
         ran = self.ran()
-        self.echo(f"upgrade: previous release {self.commit} ran {dict(self.done)} (failed {dict(self.failed)}); "
+        self.echo(f"upgrade: previous release {self.commit} ran {dict(self.done)} (found nothing "
+                  f"{dict(self.empty)}, failed {dict(self.failed)}); "
                   "its processes killed; this checkout's reclock migrate")
         p = subprocess.run([sys.executable, "-m", "reclock.cli", "migrate"], env=self.new_env, cwd=REPO,
                            capture_output=True, text=True, timeout=300)
@@ -1573,7 +1602,7 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
         # metadata database is up, beside the broker and the Spark cluster; ingest__afl is unpaused below
         airflow = AirflowSide(svc, env, echo)
         # with the upgrade among the kinds, the previous release makes Reclock's database and runs first
-        previous = PreviousRelease(svc, env, root, echo) if "upgrade" in kinds else None
+        previous = PreviousRelease(svc, env, root, echo, seed) if "upgrade" in kinds else None
         airflow_started = start_services(svc, beside_postgres=airflow.start,
                                          migrate_with=previous.migrate if previous is not None else None)
         create_topics(svc.kafka.bootstrap)
