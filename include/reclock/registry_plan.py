@@ -26,7 +26,9 @@ from reclock.errors import SchemaNotFound
 from reclock.schema_evolution import CollectionSchema, Incompatibility, SchemaVersion, evolve
 from reclock.schema_registry import RegisteredSchema, RegistryClient
 
-RegistryFormat = Literal["avro", "json_schema", "protobuf"]
+RegistryFormat = Literal["avro", "json_schema", "protobuf", "debezium"]
+"""A plan's format: a registry source's, or ``debezium``: Debezium's Avro change events, each decoded by its
+writer into JSON text and folded by the envelope (:func:`debezium_plan`)."""
 
 OK_FIELD = "_reclock_ok"
 """A boolean field with default ``true`` that the reader schema gets: every record that decodes has it set
@@ -119,6 +121,30 @@ def avro_plan(client: RegistryClient, reader: str, subject: str | None, ids: Ite
             text = schema_text(fmt, s)
             writers.append(AvroWriter(i, text, problem(reader, text)))
     return AvroPlan(reader, tuple(writers), tuple(sorted(missing)), fmt, columns)
+
+
+def debezium_plan(client: RegistryClient, subjects: Iterable[str], ids: Iterable[int],
+                  columns: CollectionSchema | None = None) -> AvroPlan:
+    """The plan of an ``envelope: debezium`` description over Avro: every version of ``subjects`` (each topic's
+    ``-key`` and ``-value``; a subject the registry does not hold has none) and every id in ``ids`` (met
+    before), asked now, in the driver, so the job's tasks ask no registry
+    (``reclock.spark.debezium_decode``); an id the registry answers it does not hold is in ``missing``.
+    ``columns``: the rows' (None: each topic's declared ``schema``). :class:`~reclock.errors.RegistryUnavailable`
+    when the registry does not answer."""
+    schemas: dict[int, str] = {}
+    for subject in subjects:
+        try:
+            schemas.update(writer_texts(client, subject))
+        except SchemaNotFound:
+            continue
+    missing = []
+    for i in sorted(set(ids) - set(schemas)):
+        try:
+            schemas[i] = schema_text("avro", client.schema(i))
+        except SchemaNotFound:
+            missing.append(i)
+    return AvroPlan("", tuple(AvroWriter(i, t) for i, t in sorted(schemas.items())), tuple(missing), "debezium",
+                    columns)
 
 
 # -- a source's reader over time ----------------------------------------------------------------------------

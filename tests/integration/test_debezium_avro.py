@@ -5,7 +5,8 @@ registry (Apicurio, Confluent-compatible API). The worker is killed (no offset f
 mid-stream: the collection AS OF every binding is a state the table went through, each value bit for bit
 as Postgres holds it (-0.0, NaN, the infinities, decimals, bytes, timestamps), nothing applied twice. The bad
 records (no magic byte, an id the registry does not hold, a body that does not decode) go to the errors
-collection, or stall the source; a registry that does not answer stalls the cycle."""
+collection, or stall the source; a registry that does not answer stalls the cycle, also one lost after the
+driver's plan (the job's tasks ask no registry)."""
 
 from __future__ import annotations
 
@@ -15,10 +16,12 @@ import math
 import os
 import socket
 import struct
+import threading
 import time
 from collections import Counter
 from dataclasses import replace
 from decimal import Decimal
+from urllib.parse import urlsplit
 
 import fastavro
 import psycopg
@@ -35,6 +38,7 @@ from reclock.read import read_as_of, read_updates
 from reclock.registry_plan import schema_text
 from reclock.schema_registry import RegistryClient
 from reclock.sinks.kafka import read_all
+from reclock.spark import decode
 
 SCHEMA = "id INT, f4 FLOAT, f8 DOUBLE, d DECIMAL(12,3), b BINARY, at BIGINT, day INT, t STRING"
 COLUMNS = ("id", "f4", "f8", "d", "b", "at", "day", "t")
@@ -242,3 +246,102 @@ def test_debezium_avro_bad_records(db, kafka, spark, tmp_path, avro_upstream, re
     with connect(db) as conn:
         assert conn.execute("SELECT upper FROM reclock.shards WHERE id = 'down'").fetchone()[0] == 0
         assert conn.execute("SELECT upper FROM reclock.shards WHERE id = 'stalled'").fetchone()[0] == 0
+
+
+class Forwarder:
+    """A TCP forwarder from a loopback port to ``target`` (the registry's): stopped, its port refuses
+    connections (the registry lost, to the source); started again, on the same port."""
+
+    def __init__(self, target: int) -> None:
+        self.target, self.port = target, 0
+        self._stop = threading.Event()
+        self.start()
+
+    def start(self) -> None:
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", self.port))
+        s.listen(16)
+        s.settimeout(0.1)
+        self.port = s.getsockname()[1]
+        self._stop = threading.Event()
+        threading.Thread(target=self._accept, args=(s, self._stop), daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        time.sleep(0.3)  # the accept loop has closed the port
+
+    def _accept(self, s: socket.socket, stop: threading.Event) -> None:
+        with s:
+            while not stop.is_set():
+                try:
+                    c, _ = s.accept()
+                except TimeoutError:
+                    continue
+                c.settimeout(None)
+                u = socket.create_connection(("127.0.0.1", self.target))
+                for a, b in ((c, u), (u, c)):
+                    threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(a: socket.socket, b: socket.socket) -> None:
+        try:
+            while data := a.recv(65536):
+                b.sendall(data)
+            b.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+
+def test_debezium_avro_registry_lost_after_the_plan(db, kafka, spark, tmp_path, avro_upstream, registry,
+                                                    registry_env, topic, monkeypatch):
+    """The writer schemas are asked of the registry in the driver's plan and handed to the job, whose tasks
+    ask none. The registry lost after the plan, as the job starts, with a record of a writer the plan does
+    not know (registered under another subject): ``RegistryUnavailable`` from the driver's second plan (not
+    a failed Spark job), nothing appended; the registry back, the next cycle is exact."""
+    table, worker = avro_upstream
+    source = worker.topic("public.kinds")
+    wait_written(kafka, source, 4)
+    snap = [r for r in read_all(kafka.bootstrap, source, "lost-copy") if r.value() is not None][:2]
+    (k1, v1), (k2, v2) = [(r.key(), r.value()) for r in snap]
+    other = json.loads(schema_text("avro", registry_env.schema(int.from_bytes(v2[1:5], "big"))))
+    other["doc"] = "the same writer under another id"  # a new id, the same encoding
+    i2 = registry_env.register(f"lost{os.getpid()}-value", json.dumps(other))
+    name = topic(partitions=1)
+    produce(kafka, name, [(0, k1, v1)])
+    s = registry.settings()
+    proxy = Forwarder(urlsplit(s.url).port)
+    url = s.url.replace(f":{urlsplit(s.url).port}/", f":{proxy.port}/")
+    monkeypatch.setenv("AIRFLOW_CONN_RECLOCK_LOST", json.dumps(
+        {"conn_type": "http", "login": s.username, "password": s.password, "extra": {"url": url}}))
+    ctx = make_ctx(db, kafka, spark, tmp_path, name, name="lost", envelope="debezium", include=[],
+                   format={"type": "avro", "registry": {"connection": "reclock_lost"}, "schema": SCHEMA})
+    cycle.run_cycle(ctx)
+    ids = [decoded(registry_env, v)["after"]["id"] for v in (v1, v2)]
+    want = [frozenset(r for r in table.states[0] if r[0] in ids[:n]) for n in (1, 2)]
+    with connect(db) as conn:
+        assert collection(conn, ctx) == want[0]
+        upper = conn.execute("SELECT upper FROM reclock.shards WHERE id = 'lost'").fetchone()[0]
+
+    produce(kafka, name, [(0, k2, b"\0" + i2.to_bytes(4, "big") + v2[5:])])
+    real = decode.parts_writer
+
+    def lost_then_write(df, url):
+        proxy.stop()  # after the driver's plan, before the job's tasks run
+        return real(df, url)
+
+    monkeypatch.setattr(decode, "parts_writer", lost_then_write)
+    with pytest.raises(RegistryUnavailable, match="refused"):
+        cycle.run_cycle(ctx)
+    with connect(db) as conn:
+        assert conn.execute("SELECT upper FROM reclock.shards WHERE id = 'lost'").fetchone()[0] == upper
+        assert collection(conn, ctx) == want[0]
+
+    monkeypatch.setattr(decode, "parts_writer", real)
+    proxy.start()
+    cycle.run_cycle(ctx)
+    with connect(db) as conn:
+        assert collection(conn, ctx) == want[1]
+        errors = read_updates(conn, ctx.blob, ctx.spec.errors_shard)
+        assert errors is None or errors.num_rows == 0, errors.to_pylist()
+

@@ -129,17 +129,18 @@ def fold_sorted(batches):
 
 
 def changes(spark, spec: SourceSpec, shape: RecordShape, records, prior: Sequence[tuple], prior_ddl: str,
-            data_cols: list[str], row_schema):
+            data_cols: list[str], row_schema, plan=None):
     """``records`` (a Kafka slice, reclocked) through the debezium envelope: the columns an upsert slice's
     rows have (``data_cols``, ts, diff, the error and state columns, ``_output``). ``prior``: the upsert
     state rows of the keys the slice touches (their keys without schema wrapper, their values
-    :class:`~reclock.debezium.KeyState`; ``prior_ddl`` their Spark schema); ``row_schema``: the declared schema of a row (Spark's)."""
+    :class:`~reclock.debezium.KeyState`; ``prior_ddl`` their Spark schema); ``row_schema``: the declared schema of a row (Spark's).
+    ``plan`` (Avro): the writer schemas, a ``reclock.registry_plan.debezium_plan``."""
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
     avro = spec.format.type == "avro"
     if avro:  # Avro through the registry: each record as the JSON text Debezium's JSON converter writes
-        records = _avro_as_json(spec, records)
+        records = _avro_as_json(records, plan)
     corrupt = "_reclock_corrupt"
     # the row checked against the declared schema, with Connect's schemas or without: PERMISSIVE parsing
     # sets the corrupt-record column when a field of `after` does not fit its type
@@ -172,63 +173,46 @@ def changes(spark, spec: SourceSpec, shape: RecordShape, records, prior: Sequenc
                          *[F.col(v).alias(STATE_PREFIX + c) for c, v in states.items()], "_output")
 
 
-_CONVERTERS: dict = {}  # per Python worker: (registry settings, known writers) -> AvroJson
-
-
-def registry_converter(settings, known: dict[int, str] | None = None):
-    """An :class:`~reclock.debezium_avro.AvroJson` over the registry of ``settings`` (its schemas cached for the
-    process's life), ``known``: writer schemas already fetched (id -> Avro JSON text)."""
+def plan_converter(plan):
+    """An :class:`~reclock.debezium_avro.AvroJson` that knows the writers of ``plan`` (a
+    ``reclock.registry_plan.debezium_plan``, made in the driver) and asks no registry: an id the registry
+    answered it does not hold (``plan.missing``) is a decode error naming it; an id the plan does not know
+    is one too, and the job's ``unknown`` metric tells the driver, which asks the registry and writes the
+    description again (``reclock.sources.kafka.kind``), so such a row is never appended."""
     from reclock.debezium_avro import AvroJson
-    from reclock.errors import SchemaNotFound
-    from reclock.registry_plan import schema_text
-    from reclock.schema_registry import RegistryClient
 
-    conv = _CONVERTERS.get(settings)
-    if conv is None:
-        client = RegistryClient(settings)
-        conv = _CONVERTERS[settings] = AvroJson(lambda i: schema_text("avro", client.schema(i)), SchemaNotFound)
-    for i, text in (known or {}).items():
-        conv.prime(i, text)
-    return conv
+    known = {w.schema_id: w.schema for w in plan.writers}
+    missing = set(plan.missing)
 
+    def lookup(i: int) -> str:
+        if i in known:
+            return known[i]
+        raise _NotPlanned("the registry answered it holds no such schema" if i in missing
+                          else "not in this write's plan: the description is written again with it")
 
-def subject_writers(settings, subjects) -> dict[int, str]:
-    """The writer schemas (id -> Avro JSON text) of every version of ``subjects`` (a subject the registry does
-    not hold has none); a registry that does not answer raises ``RegistryUnavailable``."""
-    from reclock.errors import SchemaNotFound
-    from reclock.registry_plan import writer_texts
-    from reclock.schema_registry import RegistryClient
-
-    client = RegistryClient(settings)
-    out: dict[int, str] = {}
-    for subject in subjects:
-        try:
-            out.update(writer_texts(client, subject))
-        except SchemaNotFound:
-            continue
-    return out
+    return AvroJson(lookup, _NotPlanned)
 
 
-def _avro_as_json(spec: SourceSpec, records):
+class _NotPlanned(LookupError):
+    """A writer id the plan has no schema for."""
+
+
+def _avro_as_json(records, plan):
     """``records`` with ``key`` and ``value`` (Confluent wire-format Avro) as JSON text, the records as they were
     in ``_ok``, ``_ov`` and, for one that does not decode, the reason in ``_derr`` (its key and value null).
-    The writer schemas of the key's and value's subjects are fetched here, in the driver (a registry that
-    does not answer stalls the source before any job); an id met that they do not hold is asked of the
-    registry by the task (one it does not hold is a decode error)."""
+    The writer schemas are the ``plan``'s, fetched in the driver before the job (a registry that does not
+    answer stalls the source there); the tasks ask no registry (:func:`plan_converter`)."""
     import pyarrow as pa
     from pyspark.sql import types as T
 
     from reclock.debezium import EventInvalid as Invalid
-    from reclock.settings import find_registry
 
-    settings = find_registry(spec.format.registry, f"source {spec.name}")
-    known = subject_writers(settings, [f"{spec.upstream.topic}-key", f"{spec.upstream.topic}-value"])
     out_schema = T.StructType(records.schema.fields + [T.StructField("_derr", T.StringType()),
                                                        T.StructField("_ok", T.BinaryType()),
                                                        T.StructField("_ov", T.BinaryType())])
 
     def convert(batches):
-        c = registry_converter(settings, known)
+        c = plan_converter(plan)
         for b in batches:
             keys, values = b.column("key").to_pylist(), b.column("value").to_pylist()
             jk, jv, err = [], [], []

@@ -68,7 +68,7 @@ def prior_schema(shape: RecordShape) -> str:
 def field_names(spec: SourceSpec, plan: AvroPlan | None = None) -> list[str]:
     """The names of the decoded value's columns (before metadata columns); ``plan``: a registry source's
     (its reader's columns)."""
-    if plan is not None:
+    if plan is not None and (plan.format != "debezium" or plan.columns is not None):
         return list(plan.decoded_columns.names)
     if spec.format.type == "avro" and spec.envelope != "debezium":  # debezium: `schema` is the row's DDL
         return spec.format.avro_fields
@@ -225,8 +225,10 @@ def envelope(spark, spec: SourceSpec, shape: RecordShape, records, prior: Sequen
     if spec.envelope == "debezium":
         from reclock.spark import debezium_decode
 
-        return debezium_decode.changes(spark, spec, shape, records, prior, prior_schema(shape), data_cols,
-                                       data_schema(spec))
+        rows = data_schema(spec) if plan is None or plan.columns is None else _parsed_schema(", ".join(
+            f"{sql_ident(c.name)} {c.type}" for c in plan.decoded_columns.columns))
+        return debezium_decode.changes(spark, spec, shape, records, prior, prior_schema(shape), data_cols, rows,
+                                       plan)
     dec = _shape_decoded(spec, shape, records, plan)
     errors, states = _error_sources(shape), _state_sources(shape)
     if spec.envelope != "upsert":

@@ -49,20 +49,20 @@ def _sql_string(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def _id_text() -> str:
+def _id_text(column: str = "value") -> str:
     """SQL: the record's schema id as decimal text (only evaluated for records that fail)."""
-    return "CAST(CAST(conv(hex(substring(value, 2, 4)), 16, 10) AS BIGINT) AS STRING)"
+    return f"CAST(CAST(conv(hex(substring({column}, 2, 4)), 16, 10) AS BIGINT) AS STRING)"
 
 
-def has_header_sql() -> str:
-    return "(length(value) >= 5 AND substring(value, 1, 1) = X'00')"
+def has_header_sql(column: str = "value") -> str:
+    return f"(length({column}) >= 5 AND substring({column}, 1, 1) = X'00')"
 
 
-def known_sql(ids: Sequence[int]) -> str:
-    """SQL: whether the record's header names one of ``ids``."""
+def known_sql(ids: Sequence[int], column: str = "value") -> str:
+    """SQL: whether the record's header (in ``column``) names one of ``ids``."""
     if not ids:
         return "false"
-    return f"substring(value, 1, 5) IN ({', '.join(_hex(header_literal(i)) for i in ids)})"
+    return f"substring({column}, 1, 5) IN ({', '.join(_hex(header_literal(i)) for i in ids)})"
 
 
 def _hex(b: bytes) -> str:
@@ -123,13 +123,14 @@ def json_decoded(df, spark_schema, known_ids: Sequence[int] | None, out: str = "
     return df.withColumn(reason, F.expr(f"CAST(CASE {' '.join(arms)} END AS STRING)"))
 
 
-def unknown_ids_metric(known_ids: Sequence[int]):
+def unknown_ids_metric(known_ids: Sequence[int], column: str = "value"):
     """An aggregate for an ``Observation``: the distinct schema ids (as text) of records with a header whose id
-    is not among ``known_ids``."""
+    is not among ``known_ids`` (in ``column``: the value, or the key where keys are wire-format too)."""
     from pyspark.sql import functions as F
 
-    return F.expr(f"collect_set(CASE WHEN value IS NOT NULL AND {has_header_sql()} AND NOT {known_sql(known_ids)} "
-                  f"THEN {_id_text()} END)")
+    c = column
+    return F.expr(f"collect_set(CASE WHEN {c} IS NOT NULL AND {has_header_sql(c)} AND NOT {known_sql(known_ids, c)} "
+                  f"THEN {_id_text(c)} END)")
 
 
 _DECODERS: dict[str, object] = {}

@@ -45,8 +45,8 @@ from reclock.persist.schemas import load_history
 from reclock.persist.shards import register_shard, shard_info
 from reclock.persist.staged import collect_parts, first_rejected, read_state_changes, slice_folder
 from reclock.persist.upsert_state import apply_changes, holds_keys, load_prior
-from reclock.registry_plan import (AvroPlan, Reader, WriterTally, avro_plan, choose_reader, initial_reader,
-                                   versions_seen, writer_texts)
+from reclock.registry_plan import (AvroPlan, Reader, WriterTally, avro_plan, choose_reader, debezium_plan,
+                                   initial_reader, versions_seen, writer_texts)
 from reclock.remap import RemapCollection
 from reclock.schema_evolution import CollectionSchema, SchemaHistory, SchemaVersion
 from reclock.schema_registry import RegistryClient
@@ -158,8 +158,10 @@ class KafkaSource(SourceRuntime):
 
     def _write(self, rc: RemapCollection, desc: BatchDescription, m: dict,
                on_slice: Callable[[int, int], None] | None = None, rebuilding: bool = False) -> WrittenBatch:
-        if self.ctx.spec.format.registry is None or self.ctx.spec.envelope == "debezium":
-            return self._write_once(rc, desc, m, on_slice, rebuilding)  # debezium: Avro decoded in its fold
+        if self.ctx.spec.format.registry is None:
+            return self._write_once(rc, desc, m, on_slice, rebuilding)
+        if self.ctx.spec.envelope == "debezium":
+            return self._write_debezium_avro(rc, desc, m, on_slice, rebuilding)
         return self._write_registry(rc, desc, m, on_slice, rebuilding)
 
     def registry(self) -> RegistryClient:
@@ -216,26 +218,18 @@ class KafkaSource(SourceRuntime):
             which = f"schema id {reader.schema_id}" if reader.schema_id is not None else "schema_file"
             first = [SchemaVersion(desc.lower, with_meta(collection), reader.upstream(), f"the reader: {which}")]
         mode = "fixed" if rebuilding else spec.schema_mode
-        ids = set(self._met)
-        for _attempt in range(3):
+        choice = None
+
+        def make_plan(ids: set[int]) -> AvroPlan:
+            nonlocal choice
             writers = writer_texts(client, subject, fmt)
             for w in avro_plan(client, reader.text, None, ids, fmt).writers:
                 writers.setdefault(w.schema_id, w.schema)
             choice = choose_reader(mode, reader, collection, writers)
-            plan = avro_plan(client, choice.reader.text, subject, ids, fmt,
+            return avro_plan(client, choice.reader.text, subject, ids, fmt,
                              choice.columns if fmt == "json_schema" else None)
-            tally = WriterTally()
-            written = self._write_once(rc, desc, m, on_slice, rebuilding, plan, tally)
-            unknown = tally.unknown - set(plan.ids)
-            if not unknown:
-                break
-            self._release(written)  # its records of unknown writers are no errors yet: write it again
-            ids |= unknown
-            m.update(replanned_for=sorted(unknown))
-        else:
-            raise ReclockError(f"source {spec.name}: the registry's answers for writer ids {sorted(unknown)} changed "
-                               "while the description was written; the next cycle tries again")
-        self._met |= set(tally.first_ts)
+
+        written, plan, tally = self._write_planned(rc, desc, m, on_slice, rebuilding, make_plan)
         m.update(writers={str(i): ts for i, ts in sorted(tally.first_ts.items())},
                  reader=choice.reader.schema_id)
         if rebuilding:
@@ -256,6 +250,44 @@ class KafkaSource(SourceRuntime):
         recorded = tuple(merged[t] for t in sorted(merged))
         self._pending = self._pending + recorded
         return dataclasses.replace(written, schemas={spec.data_shard: recorded}) if recorded else written
+
+    def _write_planned(self, rc: RemapCollection, desc: BatchDescription, m: dict,
+                       on_slice: Callable[[int, int], None] | None, rebuilding: bool,
+                       make_plan: Callable[[set[int]], AvroPlan]) -> tuple[WrittenBatch, AvroPlan, WriterTally]:
+        """The description written with the plan ``make_plan(ids)`` gives (asked of the registry in the driver:
+        a registry that does not answer raises ``RegistryUnavailable`` before any job, or between two
+        attempts, and nothing is appended), ``ids`` the writer ids met before; ids the jobs met that the plan
+        did not know are added and the description written again (the first folder is garbage). The
+        written batch, the last plan, and what the jobs met of its writers."""
+        ids = set(self._met)
+        for _attempt in range(3):
+            plan = make_plan(ids)
+            tally = WriterTally()
+            written = self._write_once(rc, desc, m, on_slice, rebuilding, plan, tally)
+            unknown = tally.unknown - set(plan.ids)
+            if not unknown:
+                break
+            self._release(written)  # its records of unknown writers are no errors yet: write it again
+            ids |= unknown
+            m.update(replanned_for=sorted(unknown))
+        else:
+            raise ReclockError(f"source {self.ctx.spec.name}: the registry's answers for writer ids {sorted(unknown)} "
+                               "changed while the description was written; the next cycle tries again")
+        self._met |= set(tally.first_ts) | (ids - set(plan.missing))
+        return written, plan, tally
+
+    def _write_debezium_avro(self, rc: RemapCollection, desc: BatchDescription, m: dict,
+                             on_slice: Callable[[int, int], None] | None, rebuilding: bool) -> WrittenBatch:
+        """``envelope: debezium`` over Avro: the writer schemas of every topic's key and value subjects and of
+        every id met, asked of the registry here, in the driver (``reclock.registry_plan.debezium_plan``),
+        and handed to the jobs, whose tasks ask no registry (:meth:`_write_planned`): a registry lost after
+        the plan fails no Spark job; one lost when the jobs met a writer the plan did not know is
+        ``RegistryUnavailable``, and nothing is appended."""
+        client = self.registry()
+        subjects = [f"{sub.upstream.topic}-{side}" for sub in topic_specs(self.ctx.spec) for side in ("key", "value")]
+        written, _plan, _tally = self._write_planned(rc, desc, m, on_slice, rebuilding,
+                                                      lambda ids: debezium_plan(client, subjects, ids))
+        return written
 
     def _release(self, written: WrittenBatch) -> None:
         """Let garbage collection take a written description's folder (its parts will not be appended)."""
@@ -336,7 +368,7 @@ class KafkaSource(SourceRuntime):
                 held = holds_keys(conn, source.name, spec.data_shard, desc.lower)
             keys = spark_job.upsert_keys(spark, spec, ctx.upstream, ranges) if held else []
             if spec.envelope == "debezium":
-                keys = sorted(debezium_keys(keys, spec))  # kept without Connect's schema wrapper
+                keys = sorted(debezium_keys(keys, spec, plan))  # kept without Connect's schema wrapper
             with ctx.connect() as conn:
                 prior = load_prior(conn, source.name, spec.data_shard, desc.lower, [state_key(ns, k) for k in keys])
             if ns is not None:
@@ -496,15 +528,16 @@ def check_topic_order(conn, spec) -> None:
                           "added at the end only. Removing or reordering topics: read them as a new source")
 
 
-def debezium_keys(keys: list[bytes], spec) -> set[bytes]:
+def debezium_keys(keys: list[bytes], spec, plan: AvroPlan | None = None) -> set[bytes]:
     """The upsert state's keys of a debezium slice's record ``keys``: their JSON without Connect's schema
-    wrapper; Avro keys (``format: avro``) decoded by their writer schemas first (a key that does not decode
-    has no state: its record is a decode error)."""
+    wrapper; Avro keys (``format: avro``) decoded by the writer schemas of ``plan`` first (a key that does
+    not decode has no state: its record is a decode error; one of a writer the plan does not know makes the
+    job's plan be made again)."""
     if spec.format.type != "avro":
         return {parse_key(k) for k in keys}
-    from reclock.spark.debezium_decode import registry_converter
+    from reclock.spark.debezium_decode import plan_converter
 
-    conv = registry_converter(find_registry(spec.format.registry, f"source {spec.name}"))
+    conv = plan_converter(plan)
     out = set()
     for k in keys:
         try:

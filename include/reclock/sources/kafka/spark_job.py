@@ -147,7 +147,8 @@ def write_slice(spark, spec: SourceSpec, bootstrap: KafkaClientConfig | str, ran
 
     def records(read):
         df = _reclocked(spark, spec, bootstrap, ranges, bindings, read)
-        return df.observe(met, *writer_aggregates(plan)) if met is not None else df
+        return df.observe(met, *writer_aggregates(plan, keys=spec.envelope == "debezium")) if met is not None \
+            else df
 
     with kafka_job(f"source {spec.name}", bootstrap, [spec.upstream.topic], [read_group(spec, bootstrap)]):
         out = decode.write_slice(spark, spec, KAFKA_SHAPE, records, url, prior, index,
@@ -168,10 +169,11 @@ def meta_columns(spec: SourceSpec) -> tuple[Column, ...]:
     return tuple(Column(KAFKA_SHAPE.meta_column(m), KAFKA_META_TYPES[m], True) for m in spec.include)
 
 
-def writer_aggregates(plan: AvroPlan) -> list:
+def writer_aggregates(plan: AvroPlan, keys: bool = False) -> list:
     """Aggregates over reclocked wire-format records (``value``, ``ts``): ``n`` (records), ``w<id>`` (the
     first ts of each writer id the plan knows; null: none met) and ``unknown`` (the ids met that it does
-    not know, as text). Compared as header bytes, as the decode does: no per-record conversion."""
+    not know, as text); ``keys`` (Debezium's Avro: keys are wire-format too): ``unknown_keys``, the same of
+    the keys. Compared as header bytes, as the decode does: no per-record conversion."""
     from pyspark.sql import functions as F
 
     from reclock.spark.registry_decode import header_literal, unknown_ids_metric
@@ -180,7 +182,8 @@ def writer_aggregates(plan: AvroPlan) -> list:
     for i in plan.ids:
         aggs.append(F.min(F.when(F.substring(F.col("value"), 1, 5) == F.lit(header_literal(i)), F.col("ts")))
                     .alias(f"w{i}"))
-    return aggs + [unknown_ids_metric(plan.ids).alias("unknown")]
+    return aggs + [unknown_ids_metric(plan.ids).alias("unknown")] + \
+        ([unknown_ids_metric(plan.ids, "key").alias("unknown_keys")] if keys else [])
 
 
 def tally(obs, plan: AvroPlan, source: str, url: str, into: WriterTally) -> None:
@@ -190,7 +193,8 @@ def tally(obs, plan: AvroPlan, source: str, url: str, into: WriterTally) -> None
     got = obs.get or {}
     if got.get("n") is None:
         raise UnaccountedWrite(source, url, url, f"Spark reported no writer metrics for its job (metrics: {got})")
-    into.add({i: got.get(f"w{i}") for i in plan.ids}, [int(x) for x in got.get("unknown") or ()])
+    into.add({i: got.get(f"w{i}") for i in plan.ids},
+             [int(x) for x in [*(got.get("unknown") or ()), *(got.get("unknown_keys") or ())]])
 
 
 JOINT_RECORDS_PER_TASK = 200_000
