@@ -61,9 +61,9 @@ def test_tables_spark_cannot_convert_exactly_stay_in_the_task():
     q = ss.snapshot_query(info(("Odd \"name\"", po.TEXT, -1), ("ch", po.BPCHAR, 7)))
     assert q == ('(SELECT ctid AS reclock_ctid, "Odd ""name"""::text AS c0, textin(bpcharout("ch")) AS c1 '
                  'FROM ONLY "public"."t") reclock_snapshot')
-    filtered = replace(info(("id", po.INT8, -1)), row_filter="((id % 2) = 0)")
-    assert ss.snapshot_query(filtered) == ('(SELECT ctid AS reclock_ctid, "id"::text AS c0 FROM ONLY "public"."t" '
-                                           'WHERE (((id % 2) = 0))) reclock_snapshot')
+    filtered = replace(info(("id", po.INT8, -1), ("f", po.FLOAT4, -1)), row_filter="((id % 2) = 0)")
+    assert ss.snapshot_query(filtered) == ('(SELECT ctid AS reclock_ctid, "id" AS c0, "f"::text AS c1 FROM ONLY '
+                                           '"public"."t" WHERE (((id % 2) = 0))) reclock_snapshot')
     init = ss.session_init("00000003-0000001B-1")
     assert init.endswith("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT "
                          "'00000003-0000001B-1'") and "SET TimeZone = 'UTC'" in init

@@ -12,9 +12,9 @@ snapshot the task exported, written as Parquet parts by the executors (never thr
                                                        -> each column converted as the stream converts it
                                                        -> <prefix>/<shard>/snapshot/part-*.parquet, _SUCCESS
 
-Every column is read as its text form (``col::text``, as the in-process ``COPY`` reads it) and converted in
-Spark SQL to the Arrow type the stream's decoder gives it (:func:`reclock.sources.postgres.pgoutput.arrow_type`),
-with the same refusals: a value the decoder would refuse (a BC or infinite date, a numeric beyond
+Every column is read as its text form (``col::text``, as the in-process ``COPY`` reads it; one of a
+:data:`NATIVE` type as pgjdbc's value) and converted in Spark SQL to the Arrow type the stream's decoder gives it
+(:func:`reclock.sources.postgres.pgoutput.arrow_type`), with the same refusals: a value the decoder would refuse (a BC or infinite date, a numeric beyond
 ``decimal(38, 10)`` in an unconstrained column, ``NaN``) fails the job naming the column. A table with a
 column Spark cannot convert exactly (``numeric`` of more than 38 digits: ``decimal256``; two column names
 equal but for case) is :func:`convertible` ``False`` and is read in the task instead.
@@ -44,6 +44,12 @@ SPLIT_BYTES = 32 << 20
 MAX_PARTITIONS = 256
 CTID = "reclock_ctid"
 """The subquery's name for the row's ``ctid``: every other column is ``c<i>``, so it cannot collide."""
+NATIVE = {po.INT2: "SMALLINT", po.INT4: "INT", po.INT8: "BIGINT", po.FLOAT8: "DOUBLE", po.BOOL: "BOOLEAN"}
+"""The types read as JDBC's values, not as text, with their Spark SQL types: pgjdbc parses each from the
+server's text form (a ``long`` from its bytes; ``Double.parseDouble``, correctly rounded as Arrow's cast in the
+stream's decoder is, so a ``float8`` the server writes shortest-exact, ``extra_float_digits = 3``, comes back
+with its bits, ``-0``, ``NaN`` and the infinities too; ``t``/``f``), with no Spark string and no cast in Spark
+after it. A ``float4`` stays text: the decoder reads it through a double, which Spark's casts repeat."""
 DRIVER = "org.postgresql.Driver"
 NO_DRIVER = ("Spark has no Postgres JDBC driver (org.postgresql:postgresql, in .reclock/jars/spark with "
              "`reclock dev install`; else give it to Spark Connect or spark-submit with --jars or --packages), "
@@ -153,15 +159,12 @@ def _column_sql(c: str, type_oid: int, typmod: int, name: str) -> str | None:
                 f"AS {spark_type}) ELSE {value} END")
 
     out_of_arrow = f"({col} LIKE '% BC' OR {col} LIKE '%infinity' OR {col} RLIKE '^[0-9]{{5}}')"
-    if type_oid in (po.INT2, po.INT4, po.INT8, po.OID):
-        return f"CAST({col} AS {'SMALLINT' if type_oid == po.INT2 else 'INT' if type_oid == po.INT4 else 'BIGINT'})"
-    if type_oid == po.FLOAT8:
-        return f"CAST({col} AS DOUBLE)"
+    if type_oid in NATIVE:  # read as JDBC's own value (NATIVE): a cast to the same type, or a widening
+        return f"CAST({col} AS {NATIVE[type_oid]})"
+    if type_oid == po.OID:
+        return f"CAST({col} AS BIGINT)"
     if type_oid == po.FLOAT4:
         return f"CAST(CAST({col} AS DOUBLE) AS FLOAT)"
-    if type_oid == po.BOOL:
-        return refuse(f"{col} NOT IN ('t', 'true', 'f', 'false')", "BOOLEAN",
-                      "is not a bool", f"{col} IN ('t', 'true')")
     if type_oid == po.BYTEA:
         return refuse(f"NOT startswith({col}, '\\\\x')", "BINARY",
                       "is not bytea in hex form", f"unhex(substr({col}, 3))")
@@ -192,11 +195,13 @@ def _column_sql(c: str, type_oid: int, typmod: int, name: str) -> str | None:
 
 
 def snapshot_query(info: TableInfo) -> str:
-    """The JDBC subquery: the row's ``ctid`` and every published column's text form (as pgoutput sends it:
-    :func:`reclock.sources.postgres.upstream.text_form`) as ``c<i>``, of the rows the publication's row filter
-    passes (``ONLY``: a table's inheritance children are tables of their own)."""
+    """The JDBC subquery: the row's ``ctid`` and every published column as ``c<i>``, of the rows the
+    publication's row filter passes (``ONLY``: a table's inheritance children are tables of their own): a
+    column of a :data:`NATIVE` type as it is (pgjdbc parses its text form into the JVM's value, no string made),
+    every other one as its text form (as pgoutput sends it: :func:`reclock.sources.postgres.upstream.text_form`)."""
     schema, _, name = info.table.partition(".")
-    cols = ", ".join(f"{text_form(n, o)} AS c{i}" for i, (n, o, _) in enumerate(info.columns))
+    cols = ", ".join(f"{pg_ident(n) if o in NATIVE else text_form(n, o)} AS c{i}"
+                     for i, (n, o, _) in enumerate(info.columns))
     where = "" if info.row_filter is None else f" WHERE ({info.row_filter})"
     return (f"(SELECT ctid AS {CTID}{', ' if cols else ''}{cols} FROM ONLY {pg_ident(schema)}.{pg_ident(name)}"
             f"{where}) reclock_snapshot")
