@@ -20,6 +20,7 @@ trigger, lag        ``PublicationChanged``; the slot's lag is not probed
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import uuid
@@ -733,11 +734,16 @@ class PostgresSource(SourceRuntime):
                         writer: cdc.PartWriter, ts: int, prefix: str) -> int:
         """One table's snapshot written by Spark into the write's folder (``reclock.sources.postgres.spark_snapshot``),
         while ``sconn`` holds the exported ``snapshot`` open; its rows (``count(*)`` under the same snapshot) counted
-        into ``writer``, so that ``reclock.sources.postgres.cdc.collect`` proves the parts hold exactly them."""
-        rows = PostgresUpstream.count_rows(sconn, out.info)
-        spark_snapshot.write_table_snapshot(self.ctx.spark(), spark_snapshot.jdbc_target(self.ctx.upstream), snapshot,
-                                            out.info, ts, self.ctx.blob.url(f"{prefix}/{out.shard}/{cdc.SPARK_SNAPSHOT}"),
-                                            predicates)
+        into ``writer``, so that ``reclock.sources.postgres.cdc.collect`` proves the parts hold exactly them. The
+        ``count(*)`` runs on ``sconn`` in a thread while Spark's job runs (the job does not use ``sconn``), so its
+        scan is not added to the job's time; both are done before this returns, also when one fails."""
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="snapshot-count") as pool:
+            counted = pool.submit(PostgresUpstream.count_rows, sconn, out.info)
+            spark_snapshot.write_table_snapshot(self.ctx.spark(), spark_snapshot.jdbc_target(self.ctx.upstream),
+                                                snapshot, out.info, ts,
+                                                self.ctx.blob.url(f"{prefix}/{out.shard}/{cdc.SPARK_SNAPSHOT}"),
+                                                predicates)
+            rows = counted.result()
         writer.add_written(out.info.relid, rows)
         if PostgresUpstream.truncated_since(sconn, out.info):  # Spark's sessions may have read it truncated
             raise TruncatedUnderSnapshot(self.ctx.spec.name, out.info.table)
