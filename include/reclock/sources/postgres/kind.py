@@ -737,12 +737,13 @@ class PostgresSource(SourceRuntime):
         into ``writer``, so that ``reclock.sources.postgres.cdc.collect`` proves the parts hold exactly them. The
         ``count(*)`` runs on ``sconn`` in a thread while Spark's job runs (the job does not use ``sconn``), so its
         scan is not added to the job's time; both are done before this returns, also when one fails."""
+        plain = spark_snapshot.plain_columns(sconn, out.info)
         with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="snapshot-count") as pool:
             counted = pool.submit(PostgresUpstream.count_rows, sconn, out.info)
             spark_snapshot.write_table_snapshot(self.ctx.spark(), spark_snapshot.jdbc_target(self.ctx.upstream),
                                                 snapshot, out.info, ts,
                                                 self.ctx.blob.url(f"{prefix}/{out.shard}/{cdc.SPARK_SNAPSHOT}"),
-                                                predicates)
+                                                predicates, plain=plain)
             rows = counted.result()
         writer.add_written(out.info.relid, rows)
         if PostgresUpstream.truncated_since(sconn, out.info):  # Spark's sessions may have read it truncated

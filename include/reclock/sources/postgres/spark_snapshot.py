@@ -207,11 +207,28 @@ def snapshot_query(info: TableInfo) -> str:
             f"{where}) reclock_snapshot")
 
 
+UNIQUE_ENOUGH = 0.5
+"""A column of at least this share of distinct values (Postgres's statistics, ``pg_stats.n_distinct``) is
+written without a dictionary: parquet-java would build one for each row group only to give it up past its page
+size (1 MiB), and the table's keys, UUIDs and free text are written plain in the end anyway."""
+
+
+def plain_columns(conn, info: TableInfo) -> list[str]:
+    """The columns of ``info`` whose statistics (the last ``ANALYZE``'s, read on ``conn``) say at least
+    :data:`UNIQUE_ENOUGH` of their values are distinct; none for a table never analyzed."""
+    schema, _, name = info.table.partition(".")
+    rows = conn.execute("SELECT attname, n_distinct FROM pg_stats WHERE schemaname = %s AND tablename = %s "
+                        "AND NOT inherited", (schema, name)).fetchall()
+    published = {n for n, _, _ in info.columns}
+    return sorted(a for a, d in rows if a in published and d is not None and -d >= UNIQUE_ENOUGH)
+
+
 def write_table_snapshot(spark, target: JdbcTarget, snapshot: str, info: TableInfo, ts: int, url: str,
-                         predicates: Sequence[str], fetch_size: int = 10_000) -> None:
+                         predicates: Sequence[str], fetch_size: int = 10_000, plain: Sequence[str] = ()) -> None:
     """One Spark job: every row ``info``'s table holds in ``snapshot`` as ``(columns..., ts, 1)`` Parquet parts under
     ``url`` (with Spark's ``_SUCCESS`` marker). The caller proves them (``reclock.sources.postgres.cdc.collect``)
-    against ``count(*)`` under the same snapshot, which it keeps open for the whole job."""
+    against ``count(*)`` under the same snapshot, which it keeps open for the whole job. The columns ``plain``
+    (:func:`plain_columns`) are written without a dictionary: the same values, another encoding."""
     props = {**target.properties, "sessionInitStatement": session_init(snapshot), "fetchsize": str(fetch_size)}
     df = spark.read.jdbc(target.url, snapshot_query(info), predicates=list(predicates), properties=props)
     exprs = [f"{_column_sql(f'c{i}', o, m, n)} AS {sql_ident(n)}" for i, (n, o, m) in enumerate(info.columns)]
@@ -220,7 +237,10 @@ def write_table_snapshot(spark, target: JdbcTarget, snapshot: str, info: TableIn
     before = spark.conf.get(key)
     spark.conf.set(key, "TIMESTAMP_MICROS")  # a timestamptz reads back as timestamp[us, UTC], as the stream's
     try:
-        parts_writer(df, url).parquet(url)
+        writer = parts_writer(df, url)
+        for column in plain:
+            writer = writer.option(f"parquet.enable.dictionary#{column}", "false")
+        writer.parquet(url)
     except Exception as e:  # noqa: BLE001 - only a missing driver is told apart; the rest goes up as is
         if DRIVER in str(e) and ("ClassNotFound" in str(e) or "No suitable driver" in str(e)):
             raise SettingError(NO_DRIVER) from e
