@@ -158,7 +158,8 @@ def _column_sql(c: str, type_oid: int, typmod: int, name: str) -> str | None:
         return (f"CASE WHEN {cond} THEN CAST(raise_error(concat({msg}, {col}, {sql_string(' ' + why)})) "
                 f"AS {spark_type}) ELSE {value} END")
 
-    out_of_arrow = f"({col} LIKE '% BC' OR {col} LIKE '%infinity' OR {col} RLIKE '^[0-9]{{5}}')"
+    # BC, infinite, or a year of five digits (ISO: a year is four digits and a '-', zero-padded): no regex per value
+    out_of_arrow = f"(endswith({col}, ' BC') OR endswith({col}, 'infinity') OR substr({col}, 5, 1) <> '-')"
     if type_oid in NATIVE:  # read as JDBC's own value (NATIVE): a cast to the same type, or a widening
         return f"CAST({col} AS {NATIVE[type_oid]})"
     if type_oid == po.OID:
