@@ -89,6 +89,7 @@ def _fill_snapshot(dsn: str, rows: int) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("INSERT INTO a SELECT g, md5(g::text), g / 100.0, g, now() FROM generate_series(1, %s) g",
                      (rows,))
+        conn.execute("ANALYZE a")  # its statistics, as autovacuum gives a table of its size in time
 
 
 def _fill_changes(dsn: str, changes: int, base: int, seed: int = 7) -> int:
