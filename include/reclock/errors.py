@@ -366,6 +366,19 @@ class TruncatedUnderSnapshot(ReclockError):
                          "was appended, and the next cycle takes the snapshot again")
 
 
+class ChunkRaced(ReclockError):
+    """A chunk of a table snapshotted online was read under a snapshot that missed transactions already
+    committed (still leaving the process array) which committed before the write's first LSN: the write
+    cannot tell what the chunk holds of them (``reclock.sources.postgres.chunks``). Nothing is appended; the
+    next cycle's mint reads the chunk again."""
+
+    def __init__(self, source: str, table: str, xids: list[int]) -> None:
+        self.source, self.table = source, table
+        super().__init__(f"source {source}: table {table}: a chunk of its online snapshot was read under a "
+                         f"snapshot that missed transaction(s) {', '.join(map(str, xids))}, committed before the "
+                         "write's first LSN; nothing was appended, and the next cycle reads the chunk again")
+
+
 class TableSchemaChanged(SourceStalled):
     """DDL changed a published table's columns (a Relation message differs from the registered columns)."""
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable, Collection, Mapping, Sequence
 
@@ -138,6 +138,9 @@ class SourceStatus:
     errors_latest: tuple[dict, ...] = ()
     dags: tuple[str, ...] = ()
     airflow: DagState | None = None  # the ingest DAG's pause flag and newest runs, when Airflow can say
+    # a Postgres source's tables snapshotted online in chunks, with their progress as appended
+    # (``reclock.sources.postgres.registration.chunked_snapshots``)
+    online_snapshots: Mapping[str, dict] = field(default_factory=dict)
 
     @property
     def upper_age_s(self) -> float | None:
@@ -415,6 +418,8 @@ def overview(conn, config: Config | None = None, lag: LagProbe = no_lag,
                     if h.holder.startswith("sink:") and h.holder[5:] in sink_names}
         holds = {sid: hs for sid, hs in holds.items() if sid in visible}
     statuses = _latest_status(conn, [*names, *sink_names])
+    online = dict(conn.execute("SELECT name, config -> 'postgres' -> 'chunked' FROM reclock.sources WHERE name = ANY(%s) "
+                               "AND config -> 'postgres' -> 'chunked' <> '{}'::jsonb", (names,)).fetchall())
     stats = _recent_statistics(conn, [*names, *sink_names], RECENT_ROWS)
     dags = dags or {}
     paused = {**{d: s.paused for d, s in dags.items() if s.paused is not None}, **(paused or {})}
@@ -449,7 +454,7 @@ def overview(conn, config: Config | None = None, lag: LagProbe = no_lag,
             name=n, kind=kinds[n], status=st[0], error=st[1], status_at=st[2], paused=paused.get(ingest_id),
             upper=upper, since=since, now_ms=now_ms, last_cycle=cycles[-1] if cycles else None, lag=lags[n],
             read_holds=tuple(h for sid, *_ in own for h in holds.get(sid, ())), errors_count=count,
-            errors_latest=latest, dags=dag_ids, airflow=dags.get(ingest_id)))
+            errors_latest=latest, dags=dag_ids, airflow=dags.get(ingest_id), online_snapshots=online.get(n) or {}))
 
     sinks = []
     shard_upper = {sid: u for v in shards.values() for sid, _, u, _ in v}
@@ -557,6 +562,10 @@ def _source_lines(s: SourceStatus) -> list[str]:
     else:
         lines.append("  last cycle: none complete")
     lines.append(f"  lag: {s.lag.text()} ({s.lag.detail})")
+    for table, p in sorted(s.online_snapshots.items()):
+        after = "none yet" if p.get("done") is None else f"({', '.join(map(str, p['done']))})"
+        lines.append(f"  online snapshot of {table}: {p.get('chunks', 0)} of ~{p.get('total', '?')} chunks, "
+                     f"{p.get('rows', 0)} rows; last key read {after}")
     holds = ", ".join(f"{h.holder} on {h.shard} at {h.ts}" for h in s.read_holds) or "none"
     lines.append(f"  read holds: {holds}")
     lines.append(f"  errors: {s.errors_count}")

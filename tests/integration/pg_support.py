@@ -79,10 +79,11 @@ def source_name(prefix: str = "cdc") -> str:
 
 def make_ctx(db: str, upstream_dsn: str, tmp_path: Path, name: str, tables: list[str] | None,
              max_records: int = 1000, publication: str = "pub", spark=None,
-             spark_snapshot_min_bytes: int = 0) -> cycle.CycleContext:
+             spark_snapshot_min_bytes: int = 0, postgres: dict | None = None) -> cycle.CycleContext:
     """A cycle context over the upstream; with ``spark``, tables of at least ``spark_snapshot_min_bytes``
-    have their snapshot read by Spark."""
-    raw: dict = {"postgres": {"dsn_env": "UNUSED", "publication": publication}, "budget": {"max_records": max_records}}
+    have their snapshot read by Spark; ``postgres``: more of the source's ``postgres:`` settings."""
+    raw: dict = {"postgres": {"dsn_env": "UNUSED", "publication": publication, **(postgres or {})},
+                 "budget": {"max_records": max_records}}
     if spark is not None:
         raw["postgres"]["spark_snapshot_min_bytes"] = spark_snapshot_min_bytes
     if tables is not None:

@@ -7,6 +7,7 @@ snapshot's LSN (before its snapshot's binding, what it held; a table new to the 
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -100,14 +101,43 @@ def _at(w: Writer, lsns: dict[int, int], lsn: int) -> dict:
     return state
 
 
-def _snapshots(ctx) -> tuple[int, int]:
-    """The LSNs of the source's first snapshot and of c's own, as the consensus database registered them."""
+def _snapshots(ctx) -> tuple[int, int | None]:
+    """The LSNs of the source's first snapshot and of c's own, as the consensus database registered them (None:
+    c's was read online in chunks, a key table's)."""
     with connect(ctx.dsn) as conn:
         first = registration.snapshot_lsn(conn, ctx.spec.name)
         own = registration.table_snapshot_lsns(conn, ctx.spec.name).get("public.c")
+        chunked = "public.c" in registration.chunked_done(conn, ctx.spec.name)
         assert not registration.table_snapshots(conn, ctx.spec.name), "no snapshot still pending"
-    assert first is not None and own is not None, "both snapshots appended, with their LSNs"
-    return first, own
+        assert not registration.chunked_snapshots(conn, ctx.spec.name), "no chunked snapshot still under way"
+    assert first is not None and (own is not None or chunked), "both snapshots appended, with their LSNs"
+    return first, None if chunked else own
+
+
+def _chunked(ctx, w: Writer, upstream: str, new: bool) -> int:
+    """c read online in chunks: AS OF every binding, its keys up to the last one its chunks had read by then
+    equal the table's as of the binding's LSN (and a table new to the source holds no other key); from the
+    binding of its last chunk on, the whole table. The number of bindings checked whole."""
+    lsns, name = _commit_lsns(upstream), ctx.spec.name
+    with connect(ctx.dsn) as conn:
+        landed = registration.chunked_done(conn, name)["public.c"]["landed"]
+    whole = 0
+    for ts, lsn in bindings(ctx):
+        reached = [last for at, last in landed if at <= ts]
+        got = {i: (r["v"], r["txid"]) for i, r in contents(ctx, f"{name}__c", ts).items()}
+        if not reached:
+            assert not new or got == {}, f"c AS OF {ts}: nothing before its first chunk"
+            continue
+        want = _at(w, lsns, lsn)["c"]
+        if reached[-1] is None:
+            whole += 1
+            assert got == want, f"c AS OF {ts} (LSN {lsn:X}), past its last chunk"
+            continue
+        upto = reached[-1][0]
+        assert {k: v for k, v in got.items() if k <= upto} == {k: v for k, v in want.items() if k <= upto}, \
+            f"c AS OF {ts} (LSN {lsn:X}), its keys up to {upto}"
+        assert not new or all(k <= upto for k in got), f"c AS OF {ts}: a key past {upto}, not read yet"
+    return whole
 
 
 def _check(ctx, w: Writer, upstream: str, empty_upto: int, identity: str) -> int:
@@ -121,22 +151,25 @@ def _check(ctx, w: Writer, upstream: str, empty_upto: int, identity: str) -> int
         want = _at(w, lsns, lsn if identity == "full" else max(lsn, first))
         got = {i: (r["v"], r["txid"]) for i, r in contents(ctx, f"{name}__a", ts).items()}
         assert got == want["a"], f"a AS OF {ts} (LSN {lsn:X})"
+        if own is None:
+            continue  # read in chunks: below
         if lsn <= empty_upto:
             assert contents(ctx, f"{name}__c", ts) == {}, f"c AS OF {ts}: nothing before it joined"
         elif lsn >= own:
             past += 1
             got = {i: (r["v"], r["txid"]) for i, r in contents(ctx, f"{name}__c", ts).items()}
             assert got == _at(w, lsns, lsn)["c"], f"c AS OF {ts} (LSN {lsn:X}), past its snapshot's {own:X}"
-    return past
+    return past if own is not None else _chunked(ctx, w, upstream, new=empty_upto > 0)
 
 
 KILLER = """
-import sys, time
+import json, sys, time
 sys.path[:0] = sys.argv[1].split("|")
 from pg_support import make_ctx
 from pathlib import Path
 from reclock import cycle
-ctx = make_ctx(sys.argv[2], sys.argv[3], Path(sys.argv[4]), sys.argv[5], None, max_records=50)
+ctx = make_ctx(sys.argv[2], sys.argv[3], Path(sys.argv[4]), sys.argv[5], None, max_records=50,
+               postgres=json.loads(sys.argv[6]))
 print("ready", flush=True)
 while True:
     try:
@@ -146,11 +179,14 @@ while True:
 """
 
 
-def _killed_midway(db: str, upstream: str, tmp_path: Path, name: str, seconds: float) -> None:
-    """A subprocess running cycles of the source back to back, SIGKILLed ``seconds`` after it is ready."""
+def _killed_midway(db: str, upstream: str, tmp_path: Path, name: str, seconds: float,
+                   postgres: dict | None = None) -> None:
+    """A subprocess running cycles of the source back to back, SIGKILLed ``seconds`` after it is ready
+    (``postgres``: more of the source's settings)."""
     here = Path(__file__).parent
     paths = "|".join([str(here), str(here.parent.parent / "include")])
-    p = subprocess.Popen([sys.executable, "-c", KILLER, paths, db, upstream, str(tmp_path), name],
+    p = subprocess.Popen([sys.executable, "-c", KILLER, paths, db, upstream, str(tmp_path), name,
+                          json.dumps(postgres or {})],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         assert p.stdout.readline().strip() == "ready"
@@ -237,3 +273,89 @@ def test_resnapshot_of_one_table_takes_it_alone_while_the_other_streams(db, upst
         whole = conn.execute("SELECT count(*) FROM reclock.statistics WHERE name = %s AND metrics ? 'snapshot_rows'",
                              (ctx.spec.name,)).fetchone()[0]
     assert whole == 1, "one snapshot of the whole source (the first); c's own took the slot as it was"
+
+
+def _until_done(ctx, most: int = 40) -> int:
+    """Cycles until no chunked snapshot is under way; how many ran."""
+    for n in range(1, most + 1):
+        cycle.run_cycle(ctx)
+        with connect(ctx.dsn) as conn:
+            if not registration.chunked_snapshots(conn, ctx.spec.name):
+                return n
+    raise AssertionError(f"the chunked snapshot did not end in {most} cycles")
+
+
+CHUNKS = {"snapshot_chunk_rows": 40, "snapshot_cycle_rows": 80}  # two chunks a cycle
+
+
+def test_a_table_joining_is_read_in_chunks_across_cycles_and_crashes_while_writers_run(db, upstream, tmp_path):
+    """A key table joins the publication holding 400 rows, writers changing it and a: its snapshot is read 40
+    rows a chunk, two chunks a cycle, cycles dying while a chunk is read, after the write, in the append's
+    transaction and SIGKILLed; every binding equals the table on the keys read by then, and the whole table
+    from the last chunk's on; ``reclock status`` shows the progress midway."""
+    from reclock import status_report as sr
+
+    _setup(upstream, "key", ("a",))
+    stop = threading.Event()
+    w = Writer(upstream, stop, seed=37)
+    with writer(upstream) as conn:
+        w.transaction(conn, inserts=400)
+    name = source_name("chk")
+    ctx = make_ctx(db, upstream, tmp_path, name, None, max_records=50, postgres=CHUNKS)
+    cycle.run_cycle(ctx)
+    w.start()
+    try:
+        with writer(upstream) as conn:
+            conn.execute("ALTER PUBLICATION pub ADD TABLE c")
+        cycle.run_cycle(ctx)  # c registered, its first two chunks read and appended
+        with connect(ctx.dsn) as conn:
+            progress = registration.chunked_snapshots(conn, name)["public.c"]
+            lines = sr.report_lines(sr.overview(conn, only=name))
+        assert progress["chunks"] == 2 and progress["rows"] == 80 and progress["total"] >= 10, progress
+        assert any(f"online snapshot of public.c: 2 of ~{progress['total']} chunks, 80 rows" in x for x in lines), lines
+        for point in ("mint:after_chunk", "write_batches:after_slice", "append:in_transaction"):
+            with failpoints.enabled(point), pytest.raises(failpoints.FailpointHit):
+                cycle.run_cycle(ctx)
+            cycle.run_cycle(ctx)
+        _killed_midway(db, upstream, tmp_path, name, 0.8, CHUNKS)
+        ctx = make_ctx(db, upstream, tmp_path, name, None, max_records=50, postgres=CHUNKS)
+        _until_done(ctx)
+    finally:
+        stop.set()
+        w.join(60)
+    assert w.error is None, w.error
+    cycle.run_cycle(ctx)
+    with connect(ctx.dsn) as conn:
+        done = registration.chunked_done(conn, name)["public.c"]
+    assert done["chunks"] >= 6 and len(done["landed"]) >= 3, done  # chunks spanned cycles
+    assert _check(ctx, w, upstream, 1, "key") >= 1  # c new to the source: no key before its chunk
+
+
+def test_resnapshot_of_one_table_is_read_in_chunks(db, upstream, tmp_path):
+    """``reclock resnapshot <source> --table c`` of a key table that streams: read in chunks over cycles while
+    writers run (one cycle dies after its write), its keys read so far equal the table's at every binding, the
+    rest hold what they held, and the whole table from the last chunk's binding on."""
+    _setup(upstream, "key", ("a", "c"))
+    stop = threading.Event()
+    w = Writer(upstream, stop, seed=38)
+    with writer(upstream) as conn:
+        w.transaction(conn, inserts=200)
+    name = source_name("chr")
+    ctx = make_ctx(db, upstream, tmp_path, name, ["a", "c"], max_records=50, postgres=CHUNKS)
+    w.start()
+    try:
+        cycle.run_cycle(ctx)
+        cycle.run_cycle(ctx)
+        assert cycle.resnapshot(ctx, "c")["table"] == "public.c"
+        cycle.run_cycle(ctx)
+        with failpoints.enabled("write_batches:after_slice"), pytest.raises(failpoints.FailpointHit):
+            cycle.run_cycle(ctx)
+        _until_done(ctx)
+    finally:
+        stop.set()
+        w.join(60)
+    assert w.error is None, w.error
+    cycle.run_cycle(ctx)
+    with connect(ctx.dsn) as conn:
+        assert len(registration.chunked_done(conn, name)["public.c"]["landed"]) >= 3
+    assert _check(ctx, w, upstream, 0, "key") >= 1

@@ -96,6 +96,7 @@ from reclock.schema_evolution import CollectionSchema, SchemaVersion, evolve
 from reclock.schema_projection import arrow_project, null_before, part_schema
 from reclock.sources.postgres import ddl
 from reclock.sources.postgres import pgoutput as po
+from reclock.sources.postgres.chunks import ChunkedTable
 from reclock.sources.postgres.upstream import IDENTITY, PostgresUpstream, TableInfo, text_form
 
 
@@ -551,8 +552,14 @@ class ChangeDecoder:
                  added_columns: Callable[[Output, tuple], tuple[str | None, dict]] | None = None,
                  refill: Callable[[Output, Output, dict, int], int] | None = None,
                  catalog: Mapping[int, ddl.CatalogTable] | None = None,
-                 table_starts: Mapping[int, TableStart] | None = None) -> None:
+                 table_starts: Mapping[int, TableStart] | None = None,
+                 chunked: Mapping[int, ChunkedTable] | None = None) -> None:
         self.source, self.writer, self.bindings = source, writer, list(bindings)
+        # per relid: a key table snapshotted online in chunks (``reclock.sources.postgres.chunks``): a change of
+        # it lands where ChunkedTable.fate says, and the xids of the write's transactions are kept (``seen``)
+        self.chunked = dict(chunked or {})
+        self.xid = 0  # the current transaction's
+        self.seen: set[int] = set()
         # the tables in the catalog as of the write's upper (the mint's): tells a rename from a DROP + ADD
         self.catalog = dict(catalog or {})
         self.table_starts = dict(table_starts or {})  # per relid: a table snapshotted on its own (TableStart)
@@ -620,7 +627,7 @@ class ChangeDecoder:
             if kind is po.Insert or kind is po.Update or kind is po.Delete:
                 change(m)
             elif kind is po.Begin:
-                self._begin(m.final_lsn)
+                self._begin(m.final_lsn, m.xid)
             elif kind is po.Commit:
                 self._commit(m)
             elif kind is po.Relation:
@@ -662,12 +669,12 @@ class ChangeDecoder:
         """Messages ``first ...`` of the block (changes, Begins and Commits only), read column by column;
         message by message if that meets anything else (see :meth:`feed_blocks`)."""
         saved = (self.in_txn, self.last_commit, self.targets, self.key_targets, self.rewinding, replace(self.stats),
-                 self.table_targets)
+                 self.table_targets, self.xid)
         try:
             emit = self._read_stretch(rows, buf, start, end, kind, first)
         except (po.Irregular, ReclockError):
             (self.in_txn, self.last_commit, self.targets, self.key_targets, self.rewinding, self.stats,
-             self.table_targets) = saved
+             self.table_targets, self.xid) = saved
             self._messages(map(po.decode, rows[first:first + len(kind)]))
             return
         self.stats.messages += len(kind)
@@ -686,16 +693,17 @@ class ChangeDecoder:
         if np.any((end[control] - start[control]) != np.where(begins, _BEGIN_BYTES, _COMMIT_BYTES)):
             raise po.Irregular("a Begin or Commit of another length")
         final_lsn = po.be_u64(buf, start[control] + 1)  # a Begin's final LSN (a Commit's flags and more: unused)
+        xids = po.be_int(buf, start[control] + 17, 4, signed=False)  # a Begin's xid
         run_from, run_targets = [], []  # per run of changes between two of them: (first index, targets)
         run_keyed = []  # per run: its key tables take the same targets as the others
         at = 0
-        for i, begin, lsn in zip(control.tolist(), begins.tolist(), final_lsn.tolist()):
+        for i, begin, lsn, xid in zip(control.tolist(), begins.tolist(), final_lsn.tolist(), xids.tolist()):
             if i > at:
                 run_from.append(at)
                 run_targets.append(self.targets if self.in_txn else None)
                 run_keyed.append(self.key_targets is self.targets)
             if begin:
-                self._begin(lsn)
+                self._begin(lsn, xid)
             elif not self.in_txn:
                 raise po.Irregular("a Commit without a Begin")  # message by message: the error names its LSN
             else:
@@ -794,7 +802,7 @@ class ChangeDecoder:
             groups[c] = (at, po.tuples_at(buf, pos[at], limit[at], c))
         return _Tuples(count, groups)
 
-    def _begin(self, commit_lsn: int) -> None:
+    def _begin(self, commit_lsn: int, xid: int = 0) -> None:
         if self.in_txn:
             raise po.ProtocolError(f"source {self.source}: Begin inside a transaction")
         if commit_lsn <= self.last_commit:
@@ -802,6 +810,9 @@ class ChangeDecoder:
                                    f"{po.lsn_to_str(self.last_commit)}")
         self.in_txn, self.last_commit = True, commit_lsn
         self.targets = []
+        if self.chunked:
+            self.xid = xid
+            self.seen.add(xid)
         if self.start <= commit_lsn < self.end:
             ts = reclock_lsn(self.bindings, commit_lsn)
             assert ts is not None, "a commit below the last binding's LSN has a binding"
@@ -1032,6 +1043,9 @@ class ChangeDecoder:
         if not targets:
             return
         relid = out.info.relid
+        if relid in self.chunked:
+            self._chunked_change(out, m, self.chunked[relid], targets)
+            return
         kind = type(m)
         st = self.states.get(relid)
         if kind is po.Insert:
@@ -1066,6 +1080,66 @@ class ChangeDecoder:
                           .append_column("diff", pa.array([diff * sign], pa.int64())))
         self.stats.changes += len(rows) * len(targets)
 
+    def _chunk_key(self, out: Output, values: Sequence, old: tuple | None = None) -> tuple:
+        """The key of a change's tuple as a chunk's range compares it (integers; an unchanged TOASTed key
+        column is the ``old`` key's)."""
+        names = [n for n, _, _ in out.info.columns]
+        key = []
+        for i, k in enumerate(out.info.key):
+            j = names.index(k)
+            v = values[j]
+            if v is po.UNCHANGED_TOAST and old is not None:
+                key.append(old[i])
+            else:
+                _, o, m = out.info.columns[j]
+                key.append(po.convert(o, m, v, k))
+        return tuple(key)
+
+    def _chunked_change(self, out: Output, m, ch: ChunkedTable, targets: list) -> None:
+        """A change of a key table snapshotted online in chunks: its old and its new row each land where
+        ``ch.fate`` says (at the change's own timestamp, at its chunk's, or nowhere: a range not read yet, or
+        one whose chunk holds the change already; ``reclock.sources.postgres.chunks``)."""
+        relid, kind = out.info.relid, type(m)
+        own = targets[0][0]  # a table snapshotted on its own has no rewind: one target, (ts, +1)
+        rows = []
+        old = None
+        if kind is not po.Insert:
+            if m.old is not None and len(m.old) != len(out.info.columns):
+                raise po.ProtocolError(f"source {self.source}: table {out.info.table}: an old key tuple of "
+                                       f"{len(m.old)} columns, {len(out.info.columns)} registered")
+            old_key = self._chunk_key(out, m.old if m.old is not None else m.new)
+            at = ch.fate(old_key, self.last_commit, self.xid, own)
+            if at is not None:
+                st = self._state(out)
+                old = st.take(old_key, "an update" if kind is po.Update else "a delete")  # keys: po.convert's
+                rows.append((old, -1, at))
+        if kind is not po.Delete:
+            new_key = self._chunk_key(out, m.new, old_key if kind is po.Update else None)
+            at = ch.fate(new_key, self.last_commit, self.xid, own)
+            if at is not None:
+                if old is not None:
+                    new = self._filled(out, m.new, old)
+                elif po.UNCHANGED_TOAST in m.new:
+                    raise KeyedRowMissing(self.source, out.info.table, f"an update moved key {old_key} into the "
+                                          f"range its online snapshot has read ({new_key}) with unchanged TOASTed "
+                                          "values, and the old row is in a range not read yet",
+                                          f"run `reclock resnapshot {self.source} --table {out.info.table}`")
+                else:
+                    new = ("text", self._values(out, m.new, None, "new"))
+                st = self.states.get(relid) if kind is po.Insert else self._state(out)
+                if st is not None:
+                    st.put(new_key, new)
+                rows.append((new, 1, at))
+        add, typed = self.writer.add, self.writer.add_typed
+        for row, diff, ts in rows:
+            if row[0] == "text":
+                add(relid, row[1], ts, diff)
+            else:
+                _, data, i = row
+                typed(relid, data.slice(i, 1).append_column("ts", pa.array([ts], pa.int64()))
+                      .append_column("diff", pa.array([diff], pa.int64())))
+        self.stats.changes += len(rows)
+
     def _filled(self, out: Output, new: po.Tuple, old: _Row) -> _Row:
         """An update's new row, each unchanged TOASTed value (``u``) taken from the old row: text forms when
         the old row is (or there is none), else a row of the shard's types, the new values converted as a
@@ -1093,6 +1167,11 @@ class ChangeDecoder:
             targets, key_targets = self._targets(relid)
             if not targets or out is None or out.info.keyed and not key_targets:
                 continue  # a key table's TRUNCATE in the snapshot already
+            ch = self.chunked.get(relid)
+            if ch is not None and not ch.complete:
+                raise TableTruncated(self.source, out.info.table, "TRUNCATE while its online snapshot reads it in "
+                                     f"chunks (after key {ch.done})", f"run `reclock resnapshot {self.source} --table "
+                                     f"{out.info.table}` (its snapshot starts over)")
             self.states.pop(relid, None)  # its rows are read back again when needed
             seam = self._seam(relid)
             if self.truncated is None or seam:
@@ -1141,6 +1220,30 @@ SNAPSHOT_BLOCK = 8 << 20
 """Bytes of CSV Arrow parses at a time: a snapshot's memory is a block and a part, not the table."""
 
 
+def copy_rows(conn, query: sql.Composable, out: Output, writer: PartWriter, ts: int) -> int:
+    """The rows of ``query`` (a ``COPY ... TO STDOUT (FORMAT csv)`` of ``out``'s columns' text forms) as +1 at
+    ``ts``, parsed by Arrow's streaming CSV reader a block at a time (every value a string; an unquoted empty
+    field is NULL, a quoted one the empty string) and converted as the stream's values are; the rows read."""
+    from pyarrow import csv
+
+    keys = [f"c{i}" for i in range(len(out.info.columns))]  # names of our own: a table's may repeat in CSV terms
+    total = 0
+    with conn.cursor() as cur, cur.copy(query) as copy:
+        raw = _CopyReader(copy)
+        if raw.at_end():
+            return 0  # no rows (Arrow's reader refuses an empty file)
+        reader = csv.open_csv(
+            io.BufferedReader(raw, 1 << 20),
+            read_options=csv.ReadOptions(column_names=keys, block_size=SNAPSHOT_BLOCK),
+            parse_options=csv.ParseOptions(newlines_in_values=True),
+            convert_options=csv.ConvertOptions(column_types={k: pa.string() for k in keys}, null_values=[""],
+                                               strings_can_be_null=True, quoted_strings_can_be_null=False))
+        for batch in reader:
+            writer.add_columns(out.info.relid, batch.columns, ts, 1)
+            total += batch.num_rows
+    return total
+
+
 def read_snapshot(conn, outputs: Sequence[Output], writer: PartWriter, ts: int, chunk: int, source: str = "?") -> int:
     """Every row of every table, in the snapshot ``conn``'s transaction holds, as +1 at ``ts``; returns the
     rows read. Each table is read with ``COPY (SELECT col::text, ... FROM ONLY t WHERE <row filter>) TO STDOUT
@@ -1150,28 +1253,12 @@ def read_snapshot(conn, outputs: Sequence[Output], writer: PartWriter, ts: int, 
     value a string; an unquoted empty field is NULL, a quoted one the empty string), and converted as the
     stream's values are, so both give equal values. A table truncated after the snapshot was exported (which
     the snapshot reads as empty) is ``TruncatedUnderSnapshot``."""
-    from pyarrow import csv
-
     total = 0
     for out in outputs:
-        names = [n for n, _, _ in out.info.columns]
         cols = sql.SQL(", ").join(sql.SQL(text_form(n, o)) for n, o, _ in out.info.columns)
         query = sql.SQL("COPY (SELECT {} FROM {}{}) TO STDOUT (FORMAT csv)").format(
             cols, out.info.relation_sql(), out.info.where_sql())
-        keys = [f"c{i}" for i in range(len(names))]  # column names of our own: a table's may repeat in CSV terms
-        with conn.cursor() as cur, cur.copy(query) as copy:
-            raw = _CopyReader(copy)
-            if raw.at_end():
-                continue  # an empty table (Arrow's reader refuses an empty file)
-            reader = csv.open_csv(
-                io.BufferedReader(raw, 1 << 20),
-                read_options=csv.ReadOptions(column_names=keys, block_size=SNAPSHOT_BLOCK),
-                parse_options=csv.ParseOptions(newlines_in_values=True),
-                convert_options=csv.ConvertOptions(column_types={k: pa.string() for k in keys}, null_values=[""],
-                                                   strings_can_be_null=True, quoted_strings_can_be_null=False))
-            for batch in reader:
-                writer.add_columns(out.info.relid, batch.columns, ts, 1)
-                total += batch.num_rows
+        total += copy_rows(conn, query, out, writer, ts)
     for out in outputs:  # the COPYs' locks are held to the end of the transaction: a TRUNCATE before them shows
         if PostgresUpstream.truncated_since(conn, out.info):
             raise TruncatedUnderSnapshot(source, out.info.table)

@@ -28,12 +28,14 @@ from dataclasses import replace
 from typing import Any, Callable, ContextManager, Sequence
 
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from reclock import remap
 from reclock.batch import BatchDescription, mint_descriptions
 from reclock.compaction import contents_as_of
 from reclock.datasets import DatasetName, postgres_table
-from reclock.errors import (ColumnReplaced, ConfigError, ReclockError, ShardsDisagree, SlotAheadOfConsensus, TableSchemaChanged,
+from reclock.errors import (ChunkRaced, ColumnReplaced, ConfigError, ReclockError, ShardsDisagree, SlotAheadOfConsensus, TableSchemaChanged,
                             TableTruncated, TruncatedUnderSnapshot)
 from reclock.failpoints import failpoint
 from reclock.part_layout import DATA_KIND, ERRORS_KIND, ERRORS_OUTPUT, INTERNAL_PREFIX
@@ -47,13 +49,15 @@ from reclock.schema_evolution import CollectionSchema, SchemaHistory, SchemaVers
 from reclock.schema_projection import part_schema
 from reclock.sources.base import (Acknowledged, CycleServices, Lag, SourceKind, SourceRuntime, WrittenBatch,
                                   human_bytes)
-from reclock.sources.postgres import cdc, ddl
+from reclock.sources.postgres import cdc, chunks, ddl
 from reclock.sources.postgres import pgoutput as po
 from reclock.sources.postgres import spark_snapshot
-from reclock.sources.postgres.registration import (catalog_at, record_catalog, record_snapshot_lsn,
+from reclock.sources.postgres.registration import (catalog_at, chunk_stages, chunked_snapshots, record_catalog,
+                                                   record_chunk_progress, record_chunk_stage, record_snapshot_lsn,
                                                    record_table_snapshots, register_tables, registered_tables,
-                                                   replace_tables, request_table_snapshot, snapshot_lsn, snapshot_ts,
-                                                   table_snapshot_lsns, table_snapshots, update_tables)
+                                                   replace_tables, request_chunked_snapshot, request_table_snapshot,
+                                                   snapshot_lsn, snapshot_ts, table_snapshot_lsns, table_snapshots,
+                                                   update_tables)
 from reclock.sources.postgres.spec import find_upstream_dsn, parse_pg_table, parse_postgres_source, pg_table_shard
 from reclock.sources.postgres.upstream import LSN_PARTITION, PostgresUpstream, TableInfo, lsn_frontier, lsn_to_str
 from reclock.time import PartitionedFrontier
@@ -64,6 +68,9 @@ records."""
 TABLE_SNAPSHOTS_FILE = "table_snapshots.json"
 """Under a write's folder, after its parts were proved: the pending snapshots of single tables it took (``{table:
 its snapshot's LSN}``, None for one the source's own snapshot took), which its append clears."""
+CHUNKS_FILE = "chunks.json"
+"""Under a write's folder, after its parts were proved: the progress of the chunked snapshots whose chunks it
+landed (``{table: progress, or None once its last chunk is in}``), which its append records."""
 TABLES_FILE = "tables.json"
 """Under a write's folder, after its parts were proved: the source's tables with the columns DDL that flowed
 gave them (``reclock.sources.postgres.ddl``), which its append registers."""
@@ -122,11 +129,58 @@ class PostgresSource(SourceRuntime):
         which the write up to it reads (``registration.catalog_at``, :meth:`_numbered`)."""
         with self.ctx.connect() as conn:
             tables = registered_tables(conn, self.name) or []
+            chunked = chunked_snapshots(conn, self.name) if tables else {}
+        stage = self._read_chunks(tables, chunked) if chunked else {}
         upper, catalog = self.upstream().probe_upper(tables)
         if tables:
             with self.ctx.connect() as conn:
                 record_catalog(conn, self.name, upper.get(LSN_PARTITION), catalog)
+                if stage:
+                    record_chunk_stage(conn, self.name, upper.get(LSN_PARTITION), stage)
         return upper
+
+    def _read_chunks(self, tables: Sequence[TableInfo], chunked: dict[str, dict]) -> dict[str, dict]:
+        """The next chunks of the tables snapshotted online (``reclock.sources.postgres.chunks``), read before the
+        upper the mint binds, so they land at its binding: per table, in key order from its progress, until the
+        cycle read ``snapshot_cycle_rows`` rows (one chunk at least) or the table's last key; their rows written
+        (ts 0) under a folder of their own, which the write of that binding takes. ``{table: {"prefix", "from",
+        "chunks", "rows"}}``."""
+        spec, name, up = self.ctx.spec.upstream, self.ctx.spec.name, self.upstream()
+        by = {t.table: t for t in tables}
+        left, stage = spec.snapshot_cycle_rows, {}
+        for table, progress in sorted(chunked.items()):
+            info = by.get(table)
+            if info is None or left <= 0:
+                continue
+            out = cdc.Output(info, pg_table_shard(name, table))
+            prefix = f"{name}/chunks/{uuid.uuid4().hex}"
+            with self.ctx.connect() as conn:
+                lease_write(conn, name, prefix)  # garbage once stale: a write takes the rows into parts of its own
+            writer = cdc.PartWriter(self.ctx.blob, prefix, [out], self.ctx.spec.budget.max_records)
+
+            def read(conn, query, out=out, writer=writer) -> int:
+                self._check_snapshot_columns(conn, [out])
+                return cdc.copy_rows(conn, query, out, writer, 0)
+
+            after = None if progress.get("done") is None else tuple(progress["done"])
+            stop = progress.get("stop")
+            if stop is None:  # the first chunk: the table's last key now ends the snapshot (read_chunk)
+                with up.session() as uconn:
+                    stop = PostgresUpstream.last_key(uconn, info)
+            stop = None if stop is None else tuple(stop)
+            got = []
+            while left > 0:
+                c = up.read_chunk(info, after, min(spec.snapshot_chunk_rows, max(1, left)), read, stop)
+                failpoint("mint:after_chunk")
+                got.append(c)
+                left -= max(1, c.rows)
+                if c.last is None:
+                    break
+                after = c.last
+            rows = writer.close().get(out.shard, 0)
+            stage[table] = {"prefix": prefix, "from": progress.get("done"), "chunks": [c.to_json() for c in got],
+                            "rows": rows, "stop": None if stop is None else list(stop)}
+        return stage
 
     def probe_metrics(self) -> dict:
         """How long the last probe waited for the WAL to be flushed up to its upper (``flush_wait_ms``)."""
@@ -220,7 +274,14 @@ class PostgresSource(SourceRuntime):
                 raise ShardsDisagree(name, uppers)
             upper = next(iter(uppers.values()))
             tables = [info if t.table == table else t for t in tables] if was is not None else [*tables, info]
-            request_table_snapshot(conn, name, tables, info, load_remap(conn, name).upper)
+            at = load_remap(conn, name).upper
+            if chunks.chunkable(info):  # read online in chunks (reclock.sources.postgres.chunks)
+                per = self.ctx.spec.upstream.snapshot_chunk_rows
+                request_chunked_snapshot(conn, name, tables, info, at,
+                                         max(1, -(-PostgresUpstream.estimate_rows(uconn, info) // per)))
+            else:
+                request_table_snapshot(conn, name, tables, info, at)
+                record_chunk_progress(conn, name, {table: None})
             shard = pg_table_shard(name, table)
             if was is None:
                 register_shard(conn, shard, source=name, output=len(tables), kind=DATA_KIND)
@@ -247,7 +308,9 @@ class PostgresSource(SourceRuntime):
         with self.upstream().session() as uconn:
             tables = self._snapshot_table(uconn, table)
         with self.ctx.connect() as conn:
-            at = table_snapshots(conn, name)[table]
+            at = table_snapshots(conn, name).get(table)
+            if at is None:
+                at = chunked_snapshots(conn, name)[table]["at"]
         metrics.update(table=table, at_ts=at, tables=[t.table for t in tables])
         return {"table": table, "at_ts": at, "tables": [t.table for t in tables]}
 
@@ -354,6 +417,7 @@ class PostgresSource(SourceRuntime):
             if ts_at is not None:
                 singles[out.shard] = ts_at
         done: dict[str, int | None] = {t: None for t in pending} if snapshot else {}
+        resnapshot_chunks: dict[str, int] = {}  # shards whose online snapshot lands its first chunks: at that ts
         starts: dict[int, cdc.TableStart] = {}
         chunk = self.ctx.spec.budget.max_records
         prefix = f"{self.ctx.spec.name}/{desc.lower}-{desc.upper}/{uuid.uuid4().hex}"
@@ -398,10 +462,14 @@ class PostgresSource(SourceRuntime):
                 if singles:
                     upto = max(upto, self._single_snapshots(uconn, desc, outputs, singles, bindings, key_from, writer,
                                                             held_before, starts, done, spark_done, prefix, m))
+                chunked, chunk_progress = self._land_chunks(desc, outputs, bindings, writer, snapshot, held_before,
+                                                            resnapshot_chunks, m)
                 for out in outputs:  # a key table snapshotted on its own takes no change below its snapshot's LSN
                     lsn = table_lsns.get(out.info.table, 0)
                     if out.info.relid not in starts and not snapshot and out.info.keyed and lsn > max(start, key_from):
                         starts[out.info.relid] = cdc.TableStart(key_from=lsn)
+                for relid in chunked:  # their changes message by message (ChangeDecoder._chunked_change)
+                    starts.setdefault(relid, cdc.TableStart())
                 # the publication as registered (a row filter or column list changed since would land rows
                 # filtered another way): checked after the binding was minted, so a change committed below
                 # the LSN read up to is seen
@@ -415,12 +483,13 @@ class PostgresSource(SourceRuntime):
                                             added_columns=self._added_columns,
                                             refill=lambda out, now, fills, ts: self._refill(
                                                 writer, desc, out, now, fills, ts, spark_done),
-                                            catalog=catalog, table_starts=starts)
+                                            catalog=catalog, table_starts=starts, chunked=chunked)
                 # the peek's cursor lives in a transaction; the blocks are closed (the helper thread joined) before
                 # it ends, also when the decoder stops early
                 with uconn.transaction(force_rollback=True), contextlib.closing(
                         up.read_blocks(uconn, upto, batch=max(1, min(chunk, 10_000)))) as blocks:
                     stats = decoder.feed_blocks(blocks)
+                self._check_raced(outputs, chunked, decoder.seen)
                 numbered = self._numbered(outputs, decoder, catalog)
             failpoint("write_batches:after_slice")
             emitted = writer.close()
@@ -429,7 +498,10 @@ class PostgresSource(SourceRuntime):
                 self.ctx.blob.put_bytes(f"{prefix}/{SNAPSHOT_LSN_FILE}", str(key_from).encode())
             if done:  # and the single tables' snapshots it took, no longer pending
                 self.ctx.blob.put_bytes(f"{prefix}/{TABLE_SNAPSHOTS_FILE}", json.dumps(done).encode())
-            resnapshot_at = {o.shard: t1 for o in outputs} if snapshot and desc.lower > 0 else dict(singles)
+            if chunk_progress:  # and the chunked snapshots' progress
+                self.ctx.blob.put_bytes(f"{prefix}/{CHUNKS_FILE}", json.dumps(chunk_progress).encode())
+            resnapshot_at = {o.shard: t1 for o in outputs} if snapshot and desc.lower > 0 else \
+                {**singles, **resnapshot_chunks}
             schemas = self._schema_versions(desc, outputs, decoder, resnapshot_at, held_before)
             if any(numbered[o.info.relid] != o.info for o in outputs):
                 # DDL that flowed, column numbers: the append registers the tables' new columns (append_effects)
@@ -466,6 +538,11 @@ class PostgresSource(SourceRuntime):
             done = json.loads(self.ctx.blob.get_bytes(path))
             metrics.update(table_snapshots=done)
             effects.append(lambda conn: record_table_snapshots(conn, self.ctx.spec.name, done))
+        path = f"{written.prefix}/{CHUNKS_FILE}"
+        if self.ctx.blob.exists(path):
+            progress = json.loads(self.ctx.blob.get_bytes(path))
+            metrics.update(chunked_snapshots=progress)
+            effects.append(lambda conn: record_chunk_progress(conn, self.ctx.spec.name, progress))
         path = f"{written.prefix}/{TABLES_FILE}"
         if self.ctx.blob.exists(path):
             tables = [TableInfo.from_json(d) for d in json.loads(self.ctx.blob.get_bytes(path))]
@@ -711,6 +788,78 @@ class PostgresSource(SourceRuntime):
         m.update(table_snapshots={o.info.table: singles[o.shard] for o in mine}, table_snapshot_rows=rows,
                  table_snapshot_lsn=snap.lsn, table_snapshot_on_spark=sorted(spark))
         return snap.lsn
+
+    def _land_chunks(self, desc: BatchDescription, outputs: Sequence[cdc.Output], bindings: Sequence[tuple[int, int]],
+                     writer: cdc.PartWriter, snapshot: bool, held_before: dict[str, CollectionSchema],
+                     first: dict[str, int], m: dict) -> tuple[dict[int, chunks.ChunkedTable], dict[str, dict | None]]:
+        """The chunks of the tables snapshotted online that this write lands (``reclock.sources.postgres.chunks``):
+        per table, those the mint of the description's latest binding that read any (from the progress as
+        appended) read, at that binding's ts: what the collection held in their key ranges retracted there (a
+        re-snapshot of the table: ``first`` takes the ts of its first chunks, ``held_before`` its columns before)
+        and their rows added. ``({relid: ChunkedTable}, {table: its progress after the append})``; a write that
+        takes the source's own snapshot ends every chunked one (it takes the tables whole)."""
+        name = self.ctx.spec.name
+        with self.ctx.connect() as conn:
+            progress = chunked_snapshots(conn, name)
+            stages = chunk_stages(conn, name) if progress and not snapshot else {}
+        if snapshot:
+            return {}, {t: None for t in progress}
+        mine = [(ts, lsn) for ts, lsn in bindings if desc.lower <= ts < desc.upper]
+        landed: dict[int, chunks.ChunkedTable] = {}
+        after: dict[str, dict | None] = {}
+        for out in outputs:
+            table, relid = out.info.table, out.info.relid
+            p = progress.get(table)
+            if p is None:
+                continue
+            done = None if p["done"] is None else tuple(p["done"])
+            pick = next(((ts, stages[lsn][table]) for ts, lsn in reversed(mine) if table in stages.get(lsn, {})
+                         and stages[lsn][table]["from"] == p["done"] and ts >= p["at"]), None)
+            if pick is None:
+                landed[relid] = chunks.ChunkedTable(done)  # no chunk: its changes wait for their ranges' chunks
+                continue
+            ts, stage = pick
+            got = tuple(chunks.Chunk.from_json(c) for c in stage["chunks"])
+            ch = chunks.ChunkedTable(done, False, got, ts)
+            held = self._held(desc, out)
+            if held is not None and held.num_rows:  # a re-snapshot of the table: what it held in the ranges, at ts
+                if p["chunks"] == 0:
+                    held_before[out.shard] = part_schema(held.schema, [n for n in held.column_names if n != "diff"])
+                keys = list(zip(*(held[k].to_pylist() for k in out.info.key)))
+                mask = pa.array([any(c.holds(k) for c in got) for k in keys], pa.bool_())
+                if pc.any(mask).as_py():
+                    writer.retract(relid, held.filter(mask), ts)
+            if p["chunks"] == 0:
+                first[out.shard] = ts
+            rows = sum(c.rows for c in got)
+            parts = cdc.collect(self.ctx.blob, name, stage["prefix"], {out.shard: rows})
+            for part in parts[out.shard]:
+                with self.ctx.blob.open(part.path) as f:
+                    staged = pq.read_table(f)
+                writer.add_typed(relid, staged.set_column(staged.schema.get_field_index("ts"), "ts",
+                                                          pa.array([ts] * staged.num_rows, pa.int64())))
+            landed[relid] = ch
+            failpoint("write_batches:after_table_snapshot")
+            after[table] = {**p, "stop": stage.get("stop"), "done": None if ch.last is None else list(ch.last),
+                            "chunks": p["chunks"] + len(got),
+                            "rows": p["rows"] + rows, "landed": [*p.get("landed", []), [ts, ch.last and list(ch.last)]],
+                            "finished": ch.finished}
+        if after:
+            m.update(chunks={t: {k: p[k] for k in ("chunks", "total", "rows", "done", "finished")}
+                             for t, p in after.items()})
+        return landed, after
+
+    def _check_raced(self, outputs: Sequence[cdc.Output], chunked: dict[int, chunks.ChunkedTable],
+                     seen: set[int]) -> None:
+        """``ChunkRaced`` (nothing appended) if a chunk's snapshot missed a transaction that had committed when it
+        was read and that the write's stream does not show (it committed before the write's first LSN, where a
+        change of a range not read then was dropped: ``reclock.sources.postgres.chunks``)."""
+        by = {o.info.relid: o for o in outputs}
+        for relid, ch in chunked.items():
+            for c in ch.chunks:
+                missed = [x for x in c.raced if (x & 0xFFFFFFFF) not in seen]
+                if missed:
+                    raise ChunkRaced(self.ctx.spec.name, by[relid].info.table, missed)
 
     def _snapshot_on_spark(self, sconn, outputs: Sequence[cdc.Output]) -> list[tuple[cdc.Output, list]]:
         """The tables whose snapshot Spark reads, with their partitions' predicates: those of at least the

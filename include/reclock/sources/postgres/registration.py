@@ -141,3 +141,72 @@ def record_table_snapshots(conn, source: str, done: dict[str, int | None]) -> No
                  "coalesce(config -> 'postgres' -> 'table_snapshots', '{}') - %s::text[]), "
                  "'{postgres,table_snapshot_lsns}', coalesce(config -> 'postgres' -> 'table_snapshot_lsns', '{}') || %s) "
                  "WHERE name = %s", (list(done), Jsonb(lsns), source))
+
+
+def chunked_snapshots(conn, source: str) -> dict[str, dict]:
+    """The tables whose snapshot of their own is taken online in chunks (``reclock.sources.postgres.chunks``),
+    with its progress as appended: ``{table: {"at": the request's ts, "done": the last key read (None: no chunk
+    yet), "chunks": chunks appended, "rows": their rows, "total": the chunks expected (an estimate), "landed":
+    [[ts, last key], ...]}}``. A table leaves it with the append of its last chunk."""
+    row = conn.execute("SELECT config -> 'postgres' -> 'chunked' FROM reclock.sources WHERE name = %s",
+                       (source,)).fetchone()
+    return {} if row is None or row[0] is None else dict(row[0])
+
+
+def request_chunked_snapshot(conn, source: str, tables: Sequence[TableInfo], table: TableInfo, at: int,
+                             total: int) -> None:
+    """Register ``tables`` (``table`` among them) with a chunked snapshot of ``table`` pending from ``at``
+    (:func:`chunked_snapshots`, started over if one was under way), in the caller's transaction."""
+    progress = {"at": at, "done": None, "chunks": 0, "rows": 0, "total": total, "landed": []}
+    conn.execute("UPDATE reclock.sources SET config = jsonb_set(jsonb_set(jsonb_set(config, '{postgres,tables}', %s), "
+                 "'{postgres,chunked}', coalesce(config -> 'postgres' -> 'chunked', '{}') || %s), "
+                 "'{postgres,table_snapshots}', coalesce(config -> 'postgres' -> 'table_snapshots', '{}') - %s) "
+                 "WHERE name = %s", (Jsonb([t.to_json() for t in tables]), Jsonb({table.table: progress}), table.table,
+                                     source))
+
+
+def record_chunk_progress(conn, source: str, progress: dict[str, dict | None]) -> None:
+    """The append of a write that landed chunks: each table's progress, in the append's transaction; a table
+    whose last chunk is in (``finished``) streams from then on, its progress kept under ``chunked_done``; None:
+    no longer chunked (the source's own snapshot took it, or a snapshot of another kind was requested)."""
+    with conn.transaction():
+        now, ended = chunked_snapshots(conn, source), chunked_done(conn, source)
+        for table, p in progress.items():
+            now.pop(table, None)
+            if p is not None and p.get("finished"):
+                ended[table] = p
+            elif p is not None:
+                now[table] = p
+        conn.execute("UPDATE reclock.sources SET config = jsonb_set(jsonb_set(config, '{postgres,chunked}', %s), "
+                     "'{postgres,chunked_done}', %s) WHERE name = %s", (Jsonb(now), Jsonb(ended), source))
+
+
+def chunked_done(conn, source: str) -> dict[str, dict]:
+    """The chunked snapshots whose last chunk is in, with their progress (:func:`chunked_snapshots`), the latest
+    per table."""
+    row = conn.execute("SELECT config -> 'postgres' -> 'chunked_done' FROM reclock.sources WHERE name = %s",
+                       (source,)).fetchone()
+    return {} if row is None or row[0] is None else dict(row[0])
+
+
+def record_chunk_stage(conn, source: str, lsn: int, stage: dict[str, dict]) -> None:
+    """The chunks a mint read before upper ``lsn`` (``{table: {"prefix": their parts, "chunks": [Chunk.to_json()],
+    "from": the progress they follow}}``), for the write of the binding at ``lsn``; the :data:`CATALOGS_KEPT`
+    highest uppers are kept."""
+    with conn.transaction():
+        row = conn.execute("SELECT config -> 'postgres' -> 'chunk_stages' FROM reclock.sources WHERE name = %s "
+                           "FOR UPDATE", (source,)).fetchone()
+        if row is None:
+            return
+        kept = dict(row[0] or {})
+        kept[str(lsn)] = stage
+        kept = {k: kept[k] for k in sorted(kept, key=int)[-CATALOGS_KEPT:]}
+        conn.execute("UPDATE reclock.sources SET config = jsonb_set(config, '{postgres,chunk_stages}', %s) "
+                     "WHERE name = %s AND config ? 'postgres'", (Jsonb(kept), source))
+
+
+def chunk_stages(conn, source: str) -> dict[int, dict[str, dict]]:
+    """The chunks each recent mint read, by the upper it bound (:func:`record_chunk_stage`)."""
+    row = conn.execute("SELECT config -> 'postgres' -> 'chunk_stages' FROM reclock.sources WHERE name = %s",
+                       (source,)).fetchone()
+    return {} if row is None or row[0] is None else {int(k): v for k, v in row[0].items()}

@@ -33,6 +33,14 @@ SPARK_SNAPSHOT_MIN_BYTES = 1 << 30
 Spark pays off with executors on several hosts."""
 
 
+SNAPSHOT_CHUNK_ROWS = 50_000
+"""Rows per chunk of a table snapshotted online (``reclock.sources.postgres.chunks``): one ``REPEATABLE READ``
+transaction each, between two watermarks."""
+SNAPSHOT_CYCLE_ROWS = 500_000
+"""Rows a cycle's mint reads of the tables snapshotted online, in whole chunks (at least one a cycle): the
+chunks' work a cycle adds to its mint, while the other tables wait for the binding."""
+
+
 @dataclass(frozen=True)
 class PostgresSpec:
     """A Postgres source's upstream: a publication in the database an Airflow connection (or the DSN in an
@@ -45,6 +53,8 @@ class PostgresSpec:
     dsn_env: str | None = None  # or the name of an environment variable holding the DSN
     tables: tuple[str, ...] = ()
     spark_snapshot_min_bytes: int | None = SPARK_SNAPSHOT_MIN_BYTES  # None: every snapshot in the task
+    snapshot_chunk_rows: int = SNAPSHOT_CHUNK_ROWS  # an online snapshot's rows per chunk
+    snapshot_cycle_rows: int = SNAPSHOT_CYCLE_ROWS  # an online snapshot's rows per cycle (whole chunks, one at least)
 
     def shards(self, source: SourceSpec) -> tuple[str, ...]:
         """The collections of the tables listed in the config, in order, and the error collection (a source
@@ -85,7 +95,8 @@ def parse_pg_table(source: str, raw: Any) -> str:
 def _parse_postgres(source: str, raw: Any, tables_raw: Any) -> PostgresSpec:
     what = f"source {source}.postgres"
     p = require(raw, what)
-    refuse_unknown(p, {"connection", "dsn_env", "dsn", "publication", "spark_snapshot_min_bytes"}, what)
+    refuse_unknown(p, {"connection", "dsn_env", "dsn", "publication", "spark_snapshot_min_bytes", "snapshot_chunk_rows",
+                       "snapshot_cycle_rows"}, what)
     if "dsn" in p:
         raise ConfigError(f"{what}: `dsn:` would put credentials in the config; give `dsn_env:` (the name of an "
                           "environment variable holding the DSN) or `connection:` (an Airflow connection id)")
@@ -113,8 +124,14 @@ def _parse_postgres(source: str, raw: Any, tables_raw: Any) -> PostgresSpec:
     if spark_min is not None and (isinstance(spark_min, bool) or not isinstance(spark_min, int) or spark_min < 0):
         raise ConfigError(f"{what}.spark_snapshot_min_bytes: a size in bytes >= 0 (tables at least this large are "
                           f"snapshotted on Spark), or null to read every snapshot in the task (got {spark_min!r})")
+    sizes = {}
+    for key, default in (("snapshot_chunk_rows", SNAPSHOT_CHUNK_ROWS), ("snapshot_cycle_rows", SNAPSHOT_CYCLE_ROWS)):
+        v = p.get(key, default)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ConfigError(f"{what}.{key}: a number of rows >= 1 (got {v!r})")
+        sizes[key] = v
     return PostgresSpec(publication=pub, connection=p.get("connection"), dsn_env=p.get("dsn_env"), tables=tables,
-                        spark_snapshot_min_bytes=spark_min)
+                        spark_snapshot_min_bytes=spark_min, **sizes)
 
 
 def parse_postgres_source(name: str, d: dict, base: Path | None = None) -> SourceSpec:

@@ -54,10 +54,11 @@ stalls the source until a re-snapshot (:class:`~reclock.errors.PublicationRedefi
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Iterator, Literal, Sequence
+from typing import Any, Callable, Iterator, Literal, Sequence
 
 import psycopg
 from psycopg import sql
@@ -65,7 +66,7 @@ from psycopg.rows import scalar_row
 
 from reclock.ahead import read_ahead
 from reclock.errors import (CatalogBusy, PublicationMissing, PublicationRedefined, PublicationUnsupported, ReclockError,
-                            ReplicaIdentityChanged, ReplicaIdentityMissing, SlotBusy, SlotLost)
+                            ReplicaIdentityChanged, ReplicaIdentityMissing, SlotBusy, SlotLost, TruncatedUnderSnapshot)
 from reclock.lending import ConnectionLender
 from reclock.sources.postgres.ddl import CatalogTable
 from reclock.sources.postgres.pgoutput import BPCHAR, lsn_to_int, lsn_to_str
@@ -730,11 +731,89 @@ class PostgresUpstream:
         return any(seen != now for seen, now in rows)
 
     @staticmethod
+    def estimate_rows(conn, info: TableInfo) -> int:
+        """The planner's estimate of the rows the publication publishes of a table (its statistics, or its
+        pages when it has none yet): an online snapshot's chunks expected, without reading the table."""
+        query = sql.SQL("EXPLAIN (FORMAT JSON) SELECT 1 FROM {}{}").format(info.relation_sql(), info.where_sql())
+        plan = conn.execute(query).fetchone()[0]
+        plan = json.loads(plan) if isinstance(plan, str) else plan
+        return max(0, int(plan[0]["Plan"]["Plan Rows"]))
+
+    @staticmethod
     def count_rows(conn, info: TableInfo) -> int:
         """``count(*)`` of the rows the publication publishes of a table (its row filter's) in ``conn``'s
         transaction (under a snapshot: what it holds)."""
         query = sql.SQL("SELECT count(*) FROM {}{}").format(info.relation_sql(), info.where_sql())
         return int(conn.execute(query).fetchone()[0])
+
+    def watermark(self, conn, which: str) -> int:
+        """A chunk's watermark written into the WAL now (``pg_logical_emit_message``, not transactional;
+        ``reclock.sources.postgres.chunks``): its LSN."""
+        from reclock.sources.postgres.chunks import WATERMARK_PREFIX
+
+        row = conn.execute("SELECT pg_logical_emit_message(false, %s, %s)::text",
+                           (WATERMARK_PREFIX, f"{self.source} {which}")).fetchone()
+        return lsn_to_int(row[0])
+
+    def read_chunk(self, info: TableInfo, after: tuple | None, limit: int, read: Callable[[Any, Any], int],
+                   stop: tuple | None = None):
+        """One chunk of ``info``'s keys past ``after`` (at most ``limit`` rows, in key order) between a low and a
+        high watermark (``reclock.sources.postgres.chunks``): ``read(conn, query)`` reads the rows of ``query`` (a
+        ``COPY``) in a ``REPEATABLE READ`` transaction whose snapshot is recorded, and returns how many; the
+        :class:`~reclock.sources.postgres.chunks.Chunk` (``last`` None when it read the table's last key). A chunk
+        reaching ``stop`` (the table's last key when its first chunk was read) reads every key past ``after``: keys
+        inserted past it while the snapshot runs come in its last chunk, so the snapshot ends."""
+        from reclock.sources.postgres.chunks import Chunk, XidSnapshot
+
+        with self.session() as conn:
+            low = self.watermark(conn, "low")
+        rconn = self.connect(autocommit=False)
+        try:
+            rconn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            snap = XidSnapshot.parse(rconn.execute("SELECT pg_current_snapshot()::text").fetchone()[0])
+            raced = tuple(int(x) for (x,) in rconn.execute(
+                "SELECT x::text::int8 FROM unnest(%s::int8[]) x WHERE pg_xact_status(x::text::xid8) = 'committed'",
+                (list(snap.xip),)).fetchall())
+            keys = sql.SQL(", ").join(sql.Identifier(k) for k in info.key)
+
+            def where(lo: tuple | None, hi: tuple | None = None) -> sql.Composable:
+                conds = [sql.SQL("({})").format(sql.SQL(info.row_filter))] if info.row_filter is not None else []
+                for op, at in ((">", lo), ("<=", hi)):
+                    if at is not None:
+                        conds.append(sql.SQL("({}) " + op + " ({})").format(
+                            keys, sql.SQL(", ").join(sql.Literal(int(v)) for v in at)))
+                return sql.SQL(" WHERE ") + sql.SQL(" AND ").join(conds) if conds else sql.SQL("")
+
+            bound = rconn.execute(sql.SQL("SELECT {} FROM {}{} ORDER BY {} OFFSET {} LIMIT 1").format(
+                keys, info.relation_sql(), where(after), keys, sql.Literal(max(0, limit - 1)))).fetchone()
+            last = None
+            if bound is not None:  # the chunk's last key, unless no key follows it
+                more = rconn.execute(sql.SQL("SELECT EXISTS (SELECT 1 FROM {}{})").format(
+                    info.relation_sql(), where(tuple(bound)))).fetchone()[0]
+                last = tuple(int(v) for v in bound) if more else None
+                if last is not None and stop is not None and last >= stop:
+                    last = None
+            cols = sql.SQL(", ").join(sql.SQL(text_form(n, o)) for n, o, _ in info.columns)
+            query = sql.SQL("COPY (SELECT {} FROM {}{}) TO STDOUT (FORMAT csv)").format(
+                cols, info.relation_sql(), where(after, last))
+            rows = read(rconn, query)
+            if self.truncated_since(rconn, info):
+                raise TruncatedUnderSnapshot(self.source, info.table)
+            rconn.rollback()
+        finally:
+            rconn.close()
+        with self.session() as conn:
+            high = self.watermark(conn, "high")
+        return Chunk(after, last, rows, low, high, snap, raced)
+
+    @staticmethod
+    def last_key(conn, info: TableInfo) -> tuple | None:
+        """The table's greatest key (of the rows its publication publishes), None if it has no row."""
+        keys = sql.SQL(", ").join(sql.Identifier(k) for k in info.key)
+        desc = sql.SQL(", ").join(sql.SQL("{} DESC").format(sql.Identifier(k)) for k in info.key)
+        row = conn.execute(sql.SQL("SELECT {} FROM {}{} ORDER BY {} LIMIT 1").format(
+            keys, info.relation_sql(), info.where_sql(), desc)).fetchone()
+        return None if row is None else tuple(int(v) for v in row)
 
     @contextlib.contextmanager
     def snapshot_reader(self, snapshot: Snapshot) -> Iterator[psycopg.Connection]:
