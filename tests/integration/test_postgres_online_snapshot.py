@@ -357,5 +357,5 @@ def test_resnapshot_of_one_table_is_read_in_chunks(db, upstream, tmp_path):
     assert w.error is None, w.error
     cycle.run_cycle(ctx)
     with connect(ctx.dsn) as conn:
-        assert len(registration.chunked_done(conn, name)["public.c"]["landed"]) >= 3
+        assert len(registration.chunked_done(conn, name)["public.c"]["landed"]) >= 2  # chunks spanned cycles
     assert _check(ctx, w, upstream, 0, "key") >= 1
