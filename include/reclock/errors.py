@@ -468,9 +468,12 @@ class StreamReplaced(ReclockError):
             return _dt.datetime.fromtimestamp(ms / 1000, _dt.timezone.utc).isoformat(timespec="seconds")
         self.source, self.stream, self.bound_ms, self.now_ms = source, stream, bound_ms, now_ms
         why = f" ({evidence})" if evidence else ""
+        read = (f"the source has read the stream of that name created at {when(bound_ms)}" if bound_ms != now_ms else
+                "the source has read another stream of that name, created within the same second (the endpoint "
+                "gives creation times in whole seconds)")
         super().__init__(
-            f"source {source}: stream {stream!r} was created at {when(now_ms)}, but the source has read the stream "
-            f"of that name created at {when(bound_ms)}: it was deleted and created again{why}. Its shards and "
+            f"source {source}: stream {stream!r} was created at {when(now_ms)}, but {read}: it was deleted and "
+            f"created again{why}. Its shards and "
             "sequence numbers start over, and Reclock will not restart from zero silently: ingest the new stream as "
             "a new source (another name), and drop this one when its collections are no longer needed")
 

@@ -9,6 +9,7 @@ from dataclasses import replace
 from reclock import cycle
 from reclock.dev.kinesis import BackgroundProducer
 from reclock.persist import connect
+from reclock.persist.status import latest_statistics
 from reclock.sources.kinesis.sequence import shard_id
 
 from kinesis_support import check_as_of_every_binding, check_exactly_once, kinesis_ctx
@@ -74,18 +75,25 @@ def test_compaction_drops_finished_shards_and_keeps_state_bounded(db, kinesis, s
             cycle.run_cycle(ctx)
         with connect(db) as conn:
             sizes.append(conn.execute("SELECT (SELECT count(*) FROM reclock.remap_offsets WHERE source = 'clicks'), "
-                                      "(SELECT count(*) FROM reclock.kinesis_segments WHERE source = 'clicks')")
+                                      "(SELECT count(*) FROM reclock.kinesis_segments WHERE source = 'clicks'), "
+                                      "(SELECT count(*) FROM reclock.kinesis_marks WHERE source = 'clicks')")
                          .fetchone())
     seen = check_exactly_once(ctx, c, name)
     assert seen["bound"] == 320
     shards = len(c.list_shards(StreamName=name)["Shards"])
-    offsets, segments = sizes[-1]
+    offsets, segments, marks = sizes[-1]
     assert offsets < shards, f"finished shards stay in the frontier: {sizes} with {shards} shards"
     assert segments <= 2 * shards, f"counts are not compacted: {sizes}"
+    assert 0 < marks <= 2 * shards, f"marks are not compacted: {sizes}"
     with connect(db) as conn:
         (dropped,) = conn.execute("SELECT dropped_records FROM reclock.kinesis_streams WHERE source = 'clicks'"
                                   ).fetchone()
+        checked = [m.get("marks_checked") for m in
+                   (s.metrics for s in latest_statistics(conn, "clicks", "mint", limit=50))]
     assert dropped > 0
+    # the mints checked the record at the positions they read on from, across the reshardings, and found the
+    # records they had read (a mint at a child's start or a finished parent has none to check)
+    assert sum(c or 0 for c in checked) >= 4, checked
 
 
 def test_the_write_reads_the_records_the_scan_captured(db, kinesis, stream, spark, tmp_path):

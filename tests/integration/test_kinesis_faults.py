@@ -15,6 +15,7 @@ from reclock.dev.kinesis import BackgroundProducer
 from reclock.dev.kinesis_proxy import KinesisProxy
 from reclock.errors import KinesisDataLost, KinesisUnavailable, StreamReplaced
 from reclock.persist import connect
+from reclock.persist.shards import shard_info
 from reclock.read import read_as_of
 from reclock.sources.kinesis.sequence import shard_id
 
@@ -124,23 +125,50 @@ def test_a_quiet_stream_longer_than_retention_loses_nothing(db, kinesis_server, 
     assert sorted(got) == list(range(17))  # the first 10 read a day ago (trimmed upstream since), the 7 new
 
 
-def test_a_stream_deleted_or_created_again_is_never_read_from_zero(db, kinesis, spark, tmp_path):
-    c = kinesis.client()
-    kinesis.create_stream("gone", 1)
-    created = time.time()  # after the creation began
-    ctx = kinesis_ctx(db, kinesis.endpoint_url, spark, tmp_path, "gone")
+def test_a_stream_deleted_or_created_again_is_never_read_from_zero(db, kinesis_server, spark, tmp_path):
+    """Deleted: KinesisUnavailable. Created again within the second of its first creation (kinesalite
+    creates and deletes in ~50 ms and gives creation times and sequence numbers in whole seconds: the new
+    stream has the old one's creation time and first sequence numbers; here its clock is moved back so that
+    this always happens): the record at the source's position is not the one it read, StreamReplaced, and
+    nothing is appended. Created again a second later: StreamReplaced by its creation time."""
+    server = kinesis_server("kinesis-recreated")
+    c = server.client()
+    server.create_stream("gone", 1)
+    created_ms = _created_ms(c, "gone")
+    ctx = kinesis_ctx(db, server.endpoint_url, spark, tmp_path, "gone")
     BackgroundProducer(c, "gone").put(10)
     cycle.run_cycle(ctx)
+    with connect(db) as conn:
+        upper = shard_info(conn, "clicks").upper
     c.delete_stream(StreamName="gone")
-    kinesis.wait_deleted("gone")
+    server.wait_deleted("gone")
     with pytest.raises(KinesisUnavailable, match=r"source clicks: .*'gone'.*does not exist"):
         cycle.run_cycle(ctx)
-    # kinesalite creates and deletes in ~50 ms, and its creation time and sequence numbers are in whole seconds:
-    # a stream created again within the second of the first creation is the same stream to every check (on
-    # Kinesis, deleting a stream alone takes seconds; docs/kinesis.md). Created again a second later at least:
-    time.sleep(max(0.0, created + 1.05 - time.time()))
-    kinesis.create_stream("gone", 1)
+    # kinesalite stamps a stream created at now - 2 s, in whole seconds: now 2.2 s after the first creation's
+    # second began is within it
+    server.advance_clock((created_ms + 2200) / 1000 - time.time())
+    server.create_stream("gone", 1)
+    assert _created_ms(c, "gone") == created_ms  # the case no creation time or first sequence number tells
+    # other records with the same partition keys, in the same second as the first stream's
+    BackgroundProducer(c, "gone", start=1000).put(10)
+    with pytest.raises(StreamReplaced, match=r"source clicks: stream 'gone' was created at .*another stream of that "
+                                             r"name, created within the same second.* deleted and created again "
+                                             r"\(at position \d+ of shardId-000000000000, the last record the "
+                                             r"source read there was sequence number \d+.*; the stream now holds"):
+        cycle.run_cycle(ctx)
+    with connect(db) as conn:
+        assert shard_info(conn, "clicks").upper == upper  # nothing appended
+        assert sorted(read_as_of(conn, ctx.blob, "clicks").column("id").to_pylist()) == list(range(10))
+    c.delete_stream(StreamName="gone")
+    server.wait_deleted("gone")
+    server.advance_clock(3600)
+    server.create_stream("gone", 1)
     BackgroundProducer(c, "gone").put(10)
     with pytest.raises(StreamReplaced, match="source clicks: stream 'gone' was created at .* deleted and created "
                                              "again"):
         cycle.run_cycle(ctx)
+
+
+def _created_ms(client, stream: str) -> int:
+    summary = client.describe_stream_summary(StreamName=stream)["StreamDescriptionSummary"]
+    return int(round(summary["StreamCreationTimestamp"].timestamp() * 1000))

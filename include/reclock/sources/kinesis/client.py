@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 from reclock.errors import KinesisUnavailable, UpstreamThrottled
 from reclock.sources.kinesis.lineage import FINISHED, ShardInfo, ShardScan, iterator_for
+from reclock.sources.kinesis.marks import Mark, mark_of
 from reclock.sources.kinesis.sequence import shard_id, shard_number
 
 PAGE_LIMIT = 10_000
@@ -223,20 +224,24 @@ class KinesisUpstream:
         (``lineage.scan_segments``: ``[start, stop)``, in order) as soon as its point is kept (the mint's
         captures: ``reclock.sources.kinesis.capture``); memory holds at most ``stride`` records then."""
         points: list[tuple[int, int]] = []
+        marks: list[tuple[int, Mark]] = []
         n, last, ended, first = 0, None, False, None
         held: list[dict] = []
+        record: dict | None = None
 
         def point(pos: int) -> None:
             if on_segment is not None:
                 on_segment(shard.number, points[-1][0] if points else start, pos, held[:])
             held.clear()
             points.append((pos, n))
+            marks.append((pos, mark_of(record)))
 
         for page in self.pages(shard, start):
             if first is None and page.records:
                 first = int(page.records[0]["ApproximateArrivalTimestamp"].timestamp() * 1000)
             for r in page.records:
                 last = int(r["SequenceNumber"])
+                record = r
                 n += 1
                 if on_segment is not None:
                     held.append(r)
@@ -249,14 +254,46 @@ class KinesisUpstream:
             point(last + 1)
         if ended:
             points.append((FINISHED, n))
-        return ShardScan(shard.number, start, tuple(points), ended, first)
+        return ShardScan(shard.number, start, tuple(points), ended, first, tuple(marks))
 
     def first_retained(self, shard: ShardInfo) -> int | None:
-        """The sequence number of the oldest record the shard still holds (None: it holds none)."""
-        for page in self.pages(shard, 0):
+        """The sequence number of the oldest record the shard still holds (None: it holds none): reads of
+        one record from ``TRIM_HORIZON``."""
+        for page in self.pages(shard, 0, limit=1):
             if page.records:
                 return int(page.records[0]["SequenceNumber"])
         return None
+
+    def record_at(self, shard: ShardInfo, seq: int) -> Mark | None:
+        """The mark of the record ``seq`` of ``shard`` if the shard holds it (one ``GetShardIterator``
+        ``AT_SEQUENCE_NUMBER`` and one ``GetRecords`` of one record; more only for empty pages before the tip,
+        a throttled read or an expired iterator). None if the record is not there: the read starts at a later
+        record or at the tip, or the endpoint refuses the sequence number as not of this shard
+        (``InvalidArgumentException``, as Kinesis does for a sequence number of a deleted stream)."""
+        from botocore.exceptions import ClientError
+
+        try:
+            it = self._iterator(shard, "AT_SEQUENCE_NUMBER", seq)
+        except ClientError as e:
+            if _code(e) == "InvalidArgumentException":
+                return None
+            raise
+        while True:
+            try:
+                resp = self._get_records(shard, it, 1)
+            except ClientError as e:
+                if _code(e) != "ExpiredIteratorException":
+                    raise
+                self.expired += 1
+                it = self._iterator(shard, "AT_SEQUENCE_NUMBER", seq)
+                continue
+            records = resp.get("Records", [])
+            if records:
+                return mark_of(records[0]) if int(records[0]["SequenceNumber"]) == seq else None
+            nxt = resp.get("NextShardIterator")
+            if nxt is None or int(resp.get("MillisBehindLatest", 0)) == 0:
+                return None
+            it = nxt
 
     def still_holds(self, shard: ShardInfo, seq: int) -> bool:
         """Whether the record ``seq`` of ``shard`` is still retained (reading ``AT_SEQUENCE_NUMBER`` it)."""

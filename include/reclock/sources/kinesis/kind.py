@@ -12,7 +12,9 @@ probe_uppers        Kinesis has no end offsets: every readable shard (``lineage.
                     in a binding after its parents' last (``lineage.plan_bindings``); the scans' record counts
                     are written first, each counted segment's records captured in the blob store
                     (``reclock.sources.kinesis.capture``). Shards the stream lost part way, and records
-                    retention may have trimmed since the last scan, are ``KinesisDataLost``
+                    retention may have trimmed since the last scan, are ``KinesisDataLost``; a record just
+                    below a position that is not the one read there is ``StreamReplaced``
+                    (``reclock.sources.kinesis.marks``, kept per bound position)
 descriptions        bindings grouped up to ``budget.max_records`` counted records; upsert: one a cycle
 write               the bound ranges cut into counted units at each binding's ts, read by Spark from their
                     captures where those hold the units' counts, else from the stream by Spark tasks
@@ -52,6 +54,7 @@ from reclock.sources.kinesis import capture, store
 from reclock.sources.kinesis.client import KinesisUpstream, StreamAddress
 from reclock.sources.kinesis.lineage import (FINISHED, ShardInfo, ShardScan, done_shards, droppable, entry_position,
                                              foreign_shards, lost_shards, plan_bindings, readable, scan_segments)
+from reclock.sources.kinesis.marks import Mark, verdict
 from reclock.sources.kinesis.reader import (CountsMissing, ReadTask, parse_lost, plan_tasks, read_frame, slices,
                                             units_for)
 from reclock.sources.kinesis.sequence import shard_id
@@ -153,9 +156,10 @@ class KinesisSource(SourceRuntime):
         with self.ctx.connect() as conn:
             record = self._check_stream(conn)
             rc = load_remap(conn, self.name)
-        positions = dict(remap.last_frontier(rc))
+            positions = dict(remap.last_frontier(rc))
+            marks = store.load_marks(conn, self.name, positions)
         listing = up.shards()
-        self._check_lost(listing, positions, record, began)
+        checked = self._check_lost(listing, positions, record, began, marks)
         scans: dict[int, ShardScan] = {}
         simulated = dict(positions)
         capped = False
@@ -177,14 +181,18 @@ class KinesisSource(SourceRuntime):
                     budget -= scan.records
                     capped = capped or (not scan.ended and scan.records >= settings.scan_max_records)
         plan = plan_bindings(listing, positions, scans, spec.budget.max_records)
+        bound = {(n, p) for f in plan.frontiers for n, p in f.items()}
+        bound_marks = [(n, p, m) for n, scan in scans.items() for p, m in scan.marks if (n, p) in bound]
         arrivals = [s.first_arrival_ms for s in scans.values() if s.first_arrival_ms is not None]
         self._probed = {"offsets_known": None, "lag_records": sum(s.records for s in scans.values()),
                         "lag_ms": max(0, began - min(arrivals)) if arrivals else 0,
                         "lag_capped": capped, "shards_scanned": len(scans), "bindings_planned": len(plan.frontiers),
                         "throttled": up.throttled, "iterators_renewed": up.expired,
-                        "captured_files": writer.files, "captured_records": writer.records}
+                        "captured_files": writer.files, "captured_records": writer.records,
+                        "marks_checked": checked}
         with self.ctx.connect() as conn:
             store.add_segments(conn, self.name, plan.segments)  # facts first: the bindings' counts
+            store.add_marks(conn, self.name, bound_marks)  # and the records just below their positions
             if not capped and budget > 0:
                 store.record_scan(conn, self.name, began)
         failpoint("mint:after_scan")
@@ -192,13 +200,16 @@ class KinesisSource(SourceRuntime):
         return frontiers or [PartitionedFrontier.of(positions)]
 
     def _check_lost(self, listing: Sequence[ShardInfo], positions: Mapping[int, int],
-                    record: store.StreamRecord, now_ms: int) -> None:
+                    record: store.StreamRecord, now_ms: int, marks: Mapping[int, Mark]) -> int:
         """Shards gone part way, and records retention may have trimmed after the newest binding before any
-        scan saw them (the source did not scan for longer than the stream's retention), are lost."""
+        scan saw them (the source did not scan for longer than the stream's retention), are lost; a record at
+        a position (``marks``) that is not the one read there is a replaced stream (:meth:`_check_marks`).
+        Returns how many marks were checked."""
         up = self.upstream()
         for s in foreign_shards(listing, positions):
             # the creation time alone cannot tell a stream created again within its resolution (whole
-            # seconds on some endpoints); the shards' first sequence numbers can
+            # seconds on some endpoints); the shards' first sequence numbers can, unless it was created again
+            # within the second of the first creation: then the marks can (_check_marks)
             raise StreamReplaced(self.name, self.ctx.upstream.stream, record.created_ms, up.identity().created_ms,
                                  f"its {shard_id(s.number)} starts at sequence number {s.start}, after position "
                                  f"{positions[s.number]} the source has read to")
@@ -206,14 +217,15 @@ class KinesisSource(SourceRuntime):
             raise KinesisDataLost(self.name, shard_id(n), positions[n], None,
                                   "the shard is no longer in the stream (its records expired before the source "
                                   "read it to its end)")
+        held = self._check_marks(listing, positions, record, marks)
         retention_ms = up.identity().retention_hours * 3_600_000
         if record.scanned_ms is None or now_ms - record.scanned_ms < retention_ms - RETENTION_MARGIN_MS:
-            return
+            return len(held)
         for s in readable(listing, positions):
             p = positions.get(s.number, 0)
             if p == 0:
                 continue
-            if p != s.start and up.still_holds(s, p - 1):
+            if p != s.start and (held[s.number] if s.number in held else up.still_holds(s, p - 1)):
                 continue
             first = up.first_retained(s)
             raise KinesisDataLost(
@@ -221,6 +233,41 @@ class KinesisSource(SourceRuntime):
                 f"the source last scanned the stream at {record.scanned_ms} and the stream keeps records "
                 f"{retention_ms // 3_600_000} hours; records after position {p} may have been trimmed before "
                 "they were bound" + ("" if first is None else f" (the shard now starts at {first})"))
+        return len(held)
+
+    def _check_marks(self, listing: Sequence[ShardInfo], positions: Mapping[int, int],
+                     record: store.StreamRecord, marks: Mapping[int, Mark]) -> dict[int, bool]:
+        """Before a scan reads past a readable shard's position, the record just below it must be the one the
+        source read there (``reclock.sources.kinesis.marks``): one ``GetRecords`` of one record per shard that
+        has a mark. Another record, or none while an older one is still there, is ``StreamReplaced`` (a stream
+        created again within the second of the first has the same creation time and first sequence numbers).
+        Returns, per shard checked, whether the record is still there (False: trimmed by retention, which the
+        retention check judges)."""
+        up = self.upstream()
+        shards = {s.number: s for s in readable(listing, positions) if s.number in marks}
+        if not shards:
+            return {}
+
+        def check(n: int) -> tuple[int, Mark | None, int | None]:
+            found = up.record_at(shards[n], marks[n].sequence)
+            return n, found, None if found is not None else up.first_retained(shards[n])
+
+        with ThreadPoolExecutor(min(8, len(shards))) as pool:
+            results = list(pool.map(check, sorted(shards)))
+        held: dict[int, bool] = {}
+        for n, found, first in results:
+            expected = marks[n]
+            v = verdict(expected, found, first)
+            if v == "replaced":
+                now = f"another record there ({found.describe()})" if found is not None else (
+                    f"no record there, while it still holds an older one (sequence number {first}): retention "
+                    "trims the oldest records first, so the record was not trimmed")
+                raise StreamReplaced(
+                    self.name, self.ctx.upstream.stream, record.created_ms, up.identity().created_ms,
+                    f"at position {positions[n]} of {shard_id(n)}, the last record the source read there was "
+                    f"{expected.describe()}; the stream now holds {now}")
+            held[n] = v == "same"
+        return held
 
     def probe_metrics(self) -> dict:
         return dict(self._probed)
@@ -443,7 +490,9 @@ class KinesisSource(SourceRuntime):
             drop = droppable(listing, [dict(b.frontier) for b in rc.bindings])
             if drop:
                 drop_partitions(conn, self.name, drop)
-            store.compact_segments(conn, self.name, {n: p for n, p in positions.items() if n not in drop}, drop)
+            kept = {n: p for n, p in positions.items() if n not in drop}
+            store.compact_segments(conn, self.name, kept, drop)
+            store.compact_marks(conn, self.name, kept, drop)
         capture.drop_read(self.ctx.blob, self.name, effective(listing, positions), sorted(drop))
 
 

@@ -31,9 +31,12 @@ Pure: nothing here does I/O.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Literal, Mapping, Sequence
+from typing import TYPE_CHECKING, Iterable, Literal, Mapping, Sequence
 
 from reclock.sources.kinesis.sequence import MAX_SEQUENCE, check_position
+
+if TYPE_CHECKING:
+    from reclock.sources.kinesis.marks import Mark
 
 FINISHED = MAX_SEQUENCE + 1
 """The position of a closed shard read to its end (``SHARD_END`` in a KCL checkpoint)."""
@@ -159,6 +162,7 @@ class ShardScan:
     points: tuple[tuple[int, int], ...] = ()
     ended: bool = False
     first_arrival_ms: int | None = None  # the first record's ApproximateArrivalTimestamp (lag in ms)
+    marks: tuple[tuple[int, "Mark"], ...] = ()  # (position, the record just below it) for points a record made
 
     def __post_init__(self) -> None:
         prev_pos, prev_n = self.start, 0

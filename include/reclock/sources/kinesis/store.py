@@ -9,7 +9,11 @@
   records of the shard have a sequence number in ``[start, stop)``", written before the bindings that use
   them; every read of a bound range is checked against them (``reclock.sources.kinesis.reader``).
   :func:`compact_segments` keeps them bounded: per shard, what lies below the compacted frontier becomes
-  one segment.
+  one segment;
+* ``kinesis_marks(source, shard, position, arrival_ms, digest)``: for each position a mint binds, the record
+  just below it as the scan read it (:class:`~reclock.sources.kinesis.marks.Mark`), written with the
+  segments; the next mint checks the stream still holds it before reading past the position.
+  :func:`compact_marks` keeps those at or above the compacted frontier.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Iterable, Mapping, Sequence
 
 from reclock.errors import StreamReplaced
 from reclock.sources.kinesis.lineage import Segment
+from reclock.sources.kinesis.marks import Mark
 from reclock.sources.kinesis.reader import CountsMissing, segment_path
 
 
@@ -111,3 +116,43 @@ def _chain_total(conn, source: str, shard: int) -> int:
         return sum(s.records for s in segment_path(segs, first, last))
     except CountsMissing:
         return 0
+
+
+def add_marks(conn, source: str, marks: Iterable[tuple[int, int, Mark]]) -> int:
+    """Record ``(shard, position, mark)``: the record just below ``position`` as a scan read it. A later scan's
+    mark at the same position replaces an earlier one (a mint that bound nothing leaves marks no binding
+    uses; the newest scan is what the bindings about to be appended rest on)."""
+    rows = [(source, shard, pos, m.arrival_ms, m.digest) for shard, pos, m in marks]
+    if rows:
+        with conn.cursor() as cur:
+            cur.executemany("INSERT INTO reclock.kinesis_marks (source, shard, position, arrival_ms, digest) "
+                            "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (source, shard, position) DO UPDATE SET "
+                            "arrival_ms = EXCLUDED.arrival_ms, digest = EXCLUDED.digest", rows)
+    return len(rows)
+
+
+def load_marks(conn, source: str, positions: Mapping[int, int]) -> dict[int, Mark]:
+    """The marks at ``positions`` (shard -> position): shard -> the mark of the record at ``position - 1``;
+    a shard without one is left out (a position no record of this source's scans made: 0, a child's start,
+    ``FINISHED``; or one bound before marks were kept). One query (compaction keeps the table to the
+    positions at or above the frontier)."""
+    out: dict[int, Mark] = {}
+    for shard, pos, arrival, dig in conn.execute(
+            "SELECT shard, position, arrival_ms, digest FROM reclock.kinesis_marks WHERE source = %s", (source,)):
+        if positions.get(shard) == int(pos):
+            out[shard] = Mark(int(pos) - 1, arrival, dig)
+    return out
+
+
+def compact_marks(conn, source: str, since_positions: Mapping[int, int], dropped: Iterable[int] = ()) -> int:
+    """Delete the marks below each shard's position in the compacted frontier, and those of ``dropped``
+    shards. In the caller's transaction. Returns how many rows were deleted."""
+    deleted = 0
+    dropped = list(dropped)
+    if dropped:
+        deleted += conn.execute("DELETE FROM reclock.kinesis_marks WHERE source = %s AND shard = ANY(%s)",
+                                (source, dropped)).rowcount
+    for shard, pos in since_positions.items():
+        deleted += conn.execute("DELETE FROM reclock.kinesis_marks WHERE source = %s AND shard = %s "
+                                "AND position < %s", (source, shard, pos)).rowcount
+    return deleted
