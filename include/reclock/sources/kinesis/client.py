@@ -257,9 +257,9 @@ class KinesisUpstream:
         return ShardScan(shard.number, start, tuple(points), ended, first, tuple(marks))
 
     def first_retained(self, shard: ShardInfo) -> int | None:
-        """The sequence number of the oldest record the shard still holds (None: it holds none): reads of
-        one record from ``TRIM_HORIZON``."""
-        for page in self.pages(shard, 0, limit=1):
+        """The sequence number of the oldest record the shard still holds (None: it holds none). Whole pages:
+        an endpoint may answer a page of one record empty where it skips trimmed records (kinesalite does)."""
+        for page in self.pages(shard, 0):
             if page.records:
                 return int(page.records[0]["SequenceNumber"])
         return None
