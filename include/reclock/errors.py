@@ -469,8 +469,8 @@ class StreamReplaced(ReclockError):
         self.source, self.stream, self.bound_ms, self.now_ms = source, stream, bound_ms, now_ms
         why = f" ({evidence})" if evidence else ""
         read = (f"the source has read the stream of that name created at {when(bound_ms)}" if bound_ms != now_ms else
-                "the source has read another stream of that name, created within the same second (the endpoint "
-                "gives creation times in whole seconds)")
+                "the source has read another stream of that name, created within the same second (as the endpoint "
+                "reports creation times)")
         super().__init__(
             f"source {source}: stream {stream!r} was created at {when(now_ms)}, but {read}: it was deleted and "
             f"created again{why}. Its shards and "

@@ -130,7 +130,7 @@ def test_a_stream_deleted_or_created_again_is_never_read_from_zero(db, kinesis_s
     creates and deletes in ~50 ms and gives creation times and sequence numbers in whole seconds: the new
     stream has the old one's creation time and first sequence numbers; here its clock is moved back so that
     this always happens): the record at the source's position is not the one it read, StreamReplaced, and
-    nothing is appended. Created again a second later: StreamReplaced by its creation time."""
+    nothing is appended. Created again an hour later: StreamReplaced by its creation time."""
     server = kinesis_server("kinesis-recreated")
     c = server.client()
     server.create_stream("gone", 1)
