@@ -1571,12 +1571,67 @@ class Result:
         return self.verdict.ok and not self.airflow_stalled
 
 
+SERVICE_GROUPS = {"spark_restart": "spark", "spark_worker_kill": "spark", "broker_kill": "kafka",
+                  "kafka_restart": "kafka", "pg_restart": "postgres", "standby_promotion": "postgres",
+                  "net_latency": "postgres", "net_reset": "postgres", "net_blackhole": "postgres"}
+"""``--overlap``: the kinds that take a service down and wait for it to come back (a Spark Connect server or
+worker, a broker or the cluster, Postgres or its standby's promotion, a proxy's fault held for a while), by the
+service they hold. Under load these take 1-2 minutes each (a JVM's start, replicas catching up), most of a
+campaign's time; overlapped, a service's fault runs in the background while faults of the other kinds and
+services go on. Two faults of one service never overlap: a second broker down would leave a partition
+below ``min.insync.replicas``, and a proxy healed by one fault would end another's. The network faults go with
+Postgres's: one may act on the proxy that a promotion points at the new primary."""
+
+
+class _Overlap:
+    """The service faults running in the background (``--overlap``), at most one per :data:`SERVICE_GROUPS`
+    group; ``record(kind, hit or the exception)`` is called in the campaign's thread, by :meth:`collect`
+    (finished ones) and :meth:`submit` (a fault of the same service still running is waited for first)."""
+
+    def __init__(self, record: Callable[[str, bool | BaseException], None]) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.record = record
+        self.pool = ThreadPoolExecutor(max_workers=len(set(SERVICE_GROUPS.values())), thread_name_prefix="fault")
+        self.by_group: dict[str, tuple[str, object]] = {}
+
+    @property
+    def running(self) -> int:
+        return len(self.by_group)
+
+    def _finish(self, group: str) -> None:
+        kind, future = self.by_group.pop(group)
+        try:
+            hit: bool | BaseException = future.result()
+        except Exception as e:  # noqa: BLE001 - reported by record
+            hit = e
+        self.record(kind, hit)
+
+    def collect(self) -> None:
+        for group in [g for g, (_, f) in self.by_group.items() if f.done()]:
+            self._finish(group)
+
+    def submit(self, kind: str, fn: Callable[[], bool]) -> None:
+        group = SERVICE_GROUPS[kind]
+        if group in self.by_group:
+            self._finish(group)
+        self.by_group[group] = (kind, self.pool.submit(fn))
+
+    def close(self) -> None:
+        """Wait for every fault still running (the catch-up starts with every service back)."""
+        for group in list(self.by_group):
+            self._finish(group)
+        self.pool.shutdown(wait=True)
+
+
 def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float] = (2.0, 7.0),
              max_seconds: float = 3600.0, kinds: tuple[str, ...] = FAULT_KINDS,
              echo: Callable[[str], None] = _echo, keep: bool = False, kinesis: bool = False, s3: bool = False,
-             iceberg: bool = False) -> Result:
+             iceberg: bool = False, overlap: bool = False) -> Result:
     """Run the campaign: ``faults`` faults (or until ``max_seconds``), then catch up and check; ``kinesis``,
-    ``s3``, ``iceberg``: with the Kinesis source, the two S3 sources, the Iceberg export (see the module)."""
+    ``s3``, ``iceberg``: with the Kinesis source, the two S3 sources, the Iceberg export (see the module);
+    ``overlap``: a service's fault (:data:`SERVICE_GROUPS`) runs in the background while the next faults are
+    injected, one at a time per service (see :class:`_Overlap`)."""
     import shutil
 
     from reclock.persist import connect
@@ -1593,7 +1648,8 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
     injected: collections.Counter = collections.Counter()
     harness_errors: list[str] = []
     try:
-        echo(f"chaos: seed {seed}, {faults} faults, state in {root}")
+        echo(f"chaos: seed {seed}, {faults} faults{', service faults overlapped' if overlap else ''}, "
+             f"state in {root}")
         svc = make_services(root, kinesis, s3)
         config = write_config(root, svc.kafka.proxied_bootstrap, kinesis, iceberg=iceberg)
         svc.sink_transactional_id = _sink_spec(config).transactional_id
@@ -1698,56 +1754,52 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
         # seed orders each group
         first = sorted(rng.sample(kind_list, len(kind_list)), key=_first_round_group)
         tries: collections.Counter = collections.Counter()
-        while attempts < faults * 20 and (first or (total < faults and time.monotonic() - t_faults < max_seconds)):
-            attempts += 1
-            time.sleep(rng.uniform(*gap))
-            kind = first.pop(0) if first else rng.choices(kind_list, [WEIGHTS[k] for k in kind_list])[0]
-            tries[kind] += 1
-            hit = False
-            try:
-                if kind == "cycle_sigkill":
-                    victim = cycles[rng.choice(runners)]
-                    hit = _wait_for(victim.kill, 120)
-                elif kind == "airflow_task_kill":
-                    hit = _wait_for(lambda: airflow.kill(rng), 120)  # a task runs every few seconds
-                elif kind == "cycle_failpoint":
-                    d = cycles[rng.choice(runners)]
-                    before = d.failpoint_exits
-                    d.arm({"RECLOCK_FAILPOINTS": f"{rng.choice(CYCLE_FAILPOINTS)}=exit"})
-                    hit = _wait_for(lambda: d.failpoint_exits > before, 180)
-                elif kind == "sink_sigkill":
-                    victim = rng.choice(sinks)
-                    hit = _wait_for(victim.kill, 120)
-                elif kind == "sink_failpoint":
-                    before = sink.failpoint_exits
-                    sink.arm({"RECLOCK_FAILPOINTS": "sink:in_transaction=exit"})
-                    hit = _wait_for(lambda: sink.failpoint_exits > before, 180)  # it needs new appends to write
-                elif kind == "pg_restart":
-                    restart_postgres(svc)
-                    hit = True
-                elif kind == "kafka_restart":
-                    restart_kafka(svc, rng.uniform(0, 3))
-                    hit = True
-                elif kind == "spark_restart":
-                    restart_spark(svc, rng.uniform(0, 3))
-                    hit = True
-                elif kind == "spark_worker_kill":
-                    kill_spark_worker(svc, rng.randrange(svc.spark.workers), rng.uniform(0, 10))
-                    hit = True
-                elif kind == "scheduler_kill":
-                    hit = _wait_for(lambda: airflow.kill_scheduler(rng), 120)
-                elif kind == "broker_kill":
-                    kill_broker(svc, rng, echo)
-                    hit = True
-                elif kind == "standby_promotion":
-                    promote_standby(svc, echo)
-                    hit = True
-                elif kind in ("net_latency", "net_reset", "net_blackhole"):
-                    network_fault(svc, kind, rng, echo)
-                    hit = True
-            except Exception as e:  # noqa: BLE001 - a harness error is reported, the campaign goes on
-                harness_errors.append(f"{kind}: {type(e).__name__}: {e}")
-                echo(f"harness error injecting {kind}: {e!r}")
+
+        def inject(kind: str, rng: random.Random) -> bool:
+            """One fault of ``kind``: whether it hit (a kill or fail point whose target never got there did
+            not)."""
+            if kind == "cycle_sigkill":
+                victim = cycles[rng.choice(runners)]
+                return _wait_for(victim.kill, 120)
+            if kind == "airflow_task_kill":
+                return _wait_for(lambda: airflow.kill(rng), 120)  # a task runs every few seconds
+            if kind == "cycle_failpoint":
+                d = cycles[rng.choice(runners)]
+                before = d.failpoint_exits
+                d.arm({"RECLOCK_FAILPOINTS": f"{rng.choice(CYCLE_FAILPOINTS)}=exit"})
+                return _wait_for(lambda: d.failpoint_exits > before, 180)
+            if kind == "sink_sigkill":
+                victim = rng.choice(sinks)
+                return _wait_for(victim.kill, 120)
+            if kind == "sink_failpoint":
+                before = sink.failpoint_exits
+                sink.arm({"RECLOCK_FAILPOINTS": "sink:in_transaction=exit"})
+                return _wait_for(lambda: sink.failpoint_exits > before, 180)  # it needs new appends to write
+            if kind == "scheduler_kill":
+                return _wait_for(lambda: airflow.kill_scheduler(rng), 120)
+            if kind == "pg_restart":
+                restart_postgres(svc)
+            elif kind == "kafka_restart":
+                restart_kafka(svc, rng.uniform(0, 3))
+            elif kind == "spark_restart":
+                restart_spark(svc, rng.uniform(0, 3))
+            elif kind == "spark_worker_kill":
+                kill_spark_worker(svc, rng.randrange(svc.spark.workers), rng.uniform(0, 10))
+            elif kind == "broker_kill":
+                kill_broker(svc, rng, echo)
+            elif kind == "standby_promotion":
+                promote_standby(svc, echo)
+            elif kind in ("net_latency", "net_reset", "net_blackhole"):
+                network_fault(svc, kind, rng, echo)
+            else:
+                raise ValueError(f"unknown fault kind {kind!r}")
+            return True
+
+        def record(kind: str, hit: bool | BaseException) -> None:
+            nonlocal total
+            if isinstance(hit, BaseException):  # a harness error is reported, the campaign goes on
+                harness_errors.append(f"{kind}: {type(hit).__name__}: {hit}")
+                echo(f"harness error injecting {kind}: {hit!r}")
                 hit = False
             if hit:
                 injected[kind] += 1
@@ -1755,6 +1807,31 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
                 echo(f"fault {total}/{faults}: {kind}")
             elif not injected[kind] and kind not in first and tries[kind] < FIRST_TRIES:
                 first.append(kind)  # missed (its process was between runs): every kind still comes once
+
+        background = _Overlap(record) if overlap else None
+        try:
+            while attempts < faults * 20 and (first or (total + (background.running if background else 0) < faults
+                                                        and time.monotonic() - t_faults < max_seconds)):
+                attempts += 1
+                time.sleep(rng.uniform(*gap))
+                if background is not None:
+                    background.collect()
+                if not first and total >= faults:
+                    break
+                kind = first.pop(0) if first else rng.choices(kind_list, [WEIGHTS[k] for k in kind_list])[0]
+                tries[kind] += 1
+                if background is not None and kind in SERVICE_GROUPS:
+                    # its own draws (the thread's and this loop's would interleave by timing otherwise)
+                    background.submit(kind, lambda kind=kind, r=random.Random(rng.getrandbits(64)): inject(kind, r))
+                    continue
+                try:
+                    hit: bool | BaseException = inject(kind, rng)
+                except Exception as e:  # noqa: BLE001 - reported by record
+                    hit = e
+                record(kind, hit)
+        finally:
+            if background is not None:
+                background.close()
         echo(f"faults done: {dict(injected)}; catching up")
         airflow.faults_done_at = datetime.datetime.now(datetime.timezone.utc)
         producers.stop()
@@ -2025,6 +2102,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iceberg", action="store_true", help="add an Iceberg export of `app`")
     ap.add_argument("--full", action="store_true",
                     help="every source kind and both sinks: --kinesis --s3 --iceberg (issue 37's large campaign)")
+    ap.add_argument("--overlap", action="store_true",
+                    help="a service's fault (a restart, a broker or worker killed, a network fault) runs in the "
+                    "background while faults of the other services go on; one at a time per service")
     ap.add_argument("--blob-bound", action="store_true", help="the blob-bound figure instead (1,000 cycles)")
     ap.add_argument("--cycles", type=int, default=1000, help="--blob-bound: cycles")
     ap.add_argument("--runner", metavar="SOURCE", help=argparse.SUPPRESS)
@@ -2041,7 +2121,8 @@ def main(argv: list[str] | None = None) -> int:
     seed = args.seed if args.seed is not None else int(time.time()) % 100_000
     print(f"seed {seed}", flush=True)
     result = campaign(args.faults, seed, rate=args.rate, gap=tuple(args.gap), max_seconds=args.max_seconds, keep=args.keep,
-                      kinesis=args.kinesis or args.full, s3=args.s3 or args.full, iceberg=args.iceberg or args.full)
+                      kinesis=args.kinesis or args.full, s3=args.s3 or args.full, iceberg=args.iceberg or args.full,
+                      overlap=args.overlap)
     for line in result.lines():
         print(line, flush=True)
     return 0 if result.ok else 1
