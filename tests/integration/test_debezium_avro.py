@@ -30,10 +30,15 @@ from connect_support import end_offset, running, wait_flushed, wait_written
 from ingest_support import make_ctx, produce
 
 from reclock import cycle
+from reclock.config import parse_source
 from reclock.dev.connect import LocalConnect
 from reclock.errors import DecodeError, RegistryUnavailable
 from reclock.persist import connect
 from reclock.persist.remap_store import load_remap
+from reclock.sources.kafka.topics import slot
+from reclock.sources.kafka.transactions import probe, tx_id
+from reclock.sources.kafka.upstream import KafkaUpstream
+from reclock.time import PartitionedFrontier
 from reclock.read import read_as_of, read_updates
 from reclock.registry_plan import schema_text
 from reclock.schema_registry import RegistryClient
@@ -43,6 +48,8 @@ from reclock.spark import decode
 SCHEMA = "id INT, f4 FLOAT, f8 DOUBLE, d DECIMAL(12,3), b BINARY, at BIGINT, day INT, t STRING"
 COLUMNS = ("id", "f4", "f8", "d", "b", "at", "day", "t")
 FLUSH_MS = 3000
+TX_TABLES = ("orders", "lines")
+TX_SCHEMA = "id INT, v STRING, n BIGINT"
 INF = float("inf")
 
 
@@ -81,14 +88,18 @@ def collection(conn, ctx, ts: int | None = None) -> frozenset:
 
 @pytest.fixture(scope="module")
 def avro_upstream(postgres, kafka, stack_state, registry):
-    """A database with table ``kinds`` (four rows before the connector starts: its snapshot) and a Connect
-    worker writing it as Avro through the registry (started once for the module)."""
+    """A database with table ``kinds`` (four rows before the connector starts: its snapshot), tables
+    ``orders`` and ``lines`` (two rows each), and a Connect worker writing them as Avro through the registry,
+    with the transaction topic (started once for the module)."""
     name = f"dbz_avro_{os.getpid()}"
     with psycopg.connect(postgres.dsn("postgres"), autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     dsn = postgres.dsn(name)
     table = Table(dsn)
     with psycopg.connect(dsn) as conn:
+        for t in TX_TABLES:  # written together by test_debezium_avro_transaction_topic
+            conn.execute(f"CREATE TABLE {t} (id int PRIMARY KEY, v text, n bigint)")
+            conn.execute(f"INSERT INTO {t} VALUES (1, 's1', 1), (2, 's2', 2)")
         conn.execute("CREATE TABLE kinds (id int PRIMARY KEY, f4 real, f8 double precision, d numeric(12,3), "
                      "b bytea, at timestamp, day date, t text)")
         conn.execute("""INSERT INTO kinds VALUES
@@ -98,8 +109,8 @@ def avro_upstream(postgres, kafka, stack_state, registry):
             (4, 3.4028235e38, 4.9e-324, 999999999.999, '\\xdeadbeef', '1970-01-01 00:00:00.001',
              '1970-01-01', 'x')""")
         table.states.append(table.rows(conn))
-    worker = LocalConnect(stack_state, kafka.bootstrap, dsn, ("public.kinds",), prefix=f"dbzavro{os.getpid()}",
-                          transactions=False, flush_ms=FLUSH_MS, registry=registry,
+    worker = LocalConnect(stack_state, kafka.bootstrap, dsn, ("public.kinds", *(f"public.{t}" for t in TX_TABLES)),
+                          prefix=f"dbzavro{os.getpid()}", transactions=True, flush_ms=FLUSH_MS, registry=registry,
                           extra={"decimal.handling.mode": "precise"})
     with running(worker, postgres):
         yield table, worker
@@ -345,3 +356,73 @@ def test_debezium_avro_registry_lost_after_the_plan(db, kafka, spark, tmp_path, 
         errors = read_updates(conn, ctx.blob, ctx.spec.errors_shard)
         assert errors is None or errors.num_rows == 0, errors.to_pylist()
 
+
+def tx_rows(conn, ctx, ts: int | None = None) -> tuple[frozenset, ...]:
+    return tuple(frozenset((r["id"], r["v"], r["n"]) for r in read_as_of(conn, ctx.blob, f"{ctx.spec.name}__{t}",
+                                                                         ts).to_pylist()) for t in TX_TABLES)
+
+
+def test_debezium_avro_transaction_topic(db, kafka, spark, tmp_path, avro_upstream, registry_env):
+    """``topics:`` over two tables' Avro topics with Debezium's transaction topic (Avro too, through the
+    registry): one upstream transaction over both tables has one timestamp in both collections, each binding
+    is the tables as a commit left them; the mint's choice, on the real topics cut inside that transaction,
+    waits for it."""
+    table, worker = avro_upstream
+    tx_topic, topics = worker.transaction_topic, [worker.topic(f"public.{t}") for t in TX_TABLES]
+    spec = parse_source("avtx", {"kafka": {"bootstrap": kafka.bootstrap}, "envelope": "debezium",
+                                 "format": {"type": "avro", "registry": {}}, "transaction_topic": tx_topic,
+                                 "topics": [{"topic": tp, "collection": t, "schema": TX_SCHEMA}
+                                            for tp, t in zip(topics, TX_TABLES)]})
+    ctx = replace(kinds_ctx(db, kafka, spark, tmp_path, topics[0], "avtx_unused"), spec=spec)
+    for tp in topics:
+        wait_written(kafka, tp, 2)  # the snapshot
+    with psycopg.connect(table.dsn) as conn:  # a transaction that changes nothing: the transaction topic exists
+        conn.execute("UPDATE orders SET n = n WHERE id = 2")
+    wait_written(kafka, tx_topic, 2)
+    cycle.run_cycle(ctx)
+    states = [(frozenset({(1, "s1", 1), (2, "s2", 2)}),) * 2]
+    with psycopg.connect(table.dsn) as conn:  # one transaction over both tables
+        conn.execute("UPDATE orders SET v = 't1' WHERE id = 1")
+        conn.execute("INSERT INTO lines VALUES (3, 't1', 3)")
+        conn.execute("DELETE FROM lines WHERE id = 2")
+    states.append((frozenset({(1, "t1", 1), (2, "s2", 2)}), frozenset({(1, "s1", 1), (3, "t1", 3)})))
+    with psycopg.connect(table.dsn) as conn:
+        conn.execute("UPDATE lines SET v = 't2' WHERE id = 1")
+    states.append((states[-1][0], frozenset({(1, "t2", 1), (3, "t1", 3)})))
+    wait_written(kafka, topics[1], 2 + 4)  # the insert, the delete and its tombstone, the update
+    for _ in range(8):
+        cycle.run_cycle(ctx)
+        with connect(db) as conn:
+            if tx_rows(conn, ctx) == states[-1]:
+                break
+        time.sleep(0.5)
+    values = [r.value() for r in read_all(kafka.bootstrap, tx_topic, "avtx-check")]
+    assert values and {v[0] for v in values} == {0}, "the transaction topic is not Avro in the wire format"
+    with connect(db) as conn:
+        rc = load_remap(conn, "avtx")
+        for b in rc.bindings:
+            assert tx_rows(conn, ctx, b.ts) in states, f"AS OF {b.ts}: not the tables as a commit left them"
+        assert tx_rows(conn, ctx) == states[-1]
+        tx1 = {("orders", 1, "s1", -1), ("orders", 1, "t1", 1), ("lines", 3, "t1", 1), ("lines", 2, "s2", -1)}
+        stamps = {(t, u["id"], u["v"], u["diff"]): u["ts"] for t in TX_TABLES
+                  for u in read_updates(conn, ctx.blob, f"avtx__{t}").to_pylist()}
+        assert tx1 <= set(stamps) and len({stamps[u] for u in tx1}) == 1, f"the transaction's updates: {stamps}"
+        for t in TX_TABLES:
+            errors = read_updates(conn, ctx.blob, f"avtx__{t}_errors")
+            assert errors is None or errors.num_rows == 0, errors.to_pylist()
+
+    # the choice on the real Avro topics cut before the last event of the transaction over both tables
+    ends = [decoded(registry_env, v) for v in values]
+    both = next(tx_id(e["id"]) for e in ends if e["status"] == "END" and len(e["data_collections"]) == 2)
+    own = [r.offset() for r in read_all(kafka.bootstrap, topics[1], "avtx-check") if r.value() is not None
+           and tx_id((decoded(registry_env, r.value())["transaction"] or {}).get("id", "")) == both]
+    full = KafkaUpstream("avtx", kafka.bootstrap, "", topics=spec.upstream.topics).probe_upper()
+    short = PartitionedFrontier.of({**full.as_dict(), slot(1, 0): own[-1]})
+    source = ctx.source()
+    chosen = probe("avtx", kafka.bootstrap, topics, tx_topic, PartitionedFrontier.of({}), short,
+                   decode=source._avro_text())
+    assert chosen.waiting.startswith(f"transaction {both} "), chosen
+    assert both not in chosen.upper.covered
+    whole = probe("avtx", kafka.bootstrap, topics, tx_topic, PartitionedFrontier.of({}), full,
+                  decode=source._avro_text())
+    assert whole.waiting is None and both in whole.upper.covered

@@ -134,14 +134,15 @@ def test_the_config_takes_debezium_avro_and_refuses_what_is_not_built():
     topics = [{"topic": "dbz.public.a", "schema": "id INT"}, {"topic": "dbz.public.b", "schema": "id INT, n BIGINT"}]
     several = parse_source("s", {"kafka": kafka, "envelope": "debezium", "topics": topics, "format": AVRO})
     assert several.format.type == "avro" and len(several.upstream.tables) == 2
+    tx = parse_source("s", {"kafka": kafka, "envelope": "debezium", "topics": topics, "format": AVRO,
+                            "transaction_topic": "dbz.transaction"})
+    assert tx.upstream.transaction_topic == "dbz.transaction" and tx.format.type == "avro"
     for raw, words in [
         ({"kafka": {**kafka, "topic": "t"}, "envelope": "debezium", "format": AVRO}, "needs `schema:`"),
         ({"kafka": {**kafka, "topic": "t"}, "envelope": "debezium", "format": {**AVRO, "schema": "id INT"},
           "schema": "evolve"}, "not built for envelope debezium"),
         ({"kafka": {**kafka, "topic": "t"}, "envelope": "debezium",
           "format": {"type": "protobuf", "registry": {}}}, "envelope debezium reads"),
-        ({"kafka": kafka, "envelope": "debezium", "topics": topics, "format": AVRO,
-          "transaction_topic": "dbz.transaction"}, "not built for Debezium's Avro"),
     ]:
         with pytest.raises(ConfigError, match=words):
             parse_source("x", raw)

@@ -46,7 +46,7 @@ from reclock.persist.shards import register_shard, shard_info
 from reclock.persist.staged import collect_parts, first_rejected, read_state_changes, slice_folder
 from reclock.persist.upsert_state import apply_changes, holds_keys, load_prior
 from reclock.registry_plan import (AvroPlan, Reader, WriterTally, avro_plan, choose_reader, debezium_plan,
-                                   initial_reader, versions_seen, writer_texts)
+                                   initial_reader, schema_text, versions_seen, writer_texts)
 from reclock.remap import RemapCollection
 from reclock.schema_evolution import CollectionSchema, SchemaHistory, SchemaVersion
 from reclock.schema_registry import RegistryClient
@@ -94,10 +94,22 @@ class KafkaSource(SourceRuntime):
         tx_slot = slot(len(kafka.tables), 0)
         earliest = self.upstream().earliest().get(tx_slot, 0) if bound.get(tx_slot) else 0
         found = transactions.probe(self.name, self.upstream().config, [t.topic for t in kafka.tables],
-                                   kafka.transaction_topic, bound, upper, earliest)
+                                   kafka.transaction_topic, bound, upper, earliest, decode=self._avro_text())
         self._probed = {"tx_covered": len(found.upper.covered), "tx_waiting": found.waiting,
                         "tx_records_read": found.read}
         return (found.frontier,)
+
+    def _avro_text(self) -> Callable[[bytes], bytes] | None:
+        """Debezium's Avro: a value to the JSON text its writer schema (asked of the registry, cached by id)
+        decodes it to (``reclock.debezium_avro``); else None (JSON as it is)."""
+        if self.ctx.spec.format.type != "avro":
+            return None
+        from reclock.debezium_avro import AvroJson
+        from reclock.errors import SchemaNotFound
+
+        client = self.registry()
+        conv = AvroJson(lambda i: schema_text("avro", client.schema(i)), SchemaNotFound)
+        return lambda value: conv.text(value, "the value")
 
     def probe_metrics(self) -> dict:
         return self._probed

@@ -141,10 +141,6 @@ def _several_topics(name: str, d: dict, kafka, base: Path | None) -> SourceSpec:
         if tx in {t.topic for t in tables}:
             raise ConfigError(f"{what}.transaction_topic: {tx!r} is also one of `topics:` (a table's topic); the "
                               "transaction topic holds BEGIN and END records, no rows")
-        if avro:
-            raise ConfigError(f"{what}.transaction_topic: not built for Debezium's Avro (`format: avro`): the "
-                              "transaction topic and the tables' transaction blocks are read as JSON; use Connect's "
-                              "JSON converter, or leave out `transaction_topic`")
     first = tables[0]
     one = {k: v for k, v in d.items() if k not in ("topics", "transaction_topic")}
     one["kafka"] = {**d["kafka"], "topic": first.topic}

@@ -22,7 +22,9 @@ its source position: ``reclock.debezium``).
 
 Outside any transaction: tombstones (a delete's), snapshot reads (``op: r``; bound as they are written, so a
 binding during the connector's initial snapshot may hold part of it, as without the transaction topic), and
-records that are not JSON change events (the write routes them as ``on_decode_error`` says). A streamed
+records that are not change events (the write routes them as ``on_decode_error`` says). Debezium's Avro
+(``format: avro`` through the registry): every record, the transaction topic's too, is read as the JSON text
+its writer schema decodes it to (``reclock.debezium_avro``), the registry asked in the driver. A streamed
 change event (``op`` c, u, d, t) without a ``transaction`` block, an event whose ``source`` names another
 table than its topic's, or a transaction topic record that is not a BEGIN or END is
 :class:`~reclock.errors.TransactionMetadataInvalid`: mint binds nothing and names the record.
@@ -36,12 +38,12 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 from confluent_kafka import KafkaError, TopicPartition
 
 from reclock import kafka_client
-from reclock.debezium import json_object
+from reclock.debezium import EventInvalid, json_object
 from reclock.debezium_tx import Event, Stream, TxRecord, TxUpper, choose_upper
 from reclock.errors import ReclockError, TransactionMetadataInvalid
 from reclock.sources.kafka.topics import slot, topic_partition
@@ -176,11 +178,16 @@ def _read(client, wanted: Sequence[tuple[str, int, int, int]], what: str, timeou
 
 
 def probe(source: str, kafka, tables: Sequence[str], tx_topic: str, bound: PartitionedFrontier,
-          upper: PartitionedFrontier, tx_earliest: int = 0, timeout: float = 60.0) -> TxProbe:
+          upper: PartitionedFrontier, tx_earliest: int = 0, timeout: float = 60.0,
+          decode: Callable[[bytes], bytes] | None = None) -> TxProbe:
     """The frontier mint binds for source ``source`` over table topics ``tables`` and ``tx_topic`` (its
     frontier's topic ``len(tables)``), from the newest binding's ``bound`` up to at most ``upper`` (the last
     stable offsets); ``tx_earliest``: the transaction topic's earliest offset (the lookback starts there at the
-    earliest). See the module."""
+    earliest). ``decode``: each non-null value to its JSON text first (Debezium's Avro through the registry:
+    ``reclock.debezium_avro.AvroJson``, in the driver; a registry that does not answer raises what it
+    raises); a table record it cannot decode is outside any transaction (the write routes it as
+    ``on_decode_error`` says), a transaction topic record is :class:`~reclock.errors.TransactionMetadataInvalid`.
+    See the module."""
     n = len(tables)
     tx_parts = sorted(p for i, p in (topic_partition(q) for q, _ in upper) if i == n)
     if tx_parts != [0]:
@@ -205,6 +212,14 @@ def probe(source: str, kafka, tables: Sequence[str], tx_topic: str, bound: Parti
             read += 1
             topic, partition = wanted[i][0], wanted[i][1]
             try:
+                if decode is not None and value is not None:
+                    try:
+                        value = decode(value)
+                    except EventInvalid as err:
+                        if i == 0:
+                            raise RecordInvalid(err.reason) from None
+                        events[i - 1].append(Event(offset))
+                        continue
                 if i == 0:
                     r = tx_record(value, offset)
                     if offset < tx_start:
