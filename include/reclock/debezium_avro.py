@@ -42,7 +42,7 @@ from typing import Any, Callable
 
 from reclock.debezium import EventInvalid
 
-__all__ = ["AvroJson", "wire_id", "datum_json", "double_text", "float_text"]
+__all__ = ["AvroJson", "wire_id", "datum_json", "double_text", "float_text", "row_columns"]
 
 MAGIC = 0
 
@@ -261,3 +261,64 @@ class AvroJson:
             return None
         sid = wire_id(record, what)
         return datum_json(self.schema(sid, what), record, 5).encode()
+
+
+_JSON_TYPES = {"boolean": "boolean", "int": "int", "long": "bigint", "float": "float", "double": "double",
+               "string": "string", "bytes": "binary", "fixed": "binary", "enum": "string"}
+
+
+def _json_type(schema: Any, names: dict[str, Any]) -> tuple[str, bool]:
+    """The Spark type that reads the JSON text :func:`datum_json` writes for an Avro type (``from_json``), and
+    whether it may be null: an int or long logical type (a date, a time, a timestamp) is the number it
+    holds (``int``, ``bigint``), a decimal ``decimal(p,s)`` (p the schema's ``precision``, else Connect's
+    ``connect.decimal.precision``, else 38), bytes ``binary`` (base64), a record a struct."""
+    if isinstance(schema, str) and schema not in _JSON_TYPES and schema != "null":
+        schema = names.get(schema, names.get(schema.rsplit(".", 1)[-1], schema))
+    if isinstance(schema, list):
+        branches = [b for b in schema if b != "null"]
+        if len(branches) != 1:
+            raise ValueError(f"a union of {len(branches)} types is no column Debezium writes")
+        return _json_type(branches[0], names)[0], len(branches) < len(schema)
+    if isinstance(schema, str):
+        return _JSON_TYPES.get(schema, "void"), schema == "null"
+    t = schema.get("type")
+    if isinstance(t, (dict, list)):
+        return _json_type(t, names)
+    if schema.get("logicalType") == "decimal" and t in ("bytes", "fixed"):
+        params = schema.get("connect.parameters") or {}
+        precision = int(schema.get("precision") or params.get("connect.decimal.precision") or 38)
+        return f"decimal({min(precision, 38)},{int(schema.get('scale', 0))})", False
+    if t in ("record", "error"):
+        fields = [(f["name"], _json_type(f["type"], names)[0]) for f in schema["fields"]]
+        return "struct<" + ",".join(f"`{n}`:{ft}" if not n.isidentifier() else f"{n}:{ft}"
+                                    for n, ft in fields) + ">", False
+    if t == "array":
+        return f"array<{_json_type(schema['items'], names)[0]}>", False
+    if t == "map":
+        return f"map<string,{_json_type(schema['values'], names)[0]}>", False
+    return _json_type(t, names)
+
+
+def row_columns(writer: str | Any):
+    """The columns of the rows (``after``) of a Debezium change event's writer schema (JSON text or parsed), as
+    the collection holds them: each field of the table's ``Value`` record with the Spark type of the JSON
+    text this module decodes it to (:func:`_json_type`). ``ValueError`` when the schema has no ``after``
+    record."""
+    from reclock.schema_evolution import CollectionSchema, Column
+
+    s = json.loads(writer) if isinstance(writer, str) else writer
+    after = next((f for f in s.get("fields", ()) if f.get("name") == "after"), None) if isinstance(s, dict) else None
+    if after is None:
+        raise ValueError("after: the writer schema has no `after` field (is it a Debezium change event's?)")
+    names: dict[str, Any] = {}
+    _names(s, names)
+    row = after["type"]
+    row = next((b for b in row if b != "null"), None) if isinstance(row, list) else row
+    row = names.get(row, row) if isinstance(row, str) else row
+    if not isinstance(row, dict) or row.get("type") not in ("record", "error"):
+        raise ValueError("after: not an Avro record")
+    cols = []
+    for f in row["fields"]:
+        t, nullable = _json_type(f["type"], names)
+        cols.append(Column(f["name"], t, nullable))
+    return CollectionSchema(tuple(cols))

@@ -123,6 +123,14 @@ def avro_plan(client: RegistryClient, reader: str, subject: str | None, ids: Ite
     return AvroPlan(reader, tuple(writers), tuple(sorted(missing)), fmt, columns)
 
 
+def subject_texts(client: RegistryClient, subject: str) -> dict[int, str]:
+    """:func:`writer_texts` of an Avro ``subject``, none when the registry does not hold it."""
+    try:
+        return writer_texts(client, subject)
+    except SchemaNotFound:
+        return {}
+
+
 def debezium_plan(client: RegistryClient, subjects: Iterable[str], ids: Iterable[int],
                   columns: CollectionSchema | None = None) -> AvroPlan:
     """The plan of an ``envelope: debezium`` description over Avro: every version of ``subjects`` (each topic's
@@ -133,10 +141,7 @@ def debezium_plan(client: RegistryClient, subjects: Iterable[str], ids: Iterable
     when the registry does not answer."""
     schemas: dict[int, str] = {}
     for subject in subjects:
-        try:
-            schemas.update(writer_texts(client, subject))
-        except SchemaNotFound:
-            continue
+        schemas.update(subject_texts(client, subject))
     missing = []
     for i in sorted(set(ids) - set(schemas)):
         try:
@@ -202,6 +207,10 @@ def writer_columns(fmt: RegistryFormat, text: str) -> CollectionSchema:
         return json_schema.collection_schema(text)
     if fmt == "protobuf":
         return protobuf_schema.collection_schema(text)
+    if fmt == "debezium":  # a change event's writer: its rows' (after) columns
+        from reclock.debezium_avro import row_columns
+
+        return row_columns(text)
     try:
         parsed = json.loads(text)
     except json.JSONDecodeError as e:

@@ -35,6 +35,7 @@ from reclock.dev.connect import LocalConnect
 from reclock.errors import DecodeError, RegistryUnavailable
 from reclock.persist import connect
 from reclock.persist.remap_store import load_remap
+from reclock.persist.schemas import load_history
 from reclock.sources.kafka.topics import slot
 from reclock.sources.kafka.transactions import probe, tx_id
 from reclock.sources.kafka.upstream import KafkaUpstream
@@ -89,7 +90,7 @@ def collection(conn, ctx, ts: int | None = None) -> frozenset:
 @pytest.fixture(scope="module")
 def avro_upstream(postgres, kafka, stack_state, registry):
     """A database with table ``kinds`` (four rows before the connector starts: its snapshot), tables
-    ``orders`` and ``lines`` (two rows each), and a Connect worker writing them as Avro through the registry,
+    ``grows``, ``orders`` and ``lines`` (two rows each), and a Connect worker writing them as Avro through the registry,
     with the transaction topic (started once for the module)."""
     name = f"dbz_avro_{os.getpid()}"
     with psycopg.connect(postgres.dsn("postgres"), autocommit=True) as conn:
@@ -97,6 +98,8 @@ def avro_upstream(postgres, kafka, stack_state, registry):
     dsn = postgres.dsn(name)
     table = Table(dsn)
     with psycopg.connect(dsn) as conn:
+        conn.execute("CREATE TABLE grows (id int PRIMARY KEY, v text)")  # test_debezium_avro_schema_evolves
+        conn.execute("INSERT INTO grows VALUES (1, 'a'), (2, 'b')")
         for t in TX_TABLES:  # written together by test_debezium_avro_transaction_topic
             conn.execute(f"CREATE TABLE {t} (id int PRIMARY KEY, v text, n bigint)")
             conn.execute(f"INSERT INTO {t} VALUES (1, 's1', 1), (2, 's2', 2)")
@@ -109,7 +112,8 @@ def avro_upstream(postgres, kafka, stack_state, registry):
             (4, 3.4028235e38, 4.9e-324, 999999999.999, '\\xdeadbeef', '1970-01-01 00:00:00.001',
              '1970-01-01', 'x')""")
         table.states.append(table.rows(conn))
-    worker = LocalConnect(stack_state, kafka.bootstrap, dsn, ("public.kinds", *(f"public.{t}" for t in TX_TABLES)),
+    worker = LocalConnect(stack_state, kafka.bootstrap, dsn, ("public.kinds", "public.grows",
+                                                          *(f"public.{t}" for t in TX_TABLES)),
                           prefix=f"dbzavro{os.getpid()}", transactions=True, flush_ms=FLUSH_MS, registry=registry,
                           extra={"decimal.handling.mode": "precise"})
     with running(worker, postgres):
@@ -426,3 +430,43 @@ def test_debezium_avro_transaction_topic(db, kafka, spark, tmp_path, avro_upstre
     whole = probe("avtx", kafka.bootstrap, topics, tx_topic, PartitionedFrontier.of({}), full,
                   decode=source._avro_text())
     assert whole.waiting is None and both in whole.upper.covered
+
+
+def test_debezium_avro_schema_evolves(db, kafka, spark, tmp_path, avro_upstream, registry_env):
+    """``schema: evolve``: ``ALTER TABLE ADD COLUMN`` upstream makes Debezium register a new writer schema; the
+    collection gains the column from the timestamp of the first record carrying it (a new schema version,
+    the machinery of a registry source's ``schema: evolve``); AS OF before it, the declared columns."""
+    table, worker = avro_upstream
+    topic = worker.topic("public.grows")
+    ctx = make_ctx(db, kafka, spark, tmp_path, topic, name="grows", envelope="debezium", include=[],
+                   format={"type": "avro", "registry": {}, "schema": "id INT, v STRING"}, schema="evolve")
+    ctx = replace(ctx, retain_history_ms=10**12)
+    wait_written(kafka, topic, 2)
+    cycle.run_cycle(ctx)
+    with psycopg.connect(table.dsn) as conn:
+        conn.execute("ALTER TABLE grows ADD COLUMN note text")
+        conn.execute("INSERT INTO grows VALUES (3, 'c', 'new')")
+        conn.execute("UPDATE grows SET note = '-0.0' WHERE id = 1")
+    wait_written(kafka, topic, 4)
+    want = [{"id": 1, "v": "a", "note": "-0.0"}, {"id": 2, "v": "b", "note": None},
+            {"id": 3, "v": "c", "note": "new"}]
+    for _ in range(8):
+        cycle.run_cycle(ctx)
+        with connect(db) as conn:
+            got = sorted(read_as_of(conn, ctx.blob, "grows").to_pylist(), key=lambda r: r["id"])
+        if [{k: r.get(k) for k in ("id", "v", "note")} for r in got] == want:
+            break
+        time.sleep(0.5)
+    assert [{k: r.get(k) for k in ("id", "v", "note")} for r in got] == want
+    with connect(db) as conn:
+        versions = load_history(conn, "grows").versions
+        assert [c.name for c in versions[0].schema.columns] == ["id", "v"]
+        assert [(c.name, c.type) for c in versions[-1].schema.columns] == [("id", "int"), ("v", "string"),
+                                                                           ("note", "string")]
+        assert len(versions) == 2 and "adds note" in versions[-1].cause, versions
+        since = versions[-1].since_ts
+        first_note = min(u["ts"] for u in read_updates(conn, ctx.blob, "grows").to_pylist() if u.get("note"))
+        assert since == first_note
+        assert read_as_of(conn, ctx.blob, "grows", since - 1).column_names == ["id", "v", "diff"]
+        errors = read_updates(conn, ctx.blob, "grows_errors")
+        assert errors is None or errors.num_rows == 0, errors.to_pylist()

@@ -134,15 +134,43 @@ def test_the_config_takes_debezium_avro_and_refuses_what_is_not_built():
     topics = [{"topic": "dbz.public.a", "schema": "id INT"}, {"topic": "dbz.public.b", "schema": "id INT, n BIGINT"}]
     several = parse_source("s", {"kafka": kafka, "envelope": "debezium", "topics": topics, "format": AVRO})
     assert several.format.type == "avro" and len(several.upstream.tables) == 2
+    evolving = parse_source("e", {"kafka": {**kafka, "topic": "dbz.public.k"}, "envelope": "debezium",
+                                  "format": {**AVRO, "schema": "id INT"}, "schema": "evolve"})
+    assert evolving.schema_mode == "evolve"
     tx = parse_source("s", {"kafka": kafka, "envelope": "debezium", "topics": topics, "format": AVRO,
                             "transaction_topic": "dbz.transaction"})
     assert tx.upstream.transaction_topic == "dbz.transaction" and tx.format.type == "avro"
     for raw, words in [
         ({"kafka": {**kafka, "topic": "t"}, "envelope": "debezium", "format": AVRO}, "needs `schema:`"),
-        ({"kafka": {**kafka, "topic": "t"}, "envelope": "debezium", "format": {**AVRO, "schema": "id INT"},
-          "schema": "evolve"}, "not built for envelope debezium"),
+        ({"kafka": {**kafka, "topic": "t"}, "envelope": "debezium", "format": {"type": "json", "schema": "id INT"},
+          "schema": "evolve"}, "needs writer schemas from a registry"),
         ({"kafka": {**kafka, "topic": "t"}, "envelope": "debezium",
           "format": {"type": "protobuf", "registry": {}}}, "envelope debezium reads"),
     ]:
         with pytest.raises(ConfigError, match=words):
             parse_source("x", raw)
+
+
+def test_row_columns_are_the_types_of_the_json_text():
+    """A Debezium writer's ``after`` columns as the collection reads the JSON text they decode to: logical
+    types as their numbers, decimals with Connect's precision, optional columns nullable, nested records."""
+    from reclock.debezium_avro import row_columns
+
+    value = {"type": "record", "name": "Value", "namespace": "dbz.public.t", "fields": [
+        {"name": "id", "type": "int"},
+        {"name": "d", "type": ["null", {"type": "bytes", "logicalType": "decimal", "scale": 3,
+                                        "connect.parameters": {"connect.decimal.precision": "12"}}]},
+        {"name": "day", "type": ["null", {"type": "int", "logicalType": "date"}]},
+        {"name": "at", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+        {"name": "b", "type": ["null", "bytes"]}, {"name": "f", "type": "float"},
+        {"name": "r", "type": {"type": "record", "name": "R", "fields": [{"name": "x", "type": "long"}]}},
+        {"name": "e", "type": {"type": "enum", "name": "E", "symbols": ["A"]}}]}
+    envelope = {"type": "record", "name": "Envelope", "namespace": "dbz.public.t",
+                "fields": [{"name": "before", "type": ["null", value]}, {"name": "after", "type": ["null", "Value"]},
+                           {"name": "op", "type": "string"}]}
+    cols = row_columns(json.dumps(envelope))
+    assert [(c.name, c.type, c.nullable) for c in cols.columns] == [
+        ("id", "int", False), ("d", "decimal(12,3)", True), ("day", "int", True), ("at", "bigint", False),
+        ("b", "binary", True), ("f", "float", False), ("r", "struct<x:bigint>", False), ("e", "string", False)]
+    with pytest.raises(ValueError, match="no `after`"):
+        row_columns(json.dumps(value))

@@ -45,10 +45,11 @@ from reclock.persist.schemas import load_history
 from reclock.persist.shards import register_shard, shard_info
 from reclock.persist.staged import collect_parts, first_rejected, read_state_changes, slice_folder
 from reclock.persist.upsert_state import apply_changes, holds_keys, load_prior
-from reclock.registry_plan import (AvroPlan, Reader, WriterTally, avro_plan, choose_reader, debezium_plan,
-                                   initial_reader, schema_text, versions_seen, writer_texts)
+from reclock.registry_plan import (AvroPlan, AvroWriter, Choice, Reader, WriterTally, avro_plan, choose_reader,
+                                   debezium_plan, initial_reader, schema_text, subject_texts, versions_seen,
+                                   writer_columns, writer_texts)
 from reclock.remap import RemapCollection
-from reclock.schema_evolution import CollectionSchema, SchemaHistory, SchemaVersion
+from reclock.schema_evolution import CollectionSchema, Column, SchemaHistory, SchemaVersion, evolve
 from reclock.schema_registry import RegistryClient
 from reclock.settings import find_kafka, find_registry
 from reclock.sources.base import (Acknowledged, CycleServices, JointJobs, JointSlice, Lag, SourceKind, SourceRuntime,
@@ -71,6 +72,7 @@ class KafkaSource(SourceRuntime):
         self._pending: tuple[SchemaVersion, ...] = ()  # versions written by this context, maybe not appended
         self._met: set[int] = set()  # writer ids met by this context's jobs
         self._probed: dict = {}
+        self._row_columns: dict[str, CollectionSchema] = {}  # debezium Avro, schema: evolve: the rows' per shard
         # the transaction topic is read from the newest binding's offset: the source must be registered first
         self.probe_after_register = bool(ctx.spec.upstream.transaction_topic)
 
@@ -295,11 +297,61 @@ class KafkaSource(SourceRuntime):
         and handed to the jobs, whose tasks ask no registry (:meth:`_write_planned`): a registry lost after
         the plan fails no Spark job; one lost when the jobs met a writer the plan did not know is
         ``RegistryUnavailable``, and nothing is appended."""
+        spec = self.ctx.spec
         client = self.registry()
-        subjects = [f"{sub.upstream.topic}-{side}" for sub in topic_specs(self.ctx.spec) for side in ("key", "value")]
-        written, _plan, _tally = self._write_planned(rc, desc, m, on_slice, rebuilding,
-                                                      lambda ids: debezium_plan(client, subjects, ids))
-        return written
+        subs = topic_specs(spec)
+        subjects = [f"{sub.upstream.topic}-{side}" for sub in subs for side in ("key", "value")]
+        if spec.schema_mode != "evolve":
+            written, _plan, _tally = self._write_planned(rc, desc, m, on_slice, rebuilding,
+                                                          lambda ids: debezium_plan(client, subjects, ids))
+            return written
+        # schema: evolve: each topic's collection as recorded (or declared, at its first description), evolved
+        # before the job by every writer of its value subject (the job's rows have those columns); after it,
+        # a version at the first record of each writer that changes it (registry_plan.versions_seen)
+        before: dict[str, CollectionSchema] = {}
+        first: dict[str, SchemaVersion] = {}
+        with self.ctx.connect() as conn:
+            for sub in subs:
+                h = load_history(conn, sub.data_shard)
+                before[sub.data_shard] = h.latest() if h.versions else declared_columns(sub)
+                if not h.versions:
+                    first[sub.data_shard] = SchemaVersion(desc.lower, before[sub.data_shard],
+                                                          Reader("debezium", sub.format.schema).upstream(),
+                                                          "the declared schema")
+        values: dict[str, dict[int, str]] = {}
+
+        def make_plan(ids: set[int]) -> AvroPlan:
+            for sub in subs:
+                values[sub.data_shard] = subject_texts(client, f"{sub.upstream.topic}-value")
+                cols = before[sub.data_shard]
+                for i in sorted(values[sub.data_shard]):
+                    ev = evolve(cols, writer_columns("debezium", values[sub.data_shard][i]))
+                    cols = cols if ev.incompatible is not None else ev.schema
+                self._row_columns[sub.data_shard] = cols
+            return debezium_plan(client, subjects, ids)
+
+        written, _plan, tally = self._write_planned(rc, desc, m, on_slice, rebuilding, make_plan)
+        if rebuilding:
+            return written
+        schemas = {}
+        for sub in subs:
+            shard, own = sub.data_shard, values[sub.data_shard]
+            plan = AvroPlan("", tuple(AvroWriter(i, t) for i, t in sorted(own.items())), (), "debezium")
+            reader = Reader("debezium", sub.format.schema)
+            met = {i: ts for i, ts in tally.first_ts.items() if i in own}
+            versions, refusal = versions_seen(Choice(reader, before[shard]), plan, before[shard], met)
+            if refusal is not None:
+                self._release(written)
+                inc = refusal.incompatibility
+                raise SchemaIncompatible(
+                    spec.name, shard, inc.field, inc.change, inc.old, inc.new,
+                    "a column whose type the collection cannot take: read the topic as a new source with the "
+                    "column's new type declared, or set `schema: fixed` (the declared columns only)",
+                    None, refusal.writer)
+            merged = {v.since_ts: v for v in ([first[shard]] if shard in first else []) + versions}
+            if merged:
+                schemas[shard] = tuple(merged[t] for t in sorted(merged))
+        return dataclasses.replace(written, schemas=schemas) if schemas else written
 
     def _release(self, written: WrittenBatch) -> None:
         """Let garbage collection take a written description's folder (its parts will not be appended)."""
@@ -388,6 +440,8 @@ class KafkaSource(SourceRuntime):
             m.update(prior_keys=m.get("prior_keys", 0) + len(prior))
             if held:  # keys: when they were read
                 m.update(keys=m.get("keys", 0) + len(keys))
+        if plan is not None and plan.format == "debezium" and spec.data_shard in self._row_columns:
+            plan = dataclasses.replace(plan, columns=self._row_columns[spec.data_shard])
         failpoint("write_batches:before_job")
         written: list[SliceWritten] = []
         joinable = ctx.joint_writer is not None and len(slices) == 1 and not upsert and not rebuilding \
@@ -557,3 +611,11 @@ def debezium_keys(keys: list[bytes], spec, plan: AvroPlan | None = None) -> set[
         except EventInvalid:
             pass
     return out
+
+
+def declared_columns(spec) -> CollectionSchema:
+    """A debezium topic's declared row (``format.schema``, Spark DDL) as the collection's columns (Spark's
+    parse: its type strings)."""
+    from reclock.spark.decode import data_schema
+
+    return CollectionSchema(tuple(Column(f.name, f.dataType.simpleString(), True) for f in data_schema(spec).fields))

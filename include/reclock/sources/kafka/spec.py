@@ -59,10 +59,6 @@ def parse_kafka_source(name: str, d: dict, base: Path | None) -> SourceSpec:
                                   "`after`, as Spark DDL, e.g. \"id INT, name STRING\"), not `schema_file:` (the "
                                   "writer schemas are the registry's, by each record's id)")
             check_schema(fmt.schema, f"{what}.format.schema")
-            if schema_mode != "fixed":
-                raise ConfigError(f"{what}: `schema: evolve` is not built for envelope debezium: the collection's "
-                                  "columns are `format.schema`; a column the table gains is not read until it is "
-                                  "declared there (a new source, or a rebuild)")
         if include:
             raise ConfigError(f"{what}: envelope debezium cannot include Kafka metadata ({', '.join(include)}): a "
                               "row's retraction must carry what its insertion carried, and the upsert state keeps "
