@@ -82,3 +82,23 @@ class PeakRss:
     def mb(self) -> dict[str, float]:
         """Peak per group and of the sum (``total``), in MB (10^6 bytes)."""
         return {name: v / MB for name, v in self.peaks.items()}
+
+
+def cpu_seconds(roots: Iterable[int]) -> float:
+    """CPU seconds (user + system) used so far by the processes under each of ``roots`` (each root and every
+    descendant still alive), including their children already reaped (a Postgres backend that ended, a
+    Python worker Spark replaced): take it before and after a measurement, the difference is the work done
+    on the machine's cores whatever else ran beside it (wall seconds stretch with the load, this does not)."""
+    total = 0.0
+    seen: set[int] = set()
+    for root in roots:
+        for p in process_tree(root):
+            if p.pid in seen:
+                continue
+            seen.add(p.pid)
+            try:
+                t = p.cpu_times()
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+            total += t.user + t.system + t.children_user + t.children_system
+    return total

@@ -49,12 +49,14 @@ import struct
 import tempfile
 import time
 from pathlib import Path
+from typing import Sequence
 
 import psycopg
 from psycopg import pq
 from psycopg.rows import scalar_row
 
 from benchmarks import stop
+from benchmarks.memory import cpu_seconds
 from reclock import cycle
 from reclock.config import parse_source
 from reclock.dev.postgres import LocalPostgres
@@ -251,13 +253,21 @@ def _bare_table_read(dsn: str) -> tuple[float, int]:
         return time.perf_counter() - t0, n
 
 
-def _spark_snapshots(spark, up: str, db: str, root: Path, reps: int, budget: int,
-                     copies: list[float] | None = None) -> tuple[list[float], list[float]]:
+BARE, RECLOCK, COPY, CONVERTED = ("bare Spark read", "snapshot on Spark", "Spark's copy into Parquet",
+                                  "the snapshot's read, converted, into noop")
+
+
+def _spark_snapshots(spark, up: str, db: str, root: Path, reps: int, budget: int, more: bool = False,
+                     cpu: dict[str, list[float]] | None = None,
+                     cpu_roots: Sequence[int] = ()) -> dict[str, list[float]]:
     """Reclock's first cycle with table ``a``'s snapshot on Spark (``reclock.sources.postgres.spark_snapshot``),
     beside a bare Spark read of the same table over the same page ranges and JDBC settings into Spark's ``noop``
-    sink (and, given ``copies``, Spark's own JDBC copy of the table into Parquet), each once as a warm-up, then
-    alternating which goes first (``benchmarks.env.alternating``); each source's slot is dropped after its
-    cycle. Seconds per run: (Reclock, bare); the copies' go into ``copies``."""
+    sink (and, with ``more``, Spark's own JDBC copy of the table into Parquet, and the snapshot's read with its
+    conversions into ``noop``: its write left out), each once as a warm-up, then alternating which goes first
+    (``benchmarks.env.alternating``); each source's slot is dropped after its cycle. Seconds per timed run of
+    each contender (:data:`BARE`, :data:`RECLOCK`, :data:`COPY`, :data:`CONVERTED`); given ``cpu``, also the CPU
+    seconds of each (``benchmarks.memory.cpu_seconds`` of ``cpu_roots``: this process, Spark's JVM and its
+    Python workers, Postgres and its backends; wall seconds stretch with the load, these do not)."""
     from benchmarks.env import alternating
     from reclock.sources.postgres import spark_snapshot as ss
 
@@ -273,22 +283,26 @@ def _spark_snapshots(spark, up: str, db: str, root: Path, reps: int, budget: int
             props = {**target.properties, "sessionInitStatement": ss.session_init(name), "fetchsize": "10000"}
             preds = ss.partition_predicates(pages, ss.SPLIT_BYTES // block, ss.task_slots(spark))
             t0 = time.perf_counter()
-            read(props, preds)
+            read(name, props, preds)
             secs = time.perf_counter() - t0
             conn.execute("ROLLBACK")
         return secs
 
     def bare(i: int) -> float:
-        return under_snapshot(lambda props, preds: spark.read.jdbc(
+        return under_snapshot(lambda name, props, preds: spark.read.jdbc(
             target.url, ss.snapshot_query(info), predicates=preds, properties=props
         ).write.format("noop").mode("overwrite").save())
 
     def copy(i: int) -> float:  # Spark's own copy of the table (its types, no conversion) into Parquet
-        secs = under_snapshot(lambda props, preds: spark.read.jdbc(
+        secs = under_snapshot(lambda name, props, preds: spark.read.jdbc(
             target.url, f"(SELECT ctid AS {ss.CTID}, id, v, n, x, at FROM ONLY public.a) a", predicates=preds,
             properties=props).drop(ss.CTID).write.parquet(str(root / f"copy{i}")))
         shutil.rmtree(root / f"copy{i}", ignore_errors=True)
         return secs
+
+    def converted(i: int) -> float:  # the snapshot's query and conversions as the cycle runs them, nothing written
+        return under_snapshot(lambda name, props, preds: ss.snapshot_frame(
+            spark, target, name, info, 1, preds).write.format("noop").mode("overwrite").save())
 
     def reclock(i: int) -> float:
         spec = parse_source(f"spk{i}", {"postgres": {"dsn_env": "UNUSED", "publication": "pub",
@@ -307,13 +321,21 @@ def _spark_snapshots(spark, up: str, db: str, root: Path, reps: int, budget: int
             conn.execute("SELECT pg_drop_replication_slot(%s)", (slot_name(spec.name),))
         return secs
 
-    jobs = {"snapshot on Spark": reclock, "bare Spark read": bare}
-    if copies is not None:
-        jobs["Spark's copy into Parquet"] = copy
-    times = alternating(jobs, reps, lambda line: print(f"{line} (load {os.getloadavg()[0]:.1f})", flush=True))
-    if copies is not None:
-        copies.extend(times["Spark's copy into Parquet"])
-    return times["snapshot on Spark"], times["bare Spark read"]
+    def counted(name: str, job):
+        def run(i: int) -> float:
+            c0 = cpu_seconds(cpu_roots)
+            secs = job(i)
+            if i > 0:  # a timed run, not the warm-up
+                cpu.setdefault(name, []).append(cpu_seconds(cpu_roots) - c0)
+            return secs
+        return run
+
+    jobs = {RECLOCK: reclock, BARE: bare}
+    if more:
+        jobs.update({COPY: copy, CONVERTED: converted})
+    if cpu is not None:
+        jobs = {name: counted(name, job) for name, job in jobs.items()}
+    return alternating(jobs, reps, lambda line: print(f"{line} (load {os.getloadavg()[0]:.1f})", flush=True))
 
 
 def _peak_rss_mib(pid: int) -> float:
@@ -324,30 +346,39 @@ def _peak_rss_mib(pid: int) -> float:
     return float("nan")
 
 
-def _spark_only(args, up: str, db: str, root: Path, figures: dict, load0: tuple) -> None:
-    """``--spark-only``: the snapshot on Spark beside the bare Spark read, and the peak memory of this process
-    (the cycle's task, Spark's driver) and of Spark's JVM (``local[2]``: its driver and executors are one)."""
+def _spark_only(args, up: str, db: str, root: Path, figures: dict, load0: tuple, postmaster: int) -> None:
+    """``--spark-only``: the snapshot on Spark beside the bare Spark read, Spark's own copy into Parquet and the
+    snapshot's read converted into ``noop``, in wall seconds and in CPU seconds (of this process, Spark's JVM
+    and its workers, and Postgres: the ratios of the work done, which the load on a shared machine does not
+    move as it moves the wall clock), and the peak memory of this process (the cycle's task, Spark's driver) and
+    of Spark's JVM (``local[2]``: its driver and executors are one)."""
     import resource
 
     from reclock.dev.spark import local_session
 
     spark = local_session(StackState(root), app="reclock-pgbench")
+    cpu: dict[str, list[float]] = {}
     try:
         jvm = int(spark.sparkContext._jvm.ProcessHandle.current().pid())
-        copies: list[float] = []
-        spark_reclock, spark_bare = _spark_snapshots(spark, up, db, root, args.reps, args.budget, copies)
+        times = _spark_snapshots(spark, up, db, root, args.reps, args.budget, more=True, cpu=cpu,
+                                 cpu_roots=(os.getpid(), postmaster))
         jvm_peak = _peak_rss_mib(jvm)
     finally:
         spark.stop()
-    sr, sb = statistics.median(spark_reclock), statistics.median(spark_bare)
-    figures["snapshot rows/s: Reclock's first cycle, table on Spark"] = {"value": args.snapshot_rows / sr, "seconds": sr}
-    figures["snapshot rows/s: bare Spark JDBC read of the table"] = {"value": args.snapshot_rows / sb, "seconds": sb}
-    sc = statistics.median(copies)
-    figures["snapshot rows/s: Spark's JDBC copy of the table into Parquet"] = {"value": args.snapshot_rows / sc,
-                                                                              "seconds": sc}
-    figures["ratio: snapshot on Spark / bare Spark read (medians)"] = {"value": sb / sr}
-    figures["ratio: snapshot on Spark / Spark's copy into Parquet (medians)"] = {"value": sc / sr}
-    figures["ratio: per rep, median"] = {"value": statistics.median(b / r for r, b in zip(spark_reclock, spark_bare))}
+    med = {k: statistics.median(v) for k, v in times.items()}
+    cmed = {k: statistics.median(v) for k, v in cpu.items()}
+    for name, what in ((RECLOCK, "Reclock's first cycle, table on Spark"), (BARE, "bare Spark JDBC read of the table"),
+                       (COPY, "Spark's JDBC copy of the table into Parquet"),
+                       (CONVERTED, "the snapshot's read, converted, into noop")):
+        figures[f"snapshot rows/s: {what}"] = {"value": args.snapshot_rows / med[name], "seconds": med[name]}
+        figures[f"CPU seconds: {what}"] = {"value": cmed[name]}
+    figures["ratio: snapshot on Spark / bare Spark read (medians)"] = {"value": med[BARE] / med[RECLOCK]}
+    figures["ratio: snapshot on Spark / Spark's copy into Parquet (medians)"] = {"value": med[COPY] / med[RECLOCK]}
+    figures["ratio: per rep, median"] = {"value": statistics.median(b / r for r, b in zip(times[RECLOCK], times[BARE]))}
+    figures["ratio of CPU seconds: snapshot on Spark / bare Spark read"] = {"value": cmed[BARE] / cmed[RECLOCK]}
+    figures["ratio of CPU seconds: Spark's copy into Parquet / bare Spark read"] = {"value": cmed[BARE] / cmed[COPY]}
+    figures["ratio of CPU seconds: the read converted into noop / bare Spark read"] = {
+        "value": cmed[BARE] / cmed[CONVERTED]}
     figures["peak RSS MiB: the cycle's process (Python)"] = {
         "value": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     figures["peak RSS MiB: Spark's JVM (driver and executors, local[2])"] = {"value": jvm_peak}
@@ -355,7 +386,10 @@ def _spark_only(args, up: str, db: str, root: Path, figures: dict, load0: tuple)
           f"{load0[1]:.1f} {load0[2]:.1f}, at end {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     for name, f in figures.items():
         extra = f" ({f['seconds']:.2f} s)" if "seconds" in f else ""
-        print(f"{name:<64} {f['value']:>12,.2f}{extra}")
+        print(f"{name:<72} {f['value']:>12,.2f}{extra}")
+    for name in times:
+        print(f"per rep, {name}: " + ", ".join(f"{w:.2f} s wall / {c:.2f} s CPU"
+                                               for w, c in zip(times[name], cpu[name])))
     if args.out:
         Path(args.out).write_text(json.dumps(figures, indent=2))
 
@@ -383,7 +417,8 @@ def main() -> None:
         _fill_snapshot(up, args.snapshot_rows)
         load0 = os.getloadavg()
         if args.spark_only:
-            _spark_only(args, up, db, root, figures, load0)
+            _spark_only(args, up, db, root, figures, load0,
+                        postmaster=int(pg.pidfile.read_text().split()[0]))
             return
         snap_bare = [_bare_table_read(up) for _ in range(args.reps)]
 
@@ -411,10 +446,10 @@ def main() -> None:
 
             spark = local_session(StackState(root), app="reclock-pgbench")
             try:
-                spark_reclock, spark_bare = _spark_snapshots(spark, up, db, root, args.reps, args.budget)
+                times = _spark_snapshots(spark, up, db, root, args.reps, args.budget)
             finally:
                 spark.stop()
-            sr, sb = statistics.median(spark_reclock), statistics.median(spark_bare)
+            sr, sb = statistics.median(times[RECLOCK]), statistics.median(times[BARE])
             figures["snapshot rows/s: Reclock's first cycle, table on Spark"] = {"value": args.snapshot_rows / sr,
                                                                                 "seconds": sr}
             figures["snapshot rows/s: bare Spark JDBC read of the table"] = {"value": args.snapshot_rows / sb,

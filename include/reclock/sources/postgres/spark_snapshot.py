@@ -224,16 +224,23 @@ def plain_columns(conn, info: TableInfo) -> list[str]:
     return sorted(a for a, d in rows if a in published and d is not None and -d >= UNIQUE_ENOUGH)
 
 
+def snapshot_frame(spark, target: JdbcTarget, snapshot: str, info: TableInfo, ts: int, predicates: Sequence[str],
+                   fetch_size: int = 10_000):
+    """The rows ``info``'s table holds in ``snapshot`` as a DataFrame of ``(columns..., ts, 1)``, each column
+    converted to the type the stream gives it (what :func:`write_table_snapshot` writes)."""
+    props = {**target.properties, "sessionInitStatement": session_init(snapshot), "fetchsize": str(fetch_size)}
+    df = spark.read.jdbc(target.url, snapshot_query(info), predicates=list(predicates), properties=props)
+    exprs = [f"{_column_sql(f'c{i}', o, m, n)} AS {sql_ident(n)}" for i, (n, o, m) in enumerate(info.columns)]
+    return df.selectExpr(*exprs, f"CAST({int(ts)} AS BIGINT) AS ts", "CAST(1 AS BIGINT) AS diff")
+
+
 def write_table_snapshot(spark, target: JdbcTarget, snapshot: str, info: TableInfo, ts: int, url: str,
                          predicates: Sequence[str], fetch_size: int = 10_000, plain: Sequence[str] = ()) -> None:
     """One Spark job: every row ``info``'s table holds in ``snapshot`` as ``(columns..., ts, 1)`` Parquet parts under
     ``url`` (with Spark's ``_SUCCESS`` marker). The caller proves them (``reclock.sources.postgres.cdc.collect``)
     against ``count(*)`` under the same snapshot, which it keeps open for the whole job. The columns ``plain``
     (:func:`plain_columns`) are written without a dictionary: the same values, another encoding."""
-    props = {**target.properties, "sessionInitStatement": session_init(snapshot), "fetchsize": str(fetch_size)}
-    df = spark.read.jdbc(target.url, snapshot_query(info), predicates=list(predicates), properties=props)
-    exprs = [f"{_column_sql(f'c{i}', o, m, n)} AS {sql_ident(n)}" for i, (n, o, m) in enumerate(info.columns)]
-    df = df.selectExpr(*exprs, f"CAST({int(ts)} AS BIGINT) AS ts", "CAST(1 AS BIGINT) AS diff")
+    df = snapshot_frame(spark, target, snapshot, info, ts, predicates, fetch_size)
     key = "spark.sql.parquet.outputTimestampType"
     before = spark.conf.get(key)
     spark.conf.set(key, "TIMESTAMP_MICROS")  # a timestamptz reads back as timestamp[us, UTC], as the stream's
