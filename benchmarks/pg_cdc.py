@@ -12,9 +12,10 @@ end. Three tables (id, text, numeric(12,2), int8, timestamptz), REPLICA IDENTITY
   Then on Spark (``local[2]``, unless ``--no-spark``): Reclock's first cycle with table ``a`` read by Spark
   (``reclock.sources.postgres.spark_snapshot``: partitioned JDBC reads under the snapshot, converted, written as
   Parquet, proved, appended) beside a bare Spark JDBC read of the same table, same page ranges and settings, into
-  Spark's ``noop`` sink, each warmed up once, then alternating. ``--spark-only`` runs only these, with a third
-  contender (Spark's own JDBC copy of the table into Parquet), the load and the peak RSS of this process and of
-  Spark's JVM.
+  Spark's ``noop`` sink, each warmed up once, then alternating. ``--spark-only`` runs only these, with two more
+  contenders (Spark's own JDBC copy of the table into Parquet; the snapshot's read with its conversions into
+  ``noop``), the CPU seconds of each (this process, Spark's JVM and workers, Postgres), the load and the peak RSS
+  of this process and of Spark's JVM.
 * **changes**: ``--changes`` row changes (inserts, updates, deletes over the three tables, in transactions
   of 1 to 200 changes, one of 20,000), committed after the snapshot; then, timed, Reclock's cycle that
   ingests them (mint to resume, everything appended) beside bare reads of the same slot with the same
