@@ -179,6 +179,10 @@ BIG_EVERY = 150  # every this many writer transactions, a large one (700 rows of
 UPSERT_KEYS = 12
 REPO = Path(__file__).resolve().parents[1]
 WATCHDOG_S = 300.0  # a cycle or sink process silent for this long is stuck (or starved): killed and reported
+STEP_TIMEOUT = "2m"
+"""Every source's ``step_timeout``: a write's Spark work interrupted past it fails the try (and Airflow's
+``execution_timeout`` of ``mint_write`` follows from it), well inside :data:`WATCHDOG_S`. The seed-101 run had
+none: one try sat 12.5 minutes in a Spark job queued behind a single executor at load ~60."""
 
 
 def _echo(msg: str) -> None:
@@ -533,9 +537,10 @@ def network_fault(svc: Services, kind: str, rng: random.Random, echo: Callable[[
 # ------------------------------------------------------------------------------------------ the workload
 
 def write_config(root: Path, bootstrap: str, kinesis: bool = False, name: str = "reclock.yaml",
-                 s3_queue: str | None = None, iceberg: bool = False) -> Path:
+                 s3_queue: str | None = None, iceberg: bool = False, step_timeout: str | None = STEP_TIMEOUT) -> Path:
     """The campaign's sources and sink; ``bootstrap``: where Reclock's processes (cycles, the sink, Spark's
-    Kafka reader) reach the broker (its proxy)."""
+    Kafka reader) reach the broker (its proxy); ``step_timeout``: every source's (None: the key left out, for
+    a release that does not know it)."""
     import yaml
 
     schema = "id BIGINT, name STRING"
@@ -572,6 +577,9 @@ def write_config(root: Path, bootstrap: str, kinesis: bool = False, name: str = 
                                  "budget": {"max_bytes": "64KB"}}
     if iceberg:
         raw["sinks"][ICEBERG_SINK] = {"from": "app", "iceberg": {"table": "lake.chaos_app"}}
+    if step_timeout is not None:
+        for source in raw["sources"].values():
+            source["step_timeout"] = step_timeout
     path = root / name
     path.write_text(yaml.safe_dump(raw))
     return path
@@ -1047,7 +1055,8 @@ class PreviousRelease:
         pool = ThreadPoolExecutor(1, thread_name_prefix="previous-release")
         self.built = pool.submit(previous_release)
         pool.shutdown(wait=False)
-        config = write_config(root, svc.kafka.proxied_bootstrap, name="reclock-previous.yaml")  # its sources only
+        config = write_config(root, svc.kafka.proxied_bootstrap, name="reclock-previous.yaml",  # its sources only
+                              step_timeout=None)
         self.cwd = root / "previous"  # neither release may find the checkout from its working directory
         self.cwd.mkdir()
         self.env = clean_env(**{**{k: v for k, v in env.items() if k.startswith(("RECLOCK_", "CHAOS_"))},

@@ -66,6 +66,7 @@ from reclock.remap import RemapCollection
 from reclock.sources.base import SourceKind, SourceRuntime, WrittenBatch
 from reclock.sources.registry import kind_of
 from reclock.spark import connect as spark_connect
+from reclock.spark.deadline import SparkDeadline
 
 __all__ = ["CycleContext", "MintResult", "WrittenBatch", "ResumeResult", "ensure_registered", "mint",
            "write_batches", "append", "resume", "rebuild", "resnapshot", "mint_and_append", "mint_and_write", "run_cycle", "check_acknowledged"]
@@ -100,6 +101,7 @@ class CycleContext:
     added: list[Added] = field(default_factory=list, init=False, repr=False, compare=False)
     _source: SourceRuntime | None = field(default=None, init=False, repr=False, compare=False)
     _spark: object | None = field(default=None, init=False, repr=False, compare=False)
+    _deadline: SparkDeadline | None = field(default=None, init=False, repr=False, compare=False)
     connections: ConnectionLender = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -131,7 +133,22 @@ class CycleContext:
             if self.spark_factory is None:
                 raise ValueError(f"source {self.spec.name}: this cycle context has no spark_factory")
             self._spark = self.spark_factory()
+        if self._deadline is not None:
+            self._deadline.tag(self._spark)
         return self._spark
+
+    @contextlib.contextmanager
+    def spark_deadline(self, step: str) -> Iterator[SparkDeadline]:
+        """The Spark operations of ``step`` (those run on sessions :meth:`spark` returns meanwhile, in this
+        thread) are interrupted once ``spec.step_timeout_s`` has passed, and the step then fails with
+        ``StepDeadlineExceeded`` (``reclock.spark.deadline``)."""
+        deadline = SparkDeadline(f"source {self.spec.name}: {step}", self.spec.step_timeout_s, lambda: self._spark)
+        self._deadline = deadline
+        try:
+            with deadline:
+                yield deadline
+        finally:
+            self._deadline = None
 
     def connect(self):
         """A consensus connection (autocommit): while a step is under way in this thread, the one the step
@@ -329,7 +346,7 @@ def write_batches(ctx: CycleContext, desc: BatchDescription) -> WrittenBatch:
     Keeps *replayable*: the offsets read and the timestamps given depend only on the durable bindings,
     so a rerun writes the same updates (to fresh paths).
     """
-    with _step(ctx, "write_batches") as m:
+    with _step(ctx, "write_batches") as m, ctx.spark_deadline("write_batches"):
         with ctx.connect() as conn:
             rc = load_remap(conn, ctx.spec.name)
         return ctx.source().write(rc, desc, m)

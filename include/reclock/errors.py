@@ -448,6 +448,24 @@ class KinesisDataLost(UpstreamDataLost):
         self.detail = detail
 
 
+class StepDeadlineExceeded(ReclockError):
+    """A step's Spark work ran past the source's ``step_timeout``: its operations were interrupted and the
+    step failed (nothing it wrote is visible; the next try writes again). ``cause``: the error the
+    interrupted operation raised."""
+
+    def __init__(self, what: str, seconds: float, interrupted: int, cause: BaseException) -> None:
+        self.what = what
+        self.seconds = seconds
+        self.interrupted = interrupted
+        first = str(cause).strip().splitlines()[0][:200] if str(cause).strip() else type(cause).__name__
+        super().__init__(
+            f"{what}: its Spark work ran past the step's deadline of {seconds:g} s (the source's "
+            f"`step_timeout`) and {interrupted} operation(s) of it were interrupted ({type(cause).__name__}: "
+            f"{first}); nothing of the step is visible and the next try writes again. If the work is this long "
+            "by nature, raise `step_timeout` or lower `budget.max_records`; else see why the Spark cluster is "
+            "slow (lost executors, queued jobs: the Spark UI)")
+
+
 class KinesisUnavailable(ReclockError):
     """A Kinesis source's stream cannot be reached, or does not exist."""
 

@@ -299,9 +299,14 @@ def parse_budget(raw: Any, what: str, default: int) -> BudgetSpec:
     return budget
 
 
+STEP_TIMEOUT = "30m"
+"""How long one ``write_batches`` step's Spark work may run by default (``step_timeout:``)."""
+
+
 def parse_schedule(d: dict, what: str, allowed: tuple[str, ...]) -> dict[str, Any]:
     """A source's ``schedule:`` and the keys that go with it (``interval``; ``poll``; ``lease``, ``resume``,
-    ``group``), as :class:`SourceSpec` fields; a key that does not belong to the schedule is an error.
+    ``group``), and ``step_timeout`` (every schedule), as :class:`SourceSpec` fields; a key that does not
+    belong to the schedule is an error.
 
     When ``ingest__<source>`` runs: every ``interval``; when the source's kind's trigger finds something
     (``schedule: upstream``); or continuously, one run cycling back to back for ``lease`` and the next run
@@ -326,7 +331,8 @@ def parse_schedule(d: dict, what: str, allowed: tuple[str, ...]) -> dict[str, An
             "interval_s": parse_duration(d.get("interval", "60s"), f"{what}.interval"),
             "poll_s": parse_duration(d.get("poll", "1s" if schedule == "upstream" else "200ms"), f"{what}.poll"),
             "lease_s": parse_duration(d.get("lease", "10m"), f"{what}.lease"),
-            "resume_s": parse_duration(d.get("resume", "1s"), f"{what}.resume")}
+            "resume_s": parse_duration(d.get("resume", "1s"), f"{what}.resume"),
+            "step_timeout_s": parse_duration(d.get("step_timeout", STEP_TIMEOUT), f"{what}.step_timeout")}
 
 
 @dataclass(frozen=True)
@@ -349,6 +355,7 @@ class SourceSpec:
     lease_s: float = 600.0  # continuous: how long one run keeps cycling before the next run takes over
     resume_s: float = 1.0  # continuous: resume at most this often (and when the lease ends)
     group: str | None = None  # continuous: the group whose one task runs this source's cycles
+    step_timeout_s: float = 1800.0  # a write_batches step's Spark work is interrupted past this (a failed try)
     schema_mode: str = "fixed"  # registry formats: fixed | evolve (``schema:`` in the config)
 
     @property

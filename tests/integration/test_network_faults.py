@@ -38,6 +38,7 @@ from reclock import cycle, persist
 from reclock.config import parse_source
 from reclock.dev.procs import LOOPBACK
 from reclock.dev.toxiproxy import NETWORK_FAULTS, Proxy
+from reclock.errors import StepDeadlineExceeded
 from reclock.persist.blob import blob_store_from_url
 from reclock.persist.objectstore import S3Settings
 from reclock.settings import SparkTarget
@@ -229,6 +230,68 @@ def test_cycles_through_network_faults_complete_or_fail_cleanly_and_catch_up_exa
         bound = SHORT_PG_STEP_BOUND_S
     outcomes = _faults_against(net, db, service, SHORT_PLAN[service], seed=37, bound=bound)
     print(f"{service}: {outcomes}")
+
+
+BLOCKER_TAG = "held-executors"
+
+
+def test_a_write_queued_past_its_step_timeout_is_interrupted_alone_and_the_next_cycles_land_everything_once(
+        net, db):
+    """Every executor slot of the Spark Connect server held by another session's job (a cluster that lost its
+    executors, or the jobs of other tries: issue 37's campaign had a try wait 12.5 minutes so): the write's
+    job waits in the queue until the source's ``step_timeout``, is interrupted then, and the step fails with
+    ``StepDeadlineExceeded`` naming itself and the deadline, recorded as the source's status. The other
+    session's job is not touched by it. Nothing of the step is visible: once the slots are free, the next
+    cycles land every record once."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    from reclock.persist.status import latest_status
+
+    topic, name = "net_deadline", "net_deadline"
+    admin = AdminClient({"bootstrap.servers": net.direct_bootstrap})
+    admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(30)
+    ctx = _context(net, db, "none", topic, name=name)
+    _produce(net.direct_bootstrap, topic, range(0, RECORDS))
+    minted = cycle.mint(ctx)  # registered, a first binding
+    assert minted.descriptions and minted.binding is not None
+
+    other = ConnectSession.builder.remote(net.connect_url).create()  # a session of its own on the server
+    held: dict = {}
+
+    def hold() -> None:  # both task slots of local[2], for ten minutes unless interrupted
+        other.addTag(BLOCKER_TAG)
+        try:
+            other.range(2, numPartitions=2).selectExpr(
+                "reflect('java.lang.Thread', 'sleep', cast(600000 as bigint))").collect()
+            held["end"] = "finished"
+        except Exception as e:  # noqa: BLE001 - its interrupt below is how it should end
+            held["end"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+
+    holder = threading.Thread(target=hold, daemon=True, name="held-executors")
+    holder.start()
+    default = ctx.spec
+    ctx.spec = replace(default, step_timeout_s=4.0)
+    try:
+        time.sleep(3)  # its tasks started
+        with pytest.raises(StepDeadlineExceeded) as raised:
+            cycle.write_batches(ctx, minted.descriptions[0])
+        assert holder.is_alive(), f"the step's interrupt ended another session's job: {held}"
+    finally:
+        ctx.spec = default
+        other.interruptTag(BLOCKER_TAG)
+        holder.join(120)
+        other.stop()
+    assert "OPERATION_CANCELED" in held.get("end", ""), held
+    e = raised.value
+    assert e.seconds == 4 and e.interrupted >= 1, f"{e}; cause: {e.__cause__!r}"
+    assert f"source {name}: write_batches" in str(e) and "deadline of 4 s" in str(e) and "step_timeout" in str(e)
+    with persist.connect(db) as conn:
+        status = latest_status(conn, name)
+    assert status.status == "stalled" and status.step == "write_batches" and "deadline of 4 s" in status.error, status
+    catch_up(ctx)
+    check_invariants(ctx, set(range(RECORDS)))
+    ctx.close()
 
 
 @pytest.mark.deployment

@@ -15,6 +15,7 @@ import yaml
 
 from reclock.config import load_config
 from reclock.connections import CONNECTIONS
+from reclock.dev.spark import ORPHANS_CONF
 from reclock.persist.objectstore import S3Settings, spark_s3a_conf
 from reclock.spark.session import SESSION_CONF
 from reclock.spark.session import SPARK_CONF
@@ -114,6 +115,7 @@ def test_spark_gets_the_librarys_session_settings_and_s3a():
     assert set(SESSION_CONF.items()) <= set(SPARK_CONF.items())
     connect = _confs(SERVICES["spark-connect"]["command"])
     assert set(SPARK_CONF.items()) <= set(connect.items())
+    assert set(ORPHANS_CONF.items()) <= set(connect.items())  # a killed task's jobs end within a minute
     defaults = _spark_defaults()
     for conf in (connect, defaults):
         assert set(S3A.items()) <= set(conf.items()), {k: v for k, v in S3A.items() if conf.get(k) != v}

@@ -58,6 +58,14 @@ def local_session(state: StackState, app: str = "reclock", master: str = "local[
                                         "spark.ui.enabled": "true" if ui else "false"})
 
 
+ORPHANS_CONF = {"spark.connect.execute.manager.detachedTimeout": "60s"}
+"""How long the server keeps running an operation whose client has gone (a killed task: no RPC attached to
+it) before it interrupts it: a minute, not Spark's five. A live client is always attached (it reattaches at
+once when a stream ends), so only orphans are cut. Issue 37's campaign: the jobs of killed tasks kept a
+restarted server's single executor busy for minutes while new tries queued behind them. The deployment guide
+recommends the same setting (docs/deployment.md)."""
+
+
 @dataclass
 class LocalSparkConnect(LocalServer):
     """A Spark Connect server (``spark-submit ... SparkConnectServer``) on ``master`` (default ``local[*]``),
@@ -119,6 +127,7 @@ class LocalSparkConnect(LocalServer):
                 "spark.driver.memory": self.driver_memory,
                 "spark.connect.grpc.binding.address": LOOPBACK,
                 "spark.connect.grpc.binding.port": str(self.port),
+                **ORPHANS_CONF,
                 "spark.ui.port": str(self.ui_port),
                 "spark.sql.warehouse.dir": str(self.home / "warehouse"),
                 "spark.local.dir": str(self.home / "tmp"),

@@ -57,6 +57,11 @@ from reclock.sources.registry import kind_of
 
 log = logging.getLogger("reclock.ingest")
 
+TRY_MARGIN_S = 300.0
+"""What a ``mint_write`` try may take beyond its writes' deadlines (``interval`` + ``step_timeout``) before
+Airflow fails it (its ``execution_timeout``): mint, attaching to Spark Connect (retried for about a minute
+while the server is away: ``reclock.spark.connect.RETRY``) and what has no deadline of its own."""
+
 
 def _part_to_x(p) -> list:
     return [p.path, p.rows, p.bytes, p.min_ts, p.max_ts]
@@ -163,7 +168,10 @@ def build_ingest_dag(spec: SourceSpec):
                         "offsets": {str(k): v for k, v in res.offsets.items()}, "since": res.since,
                         "added": _emit(spec, ctx)}
 
-            write = ReclockTask(task_id="mint_write", python_callable=write_task)
+            # a try's bound: mint, its writes (none started after interval_s, each's Spark work bounded by
+            # step_timeout_s: reclock.spark.deadline) and a margin for what has no deadline of its own
+            write = ReclockTask(task_id="mint_write", python_callable=write_task,
+                                execution_timeout=timedelta(seconds=spec.interval_s + spec.step_timeout_s + TRY_MARGIN_S))
             ReclockTask(task_id="append", python_callable=append_task, op_args=[write.output],
                         outlets=[appends_alias(spec.name)])
     return dag

@@ -32,7 +32,7 @@ def parse_kafka_source(name: str, d: dict, base: Path | None) -> SourceSpec:
     if "tables" in d:
         raise ConfigError(f"{what}: `tables` belongs to a Postgres source (a `postgres:` section)")
     refuse_unknown(d, {"kafka", "format", "envelope", "include", "interval", "budget", "on_decode_error", "rebuild",
-                       "schedule", "poll", "lease", "resume", "group", "schema", "topics", "transaction_topic"}, what)
+                       "schedule", "poll", "lease", "resume", "group", "step_timeout", "schema", "topics", "transaction_topic"}, what)
     kafka = parse_kafka(d["kafka"], f"{what}.kafka", topic="topics" not in d)
     if "topics" in d:
         return _several_topics(name, d, kafka, base)

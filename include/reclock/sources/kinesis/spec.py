@@ -19,7 +19,7 @@ def parse_kinesis_source(name: str, d: dict, base: Path | None) -> SourceSpec:
     """The source ``name``'s mapping ``d`` (it has a ``kinesis:`` section), validated."""
     what = f"source {name}"
     refuse_unknown(d, {"kinesis", "format", "envelope", "include", "interval", "budget", "on_decode_error",
-                       "rebuild", "schedule", "poll", "lease", "resume", "group"}, what)
+                       "rebuild", "schedule", "poll", "lease", "resume", "group", "step_timeout"}, what)
     kinesis = parse_kinesis(d["kinesis"], f"{what}.kinesis")
     fmt = parse_format(d.get("format", {"type": "json"}), f"{what}.format", base)
     envelope = d.get("envelope", "none")

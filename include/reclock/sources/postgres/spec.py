@@ -137,7 +137,7 @@ def _parse_postgres(source: str, raw: Any, tables_raw: Any) -> PostgresSpec:
 def parse_postgres_source(name: str, d: dict, base: Path | None = None) -> SourceSpec:
     """A source with a ``postgres:`` section: ``tables``, ``budget`` and the schedule's keys besides it."""
     what = f"source {name}"
-    refuse_unknown(d, {"postgres", "tables", "budget", "schedule", "interval", "poll"}, what)
+    refuse_unknown(d, {"postgres", "tables", "budget", "schedule", "interval", "poll", "step_timeout"}, what)
     if d.get("schedule") == "continuous":
         raise ConfigError(f"{what}: a Postgres source cannot be `schedule: continuous` (its upper, the flush LSN, "
                           "moves with any WAL the server writes, so cycles back to back would mint a binding every "

@@ -77,7 +77,7 @@ def _positive_count(value: Any, what: str) -> int:
 def parse_s3_source(name: str, d: dict, base: Path | None) -> SourceSpec:
     """The source ``name``'s mapping ``d`` (it has an ``s3:`` section), validated."""
     what = f"source {name}"
-    refuse_unknown(d, {"s3", "format", "include", "budget", "on_decode_error", "schedule", "interval", "poll"}, what)
+    refuse_unknown(d, {"s3", "format", "include", "budget", "on_decode_error", "schedule", "interval", "poll", "step_timeout"}, what)
     s = require(d["s3"], f"{what}.s3")
     refuse_unknown(s, {"connection", "url", "discovery", "keys", "lookback", "queue", "dedupe", "backfill", "settle",
                        "on_overwrite", "compression", "max_objects_per_cycle"}, f"{what}.s3")
