@@ -299,8 +299,8 @@ def parse_budget(raw: Any, what: str, default: int) -> BudgetSpec:
     return budget
 
 
-STEP_TIMEOUT = "30m"
-"""How long one ``write_batches`` step's Spark work may run by default (``step_timeout:``)."""
+STEP_TIMEOUT_S = 1800.0
+"""How long one ``write_batches`` step's Spark work may run by default (``step_timeout:``, 30m)."""
 
 
 def parse_schedule(d: dict, what: str, allowed: tuple[str, ...]) -> dict[str, Any]:
@@ -332,7 +332,7 @@ def parse_schedule(d: dict, what: str, allowed: tuple[str, ...]) -> dict[str, An
             "poll_s": parse_duration(d.get("poll", "1s" if schedule == "upstream" else "200ms"), f"{what}.poll"),
             "lease_s": parse_duration(d.get("lease", "10m"), f"{what}.lease"),
             "resume_s": parse_duration(d.get("resume", "1s"), f"{what}.resume"),
-            "step_timeout_s": parse_duration(d.get("step_timeout", STEP_TIMEOUT), f"{what}.step_timeout")}
+            "step_timeout_s": parse_duration(d.get("step_timeout", STEP_TIMEOUT_S), f"{what}.step_timeout")}
 
 
 @dataclass(frozen=True)
@@ -355,7 +355,7 @@ class SourceSpec:
     lease_s: float = 600.0  # continuous: how long one run keeps cycling before the next run takes over
     resume_s: float = 1.0  # continuous: resume at most this often (and when the lease ends)
     group: str | None = None  # continuous: the group whose one task runs this source's cycles
-    step_timeout_s: float = 1800.0  # a write_batches step's Spark work is interrupted past this (a failed try)
+    step_timeout_s: float = STEP_TIMEOUT_S  # a write_batches step's Spark work is interrupted past this (a failed try)
     schema_mode: str = "fixed"  # registry formats: fixed | evolve (``schema:`` in the config)
 
     @property

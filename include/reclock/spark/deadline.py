@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 import uuid
 from typing import Any, Callable
 
@@ -54,7 +53,8 @@ class SparkDeadline:
         self._thread: threading.Thread | None = None
         self.interrupted = 0
         """How many operations the interrupts reached (Spark's count of the operation ids it interrupted)."""
-        self.fired_at: float | None = None
+        self.fired = False
+        """Whether the deadline passed while the step ran."""
 
     def tag(self, session: Any) -> None:
         """Tag ``session``'s operations from this thread with the step's tag (a session without tags, e.g. a
@@ -76,7 +76,7 @@ class SparkDeadline:
     def _watch(self) -> None:
         if self._done.wait(self.seconds):
             return
-        self.fired_at = time.monotonic()
+        self.fired = True
         log.warning("%s: past its deadline of %g s; interrupting its Spark operations", self.what, self.seconds)
         while True:
             session = self._current()
@@ -87,11 +87,6 @@ class SparkDeadline:
                     log.warning("%s: interrupting its Spark operations failed: %s", self.what, e)
             if self._done.wait(REPEAT_S):
                 return
-
-    @property
-    def fired(self) -> bool:
-        """Whether the deadline passed while the step ran."""
-        return self.fired_at is not None
 
     def __enter__(self) -> "SparkDeadline":
         self._thread = threading.Thread(target=self._watch, name="reclock-deadline", daemon=True)
