@@ -303,6 +303,11 @@ STEP_TIMEOUT_S = 1800.0
 """How long one ``write_batches`` step's Spark work may run by default (``step_timeout:``, 30m)."""
 
 
+SCHEDULE_KEYS = frozenset({"schedule", "interval", "poll", "lease", "resume", "group", "step_timeout"})
+"""A source's keys that :func:`parse_schedule` reads, whatever its kind: each kind's ``refuse_unknown`` list
+takes them all, so a key of a schedule the kind lacks gets :func:`parse_schedule`'s message, not "unknown"."""
+
+
 def parse_schedule(d: dict, what: str, allowed: tuple[str, ...]) -> dict[str, Any]:
     """A source's ``schedule:`` and the keys that go with it (``interval``; ``poll``; ``lease``, ``resume``,
     ``group``), and ``step_timeout`` (every schedule), as :class:`SourceSpec` fields; a key that does not

@@ -46,7 +46,7 @@ def test_a_postgres_source_runs_on_an_interval_or_when_upstream_has_news():
     ({**PG, "schedule": "hourly"}, "not one of interval, upstream"),
     ({**PG, "schedule": "upstream", "interval": "1s"}, "`interval:` is for `schedule: interval`"),
     ({**PG, "poll": "1s"}, "`poll:` is for"),
-    ({**PG, "schedule": "upstream", "lease": "1m"}, "unknown key"),
+    ({**PG, "schedule": "upstream", "lease": "1m"}, "`lease:` is for `schedule: continuous`"),
 ])
 def test_bad_postgres_config_is_refused_saying_why(raw, match):
     with pytest.raises(ConfigError, match=match):

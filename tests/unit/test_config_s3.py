@@ -70,6 +70,7 @@ def test_defaults_and_a_local_folder():
     ({**S3, "budget": {"max_objects": -1}}, "max_objects: a positive number"),
     ({**S3, "on_decode_error": "skip"}, r"on_decode_error: 'skip' is not one of collect, stall"),
     ({**S3, "schedule": "continuous"}, r"schedule 'continuous' is not one of interval, upstream"),
+    ({**S3, "group": "g"}, "`group:` is for `schedule: continuous`"),
     ({**S3, "envelope": "upsert"}, r"unknown key\(s\) envelope"),
 ])
 def test_each_mistake_is_an_error_naming_the_source_and_the_key(raw, match):

@@ -13,9 +13,9 @@ import re
 from reclock.ddl import check_schema
 from reclock.errors import ConfigError
 from reclock.persist.names import SHARD_RE
-from reclock.specs import (ENVELOPES, ERRORS_SUFFIX, FORMATS, REBUILDS, SourceSpec, TopicTable, parse_budget,
-                           parse_format, parse_include, parse_kafka, parse_on_decode_error, parse_schedule,
-                           parse_schema_mode, refuse_unknown, require)
+from reclock.specs import (ENVELOPES, ERRORS_SUFFIX, FORMATS, REBUILDS, SCHEDULE_KEYS, SourceSpec, TopicTable,
+                           parse_budget, parse_format, parse_include, parse_kafka, parse_on_decode_error,
+                           parse_schedule, parse_schema_mode, refuse_unknown, require)
 
 METADATA = ("partition", "offset", "key", "timestamp", "headers")
 """The metadata columns a Kafka source may include (like Materialize's ``INCLUDE``)."""
@@ -31,8 +31,8 @@ def parse_kafka_source(name: str, d: dict, base: Path | None) -> SourceSpec:
     what = f"source {name}"
     if "tables" in d:
         raise ConfigError(f"{what}: `tables` belongs to a Postgres source (a `postgres:` section)")
-    refuse_unknown(d, {"kafka", "format", "envelope", "include", "interval", "budget", "on_decode_error", "rebuild",
-                       "schedule", "poll", "lease", "resume", "group", "step_timeout", "schema", "topics", "transaction_topic"}, what)
+    refuse_unknown(d, {"kafka", "format", "envelope", "include", "budget", "on_decode_error", "rebuild", "schema",
+                       "topics", "transaction_topic", *SCHEDULE_KEYS}, what)
     kafka = parse_kafka(d["kafka"], f"{what}.kafka", topic="topics" not in d)
     if "topics" in d:
         return _several_topics(name, d, kafka, base)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from reclock.errors import ConfigError
 from reclock.sources.kinesis.config import METADATA, parse_kinesis
-from reclock.specs import (ENVELOPES, REBUILDS, SourceSpec, parse_budget, parse_format, parse_schedule, refuse_unknown,
-                           require)
+from reclock.specs import (ENVELOPES, REBUILDS, SCHEDULE_KEYS, SourceSpec, parse_budget, parse_format,
+                           parse_schedule, refuse_unknown, require)
 
 SCHEDULES = ("interval", "upstream", "continuous")
 
@@ -18,8 +18,8 @@ SCHEDULES = ("interval", "upstream", "continuous")
 def parse_kinesis_source(name: str, d: dict, base: Path | None) -> SourceSpec:
     """The source ``name``'s mapping ``d`` (it has a ``kinesis:`` section), validated."""
     what = f"source {name}"
-    refuse_unknown(d, {"kinesis", "format", "envelope", "include", "interval", "budget", "on_decode_error",
-                       "rebuild", "schedule", "poll", "lease", "resume", "group", "step_timeout"}, what)
+    refuse_unknown(d, {"kinesis", "format", "envelope", "include", "budget", "on_decode_error", "rebuild",
+                       *SCHEDULE_KEYS}, what)
     kinesis = parse_kinesis(d["kinesis"], f"{what}.kinesis")
     fmt = parse_format(d.get("format", {"type": "json"}), f"{what}.format", base)
     envelope = d.get("envelope", "none")

@@ -19,7 +19,8 @@ from typing import Any, ClassVar
 from reclock import connections
 from reclock.errors import ConfigError, SettingError
 from reclock.settings import from_connection
-from reclock.specs import NAME_RE_SHARD, SourceSpec, parse_budget, parse_schedule, refuse_unknown, require
+from reclock.specs import (NAME_RE_SHARD, SCHEDULE_KEYS, SourceSpec, parse_budget, parse_schedule, refuse_unknown,
+                           require)
 
 SCHEDULES = ("interval", "upstream")
 """A Postgres source's schedules: not ``continuous``, since its upper (the flush LSN) moves with any WAL the
@@ -137,7 +138,7 @@ def _parse_postgres(source: str, raw: Any, tables_raw: Any) -> PostgresSpec:
 def parse_postgres_source(name: str, d: dict, base: Path | None = None) -> SourceSpec:
     """A source with a ``postgres:`` section: ``tables``, ``budget`` and the schedule's keys besides it."""
     what = f"source {name}"
-    refuse_unknown(d, {"postgres", "tables", "budget", "schedule", "interval", "poll", "step_timeout"}, what)
+    refuse_unknown(d, {"postgres", "tables", "budget", *SCHEDULE_KEYS}, what)
     if d.get("schedule") == "continuous":
         raise ConfigError(f"{what}: a Postgres source cannot be `schedule: continuous` (its upper, the flush LSN, "
                           "moves with any WAL the server writes, so cycles back to back would mint a binding every "

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from reclock.errors import ConfigError
-from reclock.specs import (SourceSpec, choice, parse_duration, parse_format, parse_include, parse_on_decode_error,
+from reclock.specs import (SCHEDULE_KEYS, SourceSpec, choice, parse_duration, parse_format, parse_include, parse_on_decode_error,
                            parse_schedule, refuse_unknown, require)
 
 FORMATS = ("json", "csv", "text", "parquet", "avro")
@@ -77,7 +77,7 @@ def _positive_count(value: Any, what: str) -> int:
 def parse_s3_source(name: str, d: dict, base: Path | None) -> SourceSpec:
     """The source ``name``'s mapping ``d`` (it has an ``s3:`` section), validated."""
     what = f"source {name}"
-    refuse_unknown(d, {"s3", "format", "include", "budget", "on_decode_error", "schedule", "interval", "poll", "step_timeout"}, what)
+    refuse_unknown(d, {"s3", "format", "include", "budget", "on_decode_error", *SCHEDULE_KEYS}, what)
     s = require(d["s3"], f"{what}.s3")
     refuse_unknown(s, {"connection", "url", "discovery", "keys", "lookback", "queue", "dedupe", "backfill", "settle",
                        "on_overwrite", "compression", "max_objects_per_cycle"}, f"{what}.s3")
