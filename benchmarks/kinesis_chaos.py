@@ -50,6 +50,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from benchmarks import stop
@@ -221,12 +222,14 @@ def campaign(seconds: float, seed: int, gap: tuple[float, float], reshard: tuple
     producer = resharder = None
     try:
         _echo(f"seed {seed}; services in {root}")
-        pg.start()
-        migrate(pg.dsn())
-        kin.start()
-        proxy = KinesisProxy(state, kin.endpoint_url, reads_per_shard_s=5.0, expire_every=40)
-        proxy.start()
-        spark.start()
+        with ThreadPoolExecutor(1, thread_name_prefix="spark-start") as pool:
+            spark_up = pool.submit(spark.start)  # its JVM starts beside the others (each waits on its port)
+            pg.start()
+            migrate(pg.dsn())
+            kin.start()
+            proxy = KinesisProxy(state, kin.endpoint_url, reads_per_shard_s=5.0, expire_every=40)
+            proxy.start()
+            spark_up.result()
         kin.create_stream(STREAM, 2)
         config = root / "reclock.yaml"
         config.write_text(json.dumps({"sources": {SOURCE: {

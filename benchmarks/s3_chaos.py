@@ -38,6 +38,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from benchmarks import stop
@@ -175,10 +176,12 @@ def campaign(seconds: float, seed: int, gap: tuple[float, float]) -> int:
     writer = None
     try:
         _echo(f"seed {seed}; services in {root}")
-        pg.start()
-        migrate(pg.dsn())
-        s3.start()
-        spark.start()
+        with ThreadPoolExecutor(1, thread_name_prefix="spark-start") as pool:
+            spark_up = pool.submit(spark.start)  # its JVM starts beside the others (each waits on its port)
+            pg.start()
+            migrate(pg.dsn())
+            s3.start()
+            spark_up.result()
         bucket = "landing"
         s3.create_bucket(bucket)
         queue, arn = s3.queue("landing-events")
@@ -224,9 +227,11 @@ def campaign(seconds: float, seed: int, gap: tuple[float, float]) -> int:
             d.stop()
         _echo(f"writer: {writer.objects} objects, {writer.records} records; kills {dict(kills)}")
         time.sleep(float(LOOKBACK[:-1]) + 1)
-        for name in SOURCES:  # catch up, without faults
-            if catch_up("benchmarks.s3_chaos", name, env, logs / f"catch-up-{name}.log") is None:
-                return 1
+        with ThreadPoolExecutor(len(SOURCES), thread_name_prefix="catch-up") as pool:  # without faults, side by side
+            caught = list(pool.map(lambda name: catch_up("benchmarks.s3_chaos", name, env,
+                                                         logs / f"catch-up-{name}.log"), SOURCES))
+        if any(c is None for c in caught):
+            return 1
         client = s3.client()
         total = {"lost": 0, "duplicated": 0, "wrong": 0}
         for name, prefix in SOURCES.items():
