@@ -302,12 +302,11 @@ def campaign(seconds: float, seed: int, gap: tuple[float, float], reshard: tuple
             resharder.stop.set()
         for d in drivers:
             d.stop()
-        for svc in (spark, proxy, kin, pg):
-            try:
-                if svc is not None:
-                    svc.stop()
-            except Exception as e:  # noqa: BLE001 - stop the others anyway
-                _echo(f"stopping {type(svc).__name__}: {e}")
+        from reclock.dev.procs import side_by_side
+
+        _, errors = side_by_side({type(svc).__name__: svc.stop for svc in (spark, proxy, kin, pg) if svc is not None})
+        for name, e in errors.items():  # each stopped anyway
+            _echo(f"stopping {name}: {e}")
         shutil.rmtree(root, ignore_errors=True)
 
 
