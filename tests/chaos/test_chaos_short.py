@@ -5,7 +5,9 @@ transaction coordinator or the active controller), Reclock's primary crashed and
 promoted, the Spark Connect server and a Spark cluster worker killed and restarted, one of two Airflow
 schedulers killed, latency, resets and a black hole on the network to Postgres or Kafka, and the upgrade: the
 campaign starts on the previous release's wheel and moves to this checkout after ``reclock migrate``), a fixed
-seed, the same code as ``python -m benchmarks.chaos``. The oracle reads the topics itself;
+seed, the same code as ``python -m benchmarks.chaos``, with ``--overlap``: the service faults (restarts, kills
+of nodes and servers, network faults) run in the background, one at a time per service, while the next faults
+come (as in the large campaigns; 45 s shorter than one after the other). The oracle reads the topics itself;
 nothing may be lost, duplicated or at a wrong timestamp, and Airflow may not leave its source without a try
 running for longer than its own recovery time (``AIRFLOW_STALL_S``; the campaign exits 1). Every kind must have
 been injected: a kill counts once its target was up, a fail point once the process reached it (the fail points
@@ -33,7 +35,7 @@ FAULTS = len(FAULT_KINDS)  # each kind comes once first (in an order the seed pi
 def test_short_campaign_loses_and_duplicates_nothing():
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
     p = subprocess.Popen([sys.executable, "-m", "benchmarks.chaos", "--faults", str(FAULTS), "--seed", str(SEED),
-                          "--gap", "1", "2", "--max-seconds", "300"],
+                          "--gap", "1", "2", "--max-seconds", "300", "--overlap"],
                          cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         out, err = p.communicate(timeout=1650)
