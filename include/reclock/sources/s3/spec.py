@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from reclock.errors import ConfigError
-from reclock.specs import (SCHEDULE_KEYS, SourceSpec, choice, parse_duration, parse_format, parse_include, parse_on_decode_error,
-                           parse_schedule, refuse_unknown, require)
+from reclock.specs import (SCHEDULE_KEYS, SourceSpec, choice, parse_duration, parse_format, parse_include,
+                           parse_on_decode_error, parse_schedule, refuse_unknown, require)
 
 FORMATS = ("json", "csv", "text", "parquet", "avro")
 """An S3 source's formats: lines (JSON lines, CSV, text; also gzip'd) or whole objects (Parquet, Avro files)."""
