@@ -6,6 +6,9 @@
 
 VENV := .venv/bin
 PYTEST_ARGS ?=
+# make test runs the suite in two pytest-xdist workers (the stack-starting tests in one group, first, on one of
+# them: tests/conftest.py's xdist_scope); TEST_WORKERS=0 runs it in one process
+TEST_WORKERS ?= 2
 
 .PHONY: setup demo test test-unit test-deployment bench up down status logs clean
 
@@ -16,7 +19,7 @@ demo: setup
 	@$(VENV)/reclock demo
 
 test: setup
-	@SPARK_LOCAL_IP=127.0.0.1 $(VENV)/pytest $(PYTEST_ARGS)
+	@SPARK_LOCAL_IP=127.0.0.1 $(VENV)/pytest -n $(TEST_WORKERS) --no-loadscope-reorder $(PYTEST_ARGS)
 
 bench: setup
 	@SPARK_LOCAL_IP=127.0.0.1 $(VENV)/python -m benchmarks.run --size $(or $(SIZE),quick) --reps $(or $(REPS),1)

@@ -15,6 +15,7 @@ processes none of that folder's own ``.pth`` files, so the checkout's editable i
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -54,8 +55,17 @@ def install_alone(wheel: Path, venv: Path) -> Path:
 
 def previous_release(cache: Path | None = None, commit: str = PREVIOUS_RELEASE) -> Path:
     """The venv of ``commit``'s wheel (built and installed on first use, then reused); its ``bin/reclock`` is
-    that release's command and its ``bin/python`` imports that release's ``reclock``."""
+    that release's command and its ``bin/python`` imports that release's ``reclock``. Processes that ask at
+    once (``make test``'s two workers: ``test_upgrade`` and the short campaign) take turns on a lock file: the
+    first builds, the others wait and reuse its venv."""
     root = (cache or REPO / ".reclock" / "cache") / f"release-{commit[:12]}-py{sys.version_info[0]}{sys.version_info[1]}"
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with open(root.parent / f"{root.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        return _build_release(root, commit)
+
+
+def _build_release(root: Path, commit: str) -> Path:
     venv, done = root / "venv", root / "installed"
     if done.exists() and (venv / "bin" / "reclock").exists():
         return venv
