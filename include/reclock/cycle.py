@@ -39,6 +39,7 @@ statistics and a status row; a step that fails records ``stalled`` with the erro
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -67,6 +68,8 @@ from reclock.sources.base import SourceKind, SourceRuntime, WrittenBatch
 from reclock.sources.registry import kind_of
 from reclock.spark import connect as spark_connect
 from reclock.spark.deadline import SparkDeadline
+
+log = logging.getLogger(__name__)
 
 __all__ = ["CycleContext", "MintResult", "WrittenBatch", "ResumeResult", "ensure_registered", "mint",
            "write_batches", "append", "resume", "rebuild", "resnapshot", "mint_and_append", "mint_and_write", "run_cycle", "check_acknowledged"]
@@ -345,11 +348,36 @@ def write_batches(ctx: CycleContext, desc: BatchDescription) -> WrittenBatch:
 
     Keeps *replayable*: the offsets read and the timestamps given depend only on the durable bindings,
     so a rerun writes the same updates (to fresh paths).
+
+    A Spark Connect session lost meanwhile (the server restarted: its sessions and jobs went with it) is
+    dropped and the write runs again in a new one, in this step and under its deadline, up to
+    :data:`SESSION_REATTACHES` times: nothing of the lost attempt is visible, and a rerun is exact.
     """
     with _step(ctx, "write_batches") as m, ctx.spark_deadline("write_batches"):
         with ctx.connect() as conn:
             rc = load_remap(conn, ctx.spec.name)
-        return ctx.source().write(rc, desc, m)
+        for attempt in range(SESSION_REATTACHES + 1):
+            tried: dict = {}  # an attempt's own statistics (a kind adds to them as it goes)
+            try:
+                written = ctx.source().write(rc, desc, tried)
+            except Exception as e:
+                if attempt == SESSION_REATTACHES or not spark_connect.server_restarted(e) or not ctx.drop_spark(e):
+                    raise
+                log.warning("source %s: write_batches [%s, %s): the Spark Connect session is gone (%s); "
+                            "writing again in a new session", ctx.spec.name, desc.lower, desc.upper,
+                            summary(e).message)
+                continue
+            m.update(tried, **({"session_reattached": attempt} if attempt else {}))
+            return written
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+SESSION_REATTACHES = 2
+"""How many times one ``write_batches`` step writes again in a new Spark Connect session after its session was
+lost to a server restart (``reclock.spark.connect.server_restarted``; an unreachable server fails the step
+as before, after the client's minute of retries). Before, the step failed and Airflow's retry
+ran the whole task again a few seconds later: the fault campaign's longest Airflow stall (issue 37) was
+three tries in a row ended that way or killed, then a slow one."""
 
 
 REBUILD_ATTEMPTS = 3

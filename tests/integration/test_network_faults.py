@@ -20,6 +20,7 @@ against every service, several times, with the deployment's bounds of docs/opera
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -75,6 +76,7 @@ class Net:
     proxied_connect_url: str
     s3: S3Settings  # its endpoint is the S3 proxy's
     pg_port: int
+    server: "object"  # the Spark Connect server (reclock.dev.spark.LocalSparkConnect)
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +97,7 @@ def net(toxiproxy, kafka, s3, postgres, stack_state):
         server.start(timeout=600)
         proxies["spark_connect"] = toxiproxy.proxy("net_connect", server.port)
         yield Net(proxies, kafka.bootstrap, kafka.proxied_bootstrap, server.url,
-                  f"sc://{LOOPBACK}:{proxies['spark_connect'].port}", settings, proxies["postgres"].port)
+                  f"sc://{LOOPBACK}:{proxies['spark_connect'].port}", settings, proxies["postgres"].port, server)
     finally:
         _leave_connect_mode()
         server.stop()
@@ -289,6 +291,75 @@ def test_a_write_queued_past_its_step_timeout_is_interrupted_alone_and_the_next_
     with persist.connect(db) as conn:
         status = latest_status(conn, name)
     assert status.status == "stalled" and status.step == "write_batches" and "deadline of 4 s" in status.error, status
+    catch_up(ctx)
+    check_invariants(ctx, set(range(RECORDS)))
+    ctx.close()
+
+
+def test_a_write_whose_connect_server_restarts_under_its_job_goes_on_in_a_new_session(net, db):
+    """The Spark Connect server SIGKILLed while a ``write_batches`` job waits for executor slots, and started
+    again on its port (what the fault campaign's ``spark_restart`` does; its server-side sessions and jobs go
+    with the old driver): the step's client retries the unreachable server until the new one answers, which
+    says the session is gone, and the step writes again in a new session, in the same call, instead of
+    failing its task. The cycle then appends it: every record once."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    from reclock.dev import procs
+
+    topic, name = "net_restart", "net_restart"
+    admin = AdminClient({"bootstrap.servers": net.direct_bootstrap})
+    admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(30)
+    ctx = _context(net, db, "none", topic, name=name)
+    _produce(net.direct_bootstrap, topic, range(0, RECORDS))
+    minted = cycle.mint(ctx)
+    assert minted.descriptions and minted.binding is not None
+    ctx.spark()  # attached before the restart: the session the restart takes away
+
+    other = ConnectSession.builder.remote(net.connect_url).create()
+
+    def hold() -> None:  # both task slots of local[2] until the server dies under them
+        with contextlib.suppress(Exception):
+            other.range(2, numPartitions=2).selectExpr(
+                "reflect('java.lang.Thread', 'sleep', cast(600000 as bigint))").collect()
+
+    threading.Thread(target=hold, daemon=True, name="held-executors").start()
+    box: dict = {}
+
+    def write() -> None:
+        try:
+            box["written"] = cycle.write_batches(ctx, minted.descriptions[0])
+        except Exception as e:  # noqa: BLE001 - reported below
+            box["error"] = e
+
+    writer = threading.Thread(target=write, daemon=True, name="write-under-restart")
+    time.sleep(3)  # the held job's tasks started
+    writer.start()
+    time.sleep(3)  # the write's job queued behind them
+    assert writer.is_alive(), box
+    procs.kill_group(net.server.pidfile)
+    try:
+        time.sleep(2)
+        for attempt in range(20):  # the port is held a moment by the killed process
+            try:
+                net.server.start(timeout=600)
+                break
+            except Exception as e:  # noqa: BLE001 - "taken" is retried
+                if "taken" not in str(e) or attempt == 19:
+                    raise
+                time.sleep(3)
+        writer.join(STEP_BOUND_S)
+        assert not writer.is_alive(), f"the write outlived the restart by {STEP_BOUND_S:.0f} s:\n{_stacks(writer)}"
+    finally:
+        with contextlib.suppress(Exception):
+            other.stop()
+    assert "error" not in box, f"the write failed instead of writing again: {box['error']!r}"
+    from reclock.persist.status import latest_statistics
+
+    with persist.connect(db) as conn:
+        (stats,) = latest_statistics(conn, name, "write_batches", limit=1)
+    assert stats.metrics.get("session_reattached") == 1 and stats.metrics.get("records_read"), stats
+    cycle.append(ctx, box["written"])
     catch_up(ctx)
     check_invariants(ctx, set(range(RECORDS)))
     ctx.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from reclock.spark.connect import RETRY, retry_policy, session_lost
+from reclock.spark.connect import RETRY, retry_policy, server_restarted, session_lost
 
 
 class GrpcLike(Exception):
@@ -25,6 +25,24 @@ class GrpcLike(Exception):
 ])
 def test_errors_of_a_session_that_is_gone(text):
     assert session_lost(GrpcLike(text))
+
+
+@pytest.mark.parametrize("text, restarted", [
+    ("[INVALID_HANDLE.SESSION_CHANGED] The existing Spark server driver instance has restarted.", True),
+    ("[RESPONSE_ALREADY_RECEIVED] ... INVALID_HANDLE.SESSION_NOT_FOUND", True),  # issue 37's campaign, 5 tries
+    ("[NO_ACTIVE_SESSION] No active Spark session found.", True),
+    ('StatusCode.UNAVAILABLE details = "failed to connect to all addresses"', False),  # still down: no rewrite
+    ("[RETRIES_EXCEEDED] The maximum number of retries has been exceeded.", False),
+    ("Cannot invoke RPC on closed channel!", False),
+])
+def test_a_restarted_server_is_told_from_one_still_down(text, restarted):
+    """``write_batches`` writes again at once only for a server that answers without the session."""
+    assert session_lost(GrpcLike(text))
+    assert not server_restarted(RuntimeError("write_batches failed"))
+    try:
+        raise RuntimeError("slice 0 failed") from GrpcLike(text)
+    except RuntimeError as e:
+        assert server_restarted(e) is restarted
 
 
 @pytest.mark.parametrize("text", [

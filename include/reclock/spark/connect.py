@@ -152,14 +152,29 @@ def retry_policy():
     return DefaultPolicy(**RETRY)
 
 
+RESTART_MARKERS = ("INVALID_HANDLE", "NO_ACTIVE_SESSION")
+"""Of :data:`LOST_MARKERS`, those of a server that answers but lost the session (it restarted, or forgot it):
+a new session works at once. (An unreachable server's errors come after the client's minute of retries.)"""
+
+
 def session_lost(error: BaseException) -> bool:
     """Whether ``error`` (or an error it was raised from) says the Spark Connect session is gone, so a step
     must attach anew rather than use it again (see :data:`LOST_MARKERS`)."""
+    return _says(error, LOST_MARKERS)
+
+
+def server_restarted(error: BaseException) -> bool:
+    """Whether ``error`` (or an error it was raised from) says a server that answers lost the session
+    (:data:`RESTART_MARKERS`): attaching anew and running the work again can succeed right away."""
+    return _says(error, RESTART_MARKERS)
+
+
+def _says(error: BaseException, markers: tuple[str, ...]) -> bool:
     seen: set[int] = set()
     e: BaseException | None = error
     while e is not None and id(e) not in seen:
         seen.add(id(e))
-        if any(m in f"{type(e).__name__}: {e}" for m in LOST_MARKERS):
+        if any(m in f"{type(e).__name__}: {e}" for m in markers):
             return True
         e = e.__cause__ or e.__context__
     return False
