@@ -19,7 +19,7 @@ demo: setup
 	@$(VENV)/reclock demo
 
 test: setup
-	@SPARK_LOCAL_IP=127.0.0.1 $(VENV)/pytest -n $(TEST_WORKERS) --no-loadscope-reorder $(PYTEST_ARGS)
+	@SPARK_LOCAL_IP=127.0.0.1 $(VENV)/pytest -n $(TEST_WORKERS) --max-worker-restart 0 --no-loadscope-reorder $(PYTEST_ARGS)
 
 bench: setup
 	@SPARK_LOCAL_IP=127.0.0.1 $(VENV)/python -m benchmarks.run --size $(or $(SIZE),quick) --reps $(or $(REPS),1)

@@ -47,10 +47,41 @@ DEPLOYMENT = ("deployment tests (long faults of a deployment's shape) run with `
 def pytest_configure(config: pytest.Config) -> None:
     """A SIGTERM (``timeout``'s, a CI limit's) ends the session as Ctrl-C does, through the fixtures' teardowns,
     which stop every server the session started; by default Python died at once and the servers (each in a
-    session of its own) ran on (``benchmarks/stop.py``)."""
+    session of its own) ran on (``benchmarks/stop.py``).
+
+    Under pytest-xdist (``make test``) the tests and their servers are the workers': the controller passes
+    the first SIGINT or SIGTERM on to them and waits while they stop their servers (a second one ends it at
+    once); a worker stops on the first of either and ignores the rest, so the clean-up is not cut short.
+    (Left to xdist, the controller's interrupt gave the workers 10 s and killed them mid-teardown: a stopped
+    run left an Airflow stack running.)"""
     from benchmarks import stop
 
-    stop.install(signal.SIGTERM)
+    if hasattr(config, "workerinput"):
+        stop.install(signal.SIGINT, signal.SIGTERM)
+    elif config.getoption("numprocesses", None):
+        _pass_signals_to_workers()
+    else:
+        stop.install(signal.SIGTERM)
+
+
+def _pass_signals_to_workers() -> None:
+    import psutil
+
+    controller, got = psutil.Process(), []
+
+    def pass_on(signum: int, frame: object) -> None:
+        got.append(signum)
+        if len(got) > 1:
+            raise KeyboardInterrupt(f"signal {signum} again")
+        print(f"\nsignal {signum}: the workers stop every service they started; please wait", flush=True)
+        for worker in controller.children():
+            try:
+                worker.send_signal(signal.SIGTERM)
+            except psutil.Error:
+                pass
+
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, pass_on)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
