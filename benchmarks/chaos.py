@@ -436,15 +436,15 @@ def promote_standby(svc: Services, echo: Callable[[str], None]) -> None:
     svc.standby.start(timeout=180)
 
 
-def _start_again(service, what: str, tries: int = 20, **start) -> None:
+def start_again(service, what: str, tries: int = 20, timeout: float = 180, **start) -> None:
     """Start ``service`` again (``start``: its start's options), waiting while its port is still held by the
     killed process (the kernel frees it a moment later): a restart that gave up would leave the service down
-    for the rest of the campaign."""
+    for the rest of the campaign (and a test's restarted server down for the rest of its module)."""
     from reclock.errors import StackError
 
     for attempt in range(tries):
         try:
-            service.start(timeout=180, **start)
+            service.start(timeout=timeout, **start)
             return
         except StackError as e:
             if "taken" not in str(e) or attempt == tries - 1:
@@ -464,7 +464,7 @@ def restart_kafka(svc: Services, down_s: float) -> None:
     for node in svc.kafka.nodes.values():
         node.kill()
     time.sleep(down_s)
-    _start_again(svc.kafka, "kafka")
+    start_again(svc.kafka, "kafka")
 
 
 def kill_broker(svc: Services, rng: random.Random, echo: Callable[[str], None]) -> None:
@@ -506,7 +506,7 @@ def restart_spark(svc: Services, down_s: float) -> None:
     it serves (its executors come while the next fault does: its jobs wait for them)."""
     kill_group(svc.spark.connect.pidfile)
     time.sleep(down_s)
-    _start_again(svc.spark, "spark connect", executors=False)  # the cluster's start: what is down
+    start_again(svc.spark, "spark connect", executors=False)  # the cluster's start: what is down
 
 
 def kill_spark_worker(svc: Services, worker: int, down_s: float) -> None:
@@ -514,7 +514,7 @@ def kill_spark_worker(svc: Services, worker: int, down_s: float) -> None:
     once it registered (its new executor comes while the next fault does)."""
     kill_group(svc.spark.worker_pidfile(worker))
     time.sleep(down_s)
-    _start_again(svc.spark, f"spark worker {worker}", executors=False)
+    start_again(svc.spark, f"spark worker {worker}", executors=False)
 
 
 def network_fault(svc: Services, kind: str, rng: random.Random, echo: Callable[[str], None]) -> None:

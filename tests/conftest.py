@@ -342,4 +342,3 @@ def registry(stack_state: StackState, stops: Stops):
     server.start()
     yield server
     stops.later("registry", server.stop)
-

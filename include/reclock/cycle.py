@@ -39,6 +39,7 @@ statistics and a status row; a step that fails records ``stalled`` with the erro
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -356,7 +357,7 @@ def write_batches(ctx: CycleContext, desc: BatchDescription) -> WrittenBatch:
     with _step(ctx, "write_batches") as m, ctx.spark_deadline("write_batches"):
         with ctx.connect() as conn:
             rc = load_remap(conn, ctx.spec.name)
-        for attempt in range(SESSION_REATTACHES + 1):
+        for attempt in itertools.count():
             tried: dict = {}  # an attempt's own statistics (a kind adds to them as it goes)
             try:
                 written = ctx.source().write(rc, desc, tried)
@@ -369,7 +370,6 @@ def write_batches(ctx: CycleContext, desc: BatchDescription) -> WrittenBatch:
                 continue
             m.update(tried, **({"session_reattached": attempt} if attempt else {}))
             return written
-        raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 SESSION_REATTACHES = 2

@@ -305,6 +305,7 @@ def test_a_write_whose_connect_server_restarts_under_its_job_goes_on_in_a_new_se
     from confluent_kafka.admin import AdminClient, NewTopic
     from pyspark.sql.connect.session import SparkSession as ConnectSession
 
+    from benchmarks.chaos import start_again
     from reclock.dev import procs
 
     topic, name = "net_restart", "net_restart"
@@ -340,14 +341,7 @@ def test_a_write_whose_connect_server_restarts_under_its_job_goes_on_in_a_new_se
     procs.kill_group(net.server.pidfile)
     try:
         time.sleep(2)
-        for attempt in range(20):  # the port is held a moment by the killed process
-            try:
-                net.server.start(timeout=600)
-                break
-            except Exception as e:  # noqa: BLE001 - "taken" is retried
-                if "taken" not in str(e) or attempt == 19:
-                    raise
-                time.sleep(3)
+        start_again(net.server, "spark connect", timeout=600)
         writer.join(STEP_BOUND_S)
         assert not writer.is_alive(), f"the write outlived the restart by {STEP_BOUND_S:.0f} s:\n{_stacks(writer)}"
     finally:

@@ -13,8 +13,7 @@ import pytest
 from stack_support import SharedStack
 
 HERE = Path(__file__).resolve().parent
-_LAST_ON_SHARED: set[int] = set()  # the id() of the last collected test on the shared stack (pytest-xdist
-# appends its group to node ids after collection: an id survives that)
+_LAST_ON_SHARED: set[str] = set()  # the node id of the last collected test on the shared stack
 
 
 def _home() -> Path:
@@ -69,11 +68,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for i, item in zip(slots, mine):
         items[i] = item
     _LAST_ON_SHARED.clear()
-    _LAST_ON_SHARED.update([id(i) for i in mine if "shared_stack" in getattr(i, "fixturenames", ())][-1:])
+    _LAST_ON_SHARED.update([i.nodeid for i in mine if "shared_stack" in getattr(i, "fixturenames", ())][-1:])
 
 
 def pytest_runtest_teardown(item: pytest.Item) -> None:
     """After the last test on the shared stack: ``reclock dev down`` (its failure is that test's teardown
     error), so the stack never runs beside the tests after it."""
-    if id(item) in _LAST_ON_SHARED:
+    if item.nodeid in _LAST_ON_SHARED:
         _Shared.down()
