@@ -8,6 +8,7 @@ each to a job of its own."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import signal
 import subprocess
@@ -113,7 +114,11 @@ def test_resume_runs_at_most_every_resume_s_and_when_the_lease_ends(db, kafka, t
     name = topic(partitions=2)
     ctx = make_ctx(db, kafka, spark, tmp_path, name, name="cont_rs", schedule="continuous")
     produce(kafka, name, [rec(i, i % 2) for i in range(120)])  # budget 50: several slices in the first cycle
-    out = run_cycles(ctx, 4.0, idle_s=0.05, resume_s=3600)
+    # a clock that moves one second each time the loop reads it (two to four reads a cycle): a 12 s lease
+    # holds at least three cycles however slow they run (on the real clock, a cycle at load ~20 took the
+    # whole 4 s lease: one cycle), and no resume falls due between the first and the last
+    ticks = itertools.count()
+    out = run_cycles(ctx, 12.0, idle_s=0.05, resume_s=3600, clock=lambda: float(next(ticks)))
     assert out["cycles"] >= 3 and out["resumes"] == 2, out  # the first cycle's, and the lease's end
     assert _count(db, "cont_rs", "mint") == out["cycles"] and _count(db, "cont_rs", "resume") == 2
     check_invariants(ctx, set(range(120)))  # includes: the consumer group's commit is the resumption frontier
