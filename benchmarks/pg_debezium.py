@@ -29,13 +29,13 @@ clock) are what each contender must deliver.
   change is in the tables' topics (their end offsets, polled every 50 ms; checked: exactly one record per change).
 
 ``--freshness`` measures instead how fresh one small transaction is: the full local stack (Postgres, Kafka,
-Airflow's scheduler, API server, DAG processor and triggerer; :func:`benchmarks.freshness.bench_stack`) with one
-Postgres source on a table ``f`` (``schedule: upstream``, probed every 200 ms: the scheduling Postgres sources
-offer with the least delay), and Debezium in Kafka Connect on the same table through its own slot. Every
-``--gap`` seconds (jittered) one transaction inserts one row; its freshness is commit returned -> the row
-visible in Reclock's collection (the shard's upper past it and the row read back from it) and commit returned
--> Debezium's record in its topic (the topic's end offset moved), both polled every 20 ms in one loop, so both
-see the same transactions under the same load. p50 and p95 of ``--txns`` transactions, after two untimed.
+Airflow's scheduler, API server, DAG processor and triggerer; :func:`benchmarks.freshness.bench_stack`) with two
+Postgres sources on a table ``f``, each through its own slot (``schedule: upstream``, probed every 200 ms, and
+``schedule: continuous``, pausing 200 ms when idle), and Debezium in Kafka Connect on the same table through its
+own slot. Every ``--gap`` seconds (jittered) one transaction inserts one row; its freshness is commit returned ->
+the row visible in each Reclock collection (the shard's upper past it and the row read back from it) and commit
+returned -> Debezium's record in its topic (the topic's end offset moved), all polled every 20 ms in one loop, so
+all see the same transactions under the same load. p50 and p95 of ``--txns`` transactions, after two untimed.
 
 Figures are upstream changes per second (an update is one change); the ratios are Reclock's median against
 each peer in the same run. The three kinds of run take turns (a Reclock cycle, the embedded JVM, a Reclock cycle,
@@ -224,8 +224,8 @@ def reclock_run(ctx: cycle.CycleContext, db: str, emitted: int) -> float:
     return secs
 
 
-FRESH_SOURCE = "pgfresh"
-FRESH_SHARD = f"{FRESH_SOURCE}__f"
+FRESH_SOURCES = {"upstream": "pgfresh", "continuous": "pgcont"}
+"""The freshness run's Reclock sources on table ``f``, by schedule: each its own slot."""
 POLL_S = 0.02
 
 
@@ -235,8 +235,9 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 def freshness(txns: int, gap_s: float, echo=print) -> dict[str, dict]:
-    """One small transaction committed -> visible in Reclock's collection under the real scheduler, beside
-    -> in Debezium's topic (Kafka Connect); seconds per transaction for each, p50 and p95."""
+    """One small transaction committed -> visible in the collection of each Reclock source under the real
+    scheduler (``schedule: upstream`` and ``continuous``, poll 200 ms), beside -> in Debezium's topic (Kafka
+    Connect); seconds per transaction for each, p50 and p95."""
     import random
 
     from confluent_kafka import Consumer, TopicPartition
@@ -248,9 +249,10 @@ def freshness(txns: int, gap_s: float, echo=print) -> dict[str, dict]:
     from reclock.persist.shards import shard_info
     from reclock.read import read_updates
 
-    sources = {FRESH_SOURCE: {"postgres": {"dsn_env": "PGDBZ_UPSTREAM_DSN", "publication": "fresh_pub"},
-                              "tables": ["public.f"], "schedule": "upstream", "poll": "200ms",
-                              "budget": {"max_records": 100_000}}}
+    sources = {name: {"postgres": {"dsn_env": "PGDBZ_UPSTREAM_DSN", "publication": "fresh_pub"},
+                      "tables": ["public.f"], "schedule": schedule, "poll": "200ms",
+                      "budget": {"max_records": 100_000}} for schedule, name in FRESH_SOURCES.items()}
+    shards = {schedule: f"{name}__f" for schedule, name in FRESH_SOURCES.items()}
     with bench_stack("reclock-pgdbz-fresh-", "pg freshness", sources, echo) as (root, stack):
         up = stack.postgres.dsn("upstream")
         os.environ["PGDBZ_UPSTREAM_DSN"] = up  # the scheduler's task processes inherit it
@@ -267,13 +269,14 @@ def freshness(txns: int, gap_s: float, echo=print) -> dict[str, dict]:
                               transactions=False, heap="512m", jvm_flags=(),
                               extra={"publication.name": "fresh_pub", "publication.autocreate.mode": "disabled",
                                      "tombstones.on.delete": "false"})
-        dag_id = f"ingest__{FRESH_SOURCE}"
         probe = Consumer({"bootstrap.servers": stack.kafka.bootstrap, "group.id": "reclock-pgdbz-fresh"})
         try:
             worker.start()
-            stack.airflow.wait_for_dag(dag_id, timeout=180)
-            stack.airflow.unpause(dag_id)
-            _wait_first_cycle(stack.postgres.dsn(), source=FRESH_SHARD)
+            for name in FRESH_SOURCES.values():
+                stack.airflow.wait_for_dag(f"ingest__{name}", timeout=180)
+                stack.airflow.unpause(f"ingest__{name}")
+            for shard in shards.values():
+                _wait_first_cycle(stack.postgres.dsn(), source=shard)
             tp = TopicPartition(worker.topic("public.f"), 0)
             deadline = time.monotonic() + 120
             while True:  # the connector's snapshot of the one row
@@ -288,8 +291,8 @@ def freshness(txns: int, gap_s: float, echo=print) -> dict[str, dict]:
             cons = consensus(stack.postgres.dsn())
             blob = LocalBlobStore(stack.state.root / "blobs")
             rng = random.Random(33)
-            lat: dict[str, list[float]] = {"reclock": [], "debezium": []}
-            upper = shard_info(cons, FRESH_SHARD).upper
+            lat: dict[str, list[float]] = {k: [] for k in (*shards, "debezium")}
+            uppers = {k: shard_info(cons, shard).upper for k, shard in shards.items()}
             offset = probe.get_watermark_offsets(tp, timeout=5)[1]
             with psycopg.connect(up, autocommit=True) as conn:
                 for i in range(1, txns + 3):
@@ -297,16 +300,18 @@ def freshness(txns: int, gap_s: float, echo=print) -> dict[str, dict]:
                     conn.execute("INSERT INTO f VALUES (%s, 'fresh')", (i,))  # one transaction (autocommit)
                     t0 = time.perf_counter()
                     seen: dict[str, float] = {}
-                    while len(seen) < 2:
+                    while len(seen) < len(lat):
                         if time.perf_counter() - t0 > 120:
                             raise TimeoutError(f"transaction {i}: only {sorted(seen)} saw it in 120 s")
-                        if "reclock" not in seen:
-                            new = shard_info(cons, FRESH_SHARD).upper
-                            if new > upper:
-                                t = read_updates(cons, blob, FRESH_SHARD, upper, new)
-                                upper = new
+                        for k, shard in shards.items():
+                            if k in seen:
+                                continue
+                            new = shard_info(cons, shard).upper
+                            if new > uppers[k]:
+                                t = read_updates(cons, blob, shard, uppers[k], new)
+                                uppers[k] = new
                                 if t is not None and i in t.column("id").to_pylist():
-                                    seen["reclock"] = time.perf_counter() - t0
+                                    seen[k] = time.perf_counter() - t0
                         if "debezium" not in seen:
                             end = probe.get_watermark_offsets(tp, timeout=5)[1]
                             if end > offset:
@@ -318,19 +323,21 @@ def freshness(txns: int, gap_s: float, echo=print) -> dict[str, dict]:
                     if i > 2:  # the first two untimed
                         for k, v in seen.items():
                             lat[k].append(v)
-                    echo(f"  transaction {i}: Reclock {seen['reclock']:.2f} s, Debezium {seen['debezium']:.2f} s"
-                         f" (load {os.getloadavg()[0]:.1f})")
+                    echo(f"  transaction {i}: " + ", ".join(f"{k} {seen[k]:.2f} s" for k in lat)
+                         + f" (load {os.getloadavg()[0]:.1f})")
             cons.close()
         finally:
             probe.close()
             worker.stop()
     figures = {}
-    for k, label in (("reclock", "Reclock under the scheduler (schedule: upstream, poll 200ms)"),
-                     ("debezium", "Debezium in Kafka Connect (poll.interval.ms 100)")):
+    labels = {k: f"Reclock under the scheduler (schedule: {k}, poll 200ms)" for k in shards}
+    labels["debezium"] = "Debezium in Kafka Connect (poll.interval.ms 100)"
+    for k, label in labels.items():
         figures[f"freshness p50 s: {label}"] = {"value": _percentile(lat[k], 0.5)}
         figures[f"freshness p95 s: {label}"] = {"value": _percentile(lat[k], 0.95)}
-    figures["ratio: freshness p50, Reclock / Debezium"] = {"value": _percentile(lat["reclock"], 0.5)
-                                                           / _percentile(lat["debezium"], 0.5)}
+    for k in shards:
+        figures[f"ratio: freshness p50, Reclock {k} / Debezium"] = {
+            "value": _percentile(lat[k], 0.5) / _percentile(lat["debezium"], 0.5)}
     return figures
 
 

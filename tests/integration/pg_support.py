@@ -120,3 +120,14 @@ def slot_confirmed(upstream_dsn: str, source: str) -> int | None:
         row = conn.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
                            (slot_name(source),)).fetchone()
     return None if row is None else lsn_to_int(row[0])
+
+
+def commit_lsns(dsn: str, slot: str = "observer", publication: str = "pub") -> dict[int, int]:
+    """xid -> commit LSN of every transaction of ``publication`` that logical slot ``slot`` (made by the test
+    before its writes, never consumed) holds."""
+    from reclock.sources.postgres import pgoutput as po
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute("SELECT data FROM pg_logical_slot_peek_binary_changes(%s, NULL, NULL, 'proto_version', "
+                            "'1', 'publication_names', %s) WHERE get_byte(data, 0) = 66", (slot, publication)).fetchall()
+    return {m.xid: m.final_lsn for m in (po.decode(d) for (d,) in rows)}

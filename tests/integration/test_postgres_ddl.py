@@ -23,7 +23,8 @@ import time
 
 import psycopg
 import pytest
-from pg_support import WriterThread, bindings, contents, make_ctx, source_name, upstream_database, writer
+from pg_support import (WriterThread, bindings, commit_lsns, contents, make_ctx, source_name, upstream_database,
+                        writer)
 
 from reclock import cycle, failpoints
 from reclock.errors import ReplicaIdentityMissing, TableSchemaChanged
@@ -110,13 +111,6 @@ def _rows(conn, table: str) -> dict:
     return {r[0]: dict(zip(names, r)) for r in cur.fetchall()}
 
 
-def _commit_lsns(dsn: str) -> dict[int, int]:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        rows = conn.execute("SELECT data FROM pg_logical_slot_peek_binary_changes('observer', NULL, NULL, "
-                            "'proto_version', '1', 'publication_names', 'pub') WHERE get_byte(data, 0) = 66").fetchall()
-    return {m.xid: m.final_lsn for m in (po.decode(d) for (d,) in rows)}
-
-
 def _snapshot_lsn(ctx) -> int:
     with connect(ctx.dsn) as conn:
         (lsns,) = conn.execute("SELECT array_agg(DISTINCT (metrics ->> 'snapshot_lsn')::int8) FROM reclock.statistics "
@@ -127,7 +121,7 @@ def _snapshot_lsn(ctx) -> int:
 def _equal_as_of_every_binding(ctx, w: DdlWriter, initial: dict, since: int = 0) -> int:
     """Each binding from ``since`` (ts) on: the collections AS OF it equal the tables as the writer's log
     has them at its LSN (a key table's bindings below the snapshot's LSN: at that LSN); the bindings checked."""
-    lsns, snap = _commit_lsns(ctx.upstream), _snapshot_lsn(ctx)
+    lsns, snap = commit_lsns(ctx.upstream), _snapshot_lsn(ctx)
     with connect(ctx.dsn) as conn:
         upper = min(shard_info(conn, f"{ctx.spec.name}__{t}").upper for t in TABLES)
     checked = 0
@@ -219,7 +213,7 @@ def _duckdb_equal(ctx, w: DdlWriter, initial: dict) -> int:
 
     from reclock.tables import duckdb_as_of
 
-    lsns, snap = _commit_lsns(ctx.upstream), _snapshot_lsn(ctx)
+    lsns, snap = commit_lsns(ctx.upstream), _snapshot_lsn(ctx)
     with connect(ctx.dsn) as conn:
         upper = min(shard_info(conn, f"{ctx.spec.name}__{t}").upper for t in TABLES)
     checked = [(ts, lsn) for ts, lsn in bindings(ctx) if ts < upper]

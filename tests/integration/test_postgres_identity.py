@@ -14,12 +14,12 @@ import time
 
 import psycopg
 import pytest
-from pg_support import WriterThread, bindings, contents, make_ctx, source_name, upstream_database, writer
+from pg_support import (WriterThread, bindings, commit_lsns, contents, make_ctx, source_name, upstream_database,
+                        writer)
 
 from reclock import cycle, failpoints
 from reclock.errors import ReplicaIdentityMissing, TruncatedUnderSnapshot
 from reclock.persist import connect
-from reclock.sources.postgres import pgoutput as po
 
 
 @pytest.fixture
@@ -94,13 +94,6 @@ class KeyWriter(WriterThread):
         self.log.append((xid, {t: dict(rows) for t, rows in self.live.items()}))
 
 
-def _commit_lsns(dsn: str, slot: str) -> dict[int, int]:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        rows = conn.execute("SELECT data FROM pg_logical_slot_peek_binary_changes(%s, NULL, NULL, 'proto_version', "
-                            "'1', 'publication_names', 'pub') WHERE get_byte(data, 0) = 66", (slot,)).fetchall()
-    return {m.xid: m.final_lsn for m in (po.decode(d) for (d,) in rows)}
-
-
 def _at(w: KeyWriter, lsns: dict[int, int], lsn: int, before: dict) -> dict:
     state = before
     for xid, after in w.log:
@@ -143,7 +136,7 @@ def test_key_identities_land_every_binding_exactly_with_key_changes_toast_trunca
     assert w.error is None, w.error
     cycle.run_cycle(ctx)
     assert len(w.log) > 60 and w.truncated, "the writer wrote, and truncated"
-    lsns = _commit_lsns(upstream, "observer")
+    lsns = commit_lsns(upstream)
     with connect(ctx.dsn) as conn:
         snap, = conn.execute("SELECT array_agg(DISTINCT (metrics ->> 'snapshot_lsn')::int8) FROM "
                                 "reclock.statistics WHERE name = %s AND metrics ? 'snapshot_lsn'",

@@ -21,11 +21,13 @@ def test_tables_become_collections_named_after_the_source():
     assert env.upstream.dsn_env == "SHOP_DSN" and env.upstream.connection is None
 
 
-def test_a_postgres_source_runs_on_an_interval_or_when_upstream_has_news():
+def test_a_postgres_source_runs_on_an_interval_when_upstream_has_news_or_continuously():
     assert (parse_source("shop", PG).schedule, parse_source("shop", PG).interval_s) == ("interval", 60)
     spec = parse_source("shop", {**PG, "schedule": "upstream", "poll": "500ms"})
     assert (spec.schedule, spec.poll_s) == ("upstream", 0.5)
     assert parse_source("shop", {**PG, "schedule": "upstream"}).poll_s == 1
+    spec = parse_source("shop", {**PG, "schedule": "continuous", "lease": "5m", "resume": "2s", "group": "cdc"})
+    assert (spec.schedule, spec.poll_s, spec.lease_s, spec.resume_s, spec.group) == ("continuous", 0.2, 300, 2, "cdc")
 
 
 @pytest.mark.parametrize("raw,match", [
@@ -42,8 +44,7 @@ def test_a_postgres_source_runs_on_an_interval_or_when_upstream_has_news():
     ({**PG, "envelope": "upsert"}, "unknown key"),
     ({"kafka": {"topic": "t"}, "tables": ["a"]}, "belongs to a Postgres source"),
     ({**PG, "budget": {"max_records": 0}}, "positive"),
-    ({**PG, "schedule": "continuous"}, "cannot be `schedule: continuous`.*flush LSN"),
-    ({**PG, "schedule": "hourly"}, "not one of interval, upstream"),
+    ({**PG, "schedule": "hourly"}, "not one of interval, upstream, continuous"),
     ({**PG, "schedule": "upstream", "interval": "1s"}, "`interval:` is for `schedule: interval`"),
     ({**PG, "poll": "1s"}, "`poll:` is for"),
     ({**PG, "schedule": "upstream", "lease": "1m"}, "`lease:` is for `schedule: continuous`"),

@@ -86,6 +86,17 @@ def register_source(conn, name: str, kind: str = "kafka", config: dict | None = 
             conn.execute(sql.SQL("CREATE VIEW {} AS " + progress).format(progress_view(name), sql.Literal(name)))
 
 
+def newest_binding(conn, name: str) -> tuple[int, dict[int, int]] | None:
+    """The timestamp and offsets of source ``name``'s newest binding (None before its first): two index
+    lookups, not the whole remap collection."""
+    row = conn.execute("SELECT max(ts) FROM reclock.remap_bindings WHERE source = %s", (name,)).fetchone()
+    if row is None or row[0] is None:
+        return None
+    rows = conn.execute('SELECT partition, "offset" FROM reclock.remap_offsets WHERE source = %s AND ts = %s',
+                        (name, row[0])).fetchall()
+    return row[0], {p: int(o) for p, o in rows}  # offsets are numeric: exact ints
+
+
 def load_remap(conn, name: str) -> RemapCollection:
     """The source's remap collection, read in one statement (one consistent snapshot)."""
     validate_source_name(name)

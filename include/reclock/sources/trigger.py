@@ -21,14 +21,10 @@ REFIRE_S = 60.0
 def newest_binding(dsn: str, source: str) -> tuple[int, dict[int, int]] | None:
     """The timestamp and offsets of ``source``'s newest binding (None before its first)."""
     from reclock.persist import connect
+    from reclock.persist.remap_store import newest_binding as newest
 
     with connect(dsn) as conn:
-        row = conn.execute("SELECT max(ts) FROM reclock.remap_bindings WHERE source = %s", (source,)).fetchone()
-        if row is None or row[0] is None:
-            return None
-        rows = conn.execute('SELECT partition, "offset" FROM reclock.remap_offsets WHERE source = %s AND ts = %s',
-                            (source, row[0])).fetchall()
-        return row[0], {p: int(o) for p, o in rows}  # offsets are numeric: exact ints
+        return newest(conn, source)
 
 
 def bound_frontier(dsn: str, source: str) -> dict[int, int]:

@@ -27,6 +27,7 @@ import uuid
 from dataclasses import replace
 from typing import Any, Callable, ContextManager, Sequence
 
+import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -40,7 +41,7 @@ from reclock.errors import (ChunkRaced, ColumnReplaced, ConfigError, ReclockErro
 from reclock.failpoints import failpoint
 from reclock.part_layout import DATA_KIND, ERRORS_KIND, ERRORS_OUTPUT, INTERNAL_PREFIX
 from reclock.persist.gc import lease_write, release_write
-from reclock.persist.remap_store import append_binding, load_remap, register_source
+from reclock.persist.remap_store import append_binding, load_remap, newest_binding, register_source
 from reclock.persist.schemas import load_history
 from reclock.persist.shards import Append, compare_and_append, register_shard, shard_info
 from reclock.read import read_as_of
@@ -126,10 +127,19 @@ class PostgresSource(SourceRuntime):
 
     def probe_upper(self) -> PartitionedFrontier:
         """The upstream's upper with its tables' columns in the catalog as of it (``PostgresUpstream.probe_upper``),
-        which the write up to it reads (``registration.catalog_at``, :meth:`_numbered`)."""
+        which the write up to it reads (``registration.catalog_at``, :meth:`_numbered`). A continuous source's
+        upper stays at its newest binding while nothing calls for another (:meth:`_unmoved`; a table snapshot
+        pending, or chunks to read, always does)."""
         with self.ctx.connect() as conn:
             tables = registered_tables(conn, self.name) or []
             chunked = chunked_snapshots(conn, self.name) if tables else {}
+            # a snapshot of a table of its own is pending (it joined the publication, `resnapshot --table`): bind
+            quiet = tables and not chunked and not table_snapshots(conn, self.name)
+            newest = newest_binding(conn, self.name) if quiet else None
+        if newest is not None and self.ctx.spec.schedule == "continuous":
+            unmoved = self._unmoved(*newest)
+            if unmoved is not None:
+                return unmoved
         stage = self._read_chunks(tables, chunked) if chunked else {}
         upper, catalog = self.upstream().probe_upper(tables)
         if tables:
@@ -138,6 +148,22 @@ class PostgresSource(SourceRuntime):
                 if stage:
                     record_chunk_stage(conn, self.name, upper.get(LSN_PARTITION), stage)
         return upper
+
+    def _unmoved(self, ts: int, offsets: dict[int, int]) -> PartitionedFrontier | None:
+        """The newest binding's upper (``ts``, ``offsets``) when a continuous source has nothing to bind past it
+        (``PostgresUpstream.reason_to_bind``: no published change committed since, no WAL to release), so its
+        mint binds nothing; else None. The flush LSN moves with any WAL the server writes (other databases,
+        checkpoints, Reclock's own consensus on the same server), so binding it at every idle cycle would mint
+        a binding every ``poll`` and never let the source idle. Without a replication slot free for the
+        look's copy it binds (None), as an interval source would."""
+        lsn = offsets.get(LSN_PARTITION, 0)
+        up = self.upstream()
+        with up.session() as uconn:
+            try:
+                reason = up.reason_to_bind(uconn, lsn, ts, self.ctx.clock())
+            except psycopg.errors.ConfigurationLimitExceeded:
+                return None
+        return None if reason is not None else lsn_frontier(lsn)
 
     def _read_chunks(self, tables: Sequence[TableInfo], chunked: dict[str, dict]) -> dict[str, dict]:
         """The next chunks of the tables snapshotted online (``reclock.sources.postgres.chunks``), read before the
@@ -906,7 +932,7 @@ class PostgresKind(SourceKind):
     title = "Postgres"
     from_time = "commit LSN"
     progress_columns = ("ts", "lsn")
-    schedules = ("interval", "upstream")
+    schedules = ("interval", "upstream", "continuous")
     writes_on_spark = False
 
     def parse(self, name, raw, base):

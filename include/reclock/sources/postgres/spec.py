@@ -22,7 +22,7 @@ from reclock.settings import from_connection
 from reclock.specs import (NAME_RE_SHARD, SCHEDULE_KEYS, SourceSpec, parse_budget, parse_schedule, refuse_unknown,
                            require)
 
-SCHEDULES = ("interval", "upstream")
+SCHEDULES = ("interval", "upstream", "continuous")
 """A Postgres source's schedules: not ``continuous``, since its upper (the flush LSN) moves with any WAL the
 server writes, so cycles back to back would mint a binding every ``poll``."""
 
@@ -139,10 +139,6 @@ def parse_postgres_source(name: str, d: dict, base: Path | None = None) -> Sourc
     """A source with a ``postgres:`` section: ``tables``, ``budget`` and the schedule's keys besides it."""
     what = f"source {name}"
     refuse_unknown(d, {"postgres", "tables", "budget", *SCHEDULE_KEYS}, what)
-    if d.get("schedule") == "continuous":
-        raise ConfigError(f"{what}: a Postgres source cannot be `schedule: continuous` (its upper, the flush LSN, "
-                          "moves with any WAL the server writes, so cycles back to back would mint a binding every "
-                          "`poll`); use `schedule: upstream`, which runs a cycle when the publication has changes")
     sched = parse_schedule(d, what, SCHEDULES)
     pg = _parse_postgres(name, d["postgres"], d.get("tables"))
     budget = parse_budget(d.get("budget"), f"{what}.budget", 100_000)

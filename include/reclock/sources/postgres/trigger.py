@@ -1,9 +1,8 @@
 """A Postgres source's ``schedule: upstream`` trigger: :class:`PublicationChanged` fires when a transaction that
 changed a published table committed at or after the slot's position (one transaction peeked from a
 temporary copy of the slot, so the probe never waits for, blocks or moves the slot a cycle uses); or the
-source is idle but the WAL behind its slot passed :data:`IDLE_WAL_BYTES` or its newest binding is
-:data:`IDLE_S` old while the flush LSN moved, so the cycle's resume releases that WAL (an idle source never
-pins WAL); or it has no binding yet (the first cycle takes the snapshot).
+source is idle but WAL behind its slot is to be released (``PostgresUpstream.reason_to_bind``: an idle source
+never pins WAL); or it has no binding yet (the first cycle takes the snapshot).
 
 One probe per upstream Postgres reads its flush LSN a ``poll``, and a source looks at its slot only when the
 flush LSN moved (nothing was written, so nothing can be pending). The trigger's arguments hold no secret
@@ -19,17 +18,12 @@ from typing import Any, AsyncIterator, Hashable
 
 from airflow.triggers.base import TriggerEvent
 
+from reclock.sources.postgres.upstream import IDLE_S
 from reclock.sources.trigger import REFIRE_S, SharedProbeTrigger, newest_binding
 
 log = logging.getLogger(__name__)
 
 PG_CLASSPATH = "reclock.sources.postgres.trigger.PublicationChanged"
-IDLE_S = 60.0
-"""A Postgres source without changes runs a cycle once its newest binding is this old and WAL was written
-since, so its slot follows the flush LSN and WAL is released."""
-IDLE_WAL_BYTES = 16 << 20
-"""... or as soon as this much WAL lies behind its slot."""
-
 
 
 @dataclass(frozen=True)
@@ -59,15 +53,10 @@ def why_run(upstream, consensus_dsn: str, now_ms: int, idle_s: float = IDLE_S) -
         if slot < offsets.get(0, 0):
             return RunReason("the slot is behind the newest binding (a cycle is under way, or failed)", slot, False)
         try:
-            pending = upstream.pending_changes(conn)
+            reason = upstream.reason_to_bind(conn, slot, ts, now_ms, idle_s)
         except ConfigurationLimitExceeded:  # max_replication_slots: no room for the copy; run now and then
             return RunReason("no replication slot free for the probe's copy of the slot", slot, False)
-        if pending:
-            return RunReason("the publication has changes", slot)
-        behind = upstream.flush_lsn(conn) - slot
-    if behind >= IDLE_WAL_BYTES or (behind > 0 and now_ms - ts >= idle_s * 1000):
-        return RunReason(f"idle: {behind} bytes of WAL behind the slot to release", slot)
-    return None
+    return RunReason(reason, slot) if reason is not None else None
 
 
 class PublicationChanged(SharedProbeTrigger):

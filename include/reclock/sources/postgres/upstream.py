@@ -18,7 +18,8 @@ write_batches       :meth:`~PostgresUpstream.read_blocks`: the slot's messages u
                     :meth:`~PostgresUpstream.export_snapshot`: the initial snapshot
 resume              :meth:`~PostgresUpstream.commit`: ``pg_replication_slot_advance`` to the offset resumption
                     frontier (idle cycles too: any WAL moves the flush LSN, so a binding follows and the slot
-                    with it; the slot never pins WAL Reclock no longer needs)
+                    with it; a continuous source binds idle WAL as :meth:`~PostgresUpstream.reason_to_bind`
+                    says; the slot never pins WAL Reclock no longer needs)
 ==================  ========================================================================================
 
 **The snapshot, Materialize's way.** The slot itself is created with ``pg_create_logical_replication_slot``
@@ -74,6 +75,11 @@ from reclock.time import PartitionedFrontier
 
 LSN_PARTITION = 0
 """The one partition of a Postgres source's frontier: its offset is the commit LSN."""
+IDLE_S = 60.0
+"""A Postgres source without changes binds once its newest binding is this old and WAL was written since, so
+its slot follows the flush LSN and WAL is released (:meth:`PostgresUpstream.reason_to_bind`)."""
+IDLE_WAL_BYTES = 16 << 20
+"""... or as soon as this much WAL lies past its position."""
 SLOT_PREFIX = "reclock_"
 SESSION = ("SET DateStyle = ISO", "SET IntervalStyle = postgres", "SET bytea_output = hex", "SET TimeZone = 'UTC'",
            "SET extra_float_digits = 3")
@@ -653,19 +659,39 @@ class PostgresUpstream:
             with contextlib.suppress(psycopg.Error):
                 conn.execute("SELECT pg_drop_replication_slot(%s)", (copy,))
 
-    def pending_changes(self, conn) -> bool:
-        """Whether a transaction that changed a published table committed at or after the slot's position:
-        one transaction peeked from a :meth:`temporary_copy` (pgoutput sends no empty transactions from
-        Postgres 15 on; before, any transaction of the database counts). ``PublicationMissing`` if the
-        publication is gone."""
+    def pending_changes(self, conn, since: int | None = None) -> bool:
+        """Whether a transaction that changed a published table committed at or after ``since`` (the slot's
+        position when None or below it): one transaction peeked from a :meth:`temporary_copy`, advanced to
+        ``since`` first (pgoutput sends no empty transactions from Postgres 15 on; before, any transaction of
+        the database counts). ``PublicationMissing`` if the publication is gone."""
         with self.temporary_copy(conn) as copy:
             try:
+                if since is not None:  # never backwards (Postgres refuses it): a copy at or past `since` stays
+                    conn.execute("SELECT pg_replication_slot_advance(slot_name, %s::pg_lsn) FROM pg_replication_slots "
+                                 "WHERE slot_name = %s AND confirmed_flush_lsn < %s::pg_lsn",
+                                 (lsn_to_str(since), copy, lsn_to_str(since)))
                 return conn.execute("SELECT count(*) FROM pg_logical_slot_peek_binary_changes(%s, NULL, 1, "
                                     "'proto_version', '1', 'publication_names', %s)",
                                     (copy, self.publication)).fetchone()[0] > 0
             except psycopg.errors.UndefinedObject as e:
                 raise PublicationMissing(self.source, "(all)", str(e).strip(), "create the publication again "
                                          "and re-snapshot") from e
+
+    def reason_to_bind(self, conn, since: int, newest_ts: int, now_ms: int, idle_s: float | None = None) -> str | None:
+        """Why a binding past LSN ``since`` is worth minting now, in words (None: nothing calls for one): a
+        transaction that changed a published table committed at or after it (:meth:`pending_changes`); or
+        none did, but :data:`IDLE_WAL_BYTES` of WAL lie past it, or some WAL does and the newest binding
+        (minted at ``newest_ts``, ms) is ``idle_s`` (:data:`IDLE_S`) old, so a binding lets the slot follow and release that WAL
+        (an idle source never pins WAL). The flush LSN is read after the peek: a change that commits between
+        them is seen at the next look. Used by ``schedule: upstream``'s trigger (``since``: the slot's position)
+        and a continuous source's mint (``since``: its newest binding's LSN)."""
+        if self.pending_changes(conn, since):
+            return "the publication has changes"
+        behind = self.flush_lsn(conn) - since
+        idle_s = IDLE_S if idle_s is None else idle_s
+        if behind >= IDLE_WAL_BYTES or (behind > 0 and now_ms - newest_ts >= idle_s * 1000):
+            return f"idle: {behind} bytes of WAL behind the slot to release"
+        return None
 
     def read_blocks(self, conn, upto: int, batch: int = 10_000, ahead: int = 2) -> Iterator[list[bytes]]:
         """:meth:`peek_blocks` on a helper thread, up to ``ahead`` blocks ahead of the caller
