@@ -1,5 +1,5 @@
 """``reclock.dev.procs.kill_tree``: a crash of a host kills a process group and what its processes started in
-groups of their own (Airflow's task processes), which ``kill_group`` leaves running."""
+groups of their own (Airflow's task processes), which ``kill_group`` leaves running; ``stop`` ends them too."""
 
 from __future__ import annotations
 
@@ -57,6 +57,23 @@ def test_kill_group_alone_leaves_them(tmp_path):
         p.wait(10)
         time.sleep(0.2)
         assert procs.pid_alive(grandchild)
+    finally:
+        for pid in (p.pid, grandchild):
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+
+
+def test_stop_ends_descendants_in_groups_of_their_own(tmp_path):
+    """A stack's ``down`` (``procs.stop``: SIGTERM to the group) once left a continuous source's Airflow task
+    process running, orphaned, for the rest of its lease: it had made a group of its own."""
+    p, grandchild, pidfile = _spawn(tmp_path)
+    try:
+        assert procs.stop(pidfile, timeout=10)
+        p.wait(10)
+        assert not procs.pid_alive(grandchild)
+        assert not pidfile.exists() and not procs.stop(pidfile)
     finally:
         for pid in (p.pid, grandchild):
             try:

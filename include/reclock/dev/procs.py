@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -94,20 +95,27 @@ def spawn(name: str, argv: Sequence[str], *, log: Path, pidfile: Path, env: Mapp
 
 
 def stop(pidfile: Path, timeout: float = 20.0) -> bool:
-    """Stop the process group recorded in ``pidfile``: SIGTERM, then SIGKILL. True if one was running."""
+    """Stop the process group recorded in ``pidfile`` and its processes' descendants that made groups of their
+    own (an Airflow scheduler's task processes: left alone, a continuous source's task ran on, orphaned, for
+    the rest of its lease): SIGTERM, then SIGKILL. True if one was running."""
     pid = read_pid(pidfile)
     if pid is None:
         pidfile.unlink(missing_ok=True)
         return False
+    procs = _proc_table()
+    outside = _tree(pid, procs) - {p for p, (_, _, group) in procs.items() if group == pid}
     for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
         try:
             os.killpg(pid, sig)
         except ProcessLookupError:
-            break
+            pass
+        for p in outside:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, sig)
         deadline = time.monotonic() + wait
-        while time.monotonic() < deadline and _group_alive(pid):
+        while time.monotonic() < deadline and (_group_alive(pid) or any(pid_alive(p) for p in outside)):
             time.sleep(0.1)
-        if not _group_alive(pid):
+        if not _group_alive(pid) and not any(pid_alive(p) for p in outside):
             break
     pidfile.unlink(missing_ok=True)
     return True
@@ -169,13 +177,7 @@ def kill_tree(pidfile: Path, timeout: float = 30.0) -> bool:
     pid = read_pid(pidfile)
     if pid is None:
         return False
-    procs = _proc_table()
-    doomed = {p for p, (_, _, pgid) in procs.items() if pgid == pid}
-    while True:
-        more = {p for p, (_, ppid, _) in procs.items() if ppid in doomed} - doomed
-        if not more:
-            break
-        doomed |= more
+    doomed = _tree(pid, _proc_table())
     for p in doomed:
         try:
             os.kill(p, signal.SIGKILL)
@@ -201,6 +203,17 @@ def _proc_table() -> dict[int, tuple[str, int, int]]:
             continue
         table[int(entry)] = (rest[0], int(rest[1]), int(rest[2]))
     return table
+
+
+def _tree(pgid: int, procs: dict[int, tuple[str, int, int]]) -> set[int]:
+    """The processes of group ``pgid`` (in ``procs``, :func:`_proc_table`) and every descendant of theirs, also
+    those in groups of their own."""
+    tree = {p for p, (_, _, group) in procs.items() if group == pgid}
+    while True:
+        more = {p for p, (_, ppid, _) in procs.items() if ppid in tree} - tree
+        if not more:
+            return tree
+        tree |= more
 
 
 def _group_alive(pgid: int) -> bool:
