@@ -250,9 +250,11 @@ def _keyed(col: Any, dtype: Any) -> Any:
 
 def duckdb_key(expr: str, dtype: Any) -> str | None:
     """A DuckDB SQL expression that, grouped by beside ``expr`` itself (of the ``DuckDBPyType`` ``dtype``, as
-    a relation's ``types`` give it), makes the grouping bit for bit: the bits of every float in the value
-    that is a zero or a NaN (null for the other floats), in the value's shape; or None when grouping by
-    ``expr`` alone already is bit for bit (no float or double inside).
+    a relation's ``types`` give it), makes the grouping bit for bit: the bits of every float in the value, in
+    the value's shape; or None when grouping by ``expr`` alone already is bit for bit (no float or double
+    inside). Every float's bits, not only a zero's or a NaN's (where DuckDB's equality is not bit for bit):
+    DuckDB 2.0.1 gives ``isnan(x)`` false for every NaN of a double read from Parquet (a ``CASE WHEN x = 0 OR
+    isnan(x) THEN ...`` key was null for NaNs of different payloads, so their groups merged).
 
     Group by both and select ``expr`` itself: DuckDB gives each group's value as its first row held it,
     bits and all. (Its ``any_value``, ``first`` and ``arg_min`` of a nested value normalise the floats in
@@ -263,7 +265,7 @@ def duckdb_key(expr: str, dtype: Any) -> str | None:
 def _duck(expr: str, t: Any, depth: int) -> str | None:
     kind = t.id
     if kind in ("double", "float"):
-        return f"CASE WHEN {expr} = 0 OR isnan({expr}) THEN CAST({expr} AS BIT) END"
+        return f"CAST({expr} AS BIT)"
     var = f"_reclock_x{depth}"
     if kind == "struct":
         keys = [_duck(f"struct_extract({expr}, {_sql_str(name)})", sub, depth + 1) for name, sub in t.children]

@@ -109,6 +109,28 @@ def _name(t: _Tokens) -> str:
     raise t.error(at, f"a field name expected, found {text!r}")
 
 
+_COLLATION = re.compile(r"(?i)(UTF8_BINARY|UTF8_LCASE)(_RTRIM)?|(?:UNICODE|[A-Z]{2,3}(?:_[A-Z]{4})?(?:_[A-Z]{3})?)"
+                        r"((?:_(?:CS|CI|AS|AI|RTRIM))*)")
+
+
+def _collation(t: _Tokens) -> str:
+    """A collation's name, as Spark reads one: ``UTF8_BINARY`` or ``UTF8_LCASE`` (each with ``_RTRIM`` or not), or
+    ``UNICODE`` or an ICU locale (``language[_Script][_COUNTRY]``: ``EN``, ``sr_Cyrl_SRB``) followed by at most
+    one of ``_CS``/``_CI``, of ``_AS``/``_AI`` and ``_RTRIM``, in any order; case-insensitive. Whether ICU knows a
+    locale is Spark's to say (its list is ICU's): this checks its shape."""
+    kind, text, at = t.next("a collation")
+    name = text[1:-1].replace("``", "`") if kind == "bq" else text
+    m = _COLLATION.fullmatch(name) if kind in ("word", "bq") else None
+    if m is not None and m[3]:
+        specs = [x.upper() for x in m[3].split("_")[1:]]
+        if any(sum(specs.count(x) for x in group) > 1 for group in (("CS", "CI"), ("AS", "AI"), ("RTRIM",))):
+            m = None
+    if m is None:
+        raise t.error(at, f"unknown collation {text!r}; the collations are UTF8_BINARY, UTF8_LCASE, UNICODE and ICU "
+                      "locales (EN, sr_Cyrl_SRB), with _CI, _AI or _RTRIM")
+    return name
+
+
 def _int(t: _Tokens, what: str) -> int:
     kind, text, at = t.next(what)
     if kind != "num":
@@ -131,7 +153,7 @@ def _type(t: _Tokens) -> str:
         return w
     if w == "STRING":
         if t.word("COLLATE"):
-            return f"STRING COLLATE {_name(t)}"
+            return f"STRING COLLATE {_collation(t)}"
         return w
     if w in DECIMALS:
         if not t.punct("("):

@@ -4,7 +4,7 @@ mangled), it accepts exactly what Spark accepts, with the same field names."""
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from reclock.ddl import parse_schema
@@ -70,5 +70,7 @@ def _mine(ddl: str):
 
 @settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(mangled())
+@example("`a b` BOOLEAN, `a b` BOOLEAN, `a b` STRING COLLATE TF8_LCASE")  # found 2026-11-27: any name was taken
+@example("s STRING COLLATE utf8_lcase_rtrim, t STRING COLLATE UNICODE_CI_CS, u STRING COLLATE `UTF8_LCASE`")
 def test_the_config_check_agrees_with_spark(spark, ddl):
     assert _mine(ddl) == _spark_verdict(ddl), ddl
