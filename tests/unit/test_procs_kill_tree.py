@@ -3,6 +3,7 @@ groups of their own (Airflow's task processes), which ``kill_group`` leaves runn
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -23,17 +24,23 @@ time.sleep(600)
 """
 
 
-def _spawn(tmp_path):
+@contextlib.contextmanager
+def _spawned(tmp_path):
+    """The leader (its pid in a pidfile) and its grandchild in a group of its own; both SIGKILLed on leaving."""
     pidfile = tmp_path / "leader.pid"
     p = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, text=True, start_new_session=True)
     grandchild = int(p.stdout.readline())
     pidfile.write_text(str(p.pid))
-    return p, grandchild, pidfile
+    try:
+        yield p, grandchild, pidfile
+    finally:
+        for pid in (p.pid, grandchild):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
 
 
 def test_kill_tree_kills_descendants_in_groups_of_their_own(tmp_path):
-    p, grandchild, pidfile = _spawn(tmp_path)
-    try:
+    with _spawned(tmp_path) as (p, grandchild, pidfile):
         assert procs.kill_tree(pidfile)
         p.wait(10)
         deadline = time.monotonic() + 10
@@ -41,42 +48,22 @@ def test_kill_tree_kills_descendants_in_groups_of_their_own(tmp_path):
             time.sleep(0.05)
         assert not procs.pid_alive(grandchild)
         assert not pidfile.exists() and not procs.kill_tree(pidfile)
-    finally:
-        for pid in (p.pid, grandchild):
-            try:
-                os.kill(pid, 9)
-            except ProcessLookupError:
-                pass
 
 
 def test_kill_group_alone_leaves_them(tmp_path):
     """What ``kill_tree`` is for: the group's SIGKILL does not reach a descendant that left the group."""
-    p, grandchild, pidfile = _spawn(tmp_path)
-    try:
+    with _spawned(tmp_path) as (p, grandchild, pidfile):
         assert procs.kill_group(pidfile)
         p.wait(10)
         time.sleep(0.2)
         assert procs.pid_alive(grandchild)
-    finally:
-        for pid in (p.pid, grandchild):
-            try:
-                os.kill(pid, 9)
-            except ProcessLookupError:
-                pass
 
 
 def test_stop_ends_descendants_in_groups_of_their_own(tmp_path):
     """A stack's ``down`` (``procs.stop``: SIGTERM to the group) once left a continuous source's Airflow task
     process running, orphaned, for the rest of its lease: it had made a group of its own."""
-    p, grandchild, pidfile = _spawn(tmp_path)
-    try:
+    with _spawned(tmp_path) as (p, grandchild, pidfile):
         assert procs.stop(pidfile, timeout=10)
         p.wait(10)
         assert not procs.pid_alive(grandchild)
         assert not pidfile.exists() and not procs.stop(pidfile)
-    finally:
-        for pid in (p.pid, grandchild):
-            try:
-                os.kill(pid, 9)
-            except ProcessLookupError:
-                pass
