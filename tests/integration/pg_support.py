@@ -129,5 +129,6 @@ def commit_lsns(dsn: str, slot: str = "observer", publication: str = "pub") -> d
 
     with psycopg.connect(dsn, autocommit=True) as conn:
         rows = conn.execute("SELECT data FROM pg_logical_slot_peek_binary_changes(%s, NULL, NULL, 'proto_version', "
-                            "'1', 'publication_names', %s) WHERE get_byte(data, 0) = 66", (slot, publication)).fetchall()
+                            "'1', 'publication_names', %s) WHERE get_byte(data, 0) = 66",
+                            (slot, publication)).fetchall()
     return {m.xid: m.final_lsn for m in (po.decode(d) for (d,) in rows)}

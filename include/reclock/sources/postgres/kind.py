@@ -133,10 +133,12 @@ class PostgresSource(SourceRuntime):
         with self.ctx.connect() as conn:
             tables = registered_tables(conn, self.name) or []
             chunked = chunked_snapshots(conn, self.name) if tables else {}
-            # a snapshot of a table of its own is pending (it joined the publication, `resnapshot --table`): bind
-            quiet = tables and not chunked and not table_snapshots(conn, self.name)
+            # continuous: may bind nothing, unless a snapshot of a table of its own is pending (it joined the
+            # publication, `resnapshot --table`) or chunks are to read
+            quiet = (self.ctx.spec.schedule == "continuous" and tables and not chunked
+                     and not table_snapshots(conn, self.name))
             newest = newest_binding(conn, self.name) if quiet else None
-        if newest is not None and self.ctx.spec.schedule == "continuous":
+        if newest is not None:
             unmoved = self._unmoved(*newest)
             if unmoved is not None:
                 return unmoved

@@ -23,8 +23,8 @@ from reclock.specs import (NAME_RE_SHARD, SCHEDULE_KEYS, SourceSpec, parse_budge
                            require)
 
 SCHEDULES = ("interval", "upstream", "continuous")
-"""A Postgres source's schedules: not ``continuous``, since its upper (the flush LSN) moves with any WAL the
-server writes, so cycles back to back would mint a binding every ``poll``."""
+"""A Postgres source's schedules: a continuous one binds only what its upstream trigger would run for, since
+its upper (the flush LSN) moves with any WAL the server writes (``PostgresSource.probe_upper``)."""
 
 
 SPARK_SNAPSHOT_MIN_BYTES = 1 << 30

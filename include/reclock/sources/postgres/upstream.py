@@ -681,8 +681,8 @@ class PostgresUpstream:
         """Why a binding past LSN ``since`` is worth minting now, in words (None: nothing calls for one): a
         transaction that changed a published table committed at or after it (:meth:`pending_changes`); or
         none did, but :data:`IDLE_WAL_BYTES` of WAL lie past it, or some WAL does and the newest binding
-        (minted at ``newest_ts``, ms) is ``idle_s`` (:data:`IDLE_S`) old, so a binding lets the slot follow and release that WAL
-        (an idle source never pins WAL). The flush LSN is read after the peek: a change that commits between
+        (minted at ``newest_ts``, ms) is ``idle_s`` (:data:`IDLE_S`) old, so a binding lets the slot follow
+        and release that WAL (an idle source never pins WAL). The flush LSN is read after the peek: a change that commits between
         them is seen at the next look. Used by ``schedule: upstream``'s trigger (``since``: the slot's position)
         and a continuous source's mint (``since``: its newest binding's LSN)."""
         if self.pending_changes(conn, since):
