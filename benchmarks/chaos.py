@@ -7,9 +7,9 @@ It starts its own services in a temporary folder (``reclock.dev``, all on 127.0.
 shape: Reclock's Postgres (its consensus) with a synchronous streaming standby; an upstream Postgres (the
 CDC source's database and Airflow's metadata); a Kafka cluster of three KRaft nodes (replication factor 3,
 ``min.insync.replicas`` 2, the transaction state log replicated: ``LocalKafkaCluster``); Spark as a
-standalone cluster of two 1-core workers, each its own executor JVM, and a Spark Connect server whose jobs
-run on them; Toxiproxy between Reclock's processes and Postgres and each Kafka node. It starts on the
-PREVIOUS RELEASE (``benchmarks.release``: its wheel, built from the repository's history), which makes
+standalone cluster of two workers and two Spark Connect servers (``--spark-connects``) that stand in for
+each other (``reclock.spark.connect``), each with an executor JVM of one core on every worker; Toxiproxy
+between Reclock's processes and Postgres and each Kafka node. It starts on the PREVIOUS RELEASE (``benchmarks.release``: its wheel, built from the repository's history), which makes
 Reclock's database and runs cycles and the sink until the ``upgrade`` fault moves the deployment to this
 checkout. It runs, with producers writing throughout at bounded rates:
 
@@ -48,7 +48,7 @@ sink_failpoint      the sink relaunched with ``sink:in_transaction=exit``
 pg_restart          ``pg_ctl restart -m immediate`` of Reclock's primary and of the upstream Postgres (every open
                     transaction is lost; Airflow's metadata goes away too)
 kafka_restart       every Kafka node SIGKILLed and started again
-spark_restart       the Spark Connect server (the driver) SIGKILLed and started again
+spark_restart       a Spark Connect server (a driver; the seed picks which) SIGKILLed and started again
 spark_worker_kill   a cluster worker SIGKILLed with its executor (often mid-job: its tasks are retried on the
                     other), started again 0-10 s later
 scheduler_kill      one of Airflow's two schedulers (highly available, ``HA_SETTINGS``) SIGKILLed with its
@@ -294,7 +294,7 @@ class Services:
     def env(self, config: Path) -> dict[str, str]:
         path = os.pathsep.join([str(REPO / "include"), str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
         return {**os.environ, "PYTHONPATH": path, "RECLOCK_CONFIG": str(config), "RECLOCK_DSN": self.proxied_dsn(),
-                "RECLOCK_BLOB_URL": str(self.root / "blobs"), "RECLOCK_SPARK_REMOTE": self.spark.url,
+                "RECLOCK_BLOB_URL": str(self.root / "blobs"), "RECLOCK_SPARK_REMOTE": self.spark.remote,
                 "RECLOCK_RETAIN_HISTORY_S": "1000000000",  # keep every time readable: the oracle checks each
                 "RECLOCK_GC_GRACE_S": "20", "RECLOCK_GC_INTERVAL_S": "5",  # GC runs often, beside the faults
                 "RECLOCK_PG_TIMEOUT_S": str(PG_TIMEOUT_S),
@@ -309,7 +309,7 @@ AWS_KEYS = {"AWS_ACCESS_KEY_ID": "reclock-dev", "AWS_SECRET_ACCESS_KEY": "recloc
 """The keys of ``--kinesis`` and ``--s3`` (kinesalite and moto check none; boto3 needs some)."""
 
 
-def make_services(root: Path, kinesis: bool = False, s3: bool = False) -> Services:
+def make_services(root: Path, kinesis: bool = False, s3: bool = False, spark_connects: int = 2) -> Services:
     """The campaign's services under ``root``, not started yet (their ports are chosen: the configuration and
     Airflow's settings can be written before they run)."""
     from reclock.dev.cluster import LocalSparkCluster
@@ -323,7 +323,7 @@ def make_services(root: Path, kinesis: bool = False, s3: bool = False) -> Servic
     # three KRaft nodes; clients of the config reach each through a proxy of its own
     kafka = LocalKafkaCluster(state, size=KAFKA_NODES, heap="384m", proxied=True)
     spark = LocalSparkCluster(state, workers=2, worker_cores=1, worker_memory="1g", executor_memory="768m",
-                              driver_memory="1g")
+                              driver_memory="1g", connects=spark_connects)
     svc = Services(root, state, pg, kafka, spark, LocalToxiproxy(state),
                    upstream=LocalPostgres(state, fast=True, name="postgres_upstream"),
                    standby=LocalStandby(state, pg, synchronous=True))
@@ -501,10 +501,10 @@ def kill_broker(svc: Services, rng: random.Random, echo: Callable[[str], None]) 
             time.sleep(3)
 
 
-def restart_spark(svc: Services, down_s: float) -> None:
-    """The Connect server (the driver) SIGKILLed and started again ``down_s`` later; the campaign goes on once
-    it serves (its executors come while the next fault does: its jobs wait for them)."""
-    kill_group(svc.spark.connect.pidfile)
+def restart_spark(svc: Services, down_s: float, which: int = 0) -> None:
+    """Connect server ``which`` (a driver) SIGKILLed and started again ``down_s`` later; the campaign goes on
+    once it serves (its executors come while the next fault does: its jobs wait for them)."""
+    kill_group(svc.spark.connect_servers[which].pidfile)
     time.sleep(down_s)
     start_again(svc.spark, "spark connect", executors=False)  # the cluster's start: what is down
 
@@ -1060,7 +1060,9 @@ class PreviousRelease:
         self.cwd = root / "previous"  # neither release may find the checkout from its working directory
         self.cwd.mkdir()
         self.env = clean_env(**{**{k: v for k, v in env.items() if k.startswith(("RECLOCK_", "CHAOS_"))},
-                                "RECLOCK_CONFIG": str(config)})
+                                "RECLOCK_CONFIG": str(config),
+                                # the previous release takes one Connect URL (several stand in since)
+                                "RECLOCK_SPARK_REMOTE": env["RECLOCK_SPARK_REMOTE"].split(",")[0]})
         self.new_env = env
         self.logdir = root / "logs"
         self.stop_event = threading.Event()
@@ -1636,11 +1638,12 @@ class _Overlap:
 def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float] = (2.0, 7.0),
              max_seconds: float = 3600.0, kinds: tuple[str, ...] = FAULT_KINDS,
              echo: Callable[[str], None] = _echo, keep: bool = False, kinesis: bool = False, s3: bool = False,
-             iceberg: bool = False, overlap: bool = False) -> Result:
+             iceberg: bool = False, overlap: bool = False, spark_connects: int = 2) -> Result:
     """Run the campaign: ``faults`` faults (or until ``max_seconds``), then catch up and check; ``kinesis``,
     ``s3``, ``iceberg``: with the Kinesis source, the two S3 sources, the Iceberg export (see the module);
     ``overlap``: a service's fault (:data:`SERVICE_GROUPS`) runs in the background while the next faults are
-    injected, one at a time per service (see :class:`_Overlap`)."""
+    injected, one at a time per service (see :class:`_Overlap`); ``spark_connects``: how many Spark Connect
+    servers stand in for each other (``spark_restart`` restarts one the seed picks)."""
     import shutil
 
     from reclock.persist import connect
@@ -1659,7 +1662,7 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
     try:
         echo(f"chaos: seed {seed}, {faults} faults{', service faults overlapped' if overlap else ''}, "
              f"state in {root}")
-        svc = make_services(root, kinesis, s3)
+        svc = make_services(root, kinesis, s3, spark_connects)
         config = write_config(root, svc.kafka.proxied_bootstrap, kinesis, iceberg=iceberg)
         svc.sink_transactional_id = _sink_spec(config).transactional_id
         env = svc.env(config)
@@ -1791,7 +1794,7 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
             elif kind == "kafka_restart":
                 restart_kafka(svc, rng.uniform(0, 3))
             elif kind == "spark_restart":
-                restart_spark(svc, rng.uniform(0, 3))
+                restart_spark(svc, rng.uniform(0, 3), rng.randrange(len(svc.spark.connect_servers)))
             elif kind == "spark_worker_kill":
                 kill_spark_worker(svc, rng.randrange(svc.spark.workers), rng.uniform(0, 10))
             elif kind == "broker_kill":
@@ -2114,6 +2117,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--overlap", action="store_true",
                     help="a service's fault (a restart, a broker or worker killed, a network fault) runs in the "
                     "background while faults of the other services go on; one at a time per service")
+    ap.add_argument("--spark-connects", type=int, default=2,
+                    help="Spark Connect servers that stand in for each other (1: a single server, as before)")
     ap.add_argument("--blob-bound", action="store_true", help="the blob-bound figure instead (1,000 cycles)")
     ap.add_argument("--cycles", type=int, default=1000, help="--blob-bound: cycles")
     ap.add_argument("--runner", metavar="SOURCE", help=argparse.SUPPRESS)
@@ -2131,7 +2136,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"seed {seed}", flush=True)
     result = campaign(args.faults, seed, rate=args.rate, gap=tuple(args.gap), max_seconds=args.max_seconds, keep=args.keep,
                       kinesis=args.kinesis or args.full, s3=args.s3 or args.full, iceberg=args.iceberg or args.full,
-                      overlap=args.overlap)
+                      overlap=args.overlap, spark_connects=args.spark_connects)
     for line in result.lines():
         print(line, flush=True)
     return 0 if result.ok else 1

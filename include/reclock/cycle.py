@@ -170,6 +170,12 @@ class CycleContext:
             spark_connect.close(spark)
         return True
 
+    def drop_spark_to_retry(self, error: BaseException) -> bool:
+        """Close the context's Spark Connect session if Spark work that failed with ``error`` may run again
+        at once in a new one (``reclock.spark.connect.attach_anew``: its server restarted, or another server
+        stands in for one that stopped answering). True if it was closed."""
+        return self._spark is not None and spark_connect.attach_anew(error, self._spark) and self.drop_spark(error)
+
     def close(self) -> None:
         """End what the context opened for its steps that would outlive it: the Spark Connect client (the
         server-side session stays for the source's next task). A task calls it when it ends, so its process
@@ -350,9 +356,10 @@ def write_batches(ctx: CycleContext, desc: BatchDescription) -> WrittenBatch:
     Keeps *replayable*: the offsets read and the timestamps given depend only on the durable bindings,
     so a rerun writes the same updates (to fresh paths).
 
-    A Spark Connect session lost meanwhile (the server restarted: its sessions and jobs went with it) is
-    dropped and the write runs again in a new one, in this step and under its deadline, up to
-    :data:`SESSION_REATTACHES` times: nothing of the lost attempt is visible, and a rerun is exact.
+    A Spark Connect session lost meanwhile (the server restarted: its sessions and jobs went with it; or it
+    is unreachable and another server stands in, ``reclock.spark.connect.attach_anew``) is dropped and the
+    write runs again in a new one, in this step and under its deadline, up to :data:`SESSION_REATTACHES`
+    times: nothing of the lost attempt is visible, and a rerun is exact.
     """
     with _step(ctx, "write_batches") as m, ctx.spark_deadline("write_batches"):
         with ctx.connect() as conn:
@@ -362,7 +369,7 @@ def write_batches(ctx: CycleContext, desc: BatchDescription) -> WrittenBatch:
             try:
                 written = ctx.source().write(rc, desc, tried)
             except Exception as e:
-                if attempt == SESSION_REATTACHES or not spark_connect.server_restarted(e) or not ctx.drop_spark(e):
+                if attempt == SESSION_REATTACHES or not ctx.drop_spark_to_retry(e):
                     raise
                 log.warning("source %s: write_batches [%s, %s): the Spark Connect session is gone (%s); "
                             "writing again in a new session", ctx.spec.name, desc.lower, desc.upper,
@@ -374,8 +381,9 @@ def write_batches(ctx: CycleContext, desc: BatchDescription) -> WrittenBatch:
 
 SESSION_REATTACHES = 2
 """How many times one ``write_batches`` step writes again in a new Spark Connect session after its session was
-lost to a server restart (``reclock.spark.connect.server_restarted``; an unreachable server fails the step
-as before, after the client's minute of retries). Before, the step failed and Airflow's retry
+lost to a server restart (``reclock.spark.connect.server_restarted``), or to a server that stopped answering
+while another stands in (``reclock.spark.connect.attach_anew``; with one server, an unreachable one fails the
+step as before, after the client's minute of retries). Before, the step failed and Airflow's retry
 ran the whole task again a few seconds later: the fault campaign's longest Airflow stall (issue 37) was
 three tries in a row ended that way or killed, then a slow one."""
 

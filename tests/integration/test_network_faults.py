@@ -359,6 +359,89 @@ def test_a_write_whose_connect_server_restarts_under_its_job_goes_on_in_a_new_se
     ctx.close()
 
 
+def test_a_write_whose_connect_server_dies_goes_on_on_the_server_that_stands_in(net, db, stack_state):
+    """Two Connect servers named in one URL list: the step's session goes to the longer-running one; that one
+    is SIGKILLed (and stays down) while the write's job waits for its executor slots. The step's client gives
+    up on it within seconds and the step writes again on the other server, in the same call, instead of
+    waiting for the dead one; the cycle appends every record once. A session made while it is down goes to
+    the other at once."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    from benchmarks.chaos import start_again
+    from reclock.dev import procs
+    from reclock.dev.spark import LocalSparkConnect
+    from reclock.spark import connect as spark_connect
+
+    topic, name = "net_failover", "net_failover"
+    admin = AdminClient({"bootstrap.servers": net.direct_bootstrap})
+    admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(30)
+    stand_in = LocalSparkConnect(stack_state, master="local[2]", driver_memory="1g", name="net_spark_b", s3=net.s3)
+    other = None
+    try:
+        stand_in.start(timeout=600)  # younger than net.server: sessions go to net.server while it answers
+        remote = f"{net.connect_url},{stand_in.url}"
+        ctx = _context(net, db, "none", topic, name=name)
+        ctx.spark_factory = lambda: SparkTarget(remote=remote).session(name)
+        _produce(net.direct_bootstrap, topic, range(0, RECORDS))
+        minted = cycle.mint(ctx)
+        assert minted.descriptions and minted.binding is not None
+        port = lambda session: int(session.conf.get("spark.connect.grpc.binding.port"))  # noqa: E731
+        assert port(ctx.spark()) == net.server.port, "the session is not on the longer-running server"
+
+        other = ConnectSession.builder.remote(net.connect_url).create()
+
+        def hold() -> None:  # both task slots of net.server's local[2] until it dies under them
+            with contextlib.suppress(Exception):
+                other.range(2, numPartitions=2).selectExpr(
+                    "reflect('java.lang.Thread', 'sleep', cast(600000 as bigint))").collect()
+
+        threading.Thread(target=hold, daemon=True, name="held-executors").start()
+        box: dict = {}
+
+        def write() -> None:
+            try:
+                box["written"] = cycle.write_batches(ctx, minted.descriptions[0])
+            except Exception as e:  # noqa: BLE001 - reported below
+                box["error"] = e
+
+        writer = threading.Thread(target=write, daemon=True, name="write-under-failover")
+        time.sleep(3)  # the held job's tasks started
+        writer.start()
+        time.sleep(3)  # the write's job queued behind them
+        assert writer.is_alive(), box
+        t0 = time.monotonic()
+        procs.kill_group(net.server.pidfile)
+        writer.join(STEP_BOUND_S)
+        assert not writer.is_alive(), f"the write outlived its server by {STEP_BOUND_S:.0f} s:\n{_stacks(writer)}"
+        took = time.monotonic() - t0
+        assert "error" not in box, f"the write failed instead of going on on the other server: {box['error']!r}"
+        assert took < spark_connect._total_wait_s(spark_connect.RETRY), \
+            f"{took:.0f} s: the step waited as long as for a server of its own"
+        assert port(ctx.spark()) == stand_in.port
+        from reclock.persist.status import latest_statistics
+
+        with persist.connect(db) as conn:
+            (stats,) = latest_statistics(conn, name, "write_batches", limit=1)
+        assert stats.metrics.get("session_reattached") == 1 and stats.metrics.get("records_read"), stats
+        t0 = time.monotonic()
+        fresh = SparkTarget(remote=remote).session("net_failover_fresh")
+        try:
+            assert port(fresh) == stand_in.port and time.monotonic() - t0 < 30
+        finally:
+            spark_connect.close(fresh)
+        cycle.append(ctx, box["written"])
+        catch_up(ctx)
+        check_invariants(ctx, set(range(RECORDS)))
+        ctx.close()
+    finally:
+        if not net.server.running():
+            start_again(net.server, "spark connect", timeout=600)  # the module's other tests use it
+        if other is not None:
+            spark_connect.close(other)  # no call to its dead server at the interpreter's exit
+        stand_in.stop()
+
+
 @pytest.mark.deployment
 @pytest.mark.parametrize("service", SERVICES)
 def test_every_network_fault_against_every_service_several_times(net, db, service):

@@ -101,3 +101,36 @@ def test_every_client_reclock_makes_retries_under_its_policy(monkeypatch):
     finally:
         connect.close(session)
     assert time.monotonic() - t0 < 30
+
+
+def test_several_servers_are_named_by_commas_each_once():
+    from reclock.spark.connect import remotes
+
+    assert remotes("sc://a:1") == ("sc://a:1",)
+    assert remotes("sc://a:1, sc://b:2/;use_ssl=true;token=t") == ("sc://a:1", "sc://b:2/;use_ssl=true;token=t")
+    with pytest.raises(ValueError, match="not a Spark Connect URL"):
+        remotes("sc://a:1,b:2")
+    with pytest.raises(ValueError, match="not a Spark Connect URL"):
+        remotes("sc://a:1,")
+    with pytest.raises(ValueError, match="named twice"):
+        remotes("sc://a:1,sc://a:1")
+
+
+def test_a_lost_session_is_attached_anew_at_once_only_where_another_server_stands_in():
+    """A restarted server (it answers, the session is gone) is attached anew with one server or several; an
+    unreachable one only when another server stands in; any other error never."""
+    from reclock.spark.connect import FAILOVER_RETRY, _total_wait_s, attach_anew
+
+    class Session:
+        def __init__(self, *urls: str) -> None:
+            self.reclock_remotes = urls
+
+    one, two = Session("sc://a:1"), Session("sc://a:1", "sc://b:1")
+    restarted = GrpcLike("[INVALID_HANDLE.SESSION_CHANGED] The existing Spark server driver instance has restarted")
+    unreachable = GrpcLike("<_MultiThreadedRendezvous of RPC that terminated with: status = StatusCode.UNAVAILABLE")
+    assert attach_anew(restarted, one) and attach_anew(restarted, two)
+    assert not attach_anew(unreachable, one) and attach_anew(unreachable, two)
+    assert not attach_anew(RuntimeError("[DIVIDE_BY_ZERO] division by zero"), two)
+    assert not attach_anew(unreachable, object())  # a session of this process: never
+    assert 3 <= _total_wait_s(FAILOVER_RETRY) <= 10  # a standing-in server is tried within seconds
+    assert 45 <= _total_wait_s(RETRY) <= 75

@@ -8,6 +8,10 @@ writing parts where every one of them can (a shared folder, or an ``s3://`` stor
     Connect server (driver)  --spark://-->  master  <--register--  worker 0  --spawns-->  executor
       sc://127.0.0.1:P          (spark-class ...deploy.master.Master)  worker 1  --spawns-->  executor
 
+With ``connects`` > 1 there are that many Connect servers (drivers), each its own application with an
+executor on every worker (the workers' cores and memory are multiplied to hold them): servers that stand in
+for each other (``reclock.spark.connect``, :attr:`LocalSparkCluster.remote`).
+
 Everything comes from the pyspark wheel (``bin/spark-class``) and listens on 127.0.0.1 only: the master,
 the workers and their web UIs on ports chosen free (kept in ``state``), the driver's RPC and block
 manager ports likewise, and every executor's on ephemeral ports of ``SPARK_LOCAL_IP``. A worker's
@@ -40,8 +44,9 @@ Reclock's direct committer (parts on S3, ``jvm/committer``) when the task starts
 
 @dataclass
 class LocalSparkCluster:
-    """A standalone master, ``workers`` workers of ``worker_cores`` cores and ``worker_memory`` each, and a
-    Spark Connect server on them (with the S3A jars, settings and keys when ``s3`` is given)."""
+    """A standalone master, ``workers`` workers of ``worker_cores`` cores and ``worker_memory`` each (per
+    Connect server), and ``connects`` Spark Connect servers on them (with the S3A jars, settings and keys when
+    ``s3`` is given)."""
 
     state: StackState
     workers: int = 2
@@ -50,17 +55,29 @@ class LocalSparkCluster:
     executor_memory: str = "1g"
     driver_memory: str = "1g"
     s3: S3Settings | None = None
+    connects: int = 1
 
     def __post_init__(self) -> None:
-        self.connect = LocalSparkConnect(
-            self.state, master=self.master_url, driver_memory=self.driver_memory, name="cluster_connect",
+        if self.connects < 1:
+            raise ValueError(f"a cluster needs a Connect server, got connects={self.connects}")
+        self.connect_servers = [self._connect_server(i) for i in range(self.connects)]
+        self.connect = self.connect_servers[0]
+
+    def _connect_server(self, i: int) -> LocalSparkConnect:
+        suffix = f"_{i}" if i else ""
+        # each application its share of every worker: one executor of worker_cores there
+        shares = {"spark.executor.cores": str(self.worker_cores),
+                  "spark.cores.max": str(self.worker_cores * self.workers)} if self.connects > 1 else {}
+        return LocalSparkConnect(
+            self.state, master=self.master_url, driver_memory=self.driver_memory, name=f"cluster_connect{suffix}",
             s3=self.s3, conf={
-                "spark.driver.port": str(self.state.port("cluster_driver")),
-                "spark.driver.blockManager.port": str(self.state.port("cluster_driver_block_manager")),
+                "spark.driver.port": str(self.state.port(f"cluster_driver{suffix}")),
+                "spark.driver.blockManager.port": str(self.state.port(f"cluster_driver_block_manager{suffix}")),
                 "spark.executor.memory": self.executor_memory,
                 # a job starts once every worker's executor registered, not on the first one alone
                 "spark.scheduler.minRegisteredResourcesRatio": "1.0",
                 "spark.scheduler.maxRegisteredResourcesWaitingTime": "60s",
+                **shares,
             })
 
     @property
@@ -81,8 +98,13 @@ class LocalSparkCluster:
 
     @property
     def url(self) -> str:
-        """The Spark Connect URL (``sc://``) of the cluster's Connect server."""
+        """The Spark Connect URL (``sc://``) of the cluster's (first) Connect server."""
         return self.connect.url
+
+    @property
+    def remote(self) -> str:
+        """Every Connect server's URL, comma-separated (what ``RECLOCK_SPARK_REMOTE`` takes)."""
+        return ",".join(c.url for c in self.connect_servers)
 
     def worker_dir(self, i: int) -> Path:
         """Worker ``i``'s ``SPARK_WORKER_DIR``: one folder per application, one per executor in it, holding
@@ -131,15 +153,22 @@ class LocalSparkCluster:
                 "org.apache.spark.deploy.worker.Worker", "--host", LOOPBACK,
                 "--port", str(self.state.port(f"cluster_worker{i}")),
                 "--webui-port", str(self.state.port(f"cluster_worker{i}_ui")),
-                "--cores", str(self.worker_cores), "--memory", self.worker_memory, "--work-dir", str(d),
+                "--cores", str(self.worker_cores * self.connects), "--memory", _times(self.worker_memory, self.connects),
+                "--work-dir", str(d),
                 self.master_url], self._env(d))
         procs.wait_until(f"{self.workers} spark workers registered", lambda: len(self.alive_workers()) >= self.workers,
                          timeout, log=self._log("worker-0"))
-        self.connect.start(timeout)
+        if len(self.connect_servers) == 1:
+            self.connect.start(timeout)
+        else:
+            _, errors = procs.side_by_side({c.name: lambda c=c: c.start(timeout) for c in self.connect_servers})
+            for error in errors.values():
+                raise error
         if executors:
-            procs.wait_until(f"an executor on each of {self.workers} workers",
-                             lambda: len(self.executors()) >= self.workers, timeout, log=self.connect.log,
-                             alive=self.connect.running)
+            for c in self.connect_servers:
+                procs.wait_until(f"an executor of {c.name} on each of {self.workers} workers",
+                                 lambda c=c: len(self.executors(c)) >= self.workers, timeout, log=c.log,
+                                 alive=c.running)
         return time.monotonic() - t0
 
     def _master_state(self) -> dict:
@@ -150,9 +179,10 @@ class LocalSparkCluster:
         """The workers the master counts as alive (its web UI's JSON)."""
         return [w for w in self._master_state().get("workers", []) if w.get("state") == "ALIVE"]
 
-    def executors(self) -> list[dict]:
-        """The active executors of the Connect server's application (its REST API; the driver is none)."""
-        base = f"http://{LOOPBACK}:{self.connect.ui_port}/api/v1/applications"
+    def executors(self, connect: LocalSparkConnect | None = None) -> list[dict]:
+        """The active executors of a Connect server's application (default: the first; its REST API; the
+        driver is none)."""
+        base = f"http://{LOOPBACK}:{(connect or self.connect).ui_port}/api/v1/applications"
         with urllib.request.urlopen(base, timeout=5) as r:
             apps = json.load(r)
         with urllib.request.urlopen(f"{base}/{apps[0]['id']}/executors", timeout=5) as r:
@@ -172,12 +202,13 @@ class LocalSparkCluster:
 
     def running(self) -> bool:
         return any(procs.read_pid(self._pidfile(d)) is not None
-                   for d in ("master", *(f"worker-{i}" for i in range(self.workers)))) or self.connect.running()
+                   for d in ("master", *(f"worker-{i}" for i in range(self.workers)))) or any(
+                       c.running() for c in self.connect_servers)
 
     def stop(self) -> list[str]:
         """Stop the Connect server, the workers (and so their executors) and the master, side by side; return
         what ran."""
-        stops = {"connect": self.connect.stop}
+        stops = {c.name: c.stop for c in self.connect_servers}
         for daemon in (*(f"worker-{i}" for i in range(self.workers)), "master"):
             stops[daemon] = lambda pidfile=self._pidfile(daemon): procs.stop(pidfile, timeout=20)
         ran, errors = procs.side_by_side(stops)
@@ -185,3 +216,11 @@ class LocalSparkCluster:
             raise error
         return [name for name in stops if ran[name]]
 
+
+
+def _times(memory: str, n: int) -> str:
+    """A JVM memory size (``768m``, ``1g``) times ``n``."""
+    m = re.fullmatch(r"(\d+)([kKmMgGtT]?)", memory)
+    if m is None:
+        raise ValueError(f"not a memory size (e.g. 1g, 768m): {memory!r}")
+    return f"{int(m.group(1)) * n}{m.group(2)}"

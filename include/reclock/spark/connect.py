@@ -19,6 +19,12 @@ derived from the source's name and a :data:`WINDOW_S` time window:
 
 A URL that names a ``session_id`` itself is used as it is.
 
+**Several servers.** ``sc://a:15002,sc://b:15002`` names Connect servers (each its own driver, on the same
+cluster) that stand in for each other: a session goes to the longest-running one that answers (its executors
+are warm; one restarted a moment ago has none yet), and a step whose server dies under it writes again on
+another (:func:`attach_anew`) instead of waiting for that one to come back. Such a session gives up on an
+unreachable server after a few seconds (:data:`FAILOVER_RETRY`) rather than the minute of :data:`RETRY`.
+
 TLS: a URL with ``use_ssl=true`` (the Spark provider's connection extra) reaches a TLS endpoint (a proxy in
 front of the server, which has none of its own) and its ``token`` authenticates. The CAs trusted are the
 system's, or those of the file ``GRPC_DEFAULT_SSL_ROOTS_FILE_PATH`` names (gRPC's own variable), read when
@@ -104,9 +110,21 @@ def connection(url: str):
     return TrustingChannelBuilder(url, channelOptions=list(KEEPALIVE))
 
 
-def remote_session(url: str):
+def remotes(url: str) -> tuple[str, ...]:
+    """The Spark Connect URLs ``url`` names: one, or several separated by commas (servers that stand in for
+    each other, see the module doc). Each must be ``sc://``; none may repeat."""
+    urls = tuple(u.strip() for u in url.split(","))
+    for u in urls:
+        if not u.startswith("sc://"):
+            raise ValueError(f"not a Spark Connect URL (sc://host:port): {u!r} in {url!r}")
+    if len(set(urls)) != len(urls):
+        raise ValueError(f"a Spark Connect URL is named twice: {url!r}")
+    return urls
+
+
+def remote_session(url: str, retry: dict | None = None):
     """A Spark Connect session to ``url`` (see :func:`connection`) that retries an unreachable server for
-    about a minute (:data:`RETRY`)."""
+    about a minute (:data:`RETRY`), or under ``retry``."""
     # the Connect client's own builder: the classic builder refuses a remote session in a process that also
     # runs a classic one (SESSION_ALREADY_EXIST), and has no channelBuilder
     from pyspark.sql.connect.session import SparkSession as ConnectSession
@@ -114,23 +132,39 @@ def remote_session(url: str):
     target = connection(url)
     os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"  # pyspark.sql.functions dispatch on it (as remote() sets it)
     session = ConnectSession.builder.channelBuilder(target).getOrCreate()
-    session.client.set_retry_policies([retry_policy()])
+    session.client.set_retry_policies([retry_policy(retry)])
     return session
 
 
 def shared_session(url: str, scope: str):
     """A Spark Connect session for ``url`` on the server-side session ``scope``'s tasks share (see the
     module doc), or a new one of its own when the server refuses the shared id; with
-    :data:`~reclock.spark.session.SESSION_CONF` set."""
+    :data:`~reclock.spark.session.SESSION_CONF` set. ``url`` may name several servers (:func:`remotes`): the
+    session is on the longest-running one that answers, and knows the others (:func:`attach_anew`)."""
     from reclock.spark.session import SESSION_CONF
 
-    if not names_session(url):
-        shared = with_session_id(url, shared_session_id(scope))
-        url = shared if _accepted(shared) else url
-    session = remote_session(url)
+    urls = remotes(url)
+    if len(urls) == 1:
+        if not names_session(url):
+            shared = with_session_id(url, shared_session_id(scope))
+            url = shared if _accepted(shared) else url
+        session = remote_session(url)
+    else:
+        session = remote_session(_pick(urls, scope), FAILOVER_RETRY)
+    session.reclock_remotes = urls
     for key, value in SESSION_CONF.items():
         session.conf.set(key, value)
     return session
+
+
+def attach_anew(error: BaseException, session) -> bool:
+    """Whether a step whose Spark work failed with ``error`` on ``session`` may attach anew and run the work
+    again at once: its server restarted (:func:`server_restarted`), or the session is gone
+    (:func:`session_lost`) and another server stands in (a session :func:`shared_session` made over several
+    URLs)."""
+    if server_restarted(error):
+        return True
+    return len(getattr(session, "reclock_remotes", ())) > 1 and session_lost(error)
 
 
 RETRY = {"max_retries": 15, "initial_backoff": 50, "backoff_multiplier": 4.0, "max_backoff": 5000}
@@ -145,11 +179,17 @@ session is active, the server cannot be reached (``UNAVAILABLE`` after the retri
 (gRPC: "Cannot invoke RPC on closed channel")."""
 
 
-def retry_policy():
-    """:data:`RETRY` as PySpark's ``DefaultPolicy`` (which errors it retries is PySpark's choice)."""
+FAILOVER_RETRY = {"max_retries": 4, "initial_backoff": 50, "backoff_multiplier": 4.0, "max_backoff": 5000}
+"""The retry policy of a session over several servers: 0.05, 0.2, 0.8 and 3.2 s, about 4 s in all, and then the
+call fails (another server stands in for an unreachable one)."""
+
+
+def retry_policy(retry: dict | None = None):
+    """:data:`RETRY` (or ``retry``) as PySpark's ``DefaultPolicy`` (which errors it retries is PySpark's
+    choice)."""
     from pyspark.sql.connect.client.retries import DefaultPolicy
 
-    return DefaultPolicy(**RETRY)
+    return DefaultPolicy(**(RETRY if retry is None else retry))
 
 
 RESTART_MARKERS = ("INVALID_HANDLE", "NO_ACTIVE_SESSION")
@@ -209,3 +249,50 @@ def _accepted(url: str) -> bool:
         return False
     finally:
         client.close()
+
+
+START_TIME = "spark.app.startTime"
+"""The driver's start (epoch milliseconds): Spark sets it in every application's configuration."""
+
+
+def _pick(urls: tuple[str, ...], scope: str, budget_s: float | None = None) -> str:
+    """Of several servers, the URL of the longest-running one that answers (on ``scope``'s shared session id
+    when it takes it, else a new session of its own; a URL that names a session keeps it): one round trip a
+    server, each under :data:`FAILOVER_RETRY`. While none answers, the servers are asked again, for about as
+    long as :data:`RETRY` would wait for one (``budget_s``); then the last server's error is raised."""
+    from pyspark.sql.connect.client import SparkConnectClient
+
+    budget = _total_wait_s(RETRY) if budget_s is None else budget_s
+    give_up = time.monotonic() + budget
+    while True:
+        answered: list[tuple[int, int, str]] = []
+        error: BaseException | None = None
+        for i, url in enumerate(urls):
+            candidate = url if names_session(url) else with_session_id(url, shared_session_id(scope))
+            client = SparkConnectClient(connection(candidate), retry_policy=FAILOVER_RETRY)
+            try:
+                (started,) = client.get_configs(START_TIME)
+            except Exception as e:  # noqa: BLE001 - this server cannot serve: the others may
+                if "SESSION_CLOSED" in str(e):
+                    answered.append((0, i, url))  # it answers, but not on the shared id: a session of its own
+                else:
+                    error = e
+                continue
+            finally:
+                client.close()
+            answered.append((int(started) if started else 0, i, candidate))
+        if answered:
+            return min((started or 2**63, i, u) for started, i, u in answered)[2]
+        if time.monotonic() >= give_up:
+            assert error is not None
+            raise error
+        time.sleep(1.0)
+
+
+def _total_wait_s(retry: dict) -> float:
+    """How long PySpark's policy ``retry`` waits in all before it gives up (without jitter)."""
+    waits, backoff = 0.0, float(retry["initial_backoff"])
+    for _ in range(retry["max_retries"]):
+        waits += min(backoff, retry["max_backoff"])
+        backoff *= retry["backoff_multiplier"]
+    return waits / 1000.0
