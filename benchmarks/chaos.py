@@ -9,9 +9,9 @@ CDC source's database and Airflow's metadata); a Kafka cluster of three KRaft no
 ``min.insync.replicas`` 2, the transaction state log replicated: ``LocalKafkaCluster``); Spark as a
 standalone cluster of two workers and two Spark Connect servers (``--spark-connects``) that stand in for
 each other (``reclock.spark.connect``), each with an executor JVM of one core on every worker; Toxiproxy
-between Reclock's processes and Postgres and each Kafka node. It starts on the PREVIOUS RELEASE (``benchmarks.release``: its wheel, built from the repository's history), which makes
-Reclock's database and runs cycles and the sink until the ``upgrade`` fault moves the deployment to this
-checkout. It runs, with producers writing throughout at bounded rates:
+between Reclock's processes and Postgres and each Kafka node. It starts on the PREVIOUS RELEASE
+(``benchmarks.release``: its wheel, built from the repository's history), which makes Reclock's database and
+runs cycles and the sink until the ``upgrade`` fault moves the deployment to this checkout. It runs, with producers writing throughout at bounded rates:
 
 - ``app``: an append-only JSON source over a 2-partition topic;
 - ``ups``: an upsert source over a 3-partition topic (12 keys, some deletes);

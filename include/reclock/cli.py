@@ -156,8 +156,8 @@ _bootstrap = click.option("--bootstrap", metavar="HOST:PORT",
 _spark_master = click.option("--spark-master", "spark_master", metavar="MASTER",
                              help="Run Spark in this process on MASTER, e.g. local[2] [RECLOCK_SPARK_MASTER].")
 _spark_remote = click.option("--spark-remote", "spark_remote", metavar="URL",
-                             help="Spark Connect URL sc://host:port [RECLOCK_SPARK_REMOTE; else connection "
-                                  "reclock_spark].")
+                             help="Spark Connect URL sc://host:port, or several servers that stand in for each "
+                                  "other, comma-separated [RECLOCK_SPARK_REMOTE; else connection reclock_spark].")
 
 
 def _cycle_settings(command):

@@ -259,12 +259,19 @@ SUBMITTED = SparkTarget()
 
 def find_spark(master: str | None = None, remote: str | None = None) -> SparkTarget:
     """``master`` / ``RECLOCK_SPARK_MASTER`` (a local session, e.g. ``local[2]``), else ``remote`` /
-    ``RECLOCK_SPARK_REMOTE`` (``sc://...``), else the ``reclock_spark`` connection through the Spark provider's
+    ``RECLOCK_SPARK_REMOTE`` (``sc://...``, or several servers comma-separated: ``reclock.spark.connect``), else
+    the ``reclock_spark`` connection through the Spark provider's
     ``SparkConnectHook`` (no JVM start-up per task)."""
     master = master or os.environ.get("RECLOCK_SPARK_MASTER")
     if master:
         return SparkTarget(master=master)
     remote = remote or os.environ.get("RECLOCK_SPARK_REMOTE")
     if remote:
+        from reclock.spark.connect import remotes
+
+        try:
+            remotes(remote)
+        except ValueError as e:
+            raise SettingError(f"RECLOCK_SPARK_REMOTE / --spark-remote: {e}") from None
         return SparkTarget(remote=remote)
     return SparkTarget(remote=from_connection(connections.spark_connect_url, NO_SPARK))

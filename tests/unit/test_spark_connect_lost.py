@@ -69,11 +69,9 @@ def test_a_cause_or_context_counts_and_cycles_end():
 
 def test_an_unreachable_server_is_retried_for_about_a_minute_not_ten():
     """The waits PySpark's policy takes with Reclock's settings (without jitter): about a minute in all."""
-    waits, backoff = [], RETRY["initial_backoff"]
-    for _ in range(RETRY["max_retries"]):
-        waits.append(min(backoff, RETRY["max_backoff"]))
-        backoff *= RETRY["backoff_multiplier"]
-    assert 45_000 <= sum(waits) <= 75_000
+    from reclock.spark.connect import _total_wait_s
+
+    assert 45 <= _total_wait_s(RETRY) <= 75
     policy = retry_policy()
     assert (policy.max_retries, policy.max_backoff) == (RETRY["max_retries"], RETRY["max_backoff"])
 
@@ -133,4 +131,35 @@ def test_a_lost_session_is_attached_anew_at_once_only_where_another_server_stand
     assert not attach_anew(RuntimeError("[DIVIDE_BY_ZERO] division by zero"), two)
     assert not attach_anew(unreachable, object())  # a session of this process: never
     assert 3 <= _total_wait_s(FAILOVER_RETRY) <= 10  # a standing-in server is tried within seconds
-    assert 45 <= _total_wait_s(RETRY) <= 75
+
+
+def test_a_bad_list_of_servers_is_a_setting_error_before_any_session(monkeypatch):
+    from reclock.errors import SettingError
+    from reclock.settings import find_spark
+
+    monkeypatch.delenv("RECLOCK_SPARK_MASTER", raising=False)
+    monkeypatch.setenv("RECLOCK_SPARK_REMOTE", "sc://a:1,localhost:2")
+    with pytest.raises(SettingError, match="RECLOCK_SPARK_REMOTE.*not a Spark Connect URL.*'localhost:2'"):
+        find_spark()
+    assert find_spark(remote="sc://a:1,sc://b:2").remote == "sc://a:1,sc://b:2"
+
+
+def test_with_every_server_unreachable_the_pick_gives_up_after_its_budget():
+    """No server answers: they are asked again until the budget has passed, then the last error says the
+    session is gone (the step fails as with one server, and Airflow retries it)."""
+    import socket
+    import time
+
+    from reclock.spark import connect
+
+    ports = []
+    for _ in range(2):
+        with socket.socket() as s:  # ports nothing listens on
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    urls = tuple(f"sc://127.0.0.1:{p}" for p in ports)
+    t0 = time.monotonic()
+    with pytest.raises(Exception) as picked:
+        connect._pick(urls, "s", budget_s=2.0)
+    assert session_lost(picked.value)
+    assert 2.0 <= time.monotonic() - t0 < 60

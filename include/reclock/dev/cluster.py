@@ -153,8 +153,8 @@ class LocalSparkCluster:
                 "org.apache.spark.deploy.worker.Worker", "--host", LOOPBACK,
                 "--port", str(self.state.port(f"cluster_worker{i}")),
                 "--webui-port", str(self.state.port(f"cluster_worker{i}_ui")),
-                "--cores", str(self.worker_cores * self.connects), "--memory", _times(self.worker_memory, self.connects),
-                "--work-dir", str(d),
+                "--cores", str(self.worker_cores * self.connects),
+                "--memory", _times(self.worker_memory, self.connects), "--work-dir", str(d),
                 self.master_url], self._env(d))
         procs.wait_until(f"{self.workers} spark workers registered", lambda: len(self.alive_workers()) >= self.workers,
                          timeout, log=self._log("worker-0"))
@@ -206,7 +206,7 @@ class LocalSparkCluster:
                        c.running() for c in self.connect_servers)
 
     def stop(self) -> list[str]:
-        """Stop the Connect server, the workers (and so their executors) and the master, side by side; return
+        """Stop the Connect servers, the workers (and so their executors) and the master, side by side; return
         what ran."""
         stops = {c.name: c.stop for c in self.connect_servers}
         for daemon in (*(f"worker-{i}" for i in range(self.workers)), "master"):
@@ -215,7 +215,6 @@ class LocalSparkCluster:
         for error in errors.values():
             raise error
         return [name for name in stops if ran[name]]
-
 
 
 def _times(memory: str, n: int) -> str:

@@ -251,6 +251,10 @@ def _accepted(url: str) -> bool:
         client.close()
 
 
+PICK_RETRY = {"max_retries": 2, "initial_backoff": 50, "backoff_multiplier": 4.0, "max_backoff": 5000}
+"""How a server is asked whether it answers when several stand in for each other: 0.05 and 0.2 s, then the
+next one is asked (:func:`_pick` asks them all again while none answers)."""
+
 START_TIME = "spark.app.startTime"
 """The driver's start (epoch milliseconds): Spark sets it in every application's configuration."""
 
@@ -258,8 +262,9 @@ START_TIME = "spark.app.startTime"
 def _pick(urls: tuple[str, ...], scope: str, budget_s: float | None = None) -> str:
     """Of several servers, the URL of the longest-running one that answers (on ``scope``'s shared session id
     when it takes it, else a new session of its own; a URL that names a session keeps it): one round trip a
-    server, each under :data:`FAILOVER_RETRY`. While none answers, the servers are asked again, for about as
-    long as :data:`RETRY` would wait for one (``budget_s``); then the last server's error is raised."""
+    server, each retried for a moment only (:data:`PICK_RETRY`). While none answers, the servers are asked
+    again, for about as long as :data:`RETRY` would wait for one (``budget_s``); then the last server's error
+    is raised."""
     from pyspark.sql.connect.client import SparkConnectClient
 
     budget = _total_wait_s(RETRY) if budget_s is None else budget_s
@@ -269,7 +274,7 @@ def _pick(urls: tuple[str, ...], scope: str, budget_s: float | None = None) -> s
         error: BaseException | None = None
         for i, url in enumerate(urls):
             candidate = url if names_session(url) else with_session_id(url, shared_session_id(scope))
-            client = SparkConnectClient(connection(candidate), retry_policy=FAILOVER_RETRY)
+            client = SparkConnectClient(connection(candidate), retry_policy=PICK_RETRY)
             try:
                 (started,) = client.get_configs(START_TIME)
             except Exception as e:  # noqa: BLE001 - this server cannot serve: the others may
