@@ -7,11 +7,12 @@ It starts its own services in a temporary folder (``reclock.dev``, all on 127.0.
 shape: Reclock's Postgres (its consensus) with a synchronous streaming standby; an upstream Postgres (the
 CDC source's database and Airflow's metadata); a Kafka cluster of three KRaft nodes (replication factor 3,
 ``min.insync.replicas`` 2, the transaction state log replicated: ``LocalKafkaCluster``); Spark as a
-standalone cluster of two workers and two Spark Connect servers (``--spark-connects``) that stand in for
-each other (``reclock.spark.connect``), each with an executor JVM of one core on every worker; Toxiproxy
+standalone cluster of two 1-core workers, each its own executor JVM, and a Spark Connect server whose jobs
+run on them (``--spark-connects 2``: two that stand in for each other, ``reclock.spark.connect``); Toxiproxy
 between Reclock's processes and Postgres and each Kafka node. It starts on the PREVIOUS RELEASE
 (``benchmarks.release``: its wheel, built from the repository's history), which makes Reclock's database and
-runs cycles and the sink until the ``upgrade`` fault moves the deployment to this checkout. It runs, with producers writing throughout at bounded rates:
+runs cycles and the sink until the ``upgrade`` fault moves the deployment to this checkout. It runs, with
+producers writing throughout at bounded rates:
 
 - ``app``: an append-only JSON source over a 2-partition topic;
 - ``ups``: an upsert source over a 3-partition topic (12 keys, some deletes);
@@ -48,7 +49,8 @@ sink_failpoint      the sink relaunched with ``sink:in_transaction=exit``
 pg_restart          ``pg_ctl restart -m immediate`` of Reclock's primary and of the upstream Postgres (every open
                     transaction is lost; Airflow's metadata goes away too)
 kafka_restart       every Kafka node SIGKILLed and started again
-spark_restart       a Spark Connect server (a driver; the seed picks which) SIGKILLed and started again
+spark_restart       the Spark Connect server (the driver; of two, the one the seed picks) SIGKILLed and started
+                    again
 spark_worker_kill   a cluster worker SIGKILLed with its executor (often mid-job: its tasks are retried on the
                     other), started again 0-10 s later
 scheduler_kill      one of Airflow's two schedulers (highly available, ``HA_SETTINGS``) SIGKILLed with its
@@ -309,7 +311,7 @@ AWS_KEYS = {"AWS_ACCESS_KEY_ID": "reclock-dev", "AWS_SECRET_ACCESS_KEY": "recloc
 """The keys of ``--kinesis`` and ``--s3`` (kinesalite and moto check none; boto3 needs some)."""
 
 
-def make_services(root: Path, kinesis: bool = False, s3: bool = False, spark_connects: int = 2) -> Services:
+def make_services(root: Path, kinesis: bool = False, s3: bool = False, spark_connects: int = 1) -> Services:
     """The campaign's services under ``root``, not started yet (their ports are chosen: the configuration and
     Airflow's settings can be written before they run)."""
     from reclock.dev.cluster import LocalSparkCluster
@@ -1638,7 +1640,7 @@ class _Overlap:
 def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float] = (2.0, 7.0),
              max_seconds: float = 3600.0, kinds: tuple[str, ...] = FAULT_KINDS,
              echo: Callable[[str], None] = _echo, keep: bool = False, kinesis: bool = False, s3: bool = False,
-             iceberg: bool = False, overlap: bool = False, spark_connects: int = 2) -> Result:
+             iceberg: bool = False, overlap: bool = False, spark_connects: int = 1) -> Result:
     """Run the campaign: ``faults`` faults (or until ``max_seconds``), then catch up and check; ``kinesis``,
     ``s3``, ``iceberg``: with the Kinesis source, the two S3 sources, the Iceberg export (see the module);
     ``overlap``: a service's fault (:data:`SERVICE_GROUPS`) runs in the background while the next faults are
@@ -1794,7 +1796,8 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
             elif kind == "kafka_restart":
                 restart_kafka(svc, rng.uniform(0, 3))
             elif kind == "spark_restart":
-                restart_spark(svc, rng.uniform(0, 3), rng.randrange(len(svc.spark.connect_servers)))
+                servers = len(svc.spark.connect_servers)  # drawn only with several: a seed's faults stay as before
+                restart_spark(svc, rng.uniform(0, 3), rng.randrange(servers) if servers > 1 else 0)
             elif kind == "spark_worker_kill":
                 kill_spark_worker(svc, rng.randrange(svc.spark.workers), rng.uniform(0, 10))
             elif kind == "broker_kill":
@@ -2117,8 +2120,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--overlap", action="store_true",
                     help="a service's fault (a restart, a broker or worker killed, a network fault) runs in the "
                     "background while faults of the other services go on; one at a time per service")
-    ap.add_argument("--spark-connects", type=int, default=2,
-                    help="Spark Connect servers that stand in for each other (1: a single server, as before)")
+    ap.add_argument("--spark-connects", type=int, default=1,
+                    help="Spark Connect servers that stand in for each other (default 1)")
     ap.add_argument("--blob-bound", action="store_true", help="the blob-bound figure instead (1,000 cycles)")
     ap.add_argument("--cycles", type=int, default=1000, help="--blob-bound: cycles")
     ap.add_argument("--runner", metavar="SOURCE", help=argparse.SUPPRESS)
