@@ -163,3 +163,30 @@ def test_with_every_server_unreachable_the_pick_gives_up_after_its_budget():
         connect._pick(urls, "s", budget_s=2.0)
     assert session_lost(picked.value)
     assert 2.0 <= time.monotonic() - t0 < 60
+
+
+def test_a_server_that_dies_between_the_pick_and_the_settings_is_picked_again(monkeypatch):
+    """Over several servers, a session whose settings cannot reach the server picked (it died meanwhile: here
+    a port nothing listens on) is closed and a server picked again, once more than there are servers; then
+    the error says the session is gone (before, a write's session failed its try here, issue 37's campaign)."""
+    import socket
+
+    from reclock.spark import connect
+
+    ports = []
+    for _ in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    urls = [f"sc://127.0.0.1:{p}" for p in ports]
+    picks = []
+
+    def pick(candidates, scope, budget_s=None):
+        picks.append(candidates)
+        return urls[len(picks) % 2]
+
+    monkeypatch.setattr(connect, "_pick", pick)
+    with pytest.raises(Exception) as made:
+        connect.shared_session(",".join(urls), "s")
+    assert session_lost(made.value)
+    assert len(picks) == 3

@@ -149,11 +149,21 @@ def shared_session(url: str, scope: str):
             shared = with_session_id(url, shared_session_id(scope))
             url = shared if _accepted(shared) else url
         session = remote_session(url)
+        for key, value in SESSION_CONF.items():
+            session.conf.set(key, value)
     else:
-        session = remote_session(_pick(urls, scope), FAILOVER_RETRY)
+        for attempt in range(len(urls) + 1):
+            # the server picked may die before the settings reach it: then another is picked
+            session = remote_session(_pick(urls, scope), FAILOVER_RETRY)
+            try:
+                for key, value in SESSION_CONF.items():
+                    session.conf.set(key, value)
+                break
+            except Exception as e:
+                close(session)
+                if attempt == len(urls) or not session_lost(e):
+                    raise
     session.reclock_remotes = urls
-    for key, value in SESSION_CONF.items():
-        session.conf.set(key, value)
     return session
 
 
