@@ -274,7 +274,7 @@ def _pick(urls: tuple[str, ...], scope: str, budget_s: float | None = None) -> s
     when it takes it, else a new session of its own; a URL that names a session keeps it): one round trip a
     server, each retried for a moment only (:data:`PICK_RETRY`). While none answers, the servers are asked
     again, for about as long as :data:`RETRY` would wait for one (``budget_s``); then the last server's error
-    is raised."""
+    is raised. A server that answers with an error of another kind (a wrong token) raises it at once."""
     from pyspark.sql.connect.client import SparkConnectClient
 
     budget = _total_wait_s(RETRY) if budget_s is None else budget_s
@@ -290,8 +290,10 @@ def _pick(urls: tuple[str, ...], scope: str, budget_s: float | None = None) -> s
             except Exception as e:  # noqa: BLE001 - this server cannot serve: the others may
                 if "SESSION_CLOSED" in str(e):
                     answered.append((0, i, url))  # it answers, but not on the shared id: a session of its own
-                else:
+                elif session_lost(e):
                     error = e
+                else:
+                    raise  # it answered with a refusal (a wrong token, say): no other server is asked
                 continue
             finally:
                 client.close()
