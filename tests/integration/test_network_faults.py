@@ -296,6 +296,37 @@ def test_a_write_queued_past_its_step_timeout_is_interrupted_alone_and_the_next_
     ctx.close()
 
 
+def _write_behind_a_held_job(ctx: cycle.CycleContext, desc, url: str, name: str):
+    """A job in a session of its own to ``url`` holds both task slots of the server's ``local[2]`` (until the
+    server dies under it), and ``write_batches`` of ``desc`` starts in a thread (``name``) and queues behind it.
+    Returns the writer thread, the dict its result (``written``) or error (``error``) lands in, and the holding
+    session (the caller closes it)."""
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    other = ConnectSession.builder.remote(url).create()
+
+    def hold() -> None:
+        with contextlib.suppress(Exception):
+            other.range(2, numPartitions=2).selectExpr(
+                "reflect('java.lang.Thread', 'sleep', cast(600000 as bigint))").collect()
+
+    threading.Thread(target=hold, daemon=True, name="held-executors").start()
+    box: dict = {}
+
+    def write() -> None:
+        try:
+            box["written"] = cycle.write_batches(ctx, desc)
+        except Exception as e:  # noqa: BLE001 - the caller reports it
+            box["error"] = e
+
+    writer = threading.Thread(target=write, daemon=True, name=name)
+    time.sleep(3)  # the held job's tasks started
+    writer.start()
+    time.sleep(3)  # the write's job queued behind them
+    assert writer.is_alive(), box
+    return writer, box, other
+
+
 def test_a_write_whose_connect_server_restarts_under_its_job_goes_on_in_a_new_session(net, db):
     """The Spark Connect server SIGKILLed while a ``write_batches`` job waits for executor slots, and started
     again on its port (what the fault campaign's ``spark_restart`` does; its server-side sessions and jobs go
@@ -303,7 +334,6 @@ def test_a_write_whose_connect_server_restarts_under_its_job_goes_on_in_a_new_se
     says the session is gone, and the step writes again in a new session, in the same call, instead of
     failing its task. The cycle then appends it: every record once."""
     from confluent_kafka.admin import AdminClient, NewTopic
-    from pyspark.sql.connect.session import SparkSession as ConnectSession
 
     from benchmarks.chaos import start_again
     from reclock.dev import procs
@@ -317,27 +347,7 @@ def test_a_write_whose_connect_server_restarts_under_its_job_goes_on_in_a_new_se
     assert minted.descriptions and minted.binding is not None
     ctx.spark()  # attached before the restart: the session the restart takes away
 
-    other = ConnectSession.builder.remote(net.connect_url).create()
-
-    def hold() -> None:  # both task slots of local[2] until the server dies under them
-        with contextlib.suppress(Exception):
-            other.range(2, numPartitions=2).selectExpr(
-                "reflect('java.lang.Thread', 'sleep', cast(600000 as bigint))").collect()
-
-    threading.Thread(target=hold, daemon=True, name="held-executors").start()
-    box: dict = {}
-
-    def write() -> None:
-        try:
-            box["written"] = cycle.write_batches(ctx, minted.descriptions[0])
-        except Exception as e:  # noqa: BLE001 - reported below
-            box["error"] = e
-
-    writer = threading.Thread(target=write, daemon=True, name="write-under-restart")
-    time.sleep(3)  # the held job's tasks started
-    writer.start()
-    time.sleep(3)  # the write's job queued behind them
-    assert writer.is_alive(), box
+    writer, box, other = _write_behind_a_held_job(ctx, minted.descriptions[0], net.connect_url, "write-under-restart")
     procs.kill_group(net.server.pidfile)
     try:
         time.sleep(2)
@@ -366,7 +376,6 @@ def test_a_write_whose_connect_server_dies_goes_on_on_the_server_that_stands_in(
     waiting for the dead one; the cycle appends every record once. A session made while it is down goes to
     the other at once."""
     from confluent_kafka.admin import AdminClient, NewTopic
-    from pyspark.sql.connect.session import SparkSession as ConnectSession
 
     from benchmarks.chaos import start_again
     from reclock.dev import procs
@@ -389,27 +398,8 @@ def test_a_write_whose_connect_server_dies_goes_on_on_the_server_that_stands_in(
         port = lambda session: int(session.conf.get("spark.connect.grpc.binding.port"))  # noqa: E731
         assert port(ctx.spark()) == net.server.port, "the session is not on the longer-running server"
 
-        other = ConnectSession.builder.remote(net.connect_url).create()
-
-        def hold() -> None:  # both task slots of net.server's local[2] until it dies under them
-            with contextlib.suppress(Exception):
-                other.range(2, numPartitions=2).selectExpr(
-                    "reflect('java.lang.Thread', 'sleep', cast(600000 as bigint))").collect()
-
-        threading.Thread(target=hold, daemon=True, name="held-executors").start()
-        box: dict = {}
-
-        def write() -> None:
-            try:
-                box["written"] = cycle.write_batches(ctx, minted.descriptions[0])
-            except Exception as e:  # noqa: BLE001 - reported below
-                box["error"] = e
-
-        writer = threading.Thread(target=write, daemon=True, name="write-under-failover")
-        time.sleep(3)  # the held job's tasks started
-        writer.start()
-        time.sleep(3)  # the write's job queued behind them
-        assert writer.is_alive(), box
+        writer, box, other = _write_behind_a_held_job(ctx, minted.descriptions[0], net.connect_url,
+                                                      "write-under-failover")
         t0 = time.monotonic()
         procs.kill_group(net.server.pidfile)
         writer.join(STEP_BOUND_S)
