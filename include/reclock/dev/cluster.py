@@ -158,12 +158,9 @@ class LocalSparkCluster:
                 self.master_url], self._env(d))
         procs.wait_until(f"{self.workers} spark workers registered", lambda: len(self.alive_workers()) >= self.workers,
                          timeout, log=self._log("worker-0"))
-        if len(self.connect_servers) == 1:
-            self.connect.start(timeout)
-        else:
-            _, errors = procs.side_by_side({c.name: lambda c=c: c.start(timeout) for c in self.connect_servers})
-            for error in errors.values():
-                raise error
+        _, errors = procs.side_by_side({c.name: lambda c=c: c.start(timeout) for c in self.connect_servers})
+        for error in errors.values():
+            raise error
         if executors:
             for c in self.connect_servers:
                 procs.wait_until(f"an executor of {c.name} on each of {self.workers} workers",

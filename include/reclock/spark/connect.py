@@ -149,15 +149,13 @@ def shared_session(url: str, scope: str):
             shared = with_session_id(url, shared_session_id(scope))
             url = shared if _accepted(shared) else url
         session = remote_session(url)
-        for key, value in SESSION_CONF.items():
-            session.conf.set(key, value)
+        _configure(session, SESSION_CONF)
     else:
         for attempt in range(len(urls) + 1):
             # the server picked may die before the settings reach it: then another is picked
             session = remote_session(_pick(urls, scope), FAILOVER_RETRY)
             try:
-                for key, value in SESSION_CONF.items():
-                    session.conf.set(key, value)
+                _configure(session, SESSION_CONF)
                 break
             except Exception as e:
                 close(session)
@@ -165,6 +163,11 @@ def shared_session(url: str, scope: str):
                     raise
     session.reclock_remotes = urls
     return session
+
+
+def _configure(session, conf: dict[str, str]) -> None:
+    for key, value in conf.items():
+        session.conf.set(key, value)
 
 
 def attach_anew(error: BaseException, session) -> bool:
@@ -247,16 +250,23 @@ def _accepted(url: str) -> bool:
     channel.) The client retries an unreachable server as a session does (:data:`RETRY`, about a minute):
     with PySpark's default policy a task that came up while the server was down waited here ten minutes,
     and up to a minute after the server was back (issue 37's Airflow stall)."""
+    return _ask(url, RETRY)[0]
+
+
+def _ask(url: str, retry: dict) -> tuple[bool, int]:
+    """One round trip on a bare client (closed at once) retried under ``retry``: whether the server takes
+    ``url``'s session id (it refuses a closed one: ``SESSION_CLOSED``), and when its driver started (epoch ms,
+    :data:`START_TIME`; 0 when refused). Any other error is raised."""
     from pyspark.sql.connect.client import SparkConnectClient
 
-    client = SparkConnectClient(connection(url), retry_policy=RETRY)
+    client = SparkConnectClient(connection(url), retry_policy=retry)
     try:
-        client._analyze(method="spark_version")
-        return True
+        (started,) = client.get_configs(START_TIME)
+        return True, int(started) if started else 0
     except Exception as e:
         if "SESSION_CLOSED" not in str(e):
             raise
-        return False
+        return False, 0
     finally:
         client.close()
 
@@ -275,8 +285,6 @@ def _pick(urls: tuple[str, ...], scope: str, budget_s: float | None = None) -> s
     server, each retried for a moment only (:data:`PICK_RETRY`). While none answers, the servers are asked
     again, for about as long as :data:`RETRY` would wait for one (``budget_s``); then the last server's error
     is raised. A server that answers with an error of another kind (a wrong token) raises it at once."""
-    from pyspark.sql.connect.client import SparkConnectClient
-
     budget = _total_wait_s(RETRY) if budget_s is None else budget_s
     give_up = time.monotonic() + budget
     while True:
@@ -284,20 +292,15 @@ def _pick(urls: tuple[str, ...], scope: str, budget_s: float | None = None) -> s
         error: BaseException | None = None
         for i, url in enumerate(urls):
             candidate = url if names_session(url) else with_session_id(url, shared_session_id(scope))
-            client = SparkConnectClient(connection(candidate), retry_policy=PICK_RETRY)
             try:
-                (started,) = client.get_configs(START_TIME)
+                accepted, started = _ask(candidate, PICK_RETRY)
             except Exception as e:  # noqa: BLE001 - this server cannot serve: the others may
-                if "SESSION_CLOSED" in str(e):
-                    answered.append((0, i, url))  # it answers, but not on the shared id: a session of its own
-                elif session_lost(e):
-                    error = e
-                else:
+                if not session_lost(e):
                     raise  # it answered with a refusal (a wrong token, say): no other server is asked
+                error = e
                 continue
-            finally:
-                client.close()
-            answered.append((int(started) if started else 0, i, candidate))
+            # refused the shared id: it answers, on a session of its own
+            answered.append((started, i, candidate if accepted else url))
         if answered:
             return min((started or 2**63, i, u) for started, i, u in answered)[2]
         if time.monotonic() >= give_up:
