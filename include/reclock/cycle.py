@@ -62,13 +62,14 @@ from reclock.persist.migrate import check_schema
 from reclock.persist.remap_store import advance_remap_upper, append_binding, compact_remap, load_remap
 from reclock.persist.shards import (APPENDED, SWAPPED, Append, Swap, advance_since, batches, compare_and_append,
                                     drop_lapsed_holds, holding_rebuild_lock, read_holds, shard_info, swap_batches,
-                                    window_rows)
+                                    window_rows, WriteLock)
 from reclock.persist.status import prune_history, record_statistics, record_status
 from reclock.remap import RemapCollection
 from reclock.sources.base import SourceKind, SourceRuntime, WrittenBatch
 from reclock.sources.registry import kind_of
 from reclock.spark import connect as spark_connect
 from reclock.spark.deadline import SparkDeadline
+from reclock.spark.orphans import OrphanedWrites
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +107,7 @@ class CycleContext:
     _source: SourceRuntime | None = field(default=None, init=False, repr=False, compare=False)
     _spark: object | None = field(default=None, init=False, repr=False, compare=False)
     _deadline: SparkDeadline | None = field(default=None, init=False, repr=False, compare=False)
+    _orphans: OrphanedWrites | None = field(default=None, init=False, repr=False, compare=False)
     connections: ConnectionLender = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -139,6 +141,8 @@ class CycleContext:
             self._spark = self.spark_factory()
         if self._deadline is not None:
             self._deadline.tag(self._spark)
+        if self._orphans is not None:
+            self._orphans.attach(self._spark)
         return self._spark
 
     @contextlib.contextmanager
@@ -153,6 +157,21 @@ class CycleContext:
                 yield deadline
         finally:
             self._deadline = None
+
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[OrphanedWrites]:
+        """A write step: its Spark operations (on sessions :meth:`spark` returns meanwhile, in this thread)
+        carry the source's write tag, and what a dead writer of the source left running on a Spark Connect
+        session is interrupted first if this step gets the source's write lock (``reclock.spark.orphans``)."""
+        lock = WriteLock(self.dsn, self.spec.name)
+        orphans = OrphanedWrites(self.spec.name, lock.take)
+        self._orphans = orphans
+        try:
+            yield orphans
+        finally:
+            self._orphans = None
+            orphans.detach()
+            lock.release()
 
     def connect(self):
         """A consensus connection (autocommit): while a step is under way in this thread, the one the step
@@ -361,7 +380,7 @@ def write_batches(ctx: CycleContext, desc: BatchDescription) -> WrittenBatch:
     write runs again in a new one, in this step and under its deadline, up to :data:`SESSION_REATTACHES`
     times: nothing of the lost attempt is visible, and a rerun is exact.
     """
-    with _step(ctx, "write_batches") as m, ctx.spark_deadline("write_batches"):
+    with _step(ctx, "write_batches") as m, ctx.spark_deadline("write_batches"), ctx.writing() as orphans:
         with ctx.connect() as conn:
             rc = load_remap(conn, ctx.spec.name)
         for attempt in itertools.count():
@@ -375,7 +394,8 @@ def write_batches(ctx: CycleContext, desc: BatchDescription) -> WrittenBatch:
                             "writing again in a new session", ctx.spec.name, desc.lower, desc.upper,
                             summary(e).message)
                 continue
-            m.update(tried, **({"session_reattached": attempt} if attempt else {}))
+            m.update(tried, **({"session_reattached": attempt} if attempt else {}),
+                     **({"orphans_interrupted": orphans.interrupted} if orphans.interrupted else {}))
             return written
 
 

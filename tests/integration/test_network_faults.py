@@ -369,6 +369,97 @@ def test_a_write_whose_connect_server_restarts_under_its_job_goes_on_in_a_new_se
     ctx.close()
 
 
+_DEAD_WRITER = """
+import json, sys
+from reclock import cycle
+from reclock.config import parse_source
+from reclock.persist.blob import blob_store_from_url
+from reclock.persist.objectstore import S3Settings
+from reclock.settings import SparkTarget
+
+a = json.loads(sys.argv[1])
+ctx = cycle.CycleContext(spec=parse_source(a["name"], a["raw"]), dsn=a["dsn"], upstream=a["bootstrap"],
+                         blob=blob_store_from_url(a["blob"], S3Settings(**a["s3"])),
+                         spark_factory=lambda: SparkTarget(remote=a["url"]).session(a["name"]))
+minted = cycle.mint(ctx)
+print("writing", flush=True)
+cycle.write_batches(ctx, minted.descriptions[0])
+print("written", flush=True)
+"""
+
+
+def test_the_next_write_interrupts_the_spark_work_a_killed_writer_left_running(net, db):
+    """A cycle process SIGKILLed while its write's job waits on the Spark Connect server (what a killed
+    Airflow task leaves): the server keeps the job (its client is gone, nobody will read its output). The
+    source's next write step holds the source's write lock, so no live writer runs that job: it interrupts it
+    before writing (``reclock.spark.orphans``; the step's statistics count it), then writes and appends
+    every record once."""
+    import dataclasses
+    import subprocess
+
+    from confluent_kafka.admin import AdminClient, NewTopic
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    from reclock.persist.status import latest_statistics
+
+    topic, name = "net_orphan", "net_orphan"
+    admin = AdminClient({"bootstrap.servers": net.direct_bootstrap})
+    admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(30)
+    ctx = _context(net, db, "none", topic, name=name)
+    _produce(net.direct_bootstrap, topic, range(0, RECORDS))
+    ctx.spark()  # the source's shared session, made before the holding one (a process's later sessions
+    # to the same server would be its default one, the holding one)
+    other = ConnectSession.builder.remote(net.connect_url).create()
+
+    def hold() -> None:  # both task slots of the server's local[2], until interrupted
+        with contextlib.suppress(Exception):
+            other.range(2, numPartitions=2).selectExpr(
+                "reflect('java.lang.Thread', 'sleep', cast(600000 as bigint))").collect()
+
+    threading.Thread(target=hold, daemon=True, name="held-executors").start()
+    args = {"name": name, "dsn": db, "bootstrap": net.direct_bootstrap, "url": net.connect_url,
+            "blob": f"s3://reclock/{name}", "s3": dataclasses.asdict(net.s3),
+            "raw": {"kafka": {"topic": topic, "bootstrap": net.direct_bootstrap},
+                    "format": {"type": "json", "schema": "id BIGINT, name STRING"},
+                    "include": ["partition", "offset", "key"], "budget": {"max_records": 40}}}
+    writer = subprocess.Popen([sys.executable, "-c", _DEAD_WRITER, json.dumps(args)], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert writer.stdout.readline().strip() == "writing", "the writer died before its write"
+        time.sleep(5)  # its job submitted, queued behind the held one
+        assert writer.poll() is None, "the write finished: nothing was left running"
+        writer.kill()
+        writer.wait(30)
+        box: dict = {}
+
+        def run() -> None:
+            try:
+                box["out"] = cycle.run_cycle(ctx)
+            except Exception as e:  # noqa: BLE001 - the assertion below reports it
+                box["error"] = e
+
+        cycler = threading.Thread(target=run, daemon=True, name="next-writer")
+        cycler.start()
+        time.sleep(5)  # its write step has interrupted the orphan and queued its own job
+        other.interruptAll()
+        cycler.join(STEP_BOUND_S)
+        assert not cycler.is_alive(), f"the cycle outlived {STEP_BOUND_S:.0f} s:\n{_stacks(cycler)}"
+    finally:
+        if writer.poll() is None:
+            writer.kill()
+        with contextlib.suppress(Exception):
+            other.interruptAll()
+        with contextlib.suppress(Exception):
+            other.stop()
+    assert "error" not in box, f"the next cycle failed: {box['error']!r}"
+    with persist.connect(db) as conn:
+        stats = latest_statistics(conn, name, "write_batches", limit=10)
+    assert sum(s.metrics.get("orphans_interrupted", 0) for s in stats) == 1, [s.metrics for s in stats]
+    catch_up(ctx)
+    check_invariants(ctx, set(range(RECORDS)))
+    ctx.close()
+
+
 def test_a_write_whose_connect_server_dies_goes_on_on_the_server_that_stands_in(net, db, stack_state):
     """Two Connect servers named in one URL list: the step's session goes to the longer-running one; that one
     is SIGKILLed (and stays down) while the write's job waits for its executor slots. The step's client gives

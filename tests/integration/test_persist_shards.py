@@ -4,6 +4,7 @@ append table), reads AS OF t, and read holds bounding ``since``."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -254,3 +255,38 @@ def test_a_persist_session_flushes_its_commits_whatever_the_server_says(db, serv
     finally:
         with psycopg.connect(db, autocommit=True) as admin:
             admin.execute(f'ALTER ROLE "{role}" RESET synchronous_commit')
+
+
+def test_a_source_has_one_write_lock_holder_and_a_dead_holder_releases_it(db):
+    """``WriteLock``: one holder per source at a time (another source's is its own); release frees it; a
+    process that dies holding it (SIGKILL: no release) frees it with its connection, so the next writer knows
+    no live writer of the source is writing (``reclock.spark.orphans``)."""
+    import subprocess
+    import sys
+
+    from reclock.persist.shards import WriteLock
+
+    first, second, other = WriteLock(db, "orders"), WriteLock(db, "orders"), WriteLock(db, "items")
+    assert first.take() and first.take()  # held: taking again says so
+    assert not second.take() and other.take()
+    first.release()
+    assert second.take()
+    second.release()
+    other.release()
+
+    holder = subprocess.Popen([sys.executable, "-c", "import sys; from reclock.persist.shards import WriteLock; "
+                               "lock = WriteLock(sys.argv[1], 'orders'); assert lock.take(); "
+                               "print('held', flush=True); sys.stdin.read()", db], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert not first.take(), "a live holder in another process"
+        holder.kill()
+        holder.wait(30)
+        for _ in range(50):  # the server notices the closed connection at once; a moment to be sure
+            if first.take():
+                break
+            time.sleep(0.1)
+        assert first.take(), "the dead holder's lock was not released"
+    finally:
+        holder.kill()
+        first.release()

@@ -62,8 +62,9 @@ ORPHANS_CONF = {"spark.connect.execute.manager.detachedTimeout": "60s"}
 """How long the server keeps running an operation whose client has gone (a killed task: no RPC attached to
 it) before it interrupts it: a minute, not Spark's five. A live client is always attached (it reattaches at
 once when a stream ends), so only orphans are cut. Issue 37's campaign: the jobs of killed tasks kept a
-restarted server's single executor busy for minutes while new tries queued behind them. The deployment guide
-recommends the same setting (docs/deployment.md)."""
+restarted server's single executor busy for minutes while new tries queued behind them. The source's next
+write interrupts such work itself (``reclock.spark.orphans``); this is what ends what that cannot reach. The
+deployment guide recommends the same setting (docs/deployment.md)."""
 
 
 @dataclass

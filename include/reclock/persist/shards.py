@@ -479,6 +479,50 @@ def holding_rebuild_lock(dsn: str, source: str) -> Iterator[None]:
             conn.execute("SELECT pg_advisory_unlock(hashtext(%s))", (_rebuild_key(source),))
 
 
+class WriteLock:
+    """``source``'s write lock (a Postgres advisory lock on a connection of its own): a writer holds it while
+    its ``write_batches`` step runs, so a process that dies mid-write releases it with its connection, and a
+    writer that gets it knows no live writer of the source is writing (``reclock.spark.orphans``). Taken on
+    demand (:meth:`take`), never waited for; released by :meth:`release`."""
+
+    def __init__(self, dsn: str, source: str) -> None:
+        self.dsn = dsn
+        self.source = source
+        self._conn: psycopg.Connection | None = None
+
+    def take(self) -> bool:
+        """Try the lock; whether this writer holds it now. A consensus store that cannot be reached says no
+        (the step's own work then finds out)."""
+        from reclock.persist import connect
+
+        if self._conn is not None:
+            return True
+        try:
+            conn = connect(self.dsn)
+        except psycopg.Error:
+            return False
+        try:
+            (got,) = conn.execute("SELECT pg_try_advisory_lock(hashtext(%s))", (_write_key(self.source),)).fetchone()
+        except psycopg.Error:
+            got = False
+        if not got:
+            conn.close()
+            return False
+        self._conn = conn
+        return True
+
+    def release(self) -> None:
+        """Release the lock (closing its connection releases it)."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+
+def _write_key(source: str) -> str:
+    return f"reclock.write:{source}"
+
+
 @contextlib.contextmanager
 def compacting(conn, source: str | None) -> Iterator[bool]:
     """While the block runs, hold ``source``'s rebuild lock shared, if no rebuild holds it; yields whether it
