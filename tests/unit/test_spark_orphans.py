@@ -72,6 +72,23 @@ def test_a_session_in_the_process_is_tagged_and_the_lock_never_asked():
     assert s.calls == [("add", "reclock-write-orders")] and claim.asked == 0
 
 
+class Classic(Recorder):
+    """A classic session: PySpark's ``client`` raises on it (not an ``AttributeError``)."""
+
+    def __init__(self) -> None:
+        super().__init__(connect=False)
+
+    @property
+    def client(self):
+        raise RuntimeError("[ONLY_SUPPORTED_WITH_SPARK_CONNECT] SparkSession.client is only supported with Spark Connect")
+
+
+def test_a_classic_session_whose_client_raises_is_tagged_only():
+    s, claim = Classic(), Claims(True)
+    OrphanedWrites("orders", claim).attach(s)
+    assert s.calls == [("add", "reclock-write-orders")] and claim.asked == 0
+
+
 def test_a_new_session_in_the_same_step_is_cleared_too_and_the_lock_asked_once():
     """A write that attaches anew (its server restarted) uses a second session: it is cleared and tagged as
     the first was; the lock is the step's, taken once."""

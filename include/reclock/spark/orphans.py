@@ -35,6 +35,14 @@ def write_tag(source: str) -> str:
     return TAG_PREFIX + source.replace(",", "_")
 
 
+def _connect(session: Any) -> bool:
+    """Whether ``session`` is a Spark Connect one (a classic session's ``client`` raises)."""
+    try:
+        return getattr(session, "client", None) is not None
+    except Exception:  # noqa: BLE001 - PySpark's "only supported with Spark Connect"
+        return False
+
+
 class OrphanedWrites:
     """One write step's side of it (see the module): :meth:`attach` each session the step uses (in the thread
     that runs its operations); ``claim()`` takes the source's write lock for the rest of the step and says
@@ -55,7 +63,7 @@ class OrphanedWrites:
         if any(s is session for s in self._attached):
             return
         self._attached.append(session)
-        if getattr(session, "client", None) is not None:  # Spark Connect: operations outlive their client
+        if _connect(session):  # operations outlive their client
             if self._claimed is None:
                 self._claimed = self._claim()
             if self._claimed:
