@@ -100,12 +100,19 @@ class _Tokens:
             raise self.error(tok[2], f"{what} expected, found {tok[1]!r}")
 
 
+_NUMBER = re.compile(r"(?i)\d+(?:[LSY]|(?:E\d+)?(?:F|D|BD))?|\d+E\d+")
+"""A word Spark's lexer reads as a number literal (an integer, ``1L``, ``1S``, ``1Y``, ``1E2``, ``1F``, ``1D``,
+``1BD``, ``1E2D``...): never a name unless quoted. ``1a``, ``1e``, ``1e2l`` are names."""
+
+
 def _name(t: _Tokens) -> str:
     kind, text, at = t.next("a field name")
     if kind == "bq":
         return text[1:-1].replace("``", "`")
-    if kind in ("word", "num"):
+    if kind in ("word", "num") and not _NUMBER.fullmatch(text):
         return text
+    if kind in ("word", "num"):
+        raise t.error(at, f"a field name expected, found the number {text!r} (quote it as a name: `{text}`)")
     raise t.error(at, f"a field name expected, found {text!r}")
 
 
