@@ -12,7 +12,9 @@ step that holds the source's write lock (a Postgres advisory lock on a connectio
 ``reclock.persist.shards.write_lock``: a process that dies releases it with its connection) first interrupts
 the operations that still carry that tag in the source's shared session (``reclock.spark.connect``): no live
 writer of the source runs them. A step that does not get the lock (another writer of the source is alive, a
-``reclock cycle`` run by hand beside Airflow's) interrupts nothing. Interrupting is only ever a failure of
+``reclock cycle`` run by hand beside Airflow's) interrupts nothing. A writer whose lock connection was cut (its
+Postgres restarted) counts as dead: the fault campaign saw it twice, each time a try Airflow had already
+given up for its retry. Interrupting is only ever a failure of
 work nobody waits for: nothing a write does is visible before its ``append``.
 
 Out of reach, and left to the server's timeout: a dead writer's operations on another server (several
