@@ -109,10 +109,10 @@ def _name(t: _Tokens) -> str:
     kind, text, at = t.next("a field name")
     if kind == "bq":
         return text[1:-1].replace("``", "`")
-    if kind in ("word", "num") and not _NUMBER.fullmatch(text):
-        return text
     if kind in ("word", "num"):
-        raise t.error(at, f"a field name expected, found the number {text!r} (quote it as a name: `{text}`)")
+        if _NUMBER.fullmatch(text):
+            raise t.error(at, f"a field name expected, found the number {text!r} (quote it as a name: `{text}`)")
+        return text
     raise t.error(at, f"a field name expected, found {text!r}")
 
 

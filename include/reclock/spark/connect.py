@@ -233,12 +233,21 @@ def _says(error: BaseException, markers: tuple[str, ...]) -> bool:
     return False
 
 
+def is_connect(session) -> bool:
+    """Whether ``session`` is a Spark Connect one (a classic session's ``client`` raises PySpark's "only
+    supported with Spark Connect", not an ``AttributeError``)."""
+    try:
+        return getattr(session, "client", None) is not None
+    except Exception:  # noqa: BLE001 - PySpark's ONLY_SUPPORTED_WITH_SPARK_CONNECT
+        return False
+
+
 def close(session) -> None:
     """End a Spark Connect session's client: its channel closed, the session no longer the process's default
     (a later ``getOrCreate`` makes a new one), no call at interpreter exit, and the server-side session left
     alone (other processes share it; the server's idle timeout closes it). A session in this process (not a
     Connect one) is left alone too: it is the process's, not the caller's."""
-    if getattr(session, "client", None) is None:
+    if not is_connect(session):
         return
     session.release_session_on_close = False
     session.stop()

@@ -3,19 +3,19 @@
 A process that dies while its write waits on Spark Connect (an Airflow task killed, a cycle SIGKILLed, a
 machine lost) leaves its operations running on the server: the server goes on with an operation whose client
 went away until it ends or until ``spark.connect.execute.manager.detachedTimeout`` has passed (5 minutes by
-default; a minute in the dev stack, ``reclock.dev.spark.ORPHANS_CONF``). Meanwhile the retry, a few seconds
+default; docs/deployment.md recommends a minute). Meanwhile the retry, a few seconds
 later, runs the same write beside it on the same executors, and its output is thrown away: issue 37's fault
 campaign killed a try every minute or two, and each left such a job behind the next.
 
 So the Spark operations of every ``write_batches`` step carry its source's write tag (:func:`write_tag`), and a
 step that holds the source's write lock (a Postgres advisory lock on a connection of its own,
-``reclock.persist.shards.write_lock``: a process that dies releases it with its connection) first interrupts
+``reclock.persist.shards.WriteLock``: a process that dies releases it with its connection) first interrupts
 the operations that still carry that tag in the source's shared session (``reclock.spark.connect``): no live
 writer of the source runs them. A step that does not get the lock (another writer of the source is alive, a
 ``reclock cycle`` run by hand beside Airflow's) interrupts nothing. A writer whose lock connection was cut (its
 Postgres restarted) counts as dead: the fault campaign saw it twice, each time a try Airflow had already
-given up for its retry. Interrupting is only ever a failure of
-work nobody waits for: nothing a write does is visible before its ``append``.
+given up for its retry. Interrupting is only ever a failure of work nobody waits for: nothing a write does is
+visible before its ``append``.
 
 Out of reach, and left to the server's timeout: a dead writer's operations on another server (several
 servers, ``reclock.spark.connect``), in another window's session, or on a session in the writer's own
@@ -27,6 +27,8 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
+from reclock.spark.connect import is_connect
+
 log = logging.getLogger(__name__)
 
 TAG_PREFIX = "reclock-write-"
@@ -35,14 +37,6 @@ TAG_PREFIX = "reclock-write-"
 def write_tag(source: str) -> str:
     """The tag of ``source``'s write operations (Spark refuses a tag with a comma, and an empty one)."""
     return TAG_PREFIX + source.replace(",", "_")
-
-
-def _connect(session: Any) -> bool:
-    """Whether ``session`` is a Spark Connect one (a classic session's ``client`` raises)."""
-    try:
-        return getattr(session, "client", None) is not None
-    except Exception:  # noqa: BLE001 - PySpark's "only supported with Spark Connect"
-        return False
 
 
 class OrphanedWrites:
@@ -65,7 +59,7 @@ class OrphanedWrites:
         if any(s is session for s in self._attached):
             return
         self._attached.append(session)
-        if _connect(session):  # operations outlive their client
+        if is_connect(session):  # operations outlive their client
             if self._claimed is None:
                 self._claimed = self._claim()
             if self._claimed:
