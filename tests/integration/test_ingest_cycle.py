@@ -7,6 +7,7 @@ offset resumption frontier; a replayed or crashed cycle changes nothing.
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -340,6 +341,76 @@ def test_a_source_named_like_an_error_collection_keeps_its_data_columns(db, kafk
         reader = UpdateReader(ctx.blob, "login_errors", rows, 0, upper, shard_info(conn, "login_errors").kind)
         assert "id" in reader.schema.names and sorted(read_as_of(conn, ctx.blob, "login_errors")["id"].to_pylist()) \
             == list(range(40))
+
+
+def _write_stats(db: str, name: str) -> dict:
+    with connect(db) as conn:
+        return conn.execute("SELECT metrics FROM reclock.statistics WHERE name = %s AND step = 'write_batches' "
+                            "ORDER BY id DESC LIMIT 1", (name,)).fetchone()[0]
+
+
+def test_a_retried_write_takes_the_slices_an_earlier_write_proved_and_writes_the_rest(db, kafka, topic, spark,
+                                                                                      tmp_path):
+    """A write that a fault ended after its first slice leaves that slice's parts and record; the next
+    cycle's write of the same description takes them (proved again) instead of running the job again, writes
+    the other slices, and the collection is exact: each record once, at its binding's timestamp."""
+    from reclock.failpoints import enabled
+    from reclock.persist.staged import RECORDS_FOLDER
+
+    name = topic(partitions=2)
+    ctx = make_ctx(db, kafka, spark, tmp_path, name, budget={"max_records": 10})
+    produce(kafka, name, [rec(i, i % 2) for i in range(30)])
+    with pytest.raises(Exception, match="fail point"):
+        with enabled("write_batches:after_slice"):
+            cycle.run_cycle(ctx)
+    records = [b.path for b in ctx.blob.list(f"{ctx.spec.name}/{RECORDS_FOLDER}")]
+    assert len(records) == 1, records
+    first_write = json.loads(ctx.blob.get_bytes(records[0]))["folder"]
+    cycle.run_cycle(ctx)
+    stats = _write_stats(db, ctx.spec.name)
+    assert (stats["slices"], stats["slices_reused"]) == (3, 1), stats
+    check_invariants(ctx, set(range(30)))
+    with connect(db) as conn:
+        paths = [b.path for b in batches(conn, ctx.spec.name)]
+    assert any(p.startswith(first_write + "/slice-0000/") for p in paths), "the earlier slice's parts are not in"
+
+
+def test_an_earlier_slice_is_written_again_when_its_parts_do_not_prove_or_its_source_changed(db, kafka, topic,
+                                                                                             spark, tmp_path):
+    """What an earlier write left is taken only when it proves whole and was written for the same rows: a
+    part deleted from its folder, or a source whose configuration changed since (any field: the fingerprint
+    does not guess which ones a decode reads), and the slice's job runs again; the collection is exact."""
+    from reclock.failpoints import enabled
+    from reclock.persist.staged import RECORDS_FOLDER
+
+    name = topic(partitions=2)
+    ctx = make_ctx(db, kafka, spark, tmp_path, name, budget={"max_records": 10})
+    produce(kafka, name, [rec(i, i % 2) for i in range(20)])
+    for _ in range(2):  # each write ends after its first slice (the second takes the first's, then ends too)
+        with pytest.raises(Exception, match="fail point"):
+            with enabled("write_batches:after_slice"):
+                cycle.run_cycle(ctx)
+    records = [b.path for b in ctx.blob.list(f"{ctx.spec.name}/{RECORDS_FOLDER}")]
+    assert len(records) == 1, records  # the second write took slice 0 and recorded nothing new
+    folder = json.loads(ctx.blob.get_bytes(records[0]))["folder"] + "/slice-0000"
+    parquet = [b.path for b in ctx.blob.list(folder) if b.path.endswith(".parquet")]
+    ctx.blob.delete(parquet[0])  # the earlier slice is no longer whole
+    cycle.run_cycle(ctx)
+    stats = _write_stats(db, ctx.spec.name)
+    assert stats["slices"] == 2 and "slices_reused" not in stats, stats
+    check_invariants(ctx, set(range(20)))
+
+    produce(kafka, name, [rec(i, i % 2) for i in range(20, 40)])
+    with pytest.raises(Exception, match="fail point"):
+        with enabled("write_batches:after_slice"):
+            cycle.run_cycle(ctx)
+    changed = replace(ctx, spec=make_ctx(db, kafka, spark, tmp_path, name, budget={"max_records": 10},
+                                         interval="5s").spec)
+    assert changed.spec != ctx.spec
+    cycle.run_cycle(changed)
+    stats = _write_stats(db, ctx.spec.name)
+    assert stats["slices"] == 2 and "slices_reused" not in stats, stats
+    check_invariants(ctx, set(range(40)))
 
 
 def test_resume_collects_garbage_and_keeps_what_a_running_write_leased(db, kafka, topic, spark, tmp_path):

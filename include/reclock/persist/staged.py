@@ -20,6 +20,14 @@ records read (append-only)                  they differ from the rows written (e
 "Found nothing" is never taken for "there was nothing": an empty slice still has its marker, and its job
 reported zero rows.
 
+**A slice written once is not written again.** After its job, a slice is recorded by a fingerprint of
+everything its rows depend on (:func:`record_slice`: what the job reported, and where). A later write of the
+same rows (a retry of a step that a fault ended after some slices) finds the record (:func:`earlier_slice`)
+and takes that slice's parts instead of running its job again, only after the same proof as above passes on
+them (:func:`prove_earlier`), and only while they are young enough that garbage collection's grace period
+still covers them until the append (:func:`reusable_age_s`). Anything else (no record, an unreadable one, a
+proof that fails, older files) is written again, as before.
+
 An upsert slice's files sit in ``_output=N/`` folders. An append-only slice's files hold the collection's
 rows and, packed in one column, the records that did not decode: a file whose footer says that column is
 all null is a part of the data shard as it is; the rare one holding rejected records is split into a data
@@ -28,7 +36,11 @@ part and an errors part beside it, and those are the parts (the original is garb
 
 from __future__ import annotations
 
+import json
+import logging
 import posixpath
+import time
+from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 import pyarrow as pa
@@ -39,11 +51,17 @@ from reclock.batch import Part, SliceWritten
 from reclock.errors import UnaccountedWrite
 from reclock.part_layout import (DATA_OUTPUT, ERR_PREFIX, ERRORS_OUTPUT, KAFKA_SHAPE, OUTPUT_FOLDER, REJECTED_COLUMN,
                                  STATE_OUTPUT, STATE_PREFIX, RecordShape, state_schema, unpack_rejected)
-from reclock.persist.blob import BlobStore
+from reclock.persist.blob import BlobStore, _check_rel
 from reclock.persist.parquet import null_count, parquet_bytes, part_from_footer, uses_int96
+
+log = logging.getLogger(__name__)
 
 COMMIT_MARKER = "_SUCCESS"
 """The file Spark's committer writes into a job's output folder once every task's output is in place."""
+
+RECORDS_FOLDER = "_slices"
+"""The folder of a source's slice records (:func:`record_slice`), one file per fingerprint; garbage collection
+takes a record once its grace period passed, as any blob no batch references."""
 
 
 def slice_folder(prefix: str, index: int) -> str:
@@ -71,14 +89,19 @@ def split_joint(blob: BlobStore, source: str, base: str, member_column: str, fol
 
 
 def collect_parts(blob: BlobStore, source: str, shards: Mapping[int, str], prefix: str,
-                  slices: Sequence[SliceWritten], upsert: bool, shape: RecordShape = KAFKA_SHAPE
+                  slices: Sequence[SliceWritten], upsert: bool, shape: RecordShape = KAFKA_SHAPE,
+                  proved: Sequence[Mapping[int, Sequence[Part]]] = ()
                   ) -> tuple[dict[str, tuple[Part, ...]], tuple[Part, ...]]:
     """The parts the ``slices`` of one write left under ``prefix``, per shard (``shards``: output -> shard
     id, for :data:`DATA_OUTPUT` and :data:`ERRORS_OUTPUT`), and the upsert state's change parts; each slice
-    proved to hold exactly what its job reported (see the module), else :class:`UnaccountedWrite`."""
+    proved to hold exactly what its job reported (see the module), else :class:`UnaccountedWrite`.
+    ``proved``: the parts per output of slices taken from an earlier write (:func:`prove_earlier`)."""
     out: dict[int, list[Part]] = {DATA_OUTPUT: [], ERRORS_OUTPUT: [], STATE_OUTPUT: []}
     for s in slices:
         for output, parts in _collect_slice(blob, source, prefix, s, upsert, shape).items():
+            out[output].extend(parts)
+    for earlier in proved:
+        for output, parts in earlier.items():
             out[output].extend(parts)
     done = {o: tuple(sorted(ps, key=lambda p: p.path)) for o, ps in out.items()}
     return {shards[o]: done[o] for o in (DATA_OUTPUT, ERRORS_OUTPUT)}, done[STATE_OUTPUT]
@@ -139,6 +162,73 @@ def _collect_slice(blob: BlobStore, source: str, prefix: str, s: SliceWritten,
         for output, part in split_rejected(blob, source, path, shape):
             parts[output].append(part)
     return parts
+
+
+def slice_record(source: str, fingerprint: str) -> str:
+    """Where a write of ``source`` records a slice whose rows have ``fingerprint`` (:func:`record_slice`)."""
+    return f"{source}/{RECORDS_FOLDER}/{fingerprint}.json"
+
+
+def record_slice(blob: BlobStore, source: str, folder: str, s: SliceWritten, fingerprint: str) -> None:
+    """Record slice ``s`` of a write of ``source`` under ``folder`` (its files in ``slice_folder(folder,
+    s.index)``): what its job reported, by the slice's ``fingerprint`` (the same for a write of the same rows:
+    the same offsets, bindings and decode)."""
+    record = {"folder": folder, "index": s.index, "url": s.url, "offsets": s.offsets,
+              "records_read": s.records_read, "rows": {str(o): n for o, n in s.rows.items()}}
+    blob.put_bytes(slice_record(source, fingerprint), json.dumps(record, sort_keys=True).encode())
+
+
+@dataclass(frozen=True)
+class EarlierSlice:
+    """A slice an earlier write recorded (:func:`record_slice`): its files are in ``slice_folder(folder,
+    written.index)``."""
+
+    folder: str
+    written: SliceWritten
+
+
+def earlier_slice(blob: BlobStore, source: str, fingerprint: str) -> EarlierSlice | None:
+    """The slice with ``fingerprint`` an earlier write of ``source`` recorded, or None: none was (or garbage
+    collection took the record), or its record does not read (logged: the slice is written again)."""
+    path = slice_record(source, fingerprint)
+    if not blob.exists(path):
+        return None
+    try:
+        r = json.loads(blob.get_bytes(path))
+        written = SliceWritten(int(r["index"]), str(r["url"]), int(r["offsets"]), int(r["records_read"]),
+                               {int(o): int(n) for o, n in r["rows"].items()})
+        return EarlierSlice(_check_rel(str(r["folder"])), written)
+    except Exception as e:  # noqa: BLE001 - an unreadable record only costs the slice's job again
+        log.warning("slice record %s does not read (%s: %s): the slice is written again", path, type(e).__name__, e)
+        return None
+
+
+def reusable_age_s(gc_grace_s: float) -> float:
+    """How old an earlier slice's files may be to be taken: half of garbage collection's grace period (it
+    keeps a file no batch references while younger than that, whether or not its write's lease was
+    released), so the other half is left for the step to append them."""
+    return gc_grace_s / 2
+
+
+def prove_earlier(blob: BlobStore, source: str, earlier: EarlierSlice, upsert: bool, max_age_s: float,
+                  shape: RecordShape = KAFKA_SHAPE, now: float | None = None) -> dict[int, list[Part]] | None:
+    """The parts per output of a slice an earlier write left, proved as a slice just written is (the module's
+    checks), or None (logged) when they cannot be taken: a file is older than ``max_age_s``
+    (:func:`reusable_age_s`) or the proof fails."""
+    folder = slice_folder(earlier.folder, earlier.written.index)
+    now = time.time() if now is None else now
+    listing = blob.list(folder)
+    oldest = min((info.mtime for info in listing), default=now)
+    if now - oldest >= max_age_s:
+        log.info("source %s: the slice in %s is %.0f s old (at most %.0f s is taken): written again", source,
+                 folder, now - oldest, max_age_s)
+        return None
+    try:
+        return _collect_slice(blob, source, earlier.folder, earlier.written, upsert, shape)
+    except UnaccountedWrite as e:
+        log.warning("source %s: the slice an earlier write left in %s is not taken (%s): written again", source,
+                    folder, e)
+        return None
 
 
 def _describe(rows: Mapping[int, int]) -> str:

@@ -148,6 +148,7 @@ class CycleServices(Protocol):
     clock: Callable[[], int]
     spark_factory: Callable[[], object] | None
     joint_writer: Callable[..., tuple[SliceWritten, int] | None] | None
+    gc_grace_s: float  # how long garbage collection keeps a blob no batch references
 
     def connect(self) -> ContextManager[Any]:
         """A consensus connection (autocommit; the one the running step holds, else a new one)."""

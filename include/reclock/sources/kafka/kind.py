@@ -26,6 +26,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import enum
+import hashlib
+import json
+import logging
 import uuid
 from typing import Any, Callable, Sequence
 
@@ -43,7 +47,8 @@ from reclock.persist.gc import lease_write, release_write
 from reclock.persist.remap_store import load_remap, register_source
 from reclock.persist.schemas import load_history
 from reclock.persist.shards import register_shard, shard_info
-from reclock.persist.staged import collect_parts, first_rejected, read_state_changes, slice_folder
+from reclock.persist.staged import (collect_parts, earlier_slice, first_rejected, prove_earlier,
+                                    read_state_changes, record_slice, reusable_age_s, slice_folder)
 from reclock.persist.upsert_state import apply_changes, holds_keys, load_prior
 from reclock.registry_plan import (AvroPlan, AvroWriter, Choice, Reader, WriterTally, avro_plan, choose_reader,
                                    debezium_plan, initial_reader, schema_text, subject_texts, versions_seen,
@@ -60,6 +65,8 @@ from reclock.sources.kafka.topics import by_topic, slot, state_key, topic_partit
 from reclock.sources.kafka.upstream import KafkaUpstream
 from reclock.spark.reclocking import BindingRange
 from reclock.time import PartitionedFrontier
+
+log = logging.getLogger(__name__)
 
 
 class KafkaSource(SourceRuntime):
@@ -451,20 +458,40 @@ class KafkaSource(SourceRuntime):
             written.append(joint[0])
             m.update(joint_sources=joint[1])
             failpoint("write_batches:after_slice")
+        # an append-only slice's rows depend on its offsets, bindings and decode only: a slice an earlier write
+        # recorded for the same (a retry after a fault ended a step) is taken once proved (reclock.persist.staged)
+        resumable = joint is None and not upsert and not rebuilding and plan is None and writers is None
+        proved: list[dict] = []  # per slice taken, its parts per output
+        reused: list[SliceWritten] = []  # what those slices' jobs reported
         first = 1 if joinable else 0  # a joint job that failed may have left files in slice 0's folder
         for i, sl in enumerate(slices if joint is None else (), start=first):
-            written.append(spark_job.write_slice(spark, spec, ctx.upstream, sl, bindings,
-                                                 ctx.blob.url(slice_folder(folder, i)), prior, index=i,
-                                                 plan=plan, writers=writers))
+            key = slice_fingerprint(spec, sl, bindings) if resumable else ""
+            earlier = earlier_slice(ctx.blob, source.name, key) if resumable else None
+            taken = None if earlier is None else prove_earlier(ctx.blob, source.name, earlier, False,
+                                                               reusable_age_s(ctx.gc_grace_s))
+            if taken is not None:
+                proved.append(taken)
+                reused.append(earlier.written)
+                m.update(slices_reused=m.get("slices_reused", 0) + 1)
+            else:
+                done = spark_job.write_slice(spark, spec, ctx.upstream, sl, bindings,
+                                             ctx.blob.url(slice_folder(folder, i)), prior, index=i,
+                                             plan=plan, writers=writers)
+                written.append(done)
+                if resumable:
+                    record_slice(ctx.blob, source.name, folder, done, key)
             with ctx.connect() as conn:
                 lease_write(conn, source.name, lease)  # renewed: a long rebuild keeps its first slices
             if on_slice is not None:
                 on_slice(i + 1 - first, len(slices))
             failpoint("write_batches:after_slice")
+        if proved:
+            log.info("source %s: [%s, %s): %d of %d slices taken from an earlier write of the description",
+                     source.name, desc.lower, desc.upper, len(proved), len(slices))
         shards = {DATA_OUTPUT: spec.data_shard, ERRORS_OUTPUT: spec.errors_shard}
-        parts, state = collect_parts(ctx.blob, source.name, shards, folder, written, upsert)
+        parts, state = collect_parts(ctx.blob, source.name, shards, folder, written, upsert, proved=proved)
         m.update(slices=m.get("slices", 0) + len(slices))
-        return written, parts, list(state)
+        return written + reused, parts, list(state)
 
     def append_effects(self, written: WrittenBatch, metrics: dict) -> Callable[[Any], None] | None:
         if not self.ctx.spec.keyed:
@@ -552,6 +579,39 @@ class KafkaKind(SourceKind):
 
 
 KAFKA = KafkaKind()
+
+
+def slice_fingerprint(spec, ranges: Sequence, bindings: Sequence[BindingRange]) -> str:
+    """What an append-only slice's rows depend on, as one digest: the release, the (topic's) spec as
+    configured, the slice's offset ranges and the bindings that stamp them. Two writes with the same
+    fingerprint write the same rows (*replayable*), so a slice one of them recorded may stand for the other's
+    (``reclock.persist.staged``), whatever descriptions they belong to."""
+    from reclock import __version__
+
+    stamps = sorted([b.partition, b.start, b.end, b.ts] for b in bindings
+                    if any(b.partition == r.partition and b.start < r.end and b.end > r.start for r in ranges))
+    what = [__version__, canonical(spec), [[r.partition, r.start, r.end] for r in ranges], stamps]
+    return hashlib.sha256(json.dumps(what, separators=(",", ":")).encode()).hexdigest()
+
+
+def canonical(value: Any) -> Any:
+    """``value`` (a spec: dataclasses, mappings, sequences, sets, enums, scalars) as JSON data that is the same
+    in every process (sets sorted, not in their hash order)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: canonical(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return sorted([str(k), canonical(v)] for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return [canonical(v) for v in value]
+    if isinstance(value, (set, frozenset)):
+        return sorted((canonical(v) for v in value), key=lambda v: json.dumps(v, sort_keys=True))
+    if isinstance(value, enum.Enum):
+        return canonical(value.value)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, bytes):
+        return value.hex()
+    return repr(value)
 
 
 def namespaced(changes, ns: bytes):
