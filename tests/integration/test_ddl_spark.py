@@ -72,6 +72,7 @@ def _mine(ddl: str):
 @given(mangled())
 @example("`a b` BOOLEAN, `a b` BOOLEAN, `a b` STRING COLLATE TF8_LCASE")  # found 2026-11-27: any name was taken
 @example("1 BOOLEAN")  # found 2026-11-28: a name that reads as a number was taken
+@example("00_ BOOLEAN, `a b` BOOLEAN, 0_ INT, 1e2_ INT, 12_3 STRING")  # found 2026-11-28: a name after leading digits was cut
 @example("a INT, 1e2 INT, 1L STRING, `1` INT, 1e2l INT, 1bd INT, 1_0 INT, 1e INT")
 @example("s STRING COLLATE utf8_lcase_rtrim, t STRING COLLATE UNICODE_CI_CS, u STRING COLLATE `UTF8_LCASE`")
 def test_the_config_check_agrees_with_spark(spark, ddl):
