@@ -190,3 +190,31 @@ def test_a_server_that_dies_between_the_pick_and_the_settings_is_picked_again(mo
         connect.shared_session(",".join(urls), "s")
     assert session_lost(made.value)
     assert len(picks) == 3
+
+
+def test_each_session_is_its_own_and_closing_one_leaves_the_others():
+    """Two sources in one process (a continuous group) get a session each, on their own server-side session
+    ids; closing one (a source that lost its server) does not stop the other's. PySpark's getOrCreate
+    handed every later caller the first session whatever its URL. No server is needed: a session connects
+    on its first call."""
+    import socket
+
+    from reclock.spark import connect
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"sc://127.0.0.1:{port}"
+    a = connect.remote_session(connect.with_session_id(url, connect.shared_session_id("a")))
+    b = connect.remote_session(connect.with_session_id(url, connect.shared_session_id("b")))
+    try:
+        assert a is not b
+        assert (a.client._session_id, b.client._session_id) == (connect.shared_session_id("a"),
+                                                                connect.shared_session_id("b"))
+        connect.close(a)
+        assert a.is_stopped and not b.is_stopped
+        c = connect.remote_session(url)
+        assert c is not b and c.client._session_id not in (a.client._session_id, b.client._session_id)
+        connect.close(c)
+    finally:
+        connect.close(b)

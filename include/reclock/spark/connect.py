@@ -123,15 +123,19 @@ def remotes(url: str) -> tuple[str, ...]:
 
 
 def remote_session(url: str, retry: dict | None = None):
-    """A Spark Connect session to ``url`` (see :func:`connection`) that retries an unreachable server for
-    about a minute (:data:`RETRY`), or under ``retry``."""
+    """A new Spark Connect session to ``url`` (see :func:`connection`; its own client and channel, whatever
+    sessions the process has) that retries an unreachable server for about a minute (:data:`RETRY`), or under
+    ``retry``."""
     # the Connect client's own builder: the classic builder refuses a remote session in a process that also
     # runs a classic one (SESSION_ALREADY_EXIST), and has no channelBuilder
     from pyspark.sql.connect.session import SparkSession as ConnectSession
 
     target = connection(url)
     os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"  # pyspark.sql.functions dispatch on it (as remote() sets it)
-    session = ConnectSession.builder.channelBuilder(target).getOrCreate()
+    # a session of its own (create, not getOrCreate: that returns the process's default session whatever the
+    # URL, so the sources of a continuous group would all be on the first one's, and one stopping it would
+    # stop it under the others)
+    session = ConnectSession.builder.channelBuilder(target).create()
     session.client.set_retry_policies([retry_policy(retry)])
     return session
 
