@@ -486,8 +486,8 @@ class KafkaSource(SourceRuntime):
                 on_slice(i + 1 - first, len(slices))
             failpoint("write_batches:after_slice")
         if proved:
-            log.info("source %s: [%s, %s): %d of %d slices taken from an earlier write of the description",
-                     source.name, desc.lower, desc.upper, len(proved), len(slices))
+            log.warning("source %s: [%s, %s): %d of %d slices taken from an earlier write of the description",
+                        source.name, desc.lower, desc.upper, len(proved), len(slices))
         shards = {DATA_OUTPUT: spec.data_shard, ERRORS_OUTPUT: spec.errors_shard}
         parts, state = collect_parts(ctx.blob, source.name, shards, folder, written, upsert, proved=proved)
         m.update(slices=m.get("slices", 0) + len(slices))
