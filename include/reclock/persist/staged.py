@@ -210,13 +210,13 @@ def reusable_age_s(gc_grace_s: float) -> float:
     return gc_grace_s / 2
 
 
-def prove_earlier(blob: BlobStore, source: str, earlier: EarlierSlice, upsert: bool, max_age_s: float,
-                  shape: RecordShape = KAFKA_SHAPE, now: float | None = None) -> dict[int, list[Part]] | None:
-    """The parts per output of a slice an earlier write left, proved as a slice just written is (the module's
-    checks), or None (logged) when they cannot be taken: a file is older than ``max_age_s``
+def prove_earlier(blob: BlobStore, source: str, earlier: EarlierSlice, max_age_s: float,
+                  shape: RecordShape = KAFKA_SHAPE) -> dict[int, list[Part]] | None:
+    """The parts per output of an append-only slice an earlier write left, proved as a slice just written is
+    (the module's checks), or None (logged) when they cannot be taken: a file is older than ``max_age_s``
     (:func:`reusable_age_s`) or the proof fails."""
     folder = slice_folder(earlier.folder, earlier.written.index)
-    now = time.time() if now is None else now
+    now = time.time()
     listing = blob.list(folder)
     oldest = min((info.mtime for info in listing), default=now)
     if now - oldest >= max_age_s:
@@ -224,7 +224,7 @@ def prove_earlier(blob: BlobStore, source: str, earlier: EarlierSlice, upsert: b
                  folder, now - oldest, max_age_s)
         return None
     try:
-        return _collect_slice(blob, source, earlier.folder, earlier.written, upsert, shape)
+        return _collect_slice(blob, source, earlier.folder, earlier.written, False, shape)
     except UnaccountedWrite as e:
         log.warning("source %s: the slice an earlier write left in %s is not taken (%s): written again", source,
                     folder, e)

@@ -467,7 +467,7 @@ class KafkaSource(SourceRuntime):
         for i, sl in enumerate(slices if joint is None else (), start=first):
             key = slice_fingerprint(spec, sl, bindings) if resumable else ""
             earlier = earlier_slice(ctx.blob, source.name, key) if resumable else None
-            taken = None if earlier is None else prove_earlier(ctx.blob, source.name, earlier, False,
+            taken = None if earlier is None else prove_earlier(ctx.blob, source.name, earlier,
                                                                reusable_age_s(ctx.gc_grace_s))
             if taken is not None:
                 proved.append(taken)
