@@ -173,6 +173,12 @@ machine's speed (a Spark Connect server killed mid-try comes back with cold exec
 machine its first jobs take minutes). Until issue 37 a run's write grew with every failed try and, under a
 fault every ~45 s, no try finished for 52-56 minutes; a run now writes for about one interval
 (``cycle.mint_and_write``)."""
+GC_GRACE_S = 20.0
+"""The campaign's default ``RECLOCK_GC_GRACE_S`` (an hour in production): short, so that garbage collection
+deletes what killed writes left while the faults run, even in the suite's few-minute campaigns. A retried write
+takes an earlier write's slices only while they are younger than half of it (``reclock.persist.staged.
+reusable_age_s``): 10 s here, so retries write every slice again. ``--gc-grace`` sets it (issue 37's runs of the
+Airflow stall: 600, slices reusable for 5 minutes, orphans still collected ten minutes after their write)."""
 FIRST_TRIES = 3  # how often a kind that missed (its process never got there) is tried before the others go on
 WARMUP_S = 600.0
 """The faults start once every source has finished a cycle and a run of ``ingest__afl`` succeeded (cold Spark
@@ -273,6 +279,7 @@ class Services:
     retired: list = field(default_factory=list)  # primaries that crashed for a promotion (stopped at the end)
     promotions: int = 0
     sink_transactional_id: str = ""  # the campaign sink's (broker_kill aims at its coordinator)
+    gc_grace_s: float = GC_GRACE_S  # RECLOCK_GC_GRACE_S of every process
 
     def proxied_dsn(self, db: str = "reclock") -> str:
         """A DSN of database ``db`` through its proxy (what Reclock's processes use): ``UPSTREAM_DB`` on the
@@ -298,7 +305,7 @@ class Services:
         return {**os.environ, "PYTHONPATH": path, "RECLOCK_CONFIG": str(config), "RECLOCK_DSN": self.proxied_dsn(),
                 "RECLOCK_BLOB_URL": str(self.root / "blobs"), "RECLOCK_SPARK_REMOTE": self.spark.remote,
                 "RECLOCK_RETAIN_HISTORY_S": "1000000000",  # keep every time readable: the oracle checks each
-                "RECLOCK_GC_GRACE_S": "20", "RECLOCK_GC_INTERVAL_S": "5",  # GC runs often, beside the faults
+                "RECLOCK_GC_GRACE_S": f"{self.gc_grace_s:g}", "RECLOCK_GC_INTERVAL_S": "5",  # GC beside the faults
                 "RECLOCK_PG_TIMEOUT_S": str(PG_TIMEOUT_S),
                 "RECLOCK_FAILPOINTS": "", "CHAOS_UPSTREAM_DSN": self.proxied_dsn(UPSTREAM_DB),
                 **({} if self.kinesis is None and self.s3 is None else AWS_KEYS),
@@ -1336,6 +1343,24 @@ class AirflowSide:
         return causes
 
 
+REUSE_LINE = re.compile(r"source (\S+): \[\d+, \d+\): (\d+) of (\d+) slices taken from an earlier write")
+
+
+def slices_reused(root: Path) -> dict[str, list[int]]:
+    """Per source, the writes that took slices an earlier write had finished and how many they took, of how
+    many (``[writes, taken, slices]``), from the warnings of ``write_batches`` in the runners' logs and in the
+    task logs of ``ingest__afl`` under the campaign's state folder ``root``."""
+    out: dict[str, list[int]] = {}
+    logs = [*(root / "logs").glob("*.log"), *(root / "state" / "airflow" / "logs").rglob("attempt=*.log")]
+    for log in logs:
+        for m in REUSE_LINE.finditer(log.read_text(errors="replace")):
+            seen = out.setdefault(m[1], [0, 0, 0])
+            seen[0] += 1
+            seen[1] += int(m[2])
+            seen[2] += int(m[3])
+    return out
+
+
 def _longest_gap(start: datetime.datetime, end: datetime.datetime, marks) -> tuple[int, str]:
     """The longest stretch between ``start``, the ``marks`` between it and ``end``, and ``end``: its length in
     seconds and when it began."""
@@ -1562,6 +1587,10 @@ class Result:
                f"wrong timestamps {sum(v.wrong_ts.values())}",
                f"produced: {dict(self.produced)}; {json.dumps(self.extra)}"]
         out += [f"  discrepancy: {e}" for e in v.examples]
+        reused = self.extra.get("slices_reused", {})
+        out.append("slices a retry took from an earlier write: " + (", ".join(
+            f"{name} {taken} of {total} in {writes} writes" for name, (writes, taken, total) in sorted(reused.items()))
+            or "none"))
         af = self.extra.get("airflow", {})
         if af:
             out.append(f"airflow: longest stall {af.get('longest_stall_s')} s (no run of ingest__{AIRFLOW_SOURCE} "
@@ -1640,12 +1669,14 @@ class _Overlap:
 def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float] = (2.0, 7.0),
              max_seconds: float = 3600.0, kinds: tuple[str, ...] = FAULT_KINDS,
              echo: Callable[[str], None] = _echo, keep: bool = False, kinesis: bool = False, s3: bool = False,
-             iceberg: bool = False, overlap: bool = False, spark_connects: int = 1) -> Result:
+             iceberg: bool = False, overlap: bool = False, spark_connects: int = 1,
+             gc_grace_s: float = GC_GRACE_S) -> Result:
     """Run the campaign: ``faults`` faults (or until ``max_seconds``), then catch up and check; ``kinesis``,
     ``s3``, ``iceberg``: with the Kinesis source, the two S3 sources, the Iceberg export (see the module);
     ``overlap``: a service's fault (:data:`SERVICE_GROUPS`) runs in the background while the next faults are
     injected, one at a time per service (see :class:`_Overlap`); ``spark_connects``: how many Spark Connect
-    servers stand in for each other (``spark_restart`` restarts one the seed picks)."""
+    servers stand in for each other (``spark_restart`` restarts one the seed picks); ``gc_grace_s``: the
+    garbage grace period of every process (:data:`GC_GRACE_S`)."""
     import shutil
 
     from reclock.persist import connect
@@ -1665,6 +1696,7 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
         echo(f"chaos: seed {seed}, {faults} faults{', service faults overlapped' if overlap else ''}, "
              f"state in {root}")
         svc = make_services(root, kinesis, s3, spark_connects)
+        svc.gc_grace_s = gc_grace_s
         config = write_config(root, svc.kafka.proxied_bootstrap, kinesis, iceberg=iceberg)
         svc.sink_transactional_id = _sink_spec(config).transactional_id
         env = svc.env(config)
@@ -1912,7 +1944,7 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
         extra = {"warm_up_s": round(warm_s), "launches": {d.name: d.launches for d in drivers},
                  "exits": {d.name: {str(k): v for k, v in d.exits.items()} for d in drivers},
                  "watchdog_kills": sum(d.watchdog_kills for d in drivers), "airflow": airflow_report,
-                 "harness_errors": harness_errors,
+                 "harness_errors": harness_errors, "slices_reused": slices_reused(root),
                  "txn_producer_errors": producers.errors["txn"],
                  "postgres": {**pg_report, "writer_errors": pg_writer.errors},
                  **({"kinesis": kin_report} if kin_report is not None else {})}
@@ -2122,6 +2154,9 @@ def main(argv: list[str] | None = None) -> int:
                     "background while faults of the other services go on; one at a time per service")
     ap.add_argument("--spark-connects", type=int, default=1,
                     help="Spark Connect servers that stand in for each other (default 1)")
+    ap.add_argument("--gc-grace", type=float, default=GC_GRACE_S, metavar="S",
+                    help=f"RECLOCK_GC_GRACE_S of every process (default {GC_GRACE_S:g}; a retry takes an earlier "
+                    "write's slices younger than half of it)")
     ap.add_argument("--blob-bound", action="store_true", help="the blob-bound figure instead (1,000 cycles)")
     ap.add_argument("--cycles", type=int, default=1000, help="--blob-bound: cycles")
     ap.add_argument("--runner", metavar="SOURCE", help=argparse.SUPPRESS)
@@ -2139,7 +2174,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"seed {seed}", flush=True)
     result = campaign(args.faults, seed, rate=args.rate, gap=tuple(args.gap), max_seconds=args.max_seconds, keep=args.keep,
                       kinesis=args.kinesis or args.full, s3=args.s3 or args.full, iceberg=args.iceberg or args.full,
-                      overlap=args.overlap, spark_connects=args.spark_connects)
+                      overlap=args.overlap, spark_connects=args.spark_connects, gc_grace_s=args.gc_grace)
     for line in result.lines():
         print(line, flush=True)
     return 0 if result.ok else 1
