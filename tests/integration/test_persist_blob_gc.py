@@ -51,6 +51,9 @@ def test_blob_store_basics(store):
     store.delete("x/y/z.parquet")
     store.delete("x/y/z.parquet")  # deleting what is gone is fine
     assert not store.exists("x/y/z.parquet")
+    for gone in ("x/y/z.parquet", "nowhere/at/all.json"):  # one error for "none there" in every store
+        with pytest.raises(FileNotFoundError):
+            store.get_bytes(gone)
     for bad in BAD_PATHS:
         with pytest.raises(ValueError, match="must be relative"):
             store.url(bad)

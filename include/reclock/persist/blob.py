@@ -46,7 +46,8 @@ class BlobStore(Protocol):
     def put_bytes(self, path: str, data: bytes) -> None:
         """Write the whole blob; a reader never sees part of it."""
 
-    def get_bytes(self, path: str) -> bytes: ...
+    def get_bytes(self, path: str) -> bytes:
+        """The whole blob; :class:`FileNotFoundError` when there is none at ``path``."""
 
     def open(self, path: str) -> BinaryIO:
         """Open the blob for reading (binary)."""

@@ -191,10 +191,12 @@ def earlier_slice(blob: BlobStore, source: str, fingerprint: str) -> EarlierSlic
     """The slice with ``fingerprint`` an earlier write of ``source`` recorded, or None: none was (or garbage
     collection took the record), or its record does not read (logged: the slice is written again)."""
     path = slice_record(source, fingerprint)
-    if not blob.exists(path):
+    try:
+        data = blob.get_bytes(path)  # one request where there is a record (a retry) and where there is none
+    except FileNotFoundError:
         return None
     try:
-        r = json.loads(blob.get_bytes(path))
+        r = json.loads(data)
         written = SliceWritten(int(r["index"]), str(r["url"]), int(r["offsets"]), int(r["records_read"]),
                                {int(o): int(n) for o, n in r["rows"].items()})
         return EarlierSlice(_check_rel(str(r["folder"])), written)

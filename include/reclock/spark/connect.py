@@ -46,6 +46,7 @@ import os
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 WINDOW_S = 1800
 """How long one shared session id is asked for (less than the server's idle timeout, an hour)."""
@@ -235,6 +236,26 @@ def _says(error: BaseException, markers: tuple[str, ...]) -> bool:
             return True
         e = e.__cause__ or e.__context__
     return False
+
+
+def add_tag(session: Any, tag: str) -> None:
+    """Tag ``session``'s operations from this thread with ``tag`` (``SparkSession.addTag``); a session
+    without tags (a test's stand-in) is left as it is."""
+    add = getattr(session, "addTag", None)
+    if add is not None:
+        add(tag)
+
+
+def remove_tag(session: Any, tag: str) -> None:
+    """Undo :func:`add_tag` in this thread; nothing to undo (never tagged here, a session without tags, or
+    one that is gone) is fine."""
+    remove = getattr(session, "removeTag", None)
+    if remove is None:
+        return
+    try:
+        remove(tag)
+    except Exception:  # noqa: BLE001 - not tagged in this thread, or the session is gone: nothing to undo
+        pass
 
 
 def is_connect(session) -> bool:

@@ -29,6 +29,7 @@ import uuid
 from typing import Any, Callable
 
 from reclock.errors import StepDeadlineExceeded
+from reclock.spark.connect import add_tag, remove_tag
 
 log = logging.getLogger(__name__)
 
@@ -59,19 +60,10 @@ class SparkDeadline:
     def tag(self, session: Any) -> None:
         """Tag ``session``'s operations from this thread with the step's tag (a session without tags, e.g. a
         test's stand-in, is left as it is)."""
-        add = getattr(session, "addTag", None)
-        if add is not None:
-            add(self.job_tag)
+        add_tag(session, self.job_tag)
 
     def _untag(self) -> None:
-        session = self._current()
-        remove = getattr(session, "removeTag", None)
-        if remove is None:
-            return
-        try:
-            remove(self.job_tag)
-        except Exception:  # noqa: BLE001 - not tagged in this thread, or the session is gone: nothing to undo
-            pass
+        remove_tag(self._current(), self.job_tag)
 
     def _watch(self) -> None:
         if self._done.wait(self.seconds):

@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
-from reclock.spark.connect import is_connect
+from reclock.spark.connect import add_tag, is_connect, remove_tag
 
 log = logging.getLogger(__name__)
 
@@ -72,18 +72,10 @@ class OrphanedWrites:
                     log.warning("source %s: interrupted %d Spark operation(s) a dead writer of the source left "
                                 "running", self.source, len(ids))
                 self.interrupted += len(ids)
-        add = getattr(session, "addTag", None)
-        if add is not None:
-            add(self.tag)
+        add_tag(session, self.tag)
 
     def detach(self) -> None:
         """Untag the step's sessions in this thread (a later step's operations are not the write's)."""
         for session in self._attached:
-            remove = getattr(session, "removeTag", None)
-            if remove is None:
-                continue
-            try:
-                remove(self.tag)
-            except Exception:  # noqa: BLE001 - the session is gone: nothing to undo
-                pass
+            remove_tag(session, self.tag)
         self._attached.clear()
