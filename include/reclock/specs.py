@@ -32,7 +32,6 @@ ENVELOPES = ("none", "upsert")
 KEYED_ENVELOPES = ("upsert", "debezium")
 """Envelopes whose updates retract what a key held before (an upsert state keeps each key's current value)."""
 REBUILDS = ("task", "spark_submit")
-SCHEDULES = ("interval", "upstream", "continuous")
 ERRORS_SUFFIX = "_errors"
 """A source's error collection is the shard ``<source>_errors``."""
 _DURATION = re.compile(r"^(\d+)(ms|s|m|h|d)$")

@@ -336,7 +336,7 @@ class SourceKind(ABC):
     progress_columns: ClassVar[tuple[str, ...]]
     """The columns of its ``<source>_progress`` relation (:meth:`progress_view`)."""
     schedules: ClassVar[tuple[Schedule, ...]] = ("interval", "upstream")
-    """The schedules its sources may have."""
+    """The schedules its sources may have: its spec module's ``SCHEDULES``, which parsing its config checks."""
     joint: ClassVar[JointJobs | None] = None
     """Its joint Spark jobs for continuous groups (None: each source's slices run in jobs of their own)."""
     writes_on_spark: ClassVar[bool] = True

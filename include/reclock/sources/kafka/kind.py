@@ -60,7 +60,7 @@ from reclock.settings import find_kafka, find_registry
 from reclock.sources.base import (Acknowledged, CycleServices, JointJobs, JointSlice, Lag, SourceKind, SourceRuntime,
                                   WrittenBatch)
 from reclock.sources.kafka import spark_job, transactions
-from reclock.sources.kafka.spec import parse_kafka_source
+from reclock.sources.kafka.spec import SCHEDULES, parse_kafka_source
 from reclock.sources.kafka.topics import by_topic, slot, state_key, topic_partition, topic_specs
 from reclock.sources.kafka.upstream import KafkaUpstream
 from reclock.spark.reclocking import BindingRange
@@ -533,7 +533,7 @@ class KafkaKind(SourceKind):
     title = "Kafka"
     from_time = "(partition, offset)"
     progress_columns = ("ts", "partition", "offset")
-    schedules = ("interval", "upstream", "continuous")
+    schedules = SCHEDULES
     joint = KafkaJointJobs()
 
     def parse(self, name, raw, base):

@@ -58,7 +58,7 @@ from reclock.sources.kinesis.marks import Mark, verdict
 from reclock.sources.kinesis.reader import (CountsMissing, ReadTask, parse_lost, plan_tasks, read_frame, slices,
                                             units_for)
 from reclock.sources.kinesis.sequence import shard_id
-from reclock.sources.kinesis.spec import parse_kinesis_source
+from reclock.sources.kinesis.spec import SCHEDULES, parse_kinesis_source
 from reclock.time import PartitionedFrontier
 
 PROGRESS = ("SELECT ts, 'shardId-' || lpad(partition::text, 12, '0') AS shard_id, "
@@ -505,7 +505,7 @@ class KinesisKind(SourceKind):
     title = "Kinesis"
     from_time = "(shard_id, sequence_number)"
     progress_columns = ("ts", "shard_id", "sequence_number")
-    schedules = ("interval", "upstream", "continuous")
+    schedules = SCHEDULES
 
     def parse(self, name, raw, base):
         return parse_kinesis_source(name, raw, base)

@@ -59,7 +59,8 @@ from reclock.sources.postgres.registration import (catalog_at, chunk_stages, chu
                                                    replace_tables, request_chunked_snapshot, request_table_snapshot,
                                                    snapshot_lsn, snapshot_ts, table_snapshot_lsns, table_snapshots,
                                                    update_tables)
-from reclock.sources.postgres.spec import find_upstream_dsn, parse_pg_table, parse_postgres_source, pg_table_shard
+from reclock.sources.postgres.spec import (SCHEDULES, find_upstream_dsn, parse_pg_table, parse_postgres_source,
+                                          pg_table_shard)
 from reclock.sources.postgres.upstream import LSN_PARTITION, PostgresUpstream, TableInfo, lsn_frontier, lsn_to_str
 from reclock.time import PartitionedFrontier
 
@@ -934,7 +935,7 @@ class PostgresKind(SourceKind):
     title = "Postgres"
     from_time = "commit LSN"
     progress_columns = ("ts", "lsn")
-    schedules = ("interval", "upstream", "continuous")
+    schedules = SCHEDULES
     writes_on_spark = False
 
     def parse(self, name, raw, base):

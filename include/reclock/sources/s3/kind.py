@@ -49,7 +49,7 @@ from reclock.sources.s3.lines import complete_upto
 from reclock.sources.s3.log import LOG, BoundRange, Layout, bound_ranges
 from reclock.sources.s3.read import (SPLIT_BYTES, WHOLE_FORMATS, ReaderConf, is_gzip, json_fields, slices_of, units_for,
                                      whole_schema, write_slice)
-from reclock.sources.s3.spec import parse_s3_source
+from reclock.sources.s3.spec import SCHEDULES, parse_s3_source
 from reclock.time import PartitionedFrontier
 
 TAIL_STEP = 1 << 16
@@ -515,7 +515,7 @@ class S3Kind(SourceKind):
     title = "S3"
     from_time = "(key, byte_offset)"
     progress_columns = ("ts", "key", "byte_offset")
-    schedules = ("interval", "upstream")
+    schedules = SCHEDULES
     lag_unit = "objects"
 
     def parse(self, name, raw, base):
