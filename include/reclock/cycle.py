@@ -456,8 +456,7 @@ def rebuild(ctx: CycleContext, on_slice: Callable[[int, int], None] | None = Non
                 try:
                     outcome = swap_batches(conn, [Swap(s, old[s], desc, written.parts.get(s, ())) for s in shards])
                 finally:
-                    if written.prefix is not None:
-                        release_write(conn, written.prefix)
+                    release_write(conn, *written.leased)
             if outcome == SWAPPED:
                 records = {s: sum(p.rows for p in written.parts.get(s, ())) for s in shards}
                 m.update(window=list(window), rebuilt=[desc.lower, desc.upper], upper=upper, attempts=attempt,
@@ -500,8 +499,7 @@ def append(ctx: CycleContext, written: WrittenBatch) -> list:
 
 
 def _release(conn, written: WrittenBatch) -> None:
-    if written.prefix is not None:
-        release_write(conn, written.prefix)
+    release_write(conn, *written.leased)
 
 
 @dataclass(frozen=True)

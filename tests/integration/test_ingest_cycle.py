@@ -353,8 +353,10 @@ def test_a_retried_write_takes_the_slices_an_earlier_write_proved_and_writes_the
                                                                                       tmp_path):
     """A write that a fault ended after its first slice leaves that slice's parts and record; the next
     cycle's write of the same description takes them (proved again) instead of running the job again, writes
-    the other slices, and the collection is exact: each record once, at its binding's timestamp."""
+    the other slices, and the collection is exact: each record once, at its binding's timestamp. The slice
+    taken is leased until the append, so garbage collection in between keeps it."""
     from reclock.failpoints import enabled
+    from reclock.persist.gc import collect_garbage
     from reclock.persist.staged import RECORDS_FOLDER
 
     name = topic(partitions=2)
@@ -366,13 +368,27 @@ def test_a_retried_write_takes_the_slices_an_earlier_write_proved_and_writes_the
     records = [b.path for b in ctx.blob.list(f"{ctx.spec.name}/{RECORDS_FOLDER}")]
     assert len(records) == 1, records
     first_write = json.loads(ctx.blob.get_bytes(records[0]))["folder"]
-    cycle.run_cycle(ctx)
+    taken = first_write + "/slice-0000"
+    # the retry's write, then (before its append: in Airflow another task, maybe much later) garbage
+    # collection with no grace at all: the slice it took is leased as its own folder is, and stays
+    (written,) = cycle.mint_and_write(ctx)
+    assert written.taken == (taken,) and written.leased == (written.prefix, taken)
+    with connect(db) as conn:
+        leased = {p for (p,) in conn.execute("SELECT prefix FROM reclock.write_leases")}
+        assert {written.prefix, taken} <= leased, leased
+        report = collect_garbage(conn, ctx.blob, ctx.spec.name, 0.0)
+    assert report.kept_leased and ctx.blob.list(taken), report
+    cycle.append(ctx, written)
+    with connect(db) as conn:
+        leased = {p for (p,) in conn.execute("SELECT prefix FROM reclock.write_leases")}
+    assert not {written.prefix, taken} & leased, leased  # released with the append
+    cycle.resume(ctx)
     stats = _write_stats(db, ctx.spec.name)
     assert (stats["slices"], stats["slices_reused"]) == (3, 1), stats
     check_invariants(ctx, set(range(30)))
     with connect(db) as conn:
         paths = [b.path for b in batches(conn, ctx.spec.name)]
-    assert any(p.startswith(first_write + "/slice-0000/") for p in paths), "the earlier slice's parts are not in"
+    assert any(p.startswith(taken + "/") for p in paths), "the earlier slice's parts are not in"
 
 
 def test_an_earlier_slice_is_written_again_when_its_parts_do_not_prove_or_its_source_changed(db, kafka, topic,

@@ -70,7 +70,7 @@ def _part_to_x(p) -> list:
 def _written_to_x(w) -> dict:
     return {"desc": [w.desc.lower, w.desc.upper],
             "parts": {s: [_part_to_x(p) for p in ps] for s, ps in w.parts.items()},
-            "state": [_part_to_x(p) for p in w.state], "prefix": w.prefix,
+            "state": [_part_to_x(p) for p in w.state], "prefix": w.prefix, "taken": list(w.taken),
             "schemas": {s: [[v.since_ts, v.schema.to_json(), v.upstream, v.cause] for v in vs]
                         for s, vs in w.schemas.items()}}
 
@@ -80,7 +80,8 @@ def _written_from_x(x: dict) -> cycle.WrittenBatch:
                         {s: tuple(Part(*p) for p in ps) for s, ps in x["parts"].items()},
                         tuple(Part(*p) for p in x.get("state", ())), x.get("prefix"),
                         {s: tuple(SchemaVersion(ts, CollectionSchema.from_json(cols), up, cause)
-                                  for ts, cols, up, cause in vs) for s, vs in x.get("schemas", {}).items()})
+                                  for ts, cols, up, cause in vs) for s, vs in x.get("schemas", {}).items()},
+                        tuple(x.get("taken", ())))
 
 
 @contextlib.contextmanager

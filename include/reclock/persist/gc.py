@@ -79,9 +79,11 @@ def lease_write(conn, source: str, prefix: str) -> None:
                  "ON CONFLICT (prefix) DO UPDATE SET renewed_at = now()", (_check_rel(prefix), source))
 
 
-def release_write(conn, prefix: str) -> None:
-    """End the lease of a write whose parts are appended or swapped in (or became garbage)."""
-    conn.execute("DELETE FROM reclock.write_leases WHERE prefix = %s", (prefix,))
+def release_write(conn, *prefixes: str) -> None:
+    """End the leases of the folders ``prefixes`` of a write whose parts are appended or swapped in (or
+    became garbage)."""
+    if prefixes:
+        conn.execute("DELETE FROM reclock.write_leases WHERE prefix = ANY(%s)", (list(prefixes),))
 
 
 def claim_gc(conn, source: str, interval_seconds: float) -> bool:

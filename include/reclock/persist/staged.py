@@ -24,9 +24,10 @@ reported zero rows.
 everything its rows depend on (:func:`record_slice`: what the job reported, and where). A later write of the
 same rows (a retry of a step that a fault ended after some slices) finds the record (:func:`earlier_slice`)
 and takes that slice's parts instead of running its job again, only after the same proof as above passes on
-them (:func:`prove_earlier`), and only while they are young enough that garbage collection's grace period
-still covers them until the append (:func:`reusable_age_s`). Anything else (no record, an unreadable one, a
-proof that fails, older files) is written again, as before.
+them (:func:`prove_earlier`), and only while they are well inside garbage collection's grace period
+(:func:`reusable_age_s`). The write leases the slice's folder before the proof, as it leases its own, until
+the append (``WrittenBatch.taken``). Anything else (no record, an unreadable one, a proof that fails, older
+files) is written again, as before.
 
 An upsert slice's files sit in ``_output=N/`` folders. An append-only slice's files hold the collection's
 rows and, packed in one column, the records that did not decode: a file whose footer says that column is
@@ -206,9 +207,10 @@ def earlier_slice(blob: BlobStore, source: str, fingerprint: str) -> EarlierSlic
 
 
 def reusable_age_s(gc_grace_s: float) -> float:
-    """How old an earlier slice's files may be to be taken: half of garbage collection's grace period (it
-    keeps a file no batch references while younger than that, whether or not its write's lease was
-    released), so the other half is left for the step to append them."""
+    """How old an earlier slice's files may be to be taken: half of garbage collection's grace period. The
+    write leases the slice's folder before it proves the files, and a collection that read the leases before
+    that deletes only files older than the grace period when it began; the other half is the margin for such
+    a collection still under way and for the blob store's clock (an object store's modification times)."""
     return gc_grace_s / 2
 
 

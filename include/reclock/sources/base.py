@@ -106,6 +106,14 @@ class WrittenBatch:
     prefix: str | None = None  # the folder the parts were written under, leased until append is done
     schemas: dict[str, tuple[SchemaVersion, ...]] = field(default_factory=dict)  # versions of a shard's schema
     #                                                that begin in desc, recorded with its parts by append
+    taken: tuple[str, ...] = ()  # folders of slices an earlier write left that the parts include (a retry
+    #                              took them: ``reclock.persist.staged``), each leased until append is done
+
+    @property
+    def leased(self) -> tuple[str, ...]:
+        """Every folder leased for the parts until append is done (or they became garbage): ``prefix`` and
+        ``taken``."""
+        return (*([] if self.prefix is None else [self.prefix]), *self.taken)
 
 
 @dataclass(frozen=True)

@@ -361,10 +361,10 @@ class KafkaSource(SourceRuntime):
         return dataclasses.replace(written, schemas=schemas) if schemas else written
 
     def _release(self, written: WrittenBatch) -> None:
-        """Let garbage collection take a written description's folder (its parts will not be appended)."""
-        if written.prefix is not None:
+        """Let garbage collection take a written description's folders (its parts will not be appended)."""
+        if written.leased:
             with contextlib.suppress(Exception), self.ctx.connect() as conn:
-                release_write(conn, written.prefix)
+                release_write(conn, *written.leased)
 
     def _write_once(self, rc: RemapCollection, desc: BatchDescription, m: dict,
                     on_slice: Callable[[int, int], None] | None = None, rebuilding: bool = False,
@@ -402,6 +402,7 @@ class KafkaSource(SourceRuntime):
         parts: dict[str, tuple] = {}
         state: list = []
         written: list[SliceWritten] = []
+        taken: list[str] = []  # folders of slices an earlier write left, leased as they are taken
         try:
             for sub, (rs, bs) in zip(subs, by_topic(ranges, bindings, len(subs))):
                 if not rs:
@@ -409,26 +410,28 @@ class KafkaSource(SourceRuntime):
                 folder = f"{prefix}/{sub.data_shard}" if several else prefix
                 ns = sub.data_shard.encode() if several else None
                 w, p, st = self._write_topic(sub, ns, rs, bs, desc, folder, prefix, m, on_slice, rebuilding, plan,
-                                             writers)
+                                             writers, taken)
                 written += w
                 parts.update(p)
                 state += st
         except BaseException:
             with contextlib.suppress(Exception), ctx.connect() as conn:
-                release_write(conn, prefix)  # what it wrote is garbage (an unreleased lease expires anyway)
+                release_write(conn, prefix, *taken)  # what it wrote is garbage (an unreleased lease expires anyway)
             raise
         m.update(offsets=sum(r.end - r.start for r in ranges),
                  records_read=sum(w.records_read for w in written),
                  records={s: sum(p.rows for p in ps) for s, ps in parts.items()},
                  bytes={s: sum(p.bytes for p in ps) for s, ps in parts.items()})
-        return WrittenBatch(desc, parts, tuple(state), prefix)
+        return WrittenBatch(desc, parts, tuple(state), prefix, taken=tuple(taken))
 
     def _write_topic(self, spec, ns: bytes | None, ranges: list, bindings: list, desc: BatchDescription, folder: str,
                      lease: str, m: dict, on_slice, rebuilding: bool, plan: AvroPlan | None,
-                     writers: WriterTally | None) -> tuple[list[SliceWritten], dict[str, tuple], list]:
+                     writers: WriterTally | None,
+                     taken: list[str]) -> tuple[list[SliceWritten], dict[str, tuple], list]:
         """One topic's slices of a description (``spec``: the topic's own, :func:`topic_specs`), written under
         ``folder`` and proved; ``ns``: its keys' namespace in the source's upsert state (a source over
-        several topics). Its slices, its parts per shard and its state change parts."""
+        several topics). Its slices, its parts per shard and its state change parts; the folder of each slice it
+        takes from an earlier write is leased and added to ``taken``."""
         ctx, source = self.ctx, self.ctx.spec
         upsert = spec.keyed  # upsert or debezium: keyed by the upsert state
         slices = [ranges] if upsert else split_ranges(ranges, spec.budget.max_records)
@@ -467,10 +470,22 @@ class KafkaSource(SourceRuntime):
         for i, sl in enumerate(slices if joint is None else (), start=first):
             key = slice_fingerprint(spec, sl, bindings) if resumable else ""
             earlier = earlier_slice(ctx.blob, source.name, key) if resumable else None
-            taken = None if earlier is None else prove_earlier(ctx.blob, source.name, earlier,
-                                                               reusable_age_s(ctx.gc_grace_s))
-            if taken is not None:
-                proved.append(taken)
+            got = None
+            if earlier is not None:
+                # leased before the proof: a collection that reads the leases after this keeps the files until
+                # append (as the write's own folder), and one that read them before deletes only files older
+                # than the grace period at its start, which these are not (reusable_age_s)
+                earlier_folder = slice_folder(earlier.folder, earlier.written.index)
+                with ctx.connect() as conn:
+                    lease_write(conn, source.name, earlier_folder)
+                got = prove_earlier(ctx.blob, source.name, earlier, reusable_age_s(ctx.gc_grace_s))
+                if got is None:
+                    with ctx.connect() as conn:
+                        release_write(conn, earlier_folder)
+                else:
+                    taken.append(earlier_folder)
+            if got is not None:
+                proved.append(got)
                 reused.append(earlier.written)
                 m.update(slices_reused=m.get("slices_reused", 0) + 1)
             else:
