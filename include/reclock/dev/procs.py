@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
@@ -16,11 +18,59 @@ from reclock.errors import StackError
 LOOPBACK = "127.0.0.1"
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nobody listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((LOOPBACK, 0))
-        return s.getsockname()[1]
+PORT_CLAIM_S = 3600.0
+"""How long a port :func:`free_port` chose stays out of every other choice on this machine: the time a stack
+may take between choosing its ports and its servers binding them."""
+
+
+def ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range of ephemeral ports (``net.ipv4.ip_local_port_range``; Linux's default elsewhere)."""
+    try:
+        lo, hi = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(lo), int(hi)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def _claim(port: int, claims: Path) -> bool:
+    """Claim ``port`` for this machine's stacks for :data:`PORT_CLAIM_S`; False if a younger claim holds it."""
+    path = claims / str(port)
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        return True
+    except FileExistsError:
+        try:
+            if time.time() - path.stat().st_mtime < PORT_CLAIM_S:
+                return False
+            os.utime(path)  # a stale claim: take it over
+            return True
+        except FileNotFoundError:
+            return False
+
+
+def free_port(claims: Path | None = None) -> int:
+    """A TCP port on 127.0.0.1 that nobody listens on right now and that stays free until a server binds it.
+
+    A server often binds its port minutes after the stack chose it (Airflow's settings name a proxy's port
+    before Postgres starts). The kernel's own choice (binding port 0) is an ephemeral port, and meanwhile any
+    process binding port 0 (a JVM's block manager, an RPC server) or connecting anywhere may get the same one.
+    So the port is drawn outside the ephemeral range, and claimed (a file in ``claims``, by default a folder
+    of this user's in the temporary directory) so that no other stack on the machine chooses it within
+    :data:`PORT_CLAIM_S`."""
+    claims = claims if claims is not None else Path(tempfile.gettempdir()) / f"reclock-ports-{os.getuid()}"
+    claims.mkdir(mode=0o700, parents=True, exist_ok=True)
+    lo, hi = ephemeral_ports()
+    pool = [p for p in range(10000, 65536) if not lo <= p <= hi]
+    for port in random.sample(pool, len(pool)):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((LOOPBACK, port))
+            except OSError:
+                continue
+        if _claim(port, claims):
+            return port
+    raise StackError(f"no free TCP port on {LOOPBACK} between 10000 and 65535 outside the ephemeral range "
+                     f"{lo}-{hi}")
 
 
 def port_open(port: int, host: str = LOOPBACK) -> bool:
