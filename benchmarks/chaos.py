@@ -318,9 +318,11 @@ AWS_KEYS = {"AWS_ACCESS_KEY_ID": "reclock-dev", "AWS_SECRET_ACCESS_KEY": "recloc
 """The keys of ``--kinesis`` and ``--s3`` (kinesalite and moto check none; boto3 needs some)."""
 
 
-def make_services(root: Path, kinesis: bool = False, s3: bool = False, spark_connects: int = 1) -> Services:
+def make_services(root: Path, kinesis: bool = False, s3: bool = False, spark_connects: int = 1,
+                  gc_grace_s: float = GC_GRACE_S) -> Services:
     """The campaign's services under ``root``, not started yet (their ports are chosen: the configuration and
-    Airflow's settings can be written before they run)."""
+    Airflow's settings can be written before they run); ``gc_grace_s``: garbage collection's grace period in
+    every process the campaign starts."""
     from reclock.dev.cluster import LocalSparkCluster
     from reclock.dev.kafka import LocalKafkaCluster
     from reclock.dev.postgres import LocalPostgres, LocalStandby
@@ -335,7 +337,7 @@ def make_services(root: Path, kinesis: bool = False, s3: bool = False, spark_con
                               driver_memory="1g", connects=spark_connects)
     svc = Services(root, state, pg, kafka, spark, LocalToxiproxy(state),
                    upstream=LocalPostgres(state, fast=True, name="postgres_upstream"),
-                   standby=LocalStandby(state, pg, synchronous=True))
+                   standby=LocalStandby(state, pg, synchronous=True), gc_grace_s=gc_grace_s)
     if kinesis:
         from reclock.dev.kinesis import LocalKinesis
 
@@ -1695,8 +1697,7 @@ def campaign(faults: int, seed: int, rate: float = 20.0, gap: tuple[float, float
     try:
         echo(f"chaos: seed {seed}, {faults} faults{', service faults overlapped' if overlap else ''}, "
              f"state in {root}")
-        svc = make_services(root, kinesis, s3, spark_connects)
-        svc.gc_grace_s = gc_grace_s
+        svc = make_services(root, kinesis, s3, spark_connects, gc_grace_s)
         config = write_config(root, svc.kafka.proxied_bootstrap, kinesis, iceberg=iceberg)
         svc.sink_transactional_id = _sink_spec(config).transactional_id
         env = svc.env(config)

@@ -485,9 +485,9 @@ def append(ctx: CycleContext, written: WrittenBatch) -> list:
             try:
                 outcomes = compare_and_append(conn, appends, also)
             except UpperMismatch:
-                _release(conn, written)  # our parts became garbage
+                release_write(conn, *written.leased)  # our parts became garbage
                 raise
-            _release(conn, written)  # appended, or already present (our parts are garbage)
+            release_write(conn, *written.leased)  # appended, or already present (our parts are garbage)
         for o in outcomes:
             rows = sum(p.rows for p in written.parts.get(o.shard, ()))
             if o.status == APPENDED and rows:
@@ -496,10 +496,6 @@ def append(ctx: CycleContext, written: WrittenBatch) -> list:
                  outcomes=[str(o) for o in outcomes],
                  committed={s: sum(p.rows for p in written.parts.get(s, ())) for s in ctx.shards()})
         return outcomes
-
-
-def _release(conn, written: WrittenBatch) -> None:
-    release_write(conn, *written.leased)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ offset resumption frontier; a replayed or crashed cycle changes nothing.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import replace
 
 import pytest
@@ -350,13 +351,14 @@ def _write_stats(db: str, name: str) -> dict:
 
 
 def test_a_retried_write_takes_the_slices_an_earlier_write_proved_and_writes_the_rest(db, kafka, topic, spark,
-                                                                                      tmp_path):
+                                                                                      tmp_path, caplog):
     """A write that a fault ended after its first slice leaves that slice's parts and record; the next
     cycle's write of the same description takes them (proved again) instead of running the job again, writes
     the other slices, and the collection is exact: each record once, at its binding's timestamp. The slice
     taken is leased until the append, so garbage collection in between keeps it."""
     from reclock.failpoints import enabled
-    from reclock.persist.gc import collect_garbage
+    from benchmarks.chaos import REUSE_LINE
+    from reclock.persist.gc import collect_garbage, lease_key
     from reclock.persist.staged import RECORDS_FOLDER
 
     name = topic(partitions=2)
@@ -371,17 +373,22 @@ def test_a_retried_write_takes_the_slices_an_earlier_write_proved_and_writes_the
     taken = first_write + "/slice-0000"
     # the retry's write, then (before its append: in Airflow another task, maybe much later) garbage
     # collection with no grace at all: the slice it took is leased as its own folder is, and stays
-    (written,) = cycle.mint_and_write(ctx)
-    assert written.taken == (taken,) and written.leased == (written.prefix, taken)
+    with caplog.at_level(logging.WARNING, logger="reclock"):
+        (written,) = cycle.mint_and_write(ctx)
+    # the campaign's report counts the slices retries took from this warning (benchmarks.chaos.slices_reused)
+    reuse = [m.groups() for r in caplog.records if (m := REUSE_LINE.search(r.getMessage()))]
+    assert reuse == [(ctx.spec.name, "1", "3")], caplog.text
+    held = lease_key(taken, written.prefix)  # this write's own lease on the folder it took from
+    assert written.taken == (taken,) and written.leased == (written.prefix, held)
     with connect(db) as conn:
         leased = {p for (p,) in conn.execute("SELECT prefix FROM reclock.write_leases")}
-        assert {written.prefix, taken} <= leased, leased
+        assert {written.prefix, held} <= leased, leased
         report = collect_garbage(conn, ctx.blob, ctx.spec.name, 0.0)
     assert report.kept_leased and ctx.blob.list(taken), report
     cycle.append(ctx, written)
     with connect(db) as conn:
         leased = {p for (p,) in conn.execute("SELECT prefix FROM reclock.write_leases")}
-    assert not {written.prefix, taken} & leased, leased  # released with the append
+    assert not {written.prefix, held} & leased, leased  # released with the append
     cycle.resume(ctx)
     stats = _write_stats(db, ctx.spec.name)
     assert (stats["slices"], stats["slices_reused"]) == (3, 1), stats

@@ -192,6 +192,32 @@ def test_a_leased_folder_is_kept_however_old_until_its_lease_goes_stale(conn, tm
     assert conn.execute("SELECT count(*) FROM reclock.write_leases").fetchone() == (0,)
 
 
+def test_two_writes_taking_one_folder_hold_it_by_leases_of_their_own(conn, tmp_path):
+    """Two writes that take the slice an earlier write left (a try a fault left running and its retry) each
+    lease its folder by a key of its own: the first to release (its append failed, or it appended) leaves
+    the other's lease, and GC keeps the files until that one is released too, then takes them."""
+    from reclock.persist.gc import lease_key, lease_write, release_write
+    from reclock.persist.remap_store import register_source
+
+    store = LocalBlobStore(tmp_path / "blobs")
+    register_source(conn, "orders")
+    slice_files = "orders/0-10/earlier/slice-0000"
+    store.put_bytes(f"{slice_files}/part-0.parquet", b"x" * 10)
+    _age(store, f"{slice_files}/part-0.parquet", 7200)
+    zombie, retry = "orders/0-10/zombie", "orders/0-10/retry"
+    for holder in (zombie, retry):
+        lease_write(conn, "orders", slice_files, holder=holder)
+    assert lease_key(slice_files, zombie) != lease_key(slice_files, retry) != slice_files
+    release_write(conn, lease_key(slice_files, zombie))
+    report = collect_garbage(conn, store, "orders", grace_seconds=0)
+    assert (report.kept_leased, report.deleted) == (1, 0) and store.exists(f"{slice_files}/part-0.parquet")
+    release_write(conn, lease_key(slice_files, retry))
+    report = collect_garbage(conn, store, "orders", grace_seconds=0)
+    assert (report.kept_leased, report.deleted) == (0, 1)
+    with pytest.raises(ValueError):  # a holder's key is never a blob path
+        store.put_bytes(lease_key(slice_files, retry), b"")
+
+
 def test_claim_gc_lets_one_caller_through_per_interval(conn):
     from reclock.persist.gc import claim_gc
     from reclock.persist.remap_store import register_source

@@ -18,7 +18,8 @@ def test_a_written_batch_round_trips_through_json():
     w = WrittenBatch(BatchDescription(10, 20), {"orders": (Part("orders/a.parquet", 3, 100, 10, 19),)},
                      (Part("s.parquet", 1, 5, 11, 11),), "orders/10-20/x", {"orders": (v,)},
                      ("orders/10-20/y/slice-0000", "orders/10-20/y/slice-0002"))
-    assert w.leased == ("orders/10-20/x", "orders/10-20/y/slice-0000", "orders/10-20/y/slice-0002")
+    assert w.leased == ("orders/10-20/x", "orders/10-20/y/slice-0000\\orders/10-20/x",
+                        "orders/10-20/y/slice-0002\\orders/10-20/x")  # the taken folders, held by this write
     assert _written_from_x(json.loads(json.dumps(_written_to_x(w)))) == w
     plain = WrittenBatch(BatchDescription(0, 1))
     assert _written_from_x(json.loads(json.dumps(_written_to_x(plain)))) == plain and plain.leased == ()

@@ -15,7 +15,8 @@ A write leases the folder it writes under (:func:`lease_write`) until its parts 
 lease is younger than the grace period, so a long write (a rebuild over a long history) never loses the
 parts it wrote first. A lease its writer did not release (the process died) stops protecting anything once
 :data:`LEASE_SECONDS` (or the grace period, if longer) have passed since its last renewal, and goes with
-the next collection.
+the next collection. A write that takes parts another write left (a retry taking an earlier write's slice)
+leases their folder by a key of its own (:func:`lease_key`), so one holder's release leaves another's.
 
 A reader of a collection (``reclock.tables``: Spark, DuckDB) takes a leased read hold and then lists the
 parts it reads: a part retired after the oldest such hold in effect was taken may be on a reader's list,
@@ -27,9 +28,11 @@ source's folders at most every ``gc_interval`` (:func:`claim_gc`); it can also b
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass
+from typing import Callable, ContextManager
 
 from reclock.persist.blob import BlobStore, _check_rel
 
@@ -72,18 +75,45 @@ def _oldest_reader(conn) -> float | None:
     return None if at is None else float(at)
 
 
-def lease_write(conn, source: str, prefix: str) -> None:
-    """Lease the folder ``prefix`` for a write of ``source`` that is about to put parts there (or renew
-    the lease): :func:`collect_garbage` leaves it alone while the lease is fresh."""
+HOLDER_MARK = "\\"
+"""Between a folder and the write holding it in a lease's key (:func:`lease_key`): never in a blob path."""
+
+
+def lease_key(folder: str, holder: str | None = None) -> str:
+    """The key of a lease on ``folder``: the folder itself for the write that puts parts there, and
+    ``folder\\holder`` for a write ``holder`` (its own folder) that takes parts another write left there (a
+    retry taking an earlier write's slice, ``reclock.persist.staged``). Two writes taking the same parts (a
+    try a fault left running and its retry) hold them by two leases: one's release leaves the other's."""
+    return _check_rel(folder) if holder is None else f"{_check_rel(folder)}{HOLDER_MARK}{_check_rel(holder)}"
+
+
+def leased_folder(key: str) -> str:
+    """The folder a lease's ``key`` (:func:`lease_key`) protects."""
+    return key.split(HOLDER_MARK, 1)[0]
+
+
+def lease_write(conn, source: str, prefix: str, holder: str | None = None) -> None:
+    """Lease the folder ``prefix`` for a write of ``source`` that is about to put parts there, or, with
+    ``holder``, for the write whose folder is ``holder`` that takes parts already there (:func:`lease_key`);
+    or renew the lease: :func:`collect_garbage` leaves the folder alone while a lease on it is fresh."""
     conn.execute("INSERT INTO reclock.write_leases (prefix, source) VALUES (%s, %s) "
-                 "ON CONFLICT (prefix) DO UPDATE SET renewed_at = now()", (_check_rel(prefix), source))
+                 "ON CONFLICT (prefix) DO UPDATE SET renewed_at = now()", (lease_key(prefix, holder), source))
 
 
-def release_write(conn, *prefixes: str) -> None:
-    """End the leases of the folders ``prefixes`` of a write whose parts are appended or swapped in (or
-    became garbage)."""
-    if prefixes:
-        conn.execute("DELETE FROM reclock.write_leases WHERE prefix = ANY(%s)", (list(prefixes),))
+def release_write(conn, *keys: str) -> None:
+    """End the leases ``keys`` (:func:`lease_key`: a folder, for the write that wrote there) of a write whose
+    parts are appended or swapped in (or became garbage)."""
+    if keys:
+        conn.execute("DELETE FROM reclock.write_leases WHERE prefix = ANY(%s)", (list(keys),))
+
+
+def release_quietly(connect: Callable[[], ContextManager], *keys: str) -> None:
+    """:func:`release_write` on a connection of its own (``connect()``), any error suppressed: a write whose
+    parts became garbage on its way to failing lets them go; a lease left behind only keeps them until it
+    goes stale."""
+    if keys:
+        with contextlib.suppress(Exception), connect() as conn:
+            release_write(conn, *keys)
 
 
 def claim_gc(conn, source: str, interval_seconds: float) -> bool:
@@ -96,7 +126,8 @@ def claim_gc(conn, source: str, interval_seconds: float) -> bool:
 
 
 def _leases(conn, prefix: str) -> dict[str, float]:
-    """Folder -> when its lease was last renewed (seconds since the epoch), for the leases under ``prefix``."""
+    """Lease key (:func:`lease_key`) -> when it was last renewed (seconds since the epoch), for the leases
+    under ``prefix``."""
     lo, hi = prefix, prefix[:-1] + "0"
     return {p: float(at) for p, at in conn.execute(
         'SELECT prefix, extract(epoch FROM renewed_at) FROM reclock.write_leases '
@@ -124,7 +155,8 @@ def collect_garbage(conn, blob: BlobStore, prefix: str, grace_seconds: float,
     referenced = _referenced(conn, prefix)
     retired = _retired(conn, prefix)
     reader = _oldest_reader(conn)
-    fresh = {p for p, at in leases.items() if now - at < max(grace_seconds, LEASE_SECONDS)}
+    live = {k for k, at in leases.items() if now - at < max(grace_seconds, LEASE_SECONDS)}
+    fresh = {leased_folder(k) for k in live}
     deleted = deleted_bytes = young = leased = ref = read = 0
     gone: list[str] = []
     for b in blobs:
@@ -149,7 +181,7 @@ def collect_garbage(conn, blob: BlobStore, prefix: str, grace_seconds: float,
     done = [r for r in retired if not any(p == r or p.startswith(r + "/") for p in left)]
     if done:
         conn.execute("DELETE FROM reclock.retired_parts WHERE path = ANY(%s)", (done,))
-    stale = [p for p in leases if p not in fresh]
+    stale = [k for k in leases if k not in live]
     if stale:
         conn.execute("DELETE FROM reclock.write_leases WHERE prefix = ANY(%s)", (stale,))
     return GcReport(scanned=len(blobs), referenced=ref, kept_young=young, kept_leased=leased, kept_read=read,

@@ -26,7 +26,7 @@ same rows (a retry of a step that a fault ended after some slices) finds the rec
 and takes that slice's parts instead of running its job again, only after the same proof as above passes on
 them (:func:`prove_earlier`), and only while they are well inside garbage collection's grace period
 (:func:`reusable_age_s`). The write leases the slice's folder before the proof, as it leases its own, until
-the append (``WrittenBatch.taken``). Anything else (no record, an unreadable one, a proof that fails, older
+the append (:func:`take_earlier`, ``WrittenBatch.taken``). Anything else (no record, an unreadable one, a proof that fails, older
 files) is written again, as before.
 
 An upsert slice's files sit in ``_output=N/`` folders. An append-only slice's files hold the collection's
@@ -42,7 +42,7 @@ import logging
 import posixpath
 import time
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Callable, ContextManager, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -53,6 +53,7 @@ from reclock.errors import UnaccountedWrite
 from reclock.part_layout import (DATA_OUTPUT, ERR_PREFIX, ERRORS_OUTPUT, KAFKA_SHAPE, OUTPUT_FOLDER, REJECTED_COLUMN,
                                  STATE_OUTPUT, STATE_PREFIX, RecordShape, state_schema, unpack_rejected)
 from reclock.persist.blob import BlobStore, _check_rel
+from reclock.persist.gc import lease_key, lease_write, release_quietly
 from reclock.persist.parquet import null_count, parquet_bytes, part_from_footer, uses_int96
 
 log = logging.getLogger(__name__)
@@ -187,6 +188,11 @@ class EarlierSlice:
     folder: str
     written: SliceWritten
 
+    @property
+    def files(self) -> str:
+        """The folder of the slice's files."""
+        return slice_folder(self.folder, self.written.index)
+
 
 def earlier_slice(blob: BlobStore, source: str, fingerprint: str) -> EarlierSlice | None:
     """The slice with ``fingerprint`` an earlier write of ``source`` recorded, or None: none was (or garbage
@@ -219,7 +225,7 @@ def prove_earlier(blob: BlobStore, source: str, earlier: EarlierSlice, max_age_s
     """The parts per output of an append-only slice an earlier write left, proved as a slice just written is
     (the module's checks), or None (logged) when they cannot be taken: a file is older than ``max_age_s``
     (:func:`reusable_age_s`) or the proof fails."""
-    folder = slice_folder(earlier.folder, earlier.written.index)
+    folder = earlier.files
     now = time.time()
     listing = blob.list(folder)
     oldest = min((info.mtime for info in listing), default=now)
@@ -233,6 +239,24 @@ def prove_earlier(blob: BlobStore, source: str, earlier: EarlierSlice, max_age_s
         log.warning("source %s: the slice an earlier write left in %s is not taken (%s): written again", source,
                     folder, e)
         return None
+
+
+def take_earlier(connect: Callable[[], ContextManager], blob: BlobStore, source: str, earlier: EarlierSlice,
+                 holder: str, max_age_s: float, shape: RecordShape = KAFKA_SHAPE) -> dict[int, list[Part]] | None:
+    """Take the slice ``earlier`` for the write whose folder is ``holder``: lease its files' folder for that
+    write (``reclock.persist.gc.lease_key``), then prove them (:func:`prove_earlier`). Its parts per output,
+    leased until the write's append releases ``WrittenBatch.leased``; or None, the lease released, when
+    they cannot be taken (the slice is written again).
+
+    The lease comes before the proof: a garbage collection that reads the leases after it keeps the files,
+    and one that read them before deletes only files older than the grace period at its start, which files
+    younger than ``max_age_s`` (:func:`reusable_age_s`) at the proof were not."""
+    with connect() as conn:
+        lease_write(conn, source, earlier.files, holder=holder)
+    parts = prove_earlier(blob, source, earlier, max_age_s, shape)
+    if parts is None:
+        release_quietly(connect, lease_key(earlier.files, holder))
+    return parts
 
 
 def _describe(rows: Mapping[int, int]) -> str:

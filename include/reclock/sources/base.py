@@ -81,6 +81,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, ContextManager, Liter
 from reclock.batch import BatchDescription, OffsetRange, Part, SliceWritten, mint_descriptions
 from reclock.datasets import DatasetName
 from reclock.errors import AcknowledgedStateLost, ConfigError, ReclockError
+from reclock.persist.gc import lease_key
 from reclock.persist.remap_store import OFFSETS_PROGRESS
 from reclock.remap import RemapCollection
 from reclock.schema_evolution import SchemaVersion
@@ -111,9 +112,11 @@ class WrittenBatch:
 
     @property
     def leased(self) -> tuple[str, ...]:
-        """Every folder leased for the parts until append is done (or they became garbage): ``prefix`` and
-        ``taken``."""
-        return (*([] if self.prefix is None else [self.prefix]), *self.taken)
+        """The keys of the leases held for the parts until append is done (or they became garbage):
+        ``prefix``'s, and this write's on each folder of ``taken`` (``reclock.persist.gc.lease_key``)."""
+        if self.prefix is None:
+            return ()
+        return (self.prefix, *(lease_key(t, self.prefix) for t in self.taken))
 
 
 @dataclass(frozen=True)

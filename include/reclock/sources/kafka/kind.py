@@ -24,7 +24,6 @@ trigger, lag        ``UpstreamMoved``; the consumer group's lag
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import enum
 import hashlib
@@ -43,12 +42,12 @@ from reclock.errors import ConfigError, DecodeError, ReclockError, SchemaIncompa
 from reclock.failpoints import failpoint
 from reclock.kafka_client import KafkaClientConfig
 from reclock.part_layout import DATA_KIND, DATA_OUTPUT, ERRORS_KIND, ERRORS_OUTPUT
-from reclock.persist.gc import lease_write, release_write
+from reclock.persist.gc import lease_write, release_quietly
 from reclock.persist.remap_store import load_remap, register_source
 from reclock.persist.schemas import load_history
 from reclock.persist.shards import register_shard, shard_info
-from reclock.persist.staged import (collect_parts, earlier_slice, first_rejected, prove_earlier,
-                                    read_state_changes, record_slice, reusable_age_s, slice_folder)
+from reclock.persist.staged import (collect_parts, earlier_slice, first_rejected, read_state_changes,
+                                    record_slice, reusable_age_s, slice_folder, take_earlier)
 from reclock.persist.upsert_state import apply_changes, holds_keys, load_prior
 from reclock.registry_plan import (AvroPlan, AvroWriter, Choice, Reader, WriterTally, avro_plan, choose_reader,
                                    debezium_plan, initial_reader, schema_text, subject_texts, versions_seen,
@@ -259,7 +258,7 @@ class KafkaSource(SourceRuntime):
         if mode == "evolve":
             versions, refusal = versions_seen(choice, plan, collection, tally.first_ts)
             if refusal is not None:
-                self._release(written)
+                release_quietly(self.ctx.connect, *written.leased)
                 inc = refusal.incompatibility
                 raise SchemaIncompatible(
                     spec.name, spec.data_shard, inc.field, inc.change, inc.old, inc.new,
@@ -288,7 +287,8 @@ class KafkaSource(SourceRuntime):
             unknown = tally.unknown - set(plan.ids)
             if not unknown:
                 break
-            self._release(written)  # its records of unknown writers are no errors yet: write it again
+            # its records of unknown writers are no errors yet: write it again
+            release_quietly(self.ctx.connect, *written.leased)
             ids |= unknown
             m.update(replanned_for=sorted(unknown))
         else:
@@ -348,7 +348,7 @@ class KafkaSource(SourceRuntime):
             met = {i: ts for i, ts in tally.first_ts.items() if i in own}
             versions, refusal = versions_seen(Choice(reader, before[shard]), plan, before[shard], met)
             if refusal is not None:
-                self._release(written)
+                release_quietly(self.ctx.connect, *written.leased)
                 inc = refusal.incompatibility
                 raise SchemaIncompatible(
                     spec.name, shard, inc.field, inc.change, inc.old, inc.new,
@@ -359,12 +359,6 @@ class KafkaSource(SourceRuntime):
             if merged:
                 schemas[shard] = tuple(merged[t] for t in sorted(merged))
         return dataclasses.replace(written, schemas=schemas) if schemas else written
-
-    def _release(self, written: WrittenBatch) -> None:
-        """Let garbage collection take a written description's folders (its parts will not be appended)."""
-        if written.leased:
-            with contextlib.suppress(Exception), self.ctx.connect() as conn:
-                release_write(conn, *written.leased)
 
     def _write_once(self, rc: RemapCollection, desc: BatchDescription, m: dict,
                     on_slice: Callable[[int, int], None] | None = None, rebuilding: bool = False,
@@ -414,9 +408,8 @@ class KafkaSource(SourceRuntime):
                 written += w
                 parts.update(p)
                 state += st
-        except BaseException:
-            with contextlib.suppress(Exception), ctx.connect() as conn:
-                release_write(conn, prefix, *taken)  # what it wrote is garbage (an unreleased lease expires anyway)
+        except BaseException:  # what it wrote, and what it took, is garbage
+            release_quietly(ctx.connect, *WrittenBatch(desc, prefix=prefix, taken=tuple(taken)).leased)
             raise
         m.update(offsets=sum(r.end - r.start for r in ranges),
                  records_read=sum(w.records_read for w in written),
@@ -470,21 +463,10 @@ class KafkaSource(SourceRuntime):
         for i, sl in enumerate(slices if joint is None else (), start=first):
             key = slice_fingerprint(spec, sl, bindings) if resumable else ""
             earlier = earlier_slice(ctx.blob, source.name, key) if resumable else None
-            got = None
-            if earlier is not None:
-                # leased before the proof: a collection that reads the leases after this keeps the files until
-                # append (as the write's own folder), and one that read them before deletes only files older
-                # than the grace period at its start, which these are not (reusable_age_s)
-                earlier_folder = slice_folder(earlier.folder, earlier.written.index)
-                with ctx.connect() as conn:
-                    lease_write(conn, source.name, earlier_folder)
-                got = prove_earlier(ctx.blob, source.name, earlier, reusable_age_s(ctx.gc_grace_s))
-                if got is None:
-                    with ctx.connect() as conn:
-                        release_write(conn, earlier_folder)
-                else:
-                    taken.append(earlier_folder)
+            got = None if earlier is None else take_earlier(ctx.connect, ctx.blob, source.name, earlier, lease,
+                                                            reusable_age_s(ctx.gc_grace_s))
             if got is not None:
+                taken.append(earlier.files)
                 proved.append(got)
                 reused.append(earlier.written)
                 m.update(slices_reused=m.get("slices_reused", 0) + 1)
