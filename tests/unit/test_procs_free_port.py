@@ -28,10 +28,11 @@ def test_a_claim_keeps_its_port_from_other_choosers_until_it_is_stale(tmp_path):
 
 
 def test_a_port_a_server_listens_on_is_never_chosen(tmp_path, monkeypatch):
+    busy = procs.free_port(tmp_path / "elsewhere")  # a port of the pool, then a server on it
     with socket.socket() as s:
-        s.bind((procs.LOOPBACK, 0))
+        s.bind((procs.LOOPBACK, busy))
         s.listen()
-        busy = s.getsockname()[1]
-        monkeypatch.setattr(procs.random, "sample", lambda pool, k: [busy, *pool])  # the busy one tried first
+        pool = procs._port_pool()
+        monkeypatch.setattr(procs.random, "randrange", lambda n: pool.index(busy))  # the walk starts on it
         port = procs.free_port(tmp_path)
         assert port != busy and not (tmp_path / str(busy)).exists()

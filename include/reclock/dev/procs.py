@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import random
 import signal
@@ -18,6 +19,9 @@ from reclock.errors import StackError
 LOOPBACK = "127.0.0.1"
 
 
+PORT_FLOOR = 10000
+"""The lowest port :func:`free_port` chooses (below it: well-known and registered services)."""
+
 PORT_CLAIM_S = 3600.0
 """How long a port :func:`free_port` chose stays out of every other choice on this machine: the time a stack
 may take between choosing its ports and its servers binding them."""
@@ -30,6 +34,13 @@ def ephemeral_ports() -> tuple[int, int]:
         return int(lo), int(hi)
     except (OSError, ValueError):
         return 32768, 60999
+
+
+@functools.cache
+def _port_pool() -> tuple[int, ...]:
+    """The ports :func:`free_port` draws from: :data:`PORT_FLOOR` to 65535, the ephemeral range left out."""
+    lo, hi = ephemeral_ports()
+    return tuple(p for p in range(PORT_FLOOR, 65536) if not lo <= p <= hi)
 
 
 def _claim(port: int, claims: Path) -> bool:
@@ -59,9 +70,10 @@ def free_port(claims: Path | None = None) -> int:
     :data:`PORT_CLAIM_S`."""
     claims = claims if claims is not None else Path(tempfile.gettempdir()) / f"reclock-ports-{os.getuid()}"
     claims.mkdir(mode=0o700, parents=True, exist_ok=True)
-    lo, hi = ephemeral_ports()
-    pool = [p for p in range(10000, 65536) if not lo <= p <= hi]
-    for port in random.sample(pool, len(pool)):
+    pool = _port_pool()
+    start = random.randrange(len(pool)) if pool else 0
+    for i in range(len(pool)):  # every port of the pool once, from a random one on
+        port = pool[(start + i) % len(pool)]
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
                 s.bind((LOOPBACK, port))
@@ -69,7 +81,8 @@ def free_port(claims: Path | None = None) -> int:
                 continue
         if _claim(port, claims):
             return port
-    raise StackError(f"no free TCP port on {LOOPBACK} between 10000 and 65535 outside the ephemeral range "
+    lo, hi = ephemeral_ports()
+    raise StackError(f"no free TCP port on {LOOPBACK} between {PORT_FLOOR} and 65535 outside the ephemeral range "
                      f"{lo}-{hi}")
 
 
