@@ -74,3 +74,38 @@ def test_a_bad_event_stalls_a_source_that_says_so_and_nothing_is_appended(db, ka
         cycle.run_cycle(ctx)
     with connect(db) as conn:
         assert shard_info(conn, "dbz_stall").upper == 0  # nothing appended
+
+
+def test_a_slice_over_two_partitions_is_folded_where_it_was_read_and_again_when_a_key_spans_both(
+        db, kafka, topic, spark, tmp_path, caplog):
+    """A slice over two partitions is folded where Spark read it (no shuffle). While each key's events are in
+    one partition, that is the whole fold; a key whose events are in both (its records moved partition, and
+    its prior state is there too) is caught by its two state rows, and the slice is folded again with a
+    shuffle: the collection is exact either way, and a bad record is an error row either way."""
+    import logging
+
+    name = topic(partitions=2)
+    ctx = make_ctx(db, kafka, spark, tmp_path, name, name="dbz_local", envelope="debezium", include=[],
+                   format={"type": "json", "schema": SCHEMA})
+    produce(kafka, name, [(0, *event(1, "c", {"id": 1, "v": "a"}, 100)), (1, *event(2, "c", {"id": 2, "v": "b"}, 110)),
+                          (1, b'{"id": 3}', b"{not json"), (0, *event(1, "u", {"id": 1, "v": "a2"}, 120)),
+                          (1, *event(2, "d", None, 130)), (1, json.dumps({"id": 2}).encode(), None),
+                          (1, *event(4, "c", {"id": 4, "v": "d"}, 140))])
+    again = "folded again with a shuffle"
+    with caplog.at_level(logging.WARNING, logger="reclock.sources.kafka.kind"):
+        cycle.run_cycle(ctx)
+        assert not [r for r in caplog.records if again in r.getMessage()]  # every key in one partition
+        with connect(db) as conn:
+            rows = read_as_of(conn, ctx.blob, ctx.spec.name).to_pylist()
+        assert sorted((r["id"], r["v"], r["diff"]) for r in rows) == [(1, "a2", 1), (4, "d", 1)]
+        # key 1 now in both partitions (held in the state), key 4 deleted by a tombstone alone in partition 0
+        produce(kafka, name, [(0, *event(1, "u", {"id": 1, "v": "b"}, 200)), (1, *event(1, "u", {"id": 1, "v": "c"}, 210)),
+                              (0, json.dumps({"id": 4}).encode(), None), (1, *event(5, "c", {"id": 5, "v": "e"}, 220)),
+                              (0, b'{"id": 6}', b"[]")])
+        cycle.run_cycle(ctx)
+        assert [r for r in caplog.records if again in r.getMessage()]
+    with connect(db) as conn:
+        rows = read_as_of(conn, ctx.blob, ctx.spec.name).to_pylist()
+        errors = read_updates(conn, ctx.blob, ctx.spec.errors_shard).to_pylist()
+    assert sorted((r["id"], r["v"], r["diff"]) for r in rows) == [(1, "c", 1), (5, "e", 1)]
+    assert sorted((e["partition"], e["offset"]) for e in errors) == [(0, 4), (1, 1)]  # each bad record once

@@ -323,6 +323,113 @@ def test_the_jobs_fold_over_sorted_batches_is_each_key_folded_alone(events, cuts
     assert sum(1 for r in _fold_batches(batches) if r["_output"] == 1) == (1 if keyless else 0)
 
 
+def _fold_local(batches: list[list[dict]], prior: list[tuple]) -> list[dict]:
+    import pyarrow as pa
+
+    from reclock.spark.debezium_decode import fold_local, prior_rows
+
+    types = pa.schema([("_k", pa.binary()), ("_v", pa.binary()), ("_p", pa.int32()), ("_o", pa.int64()),
+                       ("_t_us", pa.int64()), ("ts", pa.int64()), ("_bad", pa.bool_()), ("_prior", pa.bool_())])
+    fold = fold_local(prior_rows(prior, avro=False))
+    out = list(fold(pa.RecordBatch.from_pylist(b, schema=types) for b in batches))
+    return pa.Table.from_batches(out).to_pylist() if out else []
+
+
+def _wrapped(key: int) -> bytes:
+    """A key as Connect's JsonConverter writes it with schemas (the same key as ``{"id":key}``)."""
+    return json.dumps({"schema": {"type": "struct", "fields": [{"field": "id", "type": "int32"}]},
+                       "payload": {"id": key}}).encode()
+
+
+_local_events = st.lists(st.tuples(st.integers(0, 5), st.sampled_from(["c", "u", "d", "tomb", "bad"]),
+                                   st.integers(0, 3), st.integers(0, 2)), max_size=40)
+
+
+def _local_rows(events, wrapped_keys, partition_of):
+    """Records of ``events`` (key, op, value, tick), in (partition, offset) order, as a task reads them."""
+    rows, lsn, ts = [], 100, 1
+    offsets: dict[int, int] = {}
+    for key, op, v, tick in events:
+        lsn += 16
+        ts += tick
+        part = partition_of(key)
+        o = offsets[part] = offsets.get(part, -1) + 1
+        k = _wrapped(key) if key in wrapped_keys else json.dumps({"id": key}, separators=(",", ":")).encode()
+        if op == "tomb":
+            value = None
+        elif op == "bad":
+            value = b"not an event"
+        else:
+            after = None if op == "d" else {"id": key, "v": v}
+            value = record(key, op, {"id": key} if op == "d" else None, after, lsn, commit=lsn - 8)[1]
+        rows.append(dict(_k=k, _v=value, _p=part, _o=o, _t_us=lsn, ts=ts, _bad=False, _prior=False))
+    return rows
+
+
+@settings(max_examples=120, deadline=None)
+@given(_local_events, st.sets(st.integers(0, 5)), st.sets(st.integers(0, 5)), st.integers(1, 3),
+       st.lists(st.integers(1, 7), min_size=1, max_size=4))
+def test_a_slice_folded_where_it_was_read_is_the_slice_folded_after_a_shuffle(events, wrapped, with_prior,
+                                                                              partitions, cuts):
+    """Each key's records in one partition (some keys in Connect's schema wrapper, some with a prior state):
+    every partition's records folded in its own task, sorted by raw key only, give what the shuffle's fold
+    (records and prior rows together, sorted by normalised key) gives, and each key's state row once."""
+    from reclock.spark.debezium_decode import keys_distinct
+
+    import pyarrow as pa
+
+    rows = _local_rows(events, wrapped, lambda key: key % partitions)
+    prior = [(json.dumps({"id": key}, separators=(",", ":")).encode(),
+              KeyState(f'{{"id": {key}, "v": 9}}', Position(50, 1, False, 40)).encode(), key % partitions, 0, 0)
+             for key in sorted(with_prior)]
+    got = []
+    for part in range(partitions):  # a task per partition, its records sorted by raw key (Spark: nulls first)
+        mine = sorted((r for r in rows if r["_p"] == part), key=lambda r: r["_k"])
+        batches, at = [], 0
+        for c in cuts * (len(mine) + 1):
+            if at >= len(mine):
+                break
+            batches.append(mine[at:at + c])
+            at += c
+        got += _fold_local(batches, prior)
+    shuffled = [dict(r, _nk=parse_key(r["_k"])) for r in rows] + \
+        [dict(_k=k, _v=v, _p=p, _o=o, _t_us=t, ts=-1, _bad=False, _prior=True, _nk=k) for k, v, p, o, t in prior]
+    shuffled.sort(key=lambda r: r["_nk"])
+    want = _fold_batches([shuffled])
+    assert sorted(map(repr, (tuple(r.values()) for r in got))) == sorted(map(repr, (tuple(r.values()) for r in want)))
+    states = [r["_sk"] for r in got if r["_output"] == 2]
+    assert keys_distinct(pa.table({"key": pa.array(states, pa.binary())}))
+
+
+@settings(max_examples=60, deadline=None)
+@given(_local_events.filter(lambda es: any(op != "bad" for _, op, _, _ in es)))
+def test_a_key_folded_in_two_tasks_shows_in_its_state_rows(events):
+    """A key whose valid records (a tombstone alone among them) fall in two tasks, or whose two raw forms
+    are not next to each other in one task, gives its state row twice: the check that sends the slice to
+    the shuffle sees it."""
+    from reclock.spark.debezium_decode import keys_distinct
+
+    import pyarrow as pa
+
+    key = next(k for k, op, _, _ in events if op != "bad")
+    extra = (key, "tomb", 0, 0)
+    rows = _local_rows([*events, extra], set(), lambda k: 0)
+    rows[-1]["_p"] = 1  # the same key in a second partition: its own task
+    got = []
+    for part in (0, 1):
+        got += _fold_local([sorted((r for r in rows if r["_p"] == part), key=lambda r: r["_k"])], [])
+    states = [r["_sk"] for r in got if r["_output"] == 2]
+    assert not keys_distinct(pa.table({"key": pa.array(states, pa.binary())}))
+    # two raw forms of one key apart in one task (another key's records sort between them)
+    plain, other = json.dumps({"id": 1}, separators=(",", ":")).encode(), json.dumps({"id": 2}).encode()
+    value = record(1, "c", None, {"id": 1, "v": 1}, 500, commit=492)[1]
+    value2 = record(2, "c", None, {"id": 2, "v": 1}, 516, commit=508)[1]
+    apart = [dict(_k=k, _v=v, _p=0, _o=o, _t_us=0, ts=1, _bad=False, _prior=False)
+             for o, (k, v) in enumerate([(plain, value), (b'{"id": 1}', value), (other, value2)])]
+    got = _fold_local([sorted(apart, key=lambda r: r["_k"])], [])
+    assert [r["_sk"] for r in got if r["_output"] == 2].count(plain) == 2
+
+
 def test_config_of_a_debezium_source():
     from reclock.config import parse_source
     from reclock.errors import ConfigError
@@ -456,11 +563,11 @@ def test_the_jobs_fold_is_apply_summed_by_row_and_ts(steps, with_prior):
     got = fold_key(rows)
     assert sorted((r[0], r[1], r[2]) for r in got if r[3] == 0) == sorted((row, t, d) for (row, t), d in want.items() if d)
     states = [r for r in got if r[3] == 2]
-    if last is None or state is None:
+    if last is None:
         assert states == []
-    else:
+    else:  # a key that saw only tombstones has its state row too, as a key never seen (fold_local needs it)
         [s] = states
-        assert KeyState.decode(s[10]) == state and s[12] == last["_o"]
+        assert KeyState.decode(s[10]) == (state or KeyState(None, None)) and s[12] == last["_o"]
 
 
 def _slow_commit(text, lsn: int):

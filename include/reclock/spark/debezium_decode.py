@@ -18,9 +18,12 @@ record goes to the errors and the fold goes on), and routed like an upsert slice
     per key (its ``KeyState``, kept by ``reclock.persist.upsert_state`` as the upsert envelope's values are)
 
 A key's records are folded in one Python task, in order: a key's events form a sequence whose every step
-depends on the one before, as the pure fold says. The slice is repartitioned and sorted by key and folded a
-key at a time over Arrow batches (``mapInArrow``): a grouped map (``applyInPandas``) built a pandas frame per
-key, and a slice touches many keys with a few events each.
+depends on the one before, as the pure fold says. They are folded a key at a time over Arrow batches
+(``mapInArrow``): a grouped map (``applyInPandas``) built a pandas frame per key, and a slice touches many keys
+with a few events each. A slice over several partitions is folded by the tasks that read it (:func:`fold_local`:
+a key's events are in one partition, as Connect's default partitioner puts them; the caller checks that every
+key was folded in one place, and folds the slice again otherwise); a slice of one partition is repartitioned
+and sorted by key first (:func:`fold_sorted`), which spreads its fold over the cluster.
 """
 
 from __future__ import annotations
@@ -85,7 +88,8 @@ def fold_key(rows: list[dict]) -> list[tuple]:
     for (row, ts), d in summed.items():
         if d:
             out.append((row, ts, d, DATA_OUTPUT, None, None, None, None, None, None, None, None, None, None))
-    if last is not None and state is not None:
+    if last is not None:  # every key a record was applied to has its state row (see :func:`fold_local`)
+        state = state if state is not None else KeyState(None, None)  # only tombstones: as a key never seen
         out.append((None, last["ts"], 0, STATE_OUTPUT, None, None, None, None, None, nk, state.encode(),
                     last["_p"], last["_o"], last["_t_us"]))
     return out
@@ -98,19 +102,21 @@ def _folded_arrow_schema():
     return pa.schema([(name, types[t]) for name, t in (c.split() for c in _FOLDED.split(", "))])
 
 
+def _folded_batch(out: list[tuple]):
+    """Rows of :data:`_FOLDED` as one Arrow batch."""
+    import pyarrow as pa
+
+    schema = _folded_arrow_schema()
+    return pa.RecordBatch.from_arrays([pa.array([r[i] for r in out], type=f.type) for i, f in enumerate(schema)],
+                                      schema=schema)
+
+
 def fold_sorted(batches):
     """``mapInArrow``'s function: Arrow batches of records and prior state rows, sorted by key (``_nk``), folded
     a key at a time (:func:`fold_key`; a key's rows may span batches), as batches of :data:`_FOLDED`. One
     Python call per batch instead of one pandas frame per key: a slice touches many keys, most with a few
     events. The batch is read a column at a time (a dict per row is built for a key's rows only)."""
-    import pyarrow as pa
-
-    schema = _folded_arrow_schema()
-
-    def batch(out: list[tuple]):
-        return pa.RecordBatch.from_arrays([pa.array([r[i] for r in out], type=f.type) for i, f in enumerate(schema)],
-                                          schema=schema)
-
+    batch = _folded_batch
     current: list[dict] = []
     for b in batches:
         names = b.schema.names
@@ -128,13 +134,74 @@ def fold_sorted(batches):
         yield batch(fold_key(current))
 
 
+_UNSEEN = object()
+
+
+def fold_local(prior: dict[bytes, dict]):
+    """``mapInArrow``'s function for a slice folded where it was read (no shuffle): each task's records sorted
+    by their raw key (``_k``), a run of one key normalised once (``parse_key``), the key's prior state row
+    taken from ``prior`` (normalised key -> the row :func:`fold_key` takes), each key folded by
+    :func:`fold_key` as :func:`fold_sorted` folds it.
+
+    Exact only when every key's records are in one task and adjacent there (a Kafka partition read as one
+    Spark partition, a key's events in one Kafka partition, one raw form per key). When they are not, a key
+    folded in two places gives two state rows (:func:`fold_key` writes one for every key a record was
+    applied to): the caller checks the state rows' keys are distinct (:func:`keys_distinct`) and folds the
+    slice again with a shuffle otherwise."""
+
+    def fold(batches):
+        current: list[dict] = []
+        last_k, nk = _UNSEEN, None
+        for b in batches:
+            names = b.schema.names
+            cols = [c.to_pylist() for c in b.columns]
+            ks = cols[names.index("_k")]
+            out: list[tuple] = []
+            for i, k in enumerate(ks):
+                if k != last_k:  # a new run of one raw key: its normalised key, once
+                    last_k, key = k, _key_of(k)
+                    if not current or key != nk:
+                        if current:
+                            out.extend(fold_key(current))
+                        current, nk = [], key
+                        if key is not None and key in prior:
+                            current.append(prior[key])
+                row = {n: c[i] for n, c in zip(names, cols)}
+                row["_nk"] = nk
+                current.append(row)
+            if out:
+                yield _folded_batch(out)
+        if current:
+            yield _folded_batch(fold_key(current))
+
+    return fold
+
+
+def prior_rows(prior: Sequence[tuple], avro: bool) -> dict[bytes, dict]:
+    """The upsert state rows ``prior`` (``(key, value, partition, offset, timestamp_us)``) as :func:`fold_key`
+    takes them, by key."""
+    extra = {"_derr": None, "_ok": None, "_ov": None} if avro else {}
+    return {bytes(k): {"_k": bytes(k), "_v": bytes(v), "_p": p, "_o": o, "_t_us": t, "ts": -1, "_bad": False,
+                       "_prior": True, "_nk": bytes(k), **extra} for k, v, p, o, t in prior}
+
+
+def keys_distinct(state) -> bool:
+    """Whether the state change rows ``state`` (an Arrow table with ``key``) hold each key once: a slice
+    folded where it was read (:func:`fold_local`) folded every key in one place."""
+    import pyarrow.compute as pc
+
+    return state.num_rows == 0 or pc.count_distinct(state.column("key"), mode="all").as_py() == state.num_rows
+
+
 def changes(spark, spec: SourceSpec, shape: RecordShape, records, prior: Sequence[tuple], prior_ddl: str,
-            data_cols: list[str], row_schema, plan=None):
+            data_cols: list[str], row_schema, plan=None, local: bool = False):
     """``records`` (a Kafka slice, reclocked) through the debezium envelope: the columns an upsert slice's
     rows have (``data_cols``, ts, diff, the error and state columns, ``_output``). ``prior``: the upsert
     state rows of the keys the slice touches (their keys without schema wrapper, their values
     :class:`~reclock.debezium.KeyState`; ``prior_ddl`` their Spark schema); ``row_schema``: the declared schema of a row (Spark's).
-    ``plan`` (Avro): the writer schemas, a ``reclock.registry_plan.debezium_plan``."""
+    ``plan`` (Avro): the writer schemas, a ``reclock.registry_plan.debezium_plan``. ``local``: each task folds
+    the records it read (:func:`fold_local`: no shuffle; the caller checks every key was folded in one place),
+    else the records are repartitioned and sorted by key first (:func:`fold_sorted`)."""
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
@@ -155,7 +222,23 @@ def changes(spark, spec: SourceSpec, shape: RecordShape, records, prior: Sequenc
                           F.col(o).alias("_o"), F.unix_micros("timestamp").alias("_t_us"), "ts",
                           parsed.getField(corrupt).isNotNull().alias("_bad"), F.lit(False).alias("_prior"),
                           *(("_derr", "_ok", "_ov") if avro else ()))
-    recs = recs.withColumn("_nk", norm(F.col("_k")))
+    if local:
+        folded = recs.sortWithinPartitions("_k").mapInArrow(fold_local(prior_rows(prior, avro)), _FOLDED)
+    else:
+        folded = _shuffled(spark, recs.withColumn("_nk", norm(F.col("_k"))), prior, prior_ddl, p, o, avro)
+    row = F.from_json(F.col("_row"), row_schema)
+    errors = dict(zip(shape.error_columns, ("_ep", "_eo", "_ek", "_er", "_ereason")))
+    states = dict(zip(shape.state_columns, ("_sk", "_sv", "_sp", "_so", "_st")))
+    return folded.select(*[row.getField(c).alias(c) for c in data_cols], "ts", "diff",
+                         *[F.col(v).alias(ERR_PREFIX + c) for c, v in errors.items()],
+                         *[F.col(v).alias(STATE_PREFIX + c) for c, v in states.items()], "_output")
+
+
+def _shuffled(spark, recs, prior: Sequence[tuple], prior_ddl: str, p: str, o: str, avro: bool):
+    """The records (with their normalised key ``_nk``) and the prior state rows, a key's rows together in one
+    task and sorted by key, folded (:func:`fold_sorted`)."""
+    from pyspark.sql import functions as F
+
     before = spark.createDataFrame(list(prior), prior_ddl).select(
         F.col("key").alias("_k"), F.col("value").alias("_v"), F.col(p).alias("_p"), F.col(o).alias("_o"),
         F.col("timestamp_us").alias("_t_us"), F.lit(-1).cast("long").alias("ts"), F.lit(False).alias("_bad"),
@@ -163,14 +246,7 @@ def changes(spark, spec: SourceSpec, shape: RecordShape, records, prior: Sequenc
         *((F.lit(None).cast("string").alias("_derr"), F.lit(None).cast("binary").alias("_ok"),
            F.lit(None).cast("binary").alias("_ov")) if avro else ()))
     # a key's rows together and in one task (a record without key, _nk null, is an error row of its own)
-    folded = recs.unionByName(before).repartition("_nk").sortWithinPartitions("_nk").mapInArrow(fold_sorted,
-                                                                                                _FOLDED)
-    row = F.from_json(F.col("_row"), row_schema)
-    errors = dict(zip(shape.error_columns, ("_ep", "_eo", "_ek", "_er", "_ereason")))
-    states = dict(zip(shape.state_columns, ("_sk", "_sv", "_sp", "_so", "_st")))
-    return folded.select(*[row.getField(c).alias(c) for c in data_cols], "ts", "diff",
-                         *[F.col(v).alias(ERR_PREFIX + c) for c, v in errors.items()],
-                         *[F.col(v).alias(STATE_PREFIX + c) for c, v in states.items()], "_output")
+    return recs.unionByName(before).repartition("_nk").sortWithinPartitions("_nk").mapInArrow(fold_sorted, _FOLDED)
 
 
 def plan_converter(plan):

@@ -207,7 +207,7 @@ def typed_null(col: str):
 
 
 def envelope(spark, spec: SourceSpec, shape: RecordShape, records, prior: Sequence[tuple] = (),
-             plan: AvroPlan | None = None):
+             plan: AvroPlan | None = None, local: bool = False):
     """One slice's ``records`` (the shape's columns, each with its ``ts``) decoded and put through the
     source's envelope.
 
@@ -217,7 +217,8 @@ def envelope(spark, spec: SourceSpec, shape: RecordShape, records, prior: Sequen
     the state columns, each null where it does not apply, and ``_output``. ``prior`` (upsert only): the
     state rows ``(key, value, position, position, timestamp_us)`` of the keys the slice touches, as of its
     lower. One pass over the records either way: no branch of the plan reads upstream again. ``plan``: a
-    registry source's writers and reader.
+    registry source's writers and reader. ``local`` (debezium): each task folds the keys it read
+    (``reclock.spark.debezium_decode.fold_local``; the caller checks each key was folded in one place).
     """
     from pyspark.sql import functions as F
 
@@ -228,7 +229,7 @@ def envelope(spark, spec: SourceSpec, shape: RecordShape, records, prior: Sequen
         rows = data_schema(spec) if plan is None or plan.columns is None else _parsed_schema(", ".join(
             f"{sql_ident(c.name)} {c.type}" for c in plan.decoded_columns.columns))
         return debezium_decode.changes(spark, spec, shape, records, prior, prior_schema(shape), data_cols, rows,
-                                       plan)
+                                       plan, local)
     dec = _shape_decoded(spec, shape, records, plan)
     errors, states = _error_sources(shape), _state_sources(shape)
     if spec.envelope != "upsert":
@@ -288,11 +289,11 @@ def output_columns(spec: SourceSpec, shape: RecordShape, plan: AvroPlan | None =
 
 def write_slice(spark, spec: SourceSpec, shape: RecordShape, records: Callable[[object], object], url: str,
                 prior: Sequence[tuple] = (), index: int = 0, offsets: int = 0,
-                plan: AvroPlan | None = None) -> SliceWritten:
+                plan: AvroPlan | None = None, local: bool = False) -> SliceWritten:
     """Run one Spark job writing the slice's updates as Parquet under ``url``; what it read and wrote.
     ``records(read_metrics)`` gives the slice's records (the shape's columns, reclocked), counted by the
     ``Observation`` it is handed right above the upstream scan; ``offsets``: how many records the slice's
-    ranges can hold at most (``SliceWritten.offsets``).
+    ranges can hold at most (``SliceWritten.offsets``); ``local``: as :func:`envelope`.
 
     Append-only (``envelope: none``): plain files of the collection's columns and :data:`REJECTED_COLUMN`;
     nearly always every row is the collection's, and the rare file that holds rejected records is split
@@ -309,7 +310,7 @@ def write_slice(spark, spec: SourceSpec, shape: RecordShape, records: Callable[[
     from pyspark.sql import functions as F
 
     read, written = observation(spark), observation(spark)
-    df = envelope(spark, spec, shape, records(read), prior, plan)
+    df = envelope(spark, spec, shape, records(read), prior, plan, local)
     if not spec.keyed:
         df = df.observe(written, F.count(F.lit(1)).alias("rows"), F.count(REJECTED_COLUMN).alias("rejected"))
         parts_writer(df, url).parquet(url)

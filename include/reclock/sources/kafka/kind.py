@@ -471,9 +471,16 @@ class KafkaSource(SourceRuntime):
                 reused.append(earlier.written)
                 m.update(slices_reused=m.get("slices_reused", 0) + 1)
             else:
+                local = spec.envelope == "debezium" and folds_in_place(spec, sl, prior)
                 done = spark_job.write_slice(spark, spec, ctx.upstream, sl, bindings,
                                              ctx.blob.url(slice_folder(folder, i)), prior, index=i,
-                                             plan=plan, writers=writers)
+                                             plan=plan, writers=writers, local=local)
+                if local and not self._folded_once(done, folder, spec.upstream.topic):
+                    again = len(slices) + i  # a folder of its own; what the first job wrote is garbage
+                    done = spark_job.write_slice(spark, spec, ctx.upstream, sl, bindings,
+                                                 ctx.blob.url(slice_folder(folder, again)), prior, index=again,
+                                                 plan=plan, writers=writers)
+                    m.update(folded_again=m.get("folded_again", 0) + 1)
                 written.append(done)
                 if resumable:
                     record_slice(ctx.blob, source.name, folder, done, key)
@@ -489,6 +496,20 @@ class KafkaSource(SourceRuntime):
         parts, state = collect_parts(ctx.blob, source.name, shards, folder, written, upsert, proved=proved)
         m.update(slices=m.get("slices", 0) + len(slices))
         return written + reused, parts, list(state)
+
+    def _folded_once(self, done: SliceWritten, folder: str, topic: str) -> bool:
+        """Whether a debezium slice folded where Spark read it folded every key in one place (each key's state
+        row is there once); if not, says why the slice is folded again with a shuffle."""
+        from reclock.spark.debezium_decode import keys_distinct
+
+        ctx = self.ctx
+        _, state = collect_parts(ctx.blob, ctx.spec.name, {DATA_OUTPUT: "", ERRORS_OUTPUT: ""}, folder, [done], True)
+        if keys_distinct(read_state_changes(ctx.blob, state)):
+            return True
+        log.warning("source %s: a key's events are in more than one partition of topic %s (or in several forms of "
+                    "the key): the slice is folded again with a shuffle; Debezium orders a key's events only "
+                    "within one partition", ctx.spec.name, topic)
+        return False
 
     def append_effects(self, written: WrittenBatch, metrics: dict) -> Callable[[Any], None] | None:
         if not self.ctx.spec.keyed:
@@ -649,6 +670,23 @@ def check_topic_order(conn, spec) -> None:
         raise ConfigError(f"source {spec.name}: it reads topics {had} in this order (each topic's place numbers "
                           f"its partitions in the source's frontier); the config names {now}: a topic may be "
                           "added at the end only. Removing or reordering topics: read them as a new source")
+
+
+LOCAL_FOLD_PRIOR_ROWS = 200_000
+"""The most upsert state rows a debezium slice folded where Spark reads it takes along (they travel with the
+job, to every task); a slice whose keys hold more is folded with a shuffle."""
+
+
+def folds_in_place(spec, ranges: Sequence, prior: Sequence) -> bool:
+    """Whether a debezium slice is folded where Spark reads it (``reclock.spark.debezium_decode.fold_local``: no
+    shuffle, no second Python pass over the keys): its records span two partitions or more (a partition is
+    one Spark task: one alone would be folded on one core, where a shuffle spreads it), Spark reads a
+    partition as one task (no ``minPartitions`` or ``maxRecordsPerPartition``), and the prior state is at
+    most :data:`LOCAL_FOLD_PRIOR_ROWS` rows. Whatever it says, the result is the same: a key folded in two
+    places is caught and the slice folded again (``KafkaSource._folded_once``)."""
+    split = {k for k, _ in spec.upstream.options} & {"minPartitions", "maxRecordsPerPartition"}
+    return len({r.partition for r in ranges if r.end > r.start}) > 1 and not split \
+        and len(prior) <= LOCAL_FOLD_PRIOR_ROWS
 
 
 def debezium_keys(keys: list[bytes], spec, plan: AvroPlan | None = None) -> set[bytes]:

@@ -137,12 +137,13 @@ def upsert_keys(spark, spec: SourceSpec, bootstrap: KafkaClientConfig | str, ran
 
 def write_slice(spark, spec: SourceSpec, bootstrap: KafkaClientConfig | str, ranges: Sequence[OffsetRange],
                 bindings: Sequence[BindingRange], url: str, prior: Sequence[tuple] = (),
-                index: int = 0, plan: AvroPlan | None = None, writers: WriterTally | None = None) -> SliceWritten:
+                index: int = 0, plan: AvroPlan | None = None, writers: WriterTally | None = None,
+                local: bool = False) -> SliceWritten:
     """One Spark job writing the slice's updates under ``url`` (``reclock.spark.decode.write_slice``): the
     Kafka records of ``ranges``, counted right above the Kafka scan, reclocked by ``bindings``; a refused ACL
     or login is named (:func:`kafka_job`). ``plan`` (a registry source): records decode by their writer
     schemas; ``writers`` gets what the job met of them (:func:`writer_aggregates` of the reclocked records,
-    :func:`tally`)."""
+    :func:`tally`). ``local`` (debezium): each task folds the keys it read (``reclock.spark.decode.envelope``)."""
     met = observation(spark) if plan is not None else None
 
     def records(read):
@@ -152,7 +153,7 @@ def write_slice(spark, spec: SourceSpec, bootstrap: KafkaClientConfig | str, ran
 
     with kafka_job(f"source {spec.name}", bootstrap, [spec.upstream.topic], [read_group(spec, bootstrap)]):
         out = decode.write_slice(spark, spec, KAFKA_SHAPE, records, url, prior, index,
-                                 offsets=sum(r.end - r.start for r in ranges), plan=plan)
+                                 offsets=sum(r.end - r.start for r in ranges), plan=plan, local=local)
     if met is not None and writers is not None:
         tally(met, plan, spec.name, url, writers)
     return out
