@@ -230,6 +230,10 @@ def test_an_insert_that_waited_on_a_delete_is_applied_though_its_lsn_is_lower():
     (b'{"status": "BEGIN", "id": "732:30699256"}', "no `op`"),
     (b'{"op": "t", "source": {"lsn": 1}}', "TRUNCATE"),
     (b'{"op": "x", "source": {"lsn": 1}}', "unknown op 'x'"),
+    (b'{"op": [1], "source": {"lsn": 1}}', "unknown op [1]"),
+    (b'{"op": {"c": 1}, "source": {"lsn": 1}}', "unknown op {'c': 1}"),
+    (b'{"op": 5, "source": {"lsn": 1}}', "unknown op 5"),
+    (b'{"op": "c", "after": [' + b"[" * 100_000 + b"]" * 100_000 + b'], "source": {"lsn": 1}}', "nested too deeply"),
     (b'{"op": "c", "after": null, "source": {"lsn": 1}}', "no `after`"),
     (b'{"op": "c", "after": {"id": 1}}', "no `source`"),
     (b'{"op": "c", "after": {"id": 1}, "source": {"lsn": "5"}}', "source.lsn"),
@@ -240,8 +244,11 @@ def test_an_insert_that_waited_on_a_delete_is_applied_though_its_lsn_is_lower():
      "does not end with source.lsn 5"),
 ])
 def test_malformed_events_say_why(value, reason):
-    with pytest.raises(EventInvalid, match=reason.replace("(", r"\(").replace("[", r"\[")):
-        parse_value(value)
+    """Each the same either way it is read (the deferred way reads it again member by member to say why)."""
+    pattern = reason.replace("(", r"\(").replace("[", r"\[").replace("{", r"\{")
+    for deferred in (False, True):
+        with pytest.raises(EventInvalid, match=pattern):
+            parse_value(value, defer_after=deferred)
 
 
 def test_a_record_without_key_is_refused():
@@ -268,6 +275,17 @@ def _fold_batches(batches: list[list[dict]]) -> list[dict]:
                        ("_nk", pa.binary())])
     out = list(fold_sorted(pa.RecordBatch.from_pylist(b, schema=types) for b in batches))
     return pa.Table.from_batches(out).to_pylist() if out else []
+
+
+def _cut(rows: list[dict], cuts: list[int]) -> list[list[dict]]:
+    """``rows`` cut into batches of the sizes ``cuts`` gives, in turn (a key's rows may span batches)."""
+    batches, at = [], 0
+    for c in cuts * (len(rows) + 1):
+        if at >= len(rows):
+            break
+        batches.append(rows[at:at + c])
+        at += c
+    return batches
 
 
 def test_the_jobs_fold_routes_bad_records_to_errors_and_keeps_offsets_exact():
@@ -308,12 +326,7 @@ def test_the_jobs_fold_over_sorted_batches_is_each_key_folded_alone(events, cuts
     if keyless:
         rows.append(dict(_k=None, _v=b"{}", _p=1, _o=0, _t_us=0, ts=7, _bad=False, _prior=False, _nk=None))
     rows.sort(key=lambda r: (r["_nk"] is not None, r["_nk"] or b""))  # nulls first, as Spark sorts them
-    batches, at = [], 0
-    for c in cuts * (len(rows) + 1):
-        if at >= len(rows):
-            break
-        batches.append(rows[at:at + c])
-        at += c
+    batches = _cut(rows, cuts)
     got = sorted(map(repr, (tuple(r.values()) for r in _fold_batches(batches))))
     by_key: dict = {}
     for r in rows:
@@ -385,13 +398,7 @@ def test_a_slice_folded_where_it_was_read_is_the_slice_folded_after_a_shuffle(ev
     got = []
     for part in range(partitions):  # a task per partition, its records sorted by raw key (Spark: nulls first)
         mine = sorted((r for r in rows if r["_p"] == part), key=lambda r: r["_k"])
-        batches, at = [], 0
-        for c in cuts * (len(mine) + 1):
-            if at >= len(mine):
-                break
-            batches.append(mine[at:at + c])
-            at += c
-        got += _fold_local(batches, prior)
+        got += _fold_local(_cut(mine, cuts), prior)
     shuffled = [dict(r, _nk=parse_key(r["_k"])) for r in rows] + \
         [dict(_k=k, _v=v, _p=p, _o=o, _t_us=t, ts=-1, _bad=False, _prior=True, _nk=k) for k, v, p, o, t in prior]
     shuffled.sort(key=lambda r: r["_nk"])
@@ -428,6 +435,112 @@ def test_a_key_folded_in_two_tasks_shows_in_its_state_rows(events):
              for o, (k, v) in enumerate([(plain, value), (b'{"id": 1}', value), (other, value2)])]
     got = _fold_local([sorted(apart, key=lambda r: r["_k"])], [])
     assert [r["_sk"] for r in got if r["_output"] == 2].count(plain) == 2
+
+
+def _typed(x):
+    """``x`` with each value's type and each object's member order in it: 1, 1.0 and True apart, -0.0 apart
+    from 0.0 (a float by its repr)."""
+    if isinstance(x, dict):
+        return ("object", tuple((k, _typed(v)) for k, v in x.items()))
+    if isinstance(x, list):
+        return ("array", tuple(map(_typed, x)))
+    return (type(x).__name__, repr(x) if isinstance(x, float) else x)
+
+
+def _reading(read, value: bytes):
+    try:
+        return ("read", _typed(read(value)))
+    except (ValueError, StopIteration, RecursionError):
+        return ("refused",)
+
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.integers(-2**70, 2**70) | st.floats() | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=3), inner, max_size=4),
+    max_leaves=12)
+_noise = st.sampled_from([b" ", b"\t", b"\n", b"\r", b"{", b"}", b"[", b"]", b":", b",", b'"', b"\\", b"0", b"-",
+                          b".", b"e", b"E", b"+", b"1", b"NaN", b"Infinity", b"-Infinity", b"\\ud800", b"\\udc00",
+                          b"\\u00e9", b"1e400", b"-1e400", b"1e-400", b"\xef\xbb\xbf", b"\x00", b"\x1f", b"\x7f",
+                          b"\xff", b"\xc0\xaf", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\xc3\xa9", b"true",
+                          b"nul", b"01", b"-0", b"-0.0", b"2.", b".5", b'"a":1', b'"a":', b"123456789012345678901234567890"])
+
+
+@settings(max_examples=400, deadline=None)
+@given(_json_values, st.sampled_from([(",", ":"), (", ", ": "), (" ,\n", " :\t")]), st.booleans(),
+       st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 3), _noise), max_size=3))
+def test_the_fast_json_reader_reads_and_refuses_what_json_does(value, seps, ascii_only, edits):
+    """``read_json`` (msgspec first, json where msgspec refuses) against ``json.loads`` of the UTF-8 text, on
+    JSON texts of any shape (NaN, the infinities, big integers, any text) and on those texts edited (bytes
+    inserted, replaced or cut: lone surrogate escapes, numbers past a double, a BOM, control characters,
+    bytes that are not UTF-8, duplicate members, trailing text): the same objects, the same values refused."""
+    from reclock.debezium import read_json
+
+    text = json.dumps(value, separators=seps, ensure_ascii=ascii_only).encode("utf-8", "surrogatepass")
+    for at, how, piece in edits:
+        at %= len(text) + 1
+        if how == 3:  # inside a string: right after the next quote
+            at = text.find(b'"', at) + 1 or at
+        text = text[:at] + piece + text[at + (1 if how == 2 else len(piece) if how == 1 else 0):]
+    want = _reading(lambda v: json.loads(v.decode("utf-8")), text)
+    assert _reading(read_json, text) == want
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.binary(max_size=12) | st.text(max_size=8).map(lambda t: t.encode("utf-8", "surrogatepass")),
+       st.sampled_from([(b'{"a":"', b'"}'), (b'{"', b'":1}'), (b"[", b"]"), (b'{"a":', b"}")]))
+def test_the_fast_json_reader_on_any_bytes_in_a_string_or_a_number(raw, where):
+    """Any bytes where a string's characters or a number go (control characters, escapes, quotes, bytes that
+    are not UTF-8, digits and signs): the same objects, the same values refused."""
+    from reclock.debezium import read_json
+
+    text = where[0] + raw + where[1]
+    assert _reading(read_json, text) == _reading(lambda v: json.loads(v.decode("utf-8")), text)
+
+
+_ws = st.sampled_from(["", " ", "\n", " \t\r "])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["after", "after", "before", "op", "source", "x\u00e9", "a\\"]),
+                          _json_values), min_size=1, max_size=6),
+       st.lists(_ws, min_size=4, max_size=4), st.booleans(), st.booleans())
+def test_the_raw_after_is_cut_as_the_member_by_member_way_cuts_it(members, ws, wrapped, ascii_only):
+    """The raw text of ``after`` cut out by msgspec is what the member-by-member way cuts out (the last of
+    duplicate members, any whitespace around names, colons and commas, any value, Connect's schema wrapper or
+    not), on every value a row is cut from (read as an object); where msgspec declines, that way decides."""
+    from reclock.debezium import _payload, _raw_after, json_object
+
+    a, b, c, d = ws
+    body = a + "{" + ("," + c).join(f'{b}{json.dumps(n, ensure_ascii=ascii_only)}{c}:{d}'
+                                    f'{json.dumps(v, ensure_ascii=ascii_only)}{a}' for n, v in members) + "}" + d
+    if wrapped:
+        body = '{"schema":' + b + '{"type":"struct"},' + c + '"payload":' + body + "}"
+    value = body.encode("utf-8", "surrogatepass")
+    if json_object(value) is None or "after" not in dict(members):
+        return
+    assert _raw_after(value) == _payload(value, "the value")["after"][1]
+
+
+@pytest.mark.parametrize("text", [b'{"a":NaN}', b'{"a":-Infinity}', b'{"a":"\\ud800"}', b'{"a":1e400}',
+                                  b'{"a":1,"b":2,"a":3}', b'{"a":123456789012345678901234567890}', b' {"a":-0.0}\r\n',
+                                  b'{"a":"\x01"}', b'\xef\xbb\xbf{}', b'{"a":1}x', b'{"a":"\xed\xa0\x80"}',
+                                  b"[" * 100_000 + b"]" * 100_000])
+def test_the_fast_json_reader_on_what_only_one_reader_takes(text):
+    """Where msgspec and json part (json's NaN, infinities, lone surrogates and doubles out of range; nesting
+    too deep for either): json decides, as it does alone."""
+    from reclock.debezium import read_json
+
+    assert _reading(read_json, text) == _reading(lambda v: json.loads(v.decode("utf-8")), text)
+
+
+def test_a_value_nested_too_deeply_is_an_error_not_a_crash():
+    """A value nested past what a reader can hold is a malformed event (the error collection), not an
+    exception that fails the slice's job again on every retry."""
+    deep = b'{"op":"c","after":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    with pytest.raises(EventInvalid, match="nested too deeply"):
+        parse_value(deep, defer_after=True)
+    with pytest.raises(EventInvalid, match="nested too deeply"):
+        parse_value(deep)
 
 
 def test_config_of_a_debezium_source():

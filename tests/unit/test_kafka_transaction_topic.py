@@ -78,6 +78,8 @@ def test_transaction_records():
     (b'{"status": "END"}', "got status 'END', id None"),
     (b'{"status": "END", "id": "1", "data_collections": [{"data_collection": "a"}]}', "data_collections entry"),
     (b'{"status": "END", "id": "1", "event_count": 2, "data_collections": []}', "names no data_collections"),
+    (b'{"status": "END", "id": "1", "data_collections": 5}', "data_collections 5, not a list"),
+    (b'{"status": "END", "id": "1", "data_collections": {"a": 1}}', "not a list"),
 ])
 def test_a_transaction_record_it_cannot_read_is_named(value, words):
     with pytest.raises(RecordInvalid, match=words):

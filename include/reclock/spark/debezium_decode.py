@@ -59,8 +59,7 @@ def fold_key(rows: list[dict]) -> list[tuple]:
         if r["_prior"]:
             nk, state = bytes(r["_nk"]), KeyState.decode(bytes(r["_v"]))
             continue
-        raw = None if r["_v"] is None else bytes(r["_v"])
-        key = None if r["_k"] is None else bytes(r["_k"])
+        raw = r["_v"]  # bytes (Arrow's binary as a Python value), or None
         try:
             if r.get("_derr") is not None:  # an Avro record that did not decode (its JSON text is null)
                 raise EventInvalid(r["_derr"])
@@ -70,8 +69,9 @@ def fold_key(rows: list[dict]) -> list[tuple]:
             if event is not None and r["_bad"]:
                 raise EventInvalid(SCHEMA_REASON)
         except EventInvalid as e:
+            key = r["_k"]
             if "_ok" in r:  # Avro: the error row keeps the record as it was, not its JSON text
-                key, raw = (None if r[c] is None else bytes(r[c]) for c in ("_ok", "_ov"))
+                key, raw = r["_ok"], r["_ov"]
             out.append((None, r["ts"], 1, ERRORS_OUTPUT, r["_p"], r["_o"], key, raw, e.reason,
                         None, None, None, None, None))
             continue
@@ -115,26 +115,8 @@ def fold_sorted(batches):
     """``mapInArrow``'s function: Arrow batches of records and prior state rows, sorted by key (``_nk``), folded
     a key at a time (:func:`fold_key`; a key's rows may span batches), as batches of :data:`_FOLDED`. One
     Python call per batch instead of one pandas frame per key: a slice touches many keys, most with a few
-    events. The batch is read a column at a time (a dict per row is built for a key's rows only)."""
-    batch = _folded_batch
-    current: list[dict] = []
-    for b in batches:
-        names = b.schema.names
-        cols = [c.to_pylist() for c in b.columns]
-        nks = cols[names.index("_nk")]
-        out: list[tuple] = []
-        for i, k in enumerate(nks):
-            if current and k != current[0]["_nk"]:
-                out.extend(fold_key(current))
-                current = []
-            current.append({n: c[i] for n, c in zip(names, cols)})
-        if out:
-            yield batch(out)
-    if current:
-        yield batch(fold_key(current))
-
-
-_UNSEEN = object()
+    events."""
+    return _fold_runs(batches, "_nk", lambda nk: nk, {})
 
 
 def fold_local(prior: dict[bytes, dict]):
@@ -148,33 +130,38 @@ def fold_local(prior: dict[bytes, dict]):
     folded in two places gives two state rows (:func:`fold_key` writes one for every key a record was
     applied to): the caller checks the state rows' keys are distinct (:func:`keys_distinct`) and folds the
     slice again with a shuffle otherwise."""
+    return lambda batches: _fold_runs(batches, "_k", _key_of, prior)
 
-    def fold(batches):
-        current: list[dict] = []
-        last_k, nk = _UNSEEN, None
-        for b in batches:
-            names = b.schema.names
-            cols = [c.to_pylist() for c in b.columns]
-            ks = cols[names.index("_k")]
-            out: list[tuple] = []
-            for i, k in enumerate(ks):
-                if k != last_k:  # a new run of one raw key: its normalised key, once
-                    last_k, key = k, _key_of(k)
-                    if not current or key != nk:
-                        if current:
-                            out.extend(fold_key(current))
-                        current, nk = [], key
-                        if key is not None and key in prior:
-                            current.append(prior[key])
-                row = {n: c[i] for n, c in zip(names, cols)}
-                row["_nk"] = nk
-                current.append(row)
-            if out:
-                yield _folded_batch(out)
-        if current:
-            yield _folded_batch(fold_key(current))
 
-    return fold
+_UNSEEN = object()
+
+
+def _fold_runs(batches, column: str, normalise, prior: dict[bytes, dict]):
+    """Batches of rows sorted by ``column``, folded a key at a time (:func:`fold_key`): a run of one value of
+    ``column`` normalised once (the key, ``_nk``); consecutive runs of one key are one key; the key's row of
+    ``prior``, if any, goes first. Each row a dict of its columns, built as it is read."""
+    current: list[dict] = []
+    last, nk = _UNSEEN, None
+    for b in batches:
+        names = b.schema.names
+        at = names.index(column)
+        out: list[tuple] = []
+        for values in zip(*(c.to_pylist() for c in b.columns)):
+            if values[at] != last:  # a new run: its key, once
+                last, key = values[at], normalise(values[at])
+                if not current or key != nk:
+                    if current:
+                        out.extend(fold_key(current))
+                    current, nk = [], key
+                    if key is not None and key in prior:
+                        current.append(prior[key])
+            row = dict(zip(names, values))
+            row["_nk"] = nk
+            current.append(row)
+        if out:
+            yield _folded_batch(out)
+    if current:
+        yield _folded_batch(fold_key(current))
 
 
 def prior_rows(prior: Sequence[tuple], avro: bool) -> dict[bytes, dict]:

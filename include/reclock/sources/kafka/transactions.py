@@ -86,7 +86,10 @@ def tx_record(value: bytes | None, offset: int) -> TxRecord:
     if status == "BEGIN":
         return TxRecord(offset, "BEGIN", tid)
     counts = []
-    for c in d.get("data_collections") or ():
+    collections = d.get("data_collections") or []
+    if not isinstance(collections, list):
+        raise RecordInvalid(f"the END of transaction {tid} has data_collections {collections!r}, not a list")
+    for c in collections:
         name, n = (c.get("data_collection"), c.get("event_count")) if isinstance(c, dict) else (None, None)
         if not isinstance(name, str) or not isinstance(n, int) or n < 0:
             raise RecordInvalid(f"the END of transaction {tid} has a data_collections entry {c!r} (a "
