@@ -43,20 +43,48 @@ def _port_pool() -> tuple[int, ...]:
     return tuple(p for p in range(PORT_FLOOR, 65536) if not lo <= p <= hi)
 
 
+TAKEOVER_STALE_S = 60.0
+"""A takeover lock (:func:`_claim`) older than this was left by a chooser that died holding it."""
+
+
 def _claim(port: int, claims: Path) -> bool:
-    """Claim ``port`` for this machine's stacks for :data:`PORT_CLAIM_S`; False if a younger claim holds it."""
+    """Claim ``port`` for this machine's stacks for :data:`PORT_CLAIM_S`; False if a younger claim holds it.
+
+    A stale claim is taken over under a lock of its own (``<port>.taking``, created exclusively), and only if
+    it is still stale once the lock is held: of two choosers that found it stale at once, the second finds it
+    taken over (or the lock held) and goes on to another port."""
     path = claims / str(port)
     try:
         os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
         return True
     except FileExistsError:
-        try:
-            if time.time() - path.stat().st_mtime < PORT_CLAIM_S:
-                return False
-            os.utime(path)  # a stale claim: take it over
-            return True
-        except FileNotFoundError:
+        pass
+    if not _stale(path):
+        return False
+    lock = claims / f"{port}.taking"
+    try:
+        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except FileExistsError:  # another chooser is taking it over (or died doing so: its lock goes once stale)
+        with contextlib.suppress(FileNotFoundError):
+            if time.time() - lock.stat().st_mtime > TAKEOVER_STALE_S:
+                lock.unlink()
+        return False
+    try:
+        if not _stale(path):  # taken over by another chooser just before the lock
             return False
+        os.utime(path)
+        return True
+    finally:
+        os.close(fd)
+        lock.unlink(missing_ok=True)
+
+
+def _stale(claim: Path) -> bool:
+    """Whether the claim file ``claim`` is older than :data:`PORT_CLAIM_S` (a claim gone is not stale)."""
+    try:
+        return time.time() - claim.stat().st_mtime >= PORT_CLAIM_S
+    except FileNotFoundError:
+        return False
 
 
 def free_port(claims: Path | None = None) -> int:
