@@ -28,6 +28,7 @@ and sorted by key first (:func:`fold_sorted`), which spreads its fold over the c
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from typing import Sequence
 
@@ -95,6 +96,7 @@ def fold_key(rows: list[dict]) -> list[tuple]:
     return out
 
 
+@functools.cache  # once per worker process, not once per batch (:func:`_folded_batch`)
 def _folded_arrow_schema():
     import pyarrow as pa
 
