@@ -55,4 +55,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    from reclock.exiting import leave
+
+    leave(main(sys.argv[1:]))  # not sys.exit: see leave

@@ -570,9 +570,18 @@ def _print_login(stack) -> None:
 
 def run() -> None:
     """The command's entry point: a failure prints ``error: <one line>`` and exits 1, never a traceback (the
-    short trace with ``RECLOCK_DEBUG=1``; the whole one with ``RECLOCK_DEBUG=full``)."""
-    import os
+    short trace with ``RECLOCK_DEBUG=1``; the whole one with ``RECLOCK_DEBUG=full``). The process ends by
+    :func:`reclock.exiting.leave`."""
+    from reclock.exiting import leave
 
+    try:
+        _command()
+    except SystemExit as e:
+        leave(e.code)
+    leave(0)
+
+
+def _command() -> None:
     try:
         main(standalone_mode=True)
     except ReclockError as e:

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Protocol, runtime_checkable
 
+import pyarrow as pa
+
 from reclock.batch import BatchDescription
 from reclock.persist import objectstore
 from reclock.persist.objectstore import S3Settings
@@ -36,6 +38,19 @@ def _check_rel(path: str) -> str:
     return path
 
 
+def native_file(path: str | os.PathLike) -> BinaryIO:
+    """The local file at ``path``, opened for reading as an Arrow native file (``pyarrow.OSFile``: ``read``,
+    ``seek``, ``tell``, ``close``; :class:`FileNotFoundError` when it is not there).
+
+    Not a Python file object: pyarrow reads one of those from its own threads through the interpreter,
+    and a thread that drops the last reference to it after the read has returned may do so while the
+    process exits. It then needs the interpreter that is being torn down, and the process aborts
+    (``terminate called without an active exception``, exit -6) after its work was done; about half of
+    the short scripts that read a part so crash (apache/arrow#34314, #39862). A native file needs no
+    interpreter: its reads also run without the GIL."""
+    return pa.OSFile(os.fspath(path), "r")
+
+
 @runtime_checkable
 class BlobStore(Protocol):
     """Where parts live. Every ``path`` is relative to the store's root."""
@@ -50,7 +65,8 @@ class BlobStore(Protocol):
         """The whole blob; :class:`FileNotFoundError` when there is none at ``path``."""
 
     def open(self, path: str) -> BinaryIO:
-        """Open the blob for reading (binary)."""
+        """Open the blob for reading (binary): a file object with ``read``, ``seek`` and ``close``. pyarrow
+        reads it as given (:func:`native_file`)."""
 
     def exists(self, path: str) -> bool: ...
 
@@ -94,7 +110,7 @@ class LocalBlobStore:
         return self._p(path).read_bytes()
 
     def open(self, path: str) -> BinaryIO:
-        return open(self._p(path), "rb")
+        return native_file(self._p(path))
 
     def exists(self, path: str) -> bool:
         return self._p(path).exists()
@@ -152,6 +168,11 @@ class FsspecBlobStore:
         return self.fs.cat_file(self._p(path))
 
     def open(self, path: str) -> BinaryIO:
+        if self.protocol == "file":
+            return native_file(self._p(path))
+        # an object store's file is a Python one (see native_file): Airflow's task processes, the ``reclock``
+        # command and the Spark jobs end without tearing the interpreter down (``reclock.exiting.leave``), so
+        # its reads cannot abort them
         return self.fs.open(self._p(path), "rb")
 
     def exists(self, path: str) -> bool:

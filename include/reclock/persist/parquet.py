@@ -131,6 +131,6 @@ def parquet_bytes(table: pa.Table, int96: bool, what: str) -> bytes:
 
 def check_reads_back(data: bytes, schema: pa.Schema, what: str) -> None:
     """Refuse Parquet ``data`` whose columns would not read back as ``schema``'s."""
-    written = pq.ParquetFile(io.BytesIO(data)).schema_arrow
+    written = pq.ParquetFile(pa.BufferReader(data)).schema_arrow  # not a Python file: see blob.native_file
     if [(f.name, f.type) for f in written] != [(f.name, f.type) for f in schema]:
         raise ValueError(f"{what} would read back as {written}, not as the parts it comes from ({schema})")
