@@ -27,8 +27,8 @@ from reclock.persist.remap_store import load_remap
 from reclock.persist.shards import read_holds, shard_info
 from reclock.read import read_updates
 from reclock.sinks.encode import encode_updates
-from reclock.sinks.kafka import (TS_HEADER, SinkContext, SinkRefused, read_all, consolidate, drop, ensure_topics,
-                                 read_progress, run_once)
+from reclock.sinks.kafka import (TS_HEADER, SinkContext, SinkRefused, _fatal_cause, _fenced, read_all, consolidate,
+                                 drop, ensure_topics, read_progress, run_once)
 
 KEYS = 12
 
@@ -204,6 +204,38 @@ def test_two_instances_one_is_fenced_output_still_exactly_once(db, kafka, topic,
     final = sink_process(source, config, "dup")
     assert final.wait(120) == 0, output(final)
     check_exactly_once(source, config, "dup")
+
+
+def test_a_fenced_producer_s_fatal_error_is_named_as_fencing(kafka, topic):
+    """A producer fenced while it writes may learn it from a broker's answer in the background: its next
+    ``produce`` raises only ``_FATAL`` ("Local: Fatal error"), and the sink names the cause (CI saw the bare
+    ``_FATAL`` in the test above, where the fenced instance must say it was fenced)."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    name = topic(partitions=2)
+    conf = {"bootstrap.servers": kafka.bootstrap, "transactional.id": f"fatal-{name}"}
+    old = Producer(conf)
+    old.init_transactions(30)
+    old.begin_transaction()
+    old.produce(name, b"before", partition=0)
+    assert old.flush(30) == 0
+    new = Producer(conf)
+    new.init_transactions(30)  # bumps the epoch: `old` is fenced
+    deadline = time.monotonic() + 30
+    fatal = None
+    while fatal is None:  # no poll: the cause stays queued, as when produce outruns the callbacks
+        assert time.monotonic() < deadline, "the fenced producer never failed"
+        try:
+            old.produce(name, b"after", partition=1)
+        except KafkaException as e:
+            fatal = e
+        time.sleep(0.05)
+    assert fatal.args[0].code() == KafkaError._FATAL, fatal
+    assert not _fenced(fatal)
+    cause = _fatal_cause(old, fatal)
+    assert cause is not fatal and cause.args[0].fatal() and _fenced(cause), cause
+    other = KafkaException(KafkaError(KafkaError._MSG_TIMED_OUT))
+    assert _fatal_cause(old, other) is other and _fatal_cause(None, fatal) is fatal
 
 
 def test_read_hold_stops_compaction_and_drop_releases_it(db, kafka, topic, spark, tmp_path):

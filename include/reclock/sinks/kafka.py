@@ -234,6 +234,22 @@ def _fenced(e: Exception) -> bool:
         or "fenced" in str(err).lower())
 
 
+def _fatal_cause(producer, e: Exception) -> Exception:
+    """What made ``producer`` fail for good, when ``e`` says only that it has (``produce`` on a producer hit by
+    a fatal error raises ``_FATAL``, "Local: Fatal error"): confluent-kafka raises the cause (the producer was
+    fenced, say) from the next ``poll``. ``e`` itself when it is not that or no cause comes."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    err = e.args[0] if isinstance(e, KafkaException) and e.args else None
+    if producer is None or not isinstance(err, KafkaError) or err.code() != KafkaError._FATAL:
+        return e
+    try:
+        producer.poll(0.1)
+    except KafkaException as cause:
+        return cause
+    return e
+
+
 @dataclass(frozen=True)
 class _Begin:
     """Where a run begins: the frontier and version to carry on with, and the snapshot to write first."""
@@ -294,12 +310,13 @@ class KafkaSink:
         principal lacks, named) and raise."""
         try:
             return fn(*args)
-        except Exception as e:
+        except Exception as caught:
+            e = _fatal_cause(self.producer, caught)
             err = SinkFenced(self.ctx.spec.name) if _fenced(e) else self._refused(e) or e
             if not isinstance(e, MigrationError):  # a schema not this release's takes no status row
                 with self.ctx.connect() as conn:
                     record_status(conn, self.ctx.spec.name, "stalled", error=str(err))
-            if err is not e:
+            if err is not caught:
                 raise err from None
             raise
 
