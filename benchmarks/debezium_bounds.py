@@ -23,7 +23,8 @@ offset order, each file read as one Spark task (as the Kafka source reads a part
   is kept, so its result stands only for a key whose last event is applied (all of them here); it measures
   the shape, not a complete fold.
 - ``python_fold``: Reclock's fold as the envelope runs it for a slice over several partitions
-  (``sortWithinPartitions`` by key, ``mapInArrow(fold_local)``, the rows decoded by the declared schema).
+  (``reclock.spark.debezium_decode.changes`` with ``local``: ``sortWithinPartitions`` by key,
+  ``mapInArrow(fold_local)``, the rows decoded by the declared schema).
 
 Every contender is checked: ``parse`` wrote one row per record; the others leave exactly the table the
 events leave. Printed: seconds per repetition and the ratio ``parse`` / contender (1.0x: as fast as the
@@ -34,8 +35,6 @@ Run: ``.venv/bin/python -m benchmarks.debezium_bounds --events 1000000 --keys 10
 
 from __future__ import annotations
 
-import argparse
-import json
 import shutil
 import statistics
 import tempfile
@@ -43,7 +42,7 @@ import time
 from pathlib import Path
 
 from benchmarks import stop
-from benchmarks.debezium_decode import COLUMNS, PARTITIONS, SCHEMA, events
+from benchmarks.debezium_decode import COLUMNS, PARTITIONS, SCHEMA, cli, debezium_spec, events
 from benchmarks.env import SPARK_MASTER, alternating
 
 CORRUPT = "_corrupt"
@@ -189,21 +188,16 @@ def python_fold(spark, root: Path, out: Path) -> None:
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
-    from reclock.spark.debezium_decode import _FOLDED, fold_local
+    from reclock.part_layout import KAFKA_SHAPE
+    from reclock.spark.debezium_decode import changes
 
-    rows = T.StructType.fromDDL(SCHEMA)
-    env = T.StructType([T.StructField("after", rows),
-                        T.StructField("payload", T.StructType([T.StructField("after", rows)])),
-                        T.StructField(CORRUPT, T.StringType())])
-    bad = F.from_json(F.col("value").cast("string"), env, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT})
-    recs = spark.read.parquet(str(root / "in")).select(
-        F.col("key").alias("_k"), F.col("value").alias("_v"), F.col("p").alias("_p"), F.col("o").alias("_o"),
-        F.lit(0).cast("long").alias("_t_us"), "ts", bad.getField(CORRUPT).isNotNull().alias("_bad"),
-        F.lit(False).alias("_prior"))
-    row = F.from_json(F.col("_row"), rows)
-    (recs.sortWithinPartitions("_k").mapInArrow(fold_local({}), _FOLDED)
-     .select(*[row.getField(c).alias(c) for c in COLUMNS], "ts", "diff", "_output", "_sk", "_sv")
-     .write.parquet(str(out)))
+    (p, _), (o, _) = KAFKA_SHAPE.positions
+    records = spark.read.parquet(str(root / "in")).select(  # named as a Kafka slice's records are
+        "key", "value", F.col("p").alias(p), F.col("o").alias(o), F.timestamp_micros(F.lit(0)).alias("timestamp"),
+        "ts")
+    spec = debezium_spec("bounds", "127.0.0.1:9")  # no broker is asked
+    folded = changes(spark, spec, KAFKA_SHAPE, records, (), "", COLUMNS, T.StructType.fromDDL(SCHEMA), local=True)
+    folded.write.parquet(str(out))
 
 
 def check(name: str, spark, out: Path, records: int, table: dict[int, dict]) -> None:
@@ -265,13 +259,7 @@ def run(n: int, keys: int, reps: int, echo=print) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--events", type=int, default=1_000_000)
-    ap.add_argument("--keys", type=int, default=100_000)
-    ap.add_argument("--reps", type=int, default=3)
-    args = ap.parse_args()
-    stop.install()  # SIGTERM or Ctrl-C: the finally block stops the session and removes the folder
-    print(json.dumps(run(args.events, args.keys, args.reps), indent=2))
+    cli(run, __doc__)
 
 
 if __name__ == "__main__":

@@ -96,12 +96,14 @@ def fill(bootstrap: str, n: int, keys: int) -> tuple[int, dict[int, dict]]:
     return records, table
 
 
-def _spec(name: str, bootstrap: str, records: int):
+def debezium_spec(name: str, bootstrap: str, records: int | None = None):
+    """The source over the events' topic: the debezium envelope, JSON rows of ``SCHEMA``, a cycle's budget of
+    ``records`` (the default budget without)."""
     from reclock.config import parse_source
 
+    budget = {} if records is None else {"budget": {"max_records": records}}
     return parse_source(name, {"kafka": {"topic": TOPIC, "bootstrap": bootstrap}, "envelope": "debezium",
-                               "format": {"type": "json", "schema": SCHEMA},
-                               "budget": {"max_records": records}})
+                               "format": {"type": "json", "schema": SCHEMA}, **budget})
 
 
 def run_reclock(env: Env, records: int, table: dict[int, dict], rep: int) -> float:
@@ -114,7 +116,7 @@ def run_reclock(env: Env, records: int, table: dict[int, dict], rep: int) -> flo
 
     name = f"dbz_{rep}"
     blob = LocalBlobStore(env.work / "blobs")
-    ctx = CycleContext(spec=_spec(name, env.bootstrap, records), dsn=env.dsn, upstream=env.bootstrap, blob=blob,
+    ctx = CycleContext(spec=debezium_spec(name, env.bootstrap, records), dsn=env.dsn, upstream=env.bootstrap, blob=blob,
                        spark_factory=lambda: env.spark)
     t0 = time.perf_counter()
     out = run_cycle(ctx)
@@ -146,7 +148,7 @@ def run_structured_streaming(env: Env, records: int, rep: int) -> float:
     out = env.work / f"ss_{rep}"
     checkpoint = env.work / f"ss_{rep}_checkpoint"
     ranges = [OffsetRange(p, 0, end) for p, end in sorted(end_offsets(env.bootstrap, TOPIC).items()) if end > 0]
-    opts = kafka_read_options(_spec(out.name, env.bootstrap, records), env.bootstrap, ranges)
+    opts = kafka_read_options(debezium_spec(out.name, env.bootstrap, records), env.bootstrap, ranges)
     opts.pop("endingOffsets")  # a stream reads to what is available when it starts
     after = ", ".join(f"{c.split()[0]}: {c.split()[1]}" for c in SCHEMA.split(", "))
     envelope = (f"before STRUCT<id: INT>, after STRUCT<{after}>, op STRING, "
@@ -179,14 +181,20 @@ def run(n: int, keys: int, reps: int, echo=print) -> dict:
     return result
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def cli(run, doc: str) -> None:
+    """The command line of a benchmark over these events: ``run(events, keys, reps)``'s result printed as
+    JSON; ``doc``'s first line describes it."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--events", type=int, default=1_000_000)
     ap.add_argument("--keys", type=int, default=100_000)
     ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args()
-    stop.install()  # SIGTERM or Ctrl-C: the finally blocks stop what this run started
+    stop.install()  # SIGTERM or Ctrl-C: the finally blocks stop what the run started
     print(json.dumps(run(args.events, args.keys, args.reps), indent=2))
+
+
+def main() -> None:
+    cli(run, __doc__)
 
 
 if __name__ == "__main__":
